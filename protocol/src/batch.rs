@@ -69,7 +69,10 @@ pub enum BatchError {
     #[error("record batch uses unknown compression codec id {0}")]
     BadCompression(u8),
     #[error("record batch lastOffsetDelta {last_offset_delta} does not match recordsCount {records_count}")]
-    RecordCountMismatch { last_offset_delta: i32, records_count: i32 },
+    RecordCountMismatch {
+        last_offset_delta: i32,
+        records_count: i32,
+    },
     #[error("record batch of {size} bytes exceeds the limit of {max} bytes (message.max.bytes)")]
     TooLarge { size: usize, max: usize },
     #[error("produce request carries no record batch")]
@@ -150,10 +153,12 @@ impl BatchHeader {
     /// field is at least a full header; does not check the CRC or that the body is present.
     pub fn parse(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
         let fixed: &[u8; BATCH_HEADER_BYTES] =
-            bytes.first_chunk::<BATCH_HEADER_BYTES>().ok_or(BatchError::Truncated {
-                needed: BATCH_HEADER_BYTES,
-                available: bytes.len(),
-            })?;
+            bytes
+                .first_chunk::<BATCH_HEADER_BYTES>()
+                .ok_or(BatchError::Truncated {
+                    needed: BATCH_HEADER_BYTES,
+                    available: bytes.len(),
+                })?;
         let mut r = Reader { bytes: fixed, pos: 0 };
         let header = BatchHeader {
             base_offset: r.i64(),
@@ -520,7 +525,10 @@ mod tests {
         let mut b = simple(2, 5);
         patch_batch(&mut b, 1234, 7);
         let h = check_batch(&b).unwrap();
-        assert_eq!((h.base_offset, h.partition_leader_epoch, h.last_offset()), (1234, 7, 1235));
+        assert_eq!(
+            (h.base_offset, h.partition_leader_epoch, h.last_offset()),
+            (1234, 7, 1235)
+        );
     }
 
     #[test]
@@ -528,32 +536,52 @@ mod tests {
         let good = simple(2, 5);
         let mut bad_crc = good.clone();
         *bad_crc.last_mut().unwrap() ^= 1;
-        assert!(matches!(validate_produce_batch(&bad_crc, 1 << 20), Err(BatchError::CrcMismatch { .. })));
+        assert!(matches!(
+            validate_produce_batch(&bad_crc, 1 << 20),
+            Err(BatchError::CrcMismatch { .. })
+        ));
         assert_eq!(
-            validate_produce_batch(&bad_crc, 1 << 20).unwrap_err().kafka_error(),
+            validate_produce_batch(&bad_crc, 1 << 20)
+                .unwrap_err()
+                .kafka_error(),
             ResponseError::CorruptMessage
         );
 
         let mut bad_magic = good.clone();
         bad_magic[16] = 1;
-        assert_eq!(validate_produce_batch(&bad_magic, 1 << 20), Err(BatchError::BadMagic(1)));
+        assert_eq!(
+            validate_produce_batch(&bad_magic, 1 << 20),
+            Err(BatchError::BadMagic(1))
+        );
 
-        assert!(matches!(validate_produce_batch(&good[..40], 1 << 20), Err(BatchError::Truncated { .. })));
+        assert!(matches!(
+            validate_produce_batch(&good[..40], 1 << 20),
+            Err(BatchError::Truncated { .. })
+        ));
         assert!(matches!(
             validate_produce_batch(&good[..good.len() - 1], 1 << 20),
             Err(BatchError::Truncated { .. })
         ));
-        assert!(matches!(validate_produce_batch(&good, 10), Err(BatchError::TooLarge { .. })));
+        assert!(matches!(
+            validate_produce_batch(&good, 10),
+            Err(BatchError::TooLarge { .. })
+        ));
         let mut two = good.clone();
         two.extend_from_slice(&good);
-        assert_eq!(validate_produce_batch(&two, 1 << 20), Err(BatchError::MultipleBatches));
+        assert_eq!(
+            validate_produce_batch(&two, 1 << 20),
+            Err(BatchError::MultipleBatches)
+        );
         assert_eq!(validate_produce_batch(&[], 1 << 20), Err(BatchError::Empty));
 
         let mut bad_codec = good.clone();
         bad_codec[22] |= 0x07;
         let crc = compute_crc(&bad_codec);
         bad_codec[17..21].copy_from_slice(&crc.to_be_bytes());
-        assert_eq!(validate_produce_batch(&bad_codec, 1 << 20), Err(BatchError::BadCompression(7)));
+        assert_eq!(
+            validate_produce_batch(&bad_codec, 1 << 20),
+            Err(BatchError::BadCompression(7))
+        );
 
         let mut bad_count = good.clone();
         bad_count[57..61].copy_from_slice(&5i32.to_be_bytes());

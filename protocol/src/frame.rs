@@ -44,7 +44,10 @@ pub fn peek_frame_size(buf: &[u8], max_frame_bytes: usize) -> Result<Option<usiz
     }
     let size = size as usize;
     if size > max_frame_bytes {
-        return Err(FrameError::TooLarge { size, max: max_frame_bytes });
+        return Err(FrameError::TooLarge {
+            size,
+            max: max_frame_bytes,
+        });
     }
     if size < MIN_REQUEST_FRAME_BYTES {
         return Err(FrameError::TooShort(size));
@@ -80,7 +83,10 @@ mod tests {
         let mut buf = BytesMut::from(&1_000_000i32.to_be_bytes()[..]);
         assert_eq!(
             split_frame(&mut buf, 1000),
-            Err(FrameError::TooLarge { size: 1_000_000, max: 1000 })
+            Err(FrameError::TooLarge {
+                size: 1_000_000,
+                max: 1000
+            })
         );
         let mut buf = BytesMut::from(&(-1i32).to_be_bytes()[..]);
         assert_eq!(split_frame(&mut buf, 1000), Err(FrameError::Negative(-1)));

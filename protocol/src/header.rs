@@ -65,7 +65,12 @@ pub fn encode_response<T: Encodable>(
     version: i16,
     body: &T,
 ) -> Result<Bytes, EncodeError> {
-    encode_response_with_header_version(correlation_id, api.response_header_version(version), version, body)
+    encode_response_with_header_version(
+        correlation_id,
+        api.response_header_version(version),
+        version,
+        body,
+    )
 }
 
 /// Like [`encode_response`] with an explicit header version (the ApiVersions fallback answers
@@ -101,7 +106,9 @@ mod tests {
             .with_request_api_key(ApiKey::Metadata as i16)
             .with_request_api_version(12)
             .with_correlation_id(77);
-        header.encode(&mut frame, ApiKey::Metadata.request_header_version(12)).unwrap();
+        header
+            .encode(&mut frame, ApiKey::Metadata.request_header_version(12))
+            .unwrap();
         MetadataRequest::default().encode(&mut frame, 12).unwrap();
         let frame = frame.freeze();
         let raw = RawHeader::peek(&frame).unwrap();

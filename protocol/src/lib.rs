@@ -6,7 +6,10 @@
 //! of its input bytes, which is what makes it fuzzable and property-testable.
 //! Nothing here may panic on input bytes: every length is checked before use.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
-#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 pub mod batch;
 pub mod frame;

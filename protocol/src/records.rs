@@ -100,7 +100,9 @@ pub fn decompress(codec: Compression, input: &[u8], limit: usize) -> Result<Vec<
     };
     match codec {
         Compression::None => Ok(input.to_vec()),
-        Compression::Gzip => read_bounded(flate2::read::GzDecoder::new(input), limit).map_err(|e| map_io(e, limit, err)),
+        Compression::Gzip => {
+            read_bounded(flate2::read::GzDecoder::new(input), limit).map_err(|e| map_io(e, limit, err))
+        }
         Compression::Zstd => {
             let dec = zstd::stream::read::Decoder::new(input).map_err(|e| err(e.to_string()))?;
             read_bounded(dec, limit).map_err(|e| map_io(e, limit, err))
@@ -143,7 +145,9 @@ fn snappy_block(input: &[u8], limit: usize) -> Result<Vec<u8>, SnappyFail> {
 /// Snappy in the framing of the Java `xerial` library: a 16-byte header, then blocks of
 /// `[u32 compressed length][raw snappy block]`.
 fn snappy_xerial(input: &[u8], limit: usize) -> Result<Vec<u8>, SnappyFail> {
-    let mut rest = input.get(16..).ok_or_else(|| SnappyFail::Bad("short xerial header".into()))?;
+    let mut rest = input
+        .get(16..)
+        .ok_or_else(|| SnappyFail::Bad("short xerial header".into()))?;
     let mut out = Vec::new();
     while !rest.is_empty() {
         let len_bytes = rest
@@ -190,16 +194,37 @@ mod tests {
         assert_eq!(
             metas,
             vec![
-                RecordMeta { offset: 40, timestamp: 100 },
-                RecordMeta { offset: 41, timestamp: 101 },
-                RecordMeta { offset: 42, timestamp: 102 },
+                RecordMeta {
+                    offset: 40,
+                    timestamp: 100
+                },
+                RecordMeta {
+                    offset: 41,
+                    timestamp: 101
+                },
+                RecordMeta {
+                    offset: 42,
+                    timestamp: 102
+                },
             ]
         );
     }
 
     #[test]
     fn varints() {
-        for v in [0i64, 1, -1, 63, -64, 64, 300, -300, i32::MAX as i64, i64::MAX, i64::MIN] {
+        for v in [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            300,
+            -300,
+            i32::MAX as i64,
+            i64::MAX,
+            i64::MIN,
+        ] {
             let mut buf = Vec::new();
             let mut z = ((v << 1) ^ (v >> 63)) as u64;
             loop {
@@ -223,15 +248,24 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         std::io::Write::write_all(&mut gz, &big).unwrap();
         let gz = gz.finish().unwrap();
-        assert_eq!(decompress(Compression::Gzip, &gz, 1 << 20).unwrap().len(), 1 << 20);
+        assert_eq!(
+            decompress(Compression::Gzip, &gz, 1 << 20).unwrap().len(),
+            1 << 20
+        );
         assert_eq!(
             decompress(Compression::Gzip, &gz, 1000),
             Err(RecordError::TooLarge { limit: 1000 })
         );
         let z = zstd::encode_all(&big[..], 1).unwrap();
-        assert_eq!(decompress(Compression::Zstd, &z, 1000), Err(RecordError::TooLarge { limit: 1000 }));
+        assert_eq!(
+            decompress(Compression::Zstd, &z, 1000),
+            Err(RecordError::TooLarge { limit: 1000 })
+        );
         let s = snap::raw::Encoder::new().compress_vec(&big).unwrap();
-        assert_eq!(decompress(Compression::Snappy, &s, 1000), Err(RecordError::TooLarge { limit: 1000 }));
+        assert_eq!(
+            decompress(Compression::Snappy, &s, 1000),
+            Err(RecordError::TooLarge { limit: 1000 })
+        );
         assert_eq!(decompress(Compression::Snappy, &s, 1 << 20).unwrap(), big);
     }
 }

@@ -1,0 +1,176 @@
+//! The file system seen by the storage engine.
+//!
+//! Storage logic is written once against these traits and runs on three implementations:
+//! [`crate::fs_glommio::GlommioFs`] on the broker's shards (io_uring), [`StdFs`] for start-up
+//! journal replay and tools (blocking `std::fs`; its futures complete immediately), and
+//! [`crate::fs_mem::MemFs`] in tests, where it can lose unsynced data, tear writes and fail
+//! with a full disk on demand.
+//!
+//! Futures are not `Send`: a file is used only by the shard that opened it.
+#![allow(async_fn_in_trait)]
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+/// A file opened for reading and writing at explicit positions.
+pub trait FileHandle: 'static {
+    /// Writes all of `buf` at `pos`.
+    async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()>;
+    /// Reads up to `len` bytes at `pos`; fewer only at the end of the file.
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes>;
+    /// Makes every completed write durable.
+    async fn fdatasync(&self) -> io::Result<()>;
+    async fn truncate(&self, len: u64) -> io::Result<()>;
+    async fn size(&self) -> io::Result<u64>;
+}
+
+/// Directory-level operations and file opening.
+pub trait Fs: Clone + 'static {
+    type File: FileHandle;
+
+    /// Opens `path` for reading and writing, creating it when `create` is set.
+    async fn open(&self, path: &Path, create: bool) -> io::Result<Self::File>;
+    async fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    async fn remove_file(&self, path: &Path) -> io::Result<()>;
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Atomically replaces `to` with `from`.
+    async fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Names of the entries of a directory (not full paths), in no particular order.
+    async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
+    /// Makes creations, renames and removals in the directory durable.
+    async fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    async fn exists(&self, path: &Path) -> bool;
+
+    /// Reads a whole small file (metadata, checkpoints).
+    async fn read_file(&self, path: &Path) -> io::Result<Bytes> {
+        let f = self.open(path, false).await?;
+        let size = f.size().await?;
+        let len = usize::try_from(size).map_err(|_| io::Error::other("file too large"))?;
+        f.read_at(0, len).await
+    }
+
+    /// Durably replaces a small file: write a temporary file, fsync it, rename it over the
+    /// target and fsync the directory. Readers see the old or the new content, never a mix.
+    async fn write_file_atomic(&self, path: &Path, data: Vec<u8>) -> io::Result<()> {
+        let tmp = tmp_path(path);
+        let _ = self.remove_file(&tmp).await;
+        let f = self.open(&tmp, true).await?;
+        f.truncate(0).await?;
+        f.write_all_at(data, 0).await?;
+        f.fdatasync().await?;
+        drop(f);
+        self.rename(&tmp, path).await?;
+        if let Some(dir) = path.parent() {
+            self.sync_dir(dir).await?;
+        }
+        Ok(())
+    }
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Blocking `std::fs`. Used where no shard runs yet (start-up recovery) and by tools.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StdFs;
+
+/// A file of [`StdFs`].
+#[derive(Debug)]
+pub struct StdFile(std::fs::File);
+
+impl FileHandle for StdFile {
+    async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, &buf, pos)
+    }
+
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            let rest = buf.get_mut(done..).unwrap_or_default();
+            let n = std::os::unix::fs::FileExt::read_at(&self.0, rest, pos + done as u64)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        buf.truncate(done);
+        Ok(Bytes::from(buf))
+    }
+
+    async fn fdatasync(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    async fn truncate(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    async fn size(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+}
+
+impl Fs for StdFs {
+    type File = StdFile;
+
+    async fn open(&self, path: &Path, create: bool) -> io::Result<StdFile> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)
+            .map(StdFile)
+    }
+
+    async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    async fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir_all(path)
+    }
+
+    async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        std_list_dir(path)
+    }
+
+    async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        std::fs::File::open(path)?.sync_all()
+    }
+
+    async fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+}
+
+pub(crate) fn std_list_dir(path: &Path) -> io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        if let Some(name) = entry.file_name().to_str() {
+            out.push(name.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a future of [`StdFs`] work to completion on the current thread. Every `StdFs` future
+/// is ready on first poll, so this never waits.
+pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    futures_lite::future::block_on(fut)
+}

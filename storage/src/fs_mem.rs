@@ -1,0 +1,303 @@
+//! An in-memory file system for deterministic tests of the storage engine.
+//!
+//! Each file keeps its current bytes and the bytes as of its last `fdatasync`. [`MemFs::crash`]
+//! models a power loss: every file goes back to its durable bytes plus, when the unsynced part
+//! is a pure append, a random prefix of that append (a torn write). Directory operations
+//! (create, rename, remove) are treated as immediately durable, which is kinder than a real file
+//! system; the storage engine still fsyncs directories, and `StdFs` tests cover that path.
+//! [`MemFs::set_capacity`] makes writes fail with `ENOSPC` once the total size would exceed it.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use crate::fs::{FileHandle, Fs};
+
+#[derive(Default, Debug)]
+struct FileData {
+    data: Vec<u8>,
+    durable: Vec<u8>,
+}
+
+#[derive(Default, Debug)]
+struct State {
+    files: BTreeMap<PathBuf, Rc<RefCell<FileData>>>,
+    dirs: BTreeSet<PathBuf>,
+    capacity_bytes: Option<u64>,
+    fail_fsync: bool,
+    fsyncs: u64,
+}
+
+impl State {
+    fn used_bytes(&self) -> u64 {
+        self.files.values().map(|f| f.borrow().data.len() as u64).sum()
+    }
+}
+
+/// In-memory file system; clones share the same files.
+#[derive(Clone, Default, Debug)]
+pub struct MemFs {
+    state: Rc<RefCell<State>>,
+}
+
+/// A file of [`MemFs`].
+#[derive(Debug)]
+pub struct MemFile {
+    data: Rc<RefCell<FileData>>,
+    state: Rc<RefCell<State>>,
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+}
+
+impl MemFs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Limits the total size of all files; writes beyond fail with `ENOSPC`. `None` lifts it.
+    pub fn set_capacity(&self, capacity_bytes: Option<u64>) {
+        self.state.borrow_mut().capacity_bytes = capacity_bytes;
+    }
+
+    /// Makes every later `fdatasync` fail with `EIO`.
+    pub fn set_fail_fsync(&self, fail: bool) {
+        self.state.borrow_mut().fail_fsync = fail;
+    }
+
+    /// Number of file `fdatasync` calls so far.
+    pub fn fsync_count(&self) -> u64 {
+        self.state.borrow().fsyncs
+    }
+
+    /// Simulates a power loss. `torn` picks, for each file with an unsynced append, how many of
+    /// the unsynced bytes survive (given the count of unsynced bytes, returns 0..=count).
+    pub fn crash(&self, mut torn: impl FnMut(usize) -> usize) {
+        let state = self.state.borrow();
+        for file in state.files.values() {
+            let mut f = file.borrow_mut();
+            let f = &mut *f;
+            if f.data.len() > f.durable.len() && f.data.starts_with(&f.durable) {
+                let extra = f.data.len() - f.durable.len();
+                let keep = torn(extra).min(extra);
+                f.data.truncate(f.durable.len() + keep);
+            } else {
+                f.data.clone_from(&f.durable);
+            }
+            f.durable.clone_from(&f.data);
+        }
+    }
+
+    /// Current content of a file (for tests that corrupt or inspect files).
+    pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
+        self.state
+            .borrow()
+            .files
+            .get(path)
+            .map(|f| f.borrow().data.clone())
+    }
+
+    /// Replaces a file's content, durably (for tests that damage files).
+    pub fn set_contents(&self, path: &Path, data: Vec<u8>) {
+        let mut state = self.state.borrow_mut();
+        let file = state.files.entry(path.to_path_buf()).or_default();
+        let mut f = file.borrow_mut();
+        f.durable.clone_from(&data);
+        f.data = data;
+    }
+
+    /// All file paths, sorted.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.state.borrow().files.keys().cloned().collect()
+    }
+}
+
+impl FileHandle for MemFile {
+    async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
+        let state = self.state.borrow();
+        let mut f = self.data.borrow_mut();
+        let pos = usize::try_from(pos).map_err(|_| io::Error::other("position too large"))?;
+        let end = pos + buf.len();
+        if let Some(cap) = state.capacity_bytes {
+            let growth = end.saturating_sub(f.data.len()) as u64;
+            let others: u64 = state
+                .files
+                .values()
+                .filter(|o| !Rc::ptr_eq(o, &self.data))
+                .map(|o| o.borrow().data.len() as u64)
+                .sum();
+            if others + f.data.len() as u64 + growth > cap {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+        }
+        if f.data.len() < end {
+            f.data.resize(end, 0);
+        }
+        if let Some(dst) = f.data.get_mut(pos..end) {
+            dst.copy_from_slice(&buf);
+        }
+        Ok(())
+    }
+
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
+        let f = self.data.borrow();
+        let start = usize::try_from(pos).unwrap_or(usize::MAX).min(f.data.len());
+        let end = start.saturating_add(len).min(f.data.len());
+        Ok(Bytes::copy_from_slice(f.data.get(start..end).unwrap_or_default()))
+    }
+
+    async fn fdatasync(&self) -> io::Result<()> {
+        let mut state = self.state.borrow_mut();
+        if state.fail_fsync {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        state.fsyncs += 1;
+        let mut f = self.data.borrow_mut();
+        let f = &mut *f;
+        f.durable.clone_from(&f.data);
+        Ok(())
+    }
+
+    async fn truncate(&self, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(|_| io::Error::other("length too large"))?;
+        self.data.borrow_mut().data.resize(len, 0);
+        Ok(())
+    }
+
+    async fn size(&self) -> io::Result<u64> {
+        Ok(self.data.borrow().data.len() as u64)
+    }
+}
+
+impl Fs for MemFs {
+    type File = MemFile;
+
+    async fn open(&self, path: &Path, create: bool) -> io::Result<MemFile> {
+        let mut state = self.state.borrow_mut();
+        if let Some(parent) = path.parent() {
+            if !parent.as_os_str().is_empty() && !state.dirs.contains(parent) {
+                return Err(not_found(parent));
+            }
+        }
+        let data = match state.files.get(path) {
+            Some(d) => d.clone(),
+            None if create => {
+                let d = Rc::new(RefCell::new(FileData::default()));
+                state.files.insert(path.to_path_buf(), d.clone());
+                d
+            }
+            None => return Err(not_found(path)),
+        };
+        Ok(MemFile {
+            data,
+            state: self.state.clone(),
+        })
+    }
+
+    async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.state.borrow_mut();
+        let mut p = path.to_path_buf();
+        loop {
+            state.dirs.insert(p.clone());
+            if !p.pop() || p.as_os_str().is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.state
+            .borrow_mut()
+            .files
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| not_found(path))
+    }
+
+    async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.state.borrow_mut();
+        if !state.dirs.contains(path) {
+            return Err(not_found(path));
+        }
+        state.files.retain(|p, _| !p.starts_with(path));
+        state.dirs.retain(|p| !p.starts_with(path));
+        Ok(())
+    }
+
+    async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.state.borrow_mut();
+        if let Some(f) = state.files.remove(from) {
+            state.files.insert(to.to_path_buf(), f);
+            return Ok(());
+        }
+        if state.dirs.contains(from) {
+            let moved_dirs: Vec<PathBuf> = state
+                .dirs
+                .iter()
+                .filter(|p| p.starts_with(from))
+                .cloned()
+                .collect();
+            for d in moved_dirs {
+                state.dirs.remove(&d);
+                if let Ok(rest) = d.strip_prefix(from) {
+                    state.dirs.insert(to.join(rest));
+                }
+            }
+            let moved_files: Vec<PathBuf> = state
+                .files
+                .keys()
+                .filter(|p| p.starts_with(from))
+                .cloned()
+                .collect();
+            for p in moved_files {
+                if let (Some(f), Ok(rest)) = (state.files.remove(&p), p.strip_prefix(from)) {
+                    state.files.insert(to.join(rest), f);
+                }
+            }
+            return Ok(());
+        }
+        Err(not_found(from))
+    }
+
+    async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        let state = self.state.borrow();
+        if !state.dirs.contains(path) {
+            return Err(not_found(path));
+        }
+        let mut names = BTreeSet::new();
+        for p in state.files.keys().chain(state.dirs.iter()) {
+            if p.parent() == Some(path) {
+                if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                    names.insert(n.to_owned());
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        if self.state.borrow().dirs.contains(path) {
+            Ok(())
+        } else {
+            Err(not_found(path))
+        }
+    }
+
+    async fn exists(&self, path: &Path) -> bool {
+        let state = self.state.borrow();
+        state.files.contains_key(path) || state.dirs.contains(path)
+    }
+}
+
+impl MemFs {
+    /// Total bytes stored in all files.
+    pub fn used_bytes(&self) -> u64 {
+        self.state.borrow().used_bytes()
+    }
+}

@@ -1,0 +1,379 @@
+//! The shard journal: one write-ahead log per shard, shared by all partitions the shard owns.
+//!
+//! This is how "acknowledged means fsynced" stays cheap with many partitions: a flush round
+//! appends every batch staged on the shard to the journal and issues one `fdatasync`, whatever
+//! the number of partitions written; the same batches go to their partition segments through
+//! the page cache. Segments are fsynced later, at a checkpoint, after which the journal files
+//! that covered them are deleted. After a crash, start-up replays the journal into the segments.
+//!
+//! File: `<log dir>/strand-journal/<shard>-<sequence>.wal`, a 24-byte header (magic, shard,
+//! sequence) then entries `[u32 payload length][u32 CRC-32C of payload][payload]`, payload
+//! `[u8 kind][16-byte log incarnation][u16 name length][log directory name][i64 offset][data]`.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use crate::fs::{FileHandle, Fs};
+use crate::StorageError;
+
+/// Directory under the log dir holding journal files.
+pub const JOURNAL_DIR: &str = "strand-journal";
+const MAGIC: &[u8; 8] = b"STRNDJ01";
+const HEADER_BYTES: usize = 24;
+const ENTRY_OVERHEAD_BYTES: usize = 8;
+/// Upper bound on one entry, far above any batch `message.max.bytes` allows.
+const MAX_ENTRY_BYTES: usize = 256 << 20;
+
+/// Identifies a partition log across restarts: its directory name and an incarnation (the
+/// topic id) so that entries of a deleted topic never land in a re-created one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LogKey {
+    pub dir_name: String,
+    pub incarnation: [u8; 16],
+}
+
+/// Entry kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A batch appended at `offset` (its base offset); `data` is the stored batch.
+    Append = 1,
+}
+
+/// One decoded journal entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub kind: EntryKind,
+    pub key: LogKey,
+    pub offset: i64,
+    pub data: Bytes,
+}
+
+/// Appends an `Append` entry to `buf`.
+pub fn encode_append(buf: &mut Vec<u8>, key: &LogKey, base_offset: i64, batch: &[u8]) {
+    let name = key.dir_name.as_bytes();
+    let payload_len = 1 + 16 + 2 + name.len() + 8 + batch.len();
+    buf.reserve(ENTRY_OVERHEAD_BYTES + payload_len);
+    buf.extend_from_slice(&(payload_len as u32).to_be_bytes());
+    let crc_at = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    let start = buf.len();
+    buf.push(EntryKind::Append as u8);
+    buf.extend_from_slice(&key.incarnation);
+    buf.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    buf.extend_from_slice(name);
+    buf.extend_from_slice(&base_offset.to_be_bytes());
+    buf.extend_from_slice(batch);
+    let crc = crc32c::crc32c(buf.get(start..).unwrap_or_default());
+    if let Some(dst) = buf.get_mut(crc_at..crc_at + 4) {
+        dst.copy_from_slice(&crc.to_be_bytes());
+    }
+}
+
+/// Decodes the entries of a journal file body (after the header). Stops at the first torn or
+/// corrupt entry, which is the normal end of a journal cut by a crash; the reason is returned.
+pub fn decode_entries(body: &Bytes) -> (Vec<JournalEntry>, Option<String>) {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let problem = loop {
+        let Some(rest) = body.get(pos..) else { break None };
+        if rest.is_empty() {
+            break None;
+        }
+        let Some(head) = rest.first_chunk::<8>() else {
+            break Some(format!("torn entry header at byte {pos}"));
+        };
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+        if !(1 + 16 + 2 + 8..=MAX_ENTRY_BYTES).contains(&len) {
+            break Some(format!("bad entry length {len} at byte {pos}"));
+        }
+        let Some(payload) = rest.get(ENTRY_OVERHEAD_BYTES..ENTRY_OVERHEAD_BYTES + len) else {
+            break Some(format!("torn entry at byte {pos}"));
+        };
+        if crc32c::crc32c(payload) != crc {
+            break Some(format!("entry CRC mismatch at byte {pos}"));
+        }
+        let payload_start = pos + ENTRY_OVERHEAD_BYTES;
+        match decode_payload(body, payload_start, payload) {
+            Some(e) => out.push(e),
+            None => break Some(format!("malformed entry at byte {pos}")),
+        }
+        pos += ENTRY_OVERHEAD_BYTES + len;
+    };
+    (out, problem)
+}
+
+fn decode_payload(body: &Bytes, payload_start: usize, payload: &[u8]) -> Option<JournalEntry> {
+    let (&kind, rest) = payload.split_first()?;
+    let kind = match kind {
+        1 => EntryKind::Append,
+        _ => return None,
+    };
+    let incarnation: [u8; 16] = *rest.first_chunk::<16>()?;
+    let rest = rest.get(16..)?;
+    let name_len = u16::from_be_bytes(*rest.first_chunk::<2>()?) as usize;
+    let name = std::str::from_utf8(rest.get(2..2 + name_len)?).ok()?.to_owned();
+    let rest = rest.get(2 + name_len..)?;
+    let offset = i64::from_be_bytes(*rest.first_chunk::<8>()?);
+    let data_start = payload_start + 1 + 16 + 2 + name_len + 8;
+    let data = body.slice(data_start..payload_start + payload.len());
+    Some(JournalEntry {
+        kind,
+        key: LogKey {
+            dir_name: name,
+            incarnation,
+        },
+        offset,
+        data,
+    })
+}
+
+fn header(shard: u16, seq: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEADER_BYTES);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&shard.to_be_bytes());
+    h.extend_from_slice(&[0; 6]);
+    h.extend_from_slice(&seq.to_be_bytes());
+    h
+}
+
+/// `<shard>-<sequence>.wal`
+pub fn file_name(shard: u16, seq: u64) -> String {
+    format!("{shard:05}-{seq:020}.wal")
+}
+
+fn parse_file_name(name: &str) -> Option<(u16, u64)> {
+    let stem = name.strip_suffix(".wal")?;
+    let (shard, seq) = stem.split_once('-')?;
+    Some((shard.parse().ok()?, seq.parse().ok()?))
+}
+
+/// All journal files under `log_dir`, ordered by shard then sequence.
+pub async fn list_files<F: Fs>(fs: &F, log_dir: &Path) -> Result<Vec<(u16, u64, PathBuf)>, StorageError> {
+    let dir = log_dir.join(JOURNAL_DIR);
+    if !fs.exists(&dir).await {
+        return Ok(Vec::new());
+    }
+    let names = fs
+        .list_dir(&dir)
+        .await
+        .map_err(|e| StorageError::io("list journal", &dir, e))?;
+    let mut files: Vec<(u16, u64, PathBuf)> = names
+        .iter()
+        .filter_map(|n| parse_file_name(n).map(|(s, q)| (s, q, dir.join(n))))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Reads a journal file's entries (see [`decode_entries`]).
+pub async fn read_file<F: Fs>(
+    fs: &F,
+    path: &Path,
+) -> Result<(Vec<JournalEntry>, Option<String>), StorageError> {
+    let bytes = fs
+        .read_file(path)
+        .await
+        .map_err(|e| StorageError::io("read journal", path, e))?;
+    if bytes.len() < HEADER_BYTES || !bytes.starts_with(MAGIC) {
+        return Ok((Vec::new(), Some("missing or torn journal header".into())));
+    }
+    Ok(decode_entries(&bytes.slice(HEADER_BYTES..)))
+}
+
+/// A flush round's journal write: the file, where to write, and the bytes.
+pub(crate) struct PendingWrite<Fl> {
+    pub(crate) file: Rc<Fl>,
+    pub(crate) position: u64,
+    pub(crate) data: Vec<u8>,
+    pub(crate) path: PathBuf,
+}
+
+/// The writing side of a shard's journal.
+pub(crate) struct Journal<F: Fs> {
+    dir: PathBuf,
+    shard: u16,
+    seq: u64,
+    file: Rc<F::File>,
+    path: PathBuf,
+    /// Bytes of the current file that are written and synced.
+    position: u64,
+    /// Entries staged for the next flush round.
+    pending: Vec<u8>,
+    /// Files rotated away, deleted once a checkpoint covers them.
+    retired: Vec<PathBuf>,
+    segment_bytes: u64,
+}
+
+impl<F: Fs> Journal<F> {
+    /// Starts a fresh journal for `shard`. Older journal files of the shard must have been
+    /// replayed and removed at start-up; finding one is an error rather than data to overwrite.
+    pub(crate) async fn create(
+        fs: &F,
+        log_dir: &Path,
+        shard: u16,
+        segment_bytes: u64,
+    ) -> Result<Self, StorageError> {
+        let dir = log_dir.join(JOURNAL_DIR);
+        fs.create_dir_all(&dir)
+            .await
+            .map_err(|e| StorageError::io("create journal dir", &dir, e))?;
+        if let Some((_, _, path)) = list_files(fs, log_dir)
+            .await?
+            .into_iter()
+            .find(|(s, _, _)| *s == shard)
+        {
+            return Err(StorageError::JournalNotReplayed(path));
+        }
+        let (file, path) = Self::new_file(fs, &dir, shard, 0).await?;
+        Ok(Journal {
+            dir,
+            shard,
+            seq: 0,
+            file: Rc::new(file),
+            path,
+            position: HEADER_BYTES as u64,
+            pending: Vec::with_capacity(1 << 20),
+            retired: Vec::new(),
+            segment_bytes,
+        })
+    }
+
+    pub(crate) async fn new_file(
+        fs: &F,
+        dir: &Path,
+        shard: u16,
+        seq: u64,
+    ) -> Result<(F::File, PathBuf), StorageError> {
+        let path = dir.join(file_name(shard, seq));
+        let f = fs
+            .open(&path, true)
+            .await
+            .map_err(|e| StorageError::io("create journal", &path, e))?;
+        f.truncate(0)
+            .await
+            .map_err(|e| StorageError::io("create journal", &path, e))?;
+        f.write_all_at(header(shard, seq), 0)
+            .await
+            .map_err(|e| StorageError::io("write journal header", &path, e))?;
+        f.fdatasync()
+            .await
+            .map_err(|e| StorageError::io("sync journal", &path, e))?;
+        fs.sync_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("sync journal dir", dir, e))?;
+        Ok((f, path))
+    }
+
+    pub(crate) fn stage_append(&mut self, key: &LogKey, base_offset: i64, batch: &[u8]) {
+        encode_append(&mut self.pending, key, base_offset, batch);
+    }
+
+    /// Takes the staged entries for a flush round.
+    pub(crate) fn take_pending(&mut self) -> Option<PendingWrite<F::File>> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let cap = self.pending.capacity().clamp(64 << 10, 16 << 20);
+        let data = std::mem::replace(&mut self.pending, Vec::with_capacity(cap));
+        Some(PendingWrite {
+            file: self.file.clone(),
+            position: self.position,
+            data,
+            path: self.path.clone(),
+        })
+    }
+
+    /// Records that a round's write of `len` bytes at the current position is durable.
+    pub(crate) fn advance(&mut self, len: u64) {
+        self.position += len;
+    }
+
+    pub(crate) fn needs_rotation(&self) -> bool {
+        self.position >= self.segment_bytes
+    }
+
+    /// Whether entries written since the last rotation exist.
+    pub(crate) fn has_entries(&self) -> bool {
+        self.position > HEADER_BYTES as u64
+    }
+
+    /// Where the next journal file goes: (directory, shard, sequence). Create it with
+    /// [`Journal::new_file`] (no borrow of the journal needed while that waits for the disk),
+    /// then [`Journal::install`] it.
+    pub(crate) fn next_file(&self) -> (PathBuf, u16, u64) {
+        (self.dir.clone(), self.shard, self.seq + 1)
+    }
+
+    /// Switches to a new journal file; the old one is retired until a checkpoint covers it.
+    /// Call between flush rounds only.
+    pub(crate) fn install(&mut self, file: F::File, path: PathBuf, seq: u64) {
+        let old = std::mem::replace(&mut self.path, path);
+        self.retired.push(old);
+        self.file = Rc::new(file);
+        self.seq = seq;
+        self.position = HEADER_BYTES as u64;
+    }
+
+    /// Files a checkpoint that started now would make obsolete.
+    pub(crate) fn take_retired(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.retired)
+    }
+
+    /// Gives back files a failed checkpoint could not retire.
+    pub(crate) fn unretire(&mut self, mut files: Vec<PathBuf>) {
+        files.append(&mut self.retired);
+        self.retired = files;
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn size(&self) -> u64 {
+        self.position
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_stop_at_damage() {
+        let key = LogKey {
+            dir_name: "orders-3".into(),
+            incarnation: [7; 16],
+        };
+        let mut buf = Vec::new();
+        encode_append(&mut buf, &key, 42, b"batch-one");
+        encode_append(&mut buf, &key, 43, b"batch-two!");
+        let full = Bytes::from(buf.clone());
+        let (entries, problem) = decode_entries(&full);
+        assert_eq!(problem, None);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[1].offset, 43);
+        assert_eq!(&entries[1].data[..], b"batch-two!");
+        assert_eq!(entries[0].key, key);
+
+        let torn = Bytes::from(buf[..buf.len() - 3].to_vec());
+        let (entries, problem) = decode_entries(&torn);
+        assert_eq!(entries.len(), 1);
+        assert!(problem.unwrap().contains("torn"));
+
+        let mut corrupt = buf.clone();
+        let n = corrupt.len();
+        corrupt[n - 1] ^= 0xff;
+        let (entries, problem) = decode_entries(&Bytes::from(corrupt));
+        assert_eq!(entries.len(), 1);
+        assert!(problem.unwrap().contains("CRC"));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(parse_file_name(&file_name(3, 17)), Some((3, 17)));
+        assert_eq!(parse_file_name("x.wal"), None);
+    }
+}

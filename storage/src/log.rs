@@ -1,0 +1,1360 @@
+//! A partition log: an ordered list of segments, the offsets that matter (log start, log end,
+//! high watermark) and the operations the broker and, later, Raft need.
+//!
+//! Concurrency model: a `PartitionLog` lives inside its shard's [`crate::ShardStore`] and is only
+//! mutated by short synchronous calls. Anything that waits for the disk is split in two: a
+//! synchronous step that takes what it needs (file handles, buffers, positions) and an async step
+//! that does the I/O without holding a borrow of the log. A file handle is an `Rc`, so a reader
+//! can finish reading a segment that retention has just removed.
+//!
+//! Offsets: `log_start_offset <= high_watermark <= log_end_offset`. Offsets below the high
+//! watermark are durable (journal fsynced) and written to their segment file; only they are
+//! served to readers. Offsets are assigned by [`PartitionLog::append`] in call order and never
+//! reused: a suffix is only ever removed below the high watermark by an explicit truncation
+//! (a Raft follower's, later), or above it when a flush round fails before anything was
+//! acknowledged.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use strand_protocol::batch::{self, BatchHeader, BatchScanner, BATCH_HEADER_BYTES};
+use strand_protocol::records::record_metas;
+
+use crate::fs::{FileHandle, Fs};
+use crate::index::{OffsetIndex, TimeIndex};
+use crate::segment::{self, relative, Segment};
+use crate::StorageError;
+
+/// Settings of one partition log (the topic's effective configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Roll to a new segment before this size is exceeded (`segment.bytes`).
+    pub segment_bytes: u64,
+    /// Roll a non-empty segment this old (`segment.ms`).
+    pub segment_ms: i64,
+    /// Delete segments whose newest record is older than this (`retention.ms`); `None` = forever.
+    pub retention_ms: Option<i64>,
+    /// Delete the oldest segments while the log is larger than this (`retention.bytes`).
+    pub retention_bytes: Option<u64>,
+    /// Bytes of log between offset index entries (`index.interval.bytes`).
+    pub index_interval_bytes: u64,
+    /// Roll when a segment's offset index reaches this many entries (`segment.index.bytes` / 8).
+    pub max_index_entries: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_bytes: 1 << 30,
+            segment_ms: 7 * 24 * 3600 * 1000,
+            retention_ms: Some(7 * 24 * 3600 * 1000),
+            retention_bytes: None,
+            index_interval_bytes: 4096,
+            max_index_entries: 10 * 1024 * 1024 / 8,
+        }
+    }
+}
+
+/// Where a log's contents were last known durable in its segment files (a checkpoint).
+/// Recovery trusts everything before it and validates everything after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryPoint {
+    /// Offset after the last checkpointed batch.
+    pub offset: i64,
+    /// Segment holding that position.
+    pub segment_base: i64,
+    /// Byte position in that segment.
+    pub position: u64,
+}
+
+/// Result of an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub log_start_offset: i64,
+}
+
+/// What [`PartitionLog::open`] did to bring a log back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Bytes checked by CRC.
+    pub bytes_scanned: u64,
+    /// Bytes removed from the tail (torn or corrupt batches and everything after them).
+    pub bytes_truncated: u64,
+    /// Index files rebuilt because they were missing or damaged.
+    pub indexes_rebuilt: usize,
+    pub problems: Vec<String>,
+}
+
+/// Batches of one segment waiting to be written to its file.
+pub(crate) struct StagedChunk<Fl> {
+    /// The segment's file, or `None` if the round must create it.
+    pub(crate) file: Option<Rc<Fl>>,
+    pub(crate) path: Rc<Path>,
+    pub(crate) segment_base: i64,
+    pub(crate) position: u64,
+    pub(crate) data: Vec<u8>,
+}
+
+/// Writes a flush round must do for one log, taken by [`PartitionLog::take_staged`].
+pub(crate) struct StagedWrites<Fl> {
+    pub(crate) chunks: Vec<StagedChunk<Fl>>,
+    /// Log end offset covered by these writes.
+    pub(crate) end_offset: i64,
+}
+
+/// A chunk written by a flush round: the segment, its file (created by the round if it was
+/// new) and the segment size the write reached.
+pub(crate) struct WrittenChunk<Fl> {
+    pub(crate) segment_base: i64,
+    pub(crate) file: Rc<Fl>,
+    pub(crate) end_position: u64,
+}
+
+/// A planned read: which file, where, and how far the reader may go.
+pub struct ReadPlan<Fl> {
+    file: Rc<Fl>,
+    path: Rc<Path>,
+    /// Position of the index entry at or before the target offset.
+    start_position: u64,
+    /// End of visible (durable) bytes in this segment.
+    end_position: u64,
+    target_offset: i64,
+    max_bytes: usize,
+    index_interval_bytes: u64,
+}
+
+/// Work a checkpoint must do for one log.
+pub(crate) struct CheckpointWork<Fl> {
+    pub(crate) files_to_sync: Vec<Rc<Fl>>,
+    pub(crate) index_files: Vec<(PathBuf, Vec<u8>)>,
+    pub(crate) sync_dir: bool,
+    pub(crate) write_epochs: Option<Vec<u8>>,
+    pub(crate) point: RecoveryPoint,
+    pub(crate) dir: PathBuf,
+}
+
+impl<Fl: FileHandle> CheckpointWork<Fl> {
+    /// Does the checkpoint's I/O: fsync segment data, write and fsync index files and the epoch
+    /// file, fsync the directory, and only then write the recovery point that lets recovery
+    /// trust all of it.
+    pub(crate) async fn run<F: Fs<File = Fl>>(self, fs: &F) -> Result<RecoveryPoint, StorageError> {
+        for f in &self.files_to_sync {
+            f.fdatasync()
+                .await
+                .map_err(|e| StorageError::io("sync segment", &self.dir, e))?;
+        }
+        for (path, data) in self.index_files {
+            // In place, without truncating first: index files only grow between checkpoints, so a
+            // torn write leaves the old prefix intact; recovery cuts entries past the point.
+            let f = fs
+                .open(&path, true)
+                .await
+                .map_err(|e| StorageError::io("open index", &path, e))?;
+            let len = data.len() as u64;
+            f.write_all_at(data, 0)
+                .await
+                .map_err(|e| StorageError::io("write index", &path, e))?;
+            if f.size().await.unwrap_or(len) > len {
+                f.truncate(len)
+                    .await
+                    .map_err(|e| StorageError::io("trim index", &path, e))?;
+            }
+            f.fdatasync()
+                .await
+                .map_err(|e| StorageError::io("sync index", &path, e))?;
+        }
+        if let Some(epochs) = self.write_epochs {
+            let path = self.dir.join(EPOCH_FILE);
+            fs.write_file_atomic(&path, epochs)
+                .await
+                .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
+        }
+        if self.sync_dir {
+            fs.sync_dir(&self.dir)
+                .await
+                .map_err(|e| StorageError::io("sync log directory", &self.dir, e))?;
+        }
+        write_recovery_point(fs, &self.dir.join(RECOVERY_POINT_FILE), self.point).await?;
+        Ok(self.point)
+    }
+}
+
+/// Outcome of a retention pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionOutcome {
+    /// Base offsets of the segments detached for deletion.
+    pub deleted: Vec<i64>,
+    pub bytes_deleted: u64,
+    pub log_start_offset: i64,
+}
+
+/// File work after a failed flush round (see [`PartitionLog::discard_unflushed`]).
+pub(crate) struct DiscardPlan<Fl> {
+    pub(crate) truncate: Vec<(Rc<Fl>, u64)>,
+    pub(crate) delete: Vec<i64>,
+    pub(crate) dir: PathBuf,
+}
+
+impl<Fl: FileHandle> DiscardPlan<Fl> {
+    pub(crate) async fn run<F: Fs<File = Fl>>(self, fs: &F) {
+        for (file, len) in self.truncate {
+            if let Err(e) = file.truncate(len).await {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not cut back a segment after a failed flush");
+            }
+        }
+        for base in self.delete {
+            remove_segment_files(fs, &self.dir, base).await;
+        }
+    }
+}
+
+const LOG_START_FILE: &str = "log-start-offset";
+const RECOVERY_POINT_FILE: &str = "recovery-point";
+const EPOCH_FILE: &str = "leader-epoch-checkpoint";
+
+/// One partition's log. See the module documentation.
+pub struct PartitionLog<F: Fs> {
+    fs: F,
+    dir: PathBuf,
+    config: LogConfig,
+    /// Sorted by base offset; the last one is the active segment. Never empty.
+    segments: Vec<Segment<F>>,
+    log_start_offset: i64,
+    next_offset: i64,
+    high_watermark: i64,
+    staged: Vec<StagedChunk<F::File>>,
+    /// A flush round holds writes of this log that have not completed.
+    in_flight: bool,
+    discard_generation: u64,
+    /// (epoch, first offset) for each leader epoch, ascending.
+    epochs: Vec<(i32, i64)>,
+    epochs_dirty: bool,
+    /// Segment files were created or removed since the last checkpoint.
+    dir_dirty: bool,
+    last_checkpoint: Option<RecoveryPoint>,
+}
+
+impl<F: Fs> PartitionLog<F> {
+    /// Opens (or creates) the log in `dir`, validating everything after its recovery point (the
+    /// last checkpoint; the whole log if there is no usable one): a torn or corrupt tail is cut
+    /// off at the last valid batch, and missing or damaged index files are rebuilt.
+    pub async fn open(
+        fs: F,
+        dir: PathBuf,
+        config: LogConfig,
+        now_ms: i64,
+    ) -> Result<(Self, RecoveryReport), StorageError> {
+        fs.create_dir_all(&dir)
+            .await
+            .map_err(|e| StorageError::io("create log directory", &dir, e))?;
+        let names = fs
+            .list_dir(&dir)
+            .await
+            .map_err(|e| StorageError::io("list log directory", &dir, e))?;
+        let mut bases: Vec<i64> = names
+            .iter()
+            .filter_map(|n| segment::parse_file_name(n, "log"))
+            .collect();
+        bases.sort_unstable();
+        for n in &names {
+            if n.ends_with(".deleted") || n.ends_with(".tmp") {
+                let _ = fs.remove_file(&dir.join(n)).await;
+            }
+        }
+        let mut report = RecoveryReport::default();
+        let log_start_file = read_i64_file(&fs, &dir.join(LOG_START_FILE)).await;
+        let recovery = read_recovery_point(&fs, &dir.join(RECOVERY_POINT_FILE)).await;
+        let mut log = PartitionLog {
+            fs: fs.clone(),
+            dir: dir.clone(),
+            config,
+            segments: Vec::new(),
+            log_start_offset: 0,
+            next_offset: 0,
+            high_watermark: 0,
+            staged: Vec::new(),
+            in_flight: false,
+            discard_generation: 0,
+            epochs: read_epochs(&fs, &dir.join(EPOCH_FILE)).await,
+            epochs_dirty: false,
+            dir_dirty: false,
+            last_checkpoint: None,
+        };
+
+        // A recovery point is usable only if its segment still exists and is at least that long
+        // (a shorter file means it was damaged or truncated behind our back).
+        let mut trusted = None;
+        if let Some(rp) = recovery {
+            if bases.contains(&rp.segment_base) {
+                let path = dir.join(segment::file_name(rp.segment_base, "log"));
+                if let Ok(f) = fs.open(&path, false).await {
+                    if f.size().await.map(|s| s >= rp.position).unwrap_or(false) {
+                        trusted = Some(rp);
+                    }
+                }
+            } else if bases.is_empty() && rp.position == 0 {
+                trusted = Some(rp);
+            }
+        }
+
+        let mut expected: Option<i64> = None;
+        let mut drop_rest = false;
+        for (i, &base) in bases.iter().enumerate() {
+            let path = dir.join(segment::file_name(base, "log"));
+            if drop_rest {
+                report.bytes_truncated += remove_segment_files(&fs, &dir, base).await;
+                log.dir_dirty = true;
+                continue;
+            }
+            if let Some(exp) = expected {
+                if base != exp {
+                    report.problems.push(format!(
+                        "segment {base} does not start at offset {exp}; dropping it and later ones"
+                    ));
+                    drop_rest = true;
+                    report.bytes_truncated += remove_segment_files(&fs, &dir, base).await;
+                    log.dir_dirty = true;
+                    continue;
+                }
+            }
+            let file = fs
+                .open(&path, false)
+                .await
+                .map_err(|e| StorageError::io("open segment", &path, e))?;
+            let file_size = file
+                .size()
+                .await
+                .map_err(|e| StorageError::io("stat segment", &path, e))?;
+            let mut seg = Segment::new_lazy(&dir, base, now_ms);
+            seg.file = Some(Rc::new(file));
+            seg.size = file_size;
+            seg.durable_size = file_size;
+            seg.index_dirty = false;
+            seg.needs_sync = false;
+            // How far this segment can be trusted without a scan.
+            let trusted_part: Option<(u64, i64)> = match trusted {
+                Some(rp) if base < rp.segment_base => bases.get(i + 1).map(|next| (file_size, *next)),
+                Some(rp) if base == rp.segment_base => Some((rp.position, rp.offset)),
+                _ => None,
+            };
+            let (scan_from, scan_offset) = match trusted_part {
+                Some((pos, off)) => match load_indexes(&fs, &seg, file_size).await {
+                    Some((mut idx, mut tidx)) => {
+                        idx.truncate_to_position(u32::try_from(pos).unwrap_or(u32::MAX));
+                        tidx.truncate_to_offset(relative(base, off));
+                        seg.max_timestamp = tidx.last().map_or(-1, |e| e.timestamp);
+                        seg.index_builder.bytes_since_entry =
+                            pos - idx.last().map_or(0, |e| u64::from(e.position));
+                        seg.index = idx;
+                        seg.time_index = tidx;
+                        (pos, off)
+                    }
+                    None => {
+                        report.indexes_rebuilt += 1;
+                        seg.index_dirty = true;
+                        (0, base)
+                    }
+                },
+                None => {
+                    seg.index_dirty = true;
+                    (0, base)
+                }
+            };
+            seg.next_offset = scan_offset;
+            if scan_from < file_size {
+                let file = seg.file.clone().unwrap_or_else(|| unreachable!("opened above"));
+                let out = segment::scan(
+                    &*file,
+                    base,
+                    scan_from,
+                    scan_offset,
+                    file_size,
+                    log.config.index_interval_bytes,
+                    &mut seg.index_builder,
+                    &mut seg.index,
+                    &mut seg.time_index,
+                )
+                .await
+                .map_err(|e| StorageError::io("scan segment", &path, e))?;
+                report.bytes_scanned += out.valid_size - scan_from;
+                seg.max_timestamp = seg.max_timestamp.max(out.max_timestamp);
+                for (epoch, start) in out.epoch_starts {
+                    note_epoch(&mut log.epochs, epoch, start, &mut log.epochs_dirty);
+                }
+                seg.next_offset = out.next_offset;
+                seg.index_dirty = true;
+                if let Some(problem) = out.problem {
+                    report.problems.push(format!("{}: {problem}", path.display()));
+                    report.bytes_truncated += file_size - out.valid_size;
+                    file.truncate(out.valid_size)
+                        .await
+                        .map_err(|e| StorageError::io("truncate torn segment", &path, e))?;
+                    file.fdatasync()
+                        .await
+                        .map_err(|e| StorageError::io("sync truncated segment", &path, e))?;
+                    seg.size = out.valid_size;
+                    seg.durable_size = out.valid_size;
+                    drop_rest = true;
+                }
+            }
+            expected = Some(seg.next_offset);
+            let is_last = i + 1 == bases.len();
+            if seg.is_empty() && !(is_last || drop_rest) {
+                // An empty sealed segment (a crash right after a roll): drop it.
+                report.bytes_truncated += remove_segment_files(&fs, &dir, base).await;
+                log.dir_dirty = true;
+                continue;
+            }
+            log.segments.push(seg);
+        }
+        let start_hint = log_start_file.unwrap_or(0).max(0);
+        if log.segments.is_empty() {
+            let start = expected.unwrap_or(start_hint);
+            log.segments.push(Segment::new_lazy(&dir, start, now_ms));
+        }
+        let end = log.active().next_offset;
+        log.next_offset = end;
+        log.high_watermark = end;
+        let first_base = log.segments.first().map_or(0, |s| s.base_offset);
+        log.log_start_offset = log_start_file.unwrap_or(first_base).clamp(first_base, end);
+        let before = log.epochs.len();
+        log.epochs.retain(|(_, start)| *start < end);
+        if log.epochs.len() != before {
+            log.epochs_dirty = true;
+        }
+        log.last_checkpoint = if report.bytes_truncated == 0 && report.problems.is_empty() {
+            trusted
+        } else {
+            None
+        };
+        Ok((log, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    /// Applies a new configuration (topic config change); takes effect at the next roll or
+    /// retention pass.
+    pub fn set_config(&mut self, config: LogConfig) {
+        self.config = config;
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start_offset
+    }
+
+    /// The offset the next appended record gets.
+    pub fn log_end_offset(&self) -> i64 {
+        self.next_offset
+    }
+
+    /// Offsets below this are durable and readable.
+    pub fn high_watermark(&self) -> i64 {
+        self.high_watermark
+    }
+
+    /// Total bytes of all segments, including bytes not yet flushed.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size).sum()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Approximate heap memory of this log's in-memory state.
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.segments.iter().map(|s| s.heap_bytes()).sum::<usize>()
+            + self.staged.iter().map(|c| c.data.capacity()).sum::<usize>()
+            + self.epochs.capacity() * 12
+    }
+
+    /// The newest leader epoch in the log and the offset where it starts.
+    pub fn latest_epoch(&self) -> Option<(i32, i64)> {
+        self.epochs.last().copied()
+    }
+
+    /// For OffsetForLeaderEpoch: the end offset of `epoch` (the start of the next larger epoch,
+    /// or the log end for the latest), with the largest epoch at or below the one asked for.
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> Option<(i32, i64)> {
+        let i = self.epochs.partition_point(|(e, _)| *e <= epoch);
+        let (found, _) = *self.epochs.get(i.checked_sub(1)?)?;
+        let end = self.epochs.get(i).map_or(self.next_offset, |(_, start)| *start);
+        Some((found, end))
+    }
+
+    fn active(&self) -> &Segment<F> {
+        // `segments` is never empty (open and every removal keep one).
+        self.segments
+            .last()
+            .unwrap_or_else(|| unreachable!("log has no segment"))
+    }
+
+    fn active_mut(&mut self) -> &mut Segment<F> {
+        self.segments
+            .last_mut()
+            .unwrap_or_else(|| unreachable!("log has no segment"))
+    }
+
+    fn should_roll(&self, batch_bytes: u64, now_ms: i64) -> bool {
+        let seg = self.active();
+        if seg.is_empty() {
+            return false;
+        }
+        seg.size + batch_bytes > self.config.segment_bytes
+            || seg.index.len() >= self.config.max_index_entries
+            || now_ms - seg.created_ms > self.config.segment_ms
+            || self.next_offset - seg.base_offset > i64::from(u32::MAX) / 2
+    }
+
+    /// Seals the active segment and starts a new, empty one at the log end offset. Never waits
+    /// for the disk: the new file is created by the flush round that first writes to it, and the
+    /// sealed segment's indexes and fsync are left to the next checkpoint (the shard journal
+    /// covers its data until then).
+    fn roll(&mut self, now_ms: i64) {
+        let base = self.next_offset;
+        let new = Segment::new_lazy(&self.dir, base, now_ms);
+        self.segments.push(new);
+        self.dir_dirty = true;
+    }
+
+    /// Assigns offsets to a batch that has already been validated (CRC, size) and stages it for
+    /// the next flush round, rolling the segment first if it is full or old. Synchronous, so
+    /// offsets follow call order. The stored copy gets its `baseOffset` and
+    /// `partitionLeaderEpoch` patched; nothing else changes.
+    ///
+    /// Returns the append's offsets and the stored bytes (for the shard journal).
+    pub fn append(
+        &mut self,
+        validated: &[u8],
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<(AppendInfo, &[u8]), StorageError> {
+        let header = BatchHeader::parse(validated).map_err(StorageError::InvalidBatch)?;
+        let total = header.total_bytes();
+        let data = validated.get(..total).ok_or(StorageError::InvalidBatch(
+            strand_protocol::batch::BatchError::Truncated {
+                needed: total,
+                available: validated.len(),
+            },
+        ))?;
+        debug_assert!(
+            batch::check_batch(data).is_ok(),
+            "append of a batch that fails its CRC"
+        );
+        if self.should_roll(total as u64, now_ms) {
+            self.roll(now_ms);
+        }
+        let base_offset = self.next_offset;
+        let last_offset = base_offset + i64::from(header.last_offset_delta);
+        note_epoch(
+            &mut self.epochs,
+            leader_epoch,
+            base_offset,
+            &mut self.epochs_dirty,
+        );
+
+        let interval = self.config.index_interval_bytes;
+        let seg = self.active_mut();
+        let position = seg.size;
+        let stored_header = BatchHeader {
+            base_offset,
+            partition_leader_epoch: leader_epoch,
+            ..header
+        };
+        seg.index_builder.on_batch(
+            seg.base_offset,
+            position,
+            &stored_header,
+            interval,
+            &mut seg.index,
+            &mut seg.time_index,
+        );
+        seg.size += total as u64;
+        seg.next_offset = last_offset + 1;
+        seg.max_timestamp = seg.max_timestamp.max(header.max_timestamp);
+        seg.index_dirty = true;
+        seg.needs_sync = true;
+        let file = seg.file.clone();
+        let path = seg.log_path.clone();
+        let segment_base = seg.base_offset;
+
+        let contiguous = matches!(self.staged.last(),
+            Some(c) if c.segment_base == segment_base && c.position + c.data.len() as u64 == position);
+        if !contiguous {
+            self.staged.push(StagedChunk {
+                file,
+                path,
+                segment_base,
+                position,
+                data: Vec::with_capacity(total.max(16 * 1024)),
+            });
+        }
+        let chunk = self
+            .staged
+            .last_mut()
+            .unwrap_or_else(|| unreachable!("pushed above"));
+        let start = chunk.data.len();
+        chunk.data.extend_from_slice(data);
+        if let Some(stored) = chunk.data.get_mut(start..) {
+            batch::patch_batch(stored, base_offset, leader_epoch);
+        }
+        self.next_offset = last_offset + 1;
+        let info = AppendInfo {
+            base_offset,
+            last_offset,
+            log_start_offset: self.log_start_offset,
+        };
+        let stored: &[u8] = self
+            .staged
+            .last()
+            .and_then(|c| c.data.get(start..))
+            .unwrap_or_default();
+        Ok((info, stored))
+    }
+
+    /// Whether appended batches wait to be written.
+    pub fn has_staged(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
+    /// Takes the staged batches for a flush round.
+    pub(crate) fn take_staged(&mut self) -> Option<StagedWrites<F::File>> {
+        if self.staged.is_empty() {
+            return None;
+        }
+        debug_assert!(!self.in_flight, "two flush rounds in flight for one log");
+        self.in_flight = true;
+        Some(StagedWrites {
+            chunks: std::mem::take(&mut self.staged),
+            end_offset: self.next_offset,
+        })
+    }
+
+    /// For exclusive owners without a journal (start-up replay, tools, tests): writes the staged
+    /// batches to their segments, fsyncs them and makes them visible.
+    pub async fn flush_exclusive(&mut self) -> Result<(), StorageError> {
+        let Some(writes) = self.take_staged() else {
+            return Ok(());
+        };
+        let mut written = Vec::with_capacity(writes.chunks.len());
+        for chunk in writes.chunks {
+            match write_chunk(&self.fs, chunk).await {
+                Ok(w) => written.push(w),
+                Err(e) => {
+                    let plan = self.discard_unflushed();
+                    plan.run(&self.fs).await;
+                    return Err(e);
+                }
+            }
+        }
+        for w in &written {
+            if let Err(e) = w.file.fdatasync().await {
+                let plan = self.discard_unflushed();
+                plan.run(&self.fs).await;
+                return Err(StorageError::io("sync segment", &self.dir, e));
+            }
+        }
+        self.complete_round(writes.end_offset, written);
+        Ok(())
+    }
+
+    /// Records that a flush round made everything below `end_offset` durable and written to the
+    /// segment files: it becomes visible to readers.
+    pub(crate) fn complete_round(&mut self, end_offset: i64, written: Vec<WrittenChunk<F::File>>) {
+        self.in_flight = false;
+        for w in written {
+            if let Some(seg) = self.segments.iter_mut().find(|s| s.base_offset == w.segment_base) {
+                if seg.file.is_none() {
+                    seg.file = Some(w.file);
+                }
+                seg.durable_size = seg.durable_size.max(w.end_position.min(seg.size));
+                // Set here, when the bytes are in the file, not at append: a checkpoint that
+                // collects its work between the append and the write must not clear it.
+                seg.needs_sync = true;
+            }
+        }
+        debug_assert!(
+            end_offset >= self.high_watermark,
+            "high watermark must not go back"
+        );
+        self.high_watermark = self.high_watermark.max(end_offset);
+    }
+
+    /// After a failed flush round: throws away everything above the high watermark (nothing
+    /// there was acknowledged). Synchronous; the returned plan cuts the files back.
+    pub(crate) fn discard_unflushed(&mut self) -> DiscardPlan<F::File> {
+        self.in_flight = false;
+        self.staged.clear();
+        self.discard_generation += 1;
+        let hw = self.high_watermark;
+        let mut plan = DiscardPlan {
+            truncate: Vec::new(),
+            delete: Vec::new(),
+            dir: self.dir.clone(),
+        };
+        while self.segments.len() > 1 && self.active().base_offset >= hw {
+            if let Some(seg) = self.segments.pop() {
+                plan.delete.push(seg.base_offset);
+                self.dir_dirty = true;
+            }
+        }
+        let seg = self.active_mut();
+        let position = seg.durable_size;
+        if let Some(file) = &seg.file {
+            plan.truncate.push((file.clone(), position));
+        }
+        seg.size = position;
+        seg.next_offset = hw.max(seg.base_offset);
+        seg.index
+            .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
+        seg.time_index.truncate_to_offset(relative(seg.base_offset, hw));
+        seg.index_builder.bytes_since_entry =
+            position - seg.index.last().map_or(0, |e| u64::from(e.position));
+        seg.max_timestamp = seg.time_index.last().map_or(-1, |e| e.timestamp);
+        seg.index_dirty = true;
+        self.next_offset = hw;
+        let before = self.epochs.len();
+        self.epochs.retain(|(_, start)| *start < hw);
+        if self.epochs.len() != before {
+            self.epochs_dirty = true;
+        }
+        plan
+    }
+
+    /// Counts failed flush rounds that discarded appends; an append whose generation changed
+    /// before it became durable was discarded, whatever offsets later appends reuse.
+    pub fn discard_generation(&self) -> u64 {
+        self.discard_generation
+    }
+
+    /// Removes every record at or after `offset`, which must be a batch boundary between the
+    /// log start and end. A Raft follower needs this when its log diverges from the leader's.
+    pub async fn truncate_suffix(&mut self, offset: i64) -> Result<(), StorageError> {
+        if offset < self.log_start_offset || offset > self.next_offset {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start_offset: self.log_start_offset,
+                log_end_offset: self.next_offset,
+            });
+        }
+        if !self.staged.is_empty() || self.in_flight {
+            return Err(StorageError::Busy("truncation while a flush round is pending"));
+        }
+        self.truncate_suffix_inner(offset).await
+    }
+
+    async fn truncate_suffix_inner(&mut self, offset: i64) -> Result<(), StorageError> {
+        while self.segments.len() > 1 && self.active().base_offset >= offset {
+            if let Some(seg) = self.segments.pop() {
+                self.delete_segment_files(&seg).await;
+            }
+        }
+        let seg = self.active();
+        let position = if offset >= seg.next_offset {
+            seg.size
+        } else {
+            match &seg.file {
+                Some(file) => find_batch_position(&**file, seg, offset).await?,
+                None => 0,
+            }
+        };
+        let seg = self.active_mut();
+        if let Some(file) = &seg.file {
+            file.truncate(position)
+                .await
+                .map_err(|e| StorageError::io("truncate segment", &seg.log_path, e))?;
+        }
+        seg.size = position;
+        seg.durable_size = seg.durable_size.min(position);
+        seg.next_offset = offset.max(seg.base_offset);
+        seg.index
+            .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
+        seg.time_index
+            .truncate_to_offset(relative(seg.base_offset, offset));
+        seg.index_builder.bytes_since_entry =
+            position - seg.index.last().map_or(0, |e| u64::from(e.position));
+        seg.max_timestamp = seg.time_index.last().map_or(-1, |e| e.timestamp);
+        seg.index_dirty = true;
+        seg.needs_sync = true;
+        self.next_offset = offset;
+        self.high_watermark = self.high_watermark.min(offset);
+        let before = self.epochs.len();
+        self.epochs.retain(|(_, start)| *start < offset);
+        if self.epochs.len() != before {
+            self.epochs_dirty = true;
+        }
+        if self.last_checkpoint.is_some_and(|cp| cp.offset > offset) {
+            self.last_checkpoint = None;
+        }
+        Ok(())
+    }
+
+    /// Plans a read of up to `max_bytes` of whole batches starting with the batch that holds
+    /// `offset`. At least one whole batch is returned even if it is larger (KIP-74). `Ok(None)`
+    /// when there is nothing to read yet (`offset` is the high watermark).
+    pub fn plan_read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Option<ReadPlan<F::File>>, StorageError> {
+        if offset < self.log_start_offset || offset > self.high_watermark {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start_offset: self.log_start_offset,
+                log_end_offset: self.high_watermark,
+            });
+        }
+        if offset == self.high_watermark {
+            return Ok(None);
+        }
+        let i = self.segments.partition_point(|s| s.base_offset <= offset);
+        let Some(mut seg) = i.checked_sub(1).and_then(|i| self.segments.get(i)) else {
+            return Ok(None);
+        };
+        if offset >= seg.next_offset {
+            // Past the end of its segment (only possible at a segment boundary): the next one.
+            match self.segments.get(i) {
+                Some(next) => seg = next,
+                None => return Ok(None),
+            }
+        }
+        let Some(file) = seg.file.clone() else {
+            return Ok(None);
+        };
+        let entry = seg
+            .index
+            .lookup(relative(seg.base_offset, offset.max(seg.base_offset)));
+        Ok(Some(ReadPlan {
+            file,
+            path: seg.log_path.clone(),
+            start_position: u64::from(entry.position),
+            end_position: seg.durable_size,
+            target_offset: offset,
+            max_bytes,
+            index_interval_bytes: self.config.index_interval_bytes,
+        }))
+    }
+
+    /// The first offset whose record timestamp is at or after `timestamp`, with that record's
+    /// timestamp (ListOffsets by timestamp). `None` when every readable record is older.
+    pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, StorageError> {
+        for seg in &self.segments {
+            if seg.max_timestamp < timestamp
+                || seg.durable_size == 0
+                || seg.next_offset <= self.log_start_offset
+            {
+                continue;
+            }
+            let Some(file) = &seg.file else { continue };
+            let rel = seg.time_index.lookup_before(timestamp);
+            let entry = seg.index.lookup(rel);
+            let mut pos = u64::from(entry.position);
+            while pos < seg.durable_size {
+                let batch = read_batch_at(&**file, pos, seg.durable_size, &seg.log_path).await?;
+                let Some((header, bytes)) = batch else { break };
+                pos += header.total_bytes() as u64;
+                if header.max_timestamp < timestamp || header.next_offset() <= self.log_start_offset {
+                    continue;
+                }
+                let found = match record_metas(&bytes, RECORD_SCAN_LIMIT) {
+                    Ok(metas) => metas
+                        .iter()
+                        .find(|m| m.timestamp >= timestamp && m.offset >= self.log_start_offset)
+                        .map(|m| (m.offset, m.timestamp)),
+                    // Cannot look inside (too large to decompress): answer with the batch; the
+                    // client skips records it does not want.
+                    Err(_) => Some((
+                        header.base_offset.max(self.log_start_offset),
+                        header.max_timestamp,
+                    )),
+                };
+                if found.is_some() {
+                    return Ok(found);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The record with the largest timestamp (ListOffsets with timestamp -3, KIP-734): its offset
+    /// and timestamp; the earliest such record when several share it.
+    pub async fn max_timestamp_offset(&self) -> Result<Option<(i64, i64)>, StorageError> {
+        let max = self
+            .segments
+            .iter()
+            .filter(|s| s.durable_size > 0 && s.next_offset > self.log_start_offset)
+            .map(|s| s.max_timestamp)
+            .max();
+        match max {
+            Some(ts) => self.offset_for_timestamp(ts).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Checks a DeleteRecords target: `Ok(true)` if it moves the log start offset forward.
+    pub fn check_log_start_offset(&self, offset: i64) -> Result<bool, StorageError> {
+        if offset > self.high_watermark || offset < 0 {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start_offset: self.log_start_offset,
+                log_end_offset: self.high_watermark,
+            });
+        }
+        Ok(offset > self.log_start_offset)
+    }
+
+    /// Moves the log start offset forward to `offset` (which must already be persisted with
+    /// [`persist_log_start_offset`]) and detaches the segments wholly below it. Returns their
+    /// base offsets; the caller deletes the files with [`remove_segment_files`].
+    pub fn advance_log_start_offset(&mut self, offset: i64) -> Vec<i64> {
+        let mut deleted = Vec::new();
+        if offset <= self.log_start_offset || offset > self.high_watermark {
+            return deleted;
+        }
+        self.log_start_offset = offset;
+        while self.segments.len() > 1 {
+            let first = &self.segments[0];
+            if first.next_offset <= offset && first.durable_size == first.size {
+                deleted.push(self.segments.remove(0).base_offset);
+                self.dir_dirty = true;
+            } else {
+                break;
+            }
+        }
+        deleted
+    }
+
+    /// DeleteRecords for exclusive owners (tests, tools): persist, advance, delete files.
+    pub async fn delete_records_before(&mut self, offset: i64) -> Result<i64, StorageError> {
+        if self.check_log_start_offset(offset)? {
+            persist_log_start_offset(&self.fs, &self.dir, offset).await?;
+            for base in self.advance_log_start_offset(offset) {
+                remove_segment_files(&self.fs, &self.dir, base).await;
+            }
+        }
+        Ok(self.log_start_offset)
+    }
+
+    /// Decides time and size retention and detaches the segments to delete, oldest first; the
+    /// caller deletes their files with [`remove_segment_files`]. A segment goes when its newest
+    /// record is older than `retention.ms`, or while the log without it is still at least
+    /// `retention.bytes`. An active segment that has expired whole is rolled first so it can go.
+    pub fn plan_retention(&mut self, now_ms: i64) -> RetentionOutcome {
+        let mut outcome = RetentionOutcome::default();
+        if let Some(retention_ms) = self.config.retention_ms {
+            let cutoff = now_ms.saturating_sub(retention_ms);
+            let active = self.active();
+            if !active.is_empty()
+                && active.max_timestamp < cutoff
+                && active.durable_size == active.size
+                && self.staged.is_empty()
+                && !self.in_flight
+            {
+                self.roll(now_ms);
+            }
+            while self.segments.len() > 1 {
+                let first = &self.segments[0];
+                if first.max_timestamp >= cutoff || first.durable_size != first.size {
+                    break;
+                }
+                let seg = self.segments.remove(0);
+                outcome.bytes_deleted += seg.size;
+                outcome.deleted.push(seg.base_offset);
+            }
+        }
+        if let Some(retention_bytes) = self.config.retention_bytes {
+            let mut total = self.size_bytes();
+            while self.segments.len() > 1 {
+                let first = &self.segments[0];
+                if total < retention_bytes.saturating_add(first.size) || first.durable_size != first.size {
+                    break;
+                }
+                let seg = self.segments.remove(0);
+                total -= seg.size;
+                outcome.bytes_deleted += seg.size;
+                outcome.deleted.push(seg.base_offset);
+            }
+        }
+        if !outcome.deleted.is_empty() {
+            self.dir_dirty = true;
+        }
+        let first_base = self.segments.first().map_or(0, |s| s.base_offset);
+        self.log_start_offset = self.log_start_offset.max(first_base);
+        outcome.log_start_offset = self.log_start_offset;
+        outcome
+    }
+
+    /// Retention for exclusive owners (tests, tools): plan, then delete the files.
+    pub async fn apply_retention(&mut self, now_ms: i64) -> RetentionOutcome {
+        let outcome = self.plan_retention(now_ms);
+        for base in &outcome.deleted {
+            remove_segment_files(&self.fs, &self.dir, *base).await;
+        }
+        outcome
+    }
+
+    async fn delete_segment_files(&mut self, seg: &Segment<F>) {
+        remove_segment_files(&self.fs, &self.dir, seg.base_offset).await;
+        self.dir_dirty = true;
+    }
+
+    /// Whether anything changed since the last checkpoint.
+    pub fn needs_checkpoint(&self) -> bool {
+        self.last_checkpoint
+            .is_none_or(|cp| cp.offset != self.high_watermark)
+            || self.dir_dirty
+            || self.epochs_dirty
+            || self.segments.iter().any(|s| s.needs_sync && s.file.is_some())
+    }
+
+    /// Collects what a checkpoint must make durable so that recovery can trust everything below
+    /// the current high watermark. Call only between flush rounds (nothing in flight).
+    pub(crate) fn checkpoint_work(&mut self) -> CheckpointWork<F::File> {
+        let hw = self.high_watermark;
+        let mut files_to_sync = Vec::new();
+        let mut index_files = Vec::new();
+        let last = self.segments.len().saturating_sub(1);
+        for (i, seg) in self.segments.iter_mut().enumerate() {
+            let Some(file) = &seg.file else { continue };
+            if seg.needs_sync {
+                files_to_sync.push(file.clone());
+                seg.needs_sync = false;
+            }
+            if seg.index_dirty {
+                // Entries past the durable size are harmless: recovery cuts them at the point.
+                index_files.extend(seg.index_files());
+                seg.index_dirty = i == last;
+            }
+        }
+        let active = self.active();
+        let (segment_base, position, offset) = if active.file.is_some() || active.base_offset == hw {
+            (
+                active.base_offset,
+                active.durable_size,
+                hw.min(active.next_offset),
+            )
+        } else {
+            // The active segment has no file yet: point at the end of the previous one.
+            let prev = self
+                .segments
+                .len()
+                .checked_sub(2)
+                .and_then(|i| self.segments.get(i));
+            match prev {
+                Some(p) => (p.base_offset, p.durable_size, p.next_offset.min(hw)),
+                None => (active.base_offset, 0, active.base_offset),
+            }
+        };
+        let write_epochs = self.epochs_dirty.then(|| encode_epochs(&self.epochs));
+        self.epochs_dirty = false;
+        let sync_dir = std::mem::take(&mut self.dir_dirty);
+        CheckpointWork {
+            files_to_sync,
+            index_files,
+            sync_dir,
+            write_epochs,
+            dir: self.dir.clone(),
+            point: RecoveryPoint {
+                offset,
+                segment_base,
+                position,
+            },
+        }
+    }
+
+    /// Records a completed checkpoint.
+    pub(crate) fn checkpoint_done(&mut self, point: RecoveryPoint) {
+        self.last_checkpoint = Some(point);
+    }
+
+    pub(crate) fn checkpoint_failed(&mut self) {
+        // Make the next checkpoint redo everything.
+        self.dir_dirty = true;
+        self.epochs_dirty = true;
+        for seg in &mut self.segments {
+            seg.needs_sync = seg.file.is_some();
+            seg.index_dirty = true;
+        }
+    }
+
+    /// The last checkpoint of this log, if it has one.
+    pub fn last_checkpoint(&self) -> Option<RecoveryPoint> {
+        self.last_checkpoint
+    }
+}
+
+fn encode_epochs(epochs: &[(i32, i64)]) -> Vec<u8> {
+    let mut text = format!("0\n{}\n", epochs.len());
+    for (epoch, start) in epochs {
+        text.push_str(&format!("{epoch} {start}\n"));
+    }
+    text.into_bytes()
+}
+
+/// Writes one staged chunk, creating its segment file first if the segment is new.
+pub(crate) async fn write_chunk<F: Fs>(
+    fs: &F,
+    chunk: StagedChunk<F::File>,
+) -> Result<WrittenChunk<F::File>, StorageError> {
+    let path = chunk.path;
+    let file = match chunk.file {
+        Some(f) => f,
+        None => {
+            let f = fs
+                .open(&path, true)
+                .await
+                .map_err(|e| StorageError::io("create segment", &path, e))?;
+            if chunk.position == 0 {
+                // A leftover file of a discarded round must not keep stale bytes past our data.
+                f.truncate(0)
+                    .await
+                    .map_err(|e| StorageError::io("create segment", &path, e))?;
+            }
+            Rc::new(f)
+        }
+    };
+    let end_position = chunk.position + chunk.data.len() as u64;
+    file.write_all_at(chunk.data, chunk.position)
+        .await
+        .map_err(|e| StorageError::io("write segment", &path, e))?;
+    Ok(WrittenChunk {
+        segment_base: chunk.segment_base,
+        file,
+        end_position,
+    })
+}
+
+/// Upper bound for looking inside one compressed batch (slow paths only).
+const RECORD_SCAN_LIMIT: usize = 64 << 20;
+
+impl<Fl: FileHandle> ReadPlan<Fl> {
+    /// Reads the planned batches: whole batches only, starting with the one holding the target
+    /// offset, at most `max_bytes` unless the first batch alone is larger.
+    pub async fn execute(self) -> Result<Bytes, StorageError> {
+        let path = &*self.path;
+        let mut pos = self.start_position;
+        loop {
+            if pos >= self.end_position {
+                return Ok(Bytes::new());
+            }
+            let window = (self.end_position - pos)
+                .min((self.max_bytes as u64).saturating_add(2 * self.index_interval_bytes + 4096))
+                as usize;
+            let buf = read_io(&*self.file, pos, window, path).await?;
+            let mut first: Option<usize> = None;
+            let mut end = 0usize;
+            let mut skipped_to = 0usize;
+            let mut scanner = BatchScanner::new(&buf, false);
+            for b in scanner.by_ref() {
+                match first {
+                    None if b.header.next_offset() <= self.target_offset => {
+                        skipped_to = b.position + b.header.total_bytes();
+                    }
+                    None => {
+                        first = Some(b.position);
+                        end = b.position + b.header.total_bytes();
+                    }
+                    Some(start) => {
+                        let next_end = b.position + b.header.total_bytes();
+                        if next_end - start > self.max_bytes {
+                            break;
+                        }
+                        end = next_end;
+                    }
+                }
+            }
+            match first {
+                Some(start) => return Ok(buf.slice(start..end)),
+                None if skipped_to > 0 => {
+                    pos += skipped_to as u64;
+                }
+                None => {
+                    // The batch at `pos` does not fit in the window: read it alone.
+                    let h = BatchHeader::parse(&buf).map_err(StorageError::InvalidBatch)?;
+                    let total = h.total_bytes();
+                    if h.next_offset() <= self.target_offset {
+                        pos += total as u64;
+                        continue;
+                    }
+                    if pos + total as u64 > self.end_position {
+                        return Ok(Bytes::new());
+                    }
+                    return read_io(&*self.file, pos, total, path).await;
+                }
+            }
+        }
+    }
+}
+
+async fn read_io<Fl: FileHandle>(
+    file: &Fl,
+    pos: u64,
+    len: usize,
+    path: &Path,
+) -> Result<Bytes, StorageError> {
+    file.read_at(pos, len)
+        .await
+        .map_err(|e| StorageError::io("read segment", path, e))
+}
+
+/// Byte position of the batch starting at `offset` in a segment (which must be a batch start).
+async fn find_batch_position<F: Fs>(
+    file: &F::File,
+    seg: &Segment<F>,
+    offset: i64,
+) -> Result<u64, StorageError> {
+    let entry = seg.index.lookup(relative(seg.base_offset, offset));
+    let mut pos = u64::from(entry.position);
+    while pos < seg.size {
+        let Some((header, _)) = read_batch_at(file, pos, seg.size, &seg.log_path).await? else {
+            break;
+        };
+        if header.base_offset == offset {
+            return Ok(pos);
+        }
+        if header.next_offset() > offset {
+            return Err(StorageError::NotBatchBoundary(offset));
+        }
+        pos += header.total_bytes() as u64;
+    }
+    Ok(seg.size)
+}
+
+/// Reads the whole batch starting at `pos` (not past `limit`); `None` if none starts there.
+async fn read_batch_at<Fl: FileHandle>(
+    file: &Fl,
+    pos: u64,
+    limit: u64,
+    path: &Path,
+) -> Result<Option<(BatchHeader, Bytes)>, StorageError> {
+    let head = read_io(file, pos, BATCH_HEADER_BYTES.min((limit - pos) as usize), path).await?;
+    let Ok(header) = BatchHeader::parse(&head) else {
+        return Ok(None);
+    };
+    if pos + header.total_bytes() as u64 > limit {
+        return Ok(None);
+    }
+    let bytes = read_io(file, pos, header.total_bytes(), path).await?;
+    Ok(Some((header, bytes)))
+}
+
+fn note_epoch(epochs: &mut Vec<(i32, i64)>, epoch: i32, offset: i64, dirty: &mut bool) {
+    match epochs.last() {
+        Some((last, _)) if *last >= epoch => {}
+        _ => {
+            epochs.push((epoch, offset));
+            *dirty = true;
+        }
+    }
+}
+
+async fn load_indexes<F: Fs>(fs: &F, seg: &Segment<F>, file_size: u64) -> Option<(OffsetIndex, TimeIndex)> {
+    let idx = fs.read_file(&seg.index_path()).await.ok()?;
+    let tidx = fs.read_file(&seg.time_index_path()).await.ok()?;
+    let offset_index = OffsetIndex::decode(&idx, file_size.max(1))?;
+    let time_index = TimeIndex::decode(&tidx, u32::MAX)?;
+    Some((offset_index, time_index))
+}
+
+/// Removes a segment's files; returns the bytes of log removed.
+pub async fn remove_segment_files<F: Fs>(fs: &F, dir: &Path, base: i64) -> u64 {
+    let log = dir.join(segment::file_name(base, "log"));
+    let bytes = match fs.open(&log, false).await {
+        Ok(f) => f.size().await.unwrap_or(0),
+        Err(_) => 0,
+    };
+    for suffix in ["log", "index", "timeindex"] {
+        let p = dir.join(segment::file_name(base, suffix));
+        if let Err(e) = fs.remove_file(&p).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %p.display(), error = %e, "could not remove segment file");
+            }
+        }
+    }
+    bytes
+}
+
+async fn read_i64_file<F: Fs>(fs: &F, path: &Path) -> Option<i64> {
+    let bytes = fs.read_file(path).await.ok()?;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Durably records a new log start offset (DeleteRecords), before any segment below it goes.
+pub async fn persist_log_start_offset<F: Fs>(fs: &F, dir: &Path, offset: i64) -> Result<(), StorageError> {
+    let path = dir.join(LOG_START_FILE);
+    fs.write_file_atomic(&path, format!("{offset}\n").into_bytes())
+        .await
+        .map_err(|e| StorageError::io("write log start offset", &path, e))
+}
+
+/// `v1 <offset> <segment base> <position> <crc32c of the text before it>`: one short line,
+/// written in place and fsynced. A torn or stale-looking file fails its CRC and is ignored,
+/// which only costs a longer validation at the next start.
+async fn write_recovery_point<F: Fs>(fs: &F, path: &Path, rp: RecoveryPoint) -> Result<(), StorageError> {
+    let body = format!("v1 {} {} {}", rp.offset, rp.segment_base, rp.position);
+    let line = format!("{body} {}\n", crc32c::crc32c(body.as_bytes()));
+    let f = fs
+        .open(path, true)
+        .await
+        .map_err(|e| StorageError::io("open recovery point", path, e))?;
+    let len = line.len() as u64;
+    f.write_all_at(line.into_bytes(), 0)
+        .await
+        .map_err(|e| StorageError::io("write recovery point", path, e))?;
+    f.truncate(len)
+        .await
+        .map_err(|e| StorageError::io("write recovery point", path, e))?;
+    f.fdatasync()
+        .await
+        .map_err(|e| StorageError::io("sync recovery point", path, e))
+}
+
+async fn read_recovery_point<F: Fs>(fs: &F, path: &Path) -> Option<RecoveryPoint> {
+    let bytes = fs.read_file(path).await.ok()?;
+    let text = std::str::from_utf8(&bytes).ok()?.trim_end();
+    let (body, crc) = text.rsplit_once(' ')?;
+    if crc.parse::<u32>().ok()? != crc32c::crc32c(body.as_bytes()) {
+        return None;
+    }
+    let mut parts = body.split(' ');
+    if parts.next()? != "v1" {
+        return None;
+    }
+    let offset = parts.next()?.parse().ok()?;
+    let segment_base = parts.next()?.parse().ok()?;
+    let position = parts.next()?.parse().ok()?;
+    Some(RecoveryPoint {
+        offset,
+        segment_base,
+        position,
+    })
+}
+
+/// Reads Kafka's `leader-epoch-checkpoint` format: version line, count line, `epoch offset` lines.
+async fn read_epochs<F: Fs>(fs: &F, path: &Path) -> Vec<(i32, i64)> {
+    let Ok(bytes) = fs.read_file(path).await else {
+        return Vec::new();
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in text.lines().skip(2) {
+        let mut parts = line.split_whitespace();
+        if let (Some(Ok(e)), Some(Ok(o))) = (parts.next().map(str::parse), parts.next().map(str::parse)) {
+            out.push((e, o));
+        }
+    }
+    out
+}

@@ -1,0 +1,114 @@
+//! Start-up journal replay: after a crash, the shard journals may hold acknowledged batches that
+//! never reached their segment files (or reached them torn). Replay appends them, checkpoints the
+//! logs it touched, and deletes the journal files. It runs once, before any shard starts, over
+//! every shard's journal, so a change in the number of shards between runs is harmless.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use strand_protocol::batch::BatchHeader;
+
+use crate::fs::Fs;
+use crate::journal::{self, EntryKind, LogKey, JOURNAL_DIR};
+use crate::log::{LogConfig, PartitionLog};
+use crate::StorageError;
+
+/// What replay did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    pub files: usize,
+    /// Entries appended to a log because its segment lacked them.
+    pub entries_applied: usize,
+    /// Entries already present in their log.
+    pub entries_present: usize,
+    /// Entries for logs that no longer exist (deleted topics).
+    pub entries_orphaned: usize,
+    pub logs_touched: usize,
+    pub problems: Vec<String>,
+}
+
+/// Replays every journal file under `root`. `log_config` says whether a log (directory name and
+/// incarnation) still exists, and with which configuration; entries of other logs are dropped.
+pub async fn replay_journals<F: Fs>(
+    fs: &F,
+    root: &Path,
+    log_config: impl Fn(&LogKey) -> Option<LogConfig>,
+    now_ms: i64,
+) -> Result<ReplayReport, StorageError> {
+    let files = journal::list_files(fs, root).await?;
+    let mut report = ReplayReport::default();
+    if files.is_empty() {
+        return Ok(report);
+    }
+    let mut logs: BTreeMap<String, PartitionLog<F>> = BTreeMap::new();
+    for (shard, seq, path) in &files {
+        report.files += 1;
+        let (entries, problem) = journal::read_file(fs, path).await?;
+        if let Some(p) = problem {
+            tracing::info!(shard, seq, problem = %p, "journal ends with an incomplete entry (expected after a crash)");
+        }
+        for entry in entries {
+            let EntryKind::Append = entry.kind;
+            let Some(config) = log_config(&entry.key) else {
+                report.entries_orphaned += 1;
+                continue;
+            };
+            if !logs.contains_key(&entry.key.dir_name) {
+                let dir = root.join(&entry.key.dir_name);
+                let (log, rec) = PartitionLog::open(fs.clone(), dir, config, now_ms).await?;
+                report.problems.extend(rec.problems);
+                logs.insert(entry.key.dir_name.clone(), log);
+            }
+            let Some(log) = logs.get_mut(&entry.key.dir_name) else {
+                continue;
+            };
+            let header = match BatchHeader::parse(&entry.data) {
+                Ok(h) => h,
+                Err(e) => {
+                    report
+                        .problems
+                        .push(format!("{}: bad journal batch: {e}", entry.key.dir_name));
+                    continue;
+                }
+            };
+            let leo = log.log_end_offset();
+            let next = entry.offset + header.offset_count();
+            if next <= leo {
+                report.entries_present += 1;
+            } else if entry.offset == leo {
+                log.append(&entry.data, header.partition_leader_epoch, now_ms)?;
+                report.entries_applied += 1;
+            } else {
+                report.problems.push(format!(
+                    "{}: journal batch at offset {} does not continue the log (end offset {leo}); skipped",
+                    entry.key.dir_name, entry.offset
+                ));
+            }
+        }
+        // Bound memory: write what this file added before reading the next.
+        for log in logs.values_mut() {
+            log.flush_exclusive().await?;
+        }
+    }
+    report.logs_touched = logs.len();
+    for (_, mut log) in logs {
+        let work = log.checkpoint_work();
+        let point = work.run(fs).await?;
+        log.checkpoint_done(point);
+    }
+    for (_, _, path) in &files {
+        fs.remove_file(path)
+            .await
+            .map_err(|e| StorageError::io("remove replayed journal", path, e))?;
+    }
+    let dir = root.join(JOURNAL_DIR);
+    fs.sync_dir(&dir)
+        .await
+        .map_err(|e| StorageError::io("sync journal dir", &dir, e))?;
+    if !report.problems.is_empty() {
+        for p in &report.problems {
+            tracing::warn!(problem = %p, "journal replay");
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,264 @@
+//! One segment of a partition log: a `.log` file of record batches with its offset and time
+//! indexes, and the scan that validates a segment's bytes after a crash.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use strand_protocol::batch::{BatchError, BatchHeader, BatchScanner, ScanStop, BATCH_HEADER_BYTES};
+
+use crate::fs::{FileHandle, Fs};
+use crate::index::{OffsetIndex, TimeIndex};
+
+/// `00000000000000001234.log` for base offset 1234, as Kafka names segment files.
+pub(crate) fn file_name(base_offset: i64, suffix: &str) -> String {
+    format!("{base_offset:020}.{suffix}")
+}
+
+/// Parses a segment file name back into its base offset.
+pub(crate) fn parse_file_name(name: &str, suffix: &str) -> Option<i64> {
+    let stem = name.strip_suffix(suffix)?.strip_suffix('.')?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+/// Decides when index entries are added; shared by appends and recovery scans so that a
+/// rebuilt index is the index the appends would have written.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct IndexBuilder {
+    pub(crate) bytes_since_entry: u64,
+}
+
+impl IndexBuilder {
+    /// Called before a batch is added at `position`.
+    pub(crate) fn on_batch(
+        &mut self,
+        segment_base: i64,
+        position: u64,
+        header: &BatchHeader,
+        interval_bytes: u64,
+        index: &mut OffsetIndex,
+        time_index: &mut TimeIndex,
+    ) {
+        let rel = relative(segment_base, header.base_offset);
+        if self.bytes_since_entry >= interval_bytes && position > 0 {
+            if let Ok(pos) = u32::try_from(position) {
+                index.push(rel, pos);
+                time_index.maybe_push(header.max_timestamp, rel);
+            }
+            self.bytes_since_entry = 0;
+        } else if time_index.is_empty() {
+            time_index.maybe_push(header.max_timestamp, rel);
+        }
+        self.bytes_since_entry += header.total_bytes() as u64;
+    }
+}
+
+pub(crate) fn relative(segment_base: i64, offset: i64) -> u32 {
+    u32::try_from(offset - segment_base).unwrap_or(u32::MAX)
+}
+
+/// A segment of a partition log. Owned by one [`crate::PartitionLog`].
+pub(crate) struct Segment<F: Fs> {
+    pub(crate) base_offset: i64,
+    /// `None` until the first flush round that writes to this segment creates the file, so that
+    /// rolling a segment never waits for the disk.
+    pub(crate) file: Option<Rc<F::File>>,
+    pub(crate) log_path: Rc<Path>,
+    /// Logical size: every batch appended, written or not.
+    pub(crate) size: u64,
+    /// Bytes that are durable and visible to readers (below the high watermark).
+    pub(crate) durable_size: u64,
+    /// Offset after the last batch.
+    pub(crate) next_offset: i64,
+    pub(crate) index: OffsetIndex,
+    pub(crate) time_index: TimeIndex,
+    pub(crate) index_builder: IndexBuilder,
+    /// Largest batch max-timestamp in the segment; -1 when empty or unknown.
+    pub(crate) max_timestamp: i64,
+    /// When the segment was created or opened (roll by time).
+    pub(crate) created_ms: i64,
+    /// The index files on disk are stale.
+    pub(crate) index_dirty: bool,
+    /// Data written since the last fsync of this segment.
+    pub(crate) needs_sync: bool,
+}
+
+impl<F: Fs> Segment<F> {
+    /// A new, empty segment whose file is created by the first flush round that writes to it.
+    pub(crate) fn new_lazy(dir: &Path, base_offset: i64, now_ms: i64) -> Self {
+        Segment {
+            base_offset,
+            file: None,
+            log_path: Rc::from(dir.join(file_name(base_offset, "log"))),
+            size: 0,
+            durable_size: 0,
+            next_offset: base_offset,
+            index: OffsetIndex::default(),
+            time_index: TimeIndex::default(),
+            index_builder: IndexBuilder::default(),
+            max_timestamp: -1,
+            created_ms: now_ms,
+            index_dirty: true,
+            needs_sync: true,
+        }
+    }
+
+    pub(crate) fn index_path(&self) -> PathBuf {
+        self.log_path.with_extension("index")
+    }
+
+    pub(crate) fn time_index_path(&self) -> PathBuf {
+        self.log_path.with_extension("timeindex")
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// Index file contents to persist (offset index, time index).
+    pub(crate) fn index_files(&self) -> [(PathBuf, Vec<u8>); 2] {
+        [
+            (self.index_path(), self.index.encode()),
+            (self.time_index_path(), self.time_index.encode()),
+        ]
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.index.heap_bytes()
+            + self.time_index.heap_bytes()
+            + std::mem::size_of::<Self>()
+            + self.log_path.as_os_str().len()
+    }
+}
+
+/// What a validating scan of a segment found.
+#[derive(Debug)]
+pub(crate) struct ScanOutcome {
+    /// Byte position after the last valid batch.
+    pub(crate) valid_size: u64,
+    /// Offset after the last valid batch.
+    pub(crate) next_offset: i64,
+    pub(crate) max_timestamp: i64,
+    /// Leader epochs seen, with the first offset of each change.
+    pub(crate) epoch_starts: Vec<(i32, i64)>,
+    /// Why the scan stopped, when it stopped before the end of the file.
+    pub(crate) problem: Option<String>,
+}
+
+const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// Scans `file` from `start_position` (a batch boundary whose batch starts at `expected_offset`)
+/// to its end, checking every batch's CRC and that offsets continue without gaps or overlaps.
+/// Index entries for the scanned batches are added to `index`/`time_index` through `builder`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn scan<Fl: FileHandle>(
+    file: &Fl,
+    segment_base: i64,
+    start_position: u64,
+    mut expected_offset: i64,
+    file_size: u64,
+    interval_bytes: u64,
+    builder: &mut IndexBuilder,
+    index: &mut OffsetIndex,
+    time_index: &mut TimeIndex,
+) -> Result<ScanOutcome, std::io::Error> {
+    let mut pos = start_position;
+    let mut max_timestamp = -1i64;
+    let mut epoch_starts: Vec<(i32, i64)> = Vec::new();
+    let mut problem = None;
+    'outer: while pos < file_size {
+        let want = (file_size - pos).min(SCAN_CHUNK_BYTES as u64) as usize;
+        let mut chunk = file.read_at(pos, want).await?;
+        if chunk.len() < BATCH_HEADER_BYTES {
+            problem = Some(format!(
+                "{} trailing bytes at position {pos} (torn batch header)",
+                chunk.len()
+            ));
+            break;
+        }
+        // A batch bigger than the chunk: read it whole.
+        if let Ok(h) = BatchHeader::parse(&chunk) {
+            if h.total_bytes() > chunk.len() && (h.total_bytes() as u64) <= file_size - pos {
+                chunk = file.read_at(pos, h.total_bytes()).await?;
+            }
+        }
+        let mut scanner = BatchScanner::new(&chunk, true);
+        for b in scanner.by_ref() {
+            let h = b.header;
+            if h.base_offset != expected_offset {
+                problem = Some(format!(
+                    "batch at position {} has base offset {} where {} was expected",
+                    pos + b.position as u64,
+                    h.base_offset,
+                    expected_offset
+                ));
+                pos += b.position as u64;
+                break 'outer;
+            }
+            builder.on_batch(
+                segment_base,
+                pos + b.position as u64,
+                &h,
+                interval_bytes,
+                index,
+                time_index,
+            );
+            if epoch_starts.last().map(|(e, _)| *e) != Some(h.partition_leader_epoch) {
+                epoch_starts.push((h.partition_leader_epoch, h.base_offset));
+            }
+            max_timestamp = max_timestamp.max(h.max_timestamp);
+            expected_offset = h.next_offset();
+        }
+        let consumed = scanner.position();
+        match scanner.stop() {
+            Some(ScanStop::Clean) | None => pos += consumed as u64,
+            Some(ScanStop::Incomplete { position }) => {
+                pos += *position as u64;
+                if consumed == 0 || pos + BATCH_HEADER_BYTES as u64 > file_size {
+                    // Nothing whole in this window: the file ends inside a batch.
+                    let left = file_size - pos;
+                    if left > 0 {
+                        problem = Some(format!(
+                            "torn batch: {left} bytes at position {pos} do not form a batch"
+                        ));
+                    }
+                    break;
+                }
+            }
+            Some(ScanStop::Corrupt { position, error }) => {
+                let at = pos + *position as u64;
+                problem = Some(match error {
+                    BatchError::CrcMismatch { .. } => {
+                        format!("CRC mismatch in batch at position {at}: {error}")
+                    }
+                    _ => format!("corrupt batch at position {at}: {error}"),
+                });
+                pos = at;
+                break;
+            }
+        }
+    }
+    Ok(ScanOutcome {
+        valid_size: pos.min(file_size),
+        next_offset: expected_offset,
+        max_timestamp,
+        epoch_starts,
+        problem,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names() {
+        assert_eq!(file_name(1234, "log"), "00000000000000001234.log");
+        assert_eq!(parse_file_name("00000000000000001234.log", "log"), Some(1234));
+        assert_eq!(parse_file_name("00000000000000001234.index", "log"), None);
+        assert_eq!(parse_file_name("1234.log", "log"), None);
+        assert_eq!(parse_file_name("0000000000000000123x.log", "log"), None);
+    }
+}

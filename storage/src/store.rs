@@ -1,0 +1,801 @@
+//! A shard's storage: the partition logs the shard owns, its journal, and the group commit that
+//! ties them together.
+//!
+//! Group commit: appends are synchronous and only stage bytes. A single flusher task per shard
+//! runs [`ShardStore::flush_round`] whenever something is staged: it writes every staged batch of
+//! every log to the journal with one `fdatasync`, writes the same batches to their segment files
+//! (page cache) concurrently, and then moves each log's high watermark. Appends made while a
+//! round is in flight wait for the next round. One round costs one journal fsync whether it
+//! carries one partition or ten thousand.
+//!
+//! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
+//! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`] until a
+//! restart, while reads of durable data keep working. Nothing acknowledged is touched. This is
+//! Kafka's offline-log-directory behaviour, minus the reads.
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Instant;
+
+use futures::future::join_all;
+
+use crate::fs::{FileHandle, Fs};
+use crate::journal::{Journal, LogKey};
+use crate::log::{
+    persist_log_start_offset, remove_segment_files, write_chunk, AppendInfo, CheckpointWork, LogConfig,
+    PartitionLog, ReadPlan, RecoveryReport, RetentionOutcome, WrittenChunk,
+};
+use crate::notify::Notify;
+use crate::StorageError;
+
+/// A handle to a log in a [`ShardStore`]. Stale handles (of removed logs) are detected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogId {
+    slot: u32,
+    generation: u32,
+}
+
+/// Settings of a shard store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Rotate the journal (and checkpoint) once the current file reaches this size.
+    pub journal_segment_bytes: u64,
+    /// Upper bound on fsyncs a checkpoint keeps in flight at once.
+    pub checkpoint_concurrency: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            journal_segment_bytes: 128 << 20,
+            checkpoint_concurrency: 64,
+        }
+    }
+}
+
+/// A pending append: await [`ShardStore::wait_durable`] with it for the acknowledgement.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendTicket {
+    pub id: LogId,
+    pub info: AppendInfo,
+    discard_generation: u64,
+}
+
+/// Offsets and size of one log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogOffsets {
+    pub log_start_offset: i64,
+    pub high_watermark: i64,
+    pub log_end_offset: i64,
+    pub size_bytes: u64,
+}
+
+/// What one flush round did.
+#[derive(Debug, Clone, Default)]
+pub struct RoundStats {
+    pub logs: usize,
+    pub journal_bytes: usize,
+    pub duration_us: u64,
+    pub fsync_us: u64,
+    pub error: Option<String>,
+}
+
+/// What a checkpoint did.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointStats {
+    pub logs: usize,
+    pub journal_files_deleted: usize,
+    pub duration_us: u64,
+}
+
+struct Entry<F: Fs> {
+    key: LogKey,
+    log: PartitionLog<F>,
+    dirty: bool,
+}
+
+struct Slot<F: Fs> {
+    generation: u32,
+    entry: Option<Entry<F>>,
+}
+
+struct Inner<F: Fs> {
+    slots: Vec<Slot<F>>,
+    free: Vec<u32>,
+    dirty: Vec<LogId>,
+    journal: Journal<F>,
+    offline: Option<String>,
+}
+
+/// The storage of one shard. Not `Send`: it lives on its shard's thread.
+pub struct ShardStore<F: Fs> {
+    fs: F,
+    root: PathBuf,
+    config: StoreConfig,
+    inner: RefCell<Inner<F>>,
+    /// Notified after every flush round (high watermarks may have moved).
+    durable: Notify,
+    /// Notified when something is staged.
+    work: Notify,
+    round_running: Cell<bool>,
+    checkpoint_running: Cell<bool>,
+}
+
+impl<F: Fs> ShardStore<F> {
+    /// Opens the store of shard `shard` under `root` with a fresh journal. The journal files of
+    /// earlier runs must already have been replayed (see [`crate::replay_journals`]).
+    pub async fn open(fs: F, root: PathBuf, shard: u16, config: StoreConfig) -> Result<Self, StorageError> {
+        let journal = Journal::create(&fs, &root, shard, config.journal_segment_bytes).await?;
+        Ok(ShardStore {
+            fs,
+            root,
+            config,
+            inner: RefCell::new(Inner {
+                slots: Vec::new(),
+                free: Vec::new(),
+                dirty: Vec::new(),
+                journal,
+                offline: None,
+            }),
+            durable: Notify::new(),
+            work: Notify::new(),
+            round_running: Cell::new(false),
+            checkpoint_running: Cell::new(false),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Opens or creates the log `key` (recovering it), and registers it with this store.
+    pub async fn open_log(
+        &self,
+        key: LogKey,
+        config: LogConfig,
+        now_ms: i64,
+    ) -> Result<(LogId, RecoveryReport), StorageError> {
+        let dir = self.root.join(&key.dir_name);
+        prepare_log_dir(&self.fs, &dir, &key).await?;
+        let (log, report) = PartitionLog::open(self.fs.clone(), dir, config, now_ms).await?;
+        let mut inner = self.inner.borrow_mut();
+        let entry = Entry {
+            key,
+            log,
+            dirty: false,
+        };
+        let id = match inner.free.pop() {
+            Some(slot) => {
+                let s = &mut inner.slots[slot as usize];
+                s.generation = s.generation.wrapping_add(1);
+                s.entry = Some(entry);
+                LogId {
+                    slot,
+                    generation: s.generation,
+                }
+            }
+            None => {
+                let slot = inner.slots.len() as u32;
+                inner.slots.push(Slot {
+                    generation: 0,
+                    entry: Some(entry),
+                });
+                LogId { slot, generation: 0 }
+            }
+        };
+        Ok((id, report))
+    }
+
+    /// Unregisters a log and deletes its directory. Appends waiting on it fail.
+    pub async fn remove_log(&self, id: LogId) -> Result<(), StorageError> {
+        let entry = {
+            let mut inner = self.inner.borrow_mut();
+            let Some(slot) = inner.slots.get_mut(id.slot as usize) else {
+                return Err(StorageError::UnknownLog);
+            };
+            if slot.generation != id.generation {
+                return Err(StorageError::UnknownLog);
+            }
+            let entry = slot.entry.take().ok_or(StorageError::UnknownLog)?;
+            inner.free.push(id.slot);
+            inner.dirty.retain(|d| *d != id);
+            entry
+        };
+        self.durable.notify_all();
+        let dir = entry.log.dir().to_path_buf();
+        drop(entry);
+        delete_log_dir(&self.fs, &self.root, &dir).await
+    }
+
+    fn with_entry<R>(&self, id: LogId, f: impl FnOnce(&mut Entry<F>) -> R) -> Result<R, StorageError> {
+        let mut inner = self.inner.borrow_mut();
+        let slot = inner
+            .slots
+            .get_mut(id.slot as usize)
+            .ok_or(StorageError::UnknownLog)?;
+        if slot.generation != id.generation {
+            return Err(StorageError::UnknownLog);
+        }
+        let entry = slot.entry.as_mut().ok_or(StorageError::UnknownLog)?;
+        Ok(f(entry))
+    }
+
+    /// Read-only access to a log (offsets, configuration, lookups).
+    pub fn with_log<R>(&self, id: LogId, f: impl FnOnce(&PartitionLog<F>) -> R) -> Result<R, StorageError> {
+        self.with_entry(id, |e| f(&e.log))
+    }
+
+    pub fn offsets(&self, id: LogId) -> Result<LogOffsets, StorageError> {
+        self.with_log(id, |l| LogOffsets {
+            log_start_offset: l.log_start_offset(),
+            high_watermark: l.high_watermark(),
+            log_end_offset: l.log_end_offset(),
+            size_bytes: l.size_bytes(),
+        })
+    }
+
+    pub fn set_config(&self, id: LogId, config: LogConfig) -> Result<(), StorageError> {
+        self.with_entry(id, |e| e.log.set_config(config))
+    }
+
+    /// Why writes are refused, if they are.
+    pub fn offline_reason(&self) -> Option<String> {
+        self.inner.borrow().offline.clone()
+    }
+
+    /// Appends a validated batch: assigns offsets now, in call order, and stages the batch for
+    /// the next flush round. Await [`ShardStore::wait_durable`] before acknowledging.
+    pub fn append(
+        &self,
+        id: LogId,
+        batch: &[u8],
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendTicket, StorageError> {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(reason) = &inner.offline {
+            return Err(StorageError::Offline(reason.clone()));
+        }
+        let inner = &mut *inner;
+        let slot = inner
+            .slots
+            .get_mut(id.slot as usize)
+            .ok_or(StorageError::UnknownLog)?;
+        if slot.generation != id.generation {
+            return Err(StorageError::UnknownLog);
+        }
+        let entry = slot.entry.as_mut().ok_or(StorageError::UnknownLog)?;
+        let (info, stored) = entry.log.append(batch, leader_epoch, now_ms)?;
+        inner.journal.stage_append(&entry.key, info.base_offset, stored);
+        let ticket = AppendTicket {
+            id,
+            info,
+            discard_generation: entry.log.discard_generation(),
+        };
+        if !entry.dirty {
+            entry.dirty = true;
+            inner.dirty.push(id);
+        }
+        self.work.notify_all();
+        Ok(ticket)
+    }
+
+    /// Waits until the append is durable and visible. Fails if its flush round failed or the
+    /// log was removed.
+    pub async fn wait_durable(&self, ticket: &AppendTicket) -> Result<(), StorageError> {
+        let end = ticket.info.last_offset + 1;
+        loop {
+            let wait = self.durable.wait();
+            let state = self.with_log(ticket.id, |l| (l.high_watermark(), l.discard_generation()))?;
+            if state.1 != ticket.discard_generation {
+                return Err(self.offline_error());
+            }
+            if state.0 >= end {
+                return Ok(());
+            }
+            wait.await;
+        }
+    }
+
+    fn offline_error(&self) -> StorageError {
+        StorageError::Offline(self.offline_reason().unwrap_or_else(|| "flush failed".to_owned()))
+    }
+
+    /// Notified after every flush round: fetch long-polls wait on it and re-check.
+    pub fn durable_notify(&self) -> &Notify {
+        &self.durable
+    }
+
+    /// Whether a flush round has work.
+    pub fn has_pending(&self) -> bool {
+        !self.inner.borrow().dirty.is_empty()
+    }
+
+    /// Waits until something is staged.
+    pub async fn wait_for_work(&self) {
+        loop {
+            let wait = self.work.wait();
+            if self.has_pending() {
+                return;
+            }
+            wait.await;
+        }
+    }
+
+    /// One group-commit round (see the module documentation). Run by the shard's flusher only.
+    pub async fn flush_round(&self) -> RoundStats {
+        assert!(!self.round_running.replace(true), "flush rounds must not overlap");
+        let started = Instant::now();
+        let mut stats = RoundStats::default();
+        let (journal_write, mut writes) = {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            let dirty = std::mem::take(&mut inner.dirty);
+            let mut writes = Vec::with_capacity(dirty.len());
+            for id in dirty {
+                if let Some(Some(entry)) = inner.slots.get_mut(id.slot as usize).map(|s| {
+                    if s.generation == id.generation {
+                        s.entry.as_mut()
+                    } else {
+                        None
+                    }
+                }) {
+                    entry.dirty = false;
+                    if let Some(w) = entry.log.take_staged() {
+                        writes.push((id, w));
+                    }
+                }
+            }
+            (inner.journal.take_pending(), writes)
+        };
+        stats.logs = writes.len();
+        let Some(crate::journal::PendingWrite {
+            file: jfile,
+            position: jpos,
+            data: jdata,
+            path: jpath,
+        }) = journal_write
+        else {
+            self.round_running.set(false);
+            return stats;
+        };
+        stats.journal_bytes = jdata.len();
+        let jlen = jdata.len() as u64;
+
+        // The journal write + fsync and the segment writes run concurrently.
+        let journal = async {
+            jfile
+                .write_all_at(jdata, jpos)
+                .await
+                .map_err(|e| StorageError::io("write journal", &jpath, e))?;
+            let t = Instant::now();
+            jfile
+                .fdatasync()
+                .await
+                .map_err(|e| StorageError::io("sync journal", &jpath, e))?;
+            Ok::<u64, StorageError>(t.elapsed().as_micros() as u64)
+        };
+        let mut end_offsets = Vec::with_capacity(writes.len());
+        let mut segment_futs = Vec::new();
+        for (id, w) in writes.drain(..) {
+            end_offsets.push((id, w.end_offset));
+            let fs = self.fs.clone();
+            segment_futs.push(async move {
+                let mut done: Vec<WrittenChunk<F::File>> = Vec::with_capacity(w.chunks.len());
+                for chunk in w.chunks {
+                    done.push(write_chunk(&fs, chunk).await?);
+                }
+                Ok::<_, StorageError>((id, done))
+            });
+        }
+        let (journal_result, segment_results) = futures::join!(journal, join_all(segment_futs));
+
+        let mut failure: Option<StorageError> = None;
+        match journal_result {
+            Ok(fsync_us) => stats.fsync_us = fsync_us,
+            Err(e) => failure = Some(e),
+        }
+        let mut written = Vec::with_capacity(segment_results.len());
+        for r in segment_results {
+            match r {
+                Ok(w) => written.push(w),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        let mut discards = Vec::new();
+        {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            if let Some(err) = &failure {
+                let reason = err.to_string();
+                tracing::error!(error = %reason, "flush round failed; storage of this shard is now offline for writes");
+                inner.offline.get_or_insert(reason.clone());
+                stats.error = Some(reason);
+                // Nothing of this round or staged after it was acknowledged: throw it away.
+                for slot in inner.slots.iter_mut() {
+                    if let Some(entry) = slot.entry.as_mut() {
+                        if entry.log.has_staged() || entry.log.high_watermark() < entry.log.log_end_offset() {
+                            discards.push(entry.log.discard_unflushed());
+                        }
+                        entry.dirty = false;
+                    }
+                }
+                inner.dirty.clear();
+                let _ = inner.journal.take_pending();
+            } else {
+                inner.journal.advance(jlen);
+                let mut written_by_id: std::collections::HashMap<LogId, Vec<WrittenChunk<F::File>>> =
+                    written.into_iter().collect();
+                for (id, end) in end_offsets {
+                    let chunks = written_by_id.remove(&id).unwrap_or_default();
+                    if let Some(Some(entry)) = inner.slots.get_mut(id.slot as usize).map(|s| {
+                        if s.generation == id.generation {
+                            s.entry.as_mut()
+                        } else {
+                            None
+                        }
+                    }) {
+                        entry.log.complete_round(end, chunks);
+                    }
+                }
+            }
+        }
+        for d in discards {
+            d.run(&self.fs).await;
+        }
+        stats.duration_us = started.elapsed().as_micros() as u64;
+        self.round_running.set(false);
+        self.durable.notify_all();
+        stats
+    }
+
+    /// Whether the journal has grown enough to rotate and checkpoint.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.inner.borrow().journal.needs_rotation()
+    }
+
+    /// Whether any log changed since its last checkpoint.
+    pub fn has_uncheckpointed_changes(&self) -> bool {
+        let inner = self.inner.borrow();
+        inner.journal.has_entries()
+            || inner
+                .slots
+                .iter()
+                .filter_map(|s| s.entry.as_ref())
+                .any(|e| e.log.needs_checkpoint())
+    }
+
+    /// Starts a new journal file; the current one is retired and deleted by the next
+    /// successful [`ShardStore::checkpoint`]. Only the flusher calls this, between rounds.
+    pub async fn rotate_journal(&self) -> Result<(), StorageError> {
+        if !self.inner.borrow().journal.has_entries() {
+            return Ok(());
+        }
+        assert!(
+            !self.round_running.get(),
+            "rotate the journal between rounds only"
+        );
+        let (dir, shard, seq) = self.inner.borrow().journal.next_file();
+        let (file, path) = Journal::new_file(&self.fs, &dir, shard, seq).await?;
+        assert!(
+            !self.round_running.get(),
+            "rotate the journal between rounds only"
+        );
+        self.inner.borrow_mut().journal.install(file, path, seq);
+        Ok(())
+    }
+
+    /// Makes every log durable up to its high watermark in its own files (segments, indexes,
+    /// recovery point), then deletes the retired journal files, whose entries are all below
+    /// those high watermarks. May run while flush rounds continue.
+    pub async fn checkpoint(&self) -> Result<CheckpointStats, StorageError> {
+        if self.checkpoint_running.replace(true) {
+            return Ok(CheckpointStats::default());
+        }
+        let result = self.checkpoint_inner().await;
+        self.checkpoint_running.set(false);
+        result
+    }
+
+    async fn checkpoint_inner(&self) -> Result<CheckpointStats, StorageError> {
+        let started = Instant::now();
+        let mut stats = CheckpointStats::default();
+        // 2. Collect the work (synchronously).
+        let (retired, works) = {
+            let mut inner = self.inner.borrow_mut();
+            let retired = inner.journal.take_retired();
+            let mut works: Vec<(LogId, CheckpointWork<F::File>)> = Vec::new();
+            for (slot_idx, slot) in inner.slots.iter_mut().enumerate() {
+                if let Some(entry) = slot.entry.as_mut() {
+                    if entry.log.needs_checkpoint() {
+                        works.push((
+                            LogId {
+                                slot: slot_idx as u32,
+                                generation: slot.generation,
+                            },
+                            entry.log.checkpoint_work(),
+                        ));
+                    }
+                }
+            }
+            (retired, works)
+        };
+        stats.logs = works.len();
+        // 3. Do the I/O, a bounded number of logs at a time.
+        let mut failed = None;
+        let mut done = Vec::with_capacity(works.len());
+        let mut it = works.into_iter();
+        loop {
+            let batch: Vec<_> = it
+                .by_ref()
+                .take(self.config.checkpoint_concurrency.max(1))
+                .collect();
+            if batch.is_empty() {
+                break;
+            }
+            let results = join_all(batch.into_iter().map(|(id, w)| {
+                let fs = self.fs.clone();
+                async move { (id, w.run(&fs).await) }
+            }))
+            .await;
+            for (id, r) in results {
+                match r {
+                    Ok(point) => done.push((id, Ok(point))),
+                    Err(e) => {
+                        failed.get_or_insert(e.to_string());
+                        done.push((id, Err(())));
+                    }
+                }
+            }
+        }
+        // 4. Record the results.
+        {
+            let mut inner = self.inner.borrow_mut();
+            for (id, r) in done {
+                if let Some(Some(entry)) = inner.slots.get_mut(id.slot as usize).map(|s| {
+                    if s.generation == id.generation {
+                        s.entry.as_mut()
+                    } else {
+                        None
+                    }
+                }) {
+                    match r {
+                        Ok(point) => entry.log.checkpoint_done(point),
+                        Err(()) => entry.log.checkpoint_failed(),
+                    }
+                }
+            }
+            if failed.is_some() {
+                inner.journal.unretire(retired.clone());
+            }
+        }
+        if let Some(reason) = failed {
+            return Err(StorageError::Checkpoint(reason));
+        }
+        // 5. The retired journal files are covered: delete them.
+        for path in &retired {
+            if let Err(e) = self.fs.remove_file(path).await {
+                tracing::warn!(path = %path.display(), error = %e, "could not delete a checkpointed journal file");
+            } else {
+                stats.journal_files_deleted += 1;
+            }
+        }
+        stats.duration_us = started.elapsed().as_micros() as u64;
+        Ok(stats)
+    }
+
+    /// Applies retention to every log; returns what each pass deleted (logs with deletions only).
+    pub async fn retention_pass(&self, now_ms: i64) -> Vec<(LogId, RetentionOutcome)> {
+        let plans: Vec<(LogId, PathBuf, RetentionOutcome)> = {
+            let mut inner = self.inner.borrow_mut();
+            inner
+                .slots
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    let generation = s.generation;
+                    let entry = s.entry.as_mut()?;
+                    let outcome = entry.log.plan_retention(now_ms);
+                    (!outcome.deleted.is_empty()).then(|| {
+                        (
+                            LogId {
+                                slot: i as u32,
+                                generation,
+                            },
+                            entry.log.dir().to_path_buf(),
+                            outcome,
+                        )
+                    })
+                })
+                .collect()
+        };
+        let mut out = Vec::with_capacity(plans.len());
+        for (id, dir, outcome) in plans {
+            for base in &outcome.deleted {
+                remove_segment_files(&self.fs, &dir, *base).await;
+            }
+            out.push((id, outcome));
+        }
+        out
+    }
+
+    /// DeleteRecords: moves the log start offset to `offset` (durably) and deletes whole
+    /// segments below it. Returns the new log start offset.
+    pub async fn delete_records(&self, id: LogId, offset: i64) -> Result<i64, StorageError> {
+        let (moves, dir) =
+            self.with_log(id, |l| (l.check_log_start_offset(offset), l.dir().to_path_buf()))?;
+        if moves? {
+            persist_log_start_offset(&self.fs, &dir, offset).await?;
+            let deleted = self.with_entry(id, |e| e.log.advance_log_start_offset(offset))?;
+            for base in deleted {
+                remove_segment_files(&self.fs, &dir, base).await;
+            }
+        }
+        self.with_log(id, |l| l.log_start_offset())
+    }
+
+    /// Plans a read (see [`PartitionLog::plan_read`]); execute it with [`ReadPlan::execute`].
+    pub fn plan_read(
+        &self,
+        id: LogId,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Option<ReadPlan<F::File>>, StorageError> {
+        self.with_log(id, |l| l.plan_read(offset, max_bytes))?
+    }
+
+    /// Flushes what is staged and checkpoints everything, so that the next start needs no
+    /// journal replay and no validation. Call once appends have stopped.
+    pub async fn shutdown(&self) -> Result<(), StorageError> {
+        while self.has_pending() && self.offline_reason().is_none() {
+            self.flush_round().await;
+        }
+        if self.offline_reason().is_none() {
+            self.rotate_journal().await?;
+        }
+        self.checkpoint().await?;
+        let path = self.inner.borrow().journal.path().to_path_buf();
+        if self.offline_reason().is_none() {
+            self.fs
+                .remove_file(&path)
+                .await
+                .map_err(|e| StorageError::io("remove journal", &path, e))?;
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            self.fs
+                .sync_dir(&dir)
+                .await
+                .map_err(|e| StorageError::io("sync journal dir", &dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// Current journal file size (for metrics).
+    pub fn journal_bytes(&self) -> u64 {
+        self.inner.borrow().journal.size()
+    }
+
+    /// Number of registered logs.
+    pub fn log_count(&self) -> usize {
+        self.inner
+            .borrow()
+            .slots
+            .iter()
+            .filter(|s| s.entry.is_some())
+            .count()
+    }
+
+    /// Approximate heap memory used by all logs' in-memory state.
+    pub fn heap_bytes(&self) -> usize {
+        self.inner
+            .borrow()
+            .slots
+            .iter()
+            .filter_map(|s| s.entry.as_ref())
+            .map(|e| e.log.heap_bytes() + e.key.dir_name.len() + 64)
+            .sum()
+    }
+}
+
+const PARTITION_METADATA: &str = "partition.metadata";
+
+/// Makes sure `dir` belongs to this incarnation: a directory left by a deleted topic of the same
+/// name (with another topic id) is moved aside for deletion first. Writes `partition.metadata`
+/// (Kafka's format: version and base64 topic id) for a new log.
+async fn prepare_log_dir<F: Fs>(fs: &F, dir: &Path, key: &LogKey) -> Result<(), StorageError> {
+    let meta_path = dir.join(PARTITION_METADATA);
+    let expected = partition_metadata(&key.incarnation);
+    if fs.exists(dir).await {
+        match fs.read_file(&meta_path).await {
+            Ok(existing) if existing[..] == expected[..] => return Ok(()),
+            Ok(_) => {
+                tracing::warn!(dir = %dir.display(), "log directory belongs to an older topic with the same name; removing it");
+                let root = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+                delete_log_dir(fs, &root, dir).await?;
+            }
+            Err(_) => {}
+        }
+    }
+    fs.create_dir_all(dir)
+        .await
+        .map_err(|e| StorageError::io("create log directory", dir, e))?;
+    fs.write_file_atomic(&meta_path, expected)
+        .await
+        .map_err(|e| StorageError::io("write partition metadata", &meta_path, e))?;
+    if let Some(parent) = dir.parent() {
+        fs.sync_dir(parent)
+            .await
+            .map_err(|e| StorageError::io("sync log dir", parent, e))?;
+    }
+    Ok(())
+}
+
+fn partition_metadata(incarnation: &[u8; 16]) -> Vec<u8> {
+    format!("version: 0\ntopic_id: {}\n", base64_url(incarnation)).into_bytes()
+}
+
+/// Kafka prints topic ids as URL-safe base64 without padding.
+fn base64_url(bytes: &[u8; 16]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(22);
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for &b in bytes {
+        acc = (acc << 8) | u32::from(b);
+        bits += 8;
+        while bits >= 6 {
+            bits -= 6;
+            out.push(ALPHABET[((acc >> bits) & 63) as usize] as char);
+        }
+    }
+    if bits > 0 {
+        out.push(ALPHABET[((acc << (6 - bits)) & 63) as usize] as char);
+    }
+    out
+}
+
+/// Deletes a log directory: renamed aside first (atomic: it is gone for a restarting broker even
+/// if the removal below is cut short), then removed.
+async fn delete_log_dir<F: Fs>(fs: &F, root: &Path, dir: &Path) -> Result<(), StorageError> {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("log");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let aside = root.join(format!("{name}.{nanos:x}-delete"));
+    fs.rename(dir, &aside)
+        .await
+        .map_err(|e| StorageError::io("move log directory aside", dir, e))?;
+    fs.sync_dir(root)
+        .await
+        .map_err(|e| StorageError::io("sync log dir", root, e))?;
+    fs.remove_dir_all(&aside)
+        .await
+        .map_err(|e| StorageError::io("remove log directory", &aside, e))
+}
+
+/// Removes directories left by interrupted deletions (`*-delete`) under `root`.
+pub async fn remove_deleted_dirs<F: Fs>(fs: &F, root: &Path) {
+    if let Ok(names) = fs.list_dir(root).await {
+        for n in names.iter().filter(|n| n.ends_with("-delete")) {
+            let _ = fs.remove_dir_all(&root.join(n)).await;
+        }
+    }
+}
+
+/// A reference-counted handle type alias for shards that keep the store in an `Rc`.
+pub type SharedStore<F> = Rc<ShardStore<F>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_id_base64() {
+        // The id Kafka prints as "AAAAAAAAAAAAAAAAAAAAAA" is all zeroes.
+        assert_eq!(base64_url(&[0; 16]), "AAAAAAAAAAAAAAAAAAAAAA");
+        assert_eq!(base64_url(&[0xff; 16]), "_____________________w");
+    }
+}
