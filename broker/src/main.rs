@@ -1,1 +1,104 @@
-fn main() {}
+//! `strand`: the broker binary.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use strand_broker::config;
+use strand_broker::server::{self, ServerOptions};
+
+/// Strand: a Kafka-compatible broker and durable work queue.
+///
+/// Configuration comes, highest precedence first, from --override/flags, KAFKA_* and STRAND_*
+/// environment variables (mapped as the apache/kafka image does), a server.properties file,
+/// and built-in defaults. With no configuration at all, Kafka listens on 127.0.0.1:9092 and
+/// data goes to ./strand-data.
+#[derive(Parser, Debug)]
+#[command(name = "strand", version, about, long_about = None)]
+struct Cli {
+    /// A Kafka-style server.properties file.
+    config_file: Option<PathBuf>,
+    /// Set a configuration key, e.g. --override log.retention.ms=60000 (repeatable).
+    #[arg(long = "override", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Shorthand for --override listeners=...
+    #[arg(long)]
+    listeners: Option<String>,
+    /// Shorthand for --override advertised.listeners=...
+    #[arg(long)]
+    advertised_listeners: Option<String>,
+    /// Shorthand for --override log.dirs=...
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Shorthand for --override strand.admin.listener=... (admin HTTP: /metrics).
+    #[arg(long, value_name = "HOST:PORT")]
+    admin_listener: Option<String>,
+    /// Shorthand for --override strand.shards=... (0: one per core).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Shorthand for --override node.id=...
+    #[arg(long)]
+    node_id: Option<i32>,
+    /// Log filter (tracing syntax): error, warn, info, debug, trace, or per module.
+    /// Defaults to STRAND_LOG or "info".
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Write a JSON file with the bound addresses once the broker is ready to serve.
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = cli
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("STRAND_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+
+    let mut overrides = Vec::new();
+    if let Some(v) = &cli.listeners {
+        overrides.push(format!("listeners={v}"));
+    }
+    if let Some(v) = &cli.advertised_listeners {
+        overrides.push(format!("advertised.listeners={v}"));
+    }
+    if let Some(v) = &cli.data_dir {
+        overrides.push(format!("log.dirs={}", v.display()));
+    }
+    if let Some(v) = &cli.admin_listener {
+        overrides.push(format!("strand.admin.listener={v}"));
+    }
+    if let Some(v) = cli.shards {
+        overrides.push(format!("strand.shards={v}"));
+    }
+    if let Some(v) = cli.node_id {
+        overrides.push(format!("node.id={v}"));
+    }
+    overrides.extend(cli.overrides.iter().cloned());
+
+    let loaded = match config::load(cli.config_file.as_deref(), config::process_env(), &overrides) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("strand: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match server::run(
+        loaded.config,
+        ServerOptions {
+            ready_file: cli.ready_file,
+        },
+    ) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("strand: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 pub use journal::LogKey;
 pub use log::{
     AppendInfo, LogConfig, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome,
+    TimestampPlan,
 };
 pub use replay::{replay_journals, ReplayReport};
 pub use store::{AppendTicket, CheckpointStats, LogId, LogOffsets, RoundStats, ShardStore, StoreConfig};

@@ -126,6 +126,59 @@ pub struct ReadPlan<Fl> {
     index_interval_bytes: u64,
 }
 
+/// One segment a timestamp lookup scans.
+struct SegmentScan<Fl> {
+    file: Rc<Fl>,
+    path: Rc<Path>,
+    start_position: u64,
+    end_position: u64,
+}
+
+/// A planned timestamp lookup (see [`PartitionLog::timestamp_plan`]).
+pub struct TimestampPlan<Fl> {
+    timestamp: i64,
+    log_start_offset: i64,
+    segments: Vec<SegmentScan<Fl>>,
+}
+
+impl<Fl: FileHandle> TimestampPlan<Fl> {
+    /// Scans the planned segments: `(offset, timestamp)` of the first record at or after the
+    /// timestamp, or `None`.
+    pub async fn execute(self) -> Result<Option<(i64, i64)>, StorageError> {
+        let ts = self.timestamp;
+        for seg in &self.segments {
+            let mut pos = seg.start_position;
+            while pos < seg.end_position {
+                let Some((header, bytes)) =
+                    read_batch_at(&*seg.file, pos, seg.end_position, &seg.path).await?
+                else {
+                    break;
+                };
+                pos += header.total_bytes() as u64;
+                if header.max_timestamp < ts || header.next_offset() <= self.log_start_offset {
+                    continue;
+                }
+                let found = match record_metas(&bytes, RECORD_SCAN_LIMIT) {
+                    Ok(metas) => metas
+                        .iter()
+                        .find(|m| m.timestamp >= ts && m.offset >= self.log_start_offset)
+                        .map(|m| (m.offset, m.timestamp)),
+                    // Cannot look inside (too large to decompress): answer with the batch; the
+                    // client skips records it does not want.
+                    Err(_) => Some((
+                        header.base_offset.max(self.log_start_offset),
+                        header.max_timestamp,
+                    )),
+                };
+                if found.is_some() {
+                    return Ok(found);
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Work a checkpoint must do for one log.
 pub(crate) struct CheckpointWork<Fl> {
     pub(crate) files_to_sync: Vec<Rc<Fl>>,
@@ -845,58 +898,57 @@ impl<F: Fs> PartitionLog<F> {
         }))
     }
 
-    /// The first offset whose record timestamp is at or after `timestamp`, with that record's
-    /// timestamp (ListOffsets by timestamp). `None` when every readable record is older.
-    pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, StorageError> {
-        for seg in &self.segments {
-            if seg.max_timestamp < timestamp
-                || seg.durable_size == 0
-                || seg.next_offset <= self.log_start_offset
-            {
-                continue;
-            }
-            let Some(file) = &seg.file else { continue };
-            let rel = seg.time_index.lookup_before(timestamp);
-            let entry = seg.index.lookup(rel);
-            let mut pos = u64::from(entry.position);
-            while pos < seg.durable_size {
-                let batch = read_batch_at(&**file, pos, seg.durable_size, &seg.log_path).await?;
-                let Some((header, bytes)) = batch else { break };
-                pos += header.total_bytes() as u64;
-                if header.max_timestamp < timestamp || header.next_offset() <= self.log_start_offset {
-                    continue;
-                }
-                let found = match record_metas(&bytes, RECORD_SCAN_LIMIT) {
-                    Ok(metas) => metas
-                        .iter()
-                        .find(|m| m.timestamp >= timestamp && m.offset >= self.log_start_offset)
-                        .map(|m| (m.offset, m.timestamp)),
-                    // Cannot look inside (too large to decompress): answer with the batch; the
-                    // client skips records it does not want.
-                    Err(_) => Some((
-                        header.base_offset.max(self.log_start_offset),
-                        header.max_timestamp,
-                    )),
-                };
-                if found.is_some() {
-                    return Ok(found);
-                }
-            }
+    /// Plans a timestamp lookup (ListOffsets): the first offset whose record timestamp is at or
+    /// after `timestamp`. Run it with [`TimestampPlan::execute`]; it answers `None` when every
+    /// readable record is older.
+    pub fn timestamp_plan(&self, timestamp: i64) -> TimestampPlan<F::File> {
+        let segments = self
+            .segments
+            .iter()
+            .filter(|seg| {
+                seg.max_timestamp >= timestamp
+                    && seg.durable_size > 0
+                    && seg.next_offset > self.log_start_offset
+                    && seg.file.is_some()
+            })
+            .filter_map(|seg| {
+                let entry = seg.index.lookup(seg.time_index.lookup_before(timestamp));
+                Some(SegmentScan {
+                    file: seg.file.clone()?,
+                    path: seg.log_path.clone(),
+                    start_position: u64::from(entry.position),
+                    end_position: seg.durable_size,
+                })
+            })
+            .collect();
+        TimestampPlan {
+            timestamp,
+            log_start_offset: self.log_start_offset,
+            segments,
         }
-        Ok(None)
     }
 
-    /// The record with the largest timestamp (ListOffsets with timestamp -3, KIP-734): its offset
-    /// and timestamp; the earliest such record when several share it.
-    pub async fn max_timestamp_offset(&self) -> Result<Option<(i64, i64)>, StorageError> {
+    /// Plans the lookup of the record with the largest timestamp (ListOffsets -3, KIP-734); the
+    /// earliest such record when several share it. `None` when the log is empty.
+    pub fn max_timestamp_plan(&self) -> Option<TimestampPlan<F::File>> {
         let max = self
             .segments
             .iter()
             .filter(|s| s.durable_size > 0 && s.next_offset > self.log_start_offset)
             .map(|s| s.max_timestamp)
-            .max();
-        match max {
-            Some(ts) => self.offset_for_timestamp(ts).await,
+            .max()?;
+        Some(self.timestamp_plan(max))
+    }
+
+    /// [`PartitionLog::timestamp_plan`] and its execution, for exclusive owners.
+    pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, StorageError> {
+        self.timestamp_plan(timestamp).execute().await
+    }
+
+    /// [`PartitionLog::max_timestamp_plan`] and its execution, for exclusive owners.
+    pub async fn max_timestamp_offset(&self) -> Result<Option<(i64, i64)>, StorageError> {
+        match self.max_timestamp_plan() {
+            Some(plan) => plan.execute().await,
             None => Ok(None),
         }
     }

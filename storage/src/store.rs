@@ -647,6 +647,21 @@ impl<F: Fs> ShardStore<F> {
         self.with_log(id, |l| l.plan_read(offset, max_bytes))?
     }
 
+    /// Plans a ListOffsets timestamp lookup; `timestamp` -3 means the largest timestamp.
+    pub fn timestamp_plan(
+        &self,
+        id: LogId,
+        timestamp: i64,
+    ) -> Result<Option<crate::TimestampPlan<F::File>>, StorageError> {
+        self.with_log(id, |l| {
+            if timestamp == -3 {
+                l.max_timestamp_plan()
+            } else {
+                Some(l.timestamp_plan(timestamp))
+            }
+        })
+    }
+
     /// Flushes what is staged and checkpoints everything, so that the next start needs no
     /// journal replay and no validation. Call once appends have stopped.
     pub async fn shutdown(&self) -> Result<(), StorageError> {
@@ -736,8 +751,8 @@ fn partition_metadata(incarnation: &[u8; 16]) -> Vec<u8> {
     format!("version: 0\ntopic_id: {}\n", base64_url(incarnation)).into_bytes()
 }
 
-/// Kafka prints topic ids as URL-safe base64 without padding.
-fn base64_url(bytes: &[u8; 16]) -> String {
+/// Kafka prints topic ids as URL-safe base64 without padding (as in `partition.metadata`).
+pub fn base64_url(bytes: &[u8; 16]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::with_capacity(22);
     let mut acc: u32 = 0;

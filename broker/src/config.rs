@@ -1,0 +1,981 @@
+//! Broker configuration, loaded the way Kafka operators expect.
+//!
+//! Sources, highest precedence first:
+//! 1. command-line overrides (`key=value` strings),
+//! 2. the environment, mapped like the apache/kafka Docker image (`KAFKA_LOG_RETENTION_MS` ->
+//!    `log.retention.ms`; `STRAND_HTTP_LISTENER` -> `strand.http.listener`; `CLUSTER_ID`),
+//! 3. a `server.properties` file,
+//! 4. built-in defaults.
+//!
+//! Alternative spellings of one setting (`node.id`/`broker.id`, `log.dirs`/`log.dir`,
+//! `log.retention.{ms,minutes,hours}`, `log.roll.{ms,hours}`) are resolved as one setting: the
+//! spellings given by the highest-precedence source are used, and within that source Kafka's own
+//! order applies (`node.id` over `broker.id`, `log.dirs` over `log.dir`, ms over minutes over
+//! hours).
+//!
+//! Unknown keys warn; keys that only matter to a multi-node KRaft cluster are accepted silently
+//! (an info note); an invalid value of a known key is an error naming key, value, source and what
+//! is expected. [`load`] takes all inputs explicitly and touches the process only to read the
+//! file and, if an advertised host must be derived, the machine's host name.
+//!
+//! The module also describes configs for DescribeConfigs ([`Config::broker_entries`],
+//! [`TopicConfig::entries`]) and holds per-topic overrides ([`TopicConfig`]) and the effective
+//! storage settings of a topic ([`LogSettings`]).
+
+mod entry;
+mod env;
+mod listeners;
+mod properties;
+mod topic;
+
+pub use entry::{ConfigEntry, ConfigSource, ConfigType};
+pub use listeners::{HostPort, Listener, SecurityProtocol};
+pub use topic::{CleanupPolicy, CompressionType, LogSettings, TimestampType, TopicConfig, TopicConfigError};
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use strand_protocol::types::NodeId;
+
+use self::env::EnvVar;
+use self::listeners::Blame;
+
+/// Largest `server.properties` read (sample files are a few KiB).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Upper bound of `strand.shards` (and of the core count used when it is 0).
+const MAX_SHARDS: usize = 1024;
+/// Longest accepted `cluster.id`.
+const MAX_CLUSTER_ID_LEN: usize = 255;
+const I32_MAX: i64 = i32::MAX as i64;
+const MIB: i64 = 1 << 20;
+
+/// Where a configuration value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A line of the properties file.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line where the entry starts.
+        line: usize,
+    },
+    /// An environment variable.
+    Env {
+        /// The variable's name, e.g. `KAFKA_NUM_PARTITIONS`.
+        var: String,
+    },
+    /// A command-line `key=value` override.
+    Override,
+    /// The built-in default.
+    Default,
+}
+
+impl Origin {
+    /// Precedence: higher wins.
+    fn rank(&self) -> u8 {
+        match self {
+            Origin::Default => 0,
+            Origin::File { .. } => 1,
+            Origin::Env { .. } => 2,
+            Origin::Override => 3,
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, line } => write!(f, "file {} line {line}", path.display()),
+            Origin::Env { var } => write!(f, "environment variable {var}"),
+            Origin::Override => f.write_str("command-line override"),
+            Origin::Default => f.write_str("built-in default"),
+        }
+    }
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The properties file could not be read.
+    #[error("cannot read config file {}: {message}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The properties file is malformed.
+    #[error("config file {} line {line}: {message}", path.display())]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A command-line override is not `key=value`.
+    #[error("invalid command-line override `{arg}`: expected key=value")]
+    Override {
+        /// The argument as given.
+        arg: String,
+    },
+    /// A known key has a value Strand cannot use.
+    #[error("invalid value `{value}` for `{key}` (from {origin}): {reason}")]
+    Invalid {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// Where it came from.
+        origin: Origin,
+        /// What is expected, or why it is not supported.
+        reason: String,
+    },
+}
+
+/// The typed broker configuration. Build it with [`load`] (or `Config::default()` for the
+/// built-in defaults).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `node.id` (alias `broker.id`).
+    pub node_id: NodeId,
+    /// `cluster.id`.
+    pub cluster_id: String,
+    /// Kafka client listeners from `listeners`/`advertised.listeners` (controller listeners
+    /// excluded). Never empty; every one is PLAINTEXT.
+    pub listeners: Vec<Listener>,
+    /// Listeners named in `controller.listener.names`, as `NAME://host:port`. Not served;
+    /// recorded for information.
+    pub controller_listeners: Vec<String>,
+    /// `log.dirs` (alias `log.dir`): the single data directory.
+    pub log_dir: PathBuf,
+    /// `num.partitions`: partitions of auto-created topics and of CreateTopics with -1.
+    pub num_partitions: u32,
+    /// `auto.create.topics.enable`.
+    pub auto_create_topics_enable: bool,
+    /// `log.retention.{ms,minutes,hours}`; `None` = unlimited.
+    pub retention_ms: Option<i64>,
+    /// `log.retention.bytes`; `None` = unlimited.
+    pub retention_bytes: Option<u64>,
+    /// `log.segment.bytes`.
+    pub segment_bytes: u32,
+    /// `log.roll.{ms,hours}`.
+    pub segment_ms: i64,
+    /// `log.index.interval.bytes`.
+    pub index_interval_bytes: u32,
+    /// `log.index.size.max.bytes`.
+    pub index_size_max_bytes: u32,
+    /// `log.retention.check.interval.ms`.
+    pub retention_check_interval_ms: i64,
+    /// `message.max.bytes`: largest record batch accepted.
+    pub message_max_bytes: u32,
+    /// `socket.request.max.bytes`: largest request frame accepted.
+    pub socket_request_max_bytes: u32,
+    /// `fetch.max.bytes`: broker-side cap on a fetch response.
+    pub fetch_max_bytes: u32,
+    /// `max.connections`: total client connections.
+    pub max_connections: u32,
+    /// `strand.max.connections.per.shard`.
+    pub max_connections_per_shard: u32,
+    /// `strand.max.inflight.requests.per.connection`.
+    pub max_inflight_requests_per_connection: u32,
+    /// `strand.shards` resolved: 0 in the config means one per available core. Always >= 1.
+    pub shards: usize,
+    /// `strand.http.listener`: the HTTP queue API.
+    pub http_listener: HostPort,
+    /// `strand.admin.listener`: admin API and `/metrics`.
+    pub admin_listener: HostPort,
+    /// `strand.journal.segment.bytes`: size at which a shard journal rotates and checkpoints.
+    pub journal_segment_bytes: u64,
+    /// `group.min.session.timeout.ms`.
+    pub group_min_session_timeout_ms: i32,
+    /// `group.max.session.timeout.ms`.
+    pub group_max_session_timeout_ms: i32,
+    /// `offsets.retention.minutes`.
+    pub offsets_retention_minutes: u32,
+    /// Keys set explicitly (any source), with their normalised text, for DescribeConfigs.
+    explicit: BTreeMap<&'static str, Explicit>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Explicit {
+    text: String,
+    origin: Origin,
+}
+
+/// The result of [`load`]: the config plus what the operator should be told.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The configuration.
+    pub config: Config,
+    /// Warnings (unknown keys, conflicting variables), already logged with `tracing::warn!`.
+    pub warnings: Vec<String>,
+    /// Informational notes (accepted keys that have no effect, set-aside controller listeners),
+    /// already logged with `tracing::info!`.
+    pub notes: Vec<String>,
+}
+
+/// Default value of a broker key as DescribeConfigs prints it.
+#[derive(Clone, Copy, Debug)]
+enum DefaultValue {
+    Text(&'static str),
+    /// Kafka's `null`: not set and no default.
+    Null,
+    /// An alias: reports the value and source of the named key.
+    Mirror(&'static str),
+}
+
+/// One typed broker key.
+struct BrokerKey {
+    name: &'static str,
+    ty: ConfigType,
+    default: DefaultValue,
+    doc: &'static str,
+}
+
+const fn key(name: &'static str, ty: ConfigType, default: DefaultValue, doc: &'static str) -> BrokerKey {
+    BrokerKey {
+        name,
+        ty,
+        default,
+        doc,
+    }
+}
+
+use ConfigType::{Boolean, Int, Long, String as Str};
+use DefaultValue::{Mirror, Null, Text};
+
+/// The broker keys Strand reads. Defaults are parsed by the same code as configured values.
+#[rustfmt::skip]
+static BROKER_KEYS: &[BrokerKey] = &[
+    key("node.id", Int, Text("1"), "The id of this node."),
+    key("broker.id", Int, Mirror("node.id"), "Alias of node.id."),
+    key("cluster.id", Str, Text("strand-local-cluster"), "The cluster id reported to clients."),
+    key("listeners", Str, Text("PLAINTEXT://127.0.0.1:9092"), "Kafka listeners: NAME://host:port,..."),
+    key("advertised.listeners", Str, Null, "Addresses given to clients per listener; defaults to listeners."),
+    key("listener.security.protocol.map", Str, Text(listeners::DEFAULT_PROTOCOL_MAP),
+        "Security protocol of each listener name, NAME:PROTOCOL, comma-separated."),
+    key("controller.listener.names", Str, Null, "Listener names used by a KRaft controller; not served."),
+    key("log.dirs", Str, Text("./strand-data"), "The data directory (exactly one)."),
+    key("log.dir", Str, Mirror("log.dirs"), "Alias of log.dirs."),
+    key("num.partitions", Int, Text("1"), "Default partition count of new topics."),
+    key("auto.create.topics.enable", Boolean, Text("true"), "Create unknown topics on Metadata/Produce."),
+    key("log.retention.ms", Long, Null, "Time retention in ms; -1 unlimited. Wins over minutes and hours."),
+    key("log.retention.minutes", Int, Null, "Time retention in minutes; -1 unlimited. Wins over hours."),
+    key("log.retention.hours", Int, Text("168"), "Time retention in hours; -1 unlimited."),
+    key("log.retention.bytes", Long, Text("-1"), "Size retention per partition in bytes; -1 unlimited."),
+    key("log.segment.bytes", Int, Text("1073741824"), "Roll a log segment at this size."),
+    key("log.roll.ms", Long, Null, "Roll a log segment after this many ms. Wins over log.roll.hours."),
+    key("log.roll.hours", Int, Text("168"), "Roll a log segment after this many hours."),
+    key("log.index.interval.bytes", Int, Text("4096"), "Bytes of log between offset index entries."),
+    key("log.index.size.max.bytes", Int, Text("10485760"), "Maximum size of a segment's offset index."),
+    key("log.retention.check.interval.ms", Long, Text("300000"), "How often retention is enforced."),
+    key("message.max.bytes", Int, Text("1048588"), "Largest record batch accepted."),
+    key("socket.request.max.bytes", Int, Text("104857600"), "Largest request accepted."),
+    key("fetch.max.bytes", Int, Text("57671680"), "Largest fetch response returned."),
+    key("max.connections", Int, Text("2147483647"), "Maximum client connections in total."),
+    key("strand.max.connections.per.shard", Int, Text("10000"), "Maximum client connections per shard."),
+    key("strand.max.inflight.requests.per.connection", Int, Text("256"), "Requests in flight per socket."),
+    key("strand.shards", Int, Text("0"), "Executor shards; 0 means one per available core."),
+    key("strand.http.listener", Str, Text("127.0.0.1:8080"), "host:port of the HTTP queue API."),
+    key("strand.admin.listener", Str, Text("127.0.0.1:9644"), "host:port of the admin API and /metrics."),
+    key("strand.journal.segment.bytes", Long, Text("134217728"), "Shard journal rotation size."),
+    key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
+    key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
+    key("offsets.retention.minutes", Int, Text("10080"), "Offsets of empty groups are kept this long."),
+];
+
+/// Keys of KRaft/compose configs that do not apply to a single Strand node: accepted, no effect.
+/// Extend here. (`confluent.*` keys are accepted too.)
+const IGNORED_KEYS: &[&str] = &[
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.quorum.bootstrap.servers",
+    "inter.broker.listener.name",
+    "security.inter.broker.protocol",
+    "offsets.topic.replication.factor",
+    "offsets.topic.num.partitions",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+    "group.initial.rebalance.delay.ms",
+    "num.network.threads",
+    "num.io.threads",
+    "num.recovery.threads.per.data.dir",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "log.flush.interval.messages",
+    "log.flush.interval.ms",
+    "zookeeper.connect",
+    "broker.rack",
+    "min.insync.replicas",
+    "default.replication.factor",
+    "unclean.leader.election.enable",
+    "delete.topic.enable",
+    "metadata.log.dir",
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+    "group.coordinator.rebalance.protocols",
+    "unstable.api.versions.enable",
+    "auto.leader.rebalance.enable",
+    "log.cleaner.enable",
+];
+
+/// Prefixes of keys accepted with no effect.
+const IGNORED_KEY_PREFIXES: &[&str] = &["confluent."];
+
+fn broker_key(name: &str) -> Option<&'static BrokerKey> {
+    BROKER_KEYS.iter().find(|k| k.name == name)
+}
+
+fn is_ignored_key(name: &str) -> bool {
+    IGNORED_KEYS.contains(&name) || IGNORED_KEY_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Several spellings of one setting.
+enum Group {
+    /// `alias` means the same as `canonical`; `canonical` wins within a source. With `must_match`,
+    /// both given in one source with different values is an error (Kafka's rule for broker.id).
+    Alias {
+        canonical: &'static str,
+        alias: &'static str,
+        must_match: bool,
+    },
+    /// Units of one setting, most precise first; the first present wins within a source.
+    Units(&'static [&'static str]),
+}
+
+const GROUPS: &[Group] = &[
+    Group::Alias {
+        canonical: "node.id",
+        alias: "broker.id",
+        must_match: true,
+    },
+    Group::Alias {
+        canonical: "log.dirs",
+        alias: "log.dir",
+        must_match: false,
+    },
+    Group::Units(&["log.retention.ms", "log.retention.minutes", "log.retention.hours"]),
+    Group::Units(&["log.roll.ms", "log.roll.hours"]),
+];
+
+/// A value, the key as the source spelled it (an alias keeps its spelling), and its origin.
+#[derive(Clone, Debug)]
+struct Raw {
+    key: String,
+    value: String,
+    origin: Origin,
+}
+
+/// Reads the process environment for [`load`], skipping variables that are not valid UTF-8.
+pub fn process_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// Loads the configuration from an optional properties file, environment variables and
+/// command-line `key=value` overrides (see the module docs for precedence). Warnings and notes
+/// are logged and returned.
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &[String],
+) -> Result<Loaded, ConfigError> {
+    let loaded = load_quietly(file, env, overrides)?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    for note in &loaded.notes {
+        tracing::info!("{note}");
+    }
+    Ok(loaded)
+}
+
+fn load_quietly(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &[String],
+) -> Result<Loaded, ConfigError> {
+    let mut warnings = Vec::new();
+    let mut notes = Vec::new();
+    let mut settings: BTreeMap<String, Raw> = BTreeMap::new();
+
+    if let Some(path) = file {
+        for prop in read_properties(path)? {
+            let origin = Origin::File {
+                path: path.to_path_buf(),
+                line: prop.line,
+            };
+            let raw = Raw {
+                key: prop.key.clone(),
+                value: prop.value.trim().to_string(),
+                origin,
+            };
+            settings.insert(prop.key, raw);
+        }
+    }
+
+    // Sorted so that two variables mapping to one key resolve the same way every time.
+    let mut env: Vec<(String, String)> = env.into_iter().collect();
+    env.sort();
+    let mut env_hostname = None;
+    let mut from_env: BTreeMap<String, Raw> = BTreeMap::new();
+    for (name, value) in env {
+        if name == "HOSTNAME" {
+            env_hostname = Some(value.clone());
+        }
+        let EnvVar::Key(key) = env::classify(&name) else {
+            continue;
+        };
+        let value = value.trim().to_string();
+        if let Some(prev) = from_env.get(&key) {
+            if prev.value != value {
+                warnings.push(format!(
+                    "`{key}` is set by both {} and {name}; using {name}",
+                    prev.origin
+                ));
+            }
+        }
+        from_env.insert(
+            key.clone(),
+            Raw {
+                key,
+                value,
+                origin: Origin::Env { var: name },
+            },
+        );
+    }
+    settings.extend(from_env);
+
+    for arg in overrides {
+        let Some((key, value)) = arg.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
+            return Err(ConfigError::Override { arg: arg.clone() });
+        };
+        let key = key.trim().to_string();
+        let raw = Raw {
+            key: key.clone(),
+            value: value.trim().to_string(),
+            origin: Origin::Override,
+        };
+        settings.insert(key, raw);
+    }
+
+    let mut known = BTreeMap::new();
+    for (key, raw) in settings {
+        if broker_key(&key).is_some() {
+            known.insert(key, raw);
+        } else if is_ignored_key(&key) {
+            notes.push(format!(
+                "`{key}` (from {}) does not apply to a single Strand node; ignored",
+                raw.origin
+            ));
+        } else {
+            warnings.push(format!(
+                "unknown configuration key `{key}` (from {}) ignored",
+                raw.origin
+            ));
+        }
+    }
+    resolve_groups(&mut known, &mut notes)?;
+
+    let mut hostname = || machine_hostname(env_hostname.as_deref());
+    let config = build(
+        Resolver {
+            known,
+            explicit: BTreeMap::new(),
+        },
+        &mut hostname,
+    )?;
+    for controller in &config.controller_listeners {
+        notes.push(format!(
+            "controller listener {controller} is not served (Strand runs no KRaft controller)"
+        ));
+    }
+    Ok(Loaded {
+        config,
+        warnings,
+        notes,
+    })
+}
+
+fn read_properties(path: &Path) -> Result<Vec<properties::Property>, ConfigError> {
+    let file_error = |message: String| ConfigError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| file_error(e.to_string()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| file_error(e.to_string()))?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_FILE_BYTES {
+        return Err(file_error(format!("larger than {MAX_FILE_BYTES} bytes")));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| file_error("not valid UTF-8".to_string()))?;
+    properties::parse(&text).map_err(|e| ConfigError::Syntax {
+        path: path.to_path_buf(),
+        line: e.line,
+        message: e.message,
+    })
+}
+
+/// Applies [`GROUPS`]: drops spellings from lower-precedence sources and folds aliases into
+/// their canonical key.
+fn resolve_groups(known: &mut BTreeMap<String, Raw>, notes: &mut Vec<String>) -> Result<(), ConfigError> {
+    for group in GROUPS {
+        let pair;
+        let members: &[&str] = match group {
+            Group::Alias { canonical, alias, .. } => {
+                pair = [*canonical, *alias];
+                &pair
+            }
+            Group::Units(members) => members,
+        };
+        let Some(top) = members
+            .iter()
+            .filter_map(|m| known.get(*m))
+            .map(|r| r.origin.rank())
+            .max()
+        else {
+            continue;
+        };
+        let winner = members
+            .iter()
+            .find(|m| known.get(**m).is_some_and(|r| r.origin.rank() == top))
+            .and_then(|m| known.get(*m).map(|r| format!("`{m}` from {}", r.origin)))
+            .unwrap_or_default();
+        for member in members {
+            if let Some(raw) = known.get(*member).filter(|r| r.origin.rank() < top) {
+                notes.push(format!(
+                    "`{member}` from {} is overridden by {winner}",
+                    raw.origin
+                ));
+                known.remove(*member);
+            }
+        }
+        let Group::Alias {
+            canonical,
+            alias,
+            must_match,
+        } = group
+        else {
+            continue;
+        };
+        let Some(alias_raw) = known.remove(*alias) else {
+            continue;
+        };
+        match known.get(*canonical) {
+            None => {
+                known.insert(canonical.to_string(), alias_raw);
+            }
+            Some(canonical_raw) => {
+                let same = alias_raw.value == canonical_raw.value
+                    || matches!(
+                        (alias_raw.value.parse::<i64>(), canonical_raw.value.parse::<i64>()),
+                        (Ok(a), Ok(c)) if a == c
+                    );
+                if *must_match && !same {
+                    return Err(ConfigError::Invalid {
+                        key: alias.to_string(),
+                        value: alias_raw.value,
+                        origin: alias_raw.origin,
+                        reason: format!(
+                            "must equal {canonical} ({}, from {})",
+                            canonical_raw.value, canonical_raw.origin
+                        ),
+                    });
+                }
+                if !same {
+                    notes.push(format!(
+                        "`{alias}` from {} is ignored because `{canonical}` is set",
+                        alias_raw.origin
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The machine's host name for advertising wildcard listeners: `HOSTNAME` from the given
+/// environment, else `/proc/sys/kernel/hostname`, else `localhost`.
+fn machine_hostname(env_hostname: Option<&str>) -> String {
+    let valid = |h: &str| !h.is_empty() && !h.contains(char::is_whitespace);
+    if let Some(h) = env_hostname.map(str::trim).filter(|h| valid(h)) {
+        return h.to_string();
+    }
+    match std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        Ok(h) if valid(h.trim()) => h.trim().to_string(),
+        _ => "localhost".to_string(),
+    }
+}
+
+/// "an integer >= 1" / "an integer from 1 to 2147483647".
+fn range_text(min: i64, max: i64) -> String {
+    if max == i64::MAX {
+        format!("an integer >= {min}")
+    } else {
+        format!("an integer from {min} to {max}")
+    }
+}
+
+/// Parses a plain decimal integer (optional sign, digits only) within `[min, max]`.
+fn parse_int(text: &str, min: i64, max: i64) -> Result<i64, String> {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "expected {}, written as plain decimal digits (no units, exponents or separators)",
+            range_text(min, max)
+        ));
+    }
+    match text.parse::<i64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(format!("expected {}", range_text(min, max))),
+    }
+}
+
+/// Reads typed values out of the merged settings, remembering which keys were set explicitly.
+struct Resolver {
+    known: BTreeMap<String, Raw>,
+    explicit: BTreeMap<&'static str, Explicit>,
+}
+
+/// An error about `raw`, named by the key as the source spelled it.
+fn invalid(raw: &Raw, reason: String) -> ConfigError {
+    ConfigError::Invalid {
+        key: raw.key.clone(),
+        value: raw.value.clone(),
+        origin: raw.origin.clone(),
+        reason,
+    }
+}
+
+impl Resolver {
+    /// The configured value of `key`, else its default; `None` if neither.
+    fn raw(&self, key: &str) -> Option<Raw> {
+        if let Some(raw) = self.known.get(key) {
+            return Some(raw.clone());
+        }
+        match broker_key(key).map(|k| k.default) {
+            Some(Text(text)) => Some(Raw {
+                key: key.to_string(),
+                value: text.to_string(),
+                origin: Origin::Default,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Parses `key` with `f` (which returns the value and its normalised text).
+    fn parse<T>(
+        &mut self,
+        key: &'static str,
+        f: impl FnOnce(&str) -> Result<(T, String), String>,
+    ) -> Result<Option<T>, ConfigError> {
+        let Some(raw) = self.raw(key) else {
+            return Ok(None);
+        };
+        let (value, text) = f(&raw.value).map_err(|reason| invalid(&raw, reason))?;
+        if raw.origin != Origin::Default {
+            self.explicit.insert(
+                key,
+                Explicit {
+                    text,
+                    origin: raw.origin,
+                },
+            );
+        }
+        Ok(Some(value))
+    }
+
+    /// Like [`Resolver::parse`] for keys that always have a default.
+    fn required<T>(
+        &mut self,
+        key: &'static str,
+        f: impl FnOnce(&str) -> Result<(T, String), String>,
+    ) -> Result<T, ConfigError> {
+        self.parse(key, f)?.ok_or_else(|| ConfigError::Invalid {
+            key: key.to_string(),
+            value: String::new(),
+            origin: Origin::Default,
+            reason: "no value and no default (a bug in the key table)".to_string(),
+        })
+    }
+
+    fn opt_int<T: TryFrom<i64>>(
+        &mut self,
+        key: &'static str,
+        min: i64,
+        max: i64,
+    ) -> Result<Option<T>, ConfigError> {
+        self.parse(key, |s| {
+            let v = parse_int(s, min, max)?;
+            let t = T::try_from(v).map_err(|_| format!("expected {}", range_text(min, max)))?;
+            Ok((t, v.to_string()))
+        })
+    }
+
+    fn int<T: TryFrom<i64>>(&mut self, key: &'static str, min: i64, max: i64) -> Result<T, ConfigError> {
+        self.opt_int(key, min, max)?.ok_or_else(|| ConfigError::Invalid {
+            key: key.to_string(),
+            value: String::new(),
+            origin: Origin::Default,
+            reason: "no value and no default (a bug in the key table)".to_string(),
+        })
+    }
+
+    fn boolean(&mut self, key: &'static str) -> Result<bool, ConfigError> {
+        self.required(key, |s| {
+            if s.eq_ignore_ascii_case("true") {
+                Ok((true, "true".to_string()))
+            } else if s.eq_ignore_ascii_case("false") {
+                Ok((false, "false".to_string()))
+            } else {
+                Err("expected true or false".to_string())
+            }
+        })
+    }
+
+    fn host_port(&mut self, key: &'static str) -> Result<HostPort, ConfigError> {
+        self.required(key, |s| {
+            let mut hp = listeners::parse_host_port(s)?;
+            if hp.host.is_empty() {
+                hp.host = "0.0.0.0".to_string();
+            }
+            Ok((hp, s.to_string()))
+        })
+    }
+
+    /// Blames `key`'s current value for a cross-key problem.
+    fn blame(&self, key: &str, reason: String) -> ConfigError {
+        match self.raw(key) {
+            Some(raw) => invalid(&raw, reason),
+            None => ConfigError::Invalid {
+                key: key.to_string(),
+                value: String::new(),
+                origin: Origin::Default,
+                reason,
+            },
+        }
+    }
+}
+
+fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config, ConfigError> {
+    let node_id = NodeId(r.int("node.id", 0, I32_MAX)?);
+    let cluster_id = r.required("cluster.id", |s| {
+        if s.is_empty() || s.len() > MAX_CLUSTER_ID_LEN || s.chars().any(char::is_control) {
+            Err(format!(
+                "expected a non-empty id of at most {MAX_CLUSTER_ID_LEN} characters"
+            ))
+        } else {
+            Ok((s.to_string(), s.to_string()))
+        }
+    })?;
+
+    let log_dir = r.required("log.dirs", |s| {
+        let dirs: Vec<&str> = s.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+        match dirs.as_slice() {
+            [dir] => Ok((PathBuf::from(dir), s.to_string())),
+            [] => Err("expected a directory".to_string()),
+            _ => Err(
+                "expected exactly one directory: JBOD (several log directories) is not supported yet"
+                    .to_string(),
+            ),
+        }
+    })?;
+    let num_partitions = r.int("num.partitions", 1, I32_MAX)?;
+    let auto_create_topics_enable = r.boolean("auto.create.topics.enable")?;
+
+    let retention_ms_key: Option<i64> = r.opt_int("log.retention.ms", -1, i64::MAX)?;
+    let retention_minutes: Option<i64> = r.opt_int("log.retention.minutes", -1, I32_MAX)?;
+    let retention_hours: i64 = r.int("log.retention.hours", -1, I32_MAX)?;
+    let retention = match (retention_ms_key, retention_minutes) {
+        (Some(ms), _) => ms,
+        (None, Some(minutes)) => minutes.saturating_mul(60_000),
+        (None, None) => retention_hours.saturating_mul(3_600_000),
+    };
+    let retention_ms = (retention >= 0).then_some(retention);
+    let retention_bytes: i64 = r.int("log.retention.bytes", -1, i64::MAX)?;
+    let retention_bytes = u64::try_from(retention_bytes).ok();
+    let segment_bytes = r.int("log.segment.bytes", 14, I32_MAX)?;
+    let roll_ms: Option<i64> = r.opt_int("log.roll.ms", 1, i64::MAX)?;
+    let roll_hours: i64 = r.int("log.roll.hours", 1, I32_MAX)?;
+    let segment_ms = roll_ms.unwrap_or(roll_hours.saturating_mul(3_600_000));
+    let index_interval_bytes = r.int("log.index.interval.bytes", 0, I32_MAX)?;
+    let index_size_max_bytes = r.int("log.index.size.max.bytes", 4, I32_MAX)?;
+    let retention_check_interval_ms = r.int("log.retention.check.interval.ms", 1, i64::MAX)?;
+    let message_max_bytes = r.int("message.max.bytes", 0, I32_MAX)?;
+    let socket_request_max_bytes = r.int("socket.request.max.bytes", 1, I32_MAX)?;
+    let fetch_max_bytes = r.int("fetch.max.bytes", 1024, I32_MAX)?;
+    let max_connections = r.int("max.connections", 0, I32_MAX)?;
+    let max_connections_per_shard = r.int("strand.max.connections.per.shard", 1, I32_MAX)?;
+    let max_inflight_requests_per_connection =
+        r.int("strand.max.inflight.requests.per.connection", 1, I32_MAX)?;
+    let shards_configured: usize = r.int("strand.shards", 0, MAX_SHARDS as i64)?;
+    let shards = match shards_configured {
+        0 => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_SHARDS),
+        n => n,
+    };
+    let http_listener = r.host_port("strand.http.listener")?;
+    let admin_listener = r.host_port("strand.admin.listener")?;
+    let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
+    let group_min_session_timeout_ms: i32 = r.int("group.min.session.timeout.ms", 0, I32_MAX)?;
+    let group_max_session_timeout_ms: i32 = r.int("group.max.session.timeout.ms", 0, I32_MAX)?;
+    if group_min_session_timeout_ms > group_max_session_timeout_ms {
+        // Blame the key the operator set (the max one if only it was set).
+        return Err(if r.explicit.contains_key("group.min.session.timeout.ms") {
+            r.blame(
+                "group.min.session.timeout.ms",
+                format!("must not exceed group.max.session.timeout.ms ({group_max_session_timeout_ms})"),
+            )
+        } else {
+            r.blame(
+                "group.max.session.timeout.ms",
+                format!("must be at least group.min.session.timeout.ms ({group_min_session_timeout_ms})"),
+            )
+        });
+    }
+    let offsets_retention_minutes = r.int("offsets.retention.minutes", 1, I32_MAX)?;
+
+    // Listeners.
+    let protocol_map = r.required("listener.security.protocol.map", |s| {
+        Ok((listeners::parse_protocol_map(s)?, s.to_string()))
+    })?;
+    let controller_names = r.parse("controller.listener.names", |s| {
+        Ok((listeners::parse_names(s)?, s.to_string()))
+    })?;
+    let endpoints = r.required("listeners", |s| {
+        Ok((listeners::parse_endpoints(s)?, s.to_string()))
+    })?;
+    let advertised = r.parse("advertised.listeners", |s| {
+        Ok((listeners::parse_endpoints(s)?, s.to_string()))
+    })?;
+    let resolved = listeners::resolve(
+        endpoints,
+        advertised,
+        &protocol_map,
+        &controller_names.unwrap_or_default(),
+        hostname,
+    )
+    .map_err(|(blame, reason)| match blame {
+        Blame::Listeners => r.blame("listeners", reason),
+        Blame::Advertised => r.blame("advertised.listeners", reason),
+    })?;
+    for (key, addr) in [
+        ("strand.http.listener", &http_listener),
+        ("strand.admin.listener", &admin_listener),
+    ] {
+        let clash = resolved
+            .listeners
+            .iter()
+            .find(|l| listeners::conflicts(addr, &l.bind))
+            .map(|l| l.name.clone());
+        let clash = clash.or_else(|| {
+            (key == "strand.admin.listener" && listeners::conflicts(addr, &http_listener))
+                .then(|| "strand.http.listener".to_string())
+        });
+        if let Some(other) = clash {
+            return Err(r.blame(key, format!("port {} is already used by {other}", addr.port)));
+        }
+    }
+
+    Ok(Config {
+        node_id,
+        cluster_id,
+        listeners: resolved.listeners,
+        controller_listeners: resolved.controller,
+        log_dir,
+        num_partitions,
+        auto_create_topics_enable,
+        retention_ms,
+        retention_bytes,
+        segment_bytes,
+        segment_ms,
+        index_interval_bytes,
+        index_size_max_bytes,
+        retention_check_interval_ms,
+        message_max_bytes,
+        socket_request_max_bytes,
+        fetch_max_bytes,
+        max_connections,
+        max_connections_per_shard,
+        max_inflight_requests_per_connection,
+        shards,
+        http_listener,
+        admin_listener,
+        journal_segment_bytes,
+        group_min_session_timeout_ms,
+        group_max_session_timeout_ms,
+        offsets_retention_minutes,
+        explicit: r.explicit,
+    })
+}
+
+impl Default for Config {
+    /// The built-in defaults (no file, no environment, no overrides).
+    fn default() -> Config {
+        match load_quietly(None, Vec::new(), &[]) {
+            Ok(loaded) => loaded.config,
+            // The defaults are fixed text checked by a unit test: failing here is a bug.
+            Err(e) => panic!("built-in config defaults are invalid: {e}"),
+        }
+    }
+}
+
+impl Config {
+    /// Whether `key` was set explicitly (file, environment or override) and is in effect.
+    /// Aliases are reported under their canonical key (`node.id`, `log.dirs`).
+    pub fn is_set(&self, key: &str) -> bool {
+        self.explicit.contains_key(key)
+    }
+
+    /// Where an explicitly set key came from.
+    pub fn origin(&self, key: &str) -> Option<&Origin> {
+        self.explicit.get(key).map(|e| &e.origin)
+    }
+
+    /// DescribeConfigs rows for the BROKER resource, sorted by name. Every key is read-only
+    /// (there is no dynamic broker config yet); values are as loaded.
+    pub fn broker_entries(&self) -> Vec<ConfigEntry> {
+        let mut entries: Vec<ConfigEntry> = BROKER_KEYS
+            .iter()
+            .map(|key| {
+                let lookup = match key.default {
+                    Mirror(target) => target,
+                    _ => key.name,
+                };
+                let (value, source) = match (self.explicit.get(lookup), broker_key(lookup).map(|k| k.default))
+                {
+                    (Some(e), _) => (Some(e.text.clone()), ConfigSource::StaticBrokerConfig),
+                    (None, Some(Text(text))) => (Some(text.to_string()), ConfigSource::DefaultConfig),
+                    (None, _) => (None, ConfigSource::DefaultConfig),
+                };
+                ConfigEntry {
+                    name: key.name,
+                    value,
+                    source,
+                    read_only: true,
+                    sensitive: false,
+                    config_type: key.ty,
+                    documentation: key.doc,
+                }
+            })
+            .collect();
+        entries.sort_by_key(|e| e.name);
+        entries
+    }
+
+    /// The storage settings of a topic without overrides.
+    pub fn default_log_settings(&self) -> LogSettings {
+        TopicConfig::default().log_settings(self)
+    }
+}
+
+#[cfg(test)]
+mod tests;

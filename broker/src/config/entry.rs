@@ -1,0 +1,102 @@
+//! The shape of one configuration entry as DescribeConfigs reports it.
+
+/// Where a reported value comes from (`ConfigSource` of DescribeConfigs v1+; the Kafka codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConfigSource {
+    /// A per-topic override (code 1).
+    DynamicTopicConfig,
+    /// Set explicitly in the broker's static configuration: file, environment or override (code 4).
+    StaticBrokerConfig,
+    /// Nothing set it: the built-in default (code 5).
+    DefaultConfig,
+}
+
+impl ConfigSource {
+    /// The wire code used by DescribeConfigs.
+    pub fn code(self) -> i8 {
+        match self {
+            ConfigSource::DynamicTopicConfig => 1,
+            ConfigSource::StaticBrokerConfig => 4,
+            ConfigSource::DefaultConfig => 5,
+        }
+    }
+
+    /// The `is_default` flag of DescribeConfigs v0.
+    pub fn is_default(self) -> bool {
+        self == ConfigSource::DefaultConfig
+    }
+}
+
+/// The Kafka type of a config key (`ConfigType` of DescribeConfigs v3+; the Kafka codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConfigType {
+    /// `true` or `false` (code 1).
+    Boolean,
+    /// Free text (code 2).
+    String,
+    /// A 32-bit integer (code 3).
+    Int,
+    /// A 16-bit integer (code 4).
+    Short,
+    /// A 64-bit integer (code 5).
+    Long,
+    /// A floating-point number (code 6).
+    Double,
+    /// A comma-separated list (code 7).
+    List,
+    /// A Java class name (code 8).
+    Class,
+    /// A secret (code 9).
+    Password,
+}
+
+impl ConfigType {
+    /// The wire code used by DescribeConfigs v3+.
+    pub fn code(self) -> i8 {
+        match self {
+            ConfigType::Boolean => 1,
+            ConfigType::String => 2,
+            ConfigType::Int => 3,
+            ConfigType::Short => 4,
+            ConfigType::Long => 5,
+            ConfigType::Double => 6,
+            ConfigType::List => 7,
+            ConfigType::Class => 8,
+            ConfigType::Password => 9,
+        }
+    }
+
+    /// The upper-case name Kafka uses in messages (`INT`, `LONG`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ConfigType::Boolean => "BOOLEAN",
+            ConfigType::String => "STRING",
+            ConfigType::Int => "INT",
+            ConfigType::Short => "SHORT",
+            ConfigType::Long => "LONG",
+            ConfigType::Double => "DOUBLE",
+            ConfigType::List => "LIST",
+            ConfigType::Class => "CLASS",
+            ConfigType::Password => "PASSWORD",
+        }
+    }
+}
+
+/// One row of a DescribeConfigs answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigEntry {
+    /// The Kafka key, e.g. `log.retention.ms`.
+    pub name: &'static str,
+    /// The value as Kafka prints it; `None` is Kafka's `null` (not set, no default).
+    pub value: Option<String>,
+    /// Where the value comes from.
+    pub source: ConfigSource,
+    /// Whether AlterConfigs may change it. All broker keys are read-only (no dynamic broker config).
+    pub read_only: bool,
+    /// Whether the value is secret. Nothing Strand has is.
+    pub sensitive: bool,
+    /// The Kafka type of the key.
+    pub config_type: ConfigType,
+    /// One line of documentation.
+    pub documentation: &'static str,
+}

@@ -1,0 +1,323 @@
+//! Fetch (1): reads from the owning shards, long-polls until `min_bytes` or `max_wait_ms`,
+//! bounds the answer by `max_bytes` (whole batches, at least one), and keeps incremental fetch
+//! sessions (KIP-227) for clients that open them.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::future::{join_all, select_all};
+use futures::FutureExt;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::ResponseError;
+use strand_protocol::types::{ShardId, TopicId};
+
+use super::{str_bytes, Handler, Reply, RequestCtx};
+use crate::fetch_session::{Observed, SessionMode, SessionPartition};
+use crate::ops::{FetchOutcome, FetchPart, PartRef, ShardRequest, ShardResponse};
+use crate::shard::Shard;
+
+pub(crate) struct Fetch;
+
+/// Longest long-poll honoured, whatever the client asks.
+const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
+
+/// A partition the request names that cannot be served at all.
+struct Unknown {
+    name: String,
+    id: TopicId,
+    partition: i32,
+    code: ResponseError,
+}
+
+/// Reads every partition once, from their owners, in parallel.
+async fn read_once(shard: &Rc<Shard>, parts: &[SessionPartition], max_bytes: usize) -> Vec<FetchOutcome> {
+    let mut by_owner: BTreeMap<ShardId, Vec<(usize, FetchPart)>> = BTreeMap::new();
+    for (i, p) in parts.iter().enumerate() {
+        by_owner
+            .entry(shard.owner(&p.topic, p.partition))
+            .or_default()
+            .push((
+                i,
+                FetchPart {
+                    part: PartRef {
+                        topic: p.topic.clone(),
+                        partition: p.partition,
+                    },
+                    fetch_offset: p.fetch_offset,
+                    max_bytes: usize::try_from(p.max_bytes).unwrap_or(0),
+                    current_leader_epoch: p.current_leader_epoch,
+                },
+            ));
+    }
+    let mut out = vec![FetchOutcome::error(ResponseError::UnknownServerError); parts.len()];
+    let mut calls = Vec::new();
+    for (owner, list) in by_owner {
+        let (idx, fparts): (Vec<usize>, Vec<FetchPart>) = list.into_iter().unzip();
+        let fut = shard
+            .dispatch(
+                owner,
+                ShardRequest::Fetch {
+                    parts: fparts,
+                    max_bytes,
+                },
+            )
+            .await;
+        calls.push(async move {
+            let answers = match fut {
+                Ok(f) => match f.await {
+                    Ok(ShardResponse::Fetch(v)) => v,
+                    _ => Vec::new(),
+                },
+                Err(_) => Vec::new(),
+            };
+            (idx, answers)
+        });
+    }
+    for (idx, answers) in join_all(calls).await {
+        for (i, a) in idx.into_iter().zip(answers) {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = a;
+            }
+        }
+    }
+    out
+}
+
+/// Waits until an owner reports data past a fetch offset, or the timeout.
+async fn wait_any(shard: &Rc<Shard>, parts: &[SessionPartition], timeout: Duration) {
+    let mut by_owner: BTreeMap<ShardId, Vec<(PartRef, i64)>> = BTreeMap::new();
+    for p in parts {
+        by_owner
+            .entry(shard.owner(&p.topic, p.partition))
+            .or_default()
+            .push((
+                PartRef {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                },
+                p.fetch_offset,
+            ));
+    }
+    let timeout_ms = timeout.as_millis() as u64;
+    let mut waits = Vec::new();
+    for (owner, list) in by_owner {
+        if let Ok(f) = shard
+            .dispatch(
+                owner,
+                ShardRequest::WaitForData {
+                    parts: list,
+                    timeout_ms,
+                },
+            )
+            .await
+        {
+            waits.push(f);
+        }
+    }
+    if waits.is_empty() {
+        glommio::timer::sleep(timeout).await;
+    } else {
+        let _ = select_all(waits).await;
+    }
+}
+
+impl Handler for Fetch {
+    const KEY: ApiKey = ApiKey::Fetch;
+    const MIN: i16 = 4;
+    const MAX: i16 = 18;
+    type Request = FetchRequest;
+    type Response = FetchResponse;
+
+    async fn handle(ctx: Rc<RequestCtx>, req: FetchRequest) -> Reply<FetchResponse> {
+        let shard = ctx.shard.clone();
+        let version = ctx.version;
+        let md = shard.metadata();
+        let by_id = version >= 13;
+        let mut unknown = Vec::new();
+        let mut requested = Vec::new();
+        for t in &req.topics {
+            let meta = if by_id {
+                md.topic_by_id(TopicId(t.topic_id))
+            } else {
+                md.topic(t.topic.0.as_str())
+            };
+            for p in &t.partitions {
+                match meta {
+                    Some(m) if p.partition >= 0 && p.partition < m.partitions => {
+                        requested.push(SessionPartition::new(
+                            m.name.clone(),
+                            m.id,
+                            p.partition,
+                            p.fetch_offset,
+                            p.partition_max_bytes,
+                            p.current_leader_epoch,
+                        ))
+                    }
+                    Some(m) => unknown.push(Unknown {
+                        name: m.name.clone(),
+                        id: m.id,
+                        partition: p.partition,
+                        code: ResponseError::UnknownTopicOrPartition,
+                    }),
+                    None => unknown.push(Unknown {
+                        name: t.topic.0.as_str().to_owned(),
+                        id: TopicId(t.topic_id),
+                        partition: p.partition,
+                        code: if by_id {
+                            ResponseError::UnknownTopicId
+                        } else {
+                            ResponseError::UnknownTopicOrPartition
+                        },
+                    }),
+                }
+            }
+        }
+        let forgotten: Vec<(String, i32)> = req
+            .forgotten_topics_data
+            .iter()
+            .flat_map(|f| {
+                let name = if by_id {
+                    md.topic_by_id(TopicId(f.topic_id)).map(|m| m.name.clone())
+                } else {
+                    Some(f.topic.0.as_str().to_owned())
+                };
+                f.partitions
+                    .iter()
+                    .filter_map(move |p| name.clone().map(|n| (n, *p)))
+            })
+            .collect();
+        let begun = if version >= 7 {
+            shard
+                .fetch_sessions
+                .borrow_mut()
+                .begin(req.session_id, req.session_epoch, requested, &forgotten)
+        } else {
+            Ok((SessionMode::Sessionless, requested))
+        };
+        let (mode, parts) = match begun {
+            Ok(x) => x,
+            Err(code) => {
+                return Reply::Now(
+                    FetchResponse::default()
+                        .with_error_code(code.code())
+                        .with_session_id(0),
+                );
+            }
+        };
+        shard.metrics.fetch_sessions(shard.fetch_sessions.borrow().len());
+
+        let broker_max = shard.config.fetch_max_bytes as usize;
+        let max_bytes = usize::try_from(req.max_bytes).unwrap_or(0).min(broker_max).max(1);
+        let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
+        let max_wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0)).min(MAX_WAIT_CAP);
+        let read_committed = req.isolation_level == 1;
+        Reply::Later(
+            async move {
+                let deadline = Instant::now() + max_wait;
+                let mut results = read_once(&shard, &parts, max_bytes).await;
+                loop {
+                    let total: usize = results.iter().map(FetchOutcome::bytes).sum();
+                    let errors = results.iter().any(|r| r.error != 0);
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if total >= min_bytes
+                        || errors
+                        || left.is_zero()
+                        || parts.is_empty()
+                        || shard.shutting_down.get()
+                    {
+                        break;
+                    }
+                    wait_any(&shard, &parts, left).await;
+                    results = read_once(&shard, &parts, max_bytes).await;
+                }
+                // Bound the whole answer: whole partitions' data only, the first one always.
+                let mut total = 0usize;
+                for r in &mut results {
+                    let n = r.bytes();
+                    if n > 0 {
+                        if total > 0 && total + n > max_bytes {
+                            r.records = None;
+                        } else {
+                            total += n;
+                        }
+                    }
+                }
+                let observed: Vec<Observed> = results
+                    .iter()
+                    .map(|r| Observed {
+                        error: r.error,
+                        high_watermark: r.high_watermark,
+                        last_stable_offset: r.last_stable_offset,
+                        log_start_offset: r.log_start_offset,
+                        has_records: r.records.is_some(),
+                    })
+                    .collect();
+                let include = shard.fetch_sessions.borrow_mut().finish(&mode, &observed);
+                let session_id = match mode {
+                    SessionMode::Sessionless => 0,
+                    SessionMode::Full { session_id } | SessionMode::Incremental { session_id } => session_id,
+                };
+
+                let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+                let mut push = |name: &str, id: TopicId, data: PartitionData| {
+                    let same = topics.last().is_some_and(|t| {
+                        if by_id {
+                            t.topic_id == id.0
+                        } else {
+                            t.topic.0.as_str() == name
+                        }
+                    });
+                    if !same {
+                        let mut t = FetchableTopicResponse::default();
+                        if by_id {
+                            t.topic_id = id.0;
+                        } else {
+                            t.topic = TopicName(str_bytes(name));
+                        }
+                        topics.push(t);
+                    }
+                    if let Some(t) = topics.last_mut() {
+                        t.partitions.push(data);
+                    }
+                };
+                for ((p, r), inc) in parts.iter().zip(results).zip(include) {
+                    if !inc {
+                        continue;
+                    }
+                    let data = PartitionData::default()
+                        .with_partition_index(p.partition)
+                        .with_error_code(r.error)
+                        .with_high_watermark(r.high_watermark)
+                        .with_last_stable_offset(r.last_stable_offset)
+                        .with_log_start_offset(if version >= 5 { r.log_start_offset } else { -1 })
+                        .with_aborted_transactions(if read_committed { Some(vec![]) } else { None })
+                        .with_records(Some(r.records.unwrap_or_default()));
+                    push(&p.topic, p.topic_id, data);
+                }
+                for u in unknown {
+                    let data = PartitionData::default()
+                        .with_partition_index(u.partition)
+                        .with_error_code(u.code.code())
+                        .with_high_watermark(-1)
+                        .with_records(Some(bytes::Bytes::new()));
+                    push(&u.name, u.id, data);
+                }
+                FetchResponse::default()
+                    .with_session_id(session_id)
+                    .with_responses(topics)
+            }
+            .boxed_local(),
+        )
+    }
+
+    fn error_codes(resp: &FetchResponse, out: &mut Vec<i16>) {
+        out.push(resp.error_code);
+        for t in &resp.responses {
+            for p in &t.partitions {
+                out.push(p.error_code);
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3), earliest local (-4),
+//! earliest pending upload (-5), latest tiered (-6), or the first offset at or after a timestamp.
+
+use std::rc::Rc;
+
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{ApiKey, ListOffsetsRequest, ListOffsetsResponse};
+use kafka_protocol::ResponseError;
+
+use super::{Handler, Reply, RequestCtx};
+use crate::ops::{ListOffsetsOutcome, ListOffsetsPart, PartRef, ShardRequest, ShardResponse};
+use crate::shard::scatter;
+
+pub(crate) struct ListOffsets;
+
+impl Handler for ListOffsets {
+    const KEY: ApiKey = ApiKey::ListOffsets;
+    const MIN: i16 = 1;
+    const MAX: i16 = 10;
+    type Request = ListOffsetsRequest;
+    type Response = ListOffsetsResponse;
+
+    async fn handle(ctx: Rc<RequestCtx>, req: ListOffsetsRequest) -> Reply<ListOffsetsResponse> {
+        let shard = &ctx.shard;
+        let version = ctx.version;
+        let md = shard.metadata();
+        let fail = |e: ResponseError| ListOffsetsOutcome {
+            error: e.code(),
+            timestamp: -1,
+            offset: -1,
+            leader_epoch: -1,
+        };
+        let mut items = Vec::new();
+        let mut slots = Vec::new();
+        for t in &req.topics {
+            let name = t.name.0.as_str();
+            let meta = md.topic(name);
+            for p in &t.partitions {
+                match meta {
+                    Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
+                        slots.push(Ok(items.len()));
+                        items.push((
+                            PartRef {
+                                topic: name.to_owned(),
+                                partition: p.partition_index,
+                            },
+                            (p.timestamp, p.current_leader_epoch),
+                        ));
+                    }
+                    _ => slots.push(Err(fail(ResponseError::UnknownTopicOrPartition))),
+                }
+            }
+        }
+        let answers = scatter(
+            shard,
+            items,
+            |list| {
+                ShardRequest::ListOffsets(
+                    list.into_iter()
+                        .map(|(part, (timestamp, current_leader_epoch))| ListOffsetsPart {
+                            part,
+                            timestamp,
+                            current_leader_epoch,
+                        })
+                        .collect(),
+                )
+            },
+            |r| match r {
+                ShardResponse::ListOffsets(v) => Some(v),
+                _ => None,
+            },
+            fail(ResponseError::UnknownServerError),
+        )
+        .await;
+        let mut slots = slots.into_iter();
+        let topics = req
+            .topics
+            .iter()
+            .map(|t| {
+                let partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let o = match slots.next() {
+                            Some(Ok(i)) => answers
+                                .get(i)
+                                .cloned()
+                                .unwrap_or(fail(ResponseError::UnknownServerError)),
+                            Some(Err(o)) => o,
+                            None => fail(ResponseError::UnknownServerError),
+                        };
+                        ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index)
+                            .with_error_code(o.error)
+                            .with_timestamp(o.timestamp)
+                            .with_offset(o.offset)
+                            .with_leader_epoch(if version >= 4 { o.leader_epoch } else { -1 })
+                    })
+                    .collect();
+                ListOffsetsTopicResponse::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(partitions)
+            })
+            .collect();
+        Reply::Now(ListOffsetsResponse::default().with_topics(topics))
+    }
+
+    fn error_codes(resp: &ListOffsetsResponse, out: &mut Vec<i16>) {
+        for t in &resp.topics {
+            for p in &t.partitions {
+                out.push(p.error_code);
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! One module per Kafka API. Each handler declares the versions it serves; the registry at the
+//! bottom of this file builds both request dispatch and the ApiVersions answer from the same list,
+//! so they cannot disagree. Handlers stay thin: decode (done here), call the domain (shards,
+//! controller, storage), encode (done here).
+
+mod alter_configs;
+mod api_versions;
+mod create_partitions;
+mod create_topics;
+mod delete_records;
+mod delete_topics;
+mod describe_cluster;
+mod describe_configs;
+mod fetch;
+mod list_offsets;
+mod metadata;
+mod offset_for_leader_epoch;
+mod produce;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::protocol::{Decodable, Encodable, Message};
+use strand_protocol::header::{decode_body, encode_response};
+
+use crate::shard::{AdvertisedListener, Shard};
+
+/// The connection a request arrived on.
+pub(crate) struct ConnInfo {
+    /// Index of the listener in `Shard::listeners`.
+    pub(crate) listener: usize,
+    pub(crate) peer: Option<SocketAddr>,
+}
+
+/// Everything a handler knows about its request.
+pub(crate) struct RequestCtx {
+    pub(crate) shard: Rc<Shard>,
+    pub(crate) conn: Rc<ConnInfo>,
+    pub(crate) api: ApiKey,
+    pub(crate) version: i16,
+    pub(crate) correlation_id: i32,
+    pub(crate) client_id: Option<String>,
+}
+
+impl RequestCtx {
+    /// The address this connection's listener advertises.
+    pub(crate) fn advertised(&self) -> AdvertisedListener {
+        self.shard
+            .listeners
+            .get(self.conn.listener)
+            .or_else(|| self.shard.listeners.first())
+            .cloned()
+            .unwrap_or(AdvertisedListener {
+                host: "localhost".into(),
+                port: 9092,
+            })
+    }
+}
+
+/// What a handler gives back.
+pub(crate) enum Reply<R> {
+    /// The response, complete.
+    Now(R),
+    /// The response, once this future completes (runs concurrently with later requests).
+    Later(LocalBoxFuture<'static, R>),
+    /// No response at all (Produce with acks=0).
+    None,
+}
+
+/// A Kafka API handler.
+pub(crate) trait Handler {
+    const KEY: ApiKey;
+    /// Versions decoded and answered.
+    const MIN: i16;
+    const MAX: i16;
+    /// Lowest version listed in ApiVersions. Produce lists 0 although it serves 3+ because
+    /// librdkafka needs it (KAFKA-18659); Kafka 4 does the same.
+    const ADVERTISED_MIN: i16 = Self::MIN;
+    type Request: Decodable + Message + 'static;
+    type Response: Encodable + Message + 'static;
+
+    /// Handles a decoded request. Work that must follow request order on the connection (appends)
+    /// happens before the returned future first yields to a later request's.
+    fn handle(ctx: Rc<RequestCtx>, req: Self::Request) -> impl Future<Output = Reply<Self::Response>>;
+
+    /// The error codes in a response (top level and per partition), for metrics.
+    fn error_codes(resp: &Self::Response, out: &mut Vec<i16>);
+}
+
+/// The outcome of dispatching one request.
+pub(crate) enum Dispatched {
+    /// The encoded response frame, once ready (`None`: encoding failed; close).
+    Response(LocalBoxFuture<'static, Option<Bytes>>),
+    /// Nothing to send.
+    NoResponse,
+    /// Close the connection, as Kafka does for requests it cannot parse.
+    Close(&'static str),
+}
+
+async fn run<H: Handler>(ctx: Rc<RequestCtx>, body: Bytes) -> Dispatched {
+    const {
+        assert!(
+            H::MIN >= <H::Request as Message>::VERSIONS.min
+                && H::MAX <= <H::Request as Message>::VERSIONS.max
+        );
+        assert!(H::ADVERTISED_MIN <= H::MIN && H::MIN <= H::MAX);
+    }
+    if ctx.version < H::MIN || ctx.version > H::MAX {
+        tracing::warn!(api = ?H::KEY, version = ctx.version, client = ?ctx.client_id, "unsupported request version; closing the connection");
+        return Dispatched::Close("unsupported version");
+    }
+    let req: H::Request = match decode_body(body, H::KEY, ctx.version) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, peer = ?ctx.conn.peer, client = ?ctx.client_id, "malformed request; closing the connection");
+            return Dispatched::Close("malformed request");
+        }
+    };
+    ctx.shard.metrics.request(H::KEY as i16, ctx.version);
+    let started = Instant::now();
+    let reply = H::handle(ctx.clone(), req).await;
+    let finish = move |resp: H::Response| -> Option<Bytes> {
+        let mut codes = Vec::new();
+        H::error_codes(&resp, &mut codes);
+        for c in codes {
+            ctx.shard.metrics.error(H::KEY as i16, ctx.version, c);
+        }
+        ctx.shard
+            .metrics
+            .duration(H::KEY as i16, started.elapsed().as_secs_f64());
+        match encode_response(ctx.correlation_id, H::KEY, ctx.version, &resp) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::error!(api = ?H::KEY, version = ctx.version, error = %e, "cannot encode response");
+                None
+            }
+        }
+    };
+    match reply {
+        Reply::Now(resp) => {
+            let out = finish(resp);
+            Dispatched::Response(async move { out }.boxed_local())
+        }
+        Reply::Later(fut) => Dispatched::Response(async move { finish(fut.await) }.boxed_local()),
+        Reply::None => Dispatched::NoResponse,
+    }
+}
+
+macro_rules! registry {
+    ($($handler:ty),* $(,)?) => {
+        /// `(api key, advertised min, max)` of every served API, for ApiVersions.
+        pub(crate) const SUPPORTED: &[(i16, i16, i16)] = &[
+            $((<$handler as Handler>::KEY as i16, <$handler as Handler>::ADVERTISED_MIN, <$handler as Handler>::MAX)),*
+        ];
+
+        /// Runs the handler of `ctx.api`; an API without a handler closes the connection.
+        pub(crate) async fn dispatch(ctx: Rc<RequestCtx>, body: Bytes) -> Dispatched {
+            $(
+                if ctx.api == <$handler as Handler>::KEY {
+                    return run::<$handler>(ctx, body).await;
+                }
+            )*
+            Dispatched::Close("unsupported api")
+        }
+    };
+}
+
+registry![
+    produce::Produce,
+    fetch::Fetch,
+    list_offsets::ListOffsets,
+    metadata::Metadata,
+    offset_for_leader_epoch::OffsetForLeaderEpoch,
+    api_versions::ApiVersions,
+    create_topics::CreateTopics,
+    delete_topics::DeleteTopics,
+    delete_records::DeleteRecords,
+    describe_configs::DescribeConfigs,
+    create_partitions::CreatePartitions,
+    describe_cluster::DescribeCluster,
+    alter_configs::IncrementalAlterConfigs,
+    alter_configs::AlterConfigs,
+];
+
+/// The ApiVersions answer for a request with a version this broker does not know: v0 format,
+/// UNSUPPORTED_VERSION, and the supported APIs, so the client can pick a version (KIP-511).
+pub(crate) fn api_versions_fallback(correlation_id: i32) -> Option<Bytes> {
+    api_versions::fallback(correlation_id)
+}
+
+/// The highest ApiVersions version served.
+pub(crate) const API_VERSIONS_MAX: i16 = <api_versions::ApiVersions as Handler>::MAX;
+
+/// Wraps an error message for responses.
+pub(crate) fn msg(s: impl Into<String>) -> Option<kafka_protocol::protocol::StrBytes> {
+    Some(kafka_protocol::protocol::StrBytes::from_string(s.into()))
+}
+
+pub(crate) fn str_bytes(s: &str) -> kafka_protocol::protocol::StrBytes {
+    kafka_protocol::protocol::StrBytes::from_string(s.to_owned())
+}

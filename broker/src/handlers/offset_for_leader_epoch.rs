@@ -1,0 +1,115 @@
+//! OffsetForLeaderEpoch (23): the end offset of a leader epoch, which consumers use to check
+//! their position after a leader change (KIP-320).
+
+use std::rc::Rc;
+
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
+use kafka_protocol::messages::{ApiKey, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
+use kafka_protocol::ResponseError;
+
+use super::{Handler, Reply, RequestCtx};
+use crate::ops::{EpochAnswer, EpochQuery, PartRef, ShardRequest, ShardResponse};
+use crate::shard::scatter;
+
+pub(crate) struct OffsetForLeaderEpoch;
+
+impl Handler for OffsetForLeaderEpoch {
+    const KEY: ApiKey = ApiKey::OffsetForLeaderEpoch;
+    const MIN: i16 = 2;
+    const MAX: i16 = 4;
+    type Request = OffsetForLeaderEpochRequest;
+    type Response = OffsetForLeaderEpochResponse;
+
+    async fn handle(
+        ctx: Rc<RequestCtx>,
+        req: OffsetForLeaderEpochRequest,
+    ) -> Reply<OffsetForLeaderEpochResponse> {
+        let md = ctx.shard.metadata();
+        let fail = |e: ResponseError| EpochAnswer {
+            error: e.code(),
+            leader_epoch: -1,
+            end_offset: -1,
+        };
+        let mut items = Vec::new();
+        let mut slots = Vec::new();
+        for t in &req.topics {
+            let meta = md.topic(t.topic.0.as_str());
+            for p in &t.partitions {
+                match meta {
+                    Some(m) if p.partition >= 0 && p.partition < m.partitions => {
+                        slots.push(Ok(items.len()));
+                        items.push((
+                            PartRef {
+                                topic: m.name.clone(),
+                                partition: p.partition,
+                            },
+                            (p.current_leader_epoch, p.leader_epoch),
+                        ));
+                    }
+                    _ => slots.push(Err(fail(ResponseError::UnknownTopicOrPartition))),
+                }
+            }
+        }
+        let answers = scatter(
+            &ctx.shard,
+            items,
+            |list| {
+                ShardRequest::EpochEndOffsets(
+                    list.into_iter()
+                        .map(|(part, (current_leader_epoch, leader_epoch))| EpochQuery {
+                            part,
+                            current_leader_epoch,
+                            leader_epoch,
+                        })
+                        .collect(),
+                )
+            },
+            |r| match r {
+                ShardResponse::EpochEndOffsets(v) => Some(v),
+                _ => None,
+            },
+            fail(ResponseError::UnknownServerError),
+        )
+        .await;
+        let mut slots = slots.into_iter();
+        let topics = req
+            .topics
+            .iter()
+            .map(|t| {
+                let partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let a = match slots.next() {
+                            Some(Ok(i)) => answers
+                                .get(i)
+                                .cloned()
+                                .unwrap_or(fail(ResponseError::UnknownServerError)),
+                            Some(Err(a)) => a,
+                            None => fail(ResponseError::UnknownServerError),
+                        };
+                        EpochEndOffset::default()
+                            .with_partition(p.partition)
+                            .with_error_code(a.error)
+                            .with_leader_epoch(a.leader_epoch)
+                            .with_end_offset(a.end_offset)
+                    })
+                    .collect();
+                OffsetForLeaderTopicResult::default()
+                    .with_topic(t.topic.clone())
+                    .with_partitions(partitions)
+            })
+            .collect();
+        Reply::Now(OffsetForLeaderEpochResponse::default().with_topics(topics))
+    }
+
+    fn error_codes(resp: &OffsetForLeaderEpochResponse, out: &mut Vec<i16>) {
+        for t in &resp.topics {
+            for p in &t.partitions {
+                out.push(p.error_code);
+            }
+        }
+    }
+}

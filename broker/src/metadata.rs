@@ -1,0 +1,509 @@
+//! Cluster metadata: topics, their ids, partition counts and config overrides.
+//!
+//! Sans-I/O: the controller validates admin operations against a [`ClusterMetadata`] and turns
+//! them into [`MetadataDelta`]s; every shard applies the same deltas to its own replica. The
+//! controller persists the whole state as `strand-metadata.json` in the log directory (the
+//! single-node stand-in for KRaft's metadata log; Raft replication will replace the file).
+
+use std::collections::{BTreeMap, HashMap};
+
+use kafka_protocol::ResponseError;
+use serde::{Deserialize, Serialize};
+use strand_protocol::types::{validate_topic_name, ShardId, TopicId};
+
+use crate::config::TopicConfig;
+
+/// Most partitions a topic may have (a bound, not a Kafka limit).
+pub const MAX_PARTITIONS_PER_TOPIC: i32 = 100_000;
+
+/// One topic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicMeta {
+    pub name: String,
+    pub id: TopicId,
+    pub partitions: i32,
+    pub config: TopicConfig,
+    /// Internal topics (`__consumer_offsets`, ...) are listed as internal in Metadata.
+    pub internal: bool,
+}
+
+impl TopicMeta {
+    /// Directory name of a partition's log, as Kafka names it.
+    pub fn dir_name(&self, partition: i32) -> String {
+        format!("{}-{partition}", self.name)
+    }
+}
+
+/// A change to the metadata, applied identically by every shard.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetadataDelta {
+    CreateTopic(TopicMeta),
+    DeleteTopic { name: String, id: TopicId },
+    SetPartitionCount { name: String, partitions: i32 },
+    SetTopicConfig { name: String, config: TopicConfig },
+}
+
+/// The metadata state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterMetadata {
+    /// Bumped by every applied delta.
+    pub version: u64,
+    topics: BTreeMap<String, TopicMeta>,
+    by_id: HashMap<TopicId, String>,
+}
+
+/// Why an admin operation is refused, with Kafka's error code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminError {
+    pub code: ResponseError,
+    pub message: String,
+}
+
+impl AdminError {
+    pub fn new(code: ResponseError, message: impl Into<String>) -> Self {
+        AdminError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// A CreateTopics entry after decoding.
+#[derive(Debug, Clone)]
+pub struct NewTopic {
+    pub name: String,
+    /// -1: the broker default (`num.partitions`).
+    pub num_partitions: i32,
+    /// -1: the broker default. Only 1 is possible on one node.
+    pub replication_factor: i16,
+    /// Manual assignment: partition -> broker ids. Empty when not given.
+    pub assignments: Vec<(i32, Vec<i32>)>,
+    pub configs: Vec<(String, Option<String>)>,
+}
+
+impl ClusterMetadata {
+    pub fn topic(&self, name: &str) -> Option<&TopicMeta> {
+        self.topics.get(name)
+    }
+
+    pub fn topic_by_id(&self, id: TopicId) -> Option<&TopicMeta> {
+        self.by_id.get(&id).and_then(|n| self.topics.get(n))
+    }
+
+    pub fn topics(&self) -> impl Iterator<Item = &TopicMeta> {
+        self.topics.values()
+    }
+
+    pub fn topic_count(&self) -> usize {
+        self.topics.len()
+    }
+
+    pub fn apply(&mut self, delta: &MetadataDelta) {
+        self.version += 1;
+        match delta {
+            MetadataDelta::CreateTopic(t) => {
+                self.by_id.insert(t.id, t.name.clone());
+                self.topics.insert(t.name.clone(), t.clone());
+            }
+            MetadataDelta::DeleteTopic { name, id } => {
+                self.topics.remove(name);
+                self.by_id.remove(id);
+            }
+            MetadataDelta::SetPartitionCount { name, partitions } => {
+                if let Some(t) = self.topics.get_mut(name) {
+                    t.partitions = *partitions;
+                }
+            }
+            MetadataDelta::SetTopicConfig { name, config } => {
+                if let Some(t) = self.topics.get_mut(name) {
+                    t.config = config.clone();
+                }
+            }
+        }
+    }
+
+    /// Validates a CreateTopics entry: name, partition count, replication factor, assignments,
+    /// configs. Returns the delta to apply.
+    pub fn plan_create(
+        &self,
+        t: &NewTopic,
+        default_partitions: i32,
+        node_id: i32,
+        new_id: TopicId,
+    ) -> Result<MetadataDelta, AdminError> {
+        validate_topic_name(&t.name).map_err(|m| AdminError::new(ResponseError::InvalidTopicException, m))?;
+        if self.topics.contains_key(&t.name) {
+            return Err(AdminError::new(
+                ResponseError::TopicAlreadyExists,
+                format!("Topic '{}' already exists.", t.name),
+            ));
+        }
+        if let Some(other) = self.colliding_topic(&t.name) {
+            return Err(AdminError::new(
+                ResponseError::InvalidTopicException,
+                format!(
+                    "Topic '{}' collides with existing topic: {other} ('.' and '_' are interchangeable in metric names)",
+                    t.name
+                ),
+            ));
+        }
+        let partitions = if !t.assignments.is_empty() {
+            if t.num_partitions != -1 || t.replication_factor != -1 {
+                return Err(AdminError::new(
+                    ResponseError::InvalidRequest,
+                    "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
+                ));
+            }
+            let mut seen: Vec<i32> = t.assignments.iter().map(|(p, _)| *p).collect();
+            seen.sort_unstable();
+            let expected: Vec<i32> = (0..seen.len() as i32).collect();
+            if seen != expected {
+                return Err(AdminError::new(
+                    ResponseError::InvalidReplicaAssignment,
+                    "Partitions must be numbered consecutively from 0.",
+                ));
+            }
+            for (p, replicas) in &t.assignments {
+                if replicas.as_slice() != [node_id] {
+                    return Err(AdminError::new(
+                        ResponseError::InvalidReplicaAssignment,
+                        format!("Partition {p}: replicas {replicas:?} are not [{node_id}], the only broker."),
+                    ));
+                }
+            }
+            seen.len() as i32
+        } else {
+            let p = if t.num_partitions == -1 {
+                default_partitions
+            } else {
+                t.num_partitions
+            };
+            if p <= 0 {
+                return Err(AdminError::new(
+                    ResponseError::InvalidPartitions,
+                    "Number of partitions must be larger than 0.",
+                ));
+            }
+            match t.replication_factor {
+                -1 | 1 => {}
+                rf if rf <= 0 => {
+                    return Err(AdminError::new(
+                        ResponseError::InvalidReplicationFactor,
+                        "Replication factor must be larger than 0.",
+                    ))
+                }
+                rf => {
+                    return Err(AdminError::new(
+                        ResponseError::InvalidReplicationFactor,
+                        format!("Unable to replicate the partition {rf} time(s): The target replication factor of {rf} cannot be reached because only 1 broker(s) are registered."),
+                    ))
+                }
+            }
+            p
+        };
+        if partitions > MAX_PARTITIONS_PER_TOPIC {
+            return Err(AdminError::new(
+                ResponseError::InvalidPartitions,
+                format!(
+                    "Number of partitions {partitions} is above the limit of {MAX_PARTITIONS_PER_TOPIC}."
+                ),
+            ));
+        }
+        let mut config = TopicConfig::default();
+        for (k, v) in &t.configs {
+            let Some(v) = v else {
+                return Err(AdminError::new(
+                    ResponseError::InvalidConfig,
+                    format!("Null value not supported for topic configs: {k}"),
+                ));
+            };
+            config
+                .set(k, v)
+                .map_err(|e| AdminError::new(ResponseError::InvalidConfig, e.to_string()))?;
+        }
+        Ok(MetadataDelta::CreateTopic(TopicMeta {
+            name: t.name.clone(),
+            id: new_id,
+            partitions,
+            config,
+            internal: t.name.starts_with("__"),
+        }))
+    }
+
+    /// Kafka refuses topics whose names differ only in '.' vs '_' (metric name collisions).
+    fn colliding_topic(&self, name: &str) -> Option<&str> {
+        if !name.contains(['.', '_']) {
+            return None;
+        }
+        let norm = name.replace('.', "_");
+        self.topics
+            .keys()
+            .find(|existing| existing.as_str() != name && existing.replace('.', "_") == norm)
+            .map(String::as_str)
+    }
+
+    /// Validates a CreatePartitions entry.
+    pub fn plan_create_partitions(
+        &self,
+        name: &str,
+        count: i32,
+        assignments: Option<&[Vec<i32>]>,
+        node_id: i32,
+    ) -> Result<MetadataDelta, AdminError> {
+        let Some(t) = self.topics.get(name) else {
+            return Err(AdminError::new(
+                ResponseError::UnknownTopicOrPartition,
+                format!("The topic '{name}' does not exist."),
+            ));
+        };
+        if count < t.partitions {
+            return Err(AdminError::new(
+                ResponseError::InvalidPartitions,
+                format!(
+                    "Topic currently has {} partitions, which is higher than the requested {count}.",
+                    t.partitions
+                ),
+            ));
+        }
+        if count == t.partitions {
+            return Err(AdminError::new(
+                ResponseError::InvalidPartitions,
+                format!("Topic already has {count} partitions."),
+            ));
+        }
+        if count > MAX_PARTITIONS_PER_TOPIC {
+            return Err(AdminError::new(
+                ResponseError::InvalidPartitions,
+                format!("Number of partitions {count} is above the limit of {MAX_PARTITIONS_PER_TOPIC}."),
+            ));
+        }
+        if let Some(a) = assignments {
+            if a.len() as i32 != count - t.partitions {
+                return Err(AdminError::new(
+                    ResponseError::InvalidReplicaAssignment,
+                    format!(
+                        "Increasing the number of partitions by {} but {} assignments provided.",
+                        count - t.partitions,
+                        a.len()
+                    ),
+                ));
+            }
+            if a.iter().any(|r| r.as_slice() != [node_id]) {
+                return Err(AdminError::new(
+                    ResponseError::InvalidReplicaAssignment,
+                    format!("Replica assignments must be [{node_id}], the only broker."),
+                ));
+            }
+        }
+        Ok(MetadataDelta::SetPartitionCount {
+            name: name.to_owned(),
+            partitions: count,
+        })
+    }
+
+    /// Serializes the state for the metadata file.
+    pub fn to_json(&self) -> Vec<u8> {
+        let file = MetadataFile {
+            format: 1,
+            version: self.version,
+            topics: self
+                .topics
+                .values()
+                .map(|t| TopicRecord {
+                    name: t.name.clone(),
+                    id: t.id.0.to_string(),
+                    partitions: t.partitions,
+                    config: t.config.to_text(),
+                    internal: t.internal,
+                })
+                .collect(),
+        };
+        serde_json::to_vec_pretty(&file).unwrap_or_default()
+    }
+
+    /// Reads the metadata file's content.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        let file: MetadataFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if file.format != 1 {
+            return Err(format!("unsupported metadata format {}", file.format));
+        }
+        let mut md = ClusterMetadata {
+            version: file.version,
+            ..Default::default()
+        };
+        for r in file.topics {
+            let id = uuid::Uuid::parse_str(&r.id).map_err(|e| format!("topic {}: bad id: {e}", r.name))?;
+            let config = TopicConfig::from_text(&r.config).map_err(|e| format!("topic {}: {e}", r.name))?;
+            validate_topic_name(&r.name).map_err(|e| format!("topic {}: {e}", r.name))?;
+            if r.partitions <= 0 {
+                return Err(format!("topic {}: {} partitions", r.name, r.partitions));
+            }
+            md.by_id.insert(TopicId(id), r.name.clone());
+            md.topics.insert(
+                r.name.clone(),
+                TopicMeta {
+                    name: r.name,
+                    id: TopicId(id),
+                    partitions: r.partitions,
+                    config,
+                    internal: r.internal,
+                },
+            );
+        }
+        Ok(md)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct MetadataFile {
+    format: u32,
+    version: u64,
+    topics: Vec<TopicRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TopicRecord {
+    name: String,
+    id: String,
+    partitions: i32,
+    /// `key=value` lines of the topic's config overrides.
+    config: String,
+    #[serde(default)]
+    internal: bool,
+}
+
+/// The shard that owns a partition: deterministic, spreads a topic's partitions over shards
+/// round-robin from a per-topic starting point (FNV-1a of the name).
+pub fn owner_shard(topic: &str, partition: i32, shards: u16) -> ShardId {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in topic.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let n = u64::from(shards.max(1));
+    ShardId(((h % n + partition.max(0) as u64) % n) as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new_topic(name: &str, p: i32) -> NewTopic {
+        NewTopic {
+            name: name.into(),
+            num_partitions: p,
+            replication_factor: -1,
+            assignments: vec![],
+            configs: vec![],
+        }
+    }
+
+    fn id(n: u8) -> TopicId {
+        TopicId(uuid::Uuid::from_bytes([n; 16]))
+    }
+
+    #[test]
+    fn create_validations() {
+        let mut md = ClusterMetadata::default();
+        let d = md.plan_create(&new_topic("orders", -1), 3, 1, id(1)).unwrap();
+        md.apply(&d);
+        assert_eq!(md.topic("orders").unwrap().partitions, 3);
+        assert_eq!(md.topic_by_id(id(1)).unwrap().name, "orders");
+        let e = md.plan_create(&new_topic("orders", 1), 3, 1, id(2)).unwrap_err();
+        assert_eq!(e.code, ResponseError::TopicAlreadyExists);
+        let e = md
+            .plan_create(&new_topic("bad name", 1), 3, 1, id(2))
+            .unwrap_err();
+        assert_eq!(e.code, ResponseError::InvalidTopicException);
+        let e = md.plan_create(&new_topic("zero", 0), 3, 1, id(2)).unwrap_err();
+        assert_eq!(e.code, ResponseError::InvalidPartitions);
+        let mut rf3 = new_topic("rf", 1);
+        rf3.replication_factor = 3;
+        assert_eq!(
+            md.plan_create(&rf3, 3, 1, id(2)).unwrap_err().code,
+            ResponseError::InvalidReplicationFactor
+        );
+        let mut cfg = new_topic("cfg", 1);
+        cfg.configs = vec![("retention.ms".into(), Some("abc".into()))];
+        assert_eq!(
+            md.plan_create(&cfg, 3, 1, id(2)).unwrap_err().code,
+            ResponseError::InvalidConfig
+        );
+        cfg.configs = vec![("no.such.config".into(), Some("1".into()))];
+        assert_eq!(
+            md.plan_create(&cfg, 3, 1, id(2)).unwrap_err().code,
+            ResponseError::InvalidConfig
+        );
+        let d = md.plan_create(&new_topic("a.b", 1), 3, 1, id(3)).unwrap();
+        md.apply(&d);
+        assert_eq!(
+            md.plan_create(&new_topic("a_b", 1), 3, 1, id(4))
+                .unwrap_err()
+                .code,
+            ResponseError::InvalidTopicException
+        );
+        let mut manual = new_topic("manual", -1);
+        manual.assignments = vec![(0, vec![1]), (1, vec![1])];
+        match md.plan_create(&manual, 3, 1, id(5)).unwrap() {
+            MetadataDelta::CreateTopic(t) => assert_eq!(t.partitions, 2),
+            other => panic!("{other:?}"),
+        }
+        manual.assignments = vec![(0, vec![2])];
+        assert_eq!(
+            md.plan_create(&manual, 3, 1, id(5)).unwrap_err().code,
+            ResponseError::InvalidReplicaAssignment
+        );
+    }
+
+    #[test]
+    fn partitions_only_grow() {
+        let mut md = ClusterMetadata::default();
+        md.apply(&md.plan_create(&new_topic("t", 2), 1, 1, id(1)).unwrap());
+        assert_eq!(
+            md.plan_create_partitions("t", 1, None, 1).unwrap_err().code,
+            ResponseError::InvalidPartitions
+        );
+        assert_eq!(
+            md.plan_create_partitions("t", 2, None, 1).unwrap_err().code,
+            ResponseError::InvalidPartitions
+        );
+        assert_eq!(
+            md.plan_create_partitions("nope", 4, None, 1).unwrap_err().code,
+            ResponseError::UnknownTopicOrPartition
+        );
+        let d = md.plan_create_partitions("t", 5, None, 1).unwrap();
+        md.apply(&d);
+        assert_eq!(md.topic("t").unwrap().partitions, 5);
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let mut md = ClusterMetadata::default();
+        let mut t = new_topic("t1", 4);
+        t.configs = vec![("retention.ms".into(), Some("1000".into()))];
+        md.apply(&md.plan_create(&t, 1, 1, id(7)).unwrap());
+        md.apply(
+            &md.plan_create(&new_topic("__consumer_offsets", 50), 1, 1, id(8))
+                .unwrap(),
+        );
+        let back = ClusterMetadata::from_json(&md.to_json()).unwrap();
+        assert_eq!(back, md);
+        assert!(back.topic("__consumer_offsets").unwrap().internal);
+        assert_eq!(
+            back.topic("t1").unwrap().config.get("retention.ms").as_deref(),
+            Some("1000")
+        );
+    }
+
+    #[test]
+    fn ownership_is_deterministic_and_spread() {
+        let mut counts = [0usize; 4];
+        for p in 0..400 {
+            let s = owner_shard("orders", p, 4);
+            assert_eq!(s, owner_shard("orders", p, 4));
+            counts[s.index()] += 1;
+        }
+        assert_eq!(counts, [100; 4]);
+        assert_eq!(owner_shard("x", 3, 1), ShardId(0));
+    }
+}

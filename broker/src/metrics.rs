@@ -1,0 +1,345 @@
+//! Prometheus metrics. Handles are registered once and cached per shard, so the request path only
+//! touches atomics (the registry's lock is taken when a label set is first seen).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use kafka_protocol::messages::ApiKey;
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use strand_protocol::types::ShardId;
+use strand_storage::fs::Fs;
+use strand_storage::{LogOffsets, RoundStats, ShardStore};
+
+/// Bucket bounds (seconds) of every latency histogram.
+pub(crate) const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+/// Registers descriptions (HELP lines).
+pub(crate) fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "strand_kafka_requests_total",
+        "Kafka requests received, by API and version."
+    );
+    describe_counter!(
+        "strand_kafka_request_errors_total",
+        "Error codes returned (top level or per partition), by API, version and error."
+    );
+    describe_histogram!(
+        "strand_kafka_request_duration_seconds",
+        Unit::Seconds,
+        "Time from a request's arrival to its response being ready, by API."
+    );
+    describe_counter!(
+        "strand_kafka_bytes_in_total",
+        Unit::Bytes,
+        "Record batch bytes appended."
+    );
+    describe_counter!(
+        "strand_kafka_bytes_out_total",
+        Unit::Bytes,
+        "Record batch bytes served to fetches."
+    );
+    describe_counter!(
+        "strand_bad_requests_total",
+        "Requests refused as malformed, oversized or unknown (connection closed), by reason."
+    );
+    describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
+    describe_gauge!("strand_log_end_offset", "Log end offset, by topic and partition.");
+    describe_gauge!(
+        "strand_log_start_offset",
+        "Log start offset, by topic and partition."
+    );
+    describe_gauge!(
+        "strand_high_watermark",
+        "High watermark (durable end), by topic and partition."
+    );
+    describe_gauge!(
+        "strand_log_size_bytes",
+        Unit::Bytes,
+        "Log size on disk, by topic and partition."
+    );
+    describe_counter!(
+        "strand_flush_rounds_total",
+        "Group-commit flush rounds, by shard."
+    );
+    describe_counter!(
+        "strand_flush_bytes_total",
+        Unit::Bytes,
+        "Journal bytes written by flush rounds."
+    );
+    describe_histogram!(
+        "strand_flush_duration_seconds",
+        Unit::Seconds,
+        "Duration of a flush round."
+    );
+    describe_histogram!(
+        "strand_journal_fsync_seconds",
+        Unit::Seconds,
+        "Duration of the journal fdatasync."
+    );
+    describe_counter!(
+        "strand_flush_failures_total",
+        "Flush rounds that failed (storage went offline)."
+    );
+    describe_gauge!(
+        "strand_storage_offline",
+        "1 when a shard's storage refuses writes after an I/O error."
+    );
+    describe_counter!("strand_checkpoints_total", "Checkpoints completed, by shard.");
+    describe_counter!(
+        "strand_retention_segments_deleted_total",
+        "Segments deleted by retention."
+    );
+    describe_counter!(
+        "strand_retention_bytes_deleted_total",
+        Unit::Bytes,
+        "Bytes deleted by retention."
+    );
+    describe_gauge!("strand_partitions", "Partitions owned, by shard.");
+    describe_gauge!(
+        "strand_journal_bytes",
+        Unit::Bytes,
+        "Size of the current journal file, by shard."
+    );
+    describe_gauge!(
+        "strand_storage_heap_bytes",
+        Unit::Bytes,
+        "Heap memory of in-memory log state, by shard."
+    );
+    describe_gauge!(
+        "strand_fetch_sessions",
+        "Incremental fetch sessions cached, by shard."
+    );
+}
+
+pub(crate) fn api_name(key: i16) -> &'static str {
+    match ApiKey::try_from(key) {
+        Ok(k) => api_key_name(k),
+        Err(_) => "Unknown",
+    }
+}
+
+fn api_key_name(k: ApiKey) -> &'static str {
+    match k {
+        ApiKey::Produce => "Produce",
+        ApiKey::Fetch => "Fetch",
+        ApiKey::ListOffsets => "ListOffsets",
+        ApiKey::Metadata => "Metadata",
+        ApiKey::ApiVersions => "ApiVersions",
+        ApiKey::CreateTopics => "CreateTopics",
+        ApiKey::DeleteTopics => "DeleteTopics",
+        ApiKey::DeleteRecords => "DeleteRecords",
+        ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
+        ApiKey::CreatePartitions => "CreatePartitions",
+        ApiKey::DescribeCluster => "DescribeCluster",
+        ApiKey::OffsetForLeaderEpoch => "OffsetForLeaderEpoch",
+        ApiKey::FindCoordinator => "FindCoordinator",
+        ApiKey::OffsetCommit => "OffsetCommit",
+        ApiKey::OffsetFetch => "OffsetFetch",
+        ApiKey::JoinGroup => "JoinGroup",
+        ApiKey::SyncGroup => "SyncGroup",
+        ApiKey::Heartbeat => "Heartbeat",
+        ApiKey::LeaveGroup => "LeaveGroup",
+        ApiKey::ListGroups => "ListGroups",
+        ApiKey::DescribeGroups => "DescribeGroups",
+        ApiKey::DeleteGroups => "DeleteGroups",
+        ApiKey::InitProducerId => "InitProducerId",
+        _ => "Other",
+    }
+}
+
+struct PartitionGauges {
+    leo: Gauge,
+    lso: Gauge,
+    hw: Gauge,
+    size: Gauge,
+}
+
+/// One shard's metric handles.
+pub(crate) struct ShardMetrics {
+    requests: RefCell<HashMap<(i16, i16), Counter>>,
+    errors: RefCell<HashMap<(i16, i16, i16), Counter>>,
+    durations: RefCell<HashMap<i16, Histogram>>,
+    bad: RefCell<HashMap<&'static str, Counter>>,
+    partitions: RefCell<HashMap<(String, i32), PartitionGauges>>,
+    bytes_in: Counter,
+    bytes_out: Counter,
+    connections: Gauge,
+    flush_rounds: Counter,
+    flush_bytes: Counter,
+    flush_duration: Histogram,
+    journal_fsync: Histogram,
+    flush_failures: Counter,
+    offline: Gauge,
+    checkpoints: Counter,
+    retention_segments: Counter,
+    retention_bytes: Counter,
+    partitions_owned: Gauge,
+    journal_bytes: Gauge,
+    heap_bytes: Gauge,
+    fetch_sessions: Gauge,
+}
+
+impl ShardMetrics {
+    pub(crate) fn new(id: ShardId) -> Self {
+        let shard = id.0.to_string();
+        let l = || [("shard", shard.clone())];
+        ShardMetrics {
+            requests: RefCell::default(),
+            errors: RefCell::default(),
+            durations: RefCell::default(),
+            bad: RefCell::default(),
+            partitions: RefCell::default(),
+            bytes_in: counter!("strand_kafka_bytes_in_total", &l()),
+            bytes_out: counter!("strand_kafka_bytes_out_total", &l()),
+            connections: gauge!("strand_connections", &l()),
+            flush_rounds: counter!("strand_flush_rounds_total", &l()),
+            flush_bytes: counter!("strand_flush_bytes_total", &l()),
+            flush_duration: histogram!("strand_flush_duration_seconds", &l()),
+            journal_fsync: histogram!("strand_journal_fsync_seconds", &l()),
+            flush_failures: counter!("strand_flush_failures_total", &l()),
+            offline: gauge!("strand_storage_offline", &l()),
+            checkpoints: counter!("strand_checkpoints_total", &l()),
+            retention_segments: counter!("strand_retention_segments_deleted_total", &l()),
+            retention_bytes: counter!("strand_retention_bytes_deleted_total", &l()),
+            partitions_owned: gauge!("strand_partitions", &l()),
+            journal_bytes: gauge!("strand_journal_bytes", &l()),
+            heap_bytes: gauge!("strand_storage_heap_bytes", &l()),
+            fetch_sessions: gauge!("strand_fetch_sessions", &l()),
+        }
+    }
+
+    pub(crate) fn request(&self, api: i16, version: i16) {
+        self.requests
+            .borrow_mut()
+            .entry((api, version))
+            .or_insert_with(|| {
+                counter!("strand_kafka_requests_total", "api" => api_name(api), "version" => version.to_string())
+            })
+            .increment(1);
+    }
+
+    /// Counts a non-zero error code returned by a request.
+    pub(crate) fn error(&self, api: i16, version: i16, code: i16) {
+        if code == 0 {
+            return;
+        }
+        self.errors
+            .borrow_mut()
+            .entry((api, version, code))
+            .or_insert_with(|| {
+                let name = kafka_protocol::ResponseError::try_from_code(code)
+                    .map(|e| format!("{e:?}"))
+                    .unwrap_or_else(|| code.to_string());
+                counter!("strand_kafka_request_errors_total",
+                    "api" => api_name(api), "version" => version.to_string(), "error" => name)
+            })
+            .increment(1);
+    }
+
+    pub(crate) fn duration(&self, api: i16, seconds: f64) {
+        self.durations
+            .borrow_mut()
+            .entry(api)
+            .or_insert_with(|| histogram!("strand_kafka_request_duration_seconds", "api" => api_name(api)))
+            .record(seconds);
+    }
+
+    pub(crate) fn bad_request(&self, reason: &'static str) {
+        self.bad
+            .borrow_mut()
+            .entry(reason)
+            .or_insert_with(|| counter!("strand_bad_requests_total", "reason" => reason))
+            .increment(1);
+    }
+
+    pub(crate) fn bytes_in(&self, n: usize) {
+        self.bytes_in.increment(n as u64);
+    }
+
+    pub(crate) fn bytes_out(&self, n: usize) {
+        self.bytes_out.increment(n as u64);
+    }
+
+    pub(crate) fn connection_opened(&self) {
+        self.connections.increment(1.0);
+    }
+
+    pub(crate) fn connection_closed(&self) {
+        self.connections.decrement(1.0);
+    }
+
+    pub(crate) fn round(&self, stats: &RoundStats) {
+        if stats.journal_bytes == 0 && stats.error.is_none() {
+            return;
+        }
+        self.flush_rounds.increment(1);
+        self.flush_bytes.increment(stats.journal_bytes as u64);
+        self.flush_duration.record(stats.duration_us as f64 / 1e6);
+        self.journal_fsync.record(stats.fsync_us as f64 / 1e6);
+        if stats.error.is_some() {
+            self.flush_failures.increment(1);
+            self.offline.set(1.0);
+        }
+    }
+
+    pub(crate) fn checkpoint(&self) {
+        self.checkpoints.increment(1);
+    }
+
+    pub(crate) fn segments_deleted(&self, segments: usize, bytes: u64) {
+        self.retention_segments.increment(segments as u64);
+        self.retention_bytes.increment(bytes);
+    }
+
+    pub(crate) fn partition_gauges(&self, topic: &str, partition: i32, o: &LogOffsets) {
+        let mut parts = self.partitions.borrow_mut();
+        let g = parts.entry((topic.to_owned(), partition)).or_insert_with(|| {
+            let labels = [("topic", topic.to_owned()), ("partition", partition.to_string())];
+            PartitionGauges {
+                leo: gauge!("strand_log_end_offset", &labels),
+                lso: gauge!("strand_log_start_offset", &labels),
+                hw: gauge!("strand_high_watermark", &labels),
+                size: gauge!("strand_log_size_bytes", &labels),
+            }
+        });
+        g.leo.set(o.log_end_offset as f64);
+        g.lso.set(o.log_start_offset as f64);
+        g.hw.set(o.high_watermark as f64);
+        g.size.set(o.size_bytes as f64);
+    }
+
+    pub(crate) fn forget_partition(&self, topic: &str, partition: i32) {
+        if let Some(g) = self
+            .partitions
+            .borrow_mut()
+            .remove(&(topic.to_owned(), partition))
+        {
+            // The exporter keeps series until they are overwritten; zero them.
+            g.leo.set(0.0);
+            g.lso.set(0.0);
+            g.hw.set(0.0);
+            g.size.set(0.0);
+        }
+    }
+
+    pub(crate) fn store_gauges<F: Fs>(&self, store: &ShardStore<F>, partitions: usize) {
+        self.partitions_owned.set(partitions as f64);
+        self.journal_bytes.set(store.journal_bytes() as f64);
+        self.heap_bytes.set(store.heap_bytes() as f64);
+        self.offline.set(if store.offline_reason().is_some() {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    pub(crate) fn fetch_sessions(&self, n: usize) {
+        self.fetch_sessions.set(n as f64);
+    }
+}

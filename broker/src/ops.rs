@@ -1,0 +1,148 @@
+//! The requests one shard makes of another (or of itself): the partition-level domain operations
+//! behind the Kafka handlers. Everything here is `Send`: it crosses shards.
+
+use bytes::Bytes;
+use kafka_protocol::ResponseError;
+
+use crate::controller::{ControllerOp, ControllerReply};
+use crate::metadata::MetadataDelta;
+
+/// A partition named by topic and index.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PartRef {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+}
+
+/// One partition's batch in a Produce request, already validated (CRC, size) by the
+/// connection's shard.
+#[derive(Debug)]
+pub(crate) struct ProducePart {
+    pub(crate) part: PartRef,
+    pub(crate) records: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ProduceOutcome {
+    pub(crate) error: i16,
+    pub(crate) message: Option<String>,
+    pub(crate) base_offset: i64,
+    pub(crate) log_append_time_ms: i64,
+    pub(crate) log_start_offset: i64,
+}
+
+impl ProduceOutcome {
+    pub(crate) fn error(e: ResponseError, message: Option<String>) -> Self {
+        ProduceOutcome {
+            error: e.code(),
+            message,
+            base_offset: -1,
+            log_append_time_ms: -1,
+            log_start_offset: -1,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct FetchPart {
+    pub(crate) part: PartRef,
+    pub(crate) fetch_offset: i64,
+    pub(crate) max_bytes: usize,
+    pub(crate) current_leader_epoch: i32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct FetchOutcome {
+    pub(crate) error: i16,
+    pub(crate) high_watermark: i64,
+    pub(crate) last_stable_offset: i64,
+    pub(crate) log_start_offset: i64,
+    pub(crate) records: Option<Bytes>,
+}
+
+impl FetchOutcome {
+    pub(crate) fn error(e: ResponseError) -> Self {
+        FetchOutcome {
+            error: e.code(),
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            records: None,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.records.as_ref().map_or(0, Bytes::len)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ListOffsetsPart {
+    pub(crate) part: PartRef,
+    pub(crate) timestamp: i64,
+    pub(crate) current_leader_epoch: i32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ListOffsetsOutcome {
+    pub(crate) error: i16,
+    pub(crate) timestamp: i64,
+    pub(crate) offset: i64,
+    pub(crate) leader_epoch: i32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct EpochQuery {
+    pub(crate) part: PartRef,
+    pub(crate) current_leader_epoch: i32,
+    pub(crate) leader_epoch: i32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct EpochAnswer {
+    pub(crate) error: i16,
+    pub(crate) leader_epoch: i32,
+    pub(crate) end_offset: i64,
+}
+
+/// A request to a shard.
+pub(crate) enum ShardRequest {
+    /// Append batches; answer when durable if `wait`.
+    Produce {
+        parts: Vec<ProducePart>,
+        wait: bool,
+    },
+    /// Read from partitions; `max_bytes` bounds the total.
+    Fetch {
+        parts: Vec<FetchPart>,
+        max_bytes: usize,
+    },
+    /// Answer once any of the partitions has data at or past its offset, or after the timeout.
+    WaitForData {
+        parts: Vec<(PartRef, i64)>,
+        timeout_ms: u64,
+    },
+    ListOffsets(Vec<ListOffsetsPart>),
+    /// Move log start offsets (DeleteRecords); -1 means the high watermark.
+    DeleteRecords(Vec<(PartRef, i64)>),
+    EpochEndOffsets(Vec<EpochQuery>),
+    /// An admin operation for the controller (shard 0).
+    Controller(ControllerOp),
+    /// Phase 1 of a metadata change: open or remove this shard's logs.
+    PrepareMetadata(Vec<MetadataDelta>),
+    /// Phase 2: update this shard's metadata replica.
+    CommitMetadata(Vec<MetadataDelta>),
+}
+
+/// A shard's answer.
+pub(crate) enum ShardResponse {
+    Produce(Vec<ProduceOutcome>),
+    Fetch(Vec<FetchOutcome>),
+    DataReady,
+    ListOffsets(Vec<ListOffsetsOutcome>),
+    DeleteRecords(Vec<(i16, i64)>),
+    EpochEndOffsets(Vec<EpochAnswer>),
+    Controller(ControllerReply),
+    /// Metadata applied; per-partition problems (logged by the shard too).
+    Applied(Vec<String>),
+}

@@ -1,0 +1,570 @@
+//! Start-up, the shard executors, and shutdown.
+//!
+//! Start-up order: lock the log directory, check `meta.properties`, load the metadata, replay any
+//! shard journals left by a crash (one thread, before any shard runs), remove logs of deleted
+//! topics, start the admin listener, start one pinned glommio executor per shard. Each shard
+//! opens its store and partitions and binds every Kafka listener (SO_REUSEPORT: the kernel spreads
+//! connections over the shards); once all shards are ready, the ready file is written and shards
+//! start accepting. SIGTERM/SIGINT: shards stop accepting, flush, checkpoint and exit, so the next
+//! start needs no recovery.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use glommio::{LocalExecutorBuilder, Placement};
+use strand_protocol::types::ShardId;
+use strand_storage::fs::{block_on, StdFs};
+use strand_storage::fs_glommio::GlommioFs;
+use strand_storage::{replay_journals, LogConfig, LogKey, ShardStore, StoreConfig};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::connection;
+use crate::controller::{Controller, METADATA_FILE};
+use crate::metadata::ClusterMetadata;
+use crate::metrics;
+use crate::router::{self, serve_peer, Router};
+use crate::shard::{AdvertisedListener, Shard};
+
+/// Options that are not Kafka configuration.
+#[derive(Debug, Default, Clone)]
+pub struct ServerOptions {
+    /// Where to write the JSON ready file once every listener is bound and data recovered.
+    pub ready_file: Option<PathBuf>,
+}
+
+/// Messages per cross-shard channel.
+const MESH_CHANNEL_CAPACITY: usize = 1024;
+/// How often a checkpoint runs when the journal has not filled up (Kafka's
+/// `log.flush.offset.checkpoint.interval.ms` default).
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
+/// Request bytes a shard holds in memory at most (frames being handled).
+const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
+
+struct Ready {
+    shard: u16,
+    problems: Vec<String>,
+}
+
+/// Runs the broker until SIGTERM/SIGINT.
+pub fn run(config: Config, options: ServerOptions) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let log_dir = config.log_dir.clone();
+    std::fs::create_dir_all(&log_dir)
+        .with_context(|| format!("cannot create log directory {}", log_dir.display()))?;
+    let lock_path = log_dir.join(".lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    if lock.try_lock().is_err() {
+        bail!(
+            "log directory {} is in use by another process (lock file {})",
+            log_dir.display(),
+            lock_path.display()
+        );
+    }
+    check_meta_properties(&log_dir, &config)?;
+
+    let metadata = load_metadata(&log_dir)?;
+    let clock = SystemClock;
+    // Crash recovery of acknowledged-but-unflushed batches, before anything else reads the logs.
+    let report = block_on(replay_journals(
+        &StdFs,
+        &log_dir,
+        |key| log_config_for(&metadata, &config, key),
+        clock.now_ms(),
+    ))
+    .context("journal replay failed")?;
+    if report.files > 0 {
+        tracing::info!(
+            files = report.files,
+            applied = report.entries_applied,
+            present = report.entries_present,
+            orphaned = report.entries_orphaned,
+            logs = report.logs_touched,
+            "replayed shard journals"
+        );
+    }
+    remove_stray_logs(&log_dir, &metadata);
+
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(metrics::LATENCY_BUCKETS_SECONDS)
+        .context("metrics buckets")?
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    metrics::describe();
+    let ready_flag = Arc::new(AtomicBool::new(false));
+    let admin_addr = crate::admin::start(&config.admin_listener.to_string(), prometheus, ready_flag.clone())
+        .with_context(|| format!("cannot bind the admin listener {}", config.admin_listener))?;
+
+    let shards = config.shards.clamp(1, usize::from(u16::MAX));
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let config = Arc::new(config);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel::<Ready>();
+    let (bound_tx, bound_rx) = mpsc::channel::<Result<Vec<SocketAddr>, String>>();
+    let mut ports_txs = Vec::new();
+    let mut handles = Vec::new();
+    let mut chans = router::mesh(shards, MESH_CHANNEL_CAPACITY).into_iter();
+    for i in 0..shards {
+        let chan = chans.next().context("mesh")?;
+        let (ports_tx, ports_rx) = mpsc::channel::<Vec<SocketAddr>>();
+        ports_txs.push(ports_tx);
+        let config = config.clone();
+        let metadata = metadata.clone();
+        let shutdown = shutdown.clone();
+        let go = go.clone();
+        let ready_tx = ready_tx.clone();
+        let bound_tx = bound_tx.clone();
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(i % cpus))
+            .name(&format!("strand-shard-{i}"))
+            .io_memory(1 << 20)
+            .spawn(move || async move {
+                let id = ShardId(i as u16);
+                if let Err(e) = shard_main(
+                    id,
+                    shards as u16,
+                    config,
+                    metadata,
+                    chan,
+                    shutdown,
+                    go,
+                    ready_tx,
+                    bound_tx,
+                    ports_rx,
+                )
+                .await
+                {
+                    tracing::error!(shard = i, error = %format!("{e:#}"), "shard failed");
+                    std::process::exit(1);
+                }
+            })
+            .map_err(std::io::Error::from)
+            .with_context(|| format!("cannot start shard {i}"))?;
+        handles.push(handle);
+    }
+    drop(ready_tx);
+    drop(bound_tx);
+
+    // Shard 0 binds first (resolving port 0); the others bind the same ports (SO_REUSEPORT).
+    let bound = match bound_rx.recv() {
+        Ok(Ok(addrs)) => addrs,
+        Ok(Err(e)) => bail!("{e}"),
+        Err(_) => bail!("shard 0 stopped before binding its listeners"),
+    };
+    for tx in ports_txs.iter().skip(1) {
+        let _ = tx.send(bound.clone());
+    }
+    let mut problems = Vec::new();
+    for _ in 0..shards {
+        match ready_rx.recv() {
+            Ok(r) => {
+                for p in &r.problems {
+                    tracing::error!(shard = r.shard, problem = %p, "start-up problem");
+                }
+                problems.extend(r.problems);
+            }
+            Err(_) => bail!("a shard stopped during start-up"),
+        }
+    }
+    let listeners: Vec<(String, SocketAddr)> = config
+        .listeners
+        .iter()
+        .map(|l| l.name.clone())
+        .zip(bound.iter().copied())
+        .collect();
+    if let Some(path) = &options.ready_file {
+        write_ready_file(path, &listeners, admin_addr)?;
+    }
+    go.store(true, Ordering::Release);
+    ready_flag.store(true, Ordering::Release);
+    tracing::info!(
+        shards,
+        topics = metadata.topic_count(),
+        listeners = ?listeners,
+        admin = %admin_addr,
+        startup_ms = started.elapsed().as_millis() as u64,
+        "strand is ready"
+    );
+
+    let term = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, term.clone()).context("SIGTERM handler")?;
+    signal_hook::flag::register(signal_hook::consts::SIGINT, term.clone()).context("SIGINT handler")?;
+    while !term.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tracing::info!("shutting down");
+    shutdown.store(true, Ordering::Release);
+    for h in handles {
+        let _ = h.join();
+    }
+    tracing::info!("stopped cleanly");
+    drop(lock);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn shard_main(
+    id: ShardId,
+    shards: u16,
+    config: Arc<Config>,
+    metadata: ClusterMetadata,
+    chan: router::ShardChannels,
+    shutdown: Arc<AtomicBool>,
+    go: Arc<AtomicBool>,
+    ready_tx: mpsc::Sender<Ready>,
+    bound_tx: mpsc::Sender<Result<Vec<SocketAddr>, String>>,
+    ports_rx: mpsc::Receiver<Vec<SocketAddr>>,
+) -> anyhow::Result<()> {
+    let config = Rc::new((*config).clone());
+    let (router, peers) = Router::connect(chan).await;
+    let router = Rc::new(router);
+    let store = ShardStore::open(
+        GlommioFs,
+        config.log_dir.clone(),
+        id.0,
+        StoreConfig {
+            journal_segment_bytes: config.journal_segment_bytes,
+            ..StoreConfig::default()
+        },
+    )
+    .await
+    .context("cannot open the shard store")?;
+
+    // Listeners: shard 0 resolves ephemeral ports for everyone.
+    let mut sockets = Vec::new();
+    if id.0 == 0 {
+        let mut addrs = Vec::new();
+        for l in &config.listeners {
+            let addr = l.bind.to_string();
+            match glommio::net::TcpListener::bind(addr.as_str()) {
+                Ok(s) => {
+                    addrs.push(
+                        s.local_addr()
+                            .map_err(std::io::Error::from)
+                            .context("listener address")?,
+                    );
+                    sockets.push(s);
+                }
+                Err(e) => {
+                    let msg = format!("cannot bind listener {} on {addr}: {e}", l.name);
+                    let _ = bound_tx.send(Err(msg.clone()));
+                    bail!(msg);
+                }
+            }
+        }
+        let _ = bound_tx.send(Ok(addrs));
+    } else {
+        let addrs = ports_rx.recv().context("waiting for listener ports")?;
+        for a in addrs {
+            sockets.push(
+                glommio::net::TcpListener::bind(a)
+                    .map_err(std::io::Error::from)
+                    .with_context(|| format!("cannot bind {a}"))?,
+            );
+        }
+    }
+    let bound: Vec<SocketAddr> = sockets.iter().filter_map(|s| s.local_addr().ok()).collect();
+    let advertised: Vec<AdvertisedListener> = config
+        .listeners
+        .iter()
+        .zip(&bound)
+        .map(|(l, b)| AdvertisedListener {
+            host: l.advertised.host.clone(),
+            port: if l.advertised.port == 0 {
+                b.port()
+            } else {
+                l.advertised.port
+            },
+        })
+        .collect();
+
+    let controller =
+        (id.0 == 0).then(|| Controller::new(metadata.clone(), config.log_dir.clone(), config.node_id.0));
+    let shard = Rc::new(Shard::new(
+        id,
+        shards,
+        config.clone(),
+        Rc::new(SystemClock),
+        store,
+        metadata,
+        router.clone(),
+        controller,
+        Rc::new(advertised),
+    ));
+    for (peer, rx) in peers {
+        let s = shard.clone();
+        glommio::spawn_local(serve_peer(router.clone(), peer, rx, move |req| s.start(req))).detach();
+    }
+    let problems = shard.open_all().await;
+    shard.update_partition_gauges();
+    glommio::spawn_local(flusher(shard.clone())).detach();
+    glommio::spawn_local(housekeeping(shard.clone())).detach();
+    let _ = ready_tx.send(Ready {
+        shard: id.0,
+        problems,
+    });
+    while !go.load(Ordering::Acquire) {
+        if shutdown.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        glommio::timer::sleep(Duration::from_millis(2)).await;
+    }
+
+    let request_memory = Rc::new(glommio::sync::Semaphore::new(
+        SHARD_REQUEST_MEMORY_BYTES.max(u64::from(config.socket_request_max_bytes)),
+    ));
+    let max_conns = config.max_connections_per_shard as usize;
+    let live = Rc::new(std::cell::Cell::new(0usize));
+    let mut accepts = Vec::new();
+    for (i, socket) in sockets.into_iter().enumerate() {
+        let shard = shard.clone();
+        let request_memory = request_memory.clone();
+        let live = live.clone();
+        accepts.push(glommio::spawn_local(async move {
+            loop {
+                match socket.accept().await {
+                    Ok(stream) => {
+                        if live.get() >= max_conns {
+                            tracing::warn!(
+                                limit = max_conns,
+                                "connection limit reached; refusing a connection"
+                            );
+                            shard.metrics.bad_request("connection limit");
+                            drop(stream);
+                            continue;
+                        }
+                        live.set(live.get() + 1);
+                        let live = live.clone();
+                        let s = shard.clone();
+                        let mem = request_memory.clone();
+                        glommio::spawn_local(async move {
+                            connection::serve(s, stream, i, mem).await;
+                            live.set(live.get() - 1);
+                        })
+                        .detach();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        glommio::timer::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        }));
+    }
+
+    while !shutdown.load(Ordering::Acquire) {
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+    }
+    shard.shutting_down.set(true);
+    drop(accepts);
+    request_memory.close();
+    // Let in-flight produce requests reach the journal, then flush and checkpoint everything.
+    glommio::timer::sleep(Duration::from_millis(20)).await;
+    if let Err(e) = shard.store.shutdown().await {
+        tracing::error!(shard = id.0, error = %e, "clean shutdown failed; the next start will recover");
+    }
+    Ok(())
+}
+
+/// The group-commit loop: a flush round whenever something is staged; journal rotation and
+/// checkpoints between rounds.
+async fn flusher(shard: Rc<Shard>) {
+    let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+    loop {
+        {
+            let work = shard.store.wait_for_work();
+            let tick = glommio::timer::sleep(next_checkpoint.saturating_duration_since(Instant::now()));
+            futures::pin_mut!(work);
+            futures::pin_mut!(tick);
+            futures::future::select(work, tick).await;
+        }
+        if shard.store.has_pending() {
+            let stats = shard.store.flush_round().await;
+            shard.metrics.round(&stats);
+        }
+        let due = Instant::now() >= next_checkpoint;
+        if shard.store.wants_checkpoint() || (due && shard.store.has_uncheckpointed_changes()) {
+            next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+            if let Err(e) = shard.store.rotate_journal().await {
+                tracing::error!(error = %e, "journal rotation failed");
+                continue;
+            }
+            let s = shard.clone();
+            glommio::spawn_local(async move {
+                match s.store.checkpoint().await {
+                    Ok(_) => s.metrics.checkpoint(),
+                    Err(e) => tracing::error!(error = %e, "checkpoint failed; the journal is kept"),
+                }
+            })
+            .detach();
+        } else if due {
+            next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+        }
+    }
+}
+
+/// Retention passes and gauges.
+async fn housekeeping(shard: Rc<Shard>) {
+    let retention_every =
+        Duration::from_millis(u64::try_from(shard.config.retention_check_interval_ms).unwrap_or(300_000));
+    let mut next_retention = Instant::now() + retention_every;
+    loop {
+        glommio::timer::sleep(Duration::from_millis(1000).min(retention_every)).await;
+        if Instant::now() >= next_retention {
+            shard.retention_pass().await;
+            next_retention = Instant::now() + retention_every;
+        }
+        shard.update_partition_gauges();
+    }
+}
+
+/// The storage configuration of a log found in a journal, if it still belongs to a live topic.
+fn log_config_for(md: &ClusterMetadata, config: &Config, key: &LogKey) -> Option<LogConfig> {
+    let (topic, partition) = parse_dir_name(&key.dir_name)?;
+    let t = md.topic(topic)?;
+    if *t.id.0.as_bytes() != key.incarnation || partition >= t.partitions {
+        return None;
+    }
+    Some(Shard::log_config(&t.config.log_settings(config)))
+}
+
+/// `orders-12` -> ("orders", 12).
+fn parse_dir_name(name: &str) -> Option<(&str, i32)> {
+    let (topic, p) = name.rsplit_once('-')?;
+    if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    strand_protocol::types::validate_topic_name(topic).ok()?;
+    Some((topic, p.parse().ok()?))
+}
+
+/// Deletes partition directories that no topic owns any more (a crash between a topic deletion
+/// and the removal of its logs), and half-deleted `*-delete` directories.
+fn remove_stray_logs(log_dir: &Path, md: &ClusterMetadata) {
+    let Ok(entries) = std::fs::read_dir(log_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            continue;
+        };
+        if name.ends_with("-delete") {
+            let _ = std::fs::remove_dir_all(&path);
+            continue;
+        }
+        let Some((topic, partition)) = parse_dir_name(&name) else {
+            continue;
+        };
+        let live = md.topic(topic).is_some_and(|t| {
+            partition < t.partitions
+                && std::fs::read_to_string(path.join("partition.metadata"))
+                    .map(|m| m.contains(&strand_storage::store::base64_url(t.id.0.as_bytes())))
+                    .unwrap_or(true)
+        });
+        if !live {
+            tracing::warn!(dir = %path.display(), "removing the log of a deleted topic");
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+fn load_metadata(log_dir: &Path) -> anyhow::Result<ClusterMetadata> {
+    let path = log_dir.join(METADATA_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => ClusterMetadata::from_json(&bytes)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ClusterMetadata::default()),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Kafka's `meta.properties`: the node id and cluster id a log directory belongs to. A mismatch
+/// means the directory belongs to another broker or cluster, and start-up stops.
+fn check_meta_properties(log_dir: &Path, config: &Config) -> anyhow::Result<()> {
+    let path = log_dir.join("meta.properties");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            for line in text.lines() {
+                if let Some(v) = line.strip_prefix("node.id=") {
+                    if v.trim() != config.node_id.0.to_string() {
+                        bail!(
+                            "log directory {} belongs to node.id {}, but this broker is node.id {} ({})",
+                            log_dir.display(),
+                            v.trim(),
+                            config.node_id.0,
+                            path.display()
+                        );
+                    }
+                }
+                if let Some(v) = line.strip_prefix("cluster.id=") {
+                    if v.trim() != config.cluster_id {
+                        bail!(
+                            "the cluster id {} does not match cluster.id {} stored in {}",
+                            config.cluster_id,
+                            v.trim(),
+                            path.display()
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = format!(
+                "#Written by strand\nversion=1\nnode.id={}\ncluster.id={}\n",
+                config.node_id.0, config.cluster_id
+            );
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+            std::fs::File::open(&tmp).and_then(|f| f.sync_all()).ok();
+            std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+fn write_ready_file(
+    path: &Path,
+    listeners: &[(String, SocketAddr)],
+    admin: SocketAddr,
+) -> anyhow::Result<()> {
+    let doc = serde_json::json!({
+        "pid": std::process::id(),
+        "kafka": listeners.iter().map(|(n, a)| serde_json::json!({"name": n, "addr": a.to_string()})).collect::<Vec<_>>(),
+        "admin": admin.to_string(),
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&doc)?)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_names() {
+        assert_eq!(parse_dir_name("orders-12"), Some(("orders", 12)));
+        assert_eq!(parse_dir_name("my-topic-0"), Some(("my-topic", 0)));
+        assert_eq!(parse_dir_name("strand-journal"), None);
+        assert_eq!(parse_dir_name("x-"), None);
+    }
+}

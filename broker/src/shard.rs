@@ -1,0 +1,708 @@
+//! A shard: one thread, one glommio executor, the partitions it owns and their storage.
+//!
+//! Architecture invariant: a partition's log is touched only by its owning shard
+//! ([`crate::metadata::owner_shard`]). Other shards reach it through [`ShardRequest`]s over the
+//! router. Per-shard state is deliberately not `Send` (`Rc`, `RefCell`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::future::{join_all, LocalBoxFuture};
+use futures::FutureExt;
+use kafka_protocol::ResponseError;
+use strand_protocol::types::{ShardId, TopicId};
+use strand_storage::fs_glommio::GlommioFs;
+use strand_storage::{LogConfig, LogId, LogKey, ShardStore, StorageError};
+
+use crate::clock::Clock;
+use crate::config::{Config, LogSettings, TimestampType};
+use crate::controller::Controller;
+use crate::fetch_session::FetchSessionCache;
+use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta, TopicMeta};
+use crate::metrics::ShardMetrics;
+use crate::ops::{
+    EpochAnswer, EpochQuery, FetchOutcome, FetchPart, ListOffsetsOutcome, ListOffsetsPart, PartRef,
+    ProduceOutcome, ProducePart, ShardRequest, ShardResponse,
+};
+use crate::router::{Router, RouterError};
+
+/// The leader epoch of every partition on a single node. Raft terms replace it later.
+pub(crate) const LEADER_EPOCH: i32 = 0;
+
+/// A partition this shard owns.
+pub(crate) struct LocalPartition {
+    pub(crate) log: LogId,
+    pub(crate) topic_id: TopicId,
+}
+
+/// Effective settings of a topic, kept per shard so the produce path need not recompute them.
+#[derive(Clone)]
+pub(crate) struct TopicRuntime {
+    pub(crate) settings: LogSettings,
+}
+
+/// An advertised Kafka listener.
+#[derive(Clone, Debug)]
+pub(crate) struct AdvertisedListener {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+pub(crate) struct Shard {
+    pub(crate) id: ShardId,
+    pub(crate) shards: u16,
+    pub(crate) config: Rc<Config>,
+    pub(crate) clock: Rc<dyn Clock>,
+    pub(crate) store: ShardStore<GlommioFs>,
+    metadata: RefCell<Rc<ClusterMetadata>>,
+    topic_runtime: RefCell<HashMap<String, TopicRuntime>>,
+    partitions: RefCell<HashMap<String, HashMap<i32, LocalPartition>>>,
+    pub(crate) router: Rc<Router>,
+    pub(crate) fetch_sessions: RefCell<FetchSessionCache>,
+    pub(crate) metrics: ShardMetrics,
+    pub(crate) controller: Option<Controller>,
+    pub(crate) listeners: Rc<Vec<AdvertisedListener>>,
+    pub(crate) shutting_down: Cell<bool>,
+}
+
+impl Shard {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: ShardId,
+        shards: u16,
+        config: Rc<Config>,
+        clock: Rc<dyn Clock>,
+        store: ShardStore<GlommioFs>,
+        metadata: ClusterMetadata,
+        router: Rc<Router>,
+        controller: Option<Controller>,
+        listeners: Rc<Vec<AdvertisedListener>>,
+    ) -> Self {
+        let sessions = (1000 / usize::from(shards.max(1))).max(16);
+        let runtime = metadata
+            .topics()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    TopicRuntime {
+                        settings: t.config.log_settings(&config),
+                    },
+                )
+            })
+            .collect();
+        Shard {
+            id,
+            shards,
+            metrics: ShardMetrics::new(id),
+            fetch_sessions: RefCell::new(FetchSessionCache::new(id, sessions)),
+            config,
+            clock,
+            store,
+            metadata: RefCell::new(Rc::new(metadata)),
+            topic_runtime: RefCell::new(runtime),
+            partitions: RefCell::new(HashMap::new()),
+            router,
+            controller,
+            listeners,
+            shutting_down: Cell::new(false),
+        }
+    }
+
+    /// This shard's metadata replica (a snapshot; cheap to clone).
+    pub(crate) fn metadata(&self) -> Rc<ClusterMetadata> {
+        self.metadata.borrow().clone()
+    }
+
+    pub(crate) fn topic_settings(&self, topic: &str) -> Option<LogSettings> {
+        self.topic_runtime.borrow().get(topic).map(|t| t.settings.clone())
+    }
+
+    pub(crate) fn owner(&self, topic: &str, partition: i32) -> ShardId {
+        owner_shard(topic, partition, self.shards)
+    }
+
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    fn log_of(&self, part: &PartRef) -> Option<LogId> {
+        self.partitions
+            .borrow()
+            .get(part.topic.as_str())
+            .and_then(|m| m.get(&part.partition))
+            .map(|p| p.log)
+    }
+
+    /// Number of partitions this shard owns.
+    pub(crate) fn partition_count(&self) -> usize {
+        self.partitions.borrow().values().map(HashMap::len).sum()
+    }
+
+    /// Sends `req` to the owner shard (or starts it here) and returns the answer's future. Calls
+    /// made one after another reach each owner in that order.
+    pub(crate) async fn dispatch(
+        self: &Rc<Self>,
+        owner: ShardId,
+        req: ShardRequest,
+    ) -> Result<LocalBoxFuture<'static, Result<ShardResponse, RouterError>>, RouterError> {
+        if owner == self.id {
+            let fut = self.start(req);
+            Ok(async move { Ok(fut.await) }.boxed_local())
+        } else {
+            let fut = self.router.start_call(owner, req).await?;
+            Ok(fut.boxed_local())
+        }
+    }
+
+    /// Starts a request on this shard. Side effects that must follow arrival order (appends)
+    /// happen before this returns; the returned future finishes the work.
+    pub(crate) fn start(self: &Rc<Self>, req: ShardRequest) -> LocalBoxFuture<'static, ShardResponse> {
+        match req {
+            ShardRequest::Produce { parts, wait } => self.start_produce(parts, wait),
+            ShardRequest::Fetch { parts, max_bytes } => {
+                let me = self.clone();
+                async move { ShardResponse::Fetch(me.read_partitions(&parts, max_bytes).await) }.boxed_local()
+            }
+            ShardRequest::WaitForData { parts, timeout_ms } => {
+                let me = self.clone();
+                async move {
+                    me.wait_for_data(&parts, Duration::from_millis(timeout_ms)).await;
+                    ShardResponse::DataReady
+                }
+                .boxed_local()
+            }
+            ShardRequest::ListOffsets(parts) => {
+                let me = self.clone();
+                async move { ShardResponse::ListOffsets(me.list_offsets(parts).await) }.boxed_local()
+            }
+            ShardRequest::DeleteRecords(parts) => {
+                let me = self.clone();
+                async move { ShardResponse::DeleteRecords(me.delete_records(parts).await) }.boxed_local()
+            }
+            ShardRequest::EpochEndOffsets(qs) => {
+                let answers = self.epoch_end_offsets(qs);
+                async move { ShardResponse::EpochEndOffsets(answers) }.boxed_local()
+            }
+            ShardRequest::Controller(op) => {
+                let me = self.clone();
+                async move {
+                    match &me.controller {
+                        Some(c) => ShardResponse::Controller(c.run(&me, op).await),
+                        None => {
+                            ShardResponse::Controller(crate::controller::ControllerReply::not_controller())
+                        }
+                    }
+                }
+                .boxed_local()
+            }
+            ShardRequest::PrepareMetadata(deltas) => {
+                let me = self.clone();
+                async move { ShardResponse::Applied(me.prepare_metadata(&deltas).await) }.boxed_local()
+            }
+            ShardRequest::CommitMetadata(deltas) => {
+                self.commit_metadata(&deltas);
+                async move { ShardResponse::Applied(Vec::new()) }.boxed_local()
+            }
+        }
+    }
+
+    fn start_produce(
+        self: &Rc<Self>,
+        parts: Vec<ProducePart>,
+        wait: bool,
+    ) -> LocalBoxFuture<'static, ShardResponse> {
+        let now = self.now_ms();
+        let mut started = Vec::with_capacity(parts.len());
+        for p in &parts {
+            let Some(log) = self.log_of(&p.part) else {
+                started.push(Err(ProduceOutcome::error(
+                    ResponseError::UnknownTopicOrPartition,
+                    None,
+                )));
+                continue;
+            };
+            let append_time = self
+                .topic_runtime
+                .borrow()
+                .get(p.part.topic.as_str())
+                .is_some_and(|t| t.settings.timestamp_type == TimestampType::LogAppendTime);
+            match self.store.append(log, &p.records, LEADER_EPOCH, now) {
+                Ok(ticket) => {
+                    self.metrics.bytes_in(p.records.len());
+                    started.push(Ok((ticket, append_time)));
+                }
+                Err(e) => started.push(Err(ProduceOutcome::error(
+                    storage_error_code(&e),
+                    Some(e.to_string()),
+                ))),
+            }
+        }
+        let me = self.clone();
+        async move {
+            let mut out = Vec::with_capacity(started.len());
+            for s in started {
+                out.push(match s {
+                    Err(o) => o,
+                    Ok((ticket, append_time)) => {
+                        if wait {
+                            if let Err(e) = me.store.wait_durable(&ticket).await {
+                                out.push(ProduceOutcome::error(storage_error_code(&e), Some(e.to_string())));
+                                continue;
+                            }
+                        }
+                        ProduceOutcome {
+                            error: 0,
+                            message: None,
+                            base_offset: ticket.info.base_offset,
+                            log_append_time_ms: if append_time { now } else { -1 },
+                            log_start_offset: ticket.info.log_start_offset,
+                        }
+                    }
+                });
+            }
+            ShardResponse::Produce(out)
+        }
+        .boxed_local()
+    }
+
+    /// Reads each partition from its fetch offset: whole batches, at most `max_bytes` in total
+    /// (but the first non-empty partition always gets at least one batch, KIP-74).
+    pub(crate) async fn read_partitions(&self, parts: &[FetchPart], max_bytes: usize) -> Vec<FetchOutcome> {
+        let mut remaining = max_bytes;
+        let mut out = Vec::with_capacity(parts.len());
+        for p in parts {
+            let Some(log) = self.log_of(&p.part) else {
+                out.push(FetchOutcome::error(ResponseError::UnknownTopicOrPartition));
+                continue;
+            };
+            if let Some(e) = check_leader_epoch(p.current_leader_epoch) {
+                out.push(FetchOutcome::error(e));
+                continue;
+            }
+            let Ok(offsets) = self.store.offsets(log) else {
+                out.push(FetchOutcome::error(ResponseError::UnknownTopicOrPartition));
+                continue;
+            };
+            let mut outcome = FetchOutcome {
+                error: 0,
+                high_watermark: offsets.high_watermark,
+                last_stable_offset: offsets.high_watermark,
+                log_start_offset: offsets.log_start_offset,
+                records: None,
+            };
+            let budget = p.max_bytes.min(remaining);
+            let first_data = remaining == max_bytes;
+            if budget == 0 && !first_data {
+                out.push(outcome);
+                continue;
+            }
+            match self.store.plan_read(log, p.fetch_offset, budget.max(1)) {
+                Ok(None) => {}
+                Ok(Some(plan)) => match plan.execute().await {
+                    Ok(bytes) => {
+                        if !bytes.is_empty() {
+                            remaining = remaining.saturating_sub(bytes.len());
+                            self.metrics.bytes_out(bytes.len());
+                            outcome.records = Some(bytes);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(topic = %p.part.topic, partition = p.part.partition, error = %e, "read failed");
+                        outcome = FetchOutcome::error(ResponseError::KafkaStorageError);
+                    }
+                },
+                Err(StorageError::OffsetOutOfRange { .. }) => {
+                    outcome.error = ResponseError::OffsetOutOfRange.code();
+                }
+                Err(e) => outcome = FetchOutcome::error(storage_error_code(&e)),
+            }
+            out.push(outcome);
+        }
+        out
+    }
+
+    /// Waits until one of the partitions has data at or past its offset, or the timeout.
+    pub(crate) async fn wait_for_data(&self, parts: &[(PartRef, i64)], timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let wait = self.store.durable_notify().wait();
+            let ready = parts.iter().any(|(p, offset)| match self.log_of(p) {
+                Some(log) => self.store.offsets(log).is_ok_and(|o| o.high_watermark > *offset),
+                None => true,
+            });
+            if ready || self.shutting_down.get() {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let timer = glommio::timer::sleep(left);
+            futures::pin_mut!(wait);
+            futures::pin_mut!(timer);
+            if let futures::future::Either::Right(_) = futures::future::select(wait, timer).await {
+                return;
+            }
+        }
+    }
+
+    async fn list_offsets(&self, parts: Vec<ListOffsetsPart>) -> Vec<ListOffsetsOutcome> {
+        let mut out = Vec::with_capacity(parts.len());
+        for p in parts {
+            let error = |e: ResponseError| ListOffsetsOutcome {
+                error: e.code(),
+                timestamp: -1,
+                offset: -1,
+                leader_epoch: -1,
+            };
+            let Some(log) = self.log_of(&p.part) else {
+                out.push(error(ResponseError::UnknownTopicOrPartition));
+                continue;
+            };
+            if let Some(e) = check_leader_epoch(p.current_leader_epoch) {
+                out.push(error(e));
+                continue;
+            }
+            let Ok(o) = self.store.offsets(log) else {
+                out.push(error(ResponseError::UnknownTopicOrPartition));
+                continue;
+            };
+            let found = |timestamp: i64, offset: i64| ListOffsetsOutcome {
+                error: 0,
+                timestamp,
+                offset,
+                leader_epoch: LEADER_EPOCH,
+            };
+            out.push(match p.timestamp {
+                // Latest, and latest-tiered (KIP-1005; nothing is tiered, so the same).
+                -1 | -6 => found(-1, o.high_watermark),
+                // Earliest, earliest-local (KIP-1005).
+                -2 | -4 => found(-1, o.log_start_offset),
+                // Earliest pending upload (KIP-1023): nothing is pending.
+                -5 => found(-1, -1),
+                ts if ts == -3 || ts >= 0 => match self.store.timestamp_plan(log, ts) {
+                    Ok(None) => found(-1, -1),
+                    Ok(Some(plan)) => match plan.execute().await {
+                        Ok(Some((offset, timestamp))) => found(timestamp, offset),
+                        Ok(None) => found(-1, -1),
+                        Err(e) => error(storage_error_code(&e)),
+                    },
+                    Err(e) => error(storage_error_code(&e)),
+                },
+                _ => error(ResponseError::InvalidRequest),
+            });
+        }
+        out
+    }
+
+    async fn delete_records(&self, parts: Vec<(PartRef, i64)>) -> Vec<(i16, i64)> {
+        let mut out = Vec::with_capacity(parts.len());
+        for (p, offset) in parts {
+            let Some(log) = self.log_of(&p) else {
+                out.push((ResponseError::UnknownTopicOrPartition.code(), -1));
+                continue;
+            };
+            let target = if offset == -1 {
+                match self.store.offsets(log) {
+                    Ok(o) => o.high_watermark,
+                    Err(e) => {
+                        out.push((storage_error_code(&e).code(), -1));
+                        continue;
+                    }
+                }
+            } else {
+                offset
+            };
+            match self.store.delete_records(log, target).await {
+                Ok(low) => out.push((0, low)),
+                Err(e) => out.push((storage_error_code(&e).code(), -1)),
+            }
+        }
+        out
+    }
+
+    fn epoch_end_offsets(&self, qs: Vec<EpochQuery>) -> Vec<EpochAnswer> {
+        qs.into_iter()
+            .map(|q| {
+                let fail = |e: ResponseError| EpochAnswer {
+                    error: e.code(),
+                    leader_epoch: -1,
+                    end_offset: -1,
+                };
+                let Some(log) = self.log_of(&q.part) else {
+                    return fail(ResponseError::UnknownTopicOrPartition);
+                };
+                if let Some(e) = check_leader_epoch(q.current_leader_epoch) {
+                    return fail(e);
+                }
+                match self.store.with_log(log, |l| {
+                    (l.end_offset_for_epoch(q.leader_epoch), l.high_watermark())
+                }) {
+                    // No batch with an epoch at or below the one asked for: Kafka answers
+                    // UNDEFINED_EPOCH (-1) and UNDEFINED_EPOCH_OFFSET (-1).
+                    Ok((None, _)) => EpochAnswer {
+                        error: 0,
+                        leader_epoch: -1,
+                        end_offset: -1,
+                    },
+                    Ok((Some((epoch, end)), hw)) => EpochAnswer {
+                        error: 0,
+                        leader_epoch: epoch,
+                        end_offset: end.min(hw),
+                    },
+                    Err(e) => fail(storage_error_code(&e)),
+                }
+            })
+            .collect()
+    }
+
+    /// The storage settings of a topic as a storage `LogConfig`.
+    pub(crate) fn log_config(settings: &LogSettings) -> LogConfig {
+        let deletes = settings.cleanup_policy.deletes();
+        LogConfig {
+            segment_bytes: settings.segment_bytes,
+            segment_ms: settings.segment_ms,
+            retention_ms: if deletes { settings.retention_ms } else { None },
+            retention_bytes: if deletes { settings.retention_bytes } else { None },
+            index_interval_bytes: settings.index_interval_bytes,
+            max_index_entries: (settings.segment_index_bytes / 8).max(1) as usize,
+        }
+    }
+
+    /// Opens the logs of the partitions of `topic` in `range` that this shard owns.
+    async fn open_partitions(
+        &self,
+        topic: &TopicMeta,
+        range: std::ops::Range<i32>,
+        problems: &mut Vec<String>,
+    ) {
+        let settings = topic.config.log_settings(&self.config);
+        let log_config = Self::log_config(&settings);
+        for p in range {
+            if self.owner(&topic.name, p) != self.id {
+                continue;
+            }
+            let key = LogKey {
+                dir_name: topic.dir_name(p),
+                incarnation: *topic.id.0.as_bytes(),
+            };
+            match self.store.open_log(key, log_config.clone(), self.now_ms()).await {
+                Ok((log, report)) => {
+                    if !report.problems.is_empty() {
+                        tracing::warn!(topic = %topic.name, partition = p, problems = ?report.problems, truncated_bytes = report.bytes_truncated, "recovered partition log");
+                    }
+                    self.partitions
+                        .borrow_mut()
+                        .entry(topic.name.clone())
+                        .or_default()
+                        .insert(
+                            p,
+                            LocalPartition {
+                                log,
+                                topic_id: topic.id,
+                            },
+                        );
+                }
+                Err(e) => {
+                    tracing::error!(topic = %topic.name, partition = p, error = %e, "cannot open partition log");
+                    problems.push(format!("{}-{p}: {e}", topic.name));
+                }
+            }
+        }
+    }
+
+    /// Opens this shard's partitions of every topic (start-up), a bounded number at a time.
+    pub(crate) async fn open_all(&self) -> Vec<String> {
+        let md = self.metadata();
+        let mut problems = Vec::new();
+        for t in md.topics() {
+            self.open_partitions(t, 0..t.partitions, &mut problems).await;
+        }
+        problems
+    }
+
+    /// Phase 1 of a metadata change: open new logs, remove deleted ones, apply configs.
+    async fn prepare_metadata(&self, deltas: &[MetadataDelta]) -> Vec<String> {
+        let mut problems = Vec::new();
+        for d in deltas {
+            match d {
+                MetadataDelta::CreateTopic(t) => {
+                    self.open_partitions(t, 0..t.partitions, &mut problems).await
+                }
+                MetadataDelta::SetPartitionCount { name, partitions } => {
+                    let md = self.metadata();
+                    if let Some(t) = md.topic(name) {
+                        let mut t = t.clone();
+                        let old = t.partitions;
+                        t.partitions = *partitions;
+                        self.open_partitions(&t, old..*partitions, &mut problems).await;
+                    }
+                }
+                MetadataDelta::DeleteTopic { name, id } => {
+                    let removed = {
+                        let mut parts = self.partitions.borrow_mut();
+                        match parts.get(name.as_str()) {
+                            Some(m) if m.values().all(|p| p.topic_id == *id) => parts.remove(name.as_str()),
+                            _ => None,
+                        }
+                    };
+                    for (p, lp) in removed.into_iter().flatten() {
+                        if let Err(e) = self.store.remove_log(lp.log).await {
+                            problems.push(format!("{name}-{p}: {e}"));
+                        }
+                        self.metrics.forget_partition(name, p);
+                    }
+                    self.fetch_sessions.borrow_mut().forget_topic(*id);
+                }
+                MetadataDelta::SetTopicConfig { name, config } => {
+                    let settings = config.log_settings(&self.config);
+                    let log_config = Self::log_config(&settings);
+                    let logs: Vec<LogId> = self
+                        .partitions
+                        .borrow()
+                        .get(name.as_str())
+                        .map(|m| m.values().map(|p| p.log).collect())
+                        .unwrap_or_default();
+                    for log in logs {
+                        let _ = self.store.set_config(log, log_config.clone());
+                    }
+                }
+            }
+        }
+        problems
+    }
+
+    /// Phase 2 of a metadata change: this shard's replica takes the new state.
+    fn commit_metadata(&self, deltas: &[MetadataDelta]) {
+        let mut md = (*self.metadata()).clone();
+        for d in deltas {
+            md.apply(d);
+        }
+        let mut runtime = self.topic_runtime.borrow_mut();
+        runtime.clear();
+        for t in md.topics() {
+            runtime.insert(
+                t.name.clone(),
+                TopicRuntime {
+                    settings: t.config.log_settings(&self.config),
+                },
+            );
+        }
+        *self.metadata.borrow_mut() = Rc::new(md);
+    }
+
+    /// Runs retention on this shard's logs; updates gauges.
+    pub(crate) async fn retention_pass(&self) {
+        let deleted = self.store.retention_pass(self.now_ms()).await;
+        for (_, outcome) in &deleted {
+            self.metrics
+                .segments_deleted(outcome.deleted.len(), outcome.bytes_deleted);
+        }
+    }
+
+    /// Publishes per-partition gauges (log end offset, size).
+    pub(crate) fn update_partition_gauges(&self) {
+        let parts = self.partitions.borrow();
+        for (topic, m) in parts.iter() {
+            for (p, lp) in m {
+                if let Ok(o) = self.store.offsets(lp.log) {
+                    self.metrics.partition_gauges(topic, *p, &o);
+                }
+            }
+        }
+        self.metrics.store_gauges(&self.store, self.partition_count());
+    }
+}
+
+/// Kafka's answer to a request's `current_leader_epoch` (-1: not checked).
+pub(crate) fn check_leader_epoch(current: i32) -> Option<ResponseError> {
+    match current {
+        -1 => None,
+        e if e < LEADER_EPOCH => Some(ResponseError::FencedLeaderEpoch),
+        e if e > LEADER_EPOCH => Some(ResponseError::UnknownLeaderEpoch),
+        _ => None,
+    }
+}
+
+/// The Kafka error code for a storage error.
+pub(crate) fn storage_error_code(e: &StorageError) -> ResponseError {
+    match e {
+        StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        StorageError::InvalidBatch(b) => b.kafka_error(),
+        StorageError::UnknownLog => ResponseError::UnknownTopicOrPartition,
+        StorageError::Busy(_) => ResponseError::RequestTimedOut,
+        _ => ResponseError::KafkaStorageError,
+    }
+}
+
+/// Runs one metadata change on every shard: phase 1 (prepare) everywhere, then phase 2
+/// (commit) everywhere. Returns problems reported by shards.
+pub(crate) async fn broadcast_metadata(shard: &Rc<Shard>, deltas: Vec<MetadataDelta>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for phase in 0..2 {
+        let mut futs = Vec::new();
+        for s in 0..shard.shards {
+            let req = if phase == 0 {
+                ShardRequest::PrepareMetadata(deltas.clone())
+            } else {
+                ShardRequest::CommitMetadata(deltas.clone())
+            };
+            match shard.dispatch(ShardId(s), req).await {
+                Ok(f) => futs.push(f),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        for r in join_all(futs).await {
+            match r {
+                Ok(ShardResponse::Applied(p)) => problems.extend(p),
+                Ok(_) => problems.push("unexpected answer to a metadata change".into()),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+    }
+    problems
+}
+
+/// Runs a per-partition operation on the partitions' owners, in parallel, and returns the
+/// answers in the order of `items`. `make` builds one shard's request from its share of the
+/// items; `take` extracts that shard's answers (one per item, in order).
+pub(crate) async fn scatter<T, R: Clone>(
+    shard: &Rc<Shard>,
+    items: Vec<(PartRef, T)>,
+    make: impl Fn(Vec<(PartRef, T)>) -> ShardRequest,
+    take: impl Fn(ShardResponse) -> Option<Vec<R>>,
+    fallback: R,
+) -> Vec<R> {
+    let n = items.len();
+    type Share<T> = (Vec<usize>, Vec<(PartRef, T)>);
+    let mut by_owner: std::collections::BTreeMap<ShardId, Share<T>> = Default::default();
+    for (i, (part, t)) in items.into_iter().enumerate() {
+        let e = by_owner
+            .entry(shard.owner(&part.topic, part.partition))
+            .or_default();
+        e.0.push(i);
+        e.1.push((part, t));
+    }
+    let mut calls = Vec::new();
+    for (owner, (idx, list)) in by_owner {
+        let fut = shard.dispatch(owner, make(list)).await;
+        calls.push(async move {
+            match fut {
+                Ok(f) => (idx, f.await.ok()),
+                Err(_) => (idx, None),
+            }
+        });
+    }
+    let mut out = vec![fallback; n];
+    for (idx, resp) in join_all(calls).await {
+        let answers = resp.and_then(&take).unwrap_or_default();
+        for (i, a) in idx.into_iter().zip(answers) {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = a;
+            }
+        }
+    }
+    out
+}
