@@ -228,7 +228,17 @@ impl Shard {
                 .borrow()
                 .get(p.part.topic.as_str())
                 .is_some_and(|t| t.settings.timestamp_type == TimestampType::LogAppendTime);
-            match self.store.append(log, &p.records, LEADER_EPOCH, now) {
+            // LogAppendTime topics get the broker's clock in the batch (header and CRC only).
+            let stamped;
+            let records: &[u8] = if append_time {
+                let mut copy = p.records.to_vec();
+                strand_protocol::batch::set_log_append_time(&mut copy, now);
+                stamped = copy;
+                &stamped
+            } else {
+                &p.records
+            };
+            match self.store.append(log, records, LEADER_EPOCH, now) {
                 Ok(ticket) => {
                     self.metrics.bytes_in(p.records.len());
                     started.push(Ok((ticket, append_time)));

@@ -300,6 +300,26 @@ pub fn patch_batch(batch: &mut [u8], base_offset: i64, leader_epoch: i32) {
     }
 }
 
+/// Turns a batch into a LogAppendTime batch stamped `timestamp_ms` (topics with
+/// `message.timestamp.type=LogAppendTime`): sets the timestamp-type attribute and the max
+/// timestamp, which consumers then report for every record, and recomputes the CRC.
+pub fn set_log_append_time(batch: &mut [u8], timestamp_ms: i64) {
+    if batch.len() < BATCH_HEADER_BYTES {
+        return;
+    }
+    if let Some(attr) = batch.get_mut(21..23).and_then(|a| a.first_chunk_mut::<2>()) {
+        let a = i16::from_be_bytes(*attr) | 0x08;
+        *attr = a.to_be_bytes();
+    }
+    if let Some(dst) = batch.get_mut(35..43) {
+        dst.copy_from_slice(&timestamp_ms.to_be_bytes());
+    }
+    let crc = compute_crc(batch);
+    if let Some(dst) = batch.get_mut(17..21) {
+        dst.copy_from_slice(&crc.to_be_bytes());
+    }
+}
+
 /// Where one batch lies in a buffer of consecutive batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchPosition {
@@ -529,6 +549,15 @@ mod tests {
             (h.base_offset, h.partition_leader_epoch, h.last_offset()),
             (1234, 7, 1235)
         );
+    }
+
+    #[test]
+    fn log_append_time_rewrite_keeps_batch_valid() {
+        let mut b = simple(2, 5);
+        set_log_append_time(&mut b, 99_000);
+        let h = check_batch(&b).unwrap();
+        assert!(h.is_log_append_time());
+        assert_eq!((h.base_timestamp, h.max_timestamp), (5, 99_000));
     }
 
     #[test]
