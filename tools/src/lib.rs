@@ -1,1 +1,20 @@
+//! Strand command-line tools.
+//!
+//! The library half holds the reusable pieces of the benchmark (`strand-bench`):
+//!
+//! * [`host`]: what machine this is (CPUs, kernel, the filesystem under a path).
+//! * [`raw`]: the machine's raw limits (sequential append + fdatasync, loopback TCP copy).
+//! * [`broker`]: spawning a broker (Strand via its ready file, or any command), its memory.
+//! * [`workload`]: the Kafka load itself, on `rdkafka` (produce, end-to-end, consume).
+//! * [`latency`]: HdrHistogram helpers and the percentile summary every report uses.
+//! * [`report`]: the JSON report and the human-readable table.
+//!
+//! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
+//! its Kafka listener, which is what makes side-by-side runs against a peer honest.
 
+pub mod broker;
+pub mod host;
+pub mod latency;
+pub mod raw;
+pub mod report;
+pub mod workload;

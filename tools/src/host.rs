@@ -1,0 +1,235 @@
+//! What machine the benchmark ran on: CPUs, kernel, memory, and the filesystem under a path.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// The host, as recorded in every report.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostInfo {
+    /// CPUs this process may run on (affinity-aware).
+    pub cpus_available: usize,
+    /// `processor` entries in /proc/cpuinfo.
+    pub cpus_online: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub memory_total_kib: Option<u64>,
+}
+
+impl HostInfo {
+    /// Reads /proc; a missing field is reported as "unknown" rather than failing the run.
+    pub fn probe() -> Self {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpus_online = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".to_string());
+        let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".to_string());
+        let memory_total_kib = fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| proc_kib_field(&m, "MemTotal:"));
+        Self {
+            cpus_available: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            cpus_online,
+            cpu_model,
+            kernel,
+            memory_total_kib,
+        }
+    }
+}
+
+/// Parses a `Name:   1234 kB` line out of a /proc status-style file.
+pub fn proc_kib_field(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l[name.len()..].split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Clock ticks per second in /proc/<pid>/stat (USER_HZ, 100 on every mainstream Linux port).
+const USER_HZ: f64 = 100.0;
+
+/// CPU time (user + system, all threads) a process has used so far, in seconds: this process
+/// if `pid` is `None`. `None` if /proc cannot tell.
+pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+    parse_stat_cpu_ticks(&fs::read_to_string(path).ok()?).map(|t| t as f64 / USER_HZ)
+}
+
+/// utime + stime from a /proc/<pid>/stat line (fields 14 and 15; the command name in field 2
+/// may contain spaces and parentheses, so counting starts after its last ')').
+fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The filesystem a path lives on, from /proc/self/mountinfo.
+#[derive(Debug, Clone, Serialize)]
+pub struct FsInfo {
+    pub path: PathBuf,
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    pub source: String,
+    /// True for memory-backed filesystems (tmpfs, ramfs) where fdatasync persists nothing:
+    /// durable-write figures measured there are meaningless.
+    pub volatile: bool,
+}
+
+/// Finds the mount that holds `path` (the longest mount point that is a prefix of it).
+pub fn filesystem_of(path: &Path) -> Result<FsInfo> {
+    let canonical =
+        fs::canonicalize(path).with_context(|| format!("resolving data directory {}", path.display()))?;
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let (mount_point, fs_type, source) = mount_for(&mountinfo, &canonical)
+        .with_context(|| format!("no mount in /proc/self/mountinfo holds {}", canonical.display()))?;
+    let volatile = matches!(fs_type.as_str(), "tmpfs" | "ramfs");
+    Ok(FsInfo {
+        path: canonical,
+        mount_point,
+        fs_type,
+        source,
+        volatile,
+    })
+}
+
+fn mount_for(mountinfo: &str, path: &Path) -> Option<(PathBuf, String, String)> {
+    let mut best: Option<(PathBuf, String, String)> = None;
+    for line in mountinfo.lines() {
+        // id parent major:minor root mount-point options [optional...] - fstype source super-options
+        let mut halves = line.splitn(2, " - ");
+        let (Some(left), Some(right)) = (halves.next(), halves.next()) else {
+            continue;
+        };
+        let Some(mount_point) = left.split(' ').nth(4) else {
+            continue;
+        };
+        let mut right = right.split(' ');
+        let (Some(fs_type), Some(source)) = (right.next(), right.next()) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(unescape_mount(mount_point));
+        if !path.starts_with(&mount_point) {
+            continue;
+        }
+        // Later entries at the same or a deeper point shadow earlier ones.
+        let deeper = best
+            .as_ref()
+            .is_none_or(|(b, _, _)| mount_point.components().count() >= b.components().count());
+        if deeper {
+            best = Some((mount_point, fs_type.to_string(), source.to_string()));
+        }
+    }
+    best
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mount(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let octal = std::str::from_utf8(&bytes[i + 1..i + 4]).ok();
+            if let Some(v) = octal.and_then(|o| u8::from_str_radix(o, 8).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The current time as an RFC 3339 UTC timestamp, e.g. `2025-06-01T12:34:56Z`.
+pub fn utc_now_rfc3339() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339_from_unix(secs)
+}
+
+fn rfc3339_from_unix(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc3339_from_unix(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_from_unix(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_from_unix(1_735_689_599), "2024-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn longest_mount_wins() {
+        let mi = "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+                  30 22 0:25 / /tmp rw - tmpfs tmpfs rw\n\
+                  31 22 0:26 / /data\\040dir rw - xfs /dev/vdb rw\n";
+        let (mp, fs, _) = mount_for(mi, Path::new("/tmp/x")).unwrap();
+        assert_eq!((mp, fs.as_str()), (PathBuf::from("/tmp"), "tmpfs"));
+        let (mp, fs, _) = mount_for(mi, Path::new("/tmpfoo")).unwrap();
+        assert_eq!((mp, fs.as_str()), (PathBuf::from("/"), "ext4"));
+        let (mp, fs, src) = mount_for(mi, Path::new("/data dir/a")).unwrap();
+        assert_eq!(
+            (mp, fs.as_str(), src.as_str()),
+            (PathBuf::from("/data dir"), "xfs", "/dev/vdb")
+        );
+    }
+
+    #[test]
+    fn proc_fields() {
+        let s = "Name:\tstrand\nVmHWM:\t  20480 kB\nVmRSS:\t   10240 kB\n";
+        assert_eq!(proc_kib_field(s, "VmRSS:"), Some(10_240));
+        assert_eq!(proc_kib_field(s, "VmHWM:"), Some(20_480));
+        assert_eq!(proc_kib_field(s, "VmSwap:"), None);
+    }
+
+    #[test]
+    fn stat_cpu_ticks() {
+        let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 1 0 5 0 0";
+        assert_eq!(parse_stat_cpu_ticks(line), Some(325));
+        assert_eq!(parse_stat_cpu_ticks("garbage"), None);
+        assert!(cpu_seconds(None).is_some());
+    }
+
+    #[test]
+    fn this_machine() {
+        let fs = filesystem_of(Path::new(".")).unwrap();
+        assert!(!fs.fs_type.is_empty());
+        assert!(HostInfo::probe().cpus_online >= 1);
+    }
+}

@@ -1,0 +1,626 @@
+//! The benchmark report: one JSON document per run, and the same figures as a table.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::broker::Memory;
+use crate::host::{FsInfo, HostInfo};
+use crate::latency::{human_us, LatencySummary};
+use crate::raw::{DiskResult, LoopbackResult};
+use crate::workload::{Amount, CpuUsage, WorkloadParams, WorkloadResult};
+
+/// How the figures were taken; copied into every report so that a JSON file explains itself.
+pub const METHODOLOGY: &[&str] = &[
+    "All brokers in one report ran the identical workload (same librdkafka build, same client \
+     settings, same parameters) one after the other on the same machine, in the order listed.",
+    "Warm-up (warmup_secs of producing) is excluded from every figure; the tail consumers must have \
+     read all of it before the measured phase starts.",
+    "Produce throughput counts acknowledged messages (payload bytes, MB = 10^6 bytes) from the phase \
+     start to the last delivery report. Messages go round-robin over all partitions, no keys.",
+    "Produce latency: from the send() call that librdkafka accepted to the delivery report. Time spent \
+     waiting for room in librdkafka's local queue is not included (queue_full_waits counts it).",
+    "End-to-end latency: from the send timestamp in the payload to the tail consumer's poll returning \
+     the record (same process, monotonic clock). Tail consumers run during both produce phases.",
+    "Peak-phase latencies include queueing in the client at saturation; the paced phase (a fixed \
+     fraction of the peak throughput) is the one to read latency from.",
+    "Consume throughput: fresh consumers assign every partition at offset 0 and read everything \
+     produced (warm-up included) from a warm log, timed from the first record to the last.",
+    "Raw limits are measured before and after the brokers. Ratios use the better raw figure of the \
+     two (the higher bandwidth, the lower fdatasync p99): the more demanding denominator.",
+    "CPU is in cores (CPU seconds per wall second) for this process (all client threads) and for the \
+     broker process when its pid is known, over each phase including its flush.",
+    "Raw disk: a new file in the data directory, sequential write() of N bytes then fdatasync, \
+     3 warm-up rounds excluded. Loopback: 1 MiB write()s over 127.0.0.1 TCP to a reader thread.",
+];
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub tool: ToolInfo,
+    pub date_utc: String,
+    pub client: ClientInfo,
+    pub host: HostInfo,
+    pub data_dir: FsInfo,
+    pub parameters: WorkloadParams,
+    pub raw_parameters: RawParameters,
+    pub methodology: Vec<String>,
+    pub raw_limits: RawLimitsPair,
+    pub brokers: Vec<BrokerReport>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolInfo {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientInfo {
+    pub library: String,
+    pub version: String,
+    pub version_hex: String,
+    pub binding: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RawParameters {
+    pub disk_write_sizes: Vec<u64>,
+    /// The size ratios are computed against: the producer's batch.size.
+    pub reference_write_bytes: u64,
+    pub disk_secs_per_size: f64,
+    pub loopback_secs: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RawLimitsPair {
+    pub before: Option<RawLimits>,
+    pub after: Option<RawLimits>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RawLimits {
+    pub measured_at_utc: String,
+    pub disk: Vec<DiskResult>,
+    pub loopback: LoopbackResult,
+}
+
+impl RawLimitsPair {
+    fn all(&self) -> impl Iterator<Item = &RawLimits> {
+        self.before.iter().chain(self.after.iter())
+    }
+
+    /// Best (highest) append+fdatasync MB/s at `bytes` across before/after.
+    pub fn best_disk_mb_per_s(&self, bytes: u64) -> Option<f64> {
+        self.disk_at(bytes).map(|d| d.mb_per_s).reduce(f64::max)
+    }
+
+    /// Best (lowest) fdatasync p99 at `bytes` across before/after.
+    pub fn best_fdatasync_p99_us(&self, bytes: u64) -> Option<u64> {
+        self.disk_at(bytes).map(|d| d.fdatasync.p99_us).min()
+    }
+
+    /// Best (highest) loopback MB/s across before/after.
+    pub fn best_loopback_mb_per_s(&self) -> Option<f64> {
+        self.all().map(|r| r.loopback.mb_per_s).reduce(f64::max)
+    }
+
+    /// Raw figures that moved by more than `tolerance` (relative) between before and after: a
+    /// sign that something else was using the disk or the CPUs, and that every figure is noisy.
+    pub fn drift(&self, tolerance: f64) -> Vec<String> {
+        let (Some(before), Some(after)) = (&self.before, &self.after) else {
+            return Vec::new();
+        };
+        let moved = |a: f64, b: f64| a.max(b) > 0.0 && (a - b).abs() / a.max(b) > tolerance;
+        let mut out = Vec::new();
+        for b in &before.disk {
+            if let Some(a) = after.disk.iter().find(|a| a.write_bytes == b.write_bytes) {
+                if moved(b.mb_per_s, a.mb_per_s) {
+                    out.push(format!(
+                        "append+fdatasync {}: {:.1} → {:.1} MB/s",
+                        human_bytes(b.write_bytes),
+                        b.mb_per_s,
+                        a.mb_per_s
+                    ));
+                }
+            }
+        }
+        if moved(before.loopback.mb_per_s, after.loopback.mb_per_s) {
+            out.push(format!(
+                "loopback: {:.2} → {:.2} GB/s",
+                before.loopback.gb_per_s, after.loopback.gb_per_s
+            ));
+        }
+        out
+    }
+
+    fn disk_at(&self, bytes: u64) -> impl Iterator<Item = &DiskResult> {
+        self.all()
+            .flat_map(move |r| r.disk.iter().filter(move |d| d.write_bytes == bytes))
+    }
+}
+
+/// One broker's part of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct BrokerReport {
+    pub label: String,
+    /// `spawned` (Strand, via its ready file), `command` (a peer started by a shell command) or
+    /// `bootstrap` (already running).
+    pub kind: String,
+    pub bootstrap: Option<String>,
+    pub binary: Option<PathBuf>,
+    pub command: Option<Vec<String>>,
+    pub version: Option<String>,
+    pub pid: Option<u32>,
+    pub log: Option<PathBuf>,
+    pub memory: MemoryReport,
+    pub stopped: Option<String>,
+    pub result: Option<WorkloadResult>,
+    pub ratios: Option<Ratios>,
+    /// Failed or missing messages: the figures of a run with problems are not valid.
+    pub problems: Vec<String>,
+    /// Broker behaviour worth knowing that does not invalidate the figures.
+    pub anomalies: Vec<String>,
+    /// Why the run did not finish, if it did not.
+    pub error: Option<String>,
+}
+
+impl BrokerReport {
+    pub fn new(label: impl Into<String>, kind: impl Into<String>) -> Self {
+        Self {
+            label: label.into(),
+            kind: kind.into(),
+            bootstrap: None,
+            binary: None,
+            command: None,
+            version: None,
+            pid: None,
+            log: None,
+            memory: MemoryReport::default(),
+            stopped: None,
+            result: None,
+            ratios: None,
+            problems: Vec::new(),
+            anomalies: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+/// Resident memory of the broker process at each checkpoint (spawned or `--broker-pid` only).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MemoryReport {
+    pub after_start: Option<Memory>,
+    pub topic_ready: Option<Memory>,
+    pub after_produce: Option<Memory>,
+    pub after_consume: Option<Memory>,
+    /// See [`MemoryReport::compute_idle_kib_per_partition`].
+    pub idle_kib_per_partition: Option<f64>,
+}
+
+impl MemoryReport {
+    /// (RSS with the topic created − RSS after start) ÷ partitions, in KiB: what an idle
+    /// partition costs before any data is written.
+    pub fn compute_idle_kib_per_partition(&self, partitions: i32) -> Option<f64> {
+        let (start, ready) = (self.after_start?, self.topic_ready?);
+        (partitions > 0).then(|| (ready.rss_kib as f64 - start.rss_kib as f64) / f64::from(partitions))
+    }
+
+    pub fn peak_hwm_kib(&self) -> Option<u64> {
+        [
+            self.after_start,
+            self.topic_ready,
+            self.after_produce,
+            self.after_consume,
+        ]
+        .iter()
+        .flatten()
+        .map(|m| m.hwm_kib)
+        .max()
+    }
+}
+
+/// Results divided by the machine's raw limits.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratios {
+    pub reference_write_bytes: u64,
+    pub raw_disk_mb_per_s: Option<f64>,
+    pub raw_fdatasync_p99_us: Option<u64>,
+    pub raw_loopback_mb_per_s: Option<f64>,
+    /// produce MB/s ÷ raw append+fdatasync MB/s at the reference size.
+    pub produce_vs_raw_disk: Option<f64>,
+    /// consume MB/s ÷ loopback TCP MB/s.
+    pub consume_vs_loopback: Option<f64>,
+    /// produce p99 (peak phase) ÷ raw fdatasync p99 at the reference size.
+    pub produce_p99_vs_fdatasync_p99: Option<f64>,
+    /// produce p99 (paced phase) ÷ raw fdatasync p99 at the reference size.
+    pub paced_p99_vs_fdatasync_p99: Option<f64>,
+}
+
+impl Ratios {
+    pub fn compute(result: &WorkloadResult, raw: &RawLimitsPair, reference_write_bytes: u64) -> Self {
+        let disk = raw.best_disk_mb_per_s(reference_write_bytes);
+        let sync_p99 = raw.best_fdatasync_p99_us(reference_write_bytes);
+        let loopback = raw.best_loopback_mb_per_s();
+        let div = |a: f64, b: Option<f64>| b.filter(|b| *b > 0.0).map(|b| a / b);
+        let p99_ratio = |l: &LatencySummary| {
+            if l.samples == 0 {
+                None
+            } else {
+                div(l.p99_us as f64, sync_p99.map(|s| s as f64))
+            }
+        };
+        Self {
+            reference_write_bytes,
+            raw_disk_mb_per_s: disk,
+            raw_fdatasync_p99_us: sync_p99,
+            raw_loopback_mb_per_s: loopback,
+            produce_vs_raw_disk: div(result.produce.mb_per_s, disk),
+            consume_vs_loopback: result.consume.as_ref().and_then(|c| div(c.mb_per_s, loopback)),
+            produce_p99_vs_fdatasync_p99: p99_ratio(&result.produce.latency),
+            paced_p99_vs_fdatasync_p99: result.paced.as_ref().and_then(|p| p99_ratio(&p.latency)),
+        }
+    }
+}
+
+/// Formats a byte count as `4 KiB`, `1 MiB`, or plain bytes.
+pub fn human_bytes(b: u64) -> String {
+    if b >= 1 << 20 && b.trailing_zeros() >= 20 {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1 << 10 && b.trailing_zeros() >= 10 {
+        format!("{} KiB", b >> 10)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// The report as a table for people.
+pub fn render_text(r: &Report) -> String {
+    let mut o = String::new();
+    let p = &r.parameters;
+    let _ = writeln!(
+        o,
+        "strand-bench {} — {} — {} {}",
+        r.tool.version, r.date_utc, r.client.library, r.client.version
+    );
+    let _ = writeln!(
+        o,
+        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}){}",
+        r.host.cpus_available,
+        r.host.cpu_model,
+        r.host.kernel,
+        r.data_dir.path.display(),
+        r.data_dir.fs_type,
+        r.data_dir.source,
+        if r.data_dir.volatile {
+            " — VOLATILE: fdatasync persists nothing here"
+        } else {
+            ""
+        }
+    );
+    let amount = match p.amount {
+        Amount::Messages(n) => format!("{n} messages"),
+        Amount::DurationSecs(s) => format!("{s} s"),
+    };
+    let opt = |v: Option<u64>| v.map_or("default".to_string(), |v| v.to_string());
+    let _ = writeln!(
+        o,
+        "workload: {} B messages, {amount} (+{} s warm-up, excluded), {} partitions, {} producers, \
+         {} consumers, \
+         acks={}, compression={}, linger.ms={}, batch.size={}, rate={}, paced phase={}",
+        p.message_bytes,
+        p.warmup_secs,
+        p.partitions,
+        p.producers,
+        p.consumers,
+        p.acks,
+        p.compression,
+        opt(p.linger_ms),
+        opt(p.batch_size),
+        p.rate.map_or("max".to_string(), |r| format!("{r:.0}/s")),
+        if p.paced_fraction > 0.0 {
+            format!("{:.0}% of peak for {} s", p.paced_fraction * 100.0, p.paced_secs)
+        } else {
+            "off".to_string()
+        },
+    );
+    if !p.producer_props.is_empty() || !p.consumer_props.is_empty() {
+        let _ = writeln!(
+            o,
+            "extra client properties: producer {:?}, consumer {:?}",
+            p.producer_props, p.consumer_props
+        );
+    }
+
+    // Raw limits.
+    let _ = writeln!(o, "\nRaw limits (data dir {}):", r.data_dir.fs_type);
+    let _ = writeln!(o, "  {:<28} {:>30} {:>30}", "", "before", "after");
+    let sizes = &r.raw_parameters.disk_write_sizes;
+    for &size in sizes {
+        let cell = |raw: &Option<RawLimits>| {
+            raw.as_ref()
+                .and_then(|raw| raw.disk.iter().find(|d| d.write_bytes == size))
+                .map_or("-".to_string(), |d| {
+                    format!("{:.1} MB/s, p99 {}", d.mb_per_s, human_us(d.fdatasync.p99_us))
+                })
+        };
+        let mark = if size == r.raw_parameters.reference_write_bytes {
+            " *"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "  {:<28} {:>30} {:>30}",
+            format!("append+fdatasync {}{mark}", human_bytes(size)),
+            cell(&r.raw_limits.before),
+            cell(&r.raw_limits.after)
+        );
+    }
+    let lo = |raw: &Option<RawLimits>| {
+        raw.as_ref().map_or("-".to_string(), |raw| {
+            format!("{:.2} GB/s", raw.loopback.gb_per_s)
+        })
+    };
+    let _ = writeln!(
+        o,
+        "  {:<28} {:>30} {:>30}",
+        "loopback TCP copy",
+        lo(&r.raw_limits.before),
+        lo(&r.raw_limits.after)
+    );
+    let _ = writeln!(o, "  (* = reference size for ratios: the producer batch.size)");
+
+    // Brokers side by side.
+    let width = 26;
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let mut row = |name: &str, f: &dyn Fn(&BrokerReport) -> Option<String>| {
+        rows.push((
+            name.to_string(),
+            r.brokers
+                .iter()
+                .map(|b| f(b).unwrap_or_else(|| "-".into()))
+                .collect(),
+        ));
+    };
+    row("version", &|b| b.version.clone().or_else(|| b.bootstrap.clone()));
+    row("topic ready", &|b| {
+        b.result.as_ref().map(|w| format!("{:.2} s", w.topic_ready_secs))
+    });
+    row("produce msgs/s", &|b| {
+        b.result.as_ref().map(|w| format!("{:.0}", w.produce.msgs_per_s))
+    });
+    row("produce MB/s", &|b| {
+        b.result.as_ref().map(|w| format!("{:.1}", w.produce.mb_per_s))
+    });
+    row("produce latency p50", &|b| {
+        b.result.as_ref().map(|w| human_us(w.produce.latency.p50_us))
+    });
+    row("  p90", &|b| {
+        b.result.as_ref().map(|w| human_us(w.produce.latency.p90_us))
+    });
+    row("  p99", &|b| {
+        b.result.as_ref().map(|w| human_us(w.produce.latency.p99_us))
+    });
+    row("  p99.9", &|b| {
+        b.result.as_ref().map(|w| human_us(w.produce.latency.p999_us))
+    });
+    row("  max", &|b| {
+        b.result.as_ref().map(|w| human_us(w.produce.latency.max_us))
+    });
+    row("CPU client / broker", &|b| {
+        b.result.as_ref().map(|w| cores(&w.produce.cpu))
+    });
+    row("end-to-end p50 / p99", &|b| {
+        b.result
+            .as_ref()
+            .and_then(|w| w.produce.end_to_end)
+            .map(|e| pair(&e))
+    });
+    row("avg batch (bytes/msgs)", &|b| {
+        let w = b.result.as_ref()?;
+        Some(format!(
+            "{:.0} / {:.1}",
+            w.produce.avg_batch_bytes?, w.produce.avg_batch_messages?
+        ))
+    });
+    row("paced: target msgs/s", &|b| {
+        let p = b.result.as_ref()?.paced.as_ref()?;
+        Some(format!("{:.0} (got {:.0})", p.target_rate?, p.msgs_per_s))
+    });
+    row("  produce p50 / p99", &|b| {
+        Some(pair(&b.result.as_ref()?.paced.as_ref()?.latency))
+    });
+    row("  produce p99.9 / max", &|b| {
+        let l = b.result.as_ref()?.paced.as_ref()?.latency;
+        Some(format!("{} / {}", human_us(l.p999_us), human_us(l.max_us)))
+    });
+    row("  end-to-end p50 / p99", &|b| {
+        Some(pair(&b.result.as_ref()?.paced.as_ref()?.end_to_end?))
+    });
+    row("  CPU client / broker", &|b| {
+        Some(cores(&b.result.as_ref()?.paced.as_ref()?.cpu))
+    });
+    row("consume msgs/s", &|b| {
+        Some(format!("{:.0}", b.result.as_ref()?.consume.as_ref()?.msgs_per_s))
+    });
+    row("consume MB/s", &|b| {
+        Some(format!("{:.1}", b.result.as_ref()?.consume.as_ref()?.mb_per_s))
+    });
+    row("  CPU client / broker", &|b| {
+        Some(cores(&b.result.as_ref()?.consume.as_ref()?.cpu))
+    });
+    row("read back", &|b| {
+        let c = b.result.as_ref()?.consume.as_ref()?;
+        Some(format!("{} of {}", c.messages, c.expected_messages))
+    });
+    row("RSS after start", &|b| {
+        b.memory.after_start.map(|m| mib(m.rss_kib))
+    });
+    row("RSS idle (topic ready)", &|b| {
+        b.memory.topic_ready.map(|m| mib(m.rss_kib))
+    });
+    row("  idle KiB per partition", &|b| {
+        b.memory.idle_kib_per_partition.map(|k| format!("{k:.1}"))
+    });
+    row("RSS after produce", &|b| {
+        b.memory.after_produce.map(|m| mib(m.rss_kib))
+    });
+    row("RSS peak (VmHWM)", &|b| b.memory.peak_hwm_kib().map(mib));
+    row("produce / raw disk", &|b| {
+        b.ratios.as_ref()?.produce_vs_raw_disk.map(pct)
+    });
+    row("consume / loopback", &|b| {
+        b.ratios.as_ref()?.consume_vs_loopback.map(pct)
+    });
+    row("paced p99 / fdatasync p99", &|b| {
+        b.ratios
+            .as_ref()?
+            .paced_p99_vs_fdatasync_p99
+            .map(|x| format!("{x:.2}x"))
+    });
+    row("peak p99 / fdatasync p99", &|b| {
+        b.ratios
+            .as_ref()?
+            .produce_p99_vs_fdatasync_p99
+            .map(|x| format!("{x:.2}x"))
+    });
+    row("client warnings", &|b| {
+        b.result.as_ref().map(|w| w.client_events.count.to_string())
+    });
+
+    let _ = writeln!(o);
+    let _ = write!(o, "{:<28}", "");
+    for b in &r.brokers {
+        let _ = write!(o, " {:>width$}", truncate(&b.label, width));
+    }
+    let _ = writeln!(o);
+    for (name, cells) in rows {
+        let _ = write!(o, "{name:<28}");
+        for c in cells {
+            let _ = write!(o, " {:>width$}", truncate(&c, width));
+        }
+        let _ = writeln!(o);
+    }
+    for b in &r.brokers {
+        if let Some(e) = &b.error {
+            let _ = writeln!(o, "\n{}: FAILED: {e}", b.label);
+        }
+        for problem in &b.problems {
+            let _ = writeln!(o, "{}: PROBLEM: {problem}", b.label);
+        }
+        for anomaly in &b.anomalies {
+            let _ = writeln!(o, "{}: anomaly: {anomaly}", b.label);
+        }
+        if let Some(w) = &b.result {
+            for e in w.client_events.first.iter().take(3) {
+                let _ = writeln!(o, "{}: client: {}", b.label, truncate(e, 160));
+            }
+        }
+    }
+    for w in &r.warnings {
+        let _ = writeln!(o, "WARNING: {w}");
+    }
+    o
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn cores(c: &CpuUsage) -> String {
+    let f = |x: Option<f64>| x.map_or("?".to_string(), |x| format!("{x:.2}"));
+    format!("{} / {} cores", f(c.client_cores), f(c.broker_cores))
+}
+
+fn pair(l: &LatencySummary) -> String {
+    format!("{} / {}", human_us(l.p50_us), human_us(l.p99_us))
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disk(bytes: u64, mb: f64, p99: u64) -> DiskResult {
+        DiskResult {
+            write_bytes: bytes,
+            rounds: 10,
+            secs: 1.0,
+            mb_per_s: mb,
+            fdatasync: LatencySummary {
+                samples: 10,
+                p99_us: p99,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn raw(mb: f64, p99: u64, lo: f64) -> RawLimits {
+        RawLimits {
+            measured_at_utc: String::new(),
+            disk: vec![disk(4096, mb / 10.0, p99 / 2), disk(1_000_000, mb, p99)],
+            loopback: LoopbackResult {
+                buffer_bytes: 1 << 20,
+                bytes: 1,
+                secs: 1.0,
+                mb_per_s: lo,
+                gb_per_s: lo / 1e3,
+            },
+        }
+    }
+
+    #[test]
+    fn ratios_use_the_more_demanding_raw_figure() {
+        let pair = RawLimitsPair {
+            before: Some(raw(400.0, 2_000, 3_000.0)),
+            after: Some(raw(500.0, 3_000, 2_500.0)),
+        };
+        assert_eq!(pair.best_disk_mb_per_s(1_000_000), Some(500.0));
+        assert_eq!(pair.best_fdatasync_p99_us(1_000_000), Some(2_000));
+        assert_eq!(pair.best_fdatasync_p99_us(4096), Some(1_000));
+        assert_eq!(pair.best_loopback_mb_per_s(), Some(3_000.0));
+        assert_eq!(pair.best_disk_mb_per_s(12345), None);
+    }
+
+    #[test]
+    fn drift_is_reported_beyond_tolerance() {
+        let pair = RawLimitsPair {
+            before: Some(raw(400.0, 2_000, 3_000.0)),
+            after: Some(raw(410.0, 3_000, 1_000.0)),
+        };
+        let d = pair.drift(0.25);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].starts_with("loopback"));
+        assert!(RawLimitsPair {
+            before: None,
+            after: Some(raw(1.0, 1, 1.0))
+        }
+        .drift(0.25)
+        .is_empty());
+    }
+
+    #[test]
+    fn bytes_and_truncation() {
+        assert_eq!(human_bytes(4096), "4 KiB");
+        assert_eq!(human_bytes(1 << 20), "1 MiB");
+        assert_eq!(human_bytes(1_000_000), "1000000 B");
+        assert_eq!(truncate("abcdef", 4), "abc…");
+        assert_eq!(truncate("abc", 4), "abc");
+    }
+}
