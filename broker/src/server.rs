@@ -53,11 +53,14 @@ struct Ready {
 }
 
 /// Runs the broker until SIGTERM/SIGINT.
-pub fn run(config: Config, options: ServerOptions) -> anyhow::Result<()> {
+pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
     let started = Instant::now();
+    std::fs::create_dir_all(&config.log_dir)
+        .with_context(|| format!("cannot create log directory {}", config.log_dir.display()))?;
+    // Absolute from here on: glommio's directory operations do not resolve relative paths.
+    config.log_dir = std::fs::canonicalize(&config.log_dir)
+        .with_context(|| format!("cannot resolve log directory {}", config.log_dir.display()))?;
     let log_dir = config.log_dir.clone();
-    std::fs::create_dir_all(&log_dir)
-        .with_context(|| format!("cannot create log directory {}", log_dir.display()))?;
     let lock_path = log_dir.join(".lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)

@@ -1,1 +1,2528 @@
+//! Test harness for Strand's compatibility suite: real Kafka clients against the real `strand`
+//! binary.
+//!
+//! # What the harness gives a test
+//!
+//! * [`Broker`]: a `strand` process on ephemeral ports with its own temporary data directory
+//!   (kept across [`Broker::restart`]), started through [`Broker::builder`] / [`BrokerBuilder`].
+//!   It can be stopped with [`Broker::kill9`] (SIGKILL) or [`Broker::terminate`] (SIGTERM, graceful)
+//!   and restarted on the same data directory and the same ports. Dropping it kills the process.
+//!   Each process instance logs (stderr and stdout) to its own file in the test's temporary
+//!   directory; when a test panics, the tail of the current log is printed.
+//! * [`raw`]: a tiny blocking Kafka client over `std::net::TcpStream` that encodes and decodes with
+//!   the `kafka-protocol` crate, and can also send arbitrary bytes and detect a closed connection
+//!   (for the bad-input tests). [`admin`] builds the usual admin calls on top of it.
+//! * [`clients`]: helpers around `rdkafka` (bundled librdkafka) for producing and consuming with
+//!   exact offsets, plus [`clients::python_client`] which drives the `confluent-kafka` and
+//!   `kafka-python` scripts in `compat-tests/python/`.
+//! * [`tools`]: finding `kcat` and the Python venv; a missing tool fails the test with a message
+//!   saying how to install it (the test command `tools/run-tests` installs both).
+//! * [`data`]: deterministic test records ([`data::TestRecord`]) and what a consumer read
+//!   ([`data::Consumed`]), with a JSON form shared with the Python scripts.
+//!
+//! # Which broker
+//!
+//! * By default each test spawns its own broker. The binary is `$STRAND_BIN` if set, otherwise
+//!   it is built once per test process with `cargo build --release -p strand-broker --bin strand`
+//!   (release, because the round trips move hundreds of thousands of messages).
+//! * `STRAND_TEST_BOOTSTRAP=host:port` points the whole suite at an already running broker
+//!   (another Kafka-compatible broker, for comparison). Tests that need to kill, restart or
+//!   configure the broker, or to look at its files, declare it with
+//!   [`BrokerBuilder::needs_spawned`]; they then FAIL with a message saying so (they do not skip).
+//!   Every test uses topics with unique names, so the suite can share one external broker.
+//!
+//! # Other environment variables
+//!
+//! * `STRAND_PYTHON`: the Python interpreter of the venv with the pinned clients (default
+//!   `<repo>/.venv/bin/python`).
+//! * `STRAND_TEST_LOG_LEVEL`: the broker's `--log-level` (default `info`).
+//! * `STRAND_TEST_START_TIMEOUT_SECS`: how long to wait for the ready file (default 60).
+//! * `STRAND_TEST_KEEP_DIRS=1`: keep every broker's temporary directory (data and logs); by
+//!   default it is kept only when the test panicked, and its path is printed.
+//!
+//! # Broker contract the harness relies on
+//!
+//! `strand [CONFIG_FILE] [--override KEY=VALUE]... [--log-level LEVEL] [--ready-file PATH]`.
+//! Once the broker has recovered its data and bound every listener it writes (atomically) the
+//! ready file: `{"pid": 1234, "kafka": [{"name": "PLAINTEXT", "addr": "127.0.0.1:41234"}],
+//! "admin": "127.0.0.1:45678"}`. The admin HTTP server serves `/metrics`. On restart the harness
+//! asks for the same ports again, so the listeners must be bound with `SO_REUSEADDR`.
 
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+/// The repository root (the Cargo workspace root).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// `STRAND_TEST_BOOTSTRAP`, when the suite is pointed at an external broker.
+pub fn external_bootstrap() -> Option<String> {
+    std::env::var("STRAND_TEST_BOOTSTRAP")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// A topic name no other test (nor an earlier run against the same external broker) uses.
+pub fn unique_topic(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let salt: u32 = rand::random();
+    format!("{prefix}-{}-{n}-{salt:08x}", std::process::id())
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics with `what` after `timeout`.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn cargo_target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                root.join(dir)
+            }
+        }
+        None => root.join("target"),
+    }
+}
+
+/// The `strand` binary: `$STRAND_BIN`, or built once per test process in release mode.
+///
+/// Panics (failing the test) when the binary cannot be found or built.
+pub fn broker_binary() -> PathBuf {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let bin = BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("STRAND_BIN") {
+            let bin = PathBuf::from(bin);
+            return if bin.is_file() {
+                Ok(bin)
+            } else {
+                Err(format!("STRAND_BIN={} is not a file", bin.display()))
+            };
+        }
+        let root = repo_root();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+        eprintln!("[harness] building the broker: cargo build --release -p strand-broker --bin strand");
+        let status = Command::new(cargo)
+            .args(["build", "--release", "-p", "strand-broker", "--bin", "strand"])
+            .current_dir(&root)
+            .stdin(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run cargo: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "`cargo build --release -p strand-broker --bin strand` failed: {status}"
+            ));
+        }
+        let bin = cargo_target_dir(&root).join("release").join("strand");
+        if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(format!(
+                "cargo build succeeded but {} does not exist",
+                bin.display()
+            ))
+        }
+    });
+    match bin {
+        Ok(bin) => bin.clone(),
+        Err(e) => panic!("no strand binary: {e}"),
+    }
+}
+
+/// What the broker writes to `--ready-file` once it serves.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ReadyFile {
+    /// Process id of the broker.
+    pub pid: u32,
+    /// Bound Kafka listeners, in configuration order.
+    pub kafka: Vec<ReadyListener>,
+    /// Bound address of the admin HTTP server (`/metrics`), if any.
+    #[serde(default)]
+    pub admin: Option<String>,
+}
+
+/// One bound Kafka listener in the ready file.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ReadyListener {
+    /// Listener name, e.g. `PLAINTEXT`.
+    pub name: String,
+    /// Bound address, `host:port`.
+    pub addr: String,
+}
+
+/// Configures and starts a [`Broker`].
+///
+/// Defaults: Kafka listener `PLAINTEXT://127.0.0.1:0` (advertised the same, so clients see the bound
+/// port), admin listener `127.0.0.1:0`, `node.id=1`, `strand.shards=2` (to exercise cross-shard
+/// routing), `log.dirs=<tempdir>/data`, everything else at the broker's defaults (Kafka's).
+/// These go into a `server.properties` file; [`BrokerBuilder::config`] entries are passed as
+/// `--override KEY=VALUE`, so both configuration paths are used.
+#[derive(Clone, Debug)]
+pub struct BrokerBuilder {
+    configs: Vec<(String, String)>,
+    env: Vec<(String, String)>,
+    shards: u32,
+    node_id: i32,
+    log_level: String,
+    needs_spawned: Option<String>,
+    data_dir_limit_bytes: Option<u64>,
+}
+
+impl Default for BrokerBuilder {
+    fn default() -> Self {
+        BrokerBuilder {
+            configs: Vec::new(),
+            env: Vec::new(),
+            shards: 2,
+            node_id: 1,
+            log_level: std::env::var("STRAND_TEST_LOG_LEVEL").unwrap_or_else(|_| "info".to_string()),
+            needs_spawned: None,
+            data_dir_limit_bytes: None,
+        }
+    }
+}
+
+impl BrokerBuilder {
+    /// A broker configuration key (Kafka's name), passed as `--override KEY=VALUE`.
+    ///
+    /// Against an external broker these are not applied; [`Broker::config_value`] then returns
+    /// `None`. A test whose checks depend on the value must also call [`Self::needs_spawned`],
+    /// or fall back to Kafka's default when `config_value` is `None`.
+    pub fn config(mut self, key: &str, value: impl ToString) -> Self {
+        self.configs.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// An environment variable for the broker process (e.g. `KAFKA_NUM_PARTITIONS`). The harness
+    /// removes every inherited `KAFKA_*` and `STRAND_*` variable, so only these reach the broker.
+    pub fn env(mut self, key: &str, value: impl ToString) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Number of thread-per-core shards (`strand.shards`, default 2).
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// `node.id` (default 1).
+    pub fn node_id(mut self, node_id: i32) -> Self {
+        self.node_id = node_id;
+        self
+    }
+
+    /// The broker's `--log-level` (default `$STRAND_TEST_LOG_LEVEL` or `info`).
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.log_level = level.to_string();
+        self
+    }
+
+    /// Puts the data directory on a file system of `bytes` bytes, so that the broker runs into a
+    /// full disk (`ENOSPC`). The broker runs in its own user and mount namespace
+    /// (`unshare --user --map-root-user --mount`) with a tmpfs mounted over its data directory;
+    /// this needs `unshare` (util-linux) and either root or unprivileged user namespaces. The
+    /// data lives only as long as that process: such a broker cannot be restarted with its data.
+    pub fn data_dir_limit(mut self, bytes: u64) -> Self {
+        self.data_dir_limit_bytes = Some(bytes);
+        self.needs_spawned("puts the data directory on a small file system")
+    }
+
+    /// Declares that the test needs a broker spawned by the harness (kill, restart, special
+    /// configuration, access to the data directory). With `STRAND_TEST_BOOTSTRAP` set, `start`
+    /// then fails the test with `reason`.
+    pub fn needs_spawned(mut self, reason: &str) -> Self {
+        self.needs_spawned = Some(reason.to_string());
+        self
+    }
+
+    /// Starts the broker (or attaches to `STRAND_TEST_BOOTSTRAP`) and waits until it is ready.
+    pub fn start(self) -> Broker {
+        if let Some(bootstrap) = external_bootstrap() {
+            if let Some(reason) = &self.needs_spawned {
+                panic!(
+                    "this test needs a broker spawned by the harness ({reason}); it cannot run against \
+                     STRAND_TEST_BOOTSTRAP={bootstrap}. Unset STRAND_TEST_BOOTSTRAP to run it."
+                );
+            }
+            return Broker {
+                mode: Mode::External { bootstrap },
+            };
+        }
+        let mut spawned = Spawned::new(self);
+        spawned.launch(None);
+        Broker {
+            mode: Mode::Spawned(Box::new(spawned)),
+        }
+    }
+
+    /// Spawns the broker expecting it to exit on its own (e.g. because of an invalid
+    /// configuration) within `timeout`; returns its exit status and its log. Panics if it
+    /// becomes ready or keeps running. Needs a spawned broker.
+    pub fn start_expecting_exit(self, timeout: Duration) -> (ExitStatus, String) {
+        if let Some(bootstrap) = external_bootstrap() {
+            panic!(
+                "this test needs a broker spawned by the harness (it checks start-up failures); it \
+                 cannot run against STRAND_TEST_BOOTSTRAP={bootstrap}"
+            );
+        }
+        let mut spawned = Spawned::new(self);
+        let mut child = spawned.spawn_child(None);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait on the broker") {
+                return (status, spawned.log_text());
+            }
+            if spawned.ready_path.exists() {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the broker became ready although it was expected to refuse to start; log tail:\n{}",
+                    spawned.stderr_tail(40)
+                );
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the broker neither exited nor became ready within {timeout:?}; log tail:\n{}",
+                    spawned.stderr_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A running broker: spawned by the harness or external (`STRAND_TEST_BOOTSTRAP`).
+///
+/// Dropping it kills a spawned process (SIGKILL) and removes its temporary directory, unless
+/// the test is panicking or `STRAND_TEST_KEEP_DIRS=1`.
+pub struct Broker {
+    mode: Mode,
+}
+
+enum Mode {
+    External { bootstrap: String },
+    Spawned(Box<Spawned>),
+}
+
+impl Broker {
+    /// A builder with the defaults described on [`BrokerBuilder`].
+    pub fn builder() -> BrokerBuilder {
+        BrokerBuilder::default()
+    }
+
+    /// Starts a broker with the default configuration.
+    pub fn start() -> Broker {
+        BrokerBuilder::default().start()
+    }
+
+    /// Whether this broker was spawned by the harness (as opposed to `STRAND_TEST_BOOTSTRAP`).
+    pub fn is_spawned(&self) -> bool {
+        matches!(self.mode, Mode::Spawned(_))
+    }
+
+    fn spawned(&self, what: &str) -> &Spawned {
+        match &self.mode {
+            Mode::Spawned(s) => s,
+            Mode::External { bootstrap } => panic!(
+                "{what} needs a broker spawned by the harness, not STRAND_TEST_BOOTSTRAP={bootstrap} \
+                 (declare it with BrokerBuilder::needs_spawned)"
+            ),
+        }
+    }
+
+    fn spawned_mut(&mut self, what: &str) -> &mut Spawned {
+        match &mut self.mode {
+            Mode::Spawned(s) => s,
+            Mode::External { bootstrap } => panic!(
+                "{what} needs a broker spawned by the harness, not STRAND_TEST_BOOTSTRAP={bootstrap} \
+                 (declare it with BrokerBuilder::needs_spawned)"
+            ),
+        }
+    }
+
+    /// `host:port` of the Kafka listener, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        match &self.mode {
+            Mode::External { bootstrap } => bootstrap.clone(),
+            Mode::Spawned(s) => s
+                .ready()
+                .kafka
+                .first()
+                .map(|l| l.addr.clone())
+                .unwrap_or_else(|| panic!("the broker's ready file lists no Kafka listener")),
+        }
+    }
+
+    /// The node id the broker was configured with (spawned), or `None` for an external broker.
+    pub fn node_id(&self) -> Option<i32> {
+        match &self.mode {
+            Mode::External { .. } => None,
+            Mode::Spawned(s) => Some(s.builder.node_id),
+        }
+    }
+
+    /// The value a test configured with [`BrokerBuilder::config`] (last one wins), or `None` for
+    /// an external broker or a key that was not set.
+    pub fn config_value(&self, key: &str) -> Option<String> {
+        match &self.mode {
+            Mode::External { .. } => None,
+            Mode::Spawned(s) => s
+                .builder
+                .configs
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone()),
+        }
+    }
+
+    /// The ready file of the current process instance.
+    pub fn ready(&self) -> ReadyFile {
+        self.spawned("reading the ready file").ready().clone()
+    }
+
+    /// `log.dirs` of the spawned broker.
+    pub fn data_dir(&self) -> PathBuf {
+        self.spawned("data_dir()").data_dir.clone()
+    }
+
+    /// The directory of one partition's log: `<log.dirs>/<topic>-<partition>` (Kafka's layout).
+    pub fn partition_dir(&self, topic: &str, partition: i32) -> PathBuf {
+        self.data_dir().join(format!("{topic}-{partition}"))
+    }
+
+    /// Process id of the current broker process, if running.
+    pub fn pid(&self) -> Option<u32> {
+        self.spawned("pid()").child.as_ref().map(|c| c.id())
+    }
+
+    /// Kills the broker with SIGKILL and waits for it. Panics if it already exited on its own.
+    pub fn kill9(&mut self) {
+        self.spawned_mut("kill9()").kill9();
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for a graceful exit; returns the exit status.
+    /// Panics (after a SIGKILL) if the broker does not exit in time.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        self.spawned_mut("terminate()").terminate(timeout)
+    }
+
+    /// Starts the broker again on the same data directory and the same ports, after
+    /// [`Self::kill9`] or [`Self::terminate`]. Removes the old ready file first and waits for the
+    /// new one.
+    pub fn restart(&mut self) {
+        self.spawned_mut("restart()").restart();
+    }
+
+    /// The body of `GET /metrics` on the admin listener (Prometheus text format). Panics unless
+    /// the answer is `200`.
+    pub fn metrics(&self) -> String {
+        let admin = self
+            .spawned("metrics()")
+            .ready()
+            .admin
+            .clone()
+            .unwrap_or_else(|| panic!("the ready file has no admin address"));
+        http_get(&admin, "/metrics").unwrap_or_else(|e| panic!("GET http://{admin}/metrics: {e}"))
+    }
+
+    /// The last `lines` lines of the current process instance's log (stderr and stdout).
+    pub fn stderr_tail(&self, lines: usize) -> String {
+        match &self.mode {
+            Mode::External { .. } => "(external broker: no log)".to_string(),
+            Mode::Spawned(s) => s.stderr_tail(lines),
+        }
+    }
+
+    /// The complete log of the current process instance.
+    pub fn log_text(&self) -> String {
+        self.spawned("log_text()").log_text()
+    }
+
+    /// Path of the current process instance's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.spawned("log_path()").log_path()
+    }
+
+    /// Panics with the log tail if the spawned process has exited (no-op for an external broker).
+    pub fn assert_running(&mut self) {
+        if let Mode::Spawned(s) = &mut self.mode {
+            s.assert_running();
+        }
+    }
+}
+
+struct Spawned {
+    builder: BrokerBuilder,
+    bin: PathBuf,
+    dir: Option<tempfile::TempDir>,
+    dir_path: PathBuf,
+    data_dir: PathBuf,
+    config_path: PathBuf,
+    ready_path: PathBuf,
+    child: Option<Child>,
+    /// Kills the broker if this test process dies without dropping it (see [`watchdog`]).
+    watchdog: Option<Child>,
+    generation: u32,
+    ready: Option<ReadyFile>,
+}
+
+/// Starts a tiny shell loop that SIGKILLs `broker_pid` once this test process is gone. A test
+/// process killed by a signal (a test runner's timeout, Ctrl-C) runs no destructors, and the
+/// broker would otherwise outlive it and keep eating the machine. Ends by itself when the broker
+/// exits.
+fn watchdog(broker_pid: u32) -> Option<Child> {
+    let me = std::process::id();
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null && kill -0 {broker_pid} 2>/dev/null; do sleep 0.5; done; \
+         kill -0 {me} 2>/dev/null || kill -9 {broker_pid} 2>/dev/null"
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+}
+
+impl Spawned {
+    fn new(builder: BrokerBuilder) -> Spawned {
+        let bin = broker_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("strand-test-")
+            .tempdir()
+            .expect("create a temp dir");
+        let dir_path = dir.path().to_path_buf();
+        let data_dir = dir_path.join("data");
+        fs::create_dir_all(&data_dir).expect("create the data dir");
+        let config_path = dir_path.join("server.properties");
+        let properties = format!(
+            "# written by strand-compat-tests\n\
+             listeners=PLAINTEXT://127.0.0.1:0\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:0\n\
+             log.dirs={}\n\
+             node.id={}\n\
+             strand.admin.listener=127.0.0.1:0\n\
+             strand.shards={}\n",
+            data_dir.display(),
+            builder.node_id,
+            builder.shards
+        );
+        fs::write(&config_path, properties).expect("write server.properties");
+        let ready_path = dir_path.join("ready.json");
+        Spawned {
+            builder,
+            bin,
+            dir: Some(dir),
+            dir_path,
+            data_dir,
+            config_path,
+            ready_path,
+            child: None,
+            watchdog: None,
+            generation: 0,
+            ready: None,
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir_path.join(format!("broker-{}.log", self.generation))
+    }
+
+    fn ready(&self) -> &ReadyFile {
+        self.ready
+            .as_ref()
+            .unwrap_or_else(|| panic!("the broker is not running (no ready file)"))
+    }
+
+    /// Spawns the process; `pinned` = (kafka addr, admin addr) to bind again on restart.
+    fn spawn_child(&mut self, pinned: Option<(String, Option<String>)>) -> Child {
+        let log = fs::File::create(self.log_path()).expect("create the broker log file");
+        let log2 = log.try_clone().expect("clone the log file handle");
+        let mut cmd = match self.builder.data_dir_limit_bytes {
+            None => Command::new(&self.bin),
+            Some(bytes) => {
+                // A small tmpfs over the data directory, in a private mount namespace; `exec` keeps
+                // the broker's pid the one the harness waits for and kills.
+                let mut c = Command::new("unshare");
+                c.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+                    .arg(format!(
+                        "mount -t tmpfs -o size={bytes} strand-test-tmpfs \"$1\" || {{ echo 'cannot mount a \
+                         tmpfs in a user namespace: the disk-full test needs root or unprivileged user \
+                         namespaces (sysctl kernel.unprivileged_userns_clone=1)' >&2; exit 97; }}; \
+                         shift; exec \"$@\""
+                    ))
+                    .arg("strand-in-namespace")
+                    .arg(&self.data_dir)
+                    .arg(&self.bin);
+                c
+            }
+        };
+        cmd.arg(&self.config_path);
+        for (k, v) in &self.builder.configs {
+            cmd.arg("--override").arg(format!("{k}={v}"));
+        }
+        if let Some((kafka, admin)) = pinned {
+            cmd.arg("--override")
+                .arg(format!("listeners=PLAINTEXT://{kafka}"));
+            cmd.arg("--override")
+                .arg(format!("advertised.listeners=PLAINTEXT://{kafka}"));
+            if let Some(admin) = admin {
+                cmd.arg("--override")
+                    .arg(format!("strand.admin.listener={admin}"));
+            }
+        }
+        cmd.arg("--log-level").arg(&self.builder.log_level);
+        cmd.arg("--ready-file").arg(&self.ready_path);
+        for (k, _) in std::env::vars_os() {
+            let name = k.to_string_lossy();
+            // The broker reads KAFKA_* and STRAND_* variables as configuration; the test
+            // process's own (STRAND_BIN, STRAND_PYTHON, ...) must not reach it.
+            if name.starts_with("KAFKA_") || name.starts_with("STRAND_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env_remove("LD_LIBRARY_PATH");
+        cmd.env("RUST_BACKTRACE", "1");
+        for (k, v) in &self.builder.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log2))
+            .stderr(Stdio::from(log));
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()))
+    }
+
+    fn launch(&mut self, pinned: Option<(String, Option<String>)>) {
+        match fs::remove_file(&self.ready_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("cannot remove the old ready file: {e}"),
+        }
+        self.ready = None;
+        let child = self.spawn_child(pinned);
+        let pid = child.id();
+        self.child = Some(child);
+        self.stop_watchdog();
+        self.watchdog = watchdog(pid);
+        let timeout = Duration::from_secs(
+            std::env::var("STRAND_TEST_START_TIMEOUT_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(60),
+        );
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().expect("try_wait on the broker") {
+                    self.child = None;
+                    panic!(
+                        "the broker exited with {status} before it was ready; log tail ({}):\n{}",
+                        self.log_path().display(),
+                        self.stderr_tail(60)
+                    );
+                }
+            }
+            if let Ok(text) = fs::read_to_string(&self.ready_path) {
+                match serde_json::from_str::<ReadyFile>(&text) {
+                    Ok(ready) => {
+                        assert_eq!(ready.pid, pid, "the ready file names another process: {text}");
+                        assert!(
+                            !ready.kafka.is_empty(),
+                            "the ready file lists no Kafka listener: {text}"
+                        );
+                        self.ready = Some(ready);
+                        return;
+                    }
+                    Err(e) => {
+                        // Written atomically (rename), so a parse error is the broker's fault.
+                        panic!("the ready file is not valid: {e}: {text:?}");
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                self.kill_quietly();
+                panic!(
+                    "the broker did not write its ready file within {timeout:?}; log tail ({}):\n{}",
+                    self.log_path().display(),
+                    self.stderr_tail(60)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn assert_running(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            panic!("the broker is not running");
+        };
+        if let Some(status) = child.try_wait().expect("try_wait on the broker") {
+            self.child = None;
+            panic!(
+                "the broker exited unexpectedly with {status}; log tail:\n{}",
+                self.stderr_tail(60)
+            );
+        }
+    }
+
+    fn kill9(&mut self) {
+        self.assert_running();
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL the broker");
+            child.wait().expect("wait for the killed broker");
+        }
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+
+    fn kill_quietly(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        self.assert_running();
+        let Some(mut child) = self.child.take() else {
+            panic!("the broker is not running");
+        };
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill -TERM");
+        assert!(status.success(), "kill -TERM {} failed", child.id());
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait on the broker") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the broker did not exit within {timeout:?} after SIGTERM; log tail:\n{}",
+                    self.stderr_tail(60)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn restart(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if child.try_wait().expect("try_wait on the broker").is_none() {
+                panic!("restart() while the broker is still running: call kill9() or terminate() first");
+            }
+            self.child = None;
+        }
+        let ready = self.ready().clone();
+        let kafka = ready.kafka.first().map(|l| l.addr.clone()).unwrap_or_default();
+        self.generation += 1;
+        self.launch(Some((kafka, ready.admin)));
+    }
+
+    fn log_text(&self) -> String {
+        let bytes = fs::read(self.log_path()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn stderr_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        let start = all.len().saturating_sub(lines);
+        all[start..].join("\n")
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.kill_quietly();
+        self.stop_watchdog();
+        let keep = std::thread::panicking()
+            || std::env::var("STRAND_TEST_KEEP_DIRS")
+                .map(|v| v == "1")
+                .unwrap_or(false);
+        if std::thread::panicking() {
+            eprintln!(
+                "[harness] broker log tail ({}):\n{}\n[harness] end of broker log",
+                self.log_path().display(),
+                self.stderr_tail(40)
+            );
+        }
+        if keep {
+            if let Some(dir) = self.dir.take() {
+                let path = dir.keep();
+                eprintln!("[harness] kept the broker's directory: {}", path.display());
+            }
+        }
+    }
+}
+
+/// A plain HTTP/1.0 GET; returns the body of a `200` answer.
+pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header end: {text:?}"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(format!("status line {status:?}"));
+    }
+    Ok(body.to_string())
+}
+
+/// Finding the external tools the tests drive.
+pub mod tools {
+    use super::*;
+
+    /// `kcat` on `PATH`; fails the test with install instructions when missing.
+    pub fn kcat() -> PathBuf {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join("kcat");
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+        panic!("kcat not found: run tools/run-tests, which installs it with `apt-get install -y kcat`");
+    }
+
+    /// A `kcat` command (see [`kcat`]) that runs as a user would run it: with the system's
+    /// librdkafka. `cargo test` puts the bundled librdkafka of `rdkafka-sys` on
+    /// `LD_LIBRARY_PATH`, which Debian's dynamically linked kcat would otherwise pick up.
+    pub fn kcat_command() -> Command {
+        let mut c = Command::new(kcat());
+        c.env_remove("LD_LIBRARY_PATH");
+        c
+    }
+
+    /// The Python interpreter with `confluent-kafka` and `kafka-python`: `$STRAND_PYTHON` or
+    /// `<repo>/.venv/bin/python`. Checked once per process; fails the test with install
+    /// instructions when missing.
+    pub fn python() -> PathBuf {
+        static PY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        let hint = "run tools/run-tests, which creates .venv with confluent-kafka==2.16.1 and \
+                    kafka-python==3.0.12 (pip install -r compat-tests/python/requirements.txt)";
+        let py = PY.get_or_init(|| {
+            let py = match std::env::var_os("STRAND_PYTHON") {
+                Some(p) => PathBuf::from(p),
+                None => repo_root().join(".venv").join("bin").join("python"),
+            };
+            if !py.exists() {
+                return Err(format!("Python venv not found at {}: {hint}", py.display()));
+            }
+            let out = Command::new(&py)
+                .args(["-c", "import confluent_kafka, kafka"])
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}: {hint}", py.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{} cannot import confluent_kafka and kafka ({}): {hint}",
+                    py.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(py)
+        });
+        match py {
+            Ok(p) => p.clone(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Directory of the Python client scripts.
+    pub fn python_scripts_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python")
+    }
+
+    /// Runs `cmd` feeding `stdin`, with a time limit; returns (status, stdout, stderr).
+    /// Panics if the command cannot be started or exceeds `timeout` (it is killed then).
+    pub fn run_with_input(
+        mut cmd: Command,
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> (ExitStatus, Vec<u8>, Vec<u8>) {
+        let desc = format!("{cmd:?}");
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
+        let mut child_stdin = child.stdin.take().expect("stdin pipe");
+        let input = stdin.to_vec();
+        let writer = std::thread::spawn(move || {
+            let r = child_stdin.write_all(&input);
+            drop(child_stdin);
+            r
+        });
+        let mut out_pipe = child.stdout.take().expect("stdout pipe");
+        let mut err_pipe = child.stderr.take().expect("stderr pipe");
+        let out_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = out_pipe.read_to_end(&mut v);
+            v
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = err_pipe.read_to_end(&mut v);
+            v
+        });
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = err_reader.join().unwrap_or_default();
+                let err = String::from_utf8_lossy(&err);
+                let lines: Vec<&str> = err.lines().collect();
+                panic!(
+                    "{desc} did not finish within {timeout:?}; the end of its stderr:\n{}",
+                    lines[lines.len().saturating_sub(30)..].join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let write_result = writer.join().expect("stdin writer thread");
+        let out = out_reader.join().expect("stdout reader thread");
+        let err = err_reader.join().expect("stderr reader thread");
+        if let Err(e) = write_result {
+            if status.success() {
+                panic!("{desc}: writing its stdin failed although it succeeded: {e}");
+            }
+        }
+        (status, out, err)
+    }
+}
+
+/// Test data: records to produce and what consumers read, with the JSON form shared with the
+/// Python scripts (bytes as lowercase hex, `null` for null).
+pub mod data {
+    use serde_json::{json, Value};
+
+    /// A record to produce.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct TestRecord {
+        /// Target partition.
+        pub partition: i32,
+        /// Key (`None` = null key).
+        pub key: Option<Vec<u8>>,
+        /// Value (`None` = null value, a tombstone).
+        pub value: Option<Vec<u8>>,
+        /// Headers in order; duplicate names allowed; `None` = null header value.
+        pub headers: Vec<(String, Option<Vec<u8>>)>,
+        /// CreateTime timestamp in ms (`None` = let the client pick "now").
+        pub timestamp: Option<i64>,
+    }
+
+    /// A record as a consumer read it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Consumed {
+        /// Partition it was read from.
+        pub partition: i32,
+        /// Its offset.
+        pub offset: i64,
+        /// Key.
+        pub key: Option<Vec<u8>>,
+        /// Value.
+        pub value: Option<Vec<u8>>,
+        /// Headers in order.
+        pub headers: Vec<(String, Option<Vec<u8>>)>,
+        /// Timestamp in ms, if the client reported one.
+        pub timestamp: Option<i64>,
+    }
+
+    impl Consumed {
+        /// Whether key, value and headers equal those of `r` (and the partition matches).
+        pub fn same_content(&self, r: &TestRecord) -> bool {
+            self.partition == r.partition
+                && self.key == r.key
+                && self.value == r.value
+                && self.headers == r.headers
+        }
+    }
+
+    /// Lowercase hex.
+    pub fn hex(bytes: &[u8]) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut s = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            s.push(DIGITS[(b >> 4) as usize] as char);
+            s.push(DIGITS[(b & 15) as usize] as char);
+        }
+        s
+    }
+
+    /// Parses lowercase or uppercase hex; `None` if malformed.
+    pub fn unhex(s: &str) -> Option<Vec<u8>> {
+        if s.len() & 1 == 1 {
+            return None;
+        }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        };
+        s.as_bytes()
+            .chunks(2)
+            .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+            .collect()
+    }
+
+    fn opt_hex(b: &Option<Vec<u8>>) -> Value {
+        match b {
+            Some(b) => Value::String(hex(b)),
+            None => Value::Null,
+        }
+    }
+
+    fn headers_json(h: &[(String, Option<Vec<u8>>)]) -> Value {
+        Value::Array(h.iter().map(|(k, v)| json!([k, opt_hex(v)])).collect())
+    }
+
+    /// JSON form of a record to produce.
+    pub fn record_to_json(r: &TestRecord) -> Value {
+        json!({
+            "partition": r.partition,
+            "key": opt_hex(&r.key),
+            "value": opt_hex(&r.value),
+            "headers": headers_json(&r.headers),
+            "timestamp": r.timestamp,
+        })
+    }
+
+    fn field_opt_bytes(v: &Value, name: &str) -> Result<Option<Vec<u8>>, String> {
+        match v.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => unhex(s).map(Some).ok_or_else(|| format!("{name}: bad hex {s:?}")),
+            Some(other) => Err(format!("{name}: expected hex string or null, got {other}")),
+        }
+    }
+
+    /// Parses a consumed record from the scripts' JSON.
+    pub fn consumed_from_json(v: &Value) -> Result<Consumed, String> {
+        let int = |name: &str| {
+            v.get(name)
+                .and_then(Value::as_i64)
+                .ok_or_else(|| format!("missing {name} in {v}"))
+        };
+        let mut headers = Vec::new();
+        for h in v
+            .get("headers")
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("missing headers in {v}"))?
+        {
+            let pair = h
+                .as_array()
+                .filter(|a| a.len() == 2)
+                .ok_or_else(|| format!("bad header {h}"))?;
+            let name = pair[0]
+                .as_str()
+                .ok_or_else(|| format!("bad header name {h}"))?
+                .to_string();
+            let value = match &pair[1] {
+                Value::Null => None,
+                Value::String(s) => Some(unhex(s).ok_or_else(|| format!("bad header hex {h}"))?),
+                other => return Err(format!("bad header value {other}")),
+            };
+            headers.push((name, value));
+        }
+        Ok(Consumed {
+            partition: int("partition")? as i32,
+            offset: int("offset")?,
+            key: field_opt_bytes(v, "key")?,
+            value: field_opt_bytes(v, "value")?,
+            headers,
+            timestamp: v.get("timestamp").and_then(Value::as_i64),
+        })
+    }
+
+    /// A small deterministic generator (splitmix64), so failures are reproducible.
+    #[derive(Clone, Debug)]
+    pub struct Gen(u64);
+
+    impl Gen {
+        /// A generator from a seed.
+        pub fn new(seed: u64) -> Gen {
+            Gen(seed)
+        }
+
+        /// Next 64 random bits.
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        /// Uniform in `0..n` (n > 0).
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+
+        /// `len` random bytes, none of them in `excluded`.
+        pub fn bytes(&mut self, len: usize, excluded: &[u8]) -> Vec<u8> {
+            let mut v = Vec::with_capacity(len);
+            while v.len() < len {
+                let b = self.next_u64() as u8;
+                if !excluded.contains(&b) {
+                    v.push(b);
+                }
+            }
+            v
+        }
+    }
+
+    /// `n` records over `partitions` partitions with every corner the clients must keep apart:
+    /// binary keys and values (all byte values), empty vs null key and value, null header
+    /// values, duplicate header names, explicit timestamps. Record `i` goes to partition
+    /// `i % partitions` and its key starts with `i` in decimal, so it is easy to identify.
+    pub fn varied_records(n: usize, partitions: i32, seed: u64) -> Vec<TestRecord> {
+        let mut g = Gen::new(seed);
+        let base_ts = 1_700_000_000_000i64;
+        (0..n)
+            .map(|i| {
+                let mut key = format!("key-{i}-").into_bytes();
+                let klen = g.below(24) as usize;
+                key.extend(g.bytes(klen, &[]));
+                let vlen = g.below(300) as usize;
+                let mut value = format!("value-{i}:").into_bytes();
+                value.extend(g.bytes(vlen, &[]));
+                let (key, value) = match i % 10 {
+                    3 => (None, Some(value)),
+                    4 => (Some(key), None),
+                    5 => (Some(Vec::new()), Some(Vec::new())),
+                    _ => (Some(key), Some(value)),
+                };
+                let mut headers = vec![("seq".to_string(), Some(i.to_string().into_bytes()))];
+                match i % 7 {
+                    1 => headers.push(("nullable".to_string(), None)),
+                    2 => {
+                        headers.push(("dup".to_string(), Some(b"first".to_vec())));
+                        headers.push(("dup".to_string(), Some(b"second".to_vec())));
+                    }
+                    3 => headers.push(("bin".to_string(), Some(g.bytes(16, &[])))),
+                    4 => headers.push(("empty".to_string(), Some(Vec::new()))),
+                    _ => {}
+                }
+                TestRecord {
+                    partition: (i as i32) % partitions,
+                    key,
+                    value,
+                    headers,
+                    timestamp: Some(base_ts + i as i64),
+                }
+            })
+            .collect()
+    }
+
+    /// Checks that `got` is exactly `expected` produced at `offsets` (same order as
+    /// `expected`): every record read once, at its offset, byte-identical, timestamps equal
+    /// when `check_timestamps`. Returns a description of the first differences.
+    pub fn compare_read_back(
+        who: &str,
+        expected: &[TestRecord],
+        offsets: &[i64],
+        got: &[Consumed],
+        check_timestamps: bool,
+    ) -> Result<(), String> {
+        assert_eq!(expected.len(), offsets.len());
+        let mut problems = Vec::new();
+        let mut by_pos = std::collections::BTreeMap::new();
+        for c in got {
+            if by_pos.insert((c.partition, c.offset), c).is_some() {
+                problems.push(format!(
+                    "{who}: read partition {} offset {} twice",
+                    c.partition, c.offset
+                ));
+            }
+        }
+        if got.len() != expected.len() {
+            problems.push(format!(
+                "{who}: read {} records, expected {}",
+                got.len(),
+                expected.len()
+            ));
+        }
+        for (r, &off) in expected.iter().zip(offsets) {
+            match by_pos.get(&(r.partition, off)) {
+                None => problems.push(format!("{who}: missing partition {} offset {off}", r.partition)),
+                Some(c) => {
+                    if !c.same_content(r) {
+                        problems.push(format!(
+                            "{who}: partition {} offset {off} differs:\n  expected key={:?} value={:?} headers={:?}\n  got      key={:?} value={:?} headers={:?}",
+                            r.partition, r.key.as_deref().map(hex), r.value.as_deref().map(hex), r.headers,
+                            c.key.as_deref().map(hex), c.value.as_deref().map(hex), c.headers
+                        ));
+                    } else if check_timestamps && r.timestamp.is_some() && c.timestamp != r.timestamp {
+                        problems.push(format!(
+                            "{who}: partition {} offset {off}: timestamp {:?}, expected {:?}",
+                            r.partition, c.timestamp, r.timestamp
+                        ));
+                    }
+                }
+            }
+            if problems.len() > 10 {
+                break;
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+/// A minimal blocking Kafka client for exact-protocol and bad-input tests.
+///
+/// [`raw::RawConn::request`] sends one typed request (any version the `kafka-protocol` crate
+/// knows) and decodes the answer, checking the correlation id and that the whole frame was
+/// consumed. [`raw::RawConn::raw_request`] sends any encodable body under any API key and
+/// returns the answer undecoded; [`raw::RawConn::send_frame`] / [`raw::RawConn::send_bytes`] put
+/// arbitrary bytes on the wire and [`raw::RawConn::expect_closed`] checks that the broker closed
+/// the connection.
+pub mod raw {
+    use super::*;
+    use bytes::{Buf, BufMut, Bytes, BytesMut};
+    use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+    use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+
+    /// Client id the raw connections send.
+    pub const CLIENT_ID: &str = "strand-compat-raw";
+    /// Largest answer the raw client accepts.
+    pub const MAX_RESPONSE: usize = 256 * 1024 * 1024;
+
+    /// One TCP connection speaking the Kafka protocol.
+    pub struct RawConn {
+        stream: TcpStream,
+        next_correlation_id: i32,
+        /// Peer address.
+        pub addr: String,
+    }
+
+    /// An undecoded answer: the frame after its length prefix.
+    #[derive(Clone, Debug)]
+    pub struct ResponseBytes {
+        /// The whole frame (correlation id, header tagged fields if any, body).
+        pub frame: Bytes,
+        /// The correlation id read from the first four bytes.
+        pub correlation_id: i32,
+    }
+
+    impl ResponseBytes {
+        /// Decodes header and body as the answer of version `version`, requiring that nothing
+        /// is left over.
+        pub fn decode<Resp: Decodable + HeaderVersion>(&self, version: i16) -> anyhow::Result<Resp> {
+            let mut buf = self.frame.clone();
+            let _header = ResponseHeader::decode(&mut buf, Resp::header_version(version))?;
+            let resp = Resp::decode(&mut buf, version)?;
+            anyhow::ensure!(
+                buf.remaining() == 0,
+                "{} bytes left over after decoding the response as version {version}",
+                buf.remaining()
+            );
+            Ok(resp)
+        }
+    }
+
+    impl RawConn {
+        /// Connects with a 15 s read timeout.
+        pub fn connect(addr: &str) -> std::io::Result<RawConn> {
+            let stream = TcpStream::connect(addr)?;
+            stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+            stream.set_nodelay(true)?;
+            Ok(RawConn {
+                stream,
+                next_correlation_id: 1,
+                addr: addr.to_string(),
+            })
+        }
+
+        /// Changes the read timeout.
+        pub fn set_read_timeout(&mut self, t: Duration) -> std::io::Result<()> {
+            self.stream.set_read_timeout(Some(t))
+        }
+
+        /// Encodes a request frame (length prefix included) with the given header version.
+        pub fn encode_frame<Req: Encodable>(
+            api_key: i16,
+            version: i16,
+            header_version: i16,
+            correlation_id: i32,
+            req: &Req,
+        ) -> anyhow::Result<BytesMut> {
+            let header = RequestHeader::default()
+                .with_request_api_key(api_key)
+                .with_request_api_version(version)
+                .with_correlation_id(correlation_id)
+                .with_client_id(Some(StrBytes::from_static_str(CLIENT_ID)));
+            let mut body = BytesMut::new();
+            header.encode(&mut body, header_version)?;
+            req.encode(&mut body, version)?;
+            let mut frame = BytesMut::with_capacity(body.len() + 4);
+            frame.put_i32(i32::try_from(body.len())?);
+            frame.put_slice(&body);
+            Ok(frame)
+        }
+
+        fn take_correlation_id(&mut self) -> i32 {
+            let id = self.next_correlation_id;
+            self.next_correlation_id += 1;
+            id
+        }
+
+        /// Sends a typed request and decodes its answer.
+        pub fn request<R: Request>(&mut self, version: i16, req: &R) -> anyhow::Result<R::Response> {
+            let corr = self.send_request(version, req)?;
+            let resp = self.read_response()?;
+            anyhow::ensure!(
+                resp.correlation_id == corr,
+                "correlation id {} in the answer, expected {corr}",
+                resp.correlation_id
+            );
+            resp.decode::<R::Response>(version)
+        }
+
+        /// Sends a typed request without reading the answer; returns its correlation id.
+        pub fn send_request<R: Request>(&mut self, version: i16, req: &R) -> anyhow::Result<i32> {
+            let corr = self.take_correlation_id();
+            let frame = Self::encode_frame(R::KEY, version, R::header_version(version), corr, req)?;
+            self.stream.write_all(&frame)?;
+            Ok(corr)
+        }
+
+        /// Sends `req` encoded as version `version` under `api_key` (known or not; an unknown
+        /// key gets request header v1) and returns the answer undecoded.
+        pub fn raw_request<Req: Encodable>(
+            &mut self,
+            api_key: i16,
+            version: i16,
+            req: &Req,
+        ) -> anyhow::Result<ResponseBytes> {
+            let header_version = ApiKey::try_from(api_key)
+                .map(|k| k.request_header_version(version))
+                .unwrap_or(1);
+            let corr = self.take_correlation_id();
+            let frame = Self::encode_frame(api_key, version, header_version, corr, req)?;
+            self.stream.write_all(&frame)?;
+            let resp = self.read_response()?;
+            anyhow::ensure!(
+                resp.correlation_id == corr,
+                "correlation id {} != {corr}",
+                resp.correlation_id
+            );
+            Ok(resp)
+        }
+
+        /// Writes `payload` with a 4-byte big-endian length prefix.
+        pub fn send_frame(&mut self, payload: &[u8]) -> std::io::Result<()> {
+            let mut frame = Vec::with_capacity(payload.len() + 4);
+            frame.extend_from_slice(&(payload.len() as i32).to_be_bytes());
+            frame.extend_from_slice(payload);
+            self.stream.write_all(&frame)
+        }
+
+        /// Writes raw bytes, nothing added.
+        pub fn send_bytes(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.stream.write_all(bytes)
+        }
+
+        /// Reads one answer frame. An error of kind `UnexpectedEof` means the broker closed.
+        pub fn read_response(&mut self) -> anyhow::Result<ResponseBytes> {
+            match self.read_frame()? {
+                Some(frame) => {
+                    anyhow::ensure!(frame.len() >= 4, "answer frame of {} bytes", frame.len());
+                    let correlation_id = i32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]);
+                    Ok(ResponseBytes {
+                        frame,
+                        correlation_id,
+                    })
+                }
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the broker closed the connection",
+                )
+                .into()),
+            }
+        }
+
+        /// Reads one frame; `Ok(None)` when the peer closed (EOF or reset) before its first byte.
+        pub fn read_frame(&mut self) -> std::io::Result<Option<Bytes>> {
+            let mut len = [0u8; 4];
+            match read_full(&mut self.stream, &mut len)? {
+                0 => return Ok(None),
+                4 => {}
+                n => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("closed after {n} bytes of a length prefix"),
+                    ))
+                }
+            }
+            let len = i32::from_be_bytes(len);
+            if len < 0 || len as usize > MAX_RESPONSE {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("answer frame length {len}"),
+                ));
+            }
+            let mut buf = vec![0u8; len as usize];
+            let n = read_full(&mut self.stream, &mut buf)?;
+            if n != buf.len() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("closed after {n} of {len} bytes of an answer"),
+                ));
+            }
+            Ok(Some(Bytes::from(buf)))
+        }
+
+        /// Checks that the broker closes the connection within `within` without sending
+        /// anything. Returns a description of what happened otherwise.
+        pub fn expect_closed(&mut self, within: Duration) -> Result<(), String> {
+            self.stream
+                .set_read_timeout(Some(within))
+                .map_err(|e| e.to_string())?;
+            let mut buf = [0u8; 4096];
+            match self.stream.read(&mut buf) {
+                Ok(0) => Ok(()),
+                Ok(n) => Err(format!(
+                    "the broker answered ({n} bytes: {:02x?}) instead of closing",
+                    &buf[..n.min(64)]
+                )),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    Err(format!("the connection was still open after {within:?}"))
+                }
+                Err(e) => Err(format!("read error {e} (neither a close nor an answer)")),
+            }
+        }
+    }
+
+    /// Reads until `buf` is full or EOF; returns the bytes read. A connection reset before any
+    /// byte counts as EOF.
+    fn read_full(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut n = 0;
+        while n < buf.len() {
+            match stream.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && n == 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
+    }
+
+    /// A record for [`encode_batch`]: key, value, headers, timestamp.
+    pub fn record(key: Option<&[u8]>, value: Option<&[u8]>, timestamp: i64) -> Record {
+        Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence: -1,
+            timestamp,
+            key: key.map(Bytes::copy_from_slice),
+            value: value.map(Bytes::copy_from_slice),
+            headers: Default::default(),
+        }
+    }
+
+    /// Encodes records as exactly one v2 record batch (base offset 0, offset deltas 0..n, no
+    /// producer id, base sequence -1), as Produce v3+ requires.
+    pub fn encode_batch(records: &[Record], compression: Compression) -> Bytes {
+        let records: Vec<Record> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut r = r.clone();
+                r.offset = i as i64;
+                // The encoder starts a new batch whenever `offset - sequence` changes; keep it
+                // constant while the batch's base sequence stays -1 (no idempotence).
+                r.sequence = i as i32 - 1;
+                r
+            })
+            .collect();
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .expect("encode a record batch");
+        buf.freeze()
+    }
+
+    /// One record batch's position in a log segment file, as walked by [`walk_batches`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct BatchPos {
+        /// Byte position of the batch in the file.
+        pub position: u64,
+        /// Total size (12-byte prefix + length).
+        pub size: u64,
+        /// Base offset.
+        pub base_offset: i64,
+        /// Last offset (base offset + last offset delta).
+        pub last_offset: i64,
+    }
+
+    /// Walks the complete v2 record batches at the start of a segment file (8-byte base
+    /// offset, 4-byte length, ..., CRC-32C over attributes..end). Stops at the first incomplete,
+    /// implausible or CRC-failing batch (a torn tail, zero pre-allocation); returns the valid
+    /// batches and the byte length they cover.
+    pub fn walk_batches(file: &[u8]) -> (Vec<BatchPos>, u64) {
+        let mut out = Vec::new();
+        let mut pos = 0usize;
+        while pos + 61 <= file.len() {
+            let b = &file[pos..];
+            let base_offset = i64::from_be_bytes(b[0..8].try_into().expect("8 bytes"));
+            let length = i32::from_be_bytes(b[8..12].try_into().expect("4 bytes"));
+            let magic = b[16];
+            if length < 49 || magic != 2 || base_offset < 0 {
+                break;
+            }
+            let size = 12 + length as usize;
+            if pos + size > file.len() {
+                break;
+            }
+            let crc = u32::from_be_bytes(b[17..21].try_into().expect("4 bytes"));
+            if crc32c::crc32c(&b[21..size]) != crc {
+                break;
+            }
+            let last_delta = i32::from_be_bytes(b[23..27].try_into().expect("4 bytes"));
+            out.push(BatchPos {
+                position: pos as u64,
+                size: size as u64,
+                base_offset,
+                last_offset: base_offset + i64::from(last_delta),
+            });
+            pos += size;
+        }
+        (out, pos as u64)
+    }
+}
+
+/// Admin and data-plane calls over [`raw::RawConn`], with the versions the suite uses.
+pub mod admin {
+    use super::raw::RawConn;
+    use super::*;
+    use bytes::Bytes;
+    use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{Compression, RecordBatchDecoder};
+
+    /// Request versions the suite uses (all within Kafka 4.x's supported ranges and still
+    /// addressing topics by name).
+    pub mod versions {
+        /// ApiVersions.
+        pub const API_VERSIONS: i16 = 3;
+        /// Metadata.
+        pub const METADATA: i16 = 12;
+        /// Produce.
+        pub const PRODUCE: i16 = 9;
+        /// Fetch (last version with topic names).
+        pub const FETCH: i16 = 12;
+        /// ListOffsets (max-timestamp needs v7+).
+        pub const LIST_OFFSETS: i16 = 8;
+        /// CreateTopics.
+        pub const CREATE_TOPICS: i16 = 7;
+        /// DeleteTopics (v6 deletes by topic id too).
+        pub const DELETE_TOPICS: i16 = 6;
+        /// CreatePartitions.
+        pub const CREATE_PARTITIONS: i16 = 3;
+        /// DescribeConfigs.
+        pub const DESCRIBE_CONFIGS: i16 = 4;
+        /// DeleteRecords.
+        pub const DELETE_RECORDS: i16 = 2;
+        /// DescribeCluster.
+        pub const DESCRIBE_CLUSTER: i16 = 1;
+    }
+
+    /// `ListOffsets` special timestamps.
+    pub const LATEST: i64 = -1;
+    /// Earliest offset (log start).
+    pub const EARLIEST: i64 = -2;
+    /// Offset of the record with the largest timestamp.
+    pub const MAX_TIMESTAMP: i64 = -3;
+
+    /// Kafka error codes used by the suite.
+    pub mod errors {
+        /// NONE.
+        pub const NONE: i16 = 0;
+        /// OFFSET_OUT_OF_RANGE.
+        pub const OFFSET_OUT_OF_RANGE: i16 = 1;
+        /// CORRUPT_MESSAGE.
+        pub const CORRUPT_MESSAGE: i16 = 2;
+        /// UNKNOWN_TOPIC_OR_PARTITION.
+        pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+        /// MESSAGE_TOO_LARGE.
+        pub const MESSAGE_TOO_LARGE: i16 = 10;
+        /// INVALID_TOPIC_EXCEPTION.
+        pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
+        /// INVALID_REQUIRED_ACKS.
+        pub const INVALID_REQUIRED_ACKS: i16 = 21;
+        /// UNSUPPORTED_VERSION.
+        pub const UNSUPPORTED_VERSION: i16 = 35;
+        /// TOPIC_ALREADY_EXISTS.
+        pub const TOPIC_ALREADY_EXISTS: i16 = 36;
+        /// INVALID_PARTITIONS.
+        pub const INVALID_PARTITIONS: i16 = 37;
+        /// INVALID_CONFIG.
+        pub const INVALID_CONFIG: i16 = 40;
+        /// KAFKA_STORAGE_ERROR.
+        pub const KAFKA_STORAGE_ERROR: i16 = 56;
+        /// UNKNOWN_TOPIC_ID.
+        pub const UNKNOWN_TOPIC_ID: i16 = 100;
+    }
+
+    fn s(v: &str) -> StrBytes {
+        StrBytes::from_string(v.to_string())
+    }
+
+    /// A topic name for requests.
+    pub fn topic_name(name: &str) -> TopicName {
+        TopicName(s(name))
+    }
+
+    /// Connects, failing the test on error.
+    pub fn connect(bootstrap: &str) -> RawConn {
+        RawConn::connect(bootstrap).unwrap_or_else(|e| panic!("connect to {bootstrap}: {e}"))
+    }
+
+    /// A CreateTopics request for one topic.
+    pub fn create_topics_request(
+        name: &str,
+        partitions: i32,
+        configs: &[(&str, &str)],
+        validate_only: bool,
+    ) -> CreateTopicsRequest {
+        let topic = CreatableTopic::default()
+            .with_name(topic_name(name))
+            .with_num_partitions(partitions)
+            .with_replication_factor(-1)
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, v)| {
+                        CreatableTopicConfig::default()
+                            .with_name(s(k))
+                            .with_value(Some(s(v)))
+                    })
+                    .collect(),
+            );
+        CreateTopicsRequest::default()
+            .with_topics(vec![topic])
+            .with_timeout_ms(30_000)
+            .with_validate_only(validate_only)
+    }
+
+    /// Creates a topic (error code must be NONE) and waits until Metadata shows all its
+    /// partitions with a leader. Returns the topic id from the CreateTopics answer.
+    pub fn create_topic(
+        bootstrap: &str,
+        name: &str,
+        partitions: i32,
+        configs: &[(&str, &str)],
+    ) -> uuid::Uuid {
+        let mut c = connect(bootstrap);
+        let resp = c
+            .request(
+                versions::CREATE_TOPICS,
+                &create_topics_request(name, partitions, configs, false),
+            )
+            .unwrap_or_else(|e| panic!("CreateTopics {name}: {e}"));
+        let t = resp
+            .topics
+            .first()
+            .unwrap_or_else(|| panic!("CreateTopics {name}: no topic in the answer"));
+        assert_eq!(
+            t.error_code, 0,
+            "CreateTopics {name} failed with error {} ({:?})",
+            t.error_code, t.error_message
+        );
+        wait_for(
+            Duration::from_secs(15),
+            &format!("topic {name} to appear in Metadata"),
+            || {
+                let md = metadata(&mut c, &[name], false);
+                let mt = md.topics.first()?;
+                (mt.error_code == 0
+                    && mt.partitions.len() == partitions as usize
+                    && mt
+                        .partitions
+                        .iter()
+                        .all(|p| p.error_code == 0 && p.leader_id.0 >= 0))
+                .then_some(())
+            },
+        );
+        t.topic_id
+    }
+
+    /// Metadata for `topics` (all topics if empty).
+    pub fn metadata(c: &mut RawConn, topics: &[&str], allow_auto_create: bool) -> MetadataResponse {
+        let req = MetadataRequest::default()
+            .with_topics(if topics.is_empty() {
+                None
+            } else {
+                Some(
+                    topics
+                        .iter()
+                        .map(|t| MetadataRequestTopic::default().with_name(Some(topic_name(t))))
+                        .collect(),
+                )
+            })
+            .with_allow_auto_topic_creation(allow_auto_create);
+        c.request(versions::METADATA, &req)
+            .unwrap_or_else(|e| panic!("Metadata: {e}"))
+    }
+
+    /// A Produce request carrying one batch per (partition, batch).
+    pub fn produce_request(topic: &str, acks: i16, batches: Vec<(i32, Bytes)>) -> ProduceRequest {
+        ProduceRequest::default()
+            .with_acks(acks)
+            .with_timeout_ms(30_000)
+            .with_topic_data(vec![TopicProduceData::default()
+                .with_name(topic_name(topic))
+                .with_partition_data(
+                    batches
+                        .into_iter()
+                        .map(|(p, b)| {
+                            PartitionProduceData::default()
+                                .with_index(p)
+                                .with_records(Some(b))
+                        })
+                        .collect(),
+                )])
+    }
+
+    /// Produces one batch with acks=-1; returns (error code, base offset) of that partition.
+    pub fn produce(c: &mut RawConn, topic: &str, partition: i32, batch: Bytes) -> (i16, i64) {
+        let resp = c
+            .request(
+                versions::PRODUCE,
+                &produce_request(topic, -1, vec![(partition, batch)]),
+            )
+            .unwrap_or_else(|e| panic!("Produce to {topic}/{partition}: {e}"));
+        let p = resp
+            .responses
+            .iter()
+            .flat_map(|t| t.partition_responses.iter())
+            .find(|p| p.index == partition)
+            .unwrap_or_else(|| panic!("Produce answer lacks partition {partition}: {resp:?}"));
+        (p.error_code, p.base_offset)
+    }
+
+    /// Produces plain records `values` (key = None) in one uncompressed batch; asserts success and
+    /// returns the base offset.
+    pub fn produce_values(c: &mut RawConn, topic: &str, partition: i32, values: &[&[u8]]) -> i64 {
+        let records: Vec<_> = values
+            .iter()
+            .map(|v| raw::record(None, Some(v), now_ms()))
+            .collect();
+        let (err, base) = produce(
+            c,
+            topic,
+            partition,
+            raw::encode_batch(&records, Compression::None),
+        );
+        assert_eq!(err, 0, "Produce to {topic}/{partition} failed with error {err}");
+        base
+    }
+
+    /// Current time in ms since the epoch.
+    pub fn now_ms() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
+    }
+
+    /// The answer for one partition of a Fetch.
+    #[derive(Debug)]
+    pub struct FetchResult {
+        /// Partition error code.
+        pub error_code: i16,
+        /// High watermark.
+        pub high_watermark: i64,
+        /// Log start offset.
+        pub log_start_offset: i64,
+        /// Decoded records (offset, key, value, timestamp) with offset >= the fetch offset.
+        pub records: Vec<(i64, Option<Bytes>, Option<Bytes>, i64)>,
+    }
+
+    /// Fetches one partition from `offset`, decoding the records. A sessionless fetch with
+    /// `min_bytes=1` and `max_wait_ms=500`: it answers at once when there is data or an error,
+    /// and after 500 ms with no records at the log end.
+    pub fn fetch(c: &mut RawConn, topic: &str, partition: i32, offset: i64, max_bytes: i32) -> FetchResult {
+        let req = FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(500)
+            .with_min_bytes(1)
+            .with_max_bytes(max_bytes)
+            .with_isolation_level(0)
+            .with_session_id(0)
+            .with_session_epoch(-1)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(topic_name(topic))
+                .with_partitions(vec![FetchPartition::default()
+                    .with_partition(partition)
+                    .with_current_leader_epoch(-1)
+                    .with_fetch_offset(offset)
+                    .with_last_fetched_epoch(-1)
+                    .with_log_start_offset(-1)
+                    .with_partition_max_bytes(max_bytes)])]);
+        let resp = c
+            .request(versions::FETCH, &req)
+            .unwrap_or_else(|e| panic!("Fetch {topic}/{partition}: {e}"));
+        assert_eq!(resp.error_code, 0, "Fetch top-level error {}", resp.error_code);
+        let p = resp
+            .responses
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .find(|p| p.partition_index == partition)
+            .unwrap_or_else(|| panic!("Fetch answer lacks partition {partition}"));
+        let mut records = Vec::new();
+        if let Some(mut bytes) = p.records.clone() {
+            // A partial batch at the end (cut by max_bytes) is allowed by the protocol; a
+            // complete batch that does not check out is the broker's fault.
+            let (_, complete) = raw::walk_batches(&bytes);
+            let rest = &bytes[complete as usize..];
+            if rest.len() >= 12 {
+                let len = i32::from_be_bytes([rest[8], rest[9], rest[10], rest[11]]);
+                assert!(
+                    len < 0 || 12 + len as usize > rest.len(),
+                    "{topic}/{partition}: the fetch answer holds a complete but invalid batch (bad CRC, magic \
+                     or length) at byte {complete}"
+                );
+            }
+            bytes.truncate(complete as usize);
+            if !bytes.is_empty() {
+                let sets = RecordBatchDecoder::decode_all(&mut bytes)
+                    .unwrap_or_else(|e| panic!("decode fetched batches of {topic}/{partition}: {e}"));
+                for set in sets {
+                    for r in set.records {
+                        if r.offset >= offset {
+                            records.push((r.offset, r.key, r.value, r.timestamp));
+                        }
+                    }
+                }
+            }
+        }
+        FetchResult {
+            error_code: p.error_code,
+            high_watermark: p.high_watermark,
+            log_start_offset: p.log_start_offset,
+            records,
+        }
+    }
+
+    /// Fetches `from..to` of one partition with as many Fetch requests as needed (a broker may
+    /// answer from one segment at a time, as Kafka does); panics on an error or when a fetch
+    /// makes no progress. Returns (offset, key, value, timestamp) in offset order.
+    pub fn fetch_range(
+        c: &mut RawConn,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+    ) -> Vec<(i64, Option<Bytes>, Option<Bytes>, i64)> {
+        let mut out = Vec::new();
+        let mut next = from;
+        while next < to {
+            let f = fetch(c, topic, partition, next, 1 << 20);
+            assert_eq!(
+                f.error_code, 0,
+                "Fetch {topic}/{partition} at {next}: error {}",
+                f.error_code
+            );
+            let before = out.len();
+            out.extend(f.records.into_iter().filter(|r| r.0 < to));
+            assert!(
+                out.len() > before,
+                "Fetch {topic}/{partition} at {next} returned nothing (end {to})"
+            );
+            next = out.last().map(|r| r.0 + 1).unwrap_or(next);
+        }
+        out
+    }
+
+    /// ListOffsets for one partition and timestamp; returns (error code, offset, timestamp).
+    pub fn list_offset(c: &mut RawConn, topic: &str, partition: i32, timestamp: i64) -> (i16, i64, i64) {
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_isolation_level(0)
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(topic_name(topic))
+                .with_partitions(vec![ListOffsetsPartition::default()
+                    .with_partition_index(partition)
+                    .with_current_leader_epoch(-1)
+                    .with_timestamp(timestamp)])]);
+        let resp = c
+            .request(versions::LIST_OFFSETS, &req)
+            .unwrap_or_else(|e| panic!("ListOffsets {topic}/{partition}@{timestamp}: {e}"));
+        let p = resp
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .find(|p| p.partition_index == partition)
+            .unwrap_or_else(|| panic!("ListOffsets answer lacks partition {partition}"));
+        (p.error_code, p.offset, p.timestamp)
+    }
+
+    /// Earliest offset (log start), asserting no error.
+    pub fn earliest(c: &mut RawConn, topic: &str, partition: i32) -> i64 {
+        let (e, o, _) = list_offset(c, topic, partition, EARLIEST);
+        assert_eq!(e, 0, "ListOffsets(earliest) {topic}/{partition}: error {e}");
+        o
+    }
+
+    /// Latest offset (log end / high watermark), asserting no error.
+    pub fn latest(c: &mut RawConn, topic: &str, partition: i32) -> i64 {
+        let (e, o, _) = list_offset(c, topic, partition, LATEST);
+        assert_eq!(e, 0, "ListOffsets(latest) {topic}/{partition}: error {e}");
+        o
+    }
+
+    /// Checks the broker still serves a fresh client: Metadata, CreateTopics (or auto-create),
+    /// Produce and Fetch of a unique value on a new connection. Panics otherwise.
+    pub fn assert_broker_serves(bootstrap: &str) {
+        let mut c = RawConn::connect(bootstrap)
+            .unwrap_or_else(|e| panic!("the broker no longer accepts connections at {bootstrap}: {e}"));
+        let topic = unique_topic("alive");
+        let mut create = c
+            .request(
+                versions::CREATE_TOPICS,
+                &create_topics_request(&topic, 1, &[], false),
+            )
+            .unwrap_or_else(|e| panic!("the broker no longer serves CreateTopics: {e}"));
+        let created = create.topics.pop().expect("a topic in the CreateTopics answer");
+        assert_eq!(
+            created.error_code, 0,
+            "CreateTopics of a probe topic failed: {created:?}"
+        );
+        wait_for(Duration::from_secs(15), "the probe topic in Metadata", || {
+            let md = metadata(&mut c, &[&topic], false);
+            md.topics
+                .first()
+                .filter(|t| t.error_code == 0 && !t.partitions.is_empty())
+                .map(|_| ())
+        });
+        let value = format!("still-alive-{}", rand::random::<u64>());
+        let base = produce_values(&mut c, &topic, 0, &[value.as_bytes()]);
+        assert_eq!(base, 0, "first record of a new topic got offset {base}");
+        let f = fetch(&mut c, &topic, 0, 0, 1 << 20);
+        assert_eq!(
+            f.error_code, 0,
+            "Fetch of the probe record: error {}",
+            f.error_code
+        );
+        let got: Vec<_> = f.records.iter().map(|r| (r.0, r.2.clone())).collect();
+        assert_eq!(
+            got,
+            vec![(0, Some(Bytes::from(value)))],
+            "probe record read back wrong"
+        );
+    }
+
+    /// Topic metadata for one topic (asserting it exists): (topic id, partition count).
+    pub fn topic_info(c: &mut RawConn, topic: &str) -> (uuid::Uuid, usize) {
+        let md = metadata(c, &[topic], false);
+        let t = md
+            .topics
+            .first()
+            .unwrap_or_else(|| panic!("Metadata answer lacks {topic}"));
+        assert_eq!(t.error_code, 0, "Metadata {topic}: error {}", t.error_code);
+        (t.topic_id, t.partitions.len())
+    }
+
+    /// Maps a config list to name -> (value, source).
+    pub fn config_map(
+        configs: &[describe_configs_response::DescribeConfigsResourceResult],
+    ) -> BTreeMap<String, (Option<String>, i8)> {
+        configs
+            .iter()
+            .map(|c| {
+                (
+                    c.name.to_string(),
+                    (c.value.as_ref().map(|v| v.to_string()), c.config_source),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Helpers around rdkafka (bundled librdkafka) and the Python client scripts.
+pub mod clients {
+    use super::data::{Consumed, TestRecord};
+    use super::*;
+    use rdkafka::client::ClientContext;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+    use rdkafka::types::RDKafkaErrorCode;
+    use rdkafka::{Offset, TopicPartitionList};
+    use std::sync::{Arc, Mutex};
+
+    /// Base rdkafka configuration for `bootstrap`: no idempotence (the broker need not support
+    /// InitProducerId yet), quick reconnects.
+    pub fn base_config(bootstrap: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", bootstrap)
+            .set("broker.address.family", "v4")
+            .set("reconnect.backoff.ms", "50")
+            .set("reconnect.backoff.max.ms", "500");
+        c
+    }
+
+    /// rdkafka headers from a test record's.
+    pub fn owned_headers(h: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
+        let mut headers = OwnedHeaders::new_with_capacity(h.len());
+        for (k, v) in h {
+            headers = headers.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        headers
+    }
+
+    /// Where a message ended up, as its delivery report said.
+    pub type Delivery = Result<(i32, i64), String>;
+
+    /// A producer context recording every delivery report by message index (the opaque).
+    #[derive(Clone, Default)]
+    pub struct DeliveryLog {
+        /// Index -> report. Shared so another thread can watch acknowledgements arrive.
+        pub reports: Arc<Mutex<BTreeMap<usize, Delivery>>>,
+    }
+
+    impl ClientContext for DeliveryLog {}
+
+    impl ProducerContext for DeliveryLog {
+        type DeliveryOpaque = usize;
+
+        fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
+            let report = match result {
+                Ok(m) => Ok((m.partition(), m.offset())),
+                Err((e, _)) => Err(e.to_string()),
+            };
+            if let Ok(mut reports) = self.reports.lock() {
+                reports.insert(index, report);
+            }
+        }
+    }
+
+    /// An rdkafka producer with acks=all whose deliveries are recorded in a [`DeliveryLog`].
+    /// `extra` settings are applied last.
+    pub fn logged_producer(bootstrap: &str, extra: &[(&str, &str)]) -> BaseProducer<DeliveryLog> {
+        let mut config = base_config(bootstrap);
+        config
+            .set("acks", "all")
+            .set("enable.idempotence", "false")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "30000");
+        for (k, v) in extra {
+            config.set(*k, *v);
+        }
+        config
+            .create_with_context(DeliveryLog::default())
+            .unwrap_or_else(|e| panic!("create rdkafka producer: {e}"))
+    }
+
+    /// Queues one record (index `index` in the delivery log), polling while the queue is full.
+    pub fn send_record(producer: &BaseProducer<DeliveryLog>, topic: &str, index: usize, r: &TestRecord) {
+        let mut rec: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, index)
+            .partition(r.partition)
+            .headers(owned_headers(&r.headers));
+        if let Some(k) = &r.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &r.value {
+            rec = rec.payload(v.as_slice());
+        }
+        if let Some(ts) = r.timestamp {
+            rec = rec.timestamp(ts);
+        }
+        loop {
+            match producer.send(rec) {
+                Ok(()) => return,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    rec = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => panic!("rdkafka send failed: {e}"),
+            }
+        }
+    }
+
+    /// Produces `records` to `topic` with rdkafka (acks=all) and waits for every delivery.
+    /// Returns the offsets in input order; panics on any delivery failure or when a record
+    /// landed in another partition than asked.
+    pub fn rdkafka_produce(bootstrap: &str, topic: &str, records: &[TestRecord]) -> Vec<i64> {
+        let producer = logged_producer(bootstrap, &[]);
+        for (i, r) in records.iter().enumerate() {
+            send_record(&producer, topic, i, r);
+            producer.poll(Duration::ZERO);
+        }
+        producer
+            .flush(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("rdkafka flush: {e}"));
+        let reports = producer.context().reports.lock().expect("delivery log").clone();
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match reports.get(&i) {
+                None => panic!("no delivery report for record {i}"),
+                Some(Err(e)) => panic!("rdkafka delivery of record {i} failed: {e}"),
+                Some(Ok((p, o))) => {
+                    assert_eq!(*p, r.partition, "record {i} delivered to partition {p}");
+                    *o
+                }
+            })
+            .collect()
+    }
+
+    /// Reads `topic`/`partition` with an rdkafka consumer assigned at `start` until `count`
+    /// records were read (or `timeout`). Uses assign (no consumer group).
+    pub fn rdkafka_consume(
+        bootstrap: &str,
+        topic: &str,
+        partition: i32,
+        start: Offset,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<Consumed> {
+        let consumer = assign_consumer(bootstrap);
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, start)
+            .expect("add partition");
+        consumer.assign(&tpl).expect("assign");
+        poll_records(&consumer, count, timeout)
+    }
+
+    /// An rdkafka consumer for assign/seek use: no commits, `auto.offset.reset=error`.
+    ///
+    /// librdkafka refuses `assign` without a `group.id` ("Unknown group"), so one is set; no
+    /// group protocol is used, but librdkafka still looks the coordinator up (FindCoordinator)
+    /// in the background and reports failures of that as non-fatal errors.
+    pub fn assign_consumer(bootstrap: &str) -> BaseConsumer {
+        base_config(bootstrap)
+            .set("group.id", "strand-compat-assign-only")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false")
+            .create()
+            .unwrap_or_else(|e| panic!("create rdkafka consumer: {e}"))
+    }
+
+    /// Polls `consumer` until `count` records were read; panics on a partition error (offset out
+    /// of range, unknown partition...) or timeout. Other errors (e.g. about the unused group
+    /// coordinator) are logged and polling goes on.
+    pub fn poll_records(consumer: &BaseConsumer, count: usize, timeout: Duration) -> Vec<Consumed> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::with_capacity(count);
+        while out.len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "rdkafka consumer read {} of {count} records within {timeout:?}",
+                out.len()
+            );
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Err(KafkaError::MessageConsumption(code)))
+                    if !matches!(
+                        code,
+                        RDKafkaErrorCode::OffsetOutOfRange
+                            | RDKafkaErrorCode::AutoOffsetReset
+                            | RDKafkaErrorCode::UnknownTopicOrPartition
+                            | RDKafkaErrorCode::UnknownPartition
+                            | RDKafkaErrorCode::UnknownTopic
+                            | RDKafkaErrorCode::InvalidMessage
+                            | RDKafkaErrorCode::BadMessage
+                    ) =>
+                {
+                    eprintln!(
+                        "[rdkafka consumer] non-fatal error after {} records: {code:?}",
+                        out.len()
+                    );
+                }
+                Some(Err(e)) => panic!("rdkafka consumer error after {} records: {e}", out.len()),
+                Some(Ok(m)) => out.push(consumed_from_rdkafka(&m)),
+            }
+        }
+        out
+    }
+
+    /// Converts an rdkafka message.
+    pub fn consumed_from_rdkafka<M: Message>(m: &M) -> Consumed {
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Consumed {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(|k| k.to_vec()),
+            value: m.payload().map(|v| v.to_vec()),
+            headers,
+            timestamp: m.timestamp().to_millis(),
+        }
+    }
+
+    /// Which Python client library a script uses.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum PythonClient {
+        /// `confluent-kafka` (librdkafka underneath).
+        ConfluentKafka,
+        /// `kafka-python` (pure Python).
+        KafkaPython,
+    }
+
+    impl PythonClient {
+        fn script(self) -> &'static str {
+            match self {
+                PythonClient::ConfluentKafka => "confluent_client.py",
+                PythonClient::KafkaPython => "kafka_python_client.py",
+            }
+        }
+    }
+
+    /// Runs a Python client script: `<script> <args...>` with `input` as JSON on stdin; returns
+    /// its JSON answer (stdout). Panics with its stderr on failure.
+    pub fn python_client(
+        client: PythonClient,
+        args: &[String],
+        input: &serde_json::Value,
+        timeout: Duration,
+    ) -> serde_json::Value {
+        let py = tools::python();
+        let script = tools::python_scripts_dir().join(client.script());
+        let mut cmd = Command::new(&py);
+        cmd.arg(&script).args(args).env_remove("LD_LIBRARY_PATH");
+        let (status, out, err) =
+            tools::run_with_input(cmd, serde_json::to_vec(input).expect("json").as_slice(), timeout);
+        let err = String::from_utf8_lossy(&err);
+        assert!(
+            status.success(),
+            "{} {args:?} failed with {status}; stderr:\n{err}",
+            script.display()
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&out).unwrap_or_else(|e| {
+            panic!(
+                "{} printed no valid JSON ({e}); stdout:\n{}\nstderr:\n{err}",
+                script.display(),
+                String::from_utf8_lossy(&out)
+            )
+        });
+        if let Some(name) = answer.get("client").and_then(|c| c.as_str()) {
+            eprintln!(
+                "[{name}] {}",
+                args.first().map(String::as_str).unwrap_or_default()
+            );
+        }
+        answer
+    }
+
+    /// Python: produce `records` to `topic` with acks=all; returns the offsets in input order.
+    pub fn python_produce(
+        client: PythonClient,
+        bootstrap: &str,
+        topic: &str,
+        records: &[TestRecord],
+    ) -> Vec<i64> {
+        let input = serde_json::json!({
+            "records": records.iter().map(data::record_to_json).collect::<Vec<_>>()
+        });
+        let out = python_client(
+            client,
+            &[
+                "produce".into(),
+                "--bootstrap".into(),
+                bootstrap.into(),
+                "--topic".into(),
+                topic.into(),
+            ],
+            &input,
+            Duration::from_secs(120),
+        );
+        let results = out
+            .get("results")
+            .and_then(|r| r.as_array())
+            .expect("results array");
+        assert_eq!(
+            results.len(),
+            records.len(),
+            "{client:?} reported {} results",
+            results.len()
+        );
+        results
+            .iter()
+            .zip(records)
+            .map(|(r, rec)| {
+                if let Some(e) = r.get("error").filter(|e| !e.is_null()) {
+                    panic!("{client:?} delivery failed: {e}");
+                }
+                let p = r.get("partition").and_then(|v| v.as_i64()).expect("partition");
+                assert_eq!(
+                    p,
+                    i64::from(rec.partition),
+                    "{client:?} delivered to another partition"
+                );
+                r.get("offset").and_then(|v| v.as_i64()).expect("offset")
+            })
+            .collect()
+    }
+
+    /// Python: read each partition `p` in `ends` from `start` up to (excluding) `ends[p]` with
+    /// assign/seek; returns what it read.
+    pub fn python_consume(
+        client: PythonClient,
+        bootstrap: &str,
+        topic: &str,
+        start: i64,
+        ends: &BTreeMap<i32, i64>,
+    ) -> Vec<Consumed> {
+        let ends_arg = ends
+            .iter()
+            .map(|(p, e)| format!("{p}={e}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let out = python_client(
+            client,
+            &[
+                "consume".into(),
+                "--bootstrap".into(),
+                bootstrap.into(),
+                "--topic".into(),
+                topic.into(),
+                "--start".into(),
+                start.to_string(),
+                "--ends".into(),
+                ends_arg,
+            ],
+            &serde_json::json!({}),
+            Duration::from_secs(120),
+        );
+        out.get("messages")
+            .and_then(|m| m.as_array())
+            .expect("messages array")
+            .iter()
+            .map(|m| data::consumed_from_json(m).unwrap_or_else(|e| panic!("{client:?} output: {e}")))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::data::*;
+    use super::raw::*;
+    use kafka_protocol::records::Compression;
+
+    fn batch_at(base: i64, n: usize, compression: Compression) -> Vec<u8> {
+        let recs: Vec<_> = (0..n)
+            .map(|i| record(None, Some(format!("v{i}").as_bytes()), 1000))
+            .collect();
+        let mut b = encode_batch(&recs, compression).to_vec();
+        b[0..8].copy_from_slice(&base.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn walk_batches_finds_complete_batches_and_stops_at_a_torn_tail() {
+        let a = batch_at(0, 3, Compression::None);
+        let b = batch_at(3, 5, Compression::Gzip);
+        let c = batch_at(8, 1, Compression::None);
+        let mut file = [a.clone(), b.clone(), c.clone()].concat();
+        let (batches, complete) = walk_batches(&file);
+        assert_eq!(complete as usize, file.len());
+        let got: Vec<(u64, u64, i64, i64)> = batches
+            .iter()
+            .map(|x| (x.position, x.size, x.base_offset, x.last_offset))
+            .collect();
+        let (la, lb, lc) = (a.len() as u64, b.len() as u64, c.len() as u64);
+        assert_eq!(got, vec![(0, la, 0, 2), (la, lb, 3, 7), (la + lb, lc, 8, 8)]);
+
+        // A torn last batch and zero pre-allocation are not batches.
+        file.truncate(file.len() - 5);
+        file.extend_from_slice(&[0u8; 4096]);
+        let (batches, complete) = walk_batches(&file);
+        assert_eq!(batches.len(), 2);
+        assert_eq!(complete, la + lb);
+        assert_eq!(walk_batches(&[0u8; 100]).0, vec![]);
+    }
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(unhex(&hex(&all)), Some(all));
+        assert_eq!(hex(b"\x00\xff"), "00ff");
+        assert_eq!(unhex("0"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+
+    #[test]
+    fn consumed_json_distinguishes_null_and_empty() {
+        let v = serde_json::json!({
+            "partition": 2, "offset": 7, "key": null, "value": "",
+            "headers": [["a", null], ["a", "01"], ["b", ""]], "timestamp": 5
+        });
+        let c = consumed_from_json(&v).expect("parse");
+        assert_eq!(c.key, None);
+        assert_eq!(c.value, Some(vec![]));
+        assert_eq!(
+            c.headers,
+            vec![
+                ("a".to_string(), None),
+                ("a".to_string(), Some(vec![1])),
+                ("b".to_string(), Some(vec![]))
+            ]
+        );
+        assert_eq!((c.partition, c.offset, c.timestamp), (2, 7, Some(5)));
+        assert!(consumed_from_json(&serde_json::json!({"partition": 1})).is_err());
+    }
+
+    #[test]
+    fn varied_records_are_deterministic_and_cover_the_corners() {
+        let a = varied_records(200, 3, 9);
+        assert_eq!(a, varied_records(200, 3, 9));
+        assert_ne!(a, varied_records(200, 3, 10));
+        assert!(a.iter().any(|r| r.key.is_none()));
+        assert!(a.iter().any(|r| r.value.is_none()));
+        assert!(a.iter().any(|r| r.value.as_deref() == Some(&[][..])));
+        assert!(a.iter().any(|r| r.headers.iter().any(|h| h.1.is_none())));
+        assert!(a
+            .iter()
+            .any(|r| r.headers.iter().filter(|h| h.0 == "dup").count() == 2));
+        assert!(a.iter().all(|r| r.key.is_some() || r.value.is_some()));
+        assert_eq!(a.iter().filter(|r| r.partition == 2).count(), 66);
+    }
+
+    #[test]
+    fn compare_read_back_catches_every_kind_of_difference() {
+        let recs = varied_records(6, 2, 1);
+        let offsets = vec![0, 0, 1, 1, 2, 2];
+        let good: Vec<Consumed> = recs
+            .iter()
+            .zip(&offsets)
+            .map(|(r, &o)| Consumed {
+                partition: r.partition,
+                offset: o,
+                key: r.key.clone(),
+                value: r.value.clone(),
+                headers: r.headers.clone(),
+                timestamp: r.timestamp,
+            })
+            .collect();
+        assert!(compare_read_back("t", &recs, &offsets, &good, true).is_ok());
+        let mut changed = good.clone();
+        changed[3].value = Some(b"other".to_vec());
+        assert!(compare_read_back("t", &recs, &offsets, &changed, true).is_err());
+        let mut changed = good.clone();
+        changed[1].headers.reverse();
+        changed[1].headers.push(("x".into(), None));
+        assert!(compare_read_back("t", &recs, &offsets, &changed, true).is_err());
+        let mut changed = good.clone();
+        changed[2].timestamp = Some(1);
+        assert!(compare_read_back("t", &recs, &offsets, &changed, true).is_err());
+        assert!(compare_read_back("t", &recs, &offsets, &changed, false).is_ok());
+        assert!(compare_read_back("t", &recs, &offsets, &good[1..], true).is_err());
+        let mut dup = good.clone();
+        dup.push(good[0].clone());
+        assert!(compare_read_back("t", &recs, &offsets, &dup, true).is_err());
+    }
+
+    #[test]
+    fn ready_file_parses_the_documented_format() {
+        let r: super::ReadyFile = serde_json::from_str(
+            r#"{"pid": 1234, "kafka": [{"name": "PLAINTEXT", "addr": "127.0.0.1:41234"}], "admin": "127.0.0.1:45678"}"#,
+        )
+        .expect("parse");
+        assert_eq!(
+            (r.pid, r.kafka[0].name.as_str(), r.kafka[0].addr.as_str()),
+            (1234, "PLAINTEXT", "127.0.0.1:41234")
+        );
+        assert_eq!(r.admin.as_deref(), Some("127.0.0.1:45678"));
+    }
+}

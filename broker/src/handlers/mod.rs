@@ -12,6 +12,7 @@ mod delete_topics;
 mod describe_cluster;
 mod describe_configs;
 mod fetch;
+mod find_coordinator;
 mod list_offsets;
 mod metadata;
 mod offset_for_leader_epoch;
@@ -186,6 +187,7 @@ registry![
     describe_cluster::DescribeCluster,
     alter_configs::IncrementalAlterConfigs,
     alter_configs::AlterConfigs,
+    find_coordinator::FindCoordinator,
 ];
 
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,

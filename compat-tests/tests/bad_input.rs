@@ -1,0 +1,528 @@
+//! Bad input, each checked against Kafka's exact behaviour (error code, or closing the
+//! connection), and after each the broker must still serve a fresh client
+//! ([`admin::assert_broker_serves`]).
+
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use kafka_protocol::messages::{
+    ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, ProduceRequest, RequestHeader,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::records::Compression;
+use strand_compat_tests::admin::{self, errors, versions};
+use strand_compat_tests::raw::{self, RawConn};
+use strand_compat_tests::{unique_topic, Broker};
+
+const CLOSE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Kafka's defaults, used when the suite runs against an external broker.
+const KAFKA_SOCKET_REQUEST_MAX_BYTES: i64 = 104_857_600;
+const KAFKA_MESSAGE_MAX_BYTES: i64 = 1_048_588;
+
+fn limit(broker: &Broker, key: &str, kafka_default: i64) -> i64 {
+    broker
+        .config_value(key)
+        .map(|v| v.parse().expect("numeric config"))
+        .unwrap_or(kafka_default)
+}
+
+fn partition_error(resp: &kafka_protocol::messages::ProduceResponse, partition: i32) -> (i16, i64) {
+    let p = resp
+        .responses
+        .iter()
+        .flat_map(|t| t.partition_responses.iter())
+        .find(|p| p.index == partition)
+        .unwrap_or_else(|| panic!("no answer for partition {partition}: {resp:?}"));
+    (p.error_code, p.base_offset)
+}
+
+fn one_record_batch(value: &[u8]) -> bytes::Bytes {
+    raw::encode_batch(
+        &[raw::record(Some(b"k"), Some(value), admin::now_ms())],
+        Compression::None,
+    )
+}
+
+#[test]
+fn frame_over_socket_request_max_bytes_closes_the_connection() {
+    let broker = Broker::builder()
+        .config("socket.request.max.bytes", 1_048_576)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let max = limit(
+        &broker,
+        "socket.request.max.bytes",
+        KAFKA_SOCKET_REQUEST_MAX_BYTES,
+    );
+
+    // Only the length prefix and a little of the body are sent: the broker must refuse the
+    // frame on its size alone, without waiting for (or allocating) the rest.
+    let mut c = admin::connect(&bootstrap);
+    let len = i32::try_from(max + 1).expect("limit fits i32");
+    c.send_bytes(&len.to_be_bytes()).expect("send length");
+    c.send_bytes(&[0u8; 64]).expect("send some body");
+    c.expect_closed(CLOSE_WITHIN)
+        .unwrap_or_else(|e| panic!("frame of {len} bytes (limit {max}): {e}"));
+    admin::assert_broker_serves(&bootstrap);
+
+    // A negative length is no better.
+    let mut c = admin::connect(&bootstrap);
+    c.send_bytes(&(-1i32).to_be_bytes()).expect("send length");
+    c.expect_closed(CLOSE_WITHIN)
+        .unwrap_or_else(|e| panic!("negative frame length: {e}"));
+    admin::assert_broker_serves(&bootstrap);
+
+    // A valid request of exactly the limit is read and answered normally (padded with an
+    // unknown tagged field in the request header, which brokers must ignore).
+    if broker.is_spawned() {
+        let mut c = admin::connect(&bootstrap);
+        let frame = |pad: usize| {
+            let mut header = RequestHeader::default()
+                .with_request_api_key(3)
+                .with_request_api_version(versions::METADATA)
+                .with_correlation_id(7)
+                .with_client_id(Some(StrBytes::from_static_str("big")));
+            header
+                .unknown_tagged_fields
+                .insert(1000, bytes::Bytes::from(vec![0u8; pad]));
+            let mut body = BytesMut::new();
+            header.encode(&mut body, 2).expect("header");
+            MetadataRequest::default()
+                .with_topics(Some(vec![]))
+                .encode(&mut body, versions::METADATA)
+                .expect("body");
+            body
+        };
+        let mut pad = max as usize - 100;
+        let mut body = frame(pad);
+        for _ in 0..5 {
+            if body.len() == max as usize {
+                break;
+            }
+            pad = (pad as i64 + (max - body.len() as i64)) as usize;
+            body = frame(pad);
+        }
+        assert_eq!(
+            body.len(),
+            max as usize,
+            "could not build a request of exactly {max} bytes"
+        );
+        c.send_frame(&body).expect("send");
+        let resp = c
+            .read_response()
+            .expect("an answer to a valid request of exactly socket.request.max.bytes");
+        assert_eq!(resp.correlation_id, 7);
+    }
+}
+
+#[test]
+fn unknown_api_key_closes_the_connection() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    for api_key in [999i16, -1, i16::MAX] {
+        let mut c = admin::connect(&bootstrap);
+        let mut body = BytesMut::new();
+        body.put_i16(api_key);
+        body.put_i16(0);
+        body.put_i32(42);
+        body.put_i16(4);
+        body.put_slice(b"test");
+        body.put_slice(&[0u8; 16]);
+        c.send_frame(&body).expect("send");
+        c.expect_closed(CLOSE_WITHIN)
+            .unwrap_or_else(|e| panic!("unknown API key {api_key}: {e}"));
+        admin::assert_broker_serves(&bootstrap);
+    }
+}
+
+#[test]
+fn bad_crc_fails_only_its_partition() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("bad-crc");
+    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let mut c = admin::connect(&bootstrap);
+
+    let good = one_record_batch(b"good");
+    let mut bad = BytesMut::from(&one_record_batch(b"bad-crc")[..]);
+    let last = bad.len() - 1;
+    bad[last] ^= 0x5a; // inside the CRC-covered records; the stored CRC no longer matches
+    let req = admin::produce_request(&topic, -1, vec![(0, good), (1, bad.freeze())]);
+    let resp = c.request(versions::PRODUCE, &req).expect("produce");
+    assert_eq!(
+        partition_error(&resp, 0),
+        (0, 0),
+        "the valid partition of the request must succeed"
+    );
+    assert_eq!(
+        partition_error(&resp, 1).0,
+        errors::CORRUPT_MESSAGE,
+        "the corrupt partition"
+    );
+    assert_eq!(admin::latest(&mut c, &topic, 0), 1);
+    assert_eq!(
+        admin::latest(&mut c, &topic, 1),
+        0,
+        "nothing of the corrupt batch may be stored"
+    );
+    let f = admin::fetch(&mut c, &topic, 0, 0, 1 << 20);
+    assert_eq!(f.records.len(), 1);
+    assert_eq!(f.records[0].2.as_deref(), Some(&b"good"[..]));
+
+    // A corrupted CRC field itself (bytes 17..21 of the batch) is caught the same way.
+    let mut bad = BytesMut::from(&one_record_batch(b"bad-crc-field")[..]);
+    bad[17] ^= 0xff;
+    let (err, _) = admin::produce(&mut c, &topic, 1, bad.freeze());
+    assert_eq!(err, errors::CORRUPT_MESSAGE, "batch with a wrong CRC field");
+    admin::assert_broker_serves(&bootstrap);
+}
+
+#[test]
+fn batch_over_message_max_bytes_is_message_too_large() {
+    let broker = Broker::builder().config("message.max.bytes", 65_536).start();
+    let bootstrap = broker.bootstrap();
+    let max = limit(&broker, "message.max.bytes", KAFKA_MESSAGE_MAX_BYTES) as usize;
+    let topic = unique_topic("too-large");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let mut c = admin::connect(&bootstrap);
+
+    let under = one_record_batch(&vec![b'u'; max - 200]);
+    assert!(under.len() <= max);
+    assert_eq!(
+        admin::produce(&mut c, &topic, 0, under),
+        (0, 0),
+        "a batch just under the limit"
+    );
+    let over = one_record_batch(&vec![b'o'; max + 100]);
+    let (err, _) = admin::produce(&mut c, &topic, 0, over);
+    assert_eq!(
+        err,
+        errors::MESSAGE_TOO_LARGE,
+        "a batch over message.max.bytes ({max})"
+    );
+    assert_eq!(
+        admin::latest(&mut c, &topic, 0),
+        1,
+        "the oversized batch must not be stored"
+    );
+    admin::assert_broker_serves(&bootstrap);
+}
+
+#[test]
+fn produce_to_unknown_topic_or_partition() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let mut c = admin::connect(&bootstrap);
+    let missing = unique_topic("never-created");
+    let (err, _) = admin::produce(&mut c, &missing, 0, one_record_batch(b"x"));
+    assert_eq!(
+        err,
+        errors::UNKNOWN_TOPIC_OR_PARTITION,
+        "produce to a topic that does not exist"
+    );
+    let md = admin::metadata(&mut c, &[&missing], false);
+    assert_eq!(
+        md.topics[0].error_code,
+        errors::UNKNOWN_TOPIC_OR_PARTITION,
+        "produce must not create topics"
+    );
+
+    let topic = unique_topic("one-partition");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let (err, _) = admin::produce(&mut c, &topic, 5, one_record_batch(b"x"));
+    assert_eq!(
+        err,
+        errors::UNKNOWN_TOPIC_OR_PARTITION,
+        "produce to partition 5 of a 1-partition topic"
+    );
+    let f = admin::fetch(&mut c, &topic, 3, 0, 1024);
+    assert_eq!(
+        f.error_code,
+        errors::UNKNOWN_TOPIC_OR_PARTITION,
+        "fetch from a partition that does not exist"
+    );
+    admin::assert_broker_serves(&bootstrap);
+}
+
+#[test]
+fn invalid_topic_names_are_rejected() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let mut c = admin::connect(&bootstrap);
+    let long = "x".repeat(250);
+    for name in ["bad name", "a/b", "semi;colon", ".", "..", "", long.as_str()] {
+        let resp = c
+            .request(
+                versions::CREATE_TOPICS,
+                &admin::create_topics_request(name, 1, &[], false),
+            )
+            .expect("CreateTopics");
+        assert_eq!(
+            resp.topics[0].error_code,
+            errors::INVALID_TOPIC_EXCEPTION,
+            "CreateTopics {name:?}: {:?}",
+            resp.topics[0].error_message
+        );
+        if !name.is_empty() {
+            let md = admin::metadata(&mut c, &[name], true);
+            assert_eq!(
+                md.topics[0].error_code,
+                errors::INVALID_TOPIC_EXCEPTION,
+                "Metadata with auto-create for {name:?}"
+            );
+        }
+    }
+    admin::assert_broker_serves(&bootstrap);
+}
+
+#[test]
+fn fetch_out_of_range_is_offset_out_of_range() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("out-of-range");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let mut c = admin::connect(&bootstrap);
+    admin::produce_values(&mut c, &topic, 0, &[b"a", b"b", b"c"]);
+
+    let f = admin::fetch(&mut c, &topic, 0, 3, 1 << 20);
+    assert_eq!(
+        (f.error_code, f.high_watermark, f.records.len()),
+        (0, 3, 0),
+        "fetch at the log end is empty, not an error"
+    );
+    for offset in [4i64, 100, i64::MAX] {
+        let f = admin::fetch(&mut c, &topic, 0, offset, 1 << 20);
+        assert_eq!(
+            f.error_code,
+            errors::OFFSET_OUT_OF_RANGE,
+            "fetch at {offset} with log end 3"
+        );
+        assert!(f.records.is_empty());
+    }
+    admin::assert_broker_serves(&bootstrap);
+}
+
+#[test]
+fn invalid_acks_is_invalid_required_acks() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("bad-acks");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let mut c = admin::connect(&bootstrap);
+    for acks in [5i16, 2, -2] {
+        let req: ProduceRequest = admin::produce_request(&topic, acks, vec![(0, one_record_batch(b"x"))]);
+        let resp = c.request(versions::PRODUCE, &req).expect("produce");
+        assert_eq!(
+            partition_error(&resp, 0).0,
+            errors::INVALID_REQUIRED_ACKS,
+            "acks={acks}"
+        );
+    }
+    assert_eq!(
+        admin::latest(&mut c, &topic, 0),
+        0,
+        "nothing may be stored with invalid acks"
+    );
+    admin::assert_broker_serves(&bootstrap);
+}
+
+#[test]
+fn api_versions_with_unsupported_version_answers_v0_with_the_api_list() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let mut c = admin::connect(&bootstrap);
+    // A client from the future: ApiVersions v127 with a v2 (flexible) header and a v3 body.
+    let mut body = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(18)
+        .with_request_api_version(127)
+        .with_correlation_id(77)
+        .with_client_id(Some(StrBytes::from_static_str("future-client")))
+        .encode(&mut body, 2)
+        .expect("header");
+    ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("future"))
+        .with_client_software_version(StrBytes::from_static_str("9.9"))
+        .encode(&mut body, 3)
+        .expect("body");
+    c.send_frame(&body).expect("send");
+    let resp = c.read_response().expect("an answer, not a closed connection");
+    assert_eq!(resp.correlation_id, 77);
+    let mut buf = resp.frame.slice(4..); // v0 response header: correlation id only
+    let v0 = ApiVersionsResponse::decode(&mut buf, 0).expect("a v0-format ApiVersions answer");
+    assert!(
+        bytes::Buf::remaining(&buf) == 0,
+        "trailing bytes after the v0 answer"
+    );
+    assert_eq!(v0.error_code, errors::UNSUPPORTED_VERSION);
+    let own = v0
+        .api_keys
+        .iter()
+        .find(|k| k.api_key == 18)
+        .expect("ApiVersions itself in the list");
+    assert_eq!(own.min_version, 0);
+    assert!(
+        own.max_version >= 3,
+        "ApiVersions max version {}",
+        own.max_version
+    );
+    assert!(v0.api_keys.iter().any(|k| k.api_key == 0), "Produce in the list");
+    // The connection stays usable: a normal request on it is answered.
+    let md = admin::metadata(&mut c, &[], false);
+    assert!(!md.brokers.is_empty());
+    admin::assert_broker_serves(&bootstrap);
+}
+
+/// A request header for `api_key`/`version`, without the body.
+fn header_only(api_key: i16, version: i16, header_version: i16) -> BytesMut {
+    let mut b = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(api_key)
+        .with_request_api_version(version)
+        .with_correlation_id(5)
+        .with_client_id(Some(StrBytes::from_static_str("garbage")))
+        .encode(&mut b, header_version)
+        .expect("header");
+    b
+}
+
+#[test]
+fn truncated_or_garbage_requests_close_the_connection() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+
+    // A Metadata request cut in the middle of its body (the frame length matches what is sent).
+    let mut full = header_only(3, versions::METADATA, 2);
+    let topics: Vec<_> = (0..4)
+        .map(|i| {
+            kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(admin::topic_name(&format!("topic-{i}"))))
+        })
+        .collect();
+    MetadataRequest::default()
+        .with_topics(Some(topics))
+        .encode(&mut full, versions::METADATA)
+        .expect("body");
+    let cut = full.len() - 20;
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![("truncated Metadata body", full[..cut].to_vec())];
+
+    // A Produce header followed by bytes that cannot be a Produce body (an over-long varint).
+    let mut produce = header_only(0, versions::PRODUCE, 2);
+    produce.put_slice(&[0xff; 40]);
+    cases.push(("garbage Produce body", produce.to_vec()));
+
+    // A frame too short to hold a request header.
+    cases.push(("3-byte frame", vec![0, 3, 0]));
+
+    // A Fetch header claiming a huge topic array with nothing behind it.
+    let mut fetch = header_only(1, versions::FETCH, 2);
+    fetch.put_slice(&[0xff, 0xff, 0xff, 0xff, 0x07]);
+    cases.push(("Fetch with a huge array count", fetch.to_vec()));
+
+    for (what, frame) in cases {
+        let mut c = admin::connect(&bootstrap);
+        c.send_frame(&frame).expect("send");
+        c.expect_closed(CLOSE_WITHIN)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        admin::assert_broker_serves(&bootstrap);
+    }
+
+    // A client that disconnects in the middle of a frame.
+    let mut c = RawConn::connect(&bootstrap).expect("connect");
+    c.send_bytes(&100i32.to_be_bytes()).expect("send");
+    c.send_bytes(&[0u8; 10]).expect("send");
+    drop(c);
+    admin::assert_broker_serves(&bootstrap);
+}
+
+/// A real full disk: the broker's data directory is a 16 MiB tmpfs (see
+/// `BrokerBuilder::data_dir_limit`). Produce until the broker refuses: the refusal is
+/// KAFKA_STORAGE_ERROR (56); every acknowledged batch reads back intact at its offset and nothing
+/// unacknowledged becomes visible; the shard stays offline for writes (Kafka's offline log
+/// directory, until a restart) while reads and metadata keep working.
+#[test]
+fn disk_full_is_kafka_storage_error() {
+    // 16 MiB of disk, 1 MiB journal files: a few MiB of produce fill it.
+    let broker = Broker::builder()
+        .data_dir_limit(16 << 20)
+        .shards(1)
+        .config("strand.journal.segment.bytes", 1 << 20)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let mut c = admin::connect(&bootstrap);
+    let topic = unique_topic("full");
+    let other = unique_topic("full-other");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    admin::create_topic(&bootstrap, &other, 1, &[]);
+    admin::produce_values(&mut c, &other, 0, &[b"written before the disk filled up"]);
+
+    // Produce 128 KiB batches until the broker refuses one; remember what it acknowledged.
+    let value = vec![0x5au8; 128 * 1024];
+    let mut acked: Vec<i64> = Vec::new();
+    let mut refused = None;
+    for i in 0..400 {
+        let batch = one_record_batch(&[&value[..], format!("{i}").as_bytes()].concat());
+        let (err, base) = admin::produce(&mut c, &topic, 0, batch);
+        if err == 0 {
+            assert_eq!(base, acked.len() as i64, "offsets are assigned in order");
+            acked.push(base);
+        } else {
+            refused = Some((i, err));
+            break;
+        }
+    }
+    let Some((at, err)) = refused else {
+        panic!("400 batches of 128 KiB fitted on a 16 MiB file system: the disk never filled up");
+    };
+    assert_eq!(
+        err,
+        errors::KAFKA_STORAGE_ERROR,
+        "a produce that hits a full disk is KAFKA_STORAGE_ERROR (refused batch {at})"
+    );
+    assert!(!acked.is_empty(), "some batches fit before the disk filled up");
+
+    // Every acknowledged batch reads back intact, at the offset it was acknowledged with.
+    for (i, offset) in acked.iter().enumerate() {
+        let f = admin::fetch(&mut c, &topic, 0, *offset, 1 << 20);
+        assert_eq!(f.error_code, 0);
+        let (o, _, v, _) = f.records.first().cloned().expect("an acknowledged record");
+        assert_eq!(o, *offset);
+        let v = v.expect("value");
+        assert_eq!(&v[..value.len()], &value[..], "record {offset} intact");
+        assert_eq!(&v[value.len()..], format!("{i}").as_bytes());
+    }
+    assert_eq!(
+        admin::latest(&mut c, &topic, 0),
+        acked.len() as i64,
+        "nothing unacknowledged became visible"
+    );
+
+    // Writes stay refused (the log directory is offline until a restart, as in Kafka) while
+    // everything else keeps working: reads, metadata, other clients.
+    let (err, _) = admin::produce(&mut c, &other, 0, one_record_batch(b"after"));
+    assert_eq!(err, errors::KAFKA_STORAGE_ERROR);
+    let f = admin::fetch(&mut c, &other, 0, 0, 1 << 20);
+    assert_eq!(f.records.len(), 1);
+    // A fresh client still gets metadata and reads (the whole shard refuses writes, so the usual
+    // produce-based liveness check does not apply here).
+    let mut fresh = admin::connect(&bootstrap);
+    let md = admin::metadata(&mut fresh, &[&topic, &other], false);
+    assert!(
+        md.topics.iter().all(|t| t.error_code == 0),
+        "metadata after the disk filled up: {md:?}"
+    );
+    let f = admin::fetch(&mut fresh, &topic, 0, 0, 1 << 20);
+    assert_eq!((f.error_code, f.high_watermark), (0, acked.len() as i64));
+    let metrics = broker.metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("strand_storage_offline") && l.ends_with(" 1")),
+        "the offline state shows in /metrics"
+    );
+    assert!(
+        metrics.contains("error=\"KafkaStorageError\""),
+        "the refused produces are counted by error code"
+    );
+}

@@ -1,0 +1,308 @@
+//! Three independent client stacks against the broker: rdkafka (Rust, bundled librdkafka),
+//! confluent-kafka (Python, its own librdkafka build) and kafka-python (pure Python). Each
+//! writes, each reads, and all must agree byte for byte, offset for offset.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kafka_protocol::messages::ProduceRequest;
+use kafka_protocol::records::Compression;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use strand_compat_tests::admin::{self, versions};
+use strand_compat_tests::clients::{self, PythonClient};
+use strand_compat_tests::data::{compare_read_back, varied_records, Consumed, TestRecord};
+use strand_compat_tests::{raw, unique_topic, wait_for, Broker};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Offsets a fresh partition must assign to records produced in order: 0, 1, 2... per partition.
+fn sequential_offsets(records: &[TestRecord]) -> Vec<i64> {
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    records
+        .iter()
+        .map(|r| {
+            let n = next.entry(r.partition).or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect()
+}
+
+fn ends_of(records: &[TestRecord], partitions: i32) -> BTreeMap<i32, i64> {
+    let mut ends: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
+    for r in records {
+        *ends.entry(r.partition).or_insert(0) += 1;
+    }
+    ends
+}
+
+fn rdkafka_read_all(bootstrap: &str, topic: &str, ends: &BTreeMap<i32, i64>) -> Vec<Consumed> {
+    let mut all = Vec::new();
+    for (&p, &end) in ends {
+        all.extend(clients::rdkafka_consume(
+            bootstrap,
+            topic,
+            p,
+            Offset::Beginning,
+            end as usize,
+            TIMEOUT,
+        ));
+    }
+    all
+}
+
+fn check(who: &str, expected: &[TestRecord], offsets: &[i64], got: &[Consumed]) {
+    if let Err(e) = compare_read_back(who, expected, offsets, got, true) {
+        panic!("{e}");
+    }
+}
+
+/// kafka-python cannot produce a null header value nor a record with both key and value
+/// null; leave those corners to the other producers.
+fn kafka_python_producible(mut records: Vec<TestRecord>) -> Vec<TestRecord> {
+    for r in &mut records {
+        r.headers.retain(|(_, v)| v.is_some());
+        assert!(r.key.is_some() || r.value.is_some());
+    }
+    records
+}
+
+#[test]
+fn rdkafka_round_trip_with_assign_and_seek() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("rdkafka-rt");
+    admin::create_topic(&bootstrap, &topic, 3, &[]);
+    let records = varied_records(3000, 3, 21);
+
+    let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
+    assert_eq!(
+        offsets,
+        sequential_offsets(&records),
+        "acks=all offsets must be 0..n-1 per partition, in order"
+    );
+    let ends = ends_of(&records, 3);
+    let got = rdkafka_read_all(&bootstrap, &topic, &ends);
+    check("rdkafka", &records, &offsets, &got);
+
+    // Watermarks, then seeking inside partition 1.
+    let consumer: BaseConsumer = clients::assign_consumer(&bootstrap);
+    let p1: Vec<(usize, &TestRecord)> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.partition == 1)
+        .collect();
+    let n1 = p1.len() as i64;
+    assert_eq!(
+        consumer.fetch_watermarks(&topic, 1, TIMEOUT).expect("watermarks"),
+        (0, n1)
+    );
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 1, Offset::Beginning)
+        .expect("tpl");
+    consumer.assign(&tpl).expect("assign");
+    let first = clients::poll_records(&consumer, 10, TIMEOUT);
+    assert_eq!(
+        first.iter().map(|c| c.offset).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<i64>>()
+    );
+    for target in [500i64, n1 - 5, 3] {
+        consumer
+            .seek(&topic, 1, Offset::Offset(target), TIMEOUT)
+            .expect("seek");
+        let got = clients::poll_records(&consumer, 5, TIMEOUT);
+        for (k, c) in got.iter().enumerate() {
+            let want = target + k as i64;
+            assert_eq!(c.offset, want, "after seek to {target}");
+            assert!(
+                c.same_content(p1[want as usize].1),
+                "content at offset {want} after seek to {target}"
+            );
+        }
+    }
+
+    // Offset::End: only records produced after the assignment are read.
+    let consumer: BaseConsumer = clients::assign_consumer(&bootstrap);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 2, Offset::End).expect("tpl");
+    consumer.assign(&tpl).expect("assign");
+    // Let the consumer resolve END before producing more.
+    let nothing = consumer.poll(Duration::from_millis(1500));
+    assert!(
+        nothing.is_none(),
+        "read something at END before producing: {:?}",
+        nothing.map(|m| m.is_ok())
+    );
+    let more: Vec<TestRecord> = varied_records(3, 1, 22)
+        .into_iter()
+        .map(|mut r| {
+            r.partition = 2;
+            r
+        })
+        .collect();
+    let more_offsets = clients::rdkafka_produce(&bootstrap, &topic, &more);
+    let n2 = ends[&2];
+    assert_eq!(more_offsets, vec![n2, n2 + 1, n2 + 2]);
+    let got = clients::poll_records(&consumer, 3, TIMEOUT);
+    check("rdkafka at END", &more, &more_offsets, &got);
+}
+
+#[test]
+fn three_stacks_read_what_rdkafka_wrote() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("stacks-rd");
+    admin::create_topic(&bootstrap, &topic, 3, &[]);
+    let records = varied_records(900, 3, 31);
+    let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
+    assert_eq!(offsets, sequential_offsets(&records));
+    let ends = ends_of(&records, 3);
+
+    check(
+        "rdkafka",
+        &records,
+        &offsets,
+        &rdkafka_read_all(&bootstrap, &topic, &ends),
+    );
+    for client in [PythonClient::ConfluentKafka, PythonClient::KafkaPython] {
+        let got = clients::python_consume(client, &bootstrap, &topic, 0, &ends);
+        check(&format!("{client:?}"), &records, &offsets, &got);
+    }
+
+    // Reading from the middle: every stack starts exactly at the requested offset.
+    let start = 100;
+    let tail: Vec<(TestRecord, i64)> = records
+        .iter()
+        .cloned()
+        .zip(offsets.iter().copied())
+        .filter(|(_, o)| *o >= start)
+        .collect();
+    let (tail_records, tail_offsets): (Vec<_>, Vec<_>) = tail.into_iter().unzip();
+    for client in [PythonClient::ConfluentKafka, PythonClient::KafkaPython] {
+        let got = clients::python_consume(client, &bootstrap, &topic, start, &ends);
+        check(
+            &format!("{client:?} from {start}"),
+            &tail_records,
+            &tail_offsets,
+            &got,
+        );
+    }
+}
+
+#[test]
+fn three_stacks_read_what_python_clients_wrote() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let from_confluent = unique_topic("stacks-ck");
+    let from_kafka_python = unique_topic("stacks-kp");
+    admin::create_topic(&bootstrap, &from_confluent, 3, &[]);
+    admin::create_topic(&bootstrap, &from_kafka_python, 3, &[]);
+
+    let a = varied_records(600, 3, 41);
+    let a_offsets = clients::python_produce(PythonClient::ConfluentKafka, &bootstrap, &from_confluent, &a);
+    assert_eq!(
+        a_offsets,
+        sequential_offsets(&a),
+        "confluent-kafka acks=all offsets"
+    );
+    let b = kafka_python_producible(varied_records(600, 3, 42));
+    let b_offsets = clients::python_produce(PythonClient::KafkaPython, &bootstrap, &from_kafka_python, &b);
+    assert_eq!(b_offsets, sequential_offsets(&b), "kafka-python acks=all offsets");
+
+    let a_ends = ends_of(&a, 3);
+    let b_ends = ends_of(&b, 3);
+    check(
+        "rdkafka reading confluent-kafka",
+        &a,
+        &a_offsets,
+        &rdkafka_read_all(&bootstrap, &from_confluent, &a_ends),
+    );
+    check(
+        "rdkafka reading kafka-python",
+        &b,
+        &b_offsets,
+        &rdkafka_read_all(&bootstrap, &from_kafka_python, &b_ends),
+    );
+    let got = clients::python_consume(PythonClient::KafkaPython, &bootstrap, &from_confluent, 0, &a_ends);
+    check("kafka-python reading confluent-kafka", &a, &a_offsets, &got);
+    let got = clients::python_consume(
+        PythonClient::ConfluentKafka,
+        &bootstrap,
+        &from_kafka_python,
+        0,
+        &b_ends,
+    );
+    check("confluent-kafka reading kafka-python", &b, &b_offsets, &got);
+}
+
+#[test]
+fn raw_produce_acks_0_and_1_and_every_codec() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("raw-acks");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let mut conn = admin::connect(&bootstrap);
+
+    // acks=0: no answer at all; the next answer on the connection is the Metadata one.
+    let batch = raw::encode_batch(
+        &[raw::record(Some(b"k0"), Some(b"acks-zero"), 1_000)],
+        Compression::None,
+    );
+    let req: ProduceRequest = admin::produce_request(&topic, 0, vec![(0, batch)]);
+    conn.send_request(versions::PRODUCE, &req)
+        .expect("send acks=0 produce");
+    let md = kafka_protocol::messages::MetadataRequest::default().with_topics(None);
+    let md_corr = conn.send_request(versions::METADATA, &md).expect("send metadata");
+    let resp = conn.read_response().expect("an answer");
+    assert_eq!(
+        resp.correlation_id, md_corr,
+        "the broker answered an acks=0 produce"
+    );
+    resp.decode::<kafka_protocol::messages::MetadataResponse>(versions::METADATA)
+        .expect("metadata decodes");
+    wait_for(
+        Duration::from_secs(10),
+        "the acks=0 record to become readable",
+        || (admin::latest(&mut conn, &topic, 0) == 1).then_some(()),
+    );
+
+    // acks=1, then one batch per codec with acks=-1; each must come back identical.
+    let mut next = 1i64;
+    for (acks, compression) in [
+        (1i16, Compression::None),
+        (-1, Compression::Gzip),
+        (-1, Compression::Snappy),
+        (-1, Compression::Lz4),
+        (-1, Compression::Zstd),
+    ] {
+        let values: Vec<Vec<u8>> = (0..50)
+            .map(|i| format!("{compression:?}-{i}-{}", "x".repeat(i * 7)).into_bytes())
+            .collect();
+        let recs: Vec<_> = values.iter().map(|v| raw::record(None, Some(v), 2_000)).collect();
+        let req = admin::produce_request(&topic, acks, vec![(0, raw::encode_batch(&recs, compression))]);
+        let resp = conn.request(versions::PRODUCE, &req).expect("produce");
+        let p = &resp.responses[0].partition_responses[0];
+        assert_eq!(
+            (p.error_code, p.base_offset),
+            (0, next),
+            "{compression:?} acks={acks}"
+        );
+        let f = admin::fetch(&mut conn, &topic, 0, next, 1 << 20);
+        assert_eq!(f.error_code, 0);
+        let got: Vec<(i64, Vec<u8>)> = f
+            .records
+            .iter()
+            .take(values.len())
+            .map(|r| (r.0, r.2.as_ref().map(|b| b.to_vec()).unwrap_or_default()))
+            .collect();
+        let want: Vec<(i64, Vec<u8>)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (next + i as i64, v.clone()))
+            .collect();
+        assert_eq!(got, want, "{compression:?} batch read back");
+        next += values.len() as i64;
+    }
+    assert_eq!(admin::latest(&mut conn, &topic, 0), next);
+}

@@ -1,0 +1,374 @@
+//! Acknowledged means durable: kill -9 the broker under an acks=all producer, restart it, and
+//! read every acknowledged record back at the offset it was acknowledged with; the same after
+//! tearing the last segment file mid-batch; and a graceful SIGTERM loses nothing.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::producer::Producer;
+use rdkafka::Offset;
+use strand_compat_tests::admin;
+use strand_compat_tests::clients::{self, Delivery};
+use strand_compat_tests::data::{Consumed, Gen, TestRecord};
+use strand_compat_tests::raw::walk_batches;
+use strand_compat_tests::{unique_topic, wait_for, Broker};
+
+const PARTITIONS: i32 = 3;
+
+/// Record `i` of the durability producer: partition `i % 3`, key `k<i>`, a value with random
+/// bytes derived from `i`, one header.
+fn record(i: usize) -> TestRecord {
+    let mut g = Gen::new(i as u64 ^ 0xD0_0D);
+    let mut value = format!("durable-{i}-").into_bytes();
+    let len = 32 + g.below(96) as usize;
+    value.extend(g.bytes(len, &[]));
+    TestRecord {
+        partition: (i as i32) % PARTITIONS,
+        key: Some(format!("k{i}").into_bytes()),
+        value: Some(value),
+        headers: vec![("i".to_string(), Some(i.to_string().into_bytes()))],
+        timestamp: Some(1_700_000_000_000 + i as i64),
+    }
+}
+
+/// Which record a consumed one is, checking it is byte-identical to what was sent.
+fn identify(c: &Consumed) -> usize {
+    let key = c
+        .key
+        .as_deref()
+        .unwrap_or_else(|| panic!("null key at {}/{}", c.partition, c.offset));
+    let i: usize = std::str::from_utf8(key)
+        .ok()
+        .and_then(|k| k.strip_prefix('k'))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("foreign record at {}/{}: key {key:?}", c.partition, c.offset));
+    assert!(
+        c.same_content(&record(i)),
+        "record at {}/{} has the key of record {i} but not its content",
+        c.partition,
+        c.offset
+    );
+    i
+}
+
+struct Run {
+    /// Every record sent, by index: the delivery report.
+    reports: BTreeMap<usize, Delivery>,
+    sent: usize,
+}
+
+impl Run {
+    fn acked(&self) -> impl Iterator<Item = (usize, i32, i64)> + '_ {
+        self.reports
+            .iter()
+            .filter_map(|(&i, r)| r.as_ref().ok().map(|&(p, o)| (i, p, o)))
+    }
+
+    fn acked_in(&self, partition: i32) -> Vec<(usize, i64)> {
+        let mut v: Vec<_> = self
+            .acked()
+            .filter(|a| a.1 == partition)
+            .map(|(i, _, o)| (i, o))
+            .collect();
+        v.sort_by_key(|x| x.1);
+        v
+    }
+}
+
+/// Runs an acks=all producer (one request in flight per connection, so acknowledgement order
+/// is log order) and kills the broker with SIGKILL once `min_acked` records were acknowledged,
+/// while the producer is still sending. Returns every delivery report.
+fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize) -> Run {
+    let bootstrap = broker.bootstrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let producer = clients::logged_producer(
+        &bootstrap,
+        &[
+            ("max.in.flight.requests.per.connection", "1"),
+            ("linger.ms", "2"),
+            ("message.timeout.ms", "5000"),
+            ("request.timeout.ms", "4000"),
+            ("queue.buffering.max.messages", "5000"),
+        ],
+    );
+    let log = producer.context().reports.clone();
+    let thread = {
+        let (stop, sent, topic) = (stop.clone(), sent.clone(), topic.to_string());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                clients::send_record(&producer, &topic, i, &record(i));
+                i += 1;
+                sent.store(i, Ordering::Relaxed);
+                producer.poll(Duration::ZERO);
+            }
+            // Resolve everything still queued: after the kill these fail by message.timeout.ms.
+            let _ = producer.flush(Duration::from_secs(30));
+            producer.poll(Duration::from_millis(100));
+        })
+    };
+    wait_for(
+        Duration::from_secs(90),
+        &format!("{min_acked} acknowledged records"),
+        || {
+            let acked = log.lock().expect("log").values().filter(|r| r.is_ok()).count();
+            (acked >= min_acked).then_some(())
+        },
+    );
+    broker.kill9();
+    let sent_at_kill = sent.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    thread.join().expect("producer thread");
+    let reports = log.lock().expect("log").clone();
+    let sent = sent.load(Ordering::Relaxed);
+    assert_eq!(
+        reports.len(),
+        sent,
+        "every sent record must have a delivery report"
+    );
+    let failed = reports.values().filter(|r| r.is_err()).count();
+    eprintln!(
+        "sent {sent} ({sent_at_kill} when killed), acknowledged {}, failed {failed}",
+        sent - failed
+    );
+    assert!(failed > 0, "the kill did not happen mid-run: no delivery failed");
+    Run { reports, sent }
+}
+
+/// Reads a whole partition (from offset 0 to latest) with rdkafka, checking that offsets are
+/// exactly 0..latest-1 and every record is one the producer sent.
+fn read_partition(bootstrap: &str, topic: &str, partition: i32) -> Vec<(i64, usize)> {
+    let mut conn = admin::connect(bootstrap);
+    assert_eq!(
+        admin::earliest(&mut conn, topic, partition),
+        0,
+        "log start of {partition}"
+    );
+    let end = admin::latest(&mut conn, topic, partition);
+    let got = clients::rdkafka_consume(
+        bootstrap,
+        topic,
+        partition,
+        Offset::Beginning,
+        end as usize,
+        Duration::from_secs(60),
+    );
+    got.iter()
+        .enumerate()
+        .map(|(n, c)| {
+            assert_eq!(
+                c.offset, n as i64,
+                "partition {partition}: gap or reordering at offset {n}"
+            );
+            (c.offset, identify(c))
+        })
+        .collect()
+}
+
+/// Every acknowledged record of `partition` is at its acknowledged offset; acknowledged ones
+/// appear in send order.
+fn check_acked_present(run: &Run, log: &[(i64, usize)], partition: i32, below: i64) {
+    let acked = run.acked_in(partition);
+    for w in acked.windows(2) {
+        assert!(
+            w[0].0 < w[1].0,
+            "partition {partition}: record {} acknowledged at a lower offset than {}",
+            w[1].0,
+            w[0].0
+        );
+    }
+    for &(i, o) in acked.iter().filter(|a| a.1 < below) {
+        let at = log.get(o as usize).unwrap_or_else(|| {
+            panic!(
+                "partition {partition}: acknowledged record {i} at offset {o} is gone (log ends at {})",
+                log.len()
+            )
+        });
+        assert_eq!(
+            at.1, i,
+            "partition {partition} offset {o}: acknowledged record {i}, found record {}",
+            at.1
+        );
+    }
+}
+
+/// Produces `per_partition` new records to each partition after the restart: their offsets
+/// must continue the recovered log exactly (never reuse one) and lie above every offset
+/// acknowledged before the crash; the old records must be unchanged afterwards.
+fn check_new_writes(bootstrap: &str, topic: &str, run: &Run, logs: &BTreeMap<i32, Vec<(i64, usize)>>) {
+    let base = run.sent + 1_000_000;
+    let new: Vec<TestRecord> = (0..PARTITIONS as usize * 5).map(|k| record(base + k)).collect();
+    let offsets = clients::rdkafka_produce(bootstrap, topic, &new);
+    for p in 0..PARTITIONS {
+        let end = logs[&p].len() as i64;
+        let max_acked = run.acked_in(p).last().map(|a| a.1).unwrap_or(-1);
+        let got: Vec<i64> = new
+            .iter()
+            .zip(&offsets)
+            .filter(|(r, _)| r.partition == p)
+            .map(|(_, &o)| o)
+            .collect();
+        assert_eq!(
+            got,
+            (end..end + 5).collect::<Vec<_>>(),
+            "partition {p}: offsets after restart"
+        );
+        assert!(
+            got[0] > max_acked,
+            "partition {p}: offset {} reused (acknowledged up to {max_acked})",
+            got[0]
+        );
+        let after = read_partition(bootstrap, topic, p);
+        assert_eq!(
+            &after[..logs[&p].len()],
+            &logs[&p][..],
+            "partition {p}: old records changed by new writes"
+        );
+        let tail: Vec<usize> = after[logs[&p].len()..].iter().map(|x| x.1).collect();
+        let want: Vec<usize> = (0..new.len())
+            .filter(|k| new[*k].partition == p)
+            .map(|k| base + k)
+            .collect();
+        assert_eq!(tail, want, "partition {p}: new records read back");
+    }
+}
+
+#[test]
+fn acked_records_survive_kill9_under_load() {
+    let mut broker = Broker::builder()
+        .needs_spawned("kills and restarts the broker")
+        .start();
+    let topic = unique_topic("kill9");
+    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
+    let run = produce_until_kill9(&mut broker, &topic, 3000);
+
+    broker.restart();
+    let bootstrap = broker.bootstrap();
+    let mut logs = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let log = read_partition(&bootstrap, &topic, p);
+        check_acked_present(&run, &log, p, i64::MAX);
+        logs.insert(p, log);
+    }
+    check_new_writes(&bootstrap, &topic, &run, &logs);
+    broker.assert_running();
+}
+
+fn last_segment(dir: &PathBuf) -> PathBuf {
+    let mut logs: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    let last = logs
+        .pop()
+        .unwrap_or_else(|| panic!("no .log segment in {}", dir.display()));
+    let stem = last.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    assert!(
+        stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()),
+        "segment file name {} is not a 20-digit base offset",
+        last.display()
+    );
+    last
+}
+
+#[test]
+fn torn_last_segment_recovers_to_a_consistent_prefix() {
+    let mut broker = Broker::builder()
+        .needs_spawned("kills the broker and edits its segment files")
+        .start();
+    let topic = unique_topic("torn");
+    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
+    let run = produce_until_kill9(&mut broker, &topic, 3000);
+
+    // Cut partition 0's last segment in the middle of its last complete batch.
+    let segment = last_segment(&broker.partition_dir(&topic, 0));
+    let bytes = fs::read(&segment).expect("read segment");
+    let (batches, complete) = walk_batches(&bytes);
+    let last = *batches.last().unwrap_or_else(|| {
+        panic!(
+            "{} holds no complete batch ({} bytes)",
+            segment.display(),
+            bytes.len()
+        )
+    });
+    let cut = last.position + last.size / 2;
+    eprintln!(
+        "{}: {} bytes, {} complete batches ({complete} bytes); cutting batch {}..={} at byte {cut}",
+        segment.display(),
+        bytes.len(),
+        batches.len(),
+        last.base_offset,
+        last.last_offset
+    );
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .expect("open segment")
+        .set_len(cut)
+        .expect("truncate");
+
+    broker.restart();
+    let bootstrap = broker.bootstrap();
+    let mut logs = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let log = read_partition(&bootstrap, &topic, p);
+        if p == 0 {
+            let end = log.len() as i64;
+            let max_acked = run.acked_in(0).last().map(|a| a.1).unwrap_or(-1);
+            if end > last.last_offset {
+                eprintln!(
+                    "partition 0 restored the torn batch (log end {end}, acknowledged up to {max_acked})"
+                );
+                check_acked_present(&run, &log, 0, i64::MAX);
+            } else {
+                assert_eq!(
+                    end, last.base_offset,
+                    "partition 0 must end either after every acknowledged record (restored) or exactly at \
+                     the torn batch's base offset {} (truncated); it ends at {end}",
+                    last.base_offset
+                );
+                eprintln!("partition 0 truncated to the batch boundary {end}");
+                check_acked_present(&run, &log, 0, last.base_offset);
+            }
+        } else {
+            check_acked_present(&run, &log, p, i64::MAX);
+        }
+        logs.insert(p, log);
+    }
+    check_new_writes(&bootstrap, &topic, &run, &logs);
+    broker.assert_running();
+}
+
+#[test]
+fn graceful_shutdown_loses_nothing() {
+    let mut broker = Broker::builder()
+        .needs_spawned("stops and restarts the broker")
+        .start();
+    let topic = unique_topic("sigterm");
+    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
+    let records: Vec<TestRecord> = (0..600).map(record).collect();
+    let offsets = clients::rdkafka_produce(&broker.bootstrap(), &topic, &records);
+
+    let status = broker.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "SIGTERM must end the broker cleanly, got {status}"
+    );
+    broker.restart();
+    let bootstrap = broker.bootstrap();
+    for p in 0..PARTITIONS {
+        let log = read_partition(&bootstrap, &topic, p);
+        let want: Vec<(i64, usize)> = (0..records.len())
+            .filter(|&i| records[i].partition == p)
+            .map(|i| (offsets[i], i))
+            .collect();
+        assert_eq!(log, want, "partition {p} after SIGTERM and restart");
+    }
+}
