@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
-use glommio::sync::Semaphore;
+use glommio::sync::{Semaphore, StaticPermit};
 use kafka_protocol::messages::ApiKey;
 use strand_protocol::frame::{peek_frame_size, split_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
@@ -92,6 +92,8 @@ async fn read_loop(
 ) -> Option<&'static str> {
     let max_frame = shard.config.socket_request_max_bytes as usize;
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
+    let mut reserved: Option<StaticPermit> = None;
     loop {
         loop {
             let frame = match split_frame(&mut buf, max_frame) {
@@ -99,7 +101,14 @@ async fn read_loop(
                 Ok(None) => break,
                 Err(e) => return Some(frame_error(shard, conn, e)),
             };
-            match start_request(shard, conn, frame, request_memory).await {
+            let permit = match reserved.take() {
+                Some(p) => p,
+                None => match request_memory.acquire_static_permit(frame.len() as u64).await {
+                    Ok(p) => p,
+                    Err(_) => return Some("shutting down"),
+                },
+            };
+            match start_request(shard, conn, frame, permit).await {
                 Ok(Some(pending)) => {
                     if tx.send(pending).await.is_err() {
                         return Some("writer gone");
@@ -111,7 +120,17 @@ async fn read_loop(
         }
         // Read more: as much as the frame at the front needs, in bounded chunks.
         let need = match peek_frame_size(&buf, max_frame) {
-            Ok(Some(size)) => (4 + size).saturating_sub(buf.len()),
+            Ok(Some(size)) => {
+                if reserved.is_none() && size > READ_CHUNK_BYTES {
+                    // A large frame: hold its memory before reading its body, so the bytes all
+                    // connections of a shard buffer stay within the shard's budget.
+                    match request_memory.acquire_static_permit(size as u64).await {
+                        Ok(p) => reserved = Some(p),
+                        Err(_) => return Some("shutting down"),
+                    }
+                }
+                (4 + size).saturating_sub(buf.len())
+            }
             Ok(None) => READ_CHUNK_BYTES,
             Err(e) => return Some(frame_error(shard, conn, e)),
         };
@@ -148,7 +167,7 @@ async fn start_request(
     shard: &Rc<Shard>,
     conn: &Rc<ConnInfo>,
     frame: Bytes,
-    request_memory: &Rc<Semaphore>,
+    permit: StaticPermit,
 ) -> Result<Option<Pending>, &'static str> {
     let Some(raw) = RawHeader::peek(&frame) else {
         shard.metrics.bad_request("short header");
@@ -170,14 +189,7 @@ async fn start_request(
         let resp = handlers::api_versions_fallback(raw.correlation_id);
         return Ok(Some(glommio::spawn_local(async move { resp }).detach()));
     }
-    // Hold request memory for the frame until its response is ready.
-    let permit = match request_memory.try_acquire_static_permit(frame.len() as u64) {
-        Ok(p) => p,
-        Err(_) => match request_memory.acquire_static_permit(frame.len() as u64).await {
-            Ok(p) => p,
-            Err(_) => return Err("shutting down"),
-        },
-    };
+    // `permit` holds request memory for the frame until its response is ready.
     let (header, body) = match decode_request_header(frame, api) {
         Ok(x) => x,
         Err(e) => {
