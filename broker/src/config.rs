@@ -196,6 +196,12 @@ pub struct Config {
     pub group_max_session_timeout_ms: i32,
     /// `offsets.retention.minutes`.
     pub offsets_retention_minutes: u32,
+    /// `producer.id.expiration.ms`: an idempotent producer's state is dropped after this long
+    /// without a batch.
+    pub producer_id_expiration_ms: i64,
+    /// `strand.max.producers.per.partition`: bound on producer states kept per partition; the
+    /// least recently active are dropped first.
+    pub max_producers_per_partition: u32,
     /// Keys set explicitly (any source), with their normalised text, for DescribeConfigs.
     explicit: BTreeMap<&'static str, Explicit>,
 }
@@ -286,6 +292,18 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
     key("offsets.retention.minutes", Int, Text("10080"), "Offsets of empty groups are kept this long."),
+    key(
+        "producer.id.expiration.ms",
+        Int,
+        Text("86400000"),
+        "Idempotent producer state expires after this long without a batch.",
+    ),
+    key(
+        "strand.max.producers.per.partition",
+        Int,
+        Text("10000"),
+        "Most idempotent producers remembered per partition (the least recently active go first).",
+    ),
 ];
 
 /// Keys of KRaft/compose configs that do not apply to a single Strand node: accepted, no effect.
@@ -298,6 +316,8 @@ const IGNORED_KEYS: &[&str] = &[
     "security.inter.broker.protocol",
     "offsets.topic.replication.factor",
     "offsets.topic.num.partitions",
+    "transactional.id.expiration.ms",
+    "transaction.max.timeout.ms",
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
     "group.initial.rebalance.delay.ms",
@@ -825,6 +845,8 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let http_listener = r.host_port("strand.http.listener")?;
     let admin_listener = r.host_port("strand.admin.listener")?;
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
+    let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
+    let max_producers_per_partition = r.int("strand.max.producers.per.partition", 1, I32_MAX)?;
     let group_min_session_timeout_ms: i32 = r.int("group.min.session.timeout.ms", 0, I32_MAX)?;
     let group_max_session_timeout_ms: i32 = r.int("group.max.session.timeout.ms", 0, I32_MAX)?;
     if group_min_session_timeout_ms > group_max_session_timeout_ms {
@@ -913,6 +935,8 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         group_min_session_timeout_ms,
         group_max_session_timeout_ms,
         offsets_retention_minutes,
+        producer_id_expiration_ms,
+        max_producers_per_partition,
         explicit: r.explicit,
     })
 }

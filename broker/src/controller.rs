@@ -46,6 +46,8 @@ pub(crate) enum ControllerOp {
         replace: bool,
         validate_only: bool,
     },
+    /// A new idempotent producer id (InitProducerId).
+    AllocateProducerId,
 }
 
 /// CreatePartitions entry: topic, new total count, optional replica assignments.
@@ -133,25 +135,44 @@ pub(crate) struct TopicResult {
 #[derive(Debug, Clone)]
 pub(crate) struct ControllerReply {
     pub(crate) results: Vec<TopicResult>,
+    /// For `AllocateProducerId`: the new id, or why there is none.
+    pub(crate) producer_id: Option<Result<i64, String>>,
 }
 
 impl ControllerReply {
     pub(crate) fn not_controller() -> Self {
-        ControllerReply { results: Vec::new() }
+        ControllerReply {
+            results: Vec::new(),
+            producer_id: None,
+        }
+    }
+
+    fn topics(results: Vec<TopicResult>) -> Self {
+        ControllerReply {
+            results,
+            producer_id: None,
+        }
     }
 }
+
+/// Producer ids are reserved in blocks of this size: one metadata write per block.
+const PRODUCER_ID_BLOCK: i64 = 1000;
 
 pub(crate) struct Controller {
     lock: glommio::sync::Semaphore,
     state: RefCell<ClusterMetadata>,
     path: PathBuf,
     node_id: i32,
+    /// Next producer id to hand out; below `state.producer_id_block_end`.
+    next_producer_id: std::cell::Cell<i64>,
 }
 
 impl Controller {
     pub(crate) fn new(state: ClusterMetadata, log_dir: PathBuf, node_id: i32) -> Self {
         Controller {
             lock: glommio::sync::Semaphore::new(1),
+            // Ids of a block reserved before a restart may have been used: start after it.
+            next_producer_id: std::cell::Cell::new(state.producer_id_block_end),
             state: RefCell::new(state),
             path: log_dir.join(METADATA_FILE),
             node_id,
@@ -163,6 +184,12 @@ impl Controller {
         let Ok(_permit) = self.lock.acquire_permit(1).await else {
             return ControllerReply::not_controller();
         };
+        if let ControllerOp::AllocateProducerId = op {
+            return ControllerReply {
+                results: Vec::new(),
+                producer_id: Some(self.allocate_producer_id().await),
+            };
+        }
         let mut scratch = self.state.borrow().clone();
         let mut results = Vec::new();
         let mut deltas = Vec::new();
@@ -170,7 +197,7 @@ impl Controller {
             ControllerOp::CreateTopics { validate_only, .. }
             | ControllerOp::CreatePartitions { validate_only, .. }
             | ControllerOp::AlterTopicConfig { validate_only, .. } => *validate_only,
-            ControllerOp::DeleteTopics { .. } => false,
+            ControllerOp::DeleteTopics { .. } | ControllerOp::AllocateProducerId => false,
         };
         match op {
             ControllerOp::CreateTopics { topics, .. } => {
@@ -275,6 +302,8 @@ impl Controller {
                     }
                 }
             }
+            // Answered above, before any topic work.
+            ControllerOp::AllocateProducerId => {}
             ControllerOp::AlterTopicConfig {
                 name, edits, replace, ..
             } => {
@@ -310,7 +339,7 @@ impl Controller {
             }
         }
         if validate_only || deltas.is_empty() {
-            return ControllerReply { results };
+            return ControllerReply::topics(results);
         }
         // Persist before anyone sees the change: a crash now finds either the old state or the
         // new one, and logs of deleted topics are cleaned up at start-up.
@@ -325,14 +354,31 @@ impl Controller {
                     r.topic = None;
                 }
             }
-            return ControllerReply { results };
+            return ControllerReply::topics(results);
         }
         *self.state.borrow_mut() = scratch;
         let problems = broadcast_metadata(shard, deltas).await;
         for p in &problems {
             tracing::error!(problem = %p, "applying a metadata change");
         }
-        ControllerReply { results }
+        ControllerReply::topics(results)
+    }
+
+    /// Hands out the next producer id, reserving (persisting) a new block when the current one
+    /// is used up. Runs under the controller lock.
+    async fn allocate_producer_id(&self) -> Result<i64, String> {
+        let id = self.next_producer_id.get();
+        if id >= self.state.borrow().producer_id_block_end {
+            let mut next = self.state.borrow().clone();
+            next.producer_id_block_end = id + PRODUCER_ID_BLOCK;
+            GlommioFs
+                .write_file_atomic(&self.path, next.to_json())
+                .await
+                .map_err(|e| format!("cannot persist the producer id block: {e}"))?;
+            self.state.borrow_mut().producer_id_block_end = next.producer_id_block_end;
+        }
+        self.next_producer_id.set(id + 1);
+        Ok(id)
     }
 }
 

@@ -50,6 +50,9 @@ pub struct ClusterMetadata {
     pub version: u64,
     topics: BTreeMap<String, TopicMeta>,
     by_id: HashMap<TopicId, String>,
+    /// Producer ids below this may have been handed out (InitProducerId); a restarted controller
+    /// continues from here, so an id is never given twice.
+    pub producer_id_block_end: i64,
 }
 
 /// Why an admin operation is refused, with Kafka's error code and message.
@@ -306,6 +309,7 @@ impl ClusterMetadata {
         let file = MetadataFile {
             format: 1,
             version: self.version,
+            producer_id_block_end: self.producer_id_block_end,
             topics: self
                 .topics
                 .values()
@@ -329,6 +333,7 @@ impl ClusterMetadata {
         }
         let mut md = ClusterMetadata {
             version: file.version,
+            producer_id_block_end: file.producer_id_block_end.max(0),
             ..Default::default()
         };
         for r in file.topics {
@@ -359,6 +364,8 @@ struct MetadataFile {
     format: u32,
     version: u64,
     topics: Vec<TopicRecord>,
+    #[serde(default)]
+    producer_id_block_end: i64,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -44,6 +44,8 @@ const MESH_CHANNEL_CAPACITY: usize = 1024;
 /// How often a checkpoint runs when the journal has not filled up (Kafka's
 /// `log.flush.offset.checkpoint.interval.ms` default).
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
+/// How often idle idempotent-producer state is expired.
+const PRODUCER_EXPIRY_CHECK: Duration = Duration::from_secs(60);
 /// Request bytes a shard holds in memory at most (frames being handled).
 const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
 
@@ -422,11 +424,16 @@ async fn housekeeping(shard: Rc<Shard>) {
     let retention_every =
         Duration::from_millis(u64::try_from(shard.config.retention_check_interval_ms).unwrap_or(300_000));
     let mut next_retention = Instant::now() + retention_every;
+    let mut next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
     loop {
         glommio::timer::sleep(Duration::from_millis(1000).min(retention_every)).await;
         if Instant::now() >= next_retention {
             shard.retention_pass().await;
             next_retention = Instant::now() + retention_every;
+        }
+        if Instant::now() >= next_producer_expiry {
+            shard.expire_producers();
+            next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
         }
         shard.update_partition_gauges();
     }

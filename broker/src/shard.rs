@@ -14,6 +14,7 @@ use futures::FutureExt;
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 use strand_storage::fs_glommio::GlommioFs;
+use strand_storage::producer::ProducerError;
 use strand_storage::{LogConfig, LogId, LogKey, ShardStore, StorageError};
 
 use crate::clock::Clock;
@@ -612,6 +613,19 @@ impl Shard {
         }
     }
 
+    /// Forgets idle idempotent producers (`producer.id.expiration.ms`) and bounds how many each
+    /// partition remembers.
+    pub(crate) fn expire_producers(&self) {
+        let n = self.store.expire_producers(
+            self.now_ms(),
+            self.config.producer_id_expiration_ms,
+            self.config.max_producers_per_partition as usize,
+        );
+        if n > 0 {
+            tracing::debug!(expired = n, "expired idempotent producer state");
+        }
+    }
+
     /// Publishes per-partition gauges (log end offset, size).
     pub(crate) fn update_partition_gauges(&self) {
         let parts = self.partitions.borrow();
@@ -643,6 +657,10 @@ pub(crate) fn storage_error_code(e: &StorageError) -> ResponseError {
         StorageError::InvalidBatch(b) => b.kafka_error(),
         StorageError::UnknownLog => ResponseError::UnknownTopicOrPartition,
         StorageError::Busy(_) => ResponseError::RequestTimedOut,
+        StorageError::Producer(ProducerError::FencedEpoch { .. }) => ResponseError::InvalidProducerEpoch,
+        StorageError::Producer(
+            ProducerError::OutOfOrder { .. } | ProducerError::NewEpochNotAtZero { .. },
+        ) => ResponseError::OutOfOrderSequenceNumber,
         _ => ResponseError::KafkaStorageError,
     }
 }

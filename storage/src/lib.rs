@@ -20,6 +20,7 @@ pub mod index;
 pub mod journal;
 pub mod log;
 pub mod notify;
+pub mod producer;
 pub mod replay;
 mod segment;
 pub mod store;
@@ -28,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 pub use journal::LogKey;
 pub use log::{
-    AppendInfo, LogConfig, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome,
+    AppendInfo, Appended, LogConfig, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome,
     TimestampPlan,
 };
 pub use replay::{replay_journals, ReplayReport};
@@ -63,6 +64,8 @@ pub enum StorageError {
     Checkpoint(String),
     #[error("journal file {} was not replayed before the shard started", .0.display())]
     JournalNotReplayed(PathBuf),
+    #[error(transparent)]
+    Producer(#[from] producer::ProducerError),
 }
 
 impl StorageError {

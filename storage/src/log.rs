@@ -23,6 +23,7 @@ use strand_protocol::records::record_metas;
 
 use crate::fs::{FileHandle, Fs};
 use crate::index::{OffsetIndex, TimeIndex};
+use crate::producer::{ProducerCheck, ProducerState};
 use crate::segment::{self, relative, Segment};
 use crate::StorageError;
 
@@ -66,6 +67,15 @@ pub struct RecoveryPoint {
     pub segment_base: i64,
     /// Byte position in that segment.
     pub position: u64,
+}
+
+/// What [`PartitionLog::append`] did.
+#[derive(Debug)]
+pub enum Appended<'a> {
+    /// Appended; the stored bytes go to the shard journal.
+    New(AppendInfo, &'a [u8]),
+    /// A producer's retry of a batch already appended at these offsets; nothing was appended.
+    Duplicate(AppendInfo),
 }
 
 /// Result of an append.
@@ -186,6 +196,8 @@ pub(crate) struct CheckpointWork<Fl> {
     pub(crate) sync_dir: bool,
     pub(crate) write_epochs: Option<Vec<u8>>,
     pub(crate) point: RecoveryPoint,
+    /// Producer-state snapshot exact as of `point`.
+    pub(crate) producers: Vec<u8>,
     pub(crate) dir: PathBuf,
 }
 
@@ -230,7 +242,13 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                 .await
                 .map_err(|e| StorageError::io("sync log directory", &self.dir, e))?;
         }
-        write_recovery_point(fs, &self.dir.join(RECOVERY_POINT_FILE), self.point).await?;
+        write_recovery_point(
+            fs,
+            &self.dir.join(RECOVERY_POINT_FILE),
+            self.point,
+            self.producers,
+        )
+        .await?;
         Ok(self.point)
     }
 }
@@ -288,6 +306,8 @@ pub struct PartitionLog<F: Fs> {
     /// Segment files were created or removed since the last checkpoint.
     dir_dirty: bool,
     last_checkpoint: Option<RecoveryPoint>,
+    /// Idempotent producers' sequences (see [`crate::producer`]).
+    producers: ProducerState,
 }
 
 impl<F: Fs> PartitionLog<F> {
@@ -319,7 +339,10 @@ impl<F: Fs> PartitionLog<F> {
         }
         let mut report = RecoveryReport::default();
         let log_start_file = read_i64_file(&fs, &dir.join(LOG_START_FILE)).await;
-        let recovery = read_recovery_point(&fs, &dir.join(RECOVERY_POINT_FILE)).await;
+        let (recovery, snapshot) = match read_recovery_point(&fs, &dir.join(RECOVERY_POINT_FILE)).await {
+            Some((rp, producers)) => (Some(rp), producers),
+            None => (None, ProducerState::default()),
+        };
         let mut log = PartitionLog {
             fs: fs.clone(),
             dir: dir.clone(),
@@ -335,6 +358,7 @@ impl<F: Fs> PartitionLog<F> {
             epochs_dirty: false,
             dir_dirty: false,
             last_checkpoint: None,
+            producers: ProducerState::default(),
         };
 
         // A recovery point is usable only if its segment still exists and is at least that long
@@ -353,6 +377,11 @@ impl<F: Fs> PartitionLog<F> {
             }
         }
 
+        // The producer snapshot is exact as of the recovery point; batches after it are re-applied
+        // by the scans below. Without a usable point everything is scanned and rebuilt.
+        if trusted.is_some() {
+            log.producers = snapshot;
+        }
         let mut expected: Option<i64> = None;
         let mut drop_rest = false;
         for (i, &base) in bases.iter().enumerate() {
@@ -429,6 +458,7 @@ impl<F: Fs> PartitionLog<F> {
                     &mut seg.index_builder,
                     &mut seg.index,
                     &mut seg.time_index,
+                    &mut log.producers,
                 )
                 .await
                 .map_err(|e| StorageError::io("scan segment", &path, e))?;
@@ -471,6 +501,7 @@ impl<F: Fs> PartitionLog<F> {
         let end = log.active().next_offset;
         log.next_offset = end;
         log.high_watermark = end;
+        log.producers.truncate(end);
         let first_base = log.segments.first().map_or(0, |s| s.base_offset);
         log.log_start_offset = log_start_file.unwrap_or(first_base).clamp(first_base, end);
         let before = log.epochs.len();
@@ -585,8 +616,39 @@ impl<F: Fs> PartitionLog<F> {
     /// offsets follow call order. The stored copy gets its `baseOffset` and
     /// `partitionLeaderEpoch` patched; nothing else changes.
     ///
+    /// Batches from idempotent producers are checked against the producer's sequence first: a
+    /// retry of a batch already appended is answered with the original offsets and not appended
+    /// again ([`Appended::Duplicate`]); an out-of-sequence or fenced batch is refused.
+    ///
     /// Returns the append's offsets and the stored bytes (for the shard journal).
     pub fn append(
+        &mut self,
+        validated: &[u8],
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<Appended<'_>, StorageError> {
+        let header = BatchHeader::parse(validated).map_err(StorageError::InvalidBatch)?;
+        match self.producers.check(&header) {
+            ProducerCheck::Append => {}
+            ProducerCheck::Duplicate {
+                first_offset,
+                last_offset,
+            } => {
+                return Ok(Appended::Duplicate(AppendInfo {
+                    base_offset: first_offset,
+                    last_offset,
+                    log_start_offset: self.log_start_offset,
+                }))
+            }
+            ProducerCheck::Reject(e) => return Err(StorageError::Producer(e)),
+        }
+        let (info, stored) = self.append_unchecked(validated, leader_epoch, now_ms)?;
+        Ok(Appended::New(info, stored))
+    }
+
+    /// [`PartitionLog::append`] without the producer-sequence check: for batches that were
+    /// already accepted once (journal replay). Producer state is still updated.
+    pub fn append_unchecked(
         &mut self,
         validated: &[u8],
         leader_epoch: i32,
@@ -662,6 +724,7 @@ impl<F: Fs> PartitionLog<F> {
             batch::patch_batch(stored, base_offset, leader_epoch);
         }
         self.next_offset = last_offset + 1;
+        self.producers.append_pending(&header, base_offset);
         let info = AppendInfo {
             base_offset,
             last_offset,
@@ -741,6 +804,7 @@ impl<F: Fs> PartitionLog<F> {
             "high watermark must not go back"
         );
         self.high_watermark = self.high_watermark.max(end_offset);
+        self.producers.flushed(self.high_watermark);
     }
 
     /// After a failed flush round: throws away everything above the high watermark (nothing
@@ -748,6 +812,7 @@ impl<F: Fs> PartitionLog<F> {
     pub(crate) fn discard_unflushed(&mut self) -> DiscardPlan<F::File> {
         self.in_flight = false;
         self.staged.clear();
+        self.producers.discard_pending();
         self.discard_generation += 1;
         let hw = self.high_watermark;
         let mut plan = DiscardPlan {
@@ -841,6 +906,7 @@ impl<F: Fs> PartitionLog<F> {
         seg.needs_sync = true;
         self.next_offset = offset;
         self.high_watermark = self.high_watermark.min(offset);
+        self.producers.truncate(offset);
         let before = self.epochs.len();
         self.epochs.retain(|(_, start)| *start < offset);
         if self.epochs.len() != before {
@@ -1116,12 +1182,19 @@ impl<F: Fs> PartitionLog<F> {
             sync_dir,
             write_epochs,
             dir: self.dir.clone(),
+            // `durable` producer state is exact as of the high watermark, which is `offset`.
+            producers: self.producers.encode_snapshot(offset),
             point: RecoveryPoint {
                 offset,
                 segment_base,
                 position,
             },
         }
+    }
+
+    /// Drops idle producers (see [`ProducerState::expire`]).
+    pub fn expire_producers(&mut self, now_ms: i64, expiration_ms: i64, max_producers: usize) -> usize {
+        self.producers.expire(now_ms, expiration_ms, max_producers)
     }
 
     /// Records a completed checkpoint.
@@ -1350,18 +1423,30 @@ pub async fn persist_log_start_offset<F: Fs>(fs: &F, dir: &Path, offset: i64) ->
         .map_err(|e| StorageError::io("write log start offset", &path, e))
 }
 
-/// `v1 <offset> <segment base> <position> <crc32c of the text before it>`: one short line,
-/// written in place and fsynced. A torn or stale-looking file fails its CRC and is ignored,
-/// which only costs a longer validation at the next start.
-async fn write_recovery_point<F: Fs>(fs: &F, path: &Path, rp: RecoveryPoint) -> Result<(), StorageError> {
-    let body = format!("v1 {} {} {}", rp.offset, rp.segment_base, rp.position);
-    let line = format!("{body} {}\n", crc32c::crc32c(body.as_bytes()));
+/// The recovery point file: magic `STRNDRP2`, offset, segment base, position (i64 each), then
+/// the producer-state snapshot exact as of that offset, then a CRC-32C of everything before it.
+/// Written in place and fsynced; a torn or damaged file fails its CRC and is ignored, which only
+/// costs a longer validation (and a full rebuild of the producer state) at the next start.
+async fn write_recovery_point<F: Fs>(
+    fs: &F,
+    path: &Path,
+    rp: RecoveryPoint,
+    producers: Vec<u8>,
+) -> Result<(), StorageError> {
+    let mut body = Vec::with_capacity(36 + producers.len());
+    body.extend_from_slice(b"STRNDRP2");
+    body.extend_from_slice(&rp.offset.to_be_bytes());
+    body.extend_from_slice(&rp.segment_base.to_be_bytes());
+    body.extend_from_slice(&rp.position.to_be_bytes());
+    body.extend_from_slice(&producers);
+    let crc = crc32c::crc32c(&body);
+    body.extend_from_slice(&crc.to_be_bytes());
     let f = fs
         .open(path, true)
         .await
         .map_err(|e| StorageError::io("open recovery point", path, e))?;
-    let len = line.len() as u64;
-    f.write_all_at(line.into_bytes(), 0)
+    let len = body.len() as u64;
+    f.write_all_at(body, 0)
         .await
         .map_err(|e| StorageError::io("write recovery point", path, e))?;
     f.truncate(len)
@@ -1372,25 +1457,25 @@ async fn write_recovery_point<F: Fs>(fs: &F, path: &Path, rp: RecoveryPoint) -> 
         .map_err(|e| StorageError::io("sync recovery point", path, e))
 }
 
-async fn read_recovery_point<F: Fs>(fs: &F, path: &Path) -> Option<RecoveryPoint> {
+async fn read_recovery_point<F: Fs>(fs: &F, path: &Path) -> Option<(RecoveryPoint, ProducerState)> {
     let bytes = fs.read_file(path).await.ok()?;
-    let text = std::str::from_utf8(&bytes).ok()?.trim_end();
-    let (body, crc) = text.rsplit_once(' ')?;
-    if crc.parse::<u32>().ok()? != crc32c::crc32c(body.as_bytes()) {
+    let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
+    if crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().ok()?) {
         return None;
     }
-    let mut parts = body.split(' ');
-    if parts.next()? != "v1" {
+    let rest = body.strip_prefix(b"STRNDRP2")?;
+    let field =
+        |i: usize| -> Option<i64> { Some(i64::from_be_bytes(rest.get(i * 8..i * 8 + 8)?.try_into().ok()?)) };
+    let rp = RecoveryPoint {
+        offset: field(0)?,
+        segment_base: field(1)?,
+        position: u64::try_from(field(2)?).ok()?,
+    };
+    let (producers, snapshot_offset) = ProducerState::decode_snapshot(rest.get(24..)?)?;
+    if snapshot_offset != rp.offset {
         return None;
     }
-    let offset = parts.next()?.parse().ok()?;
-    let segment_base = parts.next()?.parse().ok()?;
-    let position = parts.next()?.parse().ok()?;
-    Some(RecoveryPoint {
-        offset,
-        segment_base,
-        position,
-    })
+    Some((rp, producers))
 }
 
 /// Reads Kafka's `leader-epoch-checkpoint` format: version line, count line, `epoch offset` lines.

@@ -163,6 +163,7 @@ pub(crate) async fn scan<Fl: FileHandle>(
     builder: &mut IndexBuilder,
     index: &mut OffsetIndex,
     time_index: &mut TimeIndex,
+    producers: &mut crate::producer::ProducerState,
 ) -> Result<ScanOutcome, std::io::Error> {
     let mut pos = start_position;
     let mut max_timestamp = -1i64;
@@ -205,6 +206,7 @@ pub(crate) async fn scan<Fl: FileHandle>(
                 index,
                 time_index,
             );
+            producers.apply_durable(&h);
             if epoch_starts.last().map(|(e, _)| *e) != Some(h.partition_leader_epoch) {
                 epoch_starts.push((h.partition_leader_epoch, h.base_offset));
             }

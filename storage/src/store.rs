@@ -266,14 +266,20 @@ impl<F: Fs> ShardStore<F> {
             return Err(StorageError::UnknownLog);
         }
         let entry = slot.entry.as_mut().ok_or(StorageError::UnknownLog)?;
-        let (info, stored) = entry.log.append(batch, leader_epoch, now_ms)?;
-        inner.journal.stage_append(&entry.key, info.base_offset, stored);
+        let info = match entry.log.append(batch, leader_epoch, now_ms)? {
+            crate::log::Appended::New(info, stored) => {
+                inner.journal.stage_append(&entry.key, info.base_offset, stored);
+                info
+            }
+            // A retry of a batch already appended: answer with its offsets once durable.
+            crate::log::Appended::Duplicate(info) => info,
+        };
         let ticket = AppendTicket {
             id,
             info,
             discard_generation: entry.log.discard_generation(),
         };
-        if !entry.dirty {
+        if !entry.dirty && entry.log.has_staged() {
             entry.dirty = true;
             inner.dirty.push(id);
         }
@@ -635,6 +641,18 @@ impl<F: Fs> ShardStore<F> {
             }
         }
         self.with_log(id, |l| l.log_start_offset())
+    }
+
+    /// Drops producers idle longer than `expiration_ms` from every log's producer state, and the
+    /// least recently active beyond `max_per_log`. Returns how many were dropped.
+    pub fn expire_producers(&self, now_ms: i64, expiration_ms: i64, max_per_log: usize) -> usize {
+        let mut inner = self.inner.borrow_mut();
+        inner
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.entry.as_mut())
+            .map(|e| e.log.expire_producers(now_ms, expiration_ms, max_per_log))
+            .sum()
     }
 
     /// Plans a read (see [`PartitionLog::plan_read`]); execute it with [`ReadPlan::execute`].

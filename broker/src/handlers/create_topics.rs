@@ -67,7 +67,7 @@ impl Handler for CreateTopics {
             });
         }
         let reply = if to_create.is_empty() {
-            controller::ControllerReply { results: vec![] }
+            controller::ControllerReply::not_controller()
         } else {
             controller::call(
                 &ctx.shard,

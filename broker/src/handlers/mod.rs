@@ -13,6 +13,7 @@ mod describe_cluster;
 mod describe_configs;
 mod fetch;
 mod find_coordinator;
+mod init_producer_id;
 mod list_offsets;
 mod metadata;
 mod offset_for_leader_epoch;
@@ -188,6 +189,7 @@ registry![
     alter_configs::IncrementalAlterConfigs,
     alter_configs::AlterConfigs,
     find_coordinator::FindCoordinator,
+    init_producer_id::InitProducerId,
 ];
 
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,

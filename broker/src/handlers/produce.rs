@@ -93,6 +93,16 @@ impl Handler for Produce {
                             let records = p.records.unwrap_or_default();
                             match validate_produce_batch(&records, settings.max_message_bytes as usize) {
                                 Err(e) => fail(e.kafka_error(), Some(e.to_string())),
+                                Ok(h) if h.is_control() => fail(
+                                    ResponseError::InvalidRecord,
+                                    Some("clients may not produce control batches".into()),
+                                ),
+                                // Transactional batches need a transaction, which needs a
+                                // transactional id; none can exist yet.
+                                Ok(h) if h.is_transactional() => fail(
+                                    ResponseError::InvalidTxnState,
+                                    Some("transactional batch without an ongoing transaction".into()),
+                                ),
                                 Ok(h) => {
                                     match check_timestamps(settings, h.base_timestamp, h.max_timestamp, now) {
                                         Err(m) => fail(ResponseError::InvalidTimestamp, Some(m)),
