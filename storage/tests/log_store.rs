@@ -544,6 +544,9 @@ fn simulate(seed: u64) {
         // acknowledged[log] = (offset -> stored batch bytes)
         let mut acked: Vec<std::collections::BTreeMap<i64, Vec<u8>>> = vec![Default::default(); logs.len()];
         let mut appended_ops = 0usize;
+        // An idempotent producer writing to log 0: (sequence, batch, acknowledged offset).
+        let mut prod: Vec<(i32, Vec<u8>, Option<i64>)> = Vec::new();
+        let mut prod_pending: Vec<(usize, strand_storage::AppendTicket)> = Vec::new();
         for _life in 0..4 {
             let rep = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
                 .await
@@ -568,6 +571,23 @@ fn simulate(seed: u64) {
                         "acknowledged batch at {off} of {name}"
                     );
                 }
+                let mut seqs: Vec<i32> = all
+                    .iter()
+                    .map(|b| batch::BatchHeader::parse(&b.2).unwrap())
+                    .filter(|h| h.producer_id == 99)
+                    .map(|h| h.base_sequence)
+                    .collect();
+                let n = seqs.len();
+                seqs.dedup();
+                assert_eq!(
+                    seqs.len(),
+                    n,
+                    "a producer batch is stored once in {name}: {seqs:?}"
+                );
+                assert!(
+                    seqs.windows(2).all(|w| w[0] < w[1]),
+                    "producer batches in sequence order in {name}"
+                );
                 let hw = store.offsets(id).unwrap().high_watermark;
                 if let Some((last, bytes)) = acked[i].iter().next_back() {
                     let count = batch::BatchHeader::parse(bytes).unwrap().offset_count();
@@ -578,10 +598,39 @@ fn simulate(seed: u64) {
                 }
                 ids.push(id);
             }
+            // The producer retries everything it has no acknowledgement for, in order, and once
+            // more an acknowledged batch: acknowledged ones must come back with their offsets.
+            prod_pending.clear();
+            for (i, (_seq, batch, acked_at)) in prod.iter().enumerate() {
+                if acked_at.is_some() && i + 1 != prod.len() {
+                    continue;
+                }
+                let t = store
+                    .append(ids[0], batch, 3, 0)
+                    .unwrap_or_else(|e| panic!("an in-order retry after a crash was refused: {e}"));
+                match acked_at {
+                    Some(off) => assert_eq!(
+                        t.info.base_offset, *off,
+                        "a retry of an acknowledged batch gets its offsets"
+                    ),
+                    None => prod_pending.push((i, t)),
+                }
+            }
             let steps = rng.gen_range(10..80);
             let mut pending: Vec<(usize, strand_storage::AppendTicket, Vec<u8>)> = Vec::new();
             for _ in 0..steps {
                 match rng.gen_range(0..10) {
+                    0 if rng.gen_bool(0.5) => {
+                        let seq = prod.last().map_or(0, |(s, b, _)| {
+                            s + batch::BatchHeader::parse(b).unwrap().records_count
+                        });
+                        let b = producer_batch(99, 0, seq, rng.gen_range(1..4));
+                        if let Ok(t) = store.append(ids[0], &b, 3, 0) {
+                            t!("producer seq {seq} at {}", t.info.base_offset);
+                            prod.push((seq, b, None));
+                            prod_pending.push((prod.len() - 1, t));
+                        }
+                    }
                     0..=5 => {
                         let li = rng.gen_range(0..logs.len());
                         let b = value_batch(appended_ops as u64, rng.gen_range(1..6), rng.gen_range(0..1000));
@@ -605,8 +654,15 @@ fn simulate(seed: u64) {
                                 store.wait_durable(&t).await.unwrap();
                                 acked[li].insert(t.info.base_offset, s);
                             }
+                            for (i, t) in prod_pending.drain(..) {
+                                store.wait_durable(&t).await.unwrap();
+                                prod[i].2 = Some(t.info.base_offset);
+                                let stored_batch = stored(prod[i].1.clone(), t.info.base_offset, 3);
+                                acked[0].insert(t.info.base_offset, stored_batch);
+                            }
                         } else {
                             pending.clear();
+                            prod_pending.clear();
                         }
                     }
                     8 => {
