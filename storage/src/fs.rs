@@ -158,7 +158,7 @@ impl Fs for StdFs {
     }
 }
 
-pub(crate) fn std_list_dir(path: &Path) -> io::Result<Vec<String>> {
+fn std_list_dir(path: &Path) -> io::Result<Vec<String>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(path)? {
         let entry = entry?;

@@ -10,7 +10,7 @@ use std::path::Path;
 use bytes::Bytes;
 use glommio::io::{BufferedFile, OpenOptions};
 
-use crate::fs::{std_list_dir, FileHandle, Fs};
+use crate::fs::{FileHandle, Fs, StdFs};
 
 /// The glommio-backed file system; usable only inside a glommio executor.
 #[derive(Clone, Copy, Debug, Default)]
@@ -73,24 +73,25 @@ impl Fs for GlommioFs {
         Ok(GlommioFile(f))
     }
 
+    // Directory operations are rare (segment roll, topic creation): blocking std calls.
     async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(path)
+        StdFs.create_dir_all(path).await
     }
 
     async fn remove_file(&self, path: &Path) -> io::Result<()> {
-        std::fs::remove_file(path)
+        StdFs.remove_file(path).await
     }
 
     async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        std::fs::remove_dir_all(path)
+        StdFs.remove_dir_all(path).await
     }
 
     async fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        std::fs::rename(from, to)
+        StdFs.rename(from, to).await
     }
 
     async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-        std_list_dir(path)
+        StdFs.list_dir(path).await
     }
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
@@ -100,6 +101,6 @@ impl Fs for GlommioFs {
     }
 
     async fn exists(&self, path: &Path) -> bool {
-        path.exists()
+        StdFs.exists(path).await
     }
 }

@@ -100,6 +100,15 @@ struct Slot<F: Fs> {
     entry: Option<Entry<F>>,
 }
 
+/// The live entry of `id`, if the log was not removed (stale ids are refused, not misapplied).
+fn entry_mut<F: Fs>(slots: &mut [Slot<F>], id: LogId) -> Option<&mut Entry<F>> {
+    let slot = slots.get_mut(id.slot as usize)?;
+    if slot.generation != id.generation {
+        return None;
+    }
+    slot.entry.as_mut()
+}
+
 struct Inner<F: Fs> {
     slots: Vec<Slot<F>>,
     free: Vec<u32>,
@@ -210,14 +219,7 @@ impl<F: Fs> ShardStore<F> {
 
     fn with_entry<R>(&self, id: LogId, f: impl FnOnce(&mut Entry<F>) -> R) -> Result<R, StorageError> {
         let mut inner = self.inner.borrow_mut();
-        let slot = inner
-            .slots
-            .get_mut(id.slot as usize)
-            .ok_or(StorageError::UnknownLog)?;
-        if slot.generation != id.generation {
-            return Err(StorageError::UnknownLog);
-        }
-        let entry = slot.entry.as_mut().ok_or(StorageError::UnknownLog)?;
+        let entry = entry_mut(&mut inner.slots, id).ok_or(StorageError::UnknownLog)?;
         Ok(f(entry))
     }
 
@@ -258,14 +260,7 @@ impl<F: Fs> ShardStore<F> {
             return Err(StorageError::Offline(reason.clone()));
         }
         let inner = &mut *inner;
-        let slot = inner
-            .slots
-            .get_mut(id.slot as usize)
-            .ok_or(StorageError::UnknownLog)?;
-        if slot.generation != id.generation {
-            return Err(StorageError::UnknownLog);
-        }
-        let entry = slot.entry.as_mut().ok_or(StorageError::UnknownLog)?;
+        let entry = entry_mut(&mut inner.slots, id).ok_or(StorageError::UnknownLog)?;
         let info = match entry.log.append(batch, leader_epoch, now_ms)? {
             crate::log::Appended::New(info, stored) => {
                 inner.journal.stage_append(&entry.key, info.base_offset, stored);
@@ -340,13 +335,7 @@ impl<F: Fs> ShardStore<F> {
             let dirty = std::mem::take(&mut inner.dirty);
             let mut writes = Vec::with_capacity(dirty.len());
             for id in dirty {
-                if let Some(Some(entry)) = inner.slots.get_mut(id.slot as usize).map(|s| {
-                    if s.generation == id.generation {
-                        s.entry.as_mut()
-                    } else {
-                        None
-                    }
-                }) {
+                if let Some(entry) = entry_mut(&mut inner.slots, id) {
                     entry.dirty = false;
                     if let Some(w) = entry.log.take_staged() {
                         writes.push((id, w));
@@ -437,13 +426,7 @@ impl<F: Fs> ShardStore<F> {
                     written.into_iter().collect();
                 for (id, end) in end_offsets {
                     let chunks = written_by_id.remove(&id).unwrap_or_default();
-                    if let Some(Some(entry)) = inner.slots.get_mut(id.slot as usize).map(|s| {
-                        if s.generation == id.generation {
-                            s.entry.as_mut()
-                        } else {
-                            None
-                        }
-                    }) {
+                    if let Some(entry) = entry_mut(&mut inner.slots, id) {
                         entry.log.complete_round(end, chunks);
                     }
                 }
@@ -561,13 +544,7 @@ impl<F: Fs> ShardStore<F> {
         {
             let mut inner = self.inner.borrow_mut();
             for (id, r) in done {
-                if let Some(Some(entry)) = inner.slots.get_mut(id.slot as usize).map(|s| {
-                    if s.generation == id.generation {
-                        s.entry.as_mut()
-                    } else {
-                        None
-                    }
-                }) {
+                if let Some(entry) = entry_mut(&mut inner.slots, id) {
                     match r {
                         Ok(point) => entry.log.checkpoint_done(point),
                         Err(()) => entry.log.checkpoint_failed(),

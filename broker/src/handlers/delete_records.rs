@@ -9,9 +9,8 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::{ApiKey, DeleteRecordsRequest, DeleteRecordsResponse};
 use kafka_protocol::ResponseError;
 
-use super::{Handler, Reply, RequestCtx};
-use crate::ops::{PartRef, ShardRequest, ShardResponse};
-use crate::shard::scatter;
+use super::{per_partition, Handler, Reply, RequestCtx};
+use crate::ops::{ShardRequest, ShardResponse};
 
 pub(crate) struct DeleteRecords;
 
@@ -23,35 +22,21 @@ impl Handler for DeleteRecords {
     type Response = DeleteRecordsResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: DeleteRecordsRequest) -> Reply<DeleteRecordsResponse> {
-        let md = ctx.shard.metadata();
         let unknown = (ResponseError::UnknownTopicOrPartition.code(), -1i64);
-        let mut items = Vec::new();
-        let mut slots = Vec::new();
-        for t in &req.topics {
-            let meta = md.topic(t.name.0.as_str());
-            for p in &t.partitions {
-                match meta {
-                    Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
-                        if p.offset < -1 {
-                            slots.push(Err((ResponseError::OffsetOutOfRange.code(), -1)));
-                            continue;
-                        }
-                        slots.push(Ok(items.len()));
-                        items.push((
-                            PartRef {
-                                topic: m.name.clone(),
-                                partition: p.partition_index,
-                            },
-                            p.offset,
-                        ));
-                    }
-                    _ => slots.push(Err(unknown)),
-                }
-            }
-        }
-        let answers = scatter(
-            &ctx.shard,
-            items,
+        // -1 means the high watermark; the owner refuses other negative offsets (out of range).
+        let requested = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| (t.name.0.as_str(), p.partition_index, p.offset))
+            })
+            .collect();
+        let answers = per_partition(
+            &ctx,
+            requested,
+            unknown,
             ShardRequest::DeleteRecords,
             |r| match r {
                 ShardResponse::DeleteRecords(v) => Some(v),
@@ -60,7 +45,7 @@ impl Handler for DeleteRecords {
             (ResponseError::UnknownServerError.code(), -1),
         )
         .await;
-        let mut slots = slots.into_iter();
+        let mut answers = answers.into_iter();
         let topics = req
             .topics
             .iter()
@@ -69,11 +54,7 @@ impl Handler for DeleteRecords {
                     .partitions
                     .iter()
                     .map(|p| {
-                        let (error, low) = match slots.next() {
-                            Some(Ok(i)) => answers.get(i).copied().unwrap_or(unknown),
-                            Some(Err(e)) => e,
-                            None => unknown,
-                        };
+                        let (error, low) = answers.next().unwrap_or(unknown);
                         DeleteRecordsPartitionResult::default()
                             .with_partition_index(p.partition_index)
                             .with_error_code(error)

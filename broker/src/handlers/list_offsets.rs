@@ -9,9 +9,8 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ApiKey, ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::ResponseError;
 
-use super::{Handler, Reply, RequestCtx};
-use crate::ops::{ListOffsetsOutcome, ListOffsetsPart, PartRef, ShardRequest, ShardResponse};
-use crate::shard::scatter;
+use super::{per_partition, Handler, Reply, RequestCtx};
+use crate::ops::{ListOffsetsOutcome, ListOffsetsPart, ShardRequest, ShardResponse};
 
 pub(crate) struct ListOffsets;
 
@@ -23,39 +22,30 @@ impl Handler for ListOffsets {
     type Response = ListOffsetsResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: ListOffsetsRequest) -> Reply<ListOffsetsResponse> {
-        let shard = &ctx.shard;
         let version = ctx.version;
-        let md = shard.metadata();
         let fail = |e: ResponseError| ListOffsetsOutcome {
             error: e.code(),
             timestamp: -1,
             offset: -1,
             leader_epoch: -1,
         };
-        let mut items = Vec::new();
-        let mut slots = Vec::new();
-        for t in &req.topics {
-            let name = t.name.0.as_str();
-            let meta = md.topic(name);
-            for p in &t.partitions {
-                match meta {
-                    Some(m) if p.partition_index >= 0 && p.partition_index < m.partitions => {
-                        slots.push(Ok(items.len()));
-                        items.push((
-                            PartRef {
-                                topic: name.to_owned(),
-                                partition: p.partition_index,
-                            },
-                            (p.timestamp, p.current_leader_epoch),
-                        ));
-                    }
-                    _ => slots.push(Err(fail(ResponseError::UnknownTopicOrPartition))),
-                }
-            }
-        }
-        let answers = scatter(
-            shard,
-            items,
+        let requested = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|p| {
+                    (
+                        t.name.0.as_str(),
+                        p.partition_index,
+                        (p.timestamp, p.current_leader_epoch),
+                    )
+                })
+            })
+            .collect();
+        let answers = per_partition(
+            &ctx,
+            requested,
+            fail(ResponseError::UnknownTopicOrPartition),
             |list| {
                 ShardRequest::ListOffsets(
                     list.into_iter()
@@ -74,7 +64,7 @@ impl Handler for ListOffsets {
             fail(ResponseError::UnknownServerError),
         )
         .await;
-        let mut slots = slots.into_iter();
+        let mut answers = answers.into_iter();
         let topics = req
             .topics
             .iter()
@@ -83,14 +73,9 @@ impl Handler for ListOffsets {
                     .partitions
                     .iter()
                     .map(|p| {
-                        let o = match slots.next() {
-                            Some(Ok(i)) => answers
-                                .get(i)
-                                .cloned()
-                                .unwrap_or(fail(ResponseError::UnknownServerError)),
-                            Some(Err(o)) => o,
-                            None => fail(ResponseError::UnknownServerError),
-                        };
+                        let o = answers
+                            .next()
+                            .unwrap_or_else(|| fail(ResponseError::UnknownServerError));
                         ListOffsetsPartitionResponse::default()
                             .with_partition_index(p.partition_index)
                             .with_error_code(o.error)

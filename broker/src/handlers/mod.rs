@@ -201,6 +201,46 @@ pub(crate) fn api_versions_fallback(correlation_id: i32) -> Option<Bytes> {
 /// The highest ApiVersions version served.
 pub(crate) const API_VERSIONS_MAX: i16 = <api_versions::ApiVersions as Handler>::MAX;
 
+/// Runs a per-partition operation for the partitions a request names, in request order:
+/// partitions of unknown topics (or out of range) get `unknown`; the others go to their owning
+/// shards in parallel (`make` builds one shard's request, `take` extracts its answers), and an
+/// owner that does not answer yields `fallback`.
+pub(crate) async fn per_partition<T, R: Clone>(
+    ctx: &RequestCtx,
+    requested: Vec<(&str, i32, T)>,
+    unknown: R,
+    make: impl Fn(Vec<(crate::ops::PartRef, T)>) -> crate::ops::ShardRequest,
+    take: impl Fn(crate::ops::ShardResponse) -> Option<Vec<R>>,
+    fallback: R,
+) -> Vec<R> {
+    let md = ctx.shard.metadata();
+    let mut known = Vec::new();
+    let mut slots: Vec<Option<usize>> = Vec::with_capacity(requested.len());
+    for (topic, partition, t) in requested {
+        match md.topic(topic) {
+            Some(m) if partition >= 0 && partition < m.partitions => {
+                slots.push(Some(known.len()));
+                known.push((
+                    crate::ops::PartRef {
+                        topic: m.name.clone(),
+                        partition,
+                    },
+                    t,
+                ));
+            }
+            _ => slots.push(None),
+        }
+    }
+    let answers = crate::shard::scatter(&ctx.shard, known, make, take, fallback.clone()).await;
+    slots
+        .into_iter()
+        .map(|slot| match slot {
+            Some(i) => answers.get(i).cloned().unwrap_or_else(|| fallback.clone()),
+            None => unknown.clone(),
+        })
+        .collect()
+}
+
 /// Wraps an error message for responses.
 pub(crate) fn msg(s: impl Into<String>) -> Option<kafka_protocol::protocol::StrBytes> {
     Some(kafka_protocol::protocol::StrBytes::from_string(s.into()))

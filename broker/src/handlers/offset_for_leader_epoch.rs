@@ -9,9 +9,8 @@ use kafka_protocol::messages::offset_for_leader_epoch_response::{
 use kafka_protocol::messages::{ApiKey, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
 use kafka_protocol::ResponseError;
 
-use super::{Handler, Reply, RequestCtx};
-use crate::ops::{EpochAnswer, EpochQuery, PartRef, ShardRequest, ShardResponse};
-use crate::shard::scatter;
+use super::{per_partition, Handler, Reply, RequestCtx};
+use crate::ops::{EpochAnswer, EpochQuery, ShardRequest, ShardResponse};
 
 pub(crate) struct OffsetForLeaderEpoch;
 
@@ -26,35 +25,28 @@ impl Handler for OffsetForLeaderEpoch {
         ctx: Rc<RequestCtx>,
         req: OffsetForLeaderEpochRequest,
     ) -> Reply<OffsetForLeaderEpochResponse> {
-        let md = ctx.shard.metadata();
         let fail = |e: ResponseError| EpochAnswer {
             error: e.code(),
             leader_epoch: -1,
             end_offset: -1,
         };
-        let mut items = Vec::new();
-        let mut slots = Vec::new();
-        for t in &req.topics {
-            let meta = md.topic(t.topic.0.as_str());
-            for p in &t.partitions {
-                match meta {
-                    Some(m) if p.partition >= 0 && p.partition < m.partitions => {
-                        slots.push(Ok(items.len()));
-                        items.push((
-                            PartRef {
-                                topic: m.name.clone(),
-                                partition: p.partition,
-                            },
-                            (p.current_leader_epoch, p.leader_epoch),
-                        ));
-                    }
-                    _ => slots.push(Err(fail(ResponseError::UnknownTopicOrPartition))),
-                }
-            }
-        }
-        let answers = scatter(
-            &ctx.shard,
-            items,
+        let requested = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|p| {
+                    (
+                        t.topic.0.as_str(),
+                        p.partition,
+                        (p.current_leader_epoch, p.leader_epoch),
+                    )
+                })
+            })
+            .collect();
+        let answers = per_partition(
+            &ctx,
+            requested,
+            fail(ResponseError::UnknownTopicOrPartition),
             |list| {
                 ShardRequest::EpochEndOffsets(
                     list.into_iter()
@@ -73,7 +65,7 @@ impl Handler for OffsetForLeaderEpoch {
             fail(ResponseError::UnknownServerError),
         )
         .await;
-        let mut slots = slots.into_iter();
+        let mut answers = answers.into_iter();
         let topics = req
             .topics
             .iter()
@@ -82,14 +74,9 @@ impl Handler for OffsetForLeaderEpoch {
                     .partitions
                     .iter()
                     .map(|p| {
-                        let a = match slots.next() {
-                            Some(Ok(i)) => answers
-                                .get(i)
-                                .cloned()
-                                .unwrap_or(fail(ResponseError::UnknownServerError)),
-                            Some(Err(a)) => a,
-                            None => fail(ResponseError::UnknownServerError),
-                        };
+                        let a = answers
+                            .next()
+                            .unwrap_or_else(|| fail(ResponseError::UnknownServerError));
                         EpochEndOffset::default()
                             .with_partition(p.partition)
                             .with_error_code(a.error)
