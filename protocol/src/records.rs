@@ -6,6 +6,8 @@
 
 use std::io::Read;
 
+use bytes::Bytes;
+
 use crate::batch::{check_batch, BatchError, BatchHeader, Compression, BATCH_HEADER_BYTES};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +27,89 @@ pub enum RecordError {
 pub struct RecordMeta {
     pub offset: i64,
     pub timestamp: i64,
+}
+
+/// One record of a batch, fully decoded. Key, value and header values share the batch's buffer
+/// when the batch is uncompressed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub offset: i64,
+    pub timestamp: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    pub headers: Vec<(Bytes, Option<Bytes>)>,
+}
+
+/// Decodes every record of the batch at the front of `batch` (internal topics, the queue
+/// engine, tools — never the produce or fetch path). Checks the CRC; decompresses at most
+/// `max_decompressed_bytes`.
+pub fn decode_records(batch: &Bytes, max_decompressed_bytes: usize) -> Result<Vec<Record>, RecordError> {
+    let header = check_batch(batch)?;
+    let body = batch
+        .get(BATCH_HEADER_BYTES..header.total_bytes())
+        .map(|_| batch.slice(BATCH_HEADER_BYTES..header.total_bytes()))
+        .ok_or(BatchError::Truncated {
+            needed: header.total_bytes(),
+            available: batch.len(),
+        })?;
+    let records = match header.compression()? {
+        Compression::None => body,
+        codec => Bytes::from(decompress(codec, &body, max_decompressed_bytes)?),
+    };
+    let count = usize::try_from(header.records_count).unwrap_or(0);
+    let mut out = Vec::with_capacity(count.min(records.len()));
+    let mut pos = 0usize;
+    for _ in 0..count {
+        let bad = || RecordError::Malformed { position: pos };
+        let mut cur = records.get(pos..).ok_or_else(bad)?;
+        let before = cur.len();
+        let len = usize::try_from(read_varint(&mut cur).ok_or_else(bad)?).map_err(|_| bad())?;
+        let start = pos + (before - cur.len());
+        let end = start.checked_add(len).filter(|e| *e <= records.len()).ok_or_else(bad)?;
+        let rec = records.slice(start..end);
+        out.push(decode_one(&header, &rec).ok_or(RecordError::Malformed { position: start })?);
+        pos = end;
+    }
+    Ok(out)
+}
+
+fn decode_one(header: &BatchHeader, rec: &Bytes) -> Option<Record> {
+    let mut cur: &[u8] = rec;
+    let (_attributes, rest) = cur.split_first()?;
+    cur = rest;
+    let ts_delta = read_varint(&mut cur)?;
+    let offset_delta = read_varint(&mut cur)?;
+    let take = |cur: &mut &[u8]| -> Option<Option<Bytes>> {
+        let len = read_varint(cur)?;
+        if len < 0 {
+            return Some(None);
+        }
+        let len = usize::try_from(len).ok()?;
+        let at = rec.len() - cur.len();
+        let bytes = rec.get(at..at.checked_add(len)?).map(|_| rec.slice(at..at + len))?;
+        *cur = cur.get(len..)?;
+        Some(Some(bytes))
+    };
+    let key = take(&mut cur)?;
+    let value = take(&mut cur)?;
+    let n = usize::try_from(read_varint(&mut cur)?).ok()?;
+    let mut headers = Vec::with_capacity(n.min(cur.len()));
+    for _ in 0..n {
+        let k = take(&mut cur)??;
+        let v = take(&mut cur)?;
+        headers.push((k, v));
+    }
+    Some(Record {
+        offset: header.base_offset.wrapping_add(offset_delta),
+        timestamp: if header.is_log_append_time() {
+            header.max_timestamp
+        } else {
+            header.base_timestamp.wrapping_add(ts_delta)
+        },
+        key,
+        value,
+        headers,
+    })
 }
 
 /// Offsets and timestamps of all records of the batch at the front of `batch`, in order.
@@ -208,6 +293,34 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn records_decode_with_keys_values_and_headers() {
+        let recs = [
+            build::TestRecord {
+                key: Some(b"k1"),
+                value: Some(b"v1"),
+                headers: vec![("h", Some(b"x")), ("n", None)],
+                timestamp_delta: 0,
+            },
+            build::TestRecord {
+                key: None,
+                value: None,
+                headers: vec![],
+                timestamp_delta: 5,
+            },
+        ];
+        let mut b = build::batch(&recs, 1_000);
+        crate::batch::patch_batch(&mut b, 10, 0);
+        let got = decode_records(&Bytes::from(b), 1 << 20).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].offset, 10);
+        assert_eq!(got[0].key.as_deref(), Some(&b"k1"[..]));
+        assert_eq!(got[0].value.as_deref(), Some(&b"v1"[..]));
+        assert_eq!(got[0].headers[0].0.as_ref(), b"h");
+        assert_eq!(got[0].headers[1].1, None);
+        assert_eq!((got[1].offset, got[1].timestamp, got[1].key.clone()), (11, 1_005, None));
     }
 
     #[test]

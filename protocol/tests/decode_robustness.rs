@@ -59,6 +59,7 @@ proptest! {
         let _ = BatchScanner::new(&b, true).count();
         let _ = BatchScanner::new(&b, false).count();
         let _ = record_metas(&b, 1 << 20);
+        let _ = strand_protocol::records::decode_records(&bytes::Bytes::from(b.clone()), 1 << 20);
     }
 
     #[test]
