@@ -27,6 +27,14 @@ def parse_args(description):
     prod.add_argument("--bootstrap", required=True)
     prod.add_argument("--topic", required=True)
     prod.add_argument("--timeout", type=float, default=60.0)
+    prod.add_argument("--idempotence", choices=["off", "on", "default"], default="off",
+                      help="off: the suite's usual settings with idempotence disabled (the default); "
+                           "on: enable idempotence, every other producer setting at the library's "
+                           "default; default: every producer setting at the library's default")
+    prod.add_argument("--chunk", type=int, default=0,
+                      help="pause --pause-ms after every CHUNK records (0: no pauses), so that the "
+                           "records travel in many produce requests")
+    prod.add_argument("--pause-ms", type=float, default=0.0)
     cons = sub.add_parser("consume", help="read partitions with assign/seek from --start to --ends")
     cons.add_argument("--bootstrap", required=True)
     cons.add_argument("--topic", required=True)
@@ -45,6 +53,12 @@ def parse_ends(text):
         p, e = item.split("=")
         ends[int(p)] = int(e)
     return ends
+
+
+def maybe_pause(args, sent, serve):
+    """After every args.chunk records, let the client work for args.pause_ms (serve(seconds))."""
+    if args.chunk > 0 and sent % args.chunk == 0:
+        serve(args.pause_ms / 1000.0)
 
 
 def read_input():

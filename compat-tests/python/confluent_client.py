@@ -19,15 +19,24 @@ def client_name():
 
 def produce(args):
     records = common.read_input()["records"]
-    producer = Producer({
+    if args.idempotence == "off":
+        config = {
+            "acks": "all",
+            "enable.idempotence": False,
+            "linger.ms": 5,
+            "message.timeout.ms": int(args.timeout * 1000),
+        }
+    elif args.idempotence == "on":
+        # librdkafka's default is enable.idempotence=false; everything else stays at its default.
+        config = {"enable.idempotence": True}
+    else:
+        config = {}
+    config.update({
         "bootstrap.servers": args.bootstrap,
-        "acks": "all",
-        "enable.idempotence": False,
-        "linger.ms": 5,
-        "message.timeout.ms": int(args.timeout * 1000),
         "broker.address.family": "v4",
         "error_cb": lambda e: common.log("producer error:", e),
     })
+    producer = Producer(config)
     results = [None] * len(records)
 
     def on_delivery(index):
@@ -55,11 +64,13 @@ def produce(args):
             except BufferError:
                 producer.poll(0.05)
         producer.poll(0)
+        common.maybe_pause(args, i + 1, producer.poll)
     left = producer.flush(args.timeout)
     if left:
         common.log("%d messages still undelivered after %.0fs" % (left, args.timeout))
         return 1
-    common.emit({"client": client_name(), "results": results})
+    common.emit({"client": client_name(), "results": results,
+                 "enable_idempotence": bool(config.get("enable.idempotence", False))})
     return 0
 
 

@@ -15,17 +15,23 @@ def client_name():
 
 def produce(args):
     records = common.read_input()["records"]
-    producer = KafkaProducer(
-        bootstrap_servers=args.bootstrap,
-        acks="all",
-        enable_idempotence=False,
-        linger_ms=5,
-        retries=5,
-        max_in_flight_requests_per_connection=1,
-        request_timeout_ms=int(args.timeout * 1000),
-    )
+    if args.idempotence == "off":
+        config = dict(
+            acks="all",
+            enable_idempotence=False,
+            linger_ms=5,
+            retries=5,
+            max_in_flight_requests_per_connection=1,
+            request_timeout_ms=int(args.timeout * 1000),
+        )
+    elif args.idempotence == "on":
+        config = dict(enable_idempotence=True)
+    else:
+        # kafka-python 3.0 enables idempotence by default (acks=all, retries unbounded, 5 in flight).
+        config = {}
+    producer = KafkaProducer(bootstrap_servers=args.bootstrap, **config)
     futures = []
-    for r in records:
+    for i, r in enumerate(records):
         futures.append(producer.send(
             args.topic,
             value=common.unhex(r["value"]),
@@ -34,6 +40,7 @@ def produce(args):
             partition=r["partition"],
             timestamp_ms=r.get("timestamp"),
         ))
+        common.maybe_pause(args, i + 1, time.sleep)
     producer.flush(timeout=args.timeout)
     results = []
     for f in futures:
@@ -42,8 +49,14 @@ def produce(args):
             results.append({"partition": md.partition, "offset": md.offset})
         except Exception as e:  # reported per record; the caller fails the test
             results.append({"error": repr(e)})
+    idempotent = bool(producer.config["enable_idempotence"])
+    producer_id = None
+    tm = getattr(producer, "_transaction_manager", None)
+    if tm is not None:
+        producer_id = tm.producer_id_and_epoch.producer_id
     producer.close()
-    common.emit({"client": client_name(), "results": results})
+    common.emit({"client": client_name(), "results": results,
+                 "enable_idempotence": idempotent, "producer_id": producer_id})
     return 0
 
 

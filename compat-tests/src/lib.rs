@@ -183,6 +183,12 @@ pub struct ReadyListener {
 /// routing), `log.dirs=<tempdir>/data`, everything else at the broker's defaults (Kafka's).
 /// These go into a `server.properties` file; [`BrokerBuilder::config`] entries are passed as
 /// `--override KEY=VALUE`, so both configuration paths are used.
+///
+/// A test may advertise another address than the bound one, e.g. a fault-injecting proxy's:
+/// `.config("advertised.listeners", "PLAINTEXT://127.0.0.1:<proxy port>")`. [`Broker::bootstrap`]
+/// still returns the *bound* address (from the ready file), so the test can reach the broker
+/// directly, and [`Broker::restart`] binds the same port again but keeps the configured advertised
+/// address.
 #[derive(Clone, Debug)]
 pub struct BrokerBuilder {
     configs: Vec<(String, String)>,
@@ -595,8 +601,16 @@ impl Spawned {
         if let Some((kafka, admin)) = pinned {
             cmd.arg("--override")
                 .arg(format!("listeners=PLAINTEXT://{kafka}"));
-            cmd.arg("--override")
-                .arg(format!("advertised.listeners=PLAINTEXT://{kafka}"));
+            // A test that configured its own advertised address (e.g. a proxy's) keeps it.
+            if !self
+                .builder
+                .configs
+                .iter()
+                .any(|(k, _)| k == "advertised.listeners")
+            {
+                cmd.arg("--override")
+                    .arg(format!("advertised.listeners=PLAINTEXT://{kafka}"));
+            }
             if let Some(admin) = admin {
                 cmd.arg("--override")
                     .arg(format!("strand.admin.listener={admin}"));
@@ -1523,6 +1537,41 @@ pub mod raw {
         buf.freeze()
     }
 
+    /// Encodes records as exactly one v2 record batch of an idempotent producer: producer id
+    /// `producer_id`, epoch `producer_epoch`, sequences `base_sequence..base_sequence + n`
+    /// (base offset 0, offset deltas 0..n, not transactional).
+    pub fn encode_idempotent_batch(
+        records: &[Record],
+        compression: Compression,
+        producer_id: i64,
+        producer_epoch: i16,
+        base_sequence: i32,
+    ) -> Bytes {
+        let records: Vec<Record> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut r = r.clone();
+                r.offset = i as i64;
+                r.producer_id = producer_id;
+                r.producer_epoch = producer_epoch;
+                r.sequence = base_sequence.wrapping_add(i as i32);
+                r
+            })
+            .collect();
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .expect("encode a record batch");
+        buf.freeze()
+    }
+
     /// One record batch's position in a log segment file, as walked by [`walk_batches`].
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct BatchPos {
@@ -1611,6 +1660,9 @@ pub mod admin {
         pub const DELETE_RECORDS: i16 = 2;
         /// DescribeCluster.
         pub const DESCRIBE_CLUSTER: i16 = 1;
+        /// InitProducerId (v3+ carries the current producer id and epoch, KIP-360; v4 is what
+        /// Kafka 2.7+ clients send for idempotence).
+        pub const INIT_PRODUCER_ID: i16 = 4;
     }
 
     /// `ListOffsets` special timestamps.
@@ -1644,8 +1696,18 @@ pub mod admin {
         pub const INVALID_PARTITIONS: i16 = 37;
         /// INVALID_CONFIG.
         pub const INVALID_CONFIG: i16 = 40;
+        /// OUT_OF_ORDER_SEQUENCE_NUMBER.
+        pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+        /// DUPLICATE_SEQUENCE_NUMBER.
+        pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
+        /// INVALID_PRODUCER_EPOCH.
+        pub const INVALID_PRODUCER_EPOCH: i16 = 47;
         /// KAFKA_STORAGE_ERROR.
         pub const KAFKA_STORAGE_ERROR: i16 = 56;
+        /// UNKNOWN_PRODUCER_ID.
+        pub const UNKNOWN_PRODUCER_ID: i16 = 59;
+        /// PRODUCER_FENCED.
+        pub const PRODUCER_FENCED: i16 = 90;
         /// UNKNOWN_TOPIC_ID.
         pub const UNKNOWN_TOPIC_ID: i16 = 100;
     }
@@ -1731,6 +1793,46 @@ pub mod admin {
             },
         );
         t.topic_id
+    }
+
+    /// ApiVersions (v3), asserting no error.
+    pub fn api_versions(c: &mut RawConn) -> ApiVersionsResponse {
+        let resp = c
+            .request(
+                versions::API_VERSIONS,
+                &ApiVersionsRequest::default()
+                    .with_client_software_name(s("strand-compat"))
+                    .with_client_software_version(s("0")),
+            )
+            .unwrap_or_else(|e| panic!("ApiVersions: {e}"));
+        assert_eq!(resp.error_code, 0, "ApiVersions error {}", resp.error_code);
+        resp
+    }
+
+    /// The `(min, max)` versions the broker advertises for `api_key`, or `None`.
+    pub fn advertised_versions(c: &mut RawConn, api_key: i16) -> Option<(i16, i16)> {
+        api_versions(c)
+            .api_keys
+            .iter()
+            .find(|k| k.api_key == api_key)
+            .map(|k| (k.min_version, k.max_version))
+    }
+
+    /// InitProducerId for an idempotent producer (no transactional id) at
+    /// [`versions::INIT_PRODUCER_ID`], with the current `producer_id`/`producer_epoch` (-1/-1
+    /// for a new producer; KIP-360 epoch bump otherwise).
+    pub fn init_producer_id(
+        c: &mut RawConn,
+        producer_id: i64,
+        producer_epoch: i16,
+    ) -> InitProducerIdResponse {
+        let req = InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(60_000)
+            .with_producer_id(ProducerId(producer_id))
+            .with_producer_epoch(producer_epoch);
+        c.request(versions::INIT_PRODUCER_ID, &req)
+            .unwrap_or_else(|e| panic!("InitProducerId: {e}"))
     }
 
     /// Metadata for `topics` (all topics if empty).
@@ -2312,21 +2414,32 @@ pub mod clients {
         topic: &str,
         records: &[TestRecord],
     ) -> Vec<i64> {
+        python_produce_with(client, bootstrap, topic, records, &[], Duration::from_secs(120)).0
+    }
+
+    /// Like [`python_produce`], with extra `produce` options for the script (e.g.
+    /// `--idempotence default`, `--chunk 50 --pause-ms 20`; see `common.py`) and a time limit.
+    /// Returns the offsets in input order and the script's whole JSON answer.
+    pub fn python_produce_with(
+        client: PythonClient,
+        bootstrap: &str,
+        topic: &str,
+        records: &[TestRecord],
+        options: &[&str],
+        timeout: Duration,
+    ) -> (Vec<i64>, serde_json::Value) {
         let input = serde_json::json!({
             "records": records.iter().map(data::record_to_json).collect::<Vec<_>>()
         });
-        let out = python_client(
-            client,
-            &[
-                "produce".into(),
-                "--bootstrap".into(),
-                bootstrap.into(),
-                "--topic".into(),
-                topic.into(),
-            ],
-            &input,
-            Duration::from_secs(120),
-        );
+        let mut args: Vec<String> = vec![
+            "produce".into(),
+            "--bootstrap".into(),
+            bootstrap.into(),
+            "--topic".into(),
+            topic.into(),
+        ];
+        args.extend(options.iter().map(|o| o.to_string()));
+        let out = python_client(client, &args, &input, timeout);
         let results = out
             .get("results")
             .and_then(|r| r.as_array())
@@ -2337,22 +2450,30 @@ pub mod clients {
             "{client:?} reported {} results",
             results.len()
         );
-        results
+        let offsets = results
             .iter()
             .zip(records)
-            .map(|(r, rec)| {
+            .enumerate()
+            .map(|(i, (r, rec))| {
                 if let Some(e) = r.get("error").filter(|e| !e.is_null()) {
-                    panic!("{client:?} delivery failed: {e}");
+                    panic!("{client:?} delivery of record {i} failed: {e}");
                 }
-                let p = r.get("partition").and_then(|v| v.as_i64()).expect("partition");
+                let p = r
+                    .get("partition")
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or_else(|| panic!("{client:?} reported no partition for record {i}: {r}"));
                 assert_eq!(
                     p,
                     i64::from(rec.partition),
-                    "{client:?} delivered to another partition"
+                    "{client:?} delivered record {i} to another partition"
                 );
-                r.get("offset").and_then(|v| v.as_i64()).expect("offset")
+                // confluent-kafka reports a negative (invalid) offset as null.
+                r.get("offset")
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or_else(|| panic!("{client:?} reported no valid offset for record {i}: {r}"))
             })
-            .collect()
+            .collect();
+        (offsets, out)
     }
 
     /// Python: read each partition `p` in `ends` from `start` up to (excluding) `ends[p]` with

@@ -65,7 +65,10 @@ pub fn decode_records(batch: &Bytes, max_decompressed_bytes: usize) -> Result<Ve
         let before = cur.len();
         let len = usize::try_from(read_varint(&mut cur).ok_or_else(bad)?).map_err(|_| bad())?;
         let start = pos + (before - cur.len());
-        let end = start.checked_add(len).filter(|e| *e <= records.len()).ok_or_else(bad)?;
+        let end = start
+            .checked_add(len)
+            .filter(|e| *e <= records.len())
+            .ok_or_else(bad)?;
         let rec = records.slice(start..end);
         out.push(decode_one(&header, &rec).ok_or(RecordError::Malformed { position: start })?);
         pos = end;
@@ -86,7 +89,9 @@ fn decode_one(header: &BatchHeader, rec: &Bytes) -> Option<Record> {
         }
         let len = usize::try_from(len).ok()?;
         let at = rec.len() - cur.len();
-        let bytes = rec.get(at..at.checked_add(len)?).map(|_| rec.slice(at..at + len))?;
+        let bytes = rec
+            .get(at..at.checked_add(len)?)
+            .map(|_| rec.slice(at..at + len))?;
         *cur = cur.get(len..)?;
         Some(Some(bytes))
     };
@@ -320,7 +325,10 @@ mod tests {
         assert_eq!(got[0].value.as_deref(), Some(&b"v1"[..]));
         assert_eq!(got[0].headers[0].0.as_ref(), b"h");
         assert_eq!(got[0].headers[1].1, None);
-        assert_eq!((got[1].offset, got[1].timestamp, got[1].key.clone()), (11, 1_005, None));
+        assert_eq!(
+            (got[1].offset, got[1].timestamp, got[1].key.clone()),
+            (11, 1_005, None)
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! its Kafka listener, which is what makes side-by-side runs against a peer honest.
 
 pub mod broker;
+pub mod faultproxy;
 pub mod host;
 pub mod latency;
 pub mod raw;
