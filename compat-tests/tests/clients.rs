@@ -306,3 +306,53 @@ fn raw_produce_acks_0_and_1_and_every_codec() {
     }
     assert_eq!(admin::latest(&mut conn, &topic, 0), next);
 }
+
+/// Clients pipeline requests and match answers by order: a connection's responses must leave
+/// in request order even when a later request finishes first. A fetch long-polling an empty
+/// partition is followed at once by ApiVersions and Metadata; the answers must come back fetch
+/// first, and only after the long poll.
+#[test]
+fn pipelined_responses_leave_in_request_order() {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{ApiVersionsRequest, BrokerId, FetchRequest, MetadataRequest};
+
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("pipeline");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let mut c = admin::connect(&bootstrap);
+    let fetch = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(400)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(admin::topic_name(&topic))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(0)
+                .with_fetch_offset(0)
+                .with_current_leader_epoch(-1)
+                .with_last_fetched_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(1 << 20)])]);
+    let started = std::time::Instant::now();
+    let ids = [
+        c.send_request(versions::FETCH, &fetch).expect("send fetch"),
+        c.send_request(versions::API_VERSIONS, &ApiVersionsRequest::default())
+            .expect("send api versions"),
+        c.send_request(versions::METADATA, &MetadataRequest::default().with_topics(None))
+            .expect("send metadata"),
+    ];
+    let first = c.read_response().expect("first answer");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(350),
+        "the fetch long-polls an empty partition"
+    );
+    let got = [
+        first.correlation_id,
+        c.read_response().expect("second answer").correlation_id,
+        c.read_response().expect("third answer").correlation_id,
+    ];
+    assert_eq!(got, ids, "answers leave in request order");
+}
