@@ -196,6 +196,22 @@ pub struct Config {
     pub group_max_session_timeout_ms: i32,
     /// `offsets.retention.minutes`.
     pub offsets_retention_minutes: u32,
+    /// `offsets.topic.num.partitions`: partitions of `__consumer_offsets` (fixed once created).
+    pub offsets_topic_num_partitions: u32,
+    /// `group.initial.rebalance.delay.ms`: how long a new classic group waits for more members.
+    pub group_initial_rebalance_delay_ms: i32,
+    /// `group.max.size`: members of a classic group (Kafka: unbounded; bounded here).
+    pub group_max_size: u32,
+    /// `group.consumer.max.size`: members of a KIP-848 group.
+    pub group_consumer_max_size: u32,
+    /// `group.consumer.session.timeout.ms`.
+    pub group_consumer_session_timeout_ms: i32,
+    /// `group.consumer.heartbeat.interval.ms`.
+    pub group_consumer_heartbeat_interval_ms: i32,
+    /// `offsets.retention.check.interval.ms`.
+    pub offsets_retention_check_interval_ms: i64,
+    /// `offset.metadata.max.bytes`: longest metadata string of a committed offset.
+    pub offset_metadata_max_bytes: u32,
     /// `producer.id.expiration.ms`: an idempotent producer's state is dropped after this long
     /// without a batch.
     pub producer_id_expiration_ms: i64,
@@ -292,6 +308,14 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
     key("offsets.retention.minutes", Int, Text("10080"), "Offsets of empty groups are kept this long."),
+    key("offsets.topic.num.partitions", Int, Text("50"), "Partitions of __consumer_offsets (fixed once created)."),
+    key("group.initial.rebalance.delay.ms", Int, Text("3000"), "A new classic group waits this long for members."),
+    key("group.max.size", Int, Text("10000"), "Most members of a classic consumer group."),
+    key("group.consumer.max.size", Int, Text("10000"), "Most members of a consumer (KIP-848) group."),
+    key("group.consumer.session.timeout.ms", Int, Text("45000"), "Session timeout of KIP-848 members."),
+    key("group.consumer.heartbeat.interval.ms", Int, Text("5000"), "Heartbeat interval of KIP-848 members."),
+    key("offsets.retention.check.interval.ms", Long, Text("600000"), "How often expired offsets are removed."),
+    key("offset.metadata.max.bytes", Int, Text("4096"), "Longest metadata string of a committed offset."),
     key(
         "producer.id.expiration.ms",
         Int,
@@ -315,12 +339,10 @@ const IGNORED_KEYS: &[&str] = &[
     "inter.broker.listener.name",
     "security.inter.broker.protocol",
     "offsets.topic.replication.factor",
-    "offsets.topic.num.partitions",
     "transactional.id.expiration.ms",
     "transaction.max.timeout.ms",
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
-    "group.initial.rebalance.delay.ms",
     "num.network.threads",
     "num.io.threads",
     "num.recovery.threads.per.data.dir",
@@ -846,6 +868,14 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let admin_listener = r.host_port("strand.admin.listener")?;
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
     let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
+    let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
+    let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
+    let group_max_size = r.int("group.max.size", 1, I32_MAX)?;
+    let group_consumer_max_size = r.int("group.consumer.max.size", 1, I32_MAX)?;
+    let group_consumer_session_timeout_ms = r.int("group.consumer.session.timeout.ms", 1, I32_MAX)?;
+    let group_consumer_heartbeat_interval_ms = r.int("group.consumer.heartbeat.interval.ms", 1, I32_MAX)?;
+    let offsets_retention_check_interval_ms = r.int("offsets.retention.check.interval.ms", 1, i64::MAX)?;
+    let offset_metadata_max_bytes = r.int("offset.metadata.max.bytes", 0, I32_MAX)?;
     let max_producers_per_partition = r.int("strand.max.producers.per.partition", 1, I32_MAX)?;
     let group_min_session_timeout_ms: i32 = r.int("group.min.session.timeout.ms", 0, I32_MAX)?;
     let group_max_session_timeout_ms: i32 = r.int("group.max.session.timeout.ms", 0, I32_MAX)?;
@@ -937,6 +967,14 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         offsets_retention_minutes,
         producer_id_expiration_ms,
         max_producers_per_partition,
+        offsets_topic_num_partitions,
+        group_initial_rebalance_delay_ms,
+        group_max_size,
+        group_consumer_max_size,
+        group_consumer_session_timeout_ms,
+        group_consumer_heartbeat_interval_ms,
+        offsets_retention_check_interval_ms,
+        offset_metadata_max_bytes,
         explicit: r.explicit,
     })
 }

@@ -14,6 +14,8 @@ pub mod config;
 mod connection;
 mod controller;
 mod fetch_session;
+mod group;
+mod group_host;
 mod handlers;
 pub mod metadata;
 mod metrics;

@@ -132,6 +132,11 @@ pub(crate) enum ShardRequest {
     PrepareMetadata(Vec<MetadataDelta>),
     /// Phase 2: update this shard's metadata replica.
     CommitMetadata(Vec<MetadataDelta>),
+    /// A request for the group coordinator of this shard.
+    Group {
+        meta: crate::group::RequestMeta,
+        req: Box<crate::group::GroupRequest>,
+    },
 }
 
 /// A shard's answer.
@@ -145,4 +150,6 @@ pub(crate) enum ShardResponse {
     Controller(ControllerReply),
     /// Metadata applied; per-partition problems (logged by the shard too).
     Applied(Vec<String>),
+    /// The group coordinator's answer (`None`: it could not answer).
+    Group(Option<Box<crate::group::GroupResponse>>),
 }

@@ -79,7 +79,7 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
     }
     check_meta_properties(&log_dir, &config)?;
 
-    let metadata = load_metadata(&log_dir)?;
+    let metadata = ensure_internal_topics(&log_dir, load_metadata(&log_dir)?, &config)?;
     let clock = SystemClock;
     // Crash recovery of acknowledged-but-unflushed batches, before anything else reads the logs.
     let report = block_on(replay_journals(
@@ -312,6 +312,7 @@ async fn shard_main(
         glommio::spawn_local(serve_peer(router.clone(), peer, rx, move |req| s.start(req))).detach();
     }
     let problems = shard.open_all().await;
+    crate::group_host::GroupHost::start(&shard).await;
     shard.update_partition_gauges();
     glommio::spawn_local(flusher(shard.clone())).detach();
     glommio::spawn_local(housekeeping(shard.clone())).detach();
@@ -491,6 +492,43 @@ fn remove_stray_logs(log_dir: &Path, md: &ClusterMetadata) {
             let _ = std::fs::remove_dir_all(&path);
         }
     }
+}
+
+/// Creates `__consumer_offsets` (compacted, `offsets.topic.num.partitions` partitions) the
+/// first time the broker starts, before any shard opens its logs.
+fn ensure_internal_topics(
+    log_dir: &Path,
+    mut md: ClusterMetadata,
+    config: &Config,
+) -> anyhow::Result<ClusterMetadata> {
+    use crate::group_host::OFFSETS_TOPIC;
+    if md.topic(OFFSETS_TOPIC).is_some() {
+        return Ok(md);
+    }
+    let topic = crate::metadata::NewTopic {
+        name: OFFSETS_TOPIC.to_owned(),
+        num_partitions: i32::try_from(config.offsets_topic_num_partitions).unwrap_or(50),
+        replication_factor: -1,
+        assignments: vec![],
+        configs: vec![
+            ("cleanup.policy".into(), Some("compact".into())),
+            ("segment.bytes".into(), Some("104857600".into())),
+        ],
+    };
+    let id = strand_protocol::types::TopicId(uuid::Uuid::new_v4());
+    let delta = md
+        .plan_create(&topic, 1, config.node_id.0, id)
+        .map_err(|e| anyhow::anyhow!("cannot create {OFFSETS_TOPIC}: {}", e.message))?;
+    md.apply(&delta);
+    let path = log_dir.join(METADATA_FILE);
+    block_on(strand_storage::fs::Fs::write_file_atomic(
+        &StdFs,
+        &path,
+        md.to_json(),
+    ))
+    .with_context(|| format!("cannot write {}", path.display()))?;
+    tracing::info!(partitions = topic.num_partitions, "created {OFFSETS_TOPIC}");
+    Ok(md)
 }
 
 fn load_metadata(log_dir: &Path) -> anyhow::Result<ClusterMetadata> {

@@ -66,6 +66,8 @@ pub(crate) struct Shard {
     pub(crate) controller: Option<Controller>,
     pub(crate) listeners: Rc<Vec<AdvertisedListener>>,
     pub(crate) shutting_down: Cell<bool>,
+    /// The coordinator of the groups of this shard's `__consumer_offsets` partitions.
+    pub(crate) groups: Option<crate::group_host::GroupHost>,
 }
 
 impl Shard {
@@ -93,7 +95,12 @@ impl Shard {
                 )
             })
             .collect();
+        let groups = Some(crate::group_host::GroupHost::new(
+            &config,
+            u64::from(id.0) ^ 0x5eed_0000,
+        ));
         Shard {
+            groups,
             id,
             shards,
             metrics: ShardMetrics::new(id),
@@ -134,6 +141,44 @@ impl Shard {
             .get(part.topic.as_str())
             .and_then(|m| m.get(&part.partition))
             .map(|p| p.log)
+    }
+
+    /// The log of a partition this shard owns.
+    pub(crate) fn log_for(&self, topic: &str, partition: i32) -> Option<LogId> {
+        self.partitions
+            .borrow()
+            .get(topic)
+            .and_then(|m| m.get(&partition))
+            .map(|p| p.log)
+    }
+
+    /// Calls `f` with every durable batch of `log`, from its start, in order (internal readers:
+    /// group state at start-up). Reads a megabyte at a time.
+    pub(crate) async fn for_each_batch(
+        &self,
+        log: LogId,
+        mut f: impl FnMut(&bytes::Bytes),
+    ) -> Result<(), StorageError> {
+        let mut next = self.store.offsets(log)?.log_start_offset;
+        loop {
+            let Some(plan) = self.store.plan_read(log, next, 1 << 20)? else {
+                return Ok(());
+            };
+            let bytes = plan.execute().await?;
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            let mut pos = 0usize;
+            for b in strand_protocol::batch::BatchScanner::new(&bytes, false) {
+                let end = b.position + b.header.total_bytes();
+                f(&bytes.slice(b.position..end));
+                next = b.header.next_offset();
+                pos = end;
+            }
+            if pos == 0 {
+                return Ok(());
+            }
+        }
     }
 
     /// Number of partitions this shard owns.
@@ -205,6 +250,16 @@ impl Shard {
             ShardRequest::CommitMetadata(deltas) => {
                 self.commit_metadata(&deltas);
                 async move { ShardResponse::Applied(Vec::new()) }.boxed_local()
+            }
+            ShardRequest::Group { meta, req } => {
+                let answer = self.groups.as_ref().map(|g| g.submit(meta, *req));
+                async move {
+                    match answer {
+                        Some(rx) => ShardResponse::Group(rx.await.ok().map(Box::new)),
+                        None => ShardResponse::Group(None),
+                    }
+                }
+                .boxed_local()
             }
         }
     }

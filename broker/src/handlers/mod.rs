@@ -5,19 +5,31 @@
 
 mod alter_configs;
 mod api_versions;
+mod consumer_group_describe;
+mod consumer_group_heartbeat;
 mod create_partitions;
 mod create_topics;
+mod delete_groups;
 mod delete_records;
 mod delete_topics;
 mod describe_cluster;
 mod describe_configs;
+mod describe_groups;
 mod fetch;
 mod find_coordinator;
+mod heartbeat;
 mod init_producer_id;
+mod join_group;
+mod leave_group;
+mod list_groups;
 mod list_offsets;
 mod metadata;
+mod offset_commit;
+mod offset_delete;
+mod offset_fetch;
 mod offset_for_leader_epoch;
 mod produce;
+mod sync_group;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -190,6 +202,18 @@ registry![
     alter_configs::AlterConfigs,
     find_coordinator::FindCoordinator,
     init_producer_id::InitProducerId,
+    join_group::JoinGroup,
+    sync_group::SyncGroup,
+    heartbeat::Heartbeat,
+    leave_group::LeaveGroup,
+    offset_commit::OffsetCommit,
+    offset_fetch::OffsetFetch,
+    offset_delete::OffsetDelete,
+    list_groups::ListGroups,
+    describe_groups::DescribeGroups,
+    delete_groups::DeleteGroups,
+    consumer_group_heartbeat::ConsumerGroupHeartbeat,
+    consumer_group_describe::ConsumerGroupDescribe,
 ];
 
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,
@@ -239,6 +263,93 @@ pub(crate) async fn per_partition<T, R: Clone>(
             None => unknown.clone(),
         })
         .collect()
+}
+
+/// Forwards a group request to the coordinator of `group_id` (the shard owning the group's
+/// `__consumer_offsets` partition). Sending happens now; the returned future waits for the answer
+/// (a JoinGroup's answer comes when its rebalance completes). `None`: no answer could be had.
+pub(crate) async fn group_call(
+    ctx: &RequestCtx,
+    group_id: &str,
+    req: crate::group::GroupRequest,
+) -> futures::future::LocalBoxFuture<'static, Option<crate::group::GroupResponse>> {
+    let shard = &ctx.shard;
+    let owner = crate::group_host::coordinator_shard(group_id, &shard.config, shard.shards);
+    let meta = crate::group::RequestMeta {
+        version: ctx.version,
+        client_id: ctx.client_id.clone().unwrap_or_default(),
+        client_host: ctx.conn.peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
+    };
+    match shard
+        .dispatch(
+            owner,
+            crate::ops::ShardRequest::Group {
+                meta,
+                req: Box::new(req),
+            },
+        )
+        .await
+    {
+        Ok(fut) => async move {
+            match fut.await {
+                Ok(crate::ops::ShardResponse::Group(r)) => r.map(|b| *b),
+                _ => None,
+            }
+        }
+        .boxed_local(),
+        Err(_) => async { None }.boxed_local(),
+    }
+}
+
+/// Splits a request naming several groups by coordinator shard: `make` builds the request for a
+/// subset; returns each subset with its answer. ListGroups passes every shard an empty subset.
+pub(crate) async fn group_scatter(
+    ctx: &RequestCtx,
+    groups: Vec<String>,
+    all_shards: bool,
+    make: impl Fn(&[String]) -> crate::group::GroupRequest,
+) -> Vec<(Vec<String>, Option<crate::group::GroupResponse>)> {
+    let shard = &ctx.shard;
+    let mut by_owner: std::collections::BTreeMap<strand_protocol::types::ShardId, Vec<String>> =
+        Default::default();
+    if all_shards {
+        for s in 0..shard.shards {
+            by_owner.insert(strand_protocol::types::ShardId(s), Vec::new());
+        }
+    }
+    for g in groups {
+        let owner = crate::group_host::coordinator_shard(&g, &shard.config, shard.shards);
+        by_owner.entry(owner).or_default().push(g);
+    }
+    let mut calls = Vec::new();
+    for (owner, subset) in by_owner {
+        let meta = crate::group::RequestMeta {
+            version: ctx.version,
+            client_id: ctx.client_id.clone().unwrap_or_default(),
+            client_host: ctx.conn.peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
+        };
+        let req = make(&subset);
+        let fut = shard
+            .dispatch(
+                owner,
+                crate::ops::ShardRequest::Group {
+                    meta,
+                    req: Box::new(req),
+                },
+            )
+            .await;
+        calls.push(async move {
+            let answer = match fut {
+                Ok(f) => match f.await {
+                    Ok(crate::ops::ShardResponse::Group(r)) => r.map(|b| *b),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            (subset, answer)
+        });
+    }
+    futures::future::join_all(calls).await
 }
 
 /// Wraps an error message for responses.
