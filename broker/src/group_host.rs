@@ -155,8 +155,9 @@ impl GroupHost {
                 Ok(ticket) => shard.store.wait_durable(&ticket).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e),
             };
+            let failed = result.is_err();
             if let Err(e) = &result {
-                tracing::error!(partition, error = %e, "cannot persist group state");
+                tracing::error!(partition, error = %e, "cannot persist group state; reloading the partition");
             }
             let Some(host) = shard.groups.as_ref() else { return };
             let actions = host
@@ -164,6 +165,13 @@ impl GroupHost {
                 .borrow_mut()
                 .persisted(shard.now_ms(), write_id, result);
             host.run(&shard, actions);
+            if failed {
+                // The coordinator dropped the partition's state (it may hold changes the log
+                // does not): rebuild it from what is durable.
+                let actions = host.coordinator.borrow_mut().unload(partition);
+                host.run(&shard, actions);
+                host.load_partition(&shard, partition).await;
+            }
         })
         .detach();
     }
@@ -174,35 +182,40 @@ impl GroupHost {
         *host.shard.borrow_mut() = Rc::downgrade(shard);
         let partitions = i32::try_from(shard.config.offsets_topic_num_partitions).unwrap_or(50);
         for p in 0..partitions {
-            let Some(log) = shard.log_for(OFFSETS_TOPIC, p) else {
-                continue;
-            };
-            host.coordinator.borrow_mut().begin_load(p);
-            let mut undecodable = 0usize;
-            let read = shard
-                .for_each_batch(log, |batch| {
-                    match batch_records(batch, MAX_BATCH_DECOMPRESSED_BYTES) {
-                        Ok(records) => host.coordinator.borrow_mut().replay(p, records),
-                        Err(_) => undecodable += 1,
-                    }
-                })
-                .await;
-            if let Err(e) = read {
-                tracing::error!(partition = p, error = %e, "cannot read group state");
-            }
-            let (stats, actions) = host.coordinator.borrow_mut().end_load(shard.now_ms(), p);
-            if stats.groups > 0 || undecodable > 0 {
-                tracing::info!(
-                    partition = p,
-                    groups = stats.groups,
-                    offsets = stats.offsets,
-                    undecodable,
-                    "loaded groups"
-                );
-            }
-            host.run(shard, actions);
+            host.load_partition(shard, p).await;
         }
         glommio::spawn_local(timer_loop(Rc::downgrade(shard))).detach();
+    }
+
+    /// Loads the groups of one `__consumer_offsets` partition from its log (if this shard owns it).
+    async fn load_partition(&self, shard: &Rc<Shard>, p: i32) {
+        let Some(log) = shard.log_for(OFFSETS_TOPIC, p) else {
+            return;
+        };
+        self.coordinator.borrow_mut().begin_load(p);
+        let mut undecodable = 0usize;
+        let read = shard
+            .for_each_batch(log, |batch| {
+                match batch_records(batch, MAX_BATCH_DECOMPRESSED_BYTES) {
+                    Ok(records) => self.coordinator.borrow_mut().replay(p, records),
+                    Err(_) => undecodable += 1,
+                }
+            })
+            .await;
+        if let Err(e) = read {
+            tracing::error!(partition = p, error = %e, "cannot read group state");
+        }
+        let (stats, actions) = self.coordinator.borrow_mut().end_load(shard.now_ms(), p);
+        if stats.groups > 0 || undecodable > 0 {
+            tracing::info!(
+                partition = p,
+                groups = stats.groups,
+                offsets = stats.offsets,
+                undecodable,
+                "loaded groups"
+            );
+        }
+        self.run(shard, actions);
     }
 }
 

@@ -208,13 +208,6 @@ impl ConsumerGroup {
             .collect()
     }
 
-    /// Whether any member subscribes to `topic` (OffsetDelete's GROUP_SUBSCRIBED_TO_TOPIC).
-    pub(crate) fn is_subscribed_to(&self, topic: &str) -> bool {
-        self.members
-            .values()
-            .any(|m| self.member_topic_names(m).contains(topic))
-    }
-
     /// Kafka's `ConsumerGroup.validateOffsetCommit`.
     pub(crate) fn validate_offset_commit(
         &self,

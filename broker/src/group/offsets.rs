@@ -39,7 +39,6 @@ struct Fetched {
 
 /// One group's answer in an OffsetFetch.
 struct GroupFetch {
-    group_id: String,
     error: i16,
     topics: Vec<(String, Vec<Fetched>)>,
 }
@@ -221,7 +220,6 @@ impl GroupCoordinator {
         member: Option<(String, i32)>,
     ) -> (GroupFetch, Option<i32>) {
         let fail = |error: i16| GroupFetch {
-            group_id: group_id.to_string(),
             error,
             topics: Vec::new(),
         };
@@ -276,14 +274,7 @@ impl GroupCoordinator {
                 by_topic.into_iter().collect()
             }
         };
-        (
-            GroupFetch {
-                group_id: group_id.to_string(),
-                error: 0,
-                topics,
-            },
-            Some(partition),
-        )
+        (GroupFetch { error: 0, topics }, Some(partition))
     }
 
     pub(crate) fn offset_fetch(&mut self, token: RequestToken, meta: &RequestMeta, req: OffsetFetchRequest) {

@@ -79,8 +79,4 @@ impl Timers {
             self.cancel(&k);
         }
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.deadlines.len()
-    }
 }
