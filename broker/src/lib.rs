@@ -20,6 +20,7 @@ mod handlers;
 pub mod metadata;
 mod metrics;
 mod ops;
+mod queue;
 mod router;
 pub mod server;
 mod shard;
