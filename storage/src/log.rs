@@ -308,6 +308,9 @@ pub struct PartitionLog<F: Fs> {
     last_checkpoint: Option<RecoveryPoint>,
     /// Idempotent producers' sequences (see [`crate::producer`]).
     producers: ProducerState,
+    /// Retention never deletes a segment holding an offset at or above this (the queue engine's
+    /// undelivered messages). `None`: no floor.
+    retention_floor: Option<i64>,
 }
 
 impl<F: Fs> PartitionLog<F> {
@@ -359,6 +362,7 @@ impl<F: Fs> PartitionLog<F> {
             dir_dirty: false,
             last_checkpoint: None,
             producers: ProducerState::default(),
+            retention_floor: None,
         };
 
         // A recovery point is usable only if its segment still exists and is at least that long
@@ -1082,7 +1086,7 @@ impl<F: Fs> PartitionLog<F> {
             }
             while self.segments.len() > 1 {
                 let first = &self.segments[0];
-                if first.max_timestamp >= cutoff || first.durable_size != first.size {
+                if first.max_timestamp >= cutoff || first.durable_size != first.size || self.floor_blocks() {
                     break;
                 }
                 let seg = self.segments.remove(0);
@@ -1094,7 +1098,10 @@ impl<F: Fs> PartitionLog<F> {
             let mut total = self.size_bytes();
             while self.segments.len() > 1 {
                 let first = &self.segments[0];
-                if total < retention_bytes.saturating_add(first.size) || first.durable_size != first.size {
+                if total < retention_bytes.saturating_add(first.size)
+                    || first.durable_size != first.size
+                    || self.floor_blocks()
+                {
                     break;
                 }
                 let seg = self.segments.remove(0);
@@ -1110,6 +1117,21 @@ impl<F: Fs> PartitionLog<F> {
         self.log_start_offset = self.log_start_offset.max(first_base);
         outcome.log_start_offset = self.log_start_offset;
         outcome
+    }
+
+    /// Whether the retention floor forbids deleting the first segment (it may hold an offset at
+    /// or above the floor: the next segment starts above it).
+    fn floor_blocks(&self) -> bool {
+        match (self.retention_floor, self.segments.get(1)) {
+            (Some(floor), Some(next)) => next.base_offset > floor,
+            _ => false,
+        }
+    }
+
+    /// Sets the offset below which retention may delete (`None`: no floor). Readers that still
+    /// need messages (the queue engine's undelivered ones) hold it; DeleteRecords ignores it.
+    pub fn set_retention_floor(&mut self, floor: Option<i64>) {
+        self.retention_floor = floor;
     }
 
     /// Retention for exclusive owners (tests, tools): plan, then delete the files.

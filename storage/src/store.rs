@@ -166,7 +166,7 @@ impl<F: Fs> ShardStore<F> {
         now_ms: i64,
     ) -> Result<(LogId, RecoveryReport), StorageError> {
         let dir = self.root.join(&key.dir_name);
-        prepare_log_dir(&self.fs, &dir, &key).await?;
+        prepare_log_dir(&self.fs, &self.root, &dir, &key).await?;
         let (log, report) = PartitionLog::open(self.fs.clone(), dir, config, now_ms).await?;
         let mut inner = self.inner.borrow_mut();
         let entry = Entry {
@@ -605,6 +605,11 @@ impl<F: Fs> ShardStore<F> {
         out
     }
 
+    /// Sets the offset below which retention may delete segments of `id` (`None`: no floor).
+    pub fn set_retention_floor(&self, id: LogId, floor: Option<i64>) -> Result<(), StorageError> {
+        self.with_entry(id, |e| e.log.set_retention_floor(floor))
+    }
+
     /// DeleteRecords: moves the log start offset to `offset` (durably) and deletes whole
     /// segments below it. Returns the new log start offset.
     pub async fn delete_records(&self, id: LogId, offset: i64) -> Result<i64, StorageError> {
@@ -714,7 +719,10 @@ const PARTITION_METADATA: &str = "partition.metadata";
 /// Makes sure `dir` belongs to this incarnation: a directory left by a deleted topic of the same
 /// name (with another topic id) is moved aside for deletion first. Writes `partition.metadata`
 /// (Kafka's format: version and base64 topic id) for a new log.
-async fn prepare_log_dir<F: Fs>(fs: &F, dir: &Path, key: &LogKey) -> Result<(), StorageError> {
+/// Creates (or checks) a log directory and its `partition.metadata`. A directory name may have
+/// several components (`__queue_state/orders-0/default`): every directory created on the way is
+/// made durable in its parent.
+async fn prepare_log_dir<F: Fs>(fs: &F, root: &Path, dir: &Path, key: &LogKey) -> Result<(), StorageError> {
     let meta_path = dir.join(PARTITION_METADATA);
     let expected = partition_metadata(&key.incarnation);
     if fs.exists(dir).await {
@@ -728,16 +736,33 @@ async fn prepare_log_dir<F: Fs>(fs: &F, dir: &Path, key: &LogKey) -> Result<(), 
             Err(_) => {}
         }
     }
+    let mut created = Vec::new();
+    let mut d = dir;
+    while d != root && d.starts_with(root) && !fs.exists(d).await {
+        created.push(d.to_path_buf());
+        match d.parent() {
+            Some(p) => d = p,
+            None => break,
+        }
+    }
     fs.create_dir_all(dir)
         .await
         .map_err(|e| StorageError::io("create log directory", dir, e))?;
     fs.write_file_atomic(&meta_path, expected)
         .await
         .map_err(|e| StorageError::io("write partition metadata", &meta_path, e))?;
-    if let Some(parent) = dir.parent() {
-        fs.sync_dir(parent)
+    // Innermost first: each new directory's entry in its parent.
+    let mut parents: Vec<PathBuf> = created
+        .iter()
+        .filter_map(|c| c.parent().map(Path::to_path_buf))
+        .collect();
+    if let (true, Some(parent)) = (created.is_empty(), dir.parent()) {
+        parents.push(parent.to_path_buf());
+    }
+    for parent in parents {
+        fs.sync_dir(&parent)
             .await
-            .map_err(|e| StorageError::io("sync log dir", parent, e))?;
+            .map_err(|e| StorageError::io("sync log dir", &parent, e))?;
     }
     Ok(())
 }

@@ -340,6 +340,48 @@ fn retention_by_size_and_time_and_delete_records() {
 }
 
 #[test]
+fn retention_stops_at_the_floor_and_nested_dirs_open() {
+    block_on(async {
+        let fs = MemFs::new();
+        let store = open_store(&fs, 1 << 20).await;
+        let mut cfg = small_config();
+        cfg.retention_ms = Some(1);
+        // A nested directory name (the queue engine's state logs) is created on the way.
+        let (id, _) = store
+            .open_log(key("__queue_state/ret-0/default"), cfg.clone(), 0)
+            .await
+            .unwrap();
+        assert!(
+            fs.exists(&root().join("__queue_state/ret-0/default/partition.metadata"))
+                .await
+        );
+        for i in 0..100 {
+            store
+                .append(id, &value_batch(i, 2, 1_000 + i as i64), 0, 0)
+                .unwrap();
+        }
+        store.flush_round().await;
+        // Everything has expired, but a reader still needs offset 90 and on.
+        store.set_retention_floor(id, Some(90)).unwrap();
+        store.retention_pass(1_000_000).await;
+        let o = store.offsets(id).unwrap();
+        assert!(o.log_start_offset > 0, "segments wholly below the floor go");
+        assert!(
+            o.log_start_offset <= 90,
+            "nothing at or above the floor is deleted: {o:?}"
+        );
+        assert_eq!(
+            read_all(&store, id, o.log_start_offset).await[0].0,
+            o.log_start_offset
+        );
+        // Without the floor, time retention takes the rest.
+        store.set_retention_floor(id, None).unwrap();
+        store.retention_pass(1_000_000).await;
+        assert_eq!(store.offsets(id).unwrap().log_start_offset, 200);
+    });
+}
+
+#[test]
 fn clean_shutdown_restarts_without_scanning() {
     block_on(async {
         let fs = MemFs::new();
