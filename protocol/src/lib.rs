@@ -14,6 +14,7 @@
 pub mod batch;
 pub mod frame;
 pub mod header;
+pub mod partitioner;
 pub mod records;
 pub mod types;
 
