@@ -30,7 +30,10 @@ mod topic;
 
 pub use entry::{ConfigEntry, ConfigSource, ConfigType};
 pub use listeners::{HostPort, Listener, SecurityProtocol};
-pub use topic::{CleanupPolicy, CompressionType, LogSettings, TimestampType, TopicConfig, TopicConfigError};
+pub use topic::{
+    CleanupPolicy, CompressionType, LogSettings, QueueSettings, TimestampType, TopicConfig, TopicConfigError,
+    DEAD_LETTER_SUFFIX, QUEUE_KEYS,
+};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -180,6 +183,8 @@ pub struct Config {
     pub max_connections: u32,
     /// `strand.max.connections.per.shard`.
     pub max_connections_per_shard: u32,
+    /// `strand.http.max.body.bytes`: largest HTTP request body.
+    pub http_max_body_bytes: u32,
     /// `strand.max.inflight.requests.per.connection`.
     pub max_inflight_requests_per_connection: u32,
     /// `strand.shards` resolved: 0 in the config means one per available core. Always >= 1.
@@ -303,6 +308,7 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("strand.max.inflight.requests.per.connection", Int, Text("256"), "Requests in flight per socket."),
     key("strand.shards", Int, Text("0"), "Executor shards; 0 means one per available core."),
     key("strand.http.listener", Str, Text("127.0.0.1:8080"), "host:port of the HTTP queue API."),
+    key("strand.http.max.body.bytes", Int, Text("10485760"), "Largest HTTP queue API request body."),
     key("strand.admin.listener", Str, Text("127.0.0.1:9644"), "host:port of the admin API and /metrics."),
     key("strand.journal.segment.bytes", Long, Text("134217728"), "Shard journal rotation size."),
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
@@ -855,6 +861,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let fetch_max_bytes = r.int("fetch.max.bytes", 1024, I32_MAX)?;
     let max_connections = r.int("max.connections", 0, I32_MAX)?;
     let max_connections_per_shard = r.int("strand.max.connections.per.shard", 1, I32_MAX)?;
+    let http_max_body_bytes = r.int("strand.http.max.body.bytes", 1024, I32_MAX)?;
     let max_inflight_requests_per_connection =
         r.int("strand.max.inflight.requests.per.connection", 1, I32_MAX)?;
     let shards_configured: usize = r.int("strand.shards", 0, MAX_SHARDS as i64)?;
@@ -957,6 +964,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         fetch_max_bytes,
         max_connections,
         max_connections_per_shard,
+        http_max_body_bytes,
         max_inflight_requests_per_connection,
         shards,
         http_listener,

@@ -121,12 +121,14 @@ pub enum TopicConfigError {
 }
 
 /// A validated override value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Value {
     Long(i64),
     Bool(bool),
     /// One of a fixed set of strings (normalised).
     Text(&'static str),
+    /// Free text (a topic name), or a number kept in its normalised text form (a double).
+    Str(String),
 }
 
 impl fmt::Display for Value {
@@ -135,6 +137,7 @@ impl fmt::Display for Value {
             Value::Long(v) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
             Value::Text(v) => f.write_str(v),
+            Value::Str(v) => f.write_str(v),
         }
     }
 }
@@ -152,6 +155,13 @@ enum Kind {
     OneOf(&'static [&'static str]),
     /// `cleanup.policy`: a list of `compact`/`delete`.
     Policy,
+    /// A finite decimal number within `[min, max]`.
+    Double {
+        min: f64,
+        max: f64,
+    },
+    /// A topic name, or empty for "the default".
+    TopicName,
 }
 
 /// One topic config key.
@@ -182,6 +192,77 @@ const COMPRESSION_TYPE: &str = "compression.type";
 const FILE_DELETE_DELAY_MS: &str = "file.delete.delay.ms";
 const TIMESTAMP_BEFORE_MAX_MS: &str = "message.timestamp.before.max.ms";
 const TIMESTAMP_AFTER_MAX_MS: &str = "message.timestamp.after.max.ms";
+
+const QUEUE_MAX_ATTEMPTS: &str = "strand.queue.max.attempts";
+const QUEUE_VISIBILITY_MS: &str = "strand.queue.visibility.timeout.ms";
+const QUEUE_BACKOFF_BASE_MS: &str = "strand.queue.backoff.base.ms";
+const QUEUE_BACKOFF_MULTIPLIER: &str = "strand.queue.backoff.multiplier";
+const QUEUE_BACKOFF_MAX_MS: &str = "strand.queue.backoff.max.ms";
+const QUEUE_DEAD_LETTER_TOPIC: &str = "strand.queue.dead.letter.topic";
+const QUEUE_ORDERING: &str = "strand.queue.ordering";
+const QUEUE_DEDUP_WINDOW_MS: &str = "strand.queue.dedup.window.ms";
+
+/// The topic config keys of a queue, in the order [`QueueSettings::pairs`] lists them.
+pub const QUEUE_KEYS: &[&str] = &[
+    QUEUE_MAX_ATTEMPTS,
+    QUEUE_VISIBILITY_MS,
+    QUEUE_BACKOFF_BASE_MS,
+    QUEUE_BACKOFF_MULTIPLIER,
+    QUEUE_BACKOFF_MAX_MS,
+    QUEUE_DEAD_LETTER_TOPIC,
+    QUEUE_ORDERING,
+    QUEUE_DEDUP_WINDOW_MS,
+];
+
+const NINETY_DAYS_MS: i64 = 90 * 24 * 3600 * 1000;
+const ORDERING_NAMES: &[&str] = &["none", "key"];
+
+/// A topic's queue settings (`strand.queue.*` topic configs): how the queue engine delivers
+/// its messages over HTTP. Ranges are checked per key; combinations (base <= max) by the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueSettings {
+    /// Deliveries before a failing message is dead-lettered.
+    pub max_attempts: u32,
+    /// Default lease length.
+    pub visibility_timeout_ms: u64,
+    /// Retry backoff: `min(max, base * multiplier^(attempt-1))`.
+    pub backoff_base_ms: u64,
+    pub backoff_multiplier: f64,
+    pub backoff_max_ms: u64,
+    /// Where dead letters go; `None` = `{topic}.dlq`.
+    pub dead_letter_topic: Option<String>,
+    /// `ordering=key`: one message per key in flight, in offset order.
+    pub ordering_by_key: bool,
+    /// How long a dedup token is remembered; 0 disables dedup.
+    pub dedup_window_ms: u64,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            max_attempts: 5,
+            visibility_timeout_ms: 30_000,
+            backoff_base_ms: 1_000,
+            backoff_multiplier: 2.0,
+            backoff_max_ms: 900_000,
+            dead_letter_topic: None,
+            ordering_by_key: false,
+            dedup_window_ms: 300_000,
+        }
+    }
+}
+
+impl QueueSettings {
+    /// The dead-letter topic of queue `topic`.
+    pub fn dead_letter_topic_of(&self, topic: &str) -> String {
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{topic}{DEAD_LETTER_SUFFIX}"))
+    }
+}
+
+/// Suffix of a queue's default dead-letter topic.
+pub const DEAD_LETTER_SUFFIX: &str = ".dlq";
 
 const DEFAULT_FILE_DELETE_DELAY_MS: i64 = 60_000;
 const DEFAULT_TIMESTAMP_AFTER_MAX_MS: i64 = 3_600_000;
@@ -357,6 +438,82 @@ static TOPIC_KEYS: &[TopicKey] = &[
         default: |_| DEFAULT_TIMESTAMP_AFTER_MAX_MS.to_string(),
         doc: "Reject CreateTime timestamps further than this in the future.",
     },
+    TopicKey {
+        name: QUEUE_MAX_ATTEMPTS,
+        ty: ConfigType::Int,
+        kind: Kind::Integer { min: 1, max: 1000 },
+        synonyms: &[],
+        default: |_| QueueSettings::default().max_attempts.to_string(),
+        doc: "Queue: deliveries before a failing message is dead-lettered.",
+    },
+    TopicKey {
+        name: QUEUE_VISIBILITY_MS,
+        ty: ConfigType::Long,
+        kind: Kind::Integer {
+            min: 1_000,
+            max: 12 * 3600 * 1000,
+        },
+        synonyms: &[],
+        default: |_| QueueSettings::default().visibility_timeout_ms.to_string(),
+        doc: "Queue: default lease (visibility timeout) length.",
+    },
+    TopicKey {
+        name: QUEUE_BACKOFF_BASE_MS,
+        ty: ConfigType::Long,
+        kind: Kind::Integer {
+            min: 0,
+            max: NINETY_DAYS_MS,
+        },
+        synonyms: &[],
+        default: |_| QueueSettings::default().backoff_base_ms.to_string(),
+        doc: "Queue: retry delay after the first failed attempt (0: retry at once).",
+    },
+    TopicKey {
+        name: QUEUE_BACKOFF_MULTIPLIER,
+        ty: ConfigType::Double,
+        kind: Kind::Double { min: 1.0, max: 100.0 },
+        synonyms: &[],
+        default: |_| format_double(QueueSettings::default().backoff_multiplier),
+        doc: "Queue: factor between the retry delays of consecutive attempts.",
+    },
+    TopicKey {
+        name: QUEUE_BACKOFF_MAX_MS,
+        ty: ConfigType::Long,
+        kind: Kind::Integer {
+            min: 0,
+            max: NINETY_DAYS_MS,
+        },
+        synonyms: &[],
+        default: |_| QueueSettings::default().backoff_max_ms.to_string(),
+        doc: "Queue: longest retry delay.",
+    },
+    TopicKey {
+        name: QUEUE_DEAD_LETTER_TOPIC,
+        ty: ConfigType::String,
+        kind: Kind::TopicName,
+        synonyms: &[],
+        default: |_| String::new(),
+        doc: "Queue: topic that receives dead letters; empty means <topic>.dlq.",
+    },
+    TopicKey {
+        name: QUEUE_ORDERING,
+        ty: ConfigType::String,
+        kind: Kind::OneOf(ORDERING_NAMES),
+        synonyms: &[],
+        default: |_| "none".to_string(),
+        doc: "Queue: none, or key (one message per key in flight, in offset order).",
+    },
+    TopicKey {
+        name: QUEUE_DEDUP_WINDOW_MS,
+        ty: ConfigType::Long,
+        kind: Kind::Integer {
+            min: 0,
+            max: 24 * 3600 * 1000,
+        },
+        synonyms: &[],
+        default: |_| QueueSettings::default().dedup_window_ms.to_string(),
+        doc: "Queue: how long a publish dedup token is remembered; 0 disables dedup.",
+    },
 ];
 
 fn find_key(name: &str) -> Option<&'static TopicKey> {
@@ -415,6 +572,36 @@ fn check(key: &TopicKey, value: &str) -> Result<Value, TopicConfigError> {
                 _ => Err(invalid("String must be one of: compact, delete".to_string())),
             }
         }
+        Kind::Double { min, max } => {
+            let v = trimmed
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| invalid("Not a number of type DOUBLE".to_string()))?;
+            if v < min {
+                return Err(invalid(format!("Value must be at least {min}")));
+            }
+            if v > max {
+                return Err(invalid(format!("Value must be no more than {max}")));
+            }
+            Ok(Value::Str(format_double(v)))
+        }
+        Kind::TopicName => {
+            if !trimmed.is_empty() {
+                strand_protocol::types::validate_topic_name(trimmed)
+                    .map_err(|e| invalid(format!("Not a valid topic name: {e}")))?;
+            }
+            Ok(Value::Str(trimmed.to_string()))
+        }
+    }
+}
+
+/// A double as Kafka prints it (`2.0`, `1.5`).
+fn format_double(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
     }
 }
 
@@ -488,6 +675,42 @@ impl TopicConfig {
         match self.overrides.get(key) {
             Some(Value::Text(v)) => Some(v),
             _ => None,
+        }
+    }
+
+    fn string(&self, key: &str) -> Option<&str> {
+        match self.overrides.get(key) {
+            Some(Value::Str(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The queue settings of this topic (`strand.queue.*`), for the queue engine.
+    pub fn queue_settings(&self) -> QueueSettings {
+        let d = QueueSettings::default();
+        let u64_or = |key: &str, default: u64| {
+            self.long(key)
+                .and_then(|v| u64::try_from(v).ok())
+                .unwrap_or(default)
+        };
+        QueueSettings {
+            max_attempts: self
+                .long(QUEUE_MAX_ATTEMPTS)
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(d.max_attempts),
+            visibility_timeout_ms: u64_or(QUEUE_VISIBILITY_MS, d.visibility_timeout_ms),
+            backoff_base_ms: u64_or(QUEUE_BACKOFF_BASE_MS, d.backoff_base_ms),
+            backoff_multiplier: self
+                .string(QUEUE_BACKOFF_MULTIPLIER)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d.backoff_multiplier),
+            backoff_max_ms: u64_or(QUEUE_BACKOFF_MAX_MS, d.backoff_max_ms),
+            dead_letter_topic: self
+                .string(QUEUE_DEAD_LETTER_TOPIC)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned),
+            ordering_by_key: self.text(QUEUE_ORDERING) == Some("key"),
+            dedup_window_ms: u64_or(QUEUE_DEDUP_WINDOW_MS, d.dedup_window_ms),
         }
     }
 
@@ -807,5 +1030,62 @@ mod tests {
                 ("unclean.leader.election.enable", "true".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn queue_settings_are_topic_configs() {
+        let b = broker(&[]);
+        let d = TopicConfig::default().queue_settings();
+        assert_eq!(d, QueueSettings::default());
+        assert_eq!(d.dead_letter_topic_of("orders"), "orders.dlq");
+        let c = TopicConfig::from_pairs([
+            ("strand.queue.max.attempts", "3"),
+            ("strand.queue.visibility.timeout.ms", "5000"),
+            ("strand.queue.backoff.multiplier", "1.5"),
+            ("strand.queue.dead.letter.topic", "failures"),
+            ("strand.queue.ordering", "key"),
+            ("strand.queue.dedup.window.ms", "0"),
+        ])
+        .unwrap();
+        let q = c.queue_settings();
+        assert_eq!(q.max_attempts, 3);
+        assert_eq!(q.visibility_timeout_ms, 5000);
+        assert_eq!(q.backoff_multiplier, 1.5);
+        assert_eq!(q.dead_letter_topic_of("orders"), "failures");
+        assert!(q.ordering_by_key);
+        assert_eq!(q.dedup_window_ms, 0);
+        // Doubles print as Kafka prints them; DescribeConfigs shows every queue key.
+        let c = TopicConfig::from_pairs([("strand.queue.backoff.multiplier", "2")]).unwrap();
+        assert_eq!(c.get("strand.queue.backoff.multiplier").as_deref(), Some("2.0"));
+        let names: Vec<&str> = c.entries(&b).iter().map(|e| e.name).collect();
+        for k in QUEUE_KEYS {
+            assert!(names.contains(k), "{k} missing from DescribeConfigs");
+        }
+        // Round trip through the persisted text form.
+        let text = TopicConfig::from_pairs([("strand.queue.dead.letter.topic", "x.dlq")])
+            .unwrap()
+            .to_text();
+        assert_eq!(
+            TopicConfig::from_text(&text)
+                .unwrap()
+                .queue_settings()
+                .dead_letter_topic
+                .as_deref(),
+            Some("x.dlq")
+        );
+        // Ranges and kinds.
+        for (k, v) in [
+            ("strand.queue.max.attempts", "0"),
+            ("strand.queue.max.attempts", "1001"),
+            ("strand.queue.visibility.timeout.ms", "999"),
+            ("strand.queue.backoff.multiplier", "0.5"),
+            ("strand.queue.backoff.multiplier", "NaN"),
+            ("strand.queue.backoff.multiplier", "abc"),
+            ("strand.queue.dead.letter.topic", "bad name"),
+            ("strand.queue.ordering", "fifo"),
+            ("strand.queue.dedup.window.ms", "86400001"),
+        ] {
+            assert!(TopicConfig::validate(k, v).is_err(), "{k}={v} accepted");
+        }
     }
 }
