@@ -17,6 +17,7 @@ mod fetch_session;
 mod group;
 mod group_host;
 mod handlers;
+mod http;
 pub mod metadata;
 mod metrics;
 mod ops;

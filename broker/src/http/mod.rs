@@ -1,0 +1,137 @@
+//! The HTTP queue API (docs/http-api.md): an HTTP/1.1 server on each shard's glommio executor
+//! and the routing and JSON of the queue endpoints, in front of a [`QueueApi`] implemented by
+//! the shards.
+//!
+//! Layers, each testable alone:
+//!
+//! - [`parse`]: sans-I/O parsing of a request head and of a chunked body, over a byte buffer.
+//! - [`session`]: sans-I/O connection state machine: bytes in, [`session::Event`]s out
+//!   (a complete request, "send 100 Continue", or an error that ends the connection).
+//! - [`route`]: a complete request -> a [`response::Response`], calling the [`QueueApi`].
+//! - [`types`]: the JSON request bodies with their validation, the answers, [`ApiError`].
+//! - [`io`]: the I/O loop ([`serve_connection`]) over a glommio `TcpStream`; generic over the
+//!   stream and the timer so tests drive it in memory too.
+//!
+//! # Protocol decisions
+//!
+//! - One request at a time per connection: a request is read, answered, and only then is the
+//!   next one parsed. Pipelined requests are therefore answered in order, and the bytes a
+//!   connection buffers are bounded by one request (head + body) plus one read chunk.
+//! - Keep-alive is HTTP/1.1's default; `Connection: close` ends the connection after the
+//!   answer. HTTP/1.0 requests are served too, kept alive only with `Connection: keep-alive`.
+//! - Bodies: `Content-Length`, or `Transfer-Encoding: chunked` (HTTP/1.1 only; chunk
+//!   extensions ignored, trailers read and dropped, all within the same limits). A request with
+//!   both is refused (400, request smuggling); another transfer coding is 501. POST and PUT
+//!   without either are 411. An empty body reads as `{}`.
+//! - `Expect: 100-continue` is answered with `100 Continue` before the body is read, unless
+//!   the head already decides the answer (413, 411, ...), in which case the final answer is sent
+//!   at once and the connection is closed without reading the body. Other expectations: 417.
+//! - Limits ([`HttpLimits`]): head bytes (request line + headers; 431), header count (431),
+//!   body bytes (413, checked from `Content-Length` before reading, and while decoding chunks),
+//!   idle time between requests (the connection is closed), time to read one whole request
+//!   (408, then close), time to write an answer (close).
+//! - Every error caused by the request's framing closes the connection after its answer (the
+//!   stream cannot be resynchronized); errors of a well-framed request (404, 400 on the JSON,
+//!   409, ...) keep it open. A connection is closed with a lingering close (write side shut,
+//!   what the client still sends is drained for a bounded time) so that the client reads the
+//!   answer instead of a reset.
+//! - Nothing decoded from the network panics: no `unwrap`, no indexing on input; every length
+//!   is checked before it is used.
+//!
+//! # Not here
+//!
+//! Binding the listener, accepting connections, counting them, and the queue service itself:
+//! the shards do that and implement [`QueueApi`].
+
+// The futures of `QueueApi` are neither `Send` nor meant to be (thread-per-core).
+#![allow(async_fn_in_trait)]
+
+pub(crate) mod io;
+pub(crate) mod parse;
+pub(crate) mod response;
+pub(crate) mod route;
+pub(crate) mod session;
+pub(crate) mod types;
+
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+pub(crate) use io::serve_connection;
+pub(crate) use types::{
+    ApiError, GroupStats, LeaseRequest, LeasedMessage, PublishMessage, Published, PutQueue, QueueInfo,
+    QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleRequest, Settled,
+    SettledState,
+};
+
+/// The queue service behind the HTTP API, implemented by the shards. Arguments are already
+/// validated against the static ranges of docs/http-api.md (queue names are valid topic names,
+/// numbers within their documented ranges, payloads decoded); what depends on the queue (its
+/// existence, `max.message.bytes`, its maximum delay, ...) is the implementation's to check,
+/// answering an [`ApiError`] built with its constructors.
+///
+/// Each future runs on the connection's shard; the connection waits for it (a long-polling lease
+/// holds the connection for at most its `wait_ms`, which the implementation must honour).
+pub(crate) trait QueueApi {
+    /// `PUT /v1/queues/{queue}`: creates the queue (`Ok((true, _))`, answered 201) or changes its
+    /// settings (`Ok((false, _))`, 200). The answer is the queue as `GET` shows it.
+    async fn put_queue(&self, queue: &str, req: PutQueue) -> Result<(bool, QueueInfo), ApiError>;
+
+    /// `GET /v1/queues/{queue}`.
+    async fn get_queue(&self, queue: &str) -> Result<QueueInfo, ApiError>;
+
+    /// `POST /v1/queues/{queue}/messages`: 1..=1000 messages, answered once all are durable, one
+    /// [`Published`] per message in request order.
+    async fn publish(&self, queue: &str, msgs: Vec<PublishMessage>) -> Result<Vec<Published>, ApiError>;
+
+    /// `POST /v1/queues/{queue}/leases`. `connection_consumer` is the lease owner when
+    /// `req.consumer` is `None` (see [`LeaseRequest::consumer_or`]): one name per connection.
+    async fn lease(
+        &self,
+        queue: &str,
+        req: LeaseRequest,
+        connection_consumer: &str,
+    ) -> Result<Vec<LeasedMessage>, ApiError>;
+
+    /// `POST /v1/messages/{id}/ack`. `message_id` is the path segment, percent-decoded, not
+    /// otherwise checked (1..=[`types::MAX_MESSAGE_ID_BYTES`] bytes): an id that does not parse
+    /// is [`ApiError::message_not_found`].
+    async fn settle(&self, message_id: &str, req: SettleRequest) -> Result<Settled, ApiError>;
+
+    /// `POST /v1/queues/{queue}/redrive`.
+    async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError>;
+}
+
+/// Bounds of the HTTP server, per connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HttpLimits {
+    /// Largest request body (`strand.http.max.body.bytes`), decoded size for chunked bodies.
+    pub(crate) max_body_bytes: usize,
+    /// Largest request head: request line and header lines, with their line ends. Also bounds
+    /// the trailer section of a chunked body.
+    pub(crate) max_header_bytes: usize,
+    /// Most header lines in a head (and trailer lines in a chunked body).
+    pub(crate) max_headers: usize,
+    /// How long a connection may sit between requests (no byte of a next request) before it is
+    /// closed.
+    pub(crate) idle_timeout: Duration,
+    /// How long reading one request may take, from its first byte to the end of its body;
+    /// then 408 and close. Bounds slow clients (one byte every few seconds).
+    pub(crate) request_read_timeout: Duration,
+    /// How long writing one answer may take (a client that does not read); then close.
+    pub(crate) write_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_body_bytes: 10 * 1024 * 1024,
+            max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            idle_timeout: Duration::from_secs(60),
+            request_read_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+        }
+    }
+}
