@@ -22,6 +22,8 @@ pub mod metadata;
 mod metrics;
 mod ops;
 mod queue;
+mod queue_host;
+mod queue_service;
 mod router;
 pub mod server;
 mod shard;

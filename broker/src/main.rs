@@ -33,6 +33,9 @@ struct Cli {
     /// Shorthand for --override strand.admin.listener=... (admin HTTP: /metrics).
     #[arg(long, value_name = "HOST:PORT")]
     admin_listener: Option<String>,
+    /// Shorthand for --override strand.http.listener=... (the HTTP queue API).
+    #[arg(long, value_name = "HOST:PORT")]
+    http_listener: Option<String>,
     /// Shorthand for --override strand.shards=... (0: one per core).
     #[arg(long)]
     shards: Option<usize>,
@@ -69,6 +72,9 @@ fn main() -> ExitCode {
     }
     if let Some(v) = &cli.data_dir {
         overrides.push(format!("log.dirs={}", v.display()));
+    }
+    if let Some(v) = &cli.http_listener {
+        overrides.push(format!("strand.http.listener={v}"));
     }
     if let Some(v) = &cli.admin_listener {
         overrides.push(format!("strand.admin.listener={v}"));

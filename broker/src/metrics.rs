@@ -113,6 +113,138 @@ pub(crate) fn describe() {
         "strand_fetch_sessions",
         "Incremental fetch sessions cached, by shard."
     );
+    describe_gauge!(
+        "strand_queue_available_messages",
+        "Queue messages leasable now or waiting in the log, by queue, group and partition."
+    );
+    describe_gauge!(
+        "strand_queue_leased_messages",
+        "Queue messages leased (in flight), by queue, group and partition."
+    );
+    describe_gauge!(
+        "strand_queue_delayed_messages",
+        "Queue messages waiting for a publish or retry delay, by queue, group and partition."
+    );
+    describe_gauge!(
+        "strand_queue_dead_letter_pending_messages",
+        "Queue messages being written to the dead-letter topic, by queue, group and partition."
+    );
+    describe_gauge!(
+        "strand_queue_oldest_unacked_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest message neither acknowledged nor dead-lettered, by queue, group and partition."
+    );
+    describe_counter!(
+        "strand_queue_published_total",
+        "Messages published to a queue, by queue and group."
+    );
+    describe_counter!(
+        "strand_queue_duplicates_total",
+        "Publishes answered with an earlier message (dedup token), by queue."
+    );
+    describe_counter!(
+        "strand_queue_acked_total",
+        "Messages acknowledged, by queue and group."
+    );
+    describe_counter!(
+        "strand_queue_retries_total",
+        "Failed attempts that will be retried (nacks, expiries), by queue and group."
+    );
+    describe_counter!(
+        "strand_queue_lease_expiries_total",
+        "Leases that expired (visibility timeout), by queue and group."
+    );
+    describe_counter!(
+        "strand_queue_dead_lettered_total",
+        "Messages dead-lettered (max attempts or reject), by queue and group."
+    );
+    describe_histogram!(
+        "strand_queue_lease_to_ack_seconds",
+        Unit::Seconds,
+        "Time from a message's lease to its acknowledgement, by queue and group."
+    );
+}
+
+/// `/metrics` handles of one queue engine (queue, group, partition).
+pub(crate) struct QueueMetrics {
+    available: Gauge,
+    leased: Gauge,
+    delayed: Gauge,
+    dead_letter_pending: Gauge,
+    oldest_age: Gauge,
+    published: Counter,
+    duplicates: Counter,
+    acked: Counter,
+    retries: Counter,
+    expiries: Counter,
+    dead_lettered: Counter,
+    lease_to_ack: Histogram,
+    /// Counter values already added.
+    last: crate::queue::Counters,
+}
+
+impl QueueMetrics {
+    pub(crate) fn new(queue: &str, group: &str, partition: i32) -> Self {
+        let part = [
+            ("queue", queue.to_owned()),
+            ("group", group.to_owned()),
+            ("partition", partition.to_string()),
+        ];
+        let q = [("queue", queue.to_owned()), ("group", group.to_owned())];
+        QueueMetrics {
+            available: gauge!("strand_queue_available_messages", &part),
+            leased: gauge!("strand_queue_leased_messages", &part),
+            delayed: gauge!("strand_queue_delayed_messages", &part),
+            dead_letter_pending: gauge!("strand_queue_dead_letter_pending_messages", &part),
+            oldest_age: gauge!("strand_queue_oldest_unacked_age_seconds", &part),
+            published: counter!("strand_queue_published_total", &q),
+            duplicates: counter!("strand_queue_duplicates_total", &q),
+            acked: counter!("strand_queue_acked_total", &q),
+            retries: counter!("strand_queue_retries_total", &q),
+            expiries: counter!("strand_queue_lease_expiries_total", &q),
+            dead_lettered: counter!("strand_queue_dead_lettered_total", &q),
+            lease_to_ack: histogram!("strand_queue_lease_to_ack_seconds", &q),
+            last: Default::default(),
+        }
+    }
+
+    /// Publishes gauges and the counters' growth since the last call.
+    pub(crate) fn update(&mut self, m: &crate::queue::PartitionMetrics, lease_to_ack_ms: &[u64]) {
+        self.available.set(m.available as f64);
+        self.leased.set(m.leased as f64);
+        self.delayed.set(m.delayed as f64);
+        self.dead_letter_pending.set(m.dead_letter_pending as f64);
+        self.oldest_age
+            .set(m.oldest_unacked_age_ms.map_or(0.0, |ms| ms as f64 / 1000.0));
+        let c = &m.counters;
+        let l = &self.last;
+        self.published.increment(c.published.saturating_sub(l.published));
+        self.duplicates
+            .increment(c.duplicates.saturating_sub(l.duplicates));
+        self.acked.increment(c.acked.saturating_sub(l.acked));
+        self.retries.increment(c.retries.saturating_sub(l.retries));
+        self.expiries
+            .increment(c.lease_expiries.saturating_sub(l.lease_expiries));
+        self.dead_lettered
+            .increment(c.dead_lettered.saturating_sub(l.dead_lettered));
+        self.last = *c;
+        for ms in lease_to_ack_ms {
+            self.lease_to_ack.record(*ms as f64 / 1000.0);
+        }
+    }
+
+    /// The engine is gone: its gauges read zero.
+    pub(crate) fn zero(&self) {
+        for g in [
+            &self.available,
+            &self.leased,
+            &self.delayed,
+            &self.dead_letter_pending,
+            &self.oldest_age,
+        ] {
+            g.set(0.0);
+        }
+    }
 }
 
 pub(crate) fn api_name(key: i16) -> &'static str {

@@ -137,6 +137,8 @@ pub(crate) enum ShardRequest {
         meta: crate::group::RequestMeta,
         req: Box<crate::group::GroupRequest>,
     },
+    /// A queue operation on partitions this shard owns.
+    Queue(crate::queue_host::QueueOp),
 }
 
 /// A shard's answer.
@@ -152,4 +154,5 @@ pub(crate) enum ShardResponse {
     Applied(Vec<String>),
     /// The group coordinator's answer (`None`: it could not answer).
     Group(Option<Box<crate::group::GroupResponse>>),
+    Queue(crate::queue_host::QueueAnswer),
 }

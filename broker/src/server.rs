@@ -182,6 +182,7 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
             Err(_) => bail!("a shard stopped during start-up"),
         }
     }
+    let http_addr = *bound.last().context("the HTTP listener address")?;
     let listeners: Vec<(String, SocketAddr)> = config
         .listeners
         .iter()
@@ -189,7 +190,7 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
         .zip(bound.iter().copied())
         .collect();
     if let Some(path) = &options.ready_file {
-        write_ready_file(path, &listeners, admin_addr)?;
+        write_ready_file(path, &listeners, http_addr, admin_addr)?;
     }
     go.store(true, Ordering::Release);
     ready_flag.store(true, Ordering::Release);
@@ -197,6 +198,7 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
         shards,
         topics = metadata.topic_count(),
         listeners = ?listeners,
+        http = %http_addr,
         admin = %admin_addr,
         startup_ms = started.elapsed().as_millis() as u64,
         "strand is ready"
@@ -268,6 +270,23 @@ async fn shard_main(
                 }
             }
         }
+        // The HTTP queue API, last.
+        let http = config.http_listener.to_string();
+        match glommio::net::TcpListener::bind(http.as_str()) {
+            Ok(s) => {
+                addrs.push(
+                    s.local_addr()
+                        .map_err(std::io::Error::from)
+                        .context("http listener address")?,
+                );
+                sockets.push(s);
+            }
+            Err(e) => {
+                let msg = format!("cannot bind strand.http.listener on {http}: {e}");
+                let _ = bound_tx.send(Err(msg.clone()));
+                bail!(msg);
+            }
+        }
         let _ = bound_tx.send(Ok(addrs));
     } else {
         let addrs = ports_rx.recv().context("waiting for listener ports")?;
@@ -279,6 +298,7 @@ async fn shard_main(
             );
         }
     }
+    let http_socket = sockets.pop().context("the HTTP listener")?;
     let bound: Vec<SocketAddr> = sockets.iter().filter_map(|s| s.local_addr().ok()).collect();
     let advertised: Vec<AdvertisedListener> = config
         .listeners
@@ -313,6 +333,7 @@ async fn shard_main(
     }
     let problems = shard.open_all().await;
     crate::group_host::GroupHost::start(&shard).await;
+    crate::queue_host::QueueHost::start(&shard).await;
     shard.update_partition_gauges();
     glommio::spawn_local(flusher(shard.clone())).detach();
     glommio::spawn_local(housekeeping(shard.clone())).detach();
@@ -369,6 +390,8 @@ async fn shard_main(
         }));
     }
 
+    accepts.push(glommio::spawn_local(serve_http(shard.clone(), http_socket)));
+
     while !shutdown.load(Ordering::Acquire) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
     }
@@ -381,6 +404,45 @@ async fn shard_main(
         tracing::error!(shard = id.0, error = %e, "clean shutdown failed; the next start will recover");
     }
     Ok(())
+}
+
+/// Accepts HTTP queue API connections on this shard.
+async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
+    let api = Rc::new(crate::queue_service::ShardQueues { shard: shard.clone() });
+    let limits = crate::http::HttpLimits {
+        max_body_bytes: shard.config.http_max_body_bytes as usize,
+        ..Default::default()
+    };
+    let max_conns = shard.config.max_connections_per_shard as usize;
+    let live = Rc::new(std::cell::Cell::new(0usize));
+    loop {
+        match socket.accept().await {
+            Ok(stream) => {
+                if live.get() >= max_conns {
+                    tracing::warn!(
+                        limit = max_conns,
+                        "HTTP connection limit reached; refusing a connection"
+                    );
+                    shard.metrics.bad_request("http connection limit");
+                    drop(stream);
+                    continue;
+                }
+                live.set(live.get() + 1);
+                let live = live.clone();
+                let api = api.clone();
+                let limits = limits.clone();
+                glommio::spawn_local(async move {
+                    crate::http::serve_connection(api, stream, limits).await;
+                    live.set(live.get() - 1);
+                })
+                .detach();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
 }
 
 /// The group-commit loop: a flush round whenever something is staged; journal rotation and
@@ -442,6 +504,11 @@ async fn housekeeping(shard: Rc<Shard>) {
 
 /// The storage configuration of a log found in a journal, if it still belongs to a live topic.
 fn log_config_for(md: &ClusterMetadata, config: &Config, key: &LogKey) -> Option<LogConfig> {
+    if let Some((topic, partition, _)) = crate::queue_host::parse_state_log_dir_name(&key.dir_name) {
+        let t = md.topic(topic)?;
+        let live = *t.id.0.as_bytes() == key.incarnation && partition < t.partitions;
+        return live.then(crate::queue_host::state_log_config);
+    }
     let (topic, partition) = parse_dir_name(&key.dir_name)?;
     let t = md.topic(topic)?;
     if *t.id.0.as_bytes() != key.incarnation || partition >= t.partitions {
@@ -492,6 +559,11 @@ fn remove_stray_logs(log_dir: &Path, md: &ClusterMetadata) {
             let _ = std::fs::remove_dir_all(&path);
         }
     }
+    // Queue state of deleted topics (or partitions); group directories of a re-created topic
+    // are recognised by their incarnation when opened.
+    crate::queue_host::remove_state_dirs(log_dir, |topic, partition| {
+        md.topic(topic).is_none_or(|t| partition >= t.partitions)
+    });
 }
 
 /// Creates `__consumer_offsets` (compacted, `offsets.topic.num.partitions` partitions) the
@@ -590,11 +662,13 @@ fn check_meta_properties(log_dir: &Path, config: &Config) -> anyhow::Result<()> 
 fn write_ready_file(
     path: &Path,
     listeners: &[(String, SocketAddr)],
+    http: SocketAddr,
     admin: SocketAddr,
 ) -> anyhow::Result<()> {
     let doc = serde_json::json!({
         "pid": std::process::id(),
         "kafka": listeners.iter().map(|(n, a)| serde_json::json!({"name": n, "addr": a.to_string()})).collect::<Vec<_>>(),
+        "http": http.to_string(),
         "admin": admin.to_string(),
     });
     let tmp = path.with_extension("tmp");

@@ -68,6 +68,8 @@ pub(crate) struct Shard {
     pub(crate) shutting_down: Cell<bool>,
     /// The coordinator of the groups of this shard's `__consumer_offsets` partitions.
     pub(crate) groups: Option<crate::group_host::GroupHost>,
+    /// The queue engines of this shard's partitions.
+    pub(crate) queues: crate::queue_host::QueueHost,
 }
 
 impl Shard {
@@ -101,6 +103,7 @@ impl Shard {
         ));
         Shard {
             groups,
+            queues: crate::queue_host::QueueHost::new(),
             id,
             shards,
             metrics: ShardMetrics::new(id),
@@ -260,6 +263,10 @@ impl Shard {
                     }
                 }
                 .boxed_local()
+            }
+            ShardRequest::Queue(op) => {
+                let fut = self.queues.run_op(self, op);
+                async move { ShardResponse::Queue(fut.await) }.boxed_local()
             }
         }
     }
@@ -614,6 +621,9 @@ impl Shard {
                             _ => None,
                         }
                     };
+                    if let Some(me) = self.queues_shard() {
+                        self.queues.forget_topic(&me, name).await;
+                    }
                     for (p, lp) in removed.into_iter().flatten() {
                         if let Err(e) = self.store.remove_log(lp.log).await {
                             problems.push(format!("{name}-{p}: {e}"));
@@ -633,6 +643,11 @@ impl Shard {
                         .unwrap_or_default();
                     for log in logs {
                         let _ = self.store.set_config(log, log_config.clone());
+                    }
+                    if let Some(t) = self.metadata().topic(name) {
+                        let mut t = t.clone();
+                        t.config = config.clone();
+                        self.queues.reconfigure_topic(self, &t);
                     }
                 }
             }
@@ -659,8 +674,14 @@ impl Shard {
         *self.metadata.borrow_mut() = Rc::new(md);
     }
 
+    /// This shard as an `Rc` (the queue host keeps a weak reference once started).
+    fn queues_shard(&self) -> Option<Rc<Shard>> {
+        self.queues.shard_rc()
+    }
+
     /// Runs retention on this shard's logs; updates gauges.
     pub(crate) async fn retention_pass(&self) {
+        self.queues.update_retention_floors(self);
         let deleted = self.store.retention_pass(self.now_ms()).await;
         for (_, outcome) in &deleted {
             self.metrics
@@ -692,6 +713,7 @@ impl Shard {
             }
         }
         self.metrics.store_gauges(&self.store, self.partition_count());
+        self.queues.publish_metrics();
     }
 }
 

@@ -165,6 +165,9 @@ pub struct ReadyFile {
     /// Bound address of the admin HTTP server (`/metrics`), if any.
     #[serde(default)]
     pub admin: Option<String>,
+    /// Bound address of the HTTP queue API, if any.
+    #[serde(default)]
+    pub http: Option<String>,
 }
 
 /// One bound Kafka listener in the ready file.
@@ -449,6 +452,15 @@ impl Broker {
         self.spawned_mut("restart()").restart();
     }
 
+    /// `host:port` of the HTTP queue API (from the ready file).
+    pub fn http_addr(&self) -> String {
+        self.spawned("http_addr()")
+            .ready()
+            .http
+            .clone()
+            .unwrap_or_else(|| panic!("the ready file has no http address"))
+    }
+
     /// The body of `GET /metrics` on the admin listener (Prometheus text format). Panics unless
     /// the answer is `200`.
     pub fn metrics(&self) -> String {
@@ -539,6 +551,7 @@ impl Spawned {
              log.dirs={}\n\
              node.id={}\n\
              strand.admin.listener=127.0.0.1:0\n\
+             strand.http.listener=127.0.0.1:0\n\
              strand.shards={}\n",
             data_dir.display(),
             builder.node_id,
@@ -571,8 +584,8 @@ impl Spawned {
             .unwrap_or_else(|| panic!("the broker is not running (no ready file)"))
     }
 
-    /// Spawns the process; `pinned` = (kafka addr, admin addr) to bind again on restart.
-    fn spawn_child(&mut self, pinned: Option<(String, Option<String>)>) -> Child {
+    /// Spawns the process; `pinned` = (kafka addr, admin addr, http addr) to bind again on restart.
+    fn spawn_child(&mut self, pinned: Option<(String, Option<String>, Option<String>)>) -> Child {
         let log = fs::File::create(self.log_path()).expect("create the broker log file");
         let log2 = log.try_clone().expect("clone the log file handle");
         let mut cmd = match self.builder.data_dir_limit_bytes {
@@ -598,7 +611,10 @@ impl Spawned {
         for (k, v) in &self.builder.configs {
             cmd.arg("--override").arg(format!("{k}={v}"));
         }
-        if let Some((kafka, admin)) = pinned {
+        if let Some((kafka, admin, http)) = pinned {
+            if let Some(http) = http {
+                cmd.arg("--override").arg(format!("strand.http.listener={http}"));
+            }
             cmd.arg("--override")
                 .arg(format!("listeners=PLAINTEXT://{kafka}"));
             // A test that configured its own advertised address (e.g. a proxy's) keeps it.
@@ -638,7 +654,7 @@ impl Spawned {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()))
     }
 
-    fn launch(&mut self, pinned: Option<(String, Option<String>)>) {
+    fn launch(&mut self, pinned: Option<(String, Option<String>, Option<String>)>) {
         match fs::remove_file(&self.ready_path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -769,7 +785,7 @@ impl Spawned {
         let ready = self.ready().clone();
         let kafka = ready.kafka.first().map(|l| l.addr.clone()).unwrap_or_default();
         self.generation += 1;
-        self.launch(Some((kafka, ready.admin)));
+        self.launch(Some((kafka, ready.admin, ready.http)));
     }
 
     fn log_text(&self) -> String {

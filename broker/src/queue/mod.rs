@@ -189,8 +189,8 @@
 //! No cross-partition state: per-consumer limits are per partition. The engine is not `Send`
 //! by design (one shard owns a partition).
 
-// Until the lead engineer wires the engine (shards, storage, HTTP, share groups), nothing
-// outside this module uses it.
+// The HTTP queue API drives the engine through `queue_host`; the parts for Kafka share groups
+// (owner fences, offsets reset, archive mode, record states) wait for that door.
 #![allow(dead_code, unused_imports)]
 
 mod config;
