@@ -13,10 +13,11 @@ use strand_protocol::types::{Offset, PartitionId, ShardId};
 
 use crate::config::QUEUE_KEYS;
 use crate::controller::{self, ConfigEdit, ControllerOp, PartitionIncrease};
+use crate::http::types::SettleActionKind;
 use crate::http::{
     ApiError, GroupStats, LeaseRequest, LeasedMessage, PublishMessage, Published, PutQueue, QueueApi,
-    QueueInfo, QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleRequest, Settled,
-    SettledState,
+    QueueInfo, QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleBatch,
+    SettleOutcome, SettleRequest, Settled, SettledState,
 };
 use crate::metadata::{NewTopic, TopicMeta};
 use crate::ops::{FetchPart, ListOffsetsPart, PartRef, ShardRequest, ShardResponse};
@@ -29,6 +30,8 @@ use crate::shard::Shard;
 const REDRIVE_READ_BYTES: usize = 1 << 20;
 /// Messages republished per partition and step of a redrive.
 const REDRIVE_CHUNK: usize = 500;
+/// Items of a batch settle sent to one engine at once (its default lease batch).
+const SETTLE_CHUNK: usize = 500;
 /// Prefix of the header names a dead-letter copy gains (dropped again on redrive).
 const DEAD_LETTER_HEADER_PREFIX: &str = "strand-dlq-";
 
@@ -50,6 +53,85 @@ fn unexpected() -> ApiError {
 }
 
 impl ShardQueues {
+    /// Resolves a message id to its partition and builds the engine's settle item.
+    fn settle_item(
+        &self,
+        message_id: &str,
+        req: &SettleRequest,
+    ) -> Result<(String, i32, SettleItem), ApiError> {
+        let id: ExternalMessageId = message_id
+            .parse()
+            .map_err(|_| ApiError::message_not_found(message_id))?;
+        let md = self.shard.metadata();
+        let t = md
+            .topic_by_id(id.topic)
+            .filter(|t| id.id.partition.0 < t.partitions)
+            .ok_or_else(|| ApiError::message_not_found(message_id))?;
+        crate::queue_host::group_dir_name(&req.group).map_err(failure)?;
+        let (op, reason) = match &req.action {
+            SettleAction::Ack => (SettleOp::Ack, None),
+            SettleAction::Nack { delay_ms, reason } => {
+                (SettleOp::Nack { delay_ms: *delay_ms }, reason.clone())
+            }
+            SettleAction::Reject { reason } => (SettleOp::Reject, reason.clone()),
+            SettleAction::Extend {
+                visibility_timeout_ms,
+            } => (
+                SettleOp::Extend {
+                    visibility_ms: visibility_timeout_ms
+                        .unwrap_or_else(|| t.config.queue_settings().visibility_timeout_ms),
+                },
+                None,
+            ),
+        };
+        let item = SettleItem {
+            target: MessageRef::Id(id.id),
+            fence: Fence::Generation(crate::queue::Generation(req.generation)),
+            op,
+            reason,
+        };
+        Ok((t.name.clone(), id.id.partition.0, item))
+    }
+
+    /// The HTTP answer of one settled item.
+    fn settled_answer(
+        &self,
+        message_id: &str,
+        kind: SettleActionKind,
+        result: Result<crate::queue::Settled, QueueError>,
+    ) -> Result<Settled, ApiError> {
+        let settled = result.map_err(|e| match e {
+            QueueError::NotFound => ApiError::message_not_found(message_id),
+            e => engine_error(e),
+        })?;
+        let now = self.shard.now_ms();
+        let (state, lease_expires_at_ms, available_at_ms, attempts) = match settled.outcome {
+            Outcome::Acked => (SettledState::Acknowledged, None, None, None),
+            Outcome::Retry {
+                not_before_ms,
+                attempts,
+            } => {
+                if not_before_ms > now {
+                    (SettledState::Delayed, None, Some(not_before_ms), Some(attempts))
+                } else {
+                    (SettledState::Available, None, None, Some(attempts))
+                }
+            }
+            Outcome::DeadLettered { attempts, .. } => {
+                (SettledState::DeadLettered, None, None, Some(attempts))
+            }
+            Outcome::Extended { expiry_ms } => (SettledState::Leased, Some(expiry_ms), None, None),
+        };
+        Ok(Settled {
+            id: message_id.to_owned(),
+            action: kind,
+            state,
+            lease_expires_at_ms,
+            available_at_ms,
+            attempts,
+        })
+    }
+
     fn topic(&self, queue: &str) -> Result<TopicMeta, ApiError> {
         match self.shard.metadata().topic(queue) {
             Some(t) if t.internal => Err(ApiError::invalid_queue_name(format!(
@@ -720,43 +802,14 @@ impl QueueApi for ShardQueues {
     }
 
     async fn settle(&self, message_id: &str, req: SettleRequest) -> Result<Settled, ApiError> {
-        let id: ExternalMessageId = message_id
-            .parse()
-            .map_err(|_| ApiError::message_not_found(message_id))?;
-        let md = self.shard.metadata();
-        let t = md
-            .topic_by_id(id.topic)
-            .filter(|t| id.id.partition.0 < t.partitions)
-            .ok_or_else(|| ApiError::message_not_found(message_id))?
-            .clone();
-        crate::queue_host::group_dir_name(&req.group).map_err(failure)?;
+        let (topic, partition, item) = self.settle_item(message_id, &req)?;
         let kind = req.action.kind();
-        let (op, reason) = match req.action {
-            SettleAction::Ack => (SettleOp::Ack, None),
-            SettleAction::Nack { delay_ms, reason } => (SettleOp::Nack { delay_ms }, reason),
-            SettleAction::Reject { reason } => (SettleOp::Reject, reason),
-            SettleAction::Extend {
-                visibility_timeout_ms,
-            } => (
-                SettleOp::Extend {
-                    visibility_ms: visibility_timeout_ms
-                        .unwrap_or_else(|| t.config.queue_settings().visibility_timeout_ms),
-                },
-                None,
-            ),
-        };
-        let item = SettleItem {
-            target: MessageRef::Id(id.id),
-            fence: Fence::Generation(crate::queue::Generation(req.generation)),
-            op,
-            reason,
-        };
         let answer = self
             .call(
-                self.shard.owner(&t.name, id.id.partition.0),
+                self.shard.owner(&topic, partition),
                 QueueOp::Settle {
-                    topic: t.name.clone(),
-                    partition: id.id.partition.0,
+                    topic,
+                    partition,
                     group: req.group,
                     items: vec![item],
                 },
@@ -769,37 +822,80 @@ impl QueueApi for ShardQueues {
             .map_err(failure)?
             .into_iter()
             .next()
-            .ok_or_else(unexpected)?
-            .map_err(|e| match e {
-                QueueError::NotFound => ApiError::message_not_found(message_id),
-                e => engine_error(e),
-            })?;
-        let now = self.shard.now_ms();
-        let (state, lease_expires_at_ms, available_at_ms, attempts) = match settled.outcome {
-            Outcome::Acked => (SettledState::Acknowledged, None, None, None),
-            Outcome::Retry {
-                not_before_ms,
-                attempts,
-            } => {
-                if not_before_ms > now {
-                    (SettledState::Delayed, None, Some(not_before_ms), Some(attempts))
-                } else {
-                    (SettledState::Available, None, None, Some(attempts))
+            .ok_or_else(unexpected)?;
+        self.settled_answer(message_id, kind, settled)
+    }
+
+    async fn settle_batch(&self, batch: SettleBatch) -> Result<Vec<SettleOutcome>, ApiError> {
+        let n = batch.items.len();
+        let mut out: Vec<Option<SettleOutcome>> = vec![None; n];
+        // Items grouped per (topic, partition, group): one engine call each.
+        type Key = (String, i32, String);
+        type Item = (usize, String, SettleActionKind, SettleItem);
+        let mut groups: BTreeMap<Key, Vec<Item>> = BTreeMap::new();
+        for (i, (id, req)) in batch.items.into_iter().enumerate() {
+            match self.settle_item(&id, &req) {
+                Ok((topic, partition, item)) => groups
+                    .entry((topic, partition, req.group.clone()))
+                    .or_default()
+                    .push((i, id, req.action.kind(), item)),
+                Err(error) => {
+                    if let Some(slot) = out.get_mut(i) {
+                        *slot = Some(SettleOutcome::Failed { id, error });
+                    }
                 }
             }
-            Outcome::DeadLettered { attempts, .. } => {
-                (SettledState::DeadLettered, None, None, Some(attempts))
+        }
+        let mut calls = Vec::new();
+        for ((topic, partition, group), list) in groups {
+            let owner = self.shard.owner(&topic, partition);
+            // The engine takes at most its lease batch per call.
+            for chunk in list.chunks(SETTLE_CHUNK) {
+                let chunk: Vec<Item> = chunk.to_vec();
+                let op = QueueOp::Settle {
+                    topic: topic.clone(),
+                    partition,
+                    group: group.clone(),
+                    items: chunk.iter().map(|(_, _, _, item)| item.clone()).collect(),
+                };
+                calls.push(async move { (chunk, self.call(owner, op).await) });
             }
-            Outcome::Extended { expiry_ms } => (SettledState::Leased, Some(expiry_ms), None, None),
-        };
-        Ok(Settled {
-            id: message_id.to_owned(),
-            action: kind,
-            state,
-            lease_expires_at_ms,
-            available_at_ms,
-            attempts,
-        })
+        }
+        for (chunk, answer) in join_all(calls).await {
+            let results: Vec<Option<Result<crate::queue::Settled, QueueError>>> = match answer {
+                Ok(QueueAnswer::Settled(Ok(r))) => r.into_iter().map(Some).collect(),
+                Ok(QueueAnswer::Settled(Err(e))) => {
+                    let e = failure(e);
+                    for (i, id, _, _) in &chunk {
+                        if let Some(slot) = out.get_mut(*i) {
+                            *slot = Some(SettleOutcome::Failed {
+                                id: id.clone(),
+                                error: e.clone(),
+                            });
+                        }
+                    }
+                    continue;
+                }
+                Ok(_) => vec![None; chunk.len()],
+                Err(e) => return Err(e),
+            };
+            for ((i, id, kind, _), r) in chunk.into_iter().zip(results) {
+                let outcome = match r.map(|r| self.settled_answer(&id, kind, r)) {
+                    Some(Ok(s)) => SettleOutcome::Done(s),
+                    Some(Err(error)) => SettleOutcome::Failed { id, error },
+                    None => SettleOutcome::Failed {
+                        id,
+                        error: unexpected(),
+                    },
+                };
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = Some(outcome);
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| ApiError::internal("a settle got no answer")))
+            .collect()
     }
 
     async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError> {

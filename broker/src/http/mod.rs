@@ -61,8 +61,8 @@ use std::time::Duration;
 pub(crate) use io::serve_connection;
 pub(crate) use types::{
     ApiError, GroupStats, LeaseRequest, LeasedMessage, PublishMessage, Published, PutQueue, QueueInfo,
-    QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleRequest, Settled,
-    SettledState,
+    QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleBatch, SettleOutcome,
+    SettleRequest, Settled, SettledState,
 };
 
 /// The queue service behind the HTTP API, implemented by the shards. Arguments are already
@@ -98,6 +98,10 @@ pub(crate) trait QueueApi {
     /// otherwise checked (1..=[`types::MAX_MESSAGE_ID_BYTES`] bytes): an id that does not parse
     /// is [`ApiError::message_not_found`].
     async fn settle(&self, message_id: &str, req: SettleRequest) -> Result<Settled, ApiError>;
+
+    /// `POST /v1/messages/ack`: settles many messages; one outcome per item, in request order
+    /// (the request as a whole fails only when it cannot be served at all).
+    async fn settle_batch(&self, batch: SettleBatch) -> Result<Vec<SettleOutcome>, ApiError>;
 
     /// `POST /v1/queues/{queue}/redrive`.
     async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError>;

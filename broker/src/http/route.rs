@@ -8,6 +8,7 @@
 //! | `/v1/queues/{queue}/leases` | POST |
 //! | `/v1/queues/{queue}/redrive` | POST |
 //! | `/v1/messages/{id}/ack` | POST |
+//! | `/v1/messages/ack` | POST (many messages) |
 //!
 //! HEAD is served wherever GET is (same headers, no body). Any other path is 404 `not_found`;
 //! a known path with another method is 405 with `Allow`. Path segments are percent-decoded
@@ -20,8 +21,8 @@ use strand_protocol::types::validate_topic_name;
 use super::response::Response;
 use super::session::Request;
 use super::types::{
-    ApiError, LeaseBody, LeasedMessage, PublishBody, Published, PutQueue, RedriveBody, SettleBody,
-    MAX_MESSAGE_ID_BYTES,
+    ApiError, LeaseBody, LeasedMessage, PublishBody, Published, PutQueue, RedriveBody, SettleBatchBody,
+    SettleBody, SettleOutcome, MAX_MESSAGE_ID_BYTES,
 };
 use super::QueueApi;
 
@@ -36,6 +37,7 @@ enum Endpoint {
     Leases(String),
     Redrive(String),
     Ack(String),
+    AckBatch,
 }
 
 impl Endpoint {
@@ -97,6 +99,7 @@ fn resolve(path: &str) -> Result<Endpoint, ApiError> {
         ["v1", "queues", q, "leases"] => Endpoint::Leases(owned(q)),
         ["v1", "queues", q, "redrive"] => Endpoint::Redrive(owned(q)),
         ["v1", "messages", id, "ack"] => Endpoint::Ack(owned(id)),
+        ["v1", "messages", "ack"] => Endpoint::AckBatch,
         _ => return Err(ApiError::not_found()),
     })
 }
@@ -124,6 +127,11 @@ struct PublishedList<'a> {
 #[derive(Serialize)]
 struct LeasedList<'a> {
     messages: &'a [LeasedMessage],
+}
+
+#[derive(Serialize)]
+struct SettledList<'a> {
+    messages: &'a [SettleOutcome],
 }
 
 #[derive(Serialize)]
@@ -197,6 +205,11 @@ async fn serve<A: QueueApi>(
             let req = json::<SettleBody>(body)?.validate()?;
             Response::json(200, &api.settle(&id, req).await?)
         }
+        Endpoint::AckBatch => {
+            let batch = json::<SettleBatchBody>(body)?.validate()?;
+            let outcomes = api.settle_batch(batch).await?;
+            Response::json(200, &SettledList { messages: &outcomes })
+        }
     })
 }
 
@@ -226,6 +239,7 @@ mod tests {
         assert_eq!(resolve("/v1/queues/o/leases"), Ok(Endpoint::Leases("o".into())));
         assert_eq!(resolve("/v1/queues/o/redrive"), Ok(Endpoint::Redrive("o".into())));
         assert_eq!(resolve("/v1/messages/abc/ack"), Ok(Endpoint::Ack("abc".into())));
+        assert_eq!(resolve("/v1/messages/ack"), Ok(Endpoint::AckBatch));
         for p in [
             "/",
             "",

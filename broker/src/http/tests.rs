@@ -182,6 +182,17 @@ impl QueueApi for FakeApi {
         })
     }
 
+    async fn settle_batch(&self, batch: SettleBatch) -> Result<Vec<SettleOutcome>, ApiError> {
+        let mut out = Vec::new();
+        for (id, req) in batch.items {
+            out.push(match self.settle(&id, req).await {
+                Ok(s) => SettleOutcome::Done(s),
+                Err(error) => SettleOutcome::Failed { id, error },
+            });
+        }
+        Ok(out)
+    }
+
     async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError> {
         self.calls
             .borrow_mut()
@@ -920,6 +931,67 @@ fn settle_actions() {
     assert_eq!(
         r.json(),
         json!({"id": "x", "action": "ack", "state": "acknowledged"})
+    );
+}
+
+#[test]
+fn batch_settle() {
+    let body = r#"{"group": "g", "messages": [
+        {"id": "a", "generation": 7, "action": "ack"},
+        {"id": "b", "generation": 1, "action": "nack", "reason": "r"},
+        {"id": "unknown", "generation": 7, "action": "reject"}
+    ]}"#;
+    let (r, calls) = one("POST", "/v1/messages/ack", body);
+    assert_eq!(r.status, 200);
+    assert_eq!(calls.len(), 3);
+    let Call::Settle(id, req) = &calls[1] else {
+        panic!()
+    };
+    assert_eq!((id.as_str(), req.group.as_str(), req.generation), ("b", "g", 1));
+    assert_eq!(
+        r.json(),
+        json!({"messages": [
+            {"id": "a", "action": "ack", "state": "acknowledged"},
+            {"id": "b", "status": 409, "error": "stale_generation",
+             "message": "generation 1 is not the current lease (2)"},
+            {"id": "unknown", "status": 404, "error": "message_not_found",
+             "message": "message \"unknown\" does not exist"}
+        ]})
+    );
+    // Refused as a whole, before the service: empty, too many, malformed items.
+    refused(
+        "POST",
+        "/v1/messages/ack",
+        r#"{"messages": []}"#,
+        400,
+        "invalid_request",
+    );
+    refused("POST", "/v1/messages/ack", r#"{}"#, 400, "invalid_request");
+    let item = r#"{"id": "a", "generation": 7, "action": "ack"}"#;
+    let many = format!(r#"{{"messages": [{}]}}"#, vec![item; 1001].join(","));
+    let msg = refused("POST", "/v1/messages/ack", &many, 400, "invalid_request");
+    assert!(msg.contains("more than 1000"), "{msg}");
+    let msg = refused(
+        "POST",
+        "/v1/messages/ack",
+        r#"{"messages": [{"id": "a", "generation": 7, "action": "ack", "delay_ms": 5}]}"#,
+        400,
+        "invalid_request",
+    );
+    assert!(msg.contains("messages[0]"), "{msg}");
+    refused(
+        "POST",
+        "/v1/messages/ack",
+        r#"{"messages": [["a", 7, "ack"]]}"#,
+        400,
+        "invalid_request",
+    );
+    refused(
+        "POST",
+        "/v1/messages/ack",
+        r#"{"messages": [{"id": "", "generation": 7, "action": "ack"}]}"#,
+        400,
+        "invalid_request",
     );
 }
 

@@ -23,6 +23,8 @@ use strand_protocol::types::{validate_topic_name, Offset, PartitionId, TopicId};
 pub(crate) const MAX_PUBLISH_BATCH: usize = 1000;
 /// Most messages one lease request asks for.
 pub(crate) const MAX_LEASE_MESSAGES: u32 = 1000;
+/// Most items in one batch settle (`POST /v1/messages/ack`).
+pub(crate) const MAX_SETTLE_BATCH: usize = 1000;
 /// Longest long poll of a lease request.
 pub(crate) const MAX_WAIT_MS: u64 = 20_000;
 /// Shortest visibility timeout (1 s).
@@ -277,6 +279,35 @@ fn check_reason(reason: &Option<String>) -> Result<(), ApiError> {
 
 /// A JSON array of at most `MAX_PUBLISH_BATCH` items: the limit is enforced while decoding,
 /// so a body of a million tiny messages is refused before it is all in memory.
+/// `messages` of a batch settle: JSON objects (not arrays of fields), at most
+/// [`MAX_SETTLE_BATCH`] of them, bounded while decoding.
+fn bounded_settles<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SettleItemJson>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<SettleItemJson>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "an array of 1..={MAX_SETTLE_BATCH} settle items")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(object) = seq.next_element::<serde_json::Map<String, serde_json::Value>>()? {
+                if out.len() == MAX_SETTLE_BATCH {
+                    return Err(de::Error::custom(format!(
+                        "`messages` holds more than {MAX_SETTLE_BATCH} items"
+                    )));
+                }
+                let m = SettleItemJson::deserialize(serde_json::Value::Object(object))
+                    .map_err(|e| de::Error::custom(format!("messages[{}]: {e}", out.len())))?;
+                out.push(m);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(V)
+}
+
 fn bounded_messages<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<MessageJson>>, D::Error> {
     struct V;
     impl<'de> Visitor<'de> for V {
@@ -859,6 +890,87 @@ impl SettleBody {
             group: check_group(self.group)?,
             action,
         })
+    }
+}
+
+/// One item of `POST /v1/messages/ack`: a settle body plus the message id.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleItemJson {
+    id: String,
+    generation: u64,
+    action: SettleActionKind,
+    delay_ms: Option<u64>,
+    reason: Option<String>,
+    visibility_timeout_ms: Option<u64>,
+}
+
+/// The body of `POST /v1/messages/ack`: settles of many messages (any queues) in one request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettleBatchBody {
+    group: Option<String>,
+    #[serde(deserialize_with = "bounded_settles")]
+    messages: Vec<SettleItemJson>,
+}
+
+/// A batch settle, checked: one (message id, request) per item, in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SettleBatch {
+    pub(crate) items: Vec<(String, SettleRequest)>,
+}
+
+impl SettleBatchBody {
+    pub(crate) fn validate(self) -> Result<SettleBatch, ApiError> {
+        check(!self.messages.is_empty(), || {
+            format!("`messages` must hold 1..={MAX_SETTLE_BATCH} items")
+        })?;
+        let group = self.group;
+        let items = self
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                if m.id.is_empty() || m.id.len() > MAX_MESSAGE_ID_BYTES {
+                    return Err(ApiError::invalid_request(format!("messages[{i}]: invalid `id`")));
+                }
+                let req = SettleBody {
+                    generation: m.generation,
+                    action: m.action,
+                    group: group.clone(),
+                    delay_ms: m.delay_ms,
+                    reason: m.reason,
+                    visibility_timeout_ms: m.visibility_timeout_ms,
+                }
+                .validate()
+                .map_err(|e| ApiError::new(e.status, e.code, format!("messages[{i}]: {}", e.message)))?;
+                Ok((m.id, req))
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(SettleBatch { items })
+    }
+}
+
+/// One result of a batch settle: the settle's answer, or its error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SettleOutcome {
+    Done(Settled),
+    Failed { id: String, error: ApiError },
+}
+
+impl Serialize for SettleOutcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SettleOutcome::Done(settled) => settled.serialize(s),
+            SettleOutcome::Failed { id, error } => {
+                let mut m = s.serialize_map(Some(4))?;
+                m.serialize_entry("id", id)?;
+                m.serialize_entry("status", &error.status)?;
+                m.serialize_entry("error", error.code)?;
+                m.serialize_entry("message", &error.message)?;
+                m.end()
+            }
+        }
     }
 }
 
