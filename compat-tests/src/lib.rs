@@ -61,6 +61,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+pub mod queue_client;
+
 /// The repository root (the Cargo workspace root).
 pub fn repo_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -1,0 +1,639 @@
+//! A small blocking client of the HTTP queue API (docs/http-api.md) for the end-to-end tests.
+//!
+//! * [`HttpConn`]: one HTTP/1.1 keep-alive connection over `std::net::TcpStream`, requests with
+//!   `Content-Length` bodies, answers read by `Content-Length` (the broker always sends one). It
+//!   connects lazily and forgets its connection after any I/O error or a `Connection: close`
+//!   answer, so the next request connects again: a caller retries through a broker restart by
+//!   simply calling again. [`HttpConn::send_raw`] sends arbitrary bytes (malformed requests).
+//! * [`QueueClient`]: the queue endpoints with JSON bodies (`serde_json`) on top of it, answering
+//!   [`CallError::Io`] for a connection failure (the request may or may not have been applied)
+//!   and [`CallError::Status`] for an HTTP error answer (with the body's `error` code).
+//!
+//! No retries here: what a retry means (a publish with dedup tokens, an ack with the same
+//! generation) is the test's business.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Longest answer head the client accepts.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Largest answer body the client accepts.
+const MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
+
+/// An HTTP answer.
+#[derive(Clone, Debug)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Header lines in order, names as sent.
+    pub headers: Vec<(String, String)>,
+    /// The body (`Content-Length` bytes).
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first header of that name (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as (lossy) text, for messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| format!("answer {} is not JSON ({e}): {:?}", self.status, self.text()))
+    }
+
+    /// The `error` code of an error answer's JSON body.
+    pub fn error_code(&self) -> Option<String> {
+        self.json()
+            .ok()?
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    }
+
+    /// Whether the server said it closes the connection after this answer.
+    pub fn closes(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection to `addr`, (re)connected on demand.
+pub struct HttpConn {
+    addr: String,
+    stream: Option<BufReader<TcpStream>>,
+    read_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl HttpConn {
+    /// A connection to `addr` (`host:port`); nothing is connected until the first request.
+    /// The read timeout (default 60 s) bounds the wait for an answer.
+    pub fn new(addr: &str) -> HttpConn {
+        HttpConn {
+            addr: addr.to_owned(),
+            stream: None,
+            read_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The address this connection goes to.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// How long to wait for (each read of) an answer. Applies to the next connection too.
+    pub fn set_read_timeout(&mut self, timeout: Duration) {
+        self.read_timeout = timeout;
+        if let Some(s) = &self.stream {
+            let _ = s.get_ref().set_read_timeout(Some(timeout));
+        }
+    }
+
+    /// Whether a connection is currently open (as far as the client knows).
+    pub fn is_connected(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// Drops the connection (the server sees the peer close it).
+    pub fn disconnect(&mut self) {
+        if let Some(s) = self.stream.take() {
+            let _ = s.get_ref().shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn connect(&mut self) -> io::Result<&mut BufReader<TcpStream>> {
+        if self.stream.is_none() {
+            let mut last = io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} resolves to nothing", self.addr),
+            );
+            let addrs = std::net::ToSocketAddrs::to_socket_addrs(&self.addr.as_str())?;
+            for a in addrs {
+                match TcpStream::connect_timeout(&a, self.connect_timeout) {
+                    Ok(s) => {
+                        s.set_nodelay(true)?;
+                        s.set_read_timeout(Some(self.read_timeout))?;
+                        s.set_write_timeout(Some(Duration::from_secs(30)))?;
+                        self.stream = Some(BufReader::new(s));
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            if self.stream.is_none() {
+                return Err(last);
+            }
+        }
+        self.stream
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected"))
+    }
+
+    /// Sends one request with an optional body (`Content-Length`, `Content-Type:
+    /// application/json`) and reads its answer. On any I/O error the connection is dropped
+    /// (the next call connects again) and the error is returned: the request may or may not
+    /// have reached the server.
+    pub fn request(&mut self, method: &str, path: &str, body: Option<&[u8]>) -> io::Result<Response> {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        if let Some(b) = body {
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            ));
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        if let Some(b) = body {
+            bytes.extend_from_slice(b);
+        }
+        let result = self.exchange(&bytes, method == "HEAD");
+        self.settle_connection(&result);
+        result
+    }
+
+    /// Writes `bytes` as they are (a request of the caller's making, possibly malformed or with a
+    /// body the server refuses to read) and reads one answer. The bytes are written by a second
+    /// thread while this one reads, so an answer the server sends before reading everything (413
+    /// on `Content-Length`) is read even if the server then closes the connection.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<Response> {
+        let result = (|| {
+            let stream = self.connect()?;
+            let mut writer = stream.get_ref().try_clone()?;
+            let data = bytes.to_vec();
+            let handle = std::thread::spawn(move || {
+                let r = writer.write_all(&data).and_then(|()| writer.flush());
+                r.is_ok()
+            });
+            let r = read_response(stream, false);
+            let _ = handle.join();
+            r
+        })();
+        self.settle_connection(&result);
+        result
+    }
+
+    fn exchange(&mut self, bytes: &[u8], head_only: bool) -> io::Result<Response> {
+        let stream = self.connect()?;
+        stream.get_mut().write_all(bytes)?;
+        stream.get_mut().flush()?;
+        read_response(stream, head_only)
+    }
+
+    fn settle_connection(&mut self, result: &io::Result<Response>) {
+        match result {
+            Ok(r) if !r.closes() => {}
+            _ => self.disconnect(),
+        }
+    }
+}
+
+fn bad_data(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Reads one answer (skipping `100 Continue`).
+fn read_response(stream: &mut BufReader<TcpStream>, head_only: bool) -> io::Result<Response> {
+    loop {
+        let mut head_bytes = 0usize;
+        let mut status_line = String::new();
+        if stream.read_line(&mut status_line)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection before answering",
+            ));
+        }
+        head_bytes += status_line.len();
+        let mut parts = status_line.trim_end().splitn(3, ' ');
+        let version = parts.next().unwrap_or_default();
+        if !version.starts_with("HTTP/1.") {
+            return Err(bad_data(format!("bad status line {status_line:?}")));
+        }
+        let status: u16 = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad_data(format!("bad status line {status_line:?}")))?;
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            if stream.read_line(&mut line)? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection in an answer head",
+                ));
+            }
+            head_bytes += line.len();
+            if head_bytes > MAX_HEAD_BYTES {
+                return Err(bad_data("answer head too large"));
+            }
+            let line = line.trim_end_matches(['\r', '\n']);
+            if line.is_empty() {
+                break;
+            }
+            let (k, v) = line
+                .split_once(':')
+                .ok_or_else(|| bad_data(format!("bad header line {line:?}")))?;
+            headers.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+        if status == 100 {
+            continue;
+        }
+        let mut response = Response {
+            status,
+            headers,
+            body: Vec::new(),
+        };
+        if head_only {
+            return Ok(response);
+        }
+        if response
+            .header("transfer-encoding")
+            .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
+        {
+            return Err(bad_data("chunked answers are not supported by this client"));
+        }
+        let len: usize = match response.header("content-length") {
+            Some(v) => v
+                .parse()
+                .map_err(|_| bad_data(format!("bad Content-Length {v:?}")))?,
+            None => return Err(bad_data("an answer without Content-Length")),
+        };
+        if len > MAX_BODY_BYTES {
+            return Err(bad_data(format!("answer body of {len} bytes")));
+        }
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body)?;
+        response.body = body;
+        return Ok(response);
+    }
+}
+
+/// Why a queue API call failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The connection failed (refused, reset, closed, timed out): the request may or may not
+    /// have been applied.
+    Io(io::Error),
+    /// An HTTP error answer.
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// The body's `error` code (empty if the body had none).
+        code: String,
+        /// The whole body, as text.
+        body: String,
+    },
+    /// A success answer whose body is not what the contract says.
+    Decode(String),
+}
+
+impl CallError {
+    /// Whether this is a connection failure (worth retrying).
+    pub fn is_io(&self) -> bool {
+        matches!(self, CallError::Io(_))
+    }
+
+    /// `(status, code)` of an HTTP error answer.
+    pub fn status(&self) -> Option<(u16, &str)> {
+        match self {
+            CallError::Status { status, code, .. } => Some((*status, code.as_str())),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Io(e) => write!(f, "connection error: {e}"),
+            CallError::Status { status, body, .. } => write!(f, "HTTP {status}: {body}"),
+            CallError::Decode(e) => write!(f, "unexpected answer: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// One message to publish (`POST /v1/queues/{queue}/messages`).
+#[derive(Clone, Debug, Default)]
+pub struct OutMessage {
+    /// UTF-8 payload (`payload`).
+    pub payload: String,
+    /// `key`.
+    pub key: Option<String>,
+    /// `headers`.
+    pub headers: Vec<(String, String)>,
+    /// `delay_ms`.
+    pub delay_ms: Option<u64>,
+    /// `dedup_token`.
+    pub dedup_token: Option<String>,
+}
+
+impl OutMessage {
+    /// A message with this payload and nothing else.
+    pub fn new(payload: impl Into<String>) -> OutMessage {
+        OutMessage {
+            payload: payload.into(),
+            ..OutMessage::default()
+        }
+    }
+
+    /// With a key.
+    pub fn key(mut self, key: impl Into<String>) -> OutMessage {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// With a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> OutMessage {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// With a delay.
+    pub fn delay_ms(mut self, ms: u64) -> OutMessage {
+        self.delay_ms = Some(ms);
+        self
+    }
+
+    /// With a dedup token.
+    pub fn dedup_token(mut self, token: impl Into<String>) -> OutMessage {
+        self.dedup_token = Some(token.into());
+        self
+    }
+
+    /// The JSON object of this message.
+    pub fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("payload".into(), json!(self.payload));
+        if let Some(k) = &self.key {
+            m.insert("key".into(), json!(k));
+        }
+        if !self.headers.is_empty() {
+            let h: serde_json::Map<String, Value> =
+                self.headers.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+            m.insert("headers".into(), Value::Object(h));
+        }
+        if let Some(d) = self.delay_ms {
+            m.insert("delay_ms".into(), json!(d));
+        }
+        if let Some(t) = &self.dedup_token {
+            m.insert("dedup_token".into(), json!(t));
+        }
+        Value::Object(m)
+    }
+}
+
+/// One entry of a publish answer.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Published {
+    /// Message id.
+    pub id: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Whether the dedup token named an earlier message.
+    pub duplicate: bool,
+}
+
+/// One leased message.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Leased {
+    /// Message id.
+    pub id: String,
+    /// The lease's generation.
+    pub generation: u64,
+    /// Delivery count, 1 on the first delivery.
+    pub attempt: u32,
+    /// When the lease ends (broker clock, ms since the epoch).
+    pub lease_expires_at_ms: i64,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// When it was published (broker clock).
+    pub published_at_ms: i64,
+    /// Key, when UTF-8.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Payload, when UTF-8.
+    #[serde(default)]
+    pub payload: Option<String>,
+    /// Payload, always.
+    pub payload_base64: String,
+    /// UTF-8 headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Lease request options (`POST /v1/queues/{queue}/leases`).
+#[derive(Clone, Debug, Default)]
+pub struct LeaseOptions {
+    /// `max_messages`.
+    pub max_messages: Option<u32>,
+    /// `visibility_timeout_ms`.
+    pub visibility_timeout_ms: Option<u64>,
+    /// `wait_ms`.
+    pub wait_ms: Option<u64>,
+    /// `group`.
+    pub group: Option<String>,
+    /// `consumer`.
+    pub consumer: Option<String>,
+}
+
+impl LeaseOptions {
+    /// The JSON body.
+    pub fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        if let Some(v) = self.max_messages {
+            m.insert("max_messages".into(), json!(v));
+        }
+        if let Some(v) = self.visibility_timeout_ms {
+            m.insert("visibility_timeout_ms".into(), json!(v));
+        }
+        if let Some(v) = self.wait_ms {
+            m.insert("wait_ms".into(), json!(v));
+        }
+        if let Some(v) = &self.group {
+            m.insert("group".into(), json!(v));
+        }
+        if let Some(v) = &self.consumer {
+            m.insert("consumer".into(), json!(v));
+        }
+        Value::Object(m)
+    }
+}
+
+/// The answer of a settle (`POST /v1/messages/{id}/ack`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Settled {
+    /// Message id.
+    pub id: String,
+    /// The action.
+    pub action: String,
+    /// `acknowledged`, `available`, `delayed`, `dead_lettered` or `leased`.
+    pub state: String,
+    /// For `extend`.
+    #[serde(default)]
+    pub lease_expires_at_ms: Option<i64>,
+    /// For a delayed retry.
+    #[serde(default)]
+    pub available_at_ms: Option<i64>,
+    /// Deliveries so far (nack, reject).
+    #[serde(default)]
+    pub attempts: Option<u32>,
+}
+
+/// The queue API over one [`HttpConn`].
+pub struct QueueClient {
+    /// The connection (public for raw requests on the same connection).
+    pub conn: HttpConn,
+}
+
+/// Percent-encodes a path segment (everything but unreserved characters).
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl QueueClient {
+    /// A client of the queue API at `addr` (`host:port`, e.g. `Broker::http_addr()`).
+    pub fn new(addr: &str) -> QueueClient {
+        QueueClient {
+            conn: HttpConn::new(addr),
+        }
+    }
+
+    /// Sends a request with a JSON body (or none) and returns the answer whatever its status.
+    pub fn call(&mut self, method: &str, path: &str, body: Option<&Value>) -> Result<Response, CallError> {
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        self.conn
+            .request(method, path, bytes.as_deref())
+            .map_err(CallError::Io)
+    }
+
+    /// Like [`Self::call`], but an answer other than 2xx is a [`CallError::Status`], and the body
+    /// of a 2xx answer is returned as JSON.
+    pub fn call_ok(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), CallError> {
+        let r = self.call(method, path, body)?;
+        if !(200..300).contains(&r.status) {
+            return Err(CallError::Status {
+                status: r.status,
+                code: r.error_code().unwrap_or_default(),
+                body: r.text(),
+            });
+        }
+        let v = r.json().map_err(CallError::Decode)?;
+        Ok((r.status, v))
+    }
+
+    /// `PUT /v1/queues/{queue}`: `(status, queue as GET shows it)`.
+    pub fn put_queue(&mut self, queue: &str, settings: &Value) -> Result<(u16, Value), CallError> {
+        self.call_ok(
+            "PUT",
+            &format!("/v1/queues/{}", encode_segment(queue)),
+            Some(settings),
+        )
+    }
+
+    /// `GET /v1/queues/{queue}`.
+    pub fn get_queue(&mut self, queue: &str) -> Result<Value, CallError> {
+        self.call_ok("GET", &format!("/v1/queues/{}", encode_segment(queue)), None)
+            .map(|(_, v)| v)
+    }
+
+    /// `POST /v1/queues/{queue}/messages` with a batch under `messages`.
+    pub fn publish(&mut self, queue: &str, messages: &[OutMessage]) -> Result<Vec<Published>, CallError> {
+        let body = json!({ "messages": messages.iter().map(OutMessage::to_json).collect::<Vec<_>>() });
+        let (_, v) = self.call_ok(
+            "POST",
+            &format!("/v1/queues/{}/messages", encode_segment(queue)),
+            Some(&body),
+        )?;
+        let list: Vec<Published> = serde_json::from_value(v.get("messages").cloned().unwrap_or(Value::Null))
+            .map_err(|e| CallError::Decode(format!("publish answer: {e}: {v}")))?;
+        if list.len() != messages.len() {
+            return Err(CallError::Decode(format!(
+                "publish of {} messages answered {} entries: {v}",
+                messages.len(),
+                list.len()
+            )));
+        }
+        Ok(list)
+    }
+
+    /// `POST /v1/queues/{queue}/leases`.
+    pub fn lease(&mut self, queue: &str, opts: &LeaseOptions) -> Result<Vec<Leased>, CallError> {
+        let (_, v) = self.call_ok(
+            "POST",
+            &format!("/v1/queues/{}/leases", encode_segment(queue)),
+            Some(&opts.to_json()),
+        )?;
+        serde_json::from_value(v.get("messages").cloned().unwrap_or(Value::Null))
+            .map_err(|e| CallError::Decode(format!("lease answer: {e}: {v}")))
+    }
+
+    /// `POST /v1/messages/{id}/ack` with `body` (`generation`, `action`, ...).
+    pub fn settle(&mut self, id: &str, body: &Value) -> Result<Settled, CallError> {
+        let (_, v) = self.call_ok(
+            "POST",
+            &format!("/v1/messages/{}/ack", encode_segment(id)),
+            Some(body),
+        )?;
+        serde_json::from_value(v.clone()).map_err(|e| CallError::Decode(format!("settle answer: {e}: {v}")))
+    }
+
+    /// Acks `id` leased with `generation`.
+    pub fn ack(&mut self, id: &str, generation: u64) -> Result<Settled, CallError> {
+        self.settle(id, &json!({ "generation": generation, "action": "ack" }))
+    }
+
+    /// Nacks `id` leased with `generation`, with a reason (retry after the queue's backoff).
+    pub fn nack(&mut self, id: &str, generation: u64, reason: &str) -> Result<Settled, CallError> {
+        self.settle(
+            id,
+            &json!({ "generation": generation, "action": "nack", "reason": reason }),
+        )
+    }
+
+    /// `POST /v1/queues/{queue}/redrive`: how many messages moved.
+    pub fn redrive(&mut self, queue: &str, body: &Value) -> Result<u64, CallError> {
+        let (_, v) = self.call_ok(
+            "POST",
+            &format!("/v1/queues/{}/redrive", encode_segment(queue)),
+            Some(body),
+        )?;
+        v.get("redriven")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| CallError::Decode(format!("redrive answer: {v}")))
+    }
+}
