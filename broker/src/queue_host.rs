@@ -319,6 +319,8 @@ pub(crate) fn engine_config(settings: &QueueSettings, log: &LogSettings, primary
             Ordering::None
         },
         dedup_window_ms: if primary { settings.dedup_window_ms } else { 0 },
+        // The HTTP API's lease and settle batches (1..=1000) fit one partition.
+        max_lease_batch: 1_000,
         max_message_bytes: log.max_message_bytes.saturating_sub(BATCH_OVERHEAD_BYTES).max(1),
         ..d
     };
@@ -1411,7 +1413,11 @@ async fn dead_letter_append(
                 .iter()
                 .filter_map(|(k, v)| {
                     let k = std::str::from_utf8(k).ok()?;
-                    if context.iter().any(|(c, _)| *c == k) {
+                    // Publish bookkeeping stays behind; context headers are replaced.
+                    if k == HEADER_DELIVER_AT
+                        || k == HEADER_DEDUP_TOKEN
+                        || context.iter().any(|(c, _)| *c == k)
+                    {
                         return None;
                     }
                     Some((k.to_owned(), v.clone().unwrap_or_default()))
