@@ -61,7 +61,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-pub mod queue_client;
+/// The HTTP queue API client (shared with the queue benchmark).
+pub use strand_tools::queue_client;
 
 /// The repository root (the Cargo workspace root).
 pub fn repo_root() -> PathBuf {

@@ -20,6 +20,9 @@ pub struct ReadyFile {
     pub kafka: Vec<ReadyListener>,
     #[serde(default)]
     pub admin: Option<String>,
+    /// The HTTP queue API.
+    #[serde(default)]
+    pub http: Option<String>,
 }
 
 /// One Kafka listener in the ready file.
@@ -94,6 +97,8 @@ pub struct BrokerProcess {
     pub bootstrap: String,
     /// Strand's admin listener, if the ready file named one.
     pub admin: Option<String>,
+    /// Strand's HTTP queue API, if the ready file named one.
+    pub http: Option<String>,
     /// Where the broker's stdout and stderr go.
     pub log_path: PathBuf,
     /// The command line, for the report.
@@ -115,6 +120,8 @@ impl BrokerProcess {
             "listeners=PLAINTEXT://127.0.0.1:0".into(),
             "--override".into(),
             "strand.admin.listener=127.0.0.1:0".into(),
+            "--override".into(),
+            "strand.http.listener=127.0.0.1:0".into(),
             "--ready-file".into(),
             ready.display().to_string(),
         ];
@@ -142,6 +149,7 @@ impl BrokerProcess {
                         pid: parsed.pid,
                         bootstrap,
                         admin: parsed.admin.clone(),
+                        http: parsed.http.clone(),
                         log_path,
                         command,
                     });
@@ -199,6 +207,7 @@ impl BrokerProcess {
             pid,
             bootstrap: addr.to_string(),
             admin: None,
+            http: None,
             log_path,
             command,
         })

@@ -8,6 +8,8 @@
 //! * [`workload`]: the Kafka load itself, on `rdkafka` (produce, end-to-end, consume).
 //! * [`latency`]: HdrHistogram helpers and the percentile summary every report uses.
 //! * [`report`]: the JSON report and the human-readable table.
+//! * [`queue_client`]: a blocking HTTP/1.1 client of Strand's queue API (the queue benchmark and
+//!   the compatibility tests).
 //!
 //! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
 //! its Kafka listener, which is what makes side-by-side runs against a peer honest.
@@ -19,3 +21,4 @@ pub mod latency;
 pub mod raw;
 pub mod report;
 pub mod workload;
+pub mod queue_client;

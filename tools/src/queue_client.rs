@@ -1,4 +1,5 @@
-//! A small blocking client of the HTTP queue API (docs/http-api.md) for the end-to-end tests.
+//! A small blocking client of the HTTP queue API (docs/http-api.md): the end-to-end tests and
+//! the queue benchmark use it.
 //!
 //! * [`HttpConn`]: one HTTP/1.1 keep-alive connection over `std::net::TcpStream`, requests with
 //!   `Content-Length` bodies, answers read by `Content-Length` (the broker always sends one). It
