@@ -7,7 +7,7 @@
 //! records are appended to a local log and its state is touched by one thread.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use crate::group::{
     Action, GroupConfig, GroupCoordinator, GroupRequest, GroupResponse, RequestMeta, RequestToken,
     TopicMetadata,
 };
-use crate::metadata::{owner_shard, ClusterMetadata};
+use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta};
 use crate::shard::Shard;
 
 /// The internal topic of committed offsets and group state.
@@ -49,9 +49,38 @@ impl TopicMetadata for Topics {
     }
 }
 
+/// The partition count of `__consumer_offsets` to run with: the existing topic's. The setting
+/// `offsets.topic.num.partitions` only sizes the topic when it is created (Kafka reads the count
+/// of the existing topic at start-up too); a changed setting would otherwise map groups to other
+/// partitions and hide them. Called once at start-up, after the topic is ensured, to fix
+/// `Config::offsets_topic_num_partitions` for every shard.
+pub(crate) fn offsets_partitions_in_use(metadata: &ClusterMetadata, configured: u32) -> u32 {
+    let Some(existing) = metadata
+        .topic(OFFSETS_TOPIC)
+        .and_then(|t| u32::try_from(t.partitions).ok())
+    else {
+        return configured;
+    };
+    if existing != configured {
+        tracing::warn!(
+            configured,
+            existing,
+            "offsets.topic.num.partitions differs from the partition count of the existing \
+             {OFFSETS_TOPIC}; the setting only applies when the topic is created, so groups keep \
+             using {existing} partitions"
+        );
+    }
+    existing
+}
+
+/// The partition count of `__consumer_offsets` (see [`offsets_partitions_in_use`]).
+fn offsets_partitions(config: &Config) -> i32 {
+    i32::try_from(config.offsets_topic_num_partitions).unwrap_or(50)
+}
+
 pub(crate) fn group_config(config: &Config) -> GroupConfig {
     GroupConfig {
-        offsets_partitions: i32::try_from(config.offsets_topic_num_partitions).unwrap_or(50),
+        offsets_partitions: offsets_partitions(config),
         min_session_timeout_ms: config.group_min_session_timeout_ms,
         max_session_timeout_ms: config.group_max_session_timeout_ms,
         initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms,
@@ -68,10 +97,9 @@ pub(crate) fn group_config(config: &Config) -> GroupConfig {
 
 /// The shard that coordinates `group_id`.
 pub(crate) fn coordinator_shard(group_id: &str, config: &Config, shards: u16) -> ShardId {
-    let partitions = i32::try_from(config.offsets_topic_num_partitions).unwrap_or(50);
     owner_shard(
         OFFSETS_TOPIC,
-        crate::group::partition_for(group_id, partitions),
+        crate::group::partition_for(group_id, offsets_partitions(config)),
         shards,
     )
 }
@@ -180,8 +208,7 @@ impl GroupHost {
     pub(crate) async fn start(shard: &Rc<Shard>) {
         let Some(host) = shard.groups.as_ref() else { return };
         *host.shard.borrow_mut() = Rc::downgrade(shard);
-        let partitions = i32::try_from(shard.config.offsets_topic_num_partitions).unwrap_or(50);
-        for p in 0..partitions {
+        for p in 0..offsets_partitions(&shard.config) {
             host.load_partition(shard, p).await;
         }
         glommio::spawn_local(timer_loop(Rc::downgrade(shard))).detach();
@@ -216,6 +243,37 @@ impl GroupHost {
             );
         }
         self.run(shard, actions);
+        // Offsets of topics that no longer exist: a deletion whose tombstones were lost (a crash
+        // before they were durable, a failed write).
+        let topics = Topics(shard.metadata());
+        let (gone, actions) =
+            self.coordinator
+                .borrow_mut()
+                .remove_offsets_of_missing_topics(shard.now_ms(), p, &topics);
+        if !gone.is_empty() {
+            tracing::info!(partition = p, topics = ?gone, "removed committed offsets of deleted topics");
+        }
+        self.run(shard, actions);
+    }
+
+    /// A metadata change was published on this shard: the committed offsets of deleted topics go
+    /// (on every shard, since every shard coordinates some `__consumer_offsets` partitions).
+    pub(crate) fn metadata_committed(&self, shard: &Rc<Shard>, deltas: &[MetadataDelta]) {
+        let deleted: BTreeSet<String> = deltas
+            .iter()
+            .filter_map(|d| match d {
+                MetadataDelta::DeleteTopic { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        if deleted.is_empty() {
+            return;
+        }
+        let actions = self
+            .coordinator
+            .borrow_mut()
+            .topics_deleted(shard.now_ms(), &deleted);
+        self.run(shard, actions);
     }
 }
 
@@ -241,6 +299,49 @@ async fn timer_loop(shard: Weak<Shard>) {
         if host.coordinator.borrow().next_wake().is_some_and(|t| t <= now) {
             let actions = host.coordinator.borrow_mut().tick(now);
             host.run(&s, actions);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::NewTopic;
+
+    fn with_offsets_topic(partitions: i32) -> ClusterMetadata {
+        let mut md = ClusterMetadata::default();
+        let topic = NewTopic {
+            name: OFFSETS_TOPIC.to_owned(),
+            num_partitions: partitions,
+            replication_factor: -1,
+            assignments: vec![],
+            configs: vec![],
+        };
+        let delta = md
+            .plan_create(&topic, 1, 1, TopicId(uuid::Uuid::from_u128(1)))
+            .unwrap();
+        md.apply(&delta);
+        md
+    }
+
+    #[test]
+    fn groups_use_the_partition_count_of_the_existing_offsets_topic() {
+        // The setting changed after the topic was created: the topic's count wins, so groups keep
+        // their partitions.
+        assert_eq!(offsets_partitions_in_use(&with_offsets_topic(50), 10), 50);
+        assert_eq!(offsets_partitions_in_use(&with_offsets_topic(3), 50), 3);
+        assert_eq!(offsets_partitions_in_use(&with_offsets_topic(7), 7), 7);
+        // No topic yet: the setting sizes it.
+        assert_eq!(offsets_partitions_in_use(&ClusterMetadata::default(), 10), 10);
+
+        let mut config = Config::default();
+        config.offsets_topic_num_partitions = offsets_partitions_in_use(&with_offsets_topic(50), 10);
+        assert_eq!(group_config(&config).offsets_partitions, 50);
+        for g in ["hello", "my-group", "console-consumer-12345"] {
+            assert_eq!(
+                coordinator_shard(g, &config, 4),
+                owner_shard(OFFSETS_TOPIC, crate::group::partition_for(g, 50), 4)
+            );
         }
     }
 }

@@ -80,6 +80,9 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
     check_meta_properties(&log_dir, &config)?;
 
     let metadata = ensure_internal_topics(&log_dir, load_metadata(&log_dir)?, &config)?;
+    // Groups map to the partitions of __consumer_offsets as it exists, whatever the setting says now.
+    config.offsets_topic_num_partitions =
+        crate::group_host::offsets_partitions_in_use(&metadata, config.offsets_topic_num_partitions);
     let clock = SystemClock;
     // Crash recovery of acknowledged-but-unflushed batches, before anything else reads the logs.
     let report = block_on(replay_journals(

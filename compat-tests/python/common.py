@@ -5,11 +5,23 @@ Records travel as JSON: bytes are lowercase hex strings, null is null.
                       "headers": [[name, hex|null], ...], "timestamp": ms|null}
   record read:       {"partition", "offset", "key", "value", "headers", "timestamp"}
 A script prints exactly one JSON document on stdout; diagnostics go to stderr.
+
+Except the `group` command: a consumer-group member that streams events as JSON lines on stdout
+and stops at EOF on stdin (the protocol of strand_compat_tests::group, see GroupMember below):
+  {"ev": "assigned", "partitions": [...]}          whole current assignment, after each change
+  {"ev": "records", "records": [[p, offset, "value"], ...]}
+  {"ev": "committed", "offsets": [[p, next_offset], ...]}
+  {"ev": "commit_failed", "offsets": [...], "error": "..."}
+  {"ev": "error", "error": "..."}   {"ev": "note", "note": "..."}   {"ev": "closed"}
+Its --spec is a JSON object: {"bootstrap", "group", "topic", "config": {name: value},
+"commit_interval_ms", "freeze_commits_after": int|null}.
 """
 
 import argparse
 import json
 import sys
+import threading
+import time
 
 
 def unhex(v):
@@ -42,6 +54,10 @@ def parse_args(description):
     cons.add_argument("--ends", required=True,
                       help="partition=end_offset,... ; reads offsets start..end-1 of each")
     cons.add_argument("--timeout", type=float, default=60.0)
+    grp = sub.add_parser("group", help="a consumer-group member streaming JSON-line events until EOF on stdin")
+    grp.add_argument("--spec", required=True, help="the member spec as JSON (see the module docstring)")
+    sub.add_parser("groups-admin", help="group administration through the client's admin API; the "
+                                        "operations come as JSON on stdin (see the client script)")
     return p.parse_args()
 
 
@@ -84,3 +100,89 @@ def consumed(partition, offset, key, value, headers, timestamp):
         "headers": [[k, hexed(v)] for (k, v) in (headers or [])],
         "timestamp": timestamp,
     }
+
+
+class GroupMember:
+    """What both clients' group members share: the event stream, the stop signal (EOF on stdin),
+    the bookkeeping of consumed-but-uncommitted offsets and the commit discipline of
+    strand_compat_tests::group (commit every commit_interval_ms, on revocation, and on stop;
+    nothing once freeze_commits_after records were consumed). A client supplies
+    commit_offsets(dict partition -> next offset), raising on failure."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.topic = spec["topic"]
+        self.pending = {}
+        self.buffered = []
+        self.consumed = 0
+        self.frozen = False
+        self.assignment = None
+        self.out_lock = threading.Lock()
+        self.stop = threading.Event()
+        self.last_commit = time.time()
+        self.last_flush = time.time()
+
+        def wait_eof():
+            sys.stdin.read()
+            self.stop.set()
+        threading.Thread(target=wait_eof, daemon=True).start()
+
+    def emit(self, doc):
+        with self.out_lock:
+            sys.stdout.write(json.dumps(doc) + "\n")
+            sys.stdout.flush()
+
+    def flush_records(self):
+        if self.buffered:
+            self.emit({"ev": "records", "records": self.buffered})
+            self.buffered = []
+
+    def record(self, partition, offset, value):
+        self.buffered.append([partition, offset, (value or b"").decode("utf-8", "replace")])
+        self.pending[partition] = offset + 1
+        self.consumed += 1
+        limit = self.spec.get("freeze_commits_after")
+        if limit is not None and self.consumed >= limit and not self.frozen:
+            self.frozen = True
+            self.flush_records()
+            self.emit({"ev": "note", "note": "commits frozen"})
+
+    def set_assignment(self, partitions):
+        partitions = sorted(set(partitions))
+        if partitions != self.assignment:
+            self.flush_records()
+            self.assignment = partitions
+            self.emit({"ev": "assigned", "partitions": partitions})
+
+    def commit(self, only=None):
+        self.flush_records()
+        chosen = {p: o for p, o in self.pending.items() if only is None or p in only}
+        if only is not None:
+            for p in only:
+                self.pending.pop(p, None)
+        if self.frozen or not chosen:
+            return
+        pairs = [[p, o] for p, o in sorted(chosen.items())]
+        try:
+            self.commit_offsets(chosen)
+        except Exception as e:  # reported; the test decides
+            self.emit({"ev": "commit_failed", "offsets": pairs, "error": repr(e)})
+            return
+        for p, o in chosen.items():
+            if self.pending.get(p) == o:
+                del self.pending[p]
+        self.emit({"ev": "committed", "offsets": pairs})
+
+    def tick(self):
+        """Called after every poll: flushes records every 20 ms, commits every interval."""
+        now = time.time()
+        if now - self.last_flush >= 0.02 or len(self.buffered) >= 500:
+            self.flush_records()
+            self.last_flush = now
+        interval = self.spec.get("commit_interval_ms", 0) / 1000.0
+        if interval > 0 and now - self.last_commit >= interval:
+            self.commit()
+            self.last_commit = time.time()
+
+    def commit_offsets(self, offsets):
+        raise NotImplementedError

@@ -1,10 +1,15 @@
 """kafka-python (pure Python) client for the compatibility tests; see common.py for the I/O."""
 
+import json
 import sys
 import time
 
 import kafka
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka.admin import KafkaAdminClient
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 import common
 
@@ -90,8 +95,103 @@ def consume(args):
     return 0
 
 
+ASSIGNORS = {
+    "range": RangePartitionAssignor,
+    "roundrobin": RoundRobinPartitionAssignor,
+    "sticky": StickyPartitionAssignor,
+}
+
+
+def _kwarg(name, value):
+    if name == "partition_assignment_strategy":
+        return [ASSIGNORS[n.strip()] for n in value.split(",")]
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def group(args):
+    """A group member (see common.GroupMember): subscribe, poll, commit, close at EOF on stdin."""
+    spec = json.loads(args.spec)
+    member = common.GroupMember(spec)
+    kwargs = {k: _kwarg(k, v) for k, v in spec.get("config", {}).items()}
+    consumer = KafkaConsumer(
+        bootstrap_servers=spec["bootstrap"],
+        group_id=spec["group"],
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **kwargs,
+    )
+    owned = set()
+
+    def commit_offsets(offsets):
+        consumer.commit({TopicPartition(member.topic, p): OffsetAndMetadata(o, "", -1)
+                         for p, o in offsets.items()})
+    member.commit_offsets = commit_offsets
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            gone = {tp.partition for tp in revoked}
+            member.commit(gone)
+            owned.difference_update(gone)
+            member.set_assignment(owned)
+
+        def on_partitions_assigned(self, assigned):
+            owned.update(tp.partition for tp in assigned)
+            member.set_assignment(owned)
+
+    consumer.subscribe([member.topic], listener=Listener())
+    while not member.stop.is_set():
+        batch = consumer.poll(timeout_ms=50)
+        for tp, recs in sorted(batch.items(), key=lambda kv: kv[0].partition):
+            for m in recs:
+                member.record(m.partition, m.offset, m.value)
+        member.tick()
+    member.commit()
+    consumer.close(autocommit=False)
+    member.emit({"ev": "closed"})
+    return 0
+
+
+def _error_name(err):
+    """None for NoError, else the error class's name (e.g. GroupSubscribedToTopicError)."""
+    if err is None:
+        return None
+    cls = err if isinstance(err, type) else type(err)
+    return None if cls.__name__ == "NoError" else cls.__name__
+
+
+def groups_admin(args):
+    """KafkaAdminClient: {"bootstrap", "topic", "delete_offsets": [[group, partition], ...],
+    "delete_groups": [group, ...]} on stdin; answers {"delete_offsets": [{"group", "error"}],
+    "delete_groups": {group: error}} with error = null or the error class's name."""
+    req = common.read_input()
+    admin = KafkaAdminClient(bootstrap_servers=req["bootstrap"])
+    out = {"client": client_name(), "delete_offsets": [], "delete_groups": {}}
+    for group_id, partition in req.get("delete_offsets", []):
+        tp = TopicPartition(req["topic"], partition)
+        try:
+            res = admin.delete_group_offsets(group_id, [tp])
+            err = _error_name(res.get(tp))
+        except Exception as e:  # a top-level error
+            err = type(e).__name__
+        out["delete_offsets"].append({"group": group_id, "error": err})
+    if req.get("delete_groups"):
+        # kafka-python 3.0 answers {group_id: "OK" or the error class's name}.
+        for group_id, res in admin.delete_groups(req["delete_groups"]).items():
+            out["delete_groups"][group_id] = None if res == "OK" else res
+    admin.close()
+    common.emit(out)
+    return 0
+
+
 def main():
     args = common.parse_args(__doc__)
+    if args.command == "groups-admin":
+        return groups_admin(args)
+    if args.command == "group":
+        return group(args)
     return produce(args) if args.command == "produce" else consume(args)
 
 

@@ -23,12 +23,13 @@
 //!   version and client (in [`RequestMeta`]) and a view of topic metadata ([`TopicMetadata`]).
 //!   Responses are shaped for that version (fields a version lacks keep their defaults), so they
 //!   can be encoded as they are.
-//! - Ownership: [`partition_for`] (Kafka's `abs(groupId.hashCode()) % offsets.topic.num.partitions`)
-//!   gives a group's partition; the caller routes the request to the shard owning it. A group of a
-//!   partition this coordinator does not hold gets NOT_COORDINATOR; one of a partition being
-//!   loaded gets COORDINATOR_LOAD_IN_PROGRESS. Requests naming several groups (DescribeGroups,
-//!   DeleteGroups, OffsetFetch v8+, ConsumerGroupDescribe) are answered per group: split them by
-//!   owner and merge the answers; ListGroups lists this coordinator's groups only.
+//! - Ownership: [`partition_for`] (Kafka's `abs(groupId.hashCode()) % partitions`, with the
+//!   partition count of `__consumer_offsets` as it exists) gives a group's partition; the caller
+//!   routes the request to the shard owning it. A group of a partition this coordinator does not
+//!   hold gets NOT_COORDINATOR; one of a partition being loaded gets COORDINATOR_LOAD_IN_PROGRESS.
+//!   Requests naming several groups (DescribeGroups, DeleteGroups, OffsetFetch v8+,
+//!   ConsumerGroupDescribe) are answered per group: split them by owner and merge the answers;
+//!   ListGroups lists this coordinator's groups only.
 //! - Loading: [`GroupCoordinator::begin_load`], then [`GroupCoordinator::replay`] with the
 //!   partition's records in log order ([`records::batch_records`] extracts them from stored batches),
 //!   then [`GroupCoordinator::end_load`]. The last value of a key wins; a tombstone deletes it.
@@ -37,6 +38,10 @@
 //!   may hold changes the log does not): the partition then answers COORDINATOR_NOT_AVAILABLE
 //!   until it is loaded again from the log.
 //! - A client that disconnects: [`GroupCoordinator::cancel`] drops what waits for its token.
+//! - Deleted topics: [`GroupCoordinator::topics_deleted`] removes every group's committed offsets
+//!   of them (with tombstones), as Kafka's `onPartitionsDeleted` does; the caller reports each
+//!   deletion, and after a load the topics with offsets that no longer exist (a deletion whose
+//!   tombstones a crash or a failed write lost).
 //!
 //! ## What is stored
 //!
@@ -97,7 +102,8 @@ use timers::{TimerKey, Timers};
 /// Coordinator settings, with Kafka's names and defaults.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupConfig {
-    /// `offsets.topic.num.partitions`.
+    /// The partition count of `__consumer_offsets`: `offsets.topic.num.partitions` only sizes the
+    /// topic when it is created; groups map to the partitions of the topic as it exists.
     pub(crate) offsets_partitions: i32,
     /// `group.min.session.timeout.ms`.
     pub(crate) min_session_timeout_ms: i32,
@@ -248,6 +254,9 @@ struct PartitionState {
     status: PartitionStatus,
     /// Writes issued and not yet durable, in order.
     pending: BTreeSet<u64>,
+    /// Topics deleted while the partition was loading: their offsets, replayed from records written
+    /// before the deletion, are removed when the load ends.
+    deleted_topics: BTreeSet<String>,
 }
 
 /// A response that waits for writes to become durable.
@@ -472,6 +481,7 @@ impl GroupCoordinator {
             PartitionState {
                 status: PartitionStatus::Loading(BTreeMap::new(), LoadStats::default()),
                 pending: BTreeSet::new(),
+                deleted_topics: BTreeSet::new(),
             },
         );
     }
@@ -508,6 +518,7 @@ impl GroupCoordinator {
         else {
             return (LoadStats::default(), self.finish());
         };
+        let deleted_topics = std::mem::take(&mut state.deleted_topics);
         let mut decoded: Vec<(RecordKey, Bytes)> = Vec::with_capacity(map.len());
         for (k, v) in map {
             match RecordKey::decode(&k) {
@@ -523,6 +534,8 @@ impl GroupCoordinator {
                 stats.offsets += 1;
             }
         }
+        let removed = self.remove_topic_offsets(Some(partition), &deleted_topics);
+        stats.offsets = stats.offsets.saturating_sub(removed);
         let loaded: Vec<String> = self
             .groups
             .iter()
@@ -540,6 +553,49 @@ impl GroupCoordinator {
             );
         }
         (stats, self.finish())
+    }
+
+    /// Topics were deleted (Kafka's `onPartitionsDeleted`): every group's committed offsets of
+    /// their partitions are removed, with tombstones so that they stay removed after a restart. A
+    /// topic created again under the same name then starts without committed offsets, as in Kafka.
+    /// Partitions being loaded remove them when their load ends. A group left empty and without
+    /// offsets goes at the next retention check, as in Kafka.
+    pub(crate) fn topics_deleted(&mut self, now_ms: i64, topics: &BTreeSet<String>) -> Vec<Action> {
+        if !topics.is_empty() {
+            for state in self.partitions.values_mut() {
+                if matches!(state.status, PartitionStatus::Loading(..)) {
+                    state.deleted_topics.extend(topics.iter().cloned());
+                }
+            }
+            self.remove_topic_offsets(None, topics);
+        }
+        self.run_timers(now_ms);
+        self.finish()
+    }
+
+    /// After loading `partition`: the committed offsets of topics that no longer exist are removed
+    /// as in [`GroupCoordinator::topics_deleted`]. They are left by a deletion whose tombstones
+    /// were lost (a crash before they were durable, a failed write); OffsetCommit accepts existing
+    /// topics only, so no other offsets name a missing topic. Returns the topics removed.
+    pub(crate) fn remove_offsets_of_missing_topics(
+        &mut self,
+        now_ms: i64,
+        partition: i32,
+        topics: &dyn TopicMetadata,
+    ) -> (BTreeSet<String>, Vec<Action>) {
+        let missing: BTreeSet<String> = if self.check_partition_active(partition) {
+            self.groups
+                .values()
+                .filter(|g| g.partition == partition)
+                .flat_map(|g| g.offsets.keys().map(|(t, _)| t))
+                .filter(|t| topics.topic_by_name(t).is_none())
+                .cloned()
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let actions = self.topics_deleted(now_ms, &missing);
+        (missing, actions)
     }
 
     /// Gives up a partition (another coordinator takes it): its waiting requests get

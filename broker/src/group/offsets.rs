@@ -521,7 +521,55 @@ impl GroupCoordinator {
         }
     }
 
-    fn check_partition_active(&self, partition: i32) -> bool {
+    /// Removes the committed offsets of `topics` from the groups of active partitions (of
+    /// `partition` only, if given) and writes their tombstones; returns how many were removed.
+    pub(crate) fn remove_topic_offsets(
+        &mut self,
+        partition: Option<i32>,
+        topics: &BTreeSet<String>,
+    ) -> usize {
+        if topics.is_empty() {
+            return 0;
+        }
+        let mut removed = 0;
+        let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        let active: BTreeSet<i32> = self
+            .partitions
+            .keys()
+            .copied()
+            .filter(|p| partition.is_none_or(|only| only == *p) && self.check_partition_active(*p))
+            .collect();
+        for (id, entry) in self.groups.iter_mut() {
+            if !active.contains(&entry.partition) {
+                continue;
+            }
+            for topic in topics {
+                let keys: Vec<(String, i32)> = entry
+                    .offsets
+                    .range((topic.clone(), i32::MIN)..=(topic.clone(), i32::MAX))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for (topic, p) in keys {
+                    entry.offsets.remove(&(topic.clone(), p));
+                    removed += 1;
+                    by_partition
+                        .entry(entry.partition)
+                        .or_default()
+                        .push(records::tombstone(RecordKey::Offset {
+                            group: id.clone(),
+                            topic,
+                            partition: p,
+                        }));
+                }
+            }
+        }
+        for (partition, records) in by_partition {
+            self.write(partition, records);
+        }
+        removed
+    }
+
+    pub(crate) fn check_partition_active(&self, partition: i32) -> bool {
         matches!(
             self.partitions.get(&partition).map(|p| &p.status),
             Some(super::PartitionStatus::Active)

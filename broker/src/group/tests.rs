@@ -1958,3 +1958,219 @@ fn cancel_drops_parked_and_deferred_answers() {
     h.release_held();
     assert!(h.take(t).is_none());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Deleted topics
+
+/// OffsetCommit v9 of `offsets` (topic, partition, offset) for any group; the error codes.
+fn commit_to(h: &mut H, group: &str, member: &str, epoch: i32, offsets: &[(&str, i32, i64)]) -> Vec<i16> {
+    let req = OffsetCommitRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_generation_id_or_member_epoch(epoch)
+        .with_member_id(sb(member))
+        .with_topics(
+            offsets
+                .iter()
+                .map(|(t, p, o)| {
+                    OffsetCommitRequestTopic::default()
+                        .with_name(TopicName(sb(t)))
+                        .with_partitions(vec![OffsetCommitRequestPartition::default()
+                            .with_partition_index(*p)
+                            .with_committed_offset(*o)])
+                })
+                .collect(),
+        );
+    let t = h.send(ApiKey::OffsetCommit, 9, "c", GroupRequest::OffsetCommit(req));
+    h.commit_errors(t)
+}
+
+/// The committed offset of one partition for any group (-1: none).
+fn committed_of(h: &mut H, group: &str, topic: &str, partition: i32) -> i64 {
+    let req = OffsetFetchRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+            .with_name(TopicName(sb(topic)))
+            .with_partition_indexes(vec![partition])]));
+    let t = h.send(ApiKey::OffsetFetch, 7, "c", GroupRequest::OffsetFetch(req));
+    match h.take(t) {
+        Some(GroupResponse::OffsetFetch(r)) => {
+            assert_eq!(r.error_code, 0);
+            r.topics[0].partitions[0].committed_offset
+        }
+        other => panic!("fetch: {other:?}"),
+    }
+}
+
+/// A restart: a fresh coordinator loads every partition from what the log holds.
+fn restart(h: &mut H) {
+    let mut fresh = GroupCoordinator::new(config(), 9);
+    for p in 0..fresh.config.offsets_partitions {
+        fresh.begin_load(p);
+        fresh.replay(p, h.log.get(&p).cloned().unwrap_or_default());
+        let (stats, a) = fresh.end_load(h.now, p);
+        assert_eq!(stats.undecodable, 0);
+        assert!(!a.iter().any(|a| matches!(a, Action::Persist { .. })));
+    }
+    h.c = fresh;
+}
+
+/// The offset tombstones written to the log for `topic`, as (group, partition).
+fn offset_tombstones(h: &H, topic: &str) -> BTreeSet<(String, i32)> {
+    h.log
+        .values()
+        .flatten()
+        .filter(|r| r.value.is_none())
+        .filter_map(|r| match RecordKey::decode(&r.key) {
+            Ok(RecordKey::Offset {
+                group,
+                topic: t,
+                partition,
+            }) if t == topic => Some((group, partition)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn deleting_a_topic_deletes_the_offsets_of_every_kind_of_group() {
+    let mut h = H::new();
+    // A classic group with a member, a simple group (commits only) and a KIP-848 group.
+    let (ids, gen) = stable_group(&mut h, 1);
+    assert_eq!(
+        commit_to(
+            &mut h,
+            GROUP,
+            &ids[0],
+            gen,
+            &[("orders", 0, 10), ("orders", 5, 15), ("audit", 0, 1)]
+        ),
+        vec![0, 0, 0]
+    );
+    assert_eq!(
+        commit_to(&mut h, "simple", "", -1, &[("orders", 2, 20), ("audit", 1, 2)]),
+        vec![0, 0]
+    );
+    let mut sim = Sim::new(&mut h, "cg");
+    sim.join(&mut h, "c1");
+    sim.heartbeat_all(&mut h);
+    let (member, epoch) = (sim.clients[0].member_id.clone(), sim.clients[0].epoch);
+    assert_eq!(
+        commit_to(
+            &mut h,
+            "cg",
+            &member,
+            epoch,
+            &[("orders", 1, 30), ("audit", 2, 3)]
+        ),
+        vec![0, 0]
+    );
+
+    // The topic goes from the metadata, then the coordinator hears of it.
+    h.topics.0.remove("orders");
+    let a = h.c.topics_deleted(h.now, &BTreeSet::from(["orders".to_string()]));
+    h.process(a);
+    for (group, p) in [(GROUP, 0), (GROUP, 5), ("simple", 2), ("cg", 1)] {
+        assert_eq!(committed_of(&mut h, group, "orders", p), -1, "{group} orders-{p}");
+    }
+    for (group, p, o) in [(GROUP, 0, 1), ("simple", 1, 2), ("cg", 2, 3)] {
+        assert_eq!(committed_of(&mut h, group, "audit", p), o, "{group} audit-{p}");
+    }
+    assert_eq!(
+        offset_tombstones(&h, "orders"),
+        BTreeSet::from([
+            (GROUP.to_string(), 0),
+            (GROUP.to_string(), 5),
+            ("simple".to_string(), 2),
+            ("cg".to_string(), 1)
+        ]),
+        "a tombstone per deleted offset"
+    );
+    assert!(offset_tombstones(&h, "audit").is_empty());
+    // The groups themselves stay (the members are still there).
+    assert_eq!(h.group_state(), Some("Stable"));
+    assert!(h.c.groups.contains_key("cg"));
+
+    // After a restart the offsets stay deleted, and the topic created again has none.
+    restart(&mut h);
+    h.topics.0.insert("orders".to_string(), (tid(9), 6));
+    for (group, p) in [(GROUP, 0), (GROUP, 5), ("simple", 2), ("cg", 1)] {
+        assert_eq!(
+            committed_of(&mut h, group, "orders", p),
+            -1,
+            "{group} orders-{p} after a restart"
+        );
+    }
+    assert_eq!(committed_of(&mut h, "cg", "audit", 2), 3);
+}
+
+#[test]
+fn a_topic_deleted_while_a_partition_loads_loses_its_offsets_when_the_load_ends() {
+    let mut h = H::new();
+    assert_eq!(
+        commit_to(&mut h, GROUP, "", -1, &[("orders", 0, 10), ("audit", 0, 1)]),
+        vec![0, 0]
+    );
+    let p = h.c.partition_of(GROUP);
+    // The partition is being loaded again (after a failed write) when the topic is deleted: the
+    // records read so far, and those still to come, hold the topic's offsets.
+    let log = h.log.get(&p).cloned().unwrap_or_default();
+    h.c.begin_load(p);
+    h.c.replay(p, log[..1].to_vec());
+    h.topics.0.remove("orders");
+    let a = h.c.topics_deleted(h.now, &BTreeSet::from(["orders".to_string()]));
+    h.process(a);
+    h.c.replay(p, log[1..].to_vec());
+    let (stats, a) = h.c.end_load(h.now, p);
+    h.process(a);
+    assert_eq!(stats.offsets, 1, "only the offset of audit is loaded");
+    assert_eq!(committed_of(&mut h, GROUP, "orders", 0), -1);
+    assert_eq!(committed_of(&mut h, GROUP, "audit", 0), 1);
+    assert_eq!(
+        offset_tombstones(&h, "orders"),
+        BTreeSet::from([(GROUP.to_string(), 0)])
+    );
+    restart(&mut h);
+    h.topics.0.insert("orders".to_string(), (tid(9), 6));
+    assert_eq!(committed_of(&mut h, GROUP, "orders", 0), -1);
+    assert_eq!(committed_of(&mut h, GROUP, "audit", 0), 1);
+}
+
+#[test]
+fn a_load_removes_the_offsets_of_topics_deleted_before_their_tombstones_were_durable() {
+    let mut h = H::new();
+    assert_eq!(
+        commit_to(&mut h, GROUP, "", -1, &[("orders", 0, 10), ("audit", 0, 1)]),
+        vec![0, 0]
+    );
+    assert_eq!(commit_to(&mut h, "other", "", -1, &[("orders", 3, 7)]), vec![0]);
+    // The topic is deleted and the broker crashes before the tombstones are written: the log
+    // still holds the offsets.
+    h.topics.0.remove("orders");
+    restart(&mut h);
+    let mut removed = BTreeSet::new();
+    for p in 0..h.c.config.offsets_partitions {
+        let (gone, a) = h.c.remove_offsets_of_missing_topics(h.now, p, &h.topics);
+        h.process(a);
+        removed.extend(gone);
+    }
+    assert_eq!(removed, BTreeSet::from(["orders".to_string()]));
+    assert_eq!(
+        offset_tombstones(&h, "orders"),
+        BTreeSet::from([(GROUP.to_string(), 0), ("other".to_string(), 3)])
+    );
+    // The topic created again has no committed offsets, now or after another restart.
+    h.topics.0.insert("orders".to_string(), (tid(9), 6));
+    assert_eq!(committed_of(&mut h, GROUP, "orders", 0), -1);
+    assert_eq!(committed_of(&mut h, "other", "orders", 3), -1);
+    assert_eq!(committed_of(&mut h, GROUP, "audit", 0), 1);
+    restart(&mut h);
+    assert_eq!(committed_of(&mut h, GROUP, "orders", 0), -1);
+    assert_eq!(committed_of(&mut h, "other", "orders", 3), -1);
+    // Offsets of existing topics are left alone.
+    for p in 0..h.c.config.offsets_partitions {
+        let (gone, a) = h.c.remove_offsets_of_missing_topics(h.now, p, &h.topics);
+        assert!(gone.is_empty());
+        assert!(!a.iter().any(|a| matches!(a, Action::Persist { .. })));
+    }
+    assert_eq!(committed_of(&mut h, GROUP, "audit", 0), 1);
+}

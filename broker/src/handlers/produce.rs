@@ -29,6 +29,24 @@ enum Slot {
     Sent(ShardId, usize),
 }
 
+/// Kafka's internal topics (`Topic.INTERNAL_TOPICS`). Only the broker writes them: a record a
+/// client appended to `__consumer_offsets` would be replayed by the group coordinator at the
+/// next start. Kafka refuses such produces with INVALID_TOPIC_EXCEPTION, except from its own
+/// admin client's id (`__admin_client`), which any client can claim; Strand refuses them all.
+/// The coordinator appends through the store, not through Produce.
+const INTERNAL_TOPICS: [&str; 3] = [
+    crate::group_host::OFFSETS_TOPIC,
+    "__transaction_state",
+    "__share_group_state",
+];
+
+/// Why a client may not produce to `topic`, if it may not.
+fn refuse_client_append(topic: &str) -> Option<String> {
+    INTERNAL_TOPICS
+        .contains(&topic)
+        .then(|| format!("Cannot append to internal topic {topic}"))
+}
+
 fn check_timestamps(settings: &LogSettings, base: i64, max: i64, now: i64) -> Result<(), String> {
     if settings.timestamp_type != TimestampType::CreateTime {
         return Ok(());
@@ -76,6 +94,7 @@ impl Handler for Produce {
                 (n, m)
             };
             let settings = meta.and_then(|m| shard.topic_settings(&m.name));
+            let refused = meta.and_then(|m| refuse_client_append(&m.name));
             let mut slots = Vec::with_capacity(topic.partition_data.len());
             for p in topic.partition_data {
                 let fail = |e: ResponseError, m: Option<String>| Slot::Done(ProduceOutcome::error(e, m));
@@ -89,6 +108,9 @@ impl Handler for Produce {
                 } else {
                     match (meta, &settings) {
                         (None, _) if ctx.version >= 13 => fail(ResponseError::UnknownTopicId, None),
+                        (Some(m), Some(_)) if refused.is_some() && p.index >= 0 && p.index < m.partitions => {
+                            fail(ResponseError::InvalidTopicException, refused.clone())
+                        }
                         (Some(m), Some(settings)) if p.index >= 0 && p.index < m.partitions => {
                             let records = p.records.unwrap_or_default();
                             match validate_produce_batch(&records, settings.max_message_bytes as usize) {
@@ -214,6 +236,24 @@ impl Handler for Produce {
             for p in &t.partition_responses {
                 out.push(p.error_code);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_may_not_append_to_internal_topics() {
+        for topic in ["__consumer_offsets", "__transaction_state", "__share_group_state"] {
+            assert_eq!(
+                refuse_client_append(topic).as_deref(),
+                Some(format!("Cannot append to internal topic {topic}").as_str())
+            );
+        }
+        for topic in ["orders", "__consumer_offsets2", "_consumer_offsets", "__my_topic"] {
+            assert_eq!(refuse_client_append(topic), None, "{topic}");
         }
     }
 }
