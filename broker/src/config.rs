@@ -24,11 +24,16 @@
 
 mod entry;
 mod env;
+mod group;
 mod listeners;
 mod properties;
 mod topic;
 
 pub use entry::{ConfigEntry, ConfigSource, ConfigType};
+pub use group::{
+    parse_auto_offset_reset, parse_iso_duration, AutoOffsetReset, GroupConfig, GroupConfigError,
+    IsolationLevel, ShareSettings,
+};
 pub use listeners::{HostPort, Listener, SecurityProtocol};
 pub use topic::{
     CleanupPolicy, CompressionType, LogSettings, QueueSettings, TimestampType, TopicConfig, TopicConfigError,
@@ -213,6 +218,26 @@ pub struct Config {
     pub group_consumer_session_timeout_ms: i32,
     /// `group.consumer.heartbeat.interval.ms`.
     pub group_consumer_heartbeat_interval_ms: i32,
+    /// `group.share.session.timeout.ms`: session timeout of share group members.
+    pub group_share_session_timeout_ms: i32,
+    /// `group.share.heartbeat.interval.ms`: heartbeat interval of share group members.
+    pub group_share_heartbeat_interval_ms: i32,
+    /// `group.share.max.size`: members of a share group.
+    pub group_share_max_size: u32,
+    /// `group.share.record.lock.duration.ms`: default acquisition lock of a share group record.
+    pub group_share_record_lock_duration_ms: i32,
+    /// `group.share.min.record.lock.duration.ms`: lowest `share.record.lock.duration.ms` allowed.
+    pub group_share_min_record_lock_duration_ms: i32,
+    /// `group.share.max.record.lock.duration.ms`: highest `share.record.lock.duration.ms` allowed.
+    pub group_share_max_record_lock_duration_ms: i32,
+    /// `group.share.delivery.count.limit`: default delivery attempts of a share group record.
+    pub group_share_delivery_count_limit: i32,
+    /// `group.share.partition.max.record.locks`: default records acquired at once per
+    /// share-partition.
+    pub group_share_partition_max_record_locks: i32,
+    /// `errors.deadletterqueue.topic.name.prefix` (KIP-1191): a share group's dead-letter topic
+    /// must start with it.
+    pub errors_deadletterqueue_topic_name_prefix: String,
     /// `offsets.retention.check.interval.ms`.
     pub offsets_retention_check_interval_ms: i64,
     /// `offset.metadata.max.bytes`: longest metadata string of a committed offset.
@@ -320,6 +345,15 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("group.consumer.max.size", Int, Text("10000"), "Most members of a consumer (KIP-848) group."),
     key("group.consumer.session.timeout.ms", Int, Text("45000"), "Session timeout of KIP-848 members."),
     key("group.consumer.heartbeat.interval.ms", Int, Text("5000"), "Heartbeat interval of KIP-848 members."),
+    key("group.share.session.timeout.ms", Int, Text("45000"), "Session timeout of share group members."),
+    key("group.share.heartbeat.interval.ms", Int, Text("5000"), "Heartbeat interval of share group members."),
+    key("group.share.max.size", Int, Text("200"), "Most members of a share group."),
+    key("group.share.record.lock.duration.ms", Int, Text("30000"), "Default acquisition lock of a share group record."),
+    key("group.share.min.record.lock.duration.ms", Int, Text("15000"), "Lowest share.record.lock.duration.ms allowed."),
+    key("group.share.max.record.lock.duration.ms", Int, Text("60000"), "Highest share.record.lock.duration.ms allowed."),
+    key("group.share.delivery.count.limit", Int, Text("5"), "Default delivery attempts of a share group record."),
+    key("group.share.partition.max.record.locks", Int, Text("2000"), "Default records acquired at once per share-partition."),
+    key("errors.deadletterqueue.topic.name.prefix", Str, Text("dlq."), "Required prefix of share group dead-letter topics."),
     key("offsets.retention.check.interval.ms", Long, Text("600000"), "How often expired offsets are removed."),
     key("offset.metadata.max.bytes", Int, Text("4096"), "Longest metadata string of a committed offset."),
     key(
@@ -881,6 +915,61 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let group_consumer_max_size = r.int("group.consumer.max.size", 1, I32_MAX)?;
     let group_consumer_session_timeout_ms = r.int("group.consumer.session.timeout.ms", 1, I32_MAX)?;
     let group_consumer_heartbeat_interval_ms = r.int("group.consumer.heartbeat.interval.ms", 1, I32_MAX)?;
+    let group_share_session_timeout_ms: i32 = r.int("group.share.session.timeout.ms", 1, I32_MAX)?;
+    let group_share_heartbeat_interval_ms: i32 = r.int("group.share.heartbeat.interval.ms", 1, I32_MAX)?;
+    if group_share_heartbeat_interval_ms >= group_share_session_timeout_ms {
+        return Err(if r.explicit.contains_key("group.share.heartbeat.interval.ms") {
+            r.blame(
+                "group.share.heartbeat.interval.ms",
+                format!(
+                    "must be less than group.share.session.timeout.ms ({group_share_session_timeout_ms})"
+                ),
+            )
+        } else {
+            r.blame(
+                "group.share.session.timeout.ms",
+                format!(
+                    "must be greater than group.share.heartbeat.interval.ms ({group_share_heartbeat_interval_ms})"
+                ),
+            )
+        });
+    }
+    let group_share_max_size = r.int("group.share.max.size", 1, 1000)?;
+    let group_share_min_record_lock_duration_ms: i32 =
+        r.int("group.share.min.record.lock.duration.ms", 1000, 30_000)?;
+    let group_share_max_record_lock_duration_ms: i32 =
+        r.int("group.share.max.record.lock.duration.ms", 30_000, 3_600_000)?;
+    let group_share_record_lock_duration_ms: i32 =
+        r.int("group.share.record.lock.duration.ms", 1000, 3_600_000)?;
+    if group_share_record_lock_duration_ms < group_share_min_record_lock_duration_ms
+        || group_share_record_lock_duration_ms > group_share_max_record_lock_duration_ms
+    {
+        return Err(r.blame(
+            "group.share.record.lock.duration.ms",
+            format!(
+                "must be between group.share.min.record.lock.duration.ms ({group_share_min_record_lock_duration_ms}) \
+                 and group.share.max.record.lock.duration.ms ({group_share_max_record_lock_duration_ms})"
+            ),
+        ));
+    }
+    let group_share_delivery_count_limit = r.int("group.share.delivery.count.limit", 2, 10)?;
+    let group_share_partition_max_record_locks =
+        r.int("group.share.partition.max.record.locks", 100, 10_000)?;
+    let errors_deadletterqueue_topic_name_prefix =
+        r.required("errors.deadletterqueue.topic.name.prefix", |s| {
+            if s.len() > 200
+                || !s
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+            {
+                Err(
+                    "expected a topic name prefix: ASCII alphanumerics, '.', '_' and '-', at most 200"
+                        .to_string(),
+                )
+            } else {
+                Ok((s.to_string(), s.to_string()))
+            }
+        })?;
     let offsets_retention_check_interval_ms = r.int("offsets.retention.check.interval.ms", 1, i64::MAX)?;
     let offset_metadata_max_bytes = r.int("offset.metadata.max.bytes", 0, I32_MAX)?;
     let max_producers_per_partition = r.int("strand.max.producers.per.partition", 1, I32_MAX)?;
@@ -981,6 +1070,15 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         group_consumer_max_size,
         group_consumer_session_timeout_ms,
         group_consumer_heartbeat_interval_ms,
+        group_share_session_timeout_ms,
+        group_share_heartbeat_interval_ms,
+        group_share_max_size,
+        group_share_record_lock_duration_ms,
+        group_share_min_record_lock_duration_ms,
+        group_share_max_record_lock_duration_ms,
+        group_share_delivery_count_limit,
+        group_share_partition_max_record_locks,
+        errors_deadletterqueue_topic_name_prefix,
         offsets_retention_check_interval_ms,
         offset_metadata_max_bytes,
         explicit: r.explicit,

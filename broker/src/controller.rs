@@ -46,8 +46,54 @@ pub(crate) enum ControllerOp {
         replace: bool,
         validate_only: bool,
     },
+    /// Edit a group's config overrides (resource type GROUP): IncrementalAlterConfigs, or
+    /// AlterConfigs with `replace`. The group need not exist (Kafka allows configuring a group
+    /// before its first member joins).
+    AlterGroupConfig {
+        group: String,
+        edits: Vec<ConfigEdit>,
+        replace: bool,
+        validate_only: bool,
+    },
     /// A new idempotent producer id (InitProducerId).
     AllocateProducerId,
+}
+
+/// Most groups with config overrides (a bound, not a Kafka limit).
+pub(crate) const MAX_GROUP_CONFIGS: usize = 10_000;
+
+/// Applies edits to a group config and checks the result against the broker's bounds; Kafka's
+/// error messages on failure. No group config is a list, so APPEND and SUBTRACT are refused.
+pub(crate) fn apply_group_edits(
+    current: &crate::config::GroupConfig,
+    edits: &[ConfigEdit],
+    replace: bool,
+    broker: &crate::config::Config,
+) -> Result<crate::config::GroupConfig, AdminError> {
+    let invalid = |m: String| AdminError::new(ResponseError::InvalidConfig, m);
+    let mut config = if replace {
+        crate::config::GroupConfig::default()
+    } else {
+        current.clone()
+    };
+    for e in edits {
+        match e {
+            ConfigEdit::Set(k, v) => config.set(k, v).map_err(|e| invalid(e.to_string()))?,
+            ConfigEdit::Delete(k) => {
+                config.remove(k).map_err(|e| invalid(e.to_string()))?;
+            }
+            ConfigEdit::Append(k, _) | ConfigEdit::Subtract(k, _) => {
+                if !crate::config::GroupConfig::is_known_key(k) {
+                    return Err(invalid(format!("Unknown group config name: {k}")));
+                }
+                return Err(invalid(format!(
+                    "Config value append/subtract is not allowed for config key {k}, which is not a list"
+                )));
+            }
+        }
+    }
+    config.check_bounds(broker).map_err(|e| invalid(e.to_string()))?;
+    Ok(config)
 }
 
 /// CreatePartitions entry: topic, new total count, optional replica assignments.
@@ -196,7 +242,8 @@ impl Controller {
         let validate_only = match &op {
             ControllerOp::CreateTopics { validate_only, .. }
             | ControllerOp::CreatePartitions { validate_only, .. }
-            | ControllerOp::AlterTopicConfig { validate_only, .. } => *validate_only,
+            | ControllerOp::AlterTopicConfig { validate_only, .. }
+            | ControllerOp::AlterGroupConfig { validate_only, .. } => *validate_only,
             ControllerOp::DeleteTopics { .. } | ControllerOp::AllocateProducerId => false,
         };
         match op {
@@ -304,6 +351,56 @@ impl Controller {
             }
             // Answered above, before any topic work.
             ControllerOp::AllocateProducerId => {}
+            ControllerOp::AlterGroupConfig {
+                group,
+                edits,
+                replace,
+                ..
+            } => {
+                let current = scratch.group_config(&group).cloned().unwrap_or_default();
+                let result = if group.is_empty() {
+                    Err(AdminError::new(
+                        ResponseError::InvalidRequest,
+                        "Group name must not be empty.",
+                    ))
+                } else {
+                    apply_group_edits(&current, &edits, replace, &shard.config).and_then(|config| {
+                        let adds = current.is_empty() && !config.is_empty();
+                        if adds && scratch.group_config_count() >= MAX_GROUP_CONFIGS {
+                            Err(AdminError::new(
+                                ResponseError::PolicyViolation,
+                                format!("At most {MAX_GROUP_CONFIGS} groups may have config overrides."),
+                            ))
+                        } else {
+                            Ok(config)
+                        }
+                    })
+                };
+                match result {
+                    Ok(config) => {
+                        if config != current {
+                            let delta = MetadataDelta::SetGroupConfig {
+                                group: group.clone(),
+                                config,
+                            };
+                            scratch.apply(&delta);
+                            deltas.push(delta);
+                        }
+                        results.push(TopicResult {
+                            name: Some(group),
+                            id: TopicId::ZERO,
+                            error: None,
+                            topic: None,
+                        });
+                    }
+                    Err(e) => results.push(TopicResult {
+                        name: Some(group),
+                        id: TopicId::ZERO,
+                        error: Some(e),
+                        topic: None,
+                    }),
+                }
+            }
             ControllerOp::AlterTopicConfig {
                 name, edits, replace, ..
             } => {
@@ -397,5 +494,78 @@ pub(crate) async fn call(shard: &Rc<Shard>, op: ControllerOp) -> ControllerReply
     match reply {
         Ok(crate::ops::ShardResponse::Controller(r)) => r,
         _ => ControllerReply::not_controller(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, GroupConfig};
+
+    fn set(k: &str, v: &str) -> ConfigEdit {
+        ConfigEdit::Set(k.into(), v.into())
+    }
+
+    #[test]
+    fn group_config_edits() {
+        let broker = Config::default();
+        let none = GroupConfig::default();
+        let g = apply_group_edits(
+            &none,
+            &[
+                set("share.record.lock.duration.ms", "20000"),
+                set("share.delivery.count.limit", "3"),
+            ],
+            false,
+            &broker,
+        )
+        .unwrap();
+        assert_eq!(g.get("share.record.lock.duration.ms"), Some("20000"));
+        // Incremental: other overrides stay; DELETE removes one.
+        let g2 = apply_group_edits(
+            &g,
+            &[ConfigEdit::Delete("share.delivery.count.limit".into())],
+            false,
+            &broker,
+        )
+        .unwrap();
+        assert_eq!(
+            g2.overrides(),
+            vec![("share.record.lock.duration.ms", "20000".to_string())]
+        );
+        // Replace (legacy AlterConfigs): only what is set survives.
+        let g3 = apply_group_edits(&g, &[set("share.auto.offset.reset", "earliest")], true, &broker).unwrap();
+        assert_eq!(
+            g3.overrides(),
+            vec![("share.auto.offset.reset", "earliest".to_string())]
+        );
+        // Errors: INVALID_CONFIG with Kafka's wording.
+        let fail = |edits: &[ConfigEdit]| apply_group_edits(&none, edits, false, &broker).unwrap_err();
+        let e = fail(&[set("no.such.key", "1")]);
+        assert_eq!(e.code, ResponseError::InvalidConfig);
+        assert_eq!(e.message, "Unknown group config name: no.such.key");
+        let e = fail(&[ConfigEdit::Append(
+            "share.delivery.count.limit".into(),
+            "3".into(),
+        )]);
+        assert!(e
+            .message
+            .contains("not allowed for config key share.delivery.count.limit"));
+        let e = fail(&[ConfigEdit::Subtract("nope".into(), "3".into())]);
+        assert_eq!(e.message, "Unknown group config name: nope");
+        let e = fail(&[set("share.record.lock.duration.ms", "70000")]);
+        assert_eq!(e.code, ResponseError::InvalidConfig);
+        assert!(e.message.contains("group.share.max.record.lock.duration.ms"));
+        let e = fail(&[set("errors.deadletterqueue.topic.name", "orders-dlq")]);
+        assert!(e.message.contains("must start with"));
+        // Deleting an override that is not there is fine.
+        assert!(apply_group_edits(
+            &none,
+            &[ConfigEdit::Delete("share.isolation.level".into())],
+            false,
+            &broker
+        )
+        .unwrap()
+        .is_empty());
     }
 }

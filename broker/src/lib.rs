@@ -27,3 +27,6 @@ mod queue_service;
 mod router;
 pub mod server;
 mod shard;
+mod share;
+mod share_door;
+mod share_session;

@@ -1,4 +1,5 @@
-//! Cluster metadata: topics, their ids, partition counts and config overrides.
+//! Cluster metadata: topics, their ids, partition counts and config overrides, and the config
+//! overrides of groups (resource type GROUP).
 //!
 //! Sans-I/O: the controller validates admin operations against a [`ClusterMetadata`] and turns
 //! them into [`MetadataDelta`]s; every shard applies the same deltas to its own replica. The
@@ -11,7 +12,7 @@ use kafka_protocol::ResponseError;
 use serde::{Deserialize, Serialize};
 use strand_protocol::types::{validate_topic_name, ShardId, TopicId};
 
-use crate::config::TopicConfig;
+use crate::config::{GroupConfig, TopicConfig};
 
 /// Most partitions a topic may have (a bound, not a Kafka limit).
 pub const MAX_PARTITIONS_PER_TOPIC: i32 = 100_000;
@@ -38,9 +39,23 @@ impl TopicMeta {
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetadataDelta {
     CreateTopic(TopicMeta),
-    DeleteTopic { name: String, id: TopicId },
-    SetPartitionCount { name: String, partitions: i32 },
-    SetTopicConfig { name: String, config: TopicConfig },
+    DeleteTopic {
+        name: String,
+        id: TopicId,
+    },
+    SetPartitionCount {
+        name: String,
+        partitions: i32,
+    },
+    SetTopicConfig {
+        name: String,
+        config: TopicConfig,
+    },
+    /// Replaces a group's config overrides; an empty config removes the group's entry.
+    SetGroupConfig {
+        group: String,
+        config: GroupConfig,
+    },
 }
 
 /// The metadata state.
@@ -53,6 +68,9 @@ pub struct ClusterMetadata {
     /// Producer ids below this may have been handed out (InitProducerId); a restarted controller
     /// continues from here, so an id is never given twice.
     pub producer_id_block_end: i64,
+    /// Config overrides per group id (IncrementalAlterConfigs on GROUP resources). A group
+    /// needs no entry here to exist, and an entry does not make a group exist.
+    group_configs: BTreeMap<String, GroupConfig>,
 }
 
 /// Why an admin operation is refused, with Kafka's error code and message.
@@ -101,6 +119,16 @@ impl ClusterMetadata {
         self.topics.len()
     }
 
+    /// The config overrides of a group, if it has any.
+    pub fn group_config(&self, group: &str) -> Option<&GroupConfig> {
+        self.group_configs.get(group)
+    }
+
+    /// How many groups have config overrides.
+    pub fn group_config_count(&self) -> usize {
+        self.group_configs.len()
+    }
+
     pub fn apply(&mut self, delta: &MetadataDelta) {
         self.version += 1;
         match delta {
@@ -120,6 +148,13 @@ impl ClusterMetadata {
             MetadataDelta::SetTopicConfig { name, config } => {
                 if let Some(t) = self.topics.get_mut(name) {
                     t.config = config.clone();
+                }
+            }
+            MetadataDelta::SetGroupConfig { group, config } => {
+                if config.is_empty() {
+                    self.group_configs.remove(group);
+                } else {
+                    self.group_configs.insert(group.clone(), config.clone());
                 }
             }
         }
@@ -321,6 +356,14 @@ impl ClusterMetadata {
                     internal: t.internal,
                 })
                 .collect(),
+            group_configs: self
+                .group_configs
+                .iter()
+                .map(|(group, config)| GroupConfigRecord {
+                    group: group.clone(),
+                    config: config.to_text(),
+                })
+                .collect(),
         };
         serde_json::to_vec_pretty(&file).unwrap_or_default()
     }
@@ -355,6 +398,12 @@ impl ClusterMetadata {
                 },
             );
         }
+        for r in file.group_configs {
+            let config = GroupConfig::from_text(&r.config).map_err(|e| format!("group {}: {e}", r.group))?;
+            if !config.is_empty() {
+                md.group_configs.insert(r.group, config);
+            }
+        }
         Ok(md)
     }
 }
@@ -366,6 +415,16 @@ struct MetadataFile {
     topics: Vec<TopicRecord>,
     #[serde(default)]
     producer_id_block_end: i64,
+    /// Absent in files written before group configs existed.
+    #[serde(default)]
+    group_configs: Vec<GroupConfigRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GroupConfigRecord {
+    group: String,
+    /// `key=value` lines of the group's config overrides.
+    config: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -500,6 +559,51 @@ mod tests {
             back.topic("t1").unwrap().config.get("retention.ms").as_deref(),
             Some("1000")
         );
+    }
+
+    #[test]
+    fn group_configs_round_trip_and_old_files_load() {
+        let mut md = ClusterMetadata::default();
+        md.apply(&md.plan_create(&new_topic("t1", 1), 1, 1, id(7)).unwrap());
+        let mut g = GroupConfig::default();
+        g.set("share.record.lock.duration.ms", "20000").unwrap();
+        g.set("errors.deadletterqueue.topic.name", "dlq.t1").unwrap();
+        md.apply(&MetadataDelta::SetGroupConfig {
+            group: "sg".into(),
+            config: g.clone(),
+        });
+        assert_eq!(md.group_config("sg"), Some(&g));
+        assert_eq!(md.group_config_count(), 1);
+        let json = md.to_json();
+        let back = ClusterMetadata::from_json(&json).unwrap();
+        assert_eq!(back, md);
+        assert_eq!(back.group_config("sg"), Some(&g));
+        // An empty config removes the entry.
+        md.apply(&MetadataDelta::SetGroupConfig {
+            group: "sg".into(),
+            config: GroupConfig::default(),
+        });
+        assert_eq!(md.group_config("sg"), None);
+        assert_eq!(ClusterMetadata::from_json(&md.to_json()).unwrap(), md);
+
+        // A file written before group configs existed (no `group_configs` field) still loads.
+        let old = br#"{
+  "format": 1,
+  "version": 3,
+  "topics": [
+    { "name": "orders", "id": "0a0a0a0a-0a0a-0a0a-0a0a-0a0a0a0a0a0a", "partitions": 2,
+      "config": "retention.ms=1000\n", "internal": false }
+  ],
+  "producer_id_block_end": 2000
+}"#;
+        let md = ClusterMetadata::from_json(old).unwrap();
+        assert_eq!(md.version, 3);
+        assert_eq!(md.topic("orders").unwrap().partitions, 2);
+        assert_eq!(md.group_config_count(), 0);
+        // And a bad group config in the file is refused, naming the group.
+        let bad = br#"{"format": 1, "version": 1, "topics": [],
+            "group_configs": [{"group": "g1", "config": "share.delivery.count.limit=99\n"}]}"#;
+        assert!(ClusterMetadata::from_json(bad).unwrap_err().contains("group g1"));
     }
 
     #[test]

@@ -139,6 +139,8 @@ pub(crate) enum ShardRequest {
     },
     /// A queue operation on partitions this shard owns.
     Queue(crate::queue_host::QueueOp),
+    /// A share group operation for this shard's share group coordinator.
+    Share(crate::share::ShareOp),
 }
 
 /// A shard's answer.
@@ -155,4 +157,5 @@ pub(crate) enum ShardResponse {
     /// The group coordinator's answer (`None`: it could not answer).
     Group(Option<Box<crate::group::GroupResponse>>),
     Queue(crate::queue_host::QueueAnswer),
+    Share(crate::share::ShareAnswer),
 }

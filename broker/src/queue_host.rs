@@ -68,6 +68,76 @@ const MAX_LEASE_ANSWER_BYTES: u64 = 16 << 20;
 /// Bytes the batch framing adds to a message (batch header + record framing, generously).
 const BATCH_OVERHEAD_BYTES: u32 = 128;
 
+/// Where a new engine starts in its partition's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StartAt {
+    Earliest,
+    Latest,
+    /// The first message not older than this (KIP-932 `share.auto.offset.reset=by_duration:`).
+    Since {
+        duration_ms: i64,
+    },
+}
+
+/// A share group's settings as the engines need them (KIP-932 / KIP-1191 group configs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShareSettings {
+    pub(crate) record_lock_duration_ms: u64,
+    pub(crate) delivery_count_limit: u32,
+    pub(crate) max_record_locks: u32,
+    pub(crate) auto_offset_reset: StartAt,
+    /// `errors.deadletterqueue.topic.name`; `None`: exhausted records are archived.
+    pub(crate) dead_letter_topic: Option<String>,
+}
+
+impl ShareSettings {
+    fn engine_config(&self, log: &LogSettings) -> QueueConfig {
+        QueueConfig {
+            max_message_bytes: log.max_message_bytes.saturating_sub(BATCH_OVERHEAD_BYTES).max(1),
+            ..QueueConfig::share_group(crate::queue::ShareGroupSettings {
+                delivery_count_limit: self.delivery_count_limit,
+                record_lock_duration_ms: self.record_lock_duration_ms,
+                max_record_locks: self.max_record_locks,
+                dead_letter_topic: self.dead_letter_topic.is_some(),
+            })
+        }
+    }
+}
+
+/// An acknowledgement batch of ShareFetch / ShareAcknowledge: offsets `first..=last` with one
+/// type for all, or one per offset (0 gap, 1 accept, 2 release, 3 reject).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShareAcks {
+    pub(crate) first: i64,
+    pub(crate) last: i64,
+    pub(crate) types: Vec<i8>,
+}
+
+/// One partition of a share request.
+#[derive(Debug, Clone)]
+pub(crate) struct SharePart {
+    pub(crate) part: PartRef,
+    pub(crate) acks: Vec<ShareAcks>,
+    /// Acquire records (ShareFetch) or only acknowledge (ShareAcknowledge, final fetch).
+    pub(crate) fetch: bool,
+    pub(crate) max_bytes: usize,
+}
+
+/// The answer for one partition of a share request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SharePartResult {
+    pub(crate) error: i16,
+    pub(crate) ack_error: i16,
+    /// (first offset, last offset, delivery count).
+    pub(crate) acquired: Vec<(i64, i64, i16)>,
+    /// Whole stored batches covering the acquired offsets.
+    pub(crate) records: Option<Bytes>,
+}
+
+/// Acknowledgement items of one share request partition at most (bounds the work of one
+/// request; the engine's lock limit bounds real ones far below).
+const MAX_SHARE_ACK_ITEMS: usize = 20_000;
+
 /// One message to publish, as the HTTP layer decoded it.
 #[derive(Debug, Clone)]
 pub(crate) struct OutMessage {
@@ -211,6 +281,22 @@ pub(crate) enum QueueOp {
     },
     /// The engines of a topic on this shard.
     Stats { topic: String },
+    /// Kafka share groups: acknowledge, then acquire, for one member (ShareFetch /
+    /// ShareAcknowledge). `max_records` bounds the records acquired over all the partitions.
+    Share {
+        group: String,
+        member: String,
+        settings: ShareSettings,
+        parts: Vec<SharePart>,
+        max_records: u32,
+    },
+    /// Releases a share member's acquired records (session closed, member gone). `parts` empty:
+    /// every engine of the group on this shard.
+    ShareRelease {
+        group: String,
+        member: String,
+        parts: Vec<PartRef>,
+    },
 }
 
 #[derive(Debug)]
@@ -220,6 +306,7 @@ pub(crate) enum QueueAnswer {
     Ready,
     Settled(Result<Vec<Result<Settled, QueueError>>, QueueFailure>),
     Stats(Vec<EngineStats>),
+    Share(Vec<SharePartResult>),
 }
 
 /// Checks an HTTP/Kafka group name and gives its directory form: bytes outside
@@ -356,6 +443,10 @@ struct Engine {
     /// The state log write of the snapshot in flight, and its base offset there.
     snapshot: Cell<Option<(WriteId, i64)>>,
     closed: Cell<bool>,
+    /// Set once a Kafka share consumer used this engine: it then runs with the share group's
+    /// settings (lock timeout makes records available at once, delivery count limit, archive or
+    /// the group's dead-letter topic).
+    share: RefCell<Option<ShareSettings>>,
     metrics: RefCell<crate::metrics::QueueMetrics>,
 }
 
@@ -496,6 +587,20 @@ impl QueueHost {
                     items,
                 } => QueueAnswer::Settled(host.settle(&shard, &topic, partition, &group, items).await),
                 QueueOp::Stats { topic } => QueueAnswer::Stats(host.stats(&topic)),
+                QueueOp::Share {
+                    group,
+                    member,
+                    settings,
+                    parts,
+                    max_records,
+                } => QueueAnswer::Share(
+                    host.share(&shard, &group, &member, &settings, parts, max_records)
+                        .await,
+                ),
+                QueueOp::ShareRelease { group, member, parts } => {
+                    host.share_release(&shard, &group, &member, &parts);
+                    QueueAnswer::Ready
+                }
             }
         }
         .boxed_local()
@@ -510,6 +615,19 @@ impl QueueHost {
         topic: &str,
         partition: i32,
         group: &str,
+    ) -> Result<Rc<Engine>, QueueFailure> {
+        self.engine_from(shard, topic, partition, group, StartAt::Earliest)
+            .await
+    }
+
+    /// The engine of (topic, partition, group); a new one starts at `start` of the log.
+    async fn engine_from(
+        &self,
+        shard: &Rc<Shard>,
+        topic: &str,
+        partition: i32,
+        group: &str,
+        start: StartAt,
     ) -> Result<Rc<Engine>, QueueFailure> {
         let key = EngineKey {
             topic: topic.to_owned(),
@@ -539,7 +657,7 @@ impl QueueHost {
         }
         let done = Rc::new(Notify::new());
         self.opening.borrow_mut().insert(key.clone(), done.clone());
-        let opened = self.open_engine(shard, &key).await;
+        let opened = self.open_engine(shard, &key, start).await;
         self.opening.borrow_mut().remove(&key);
         done.notify_all();
         let engine = Rc::new(opened?);
@@ -551,7 +669,12 @@ impl QueueHost {
         Ok(engine)
     }
 
-    async fn open_engine(&self, shard: &Rc<Shard>, key: &EngineKey) -> Result<Engine, QueueFailure> {
+    async fn open_engine(
+        &self,
+        shard: &Rc<Shard>,
+        key: &EngineKey,
+        start: StartAt,
+    ) -> Result<Engine, QueueFailure> {
         let md = shard.metadata();
         let topic = md
             .topic(&key.topic)
@@ -605,13 +728,29 @@ impl QueueHost {
             tracing::error!(topic = %key.topic, partition = key.partition, group = %key.group, undecodable, "undecodable queue state records skipped");
         }
         let offsets = shard.store.offsets(log).map_err(storage_failure)?;
+        let since_offset = match start {
+            StartAt::Since { duration_ms } => {
+                let ts = now.saturating_sub(duration_ms);
+                match shard.store.timestamp_plan(log, ts) {
+                    Ok(Some(plan)) => plan.execute().await.ok().flatten().map(|(o, _)| o),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         let pid = PartitionId(key.partition);
         let recovering = !records.is_empty();
         let built = if recovering {
             QueuePartition::recover(config, pid, records, now)
         } else {
-            // A new group starts at the log start (Kafka's `earliest`).
-            QueuePartition::new(config, pid, Offset(offsets.log_start_offset), now)
+            // A new group starts at the log start (`earliest`) or its end (`latest`).
+            let at = match start {
+                StartAt::Earliest => offsets.log_start_offset,
+                StartAt::Latest => offsets.high_watermark,
+                // No message that recent: start at the end.
+                StartAt::Since { .. } => since_offset.unwrap_or(offsets.high_watermark),
+            };
+            QueuePartition::new(config, pid, Offset(at), now)
         };
         let mut q = built.map_err(|e| QueueFailure::Invalid(e.to_string()))?;
         if recovering {
@@ -629,6 +768,7 @@ impl QueueHost {
             timer: Notify::new(),
             snapshot: Cell::new(None),
             closed: Cell::new(false),
+            share: RefCell::new(None),
             metrics: RefCell::new(crate::metrics::QueueMetrics::new(
                 &key.topic,
                 &key.group,
@@ -1210,9 +1350,13 @@ impl QueueHost {
             let changed = self.changed.wait();
             let durable = shard.store.durable_notify().wait();
             for p in parts {
-                let engine = match self.engine(shard, &p.topic, p.partition, group).await {
-                    Ok(e) => e,
-                    Err(_) => continue,
+                let key = EngineKey {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    group: group.to_owned(),
+                };
+                let Some(engine) = self.engines.borrow().get(&key).cloned() else {
+                    continue;
                 };
                 self.refresh(shard, &engine).await;
                 if engine.q.borrow().has_leasable() {
@@ -1275,6 +1419,212 @@ impl QueueHost {
             .collect();
         out.sort_by(|a, b| (&a.group, a.partition).cmp(&(&b.group, b.partition)));
         out
+    }
+
+    // ----- Kafka share groups ------------------------------------------------------------------
+
+    /// The engine of a share group's partition, configured with the group's settings.
+    async fn share_engine(
+        &self,
+        shard: &Rc<Shard>,
+        part: &PartRef,
+        group: &str,
+        settings: &ShareSettings,
+    ) -> Result<Rc<Engine>, QueueFailure> {
+        let engine = self
+            .engine_from(
+                shard,
+                &part.topic,
+                part.partition,
+                group,
+                settings.auto_offset_reset,
+            )
+            .await?;
+        if engine.share.borrow().as_ref() != Some(settings) {
+            let log = shard
+                .topic_settings(&part.topic)
+                .ok_or_else(|| QueueFailure::UnknownQueue(part.topic.clone()))?;
+            engine
+                .q
+                .borrow_mut()
+                .reconfigure(settings.engine_config(&log))
+                .map_err(|e| QueueFailure::Invalid(e.to_string()))?;
+            *engine.share.borrow_mut() = Some(settings.clone());
+        }
+        Ok(engine)
+    }
+
+    /// ShareFetch / ShareAcknowledge on this shard's partitions: acknowledgements first, then
+    /// acquisition (for parts with `fetch`), at most `max_records` records over all parts.
+    async fn share(
+        &self,
+        shard: &Rc<Shard>,
+        group: &str,
+        member: &str,
+        settings: &ShareSettings,
+        parts: Vec<SharePart>,
+        max_records: u32,
+    ) -> Vec<SharePartResult> {
+        use kafka_protocol::ResponseError as E;
+        let owner = ConsumerId::new(member);
+        let mut out = vec![SharePartResult::default(); parts.len()];
+        let mut engines = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            match self.share_engine(shard, &p.part, group, settings).await {
+                Ok(e) => engines.push(Some(e)),
+                Err(e) => {
+                    if let Some(r) = out.get_mut(i) {
+                        r.error = match e {
+                            QueueFailure::UnknownQueue(_) => E::UnknownTopicOrPartition.code(),
+                            QueueFailure::Invalid(_) | QueueFailure::BadGroup(_) => E::InvalidRequest.code(),
+                            _ => E::KafkaStorageError.code(),
+                        };
+                    }
+                    engines.push(None);
+                }
+            }
+        }
+        // Acknowledgements.
+        for (i, (p, engine)) in parts.iter().zip(&engines).enumerate() {
+            let Some(engine) = engine else { continue };
+            if p.acks.is_empty() {
+                continue;
+            }
+            let code = match share_ack_items(&p.acks, &owner) {
+                Err(e) => e.code(),
+                Ok(items) if items.is_empty() => 0,
+                Ok(items) => self.share_settle(shard, engine, items).await,
+            };
+            if let Some(r) = out.get_mut(i) {
+                r.ack_error = code;
+            }
+        }
+        // Acquisition.
+        let mut left = max_records.max(1);
+        for (i, (p, engine)) in parts.iter().zip(&engines).enumerate() {
+            let Some(engine) = engine else { continue };
+            if !p.fetch || left == 0 {
+                continue;
+            }
+            self.refresh(shard, engine).await;
+            let want = left.min(engine.q.borrow().config().max_lease_batch);
+            let request = engine.request_id();
+            let (tx, rx) = oneshot::channel();
+            engine.waiters.borrow_mut().insert(request, tx);
+            let started = engine.q.borrow_mut().lease(
+                request,
+                &owner,
+                want,
+                settings.record_lock_duration_ms,
+                shard.now_ms(),
+            );
+            if let Err(e) = started {
+                engine.waiters.borrow_mut().remove(&request);
+                self.drain(shard, engine);
+                // Lock limits mean "nothing more for you now", not an error.
+                if !matches!(
+                    e,
+                    QueueError::ConsumerLeaseLimit { .. } | QueueError::PartitionLeaseLimit { .. }
+                ) {
+                    if let Some(r) = out.get_mut(i) {
+                        r.error = e.kafka_error().code();
+                    }
+                }
+                continue;
+            }
+            self.drain(shard, engine);
+            let leases = match rx.await {
+                Ok(Ok(Reply::Leases(l))) => l,
+                Ok(Ok(_)) => Vec::new(),
+                Ok(Err(e)) => {
+                    if let Some(r) = out.get_mut(i) {
+                        r.error = e.kafka_error().code();
+                    }
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            if leases.is_empty() {
+                continue;
+            }
+            left = left.saturating_sub(leases.len() as u32);
+            let mut leases = leases;
+            leases.sort_by_key(|l| l.offset);
+            let first = leases.first().map_or(0, |l| l.offset.0);
+            let last = leases.last().map_or(0, |l| l.offset.0);
+            wait_high_watermark(shard, engine.log, last + 1).await;
+            let records = read_range(shard, engine.log, first, last, p.max_bytes).await;
+            if let Some(r) = out.get_mut(i) {
+                r.acquired = crate::queue::Lease::acquired_ranges(&leases)
+                    .into_iter()
+                    .map(|(a, b, n)| (a.0, b.0, i16::try_from(n).unwrap_or(i16::MAX)))
+                    .collect();
+                r.records = records;
+            }
+        }
+        out
+    }
+
+    /// Settles share acknowledgements; the partition's acknowledge error code (0 when all
+    /// went through).
+    async fn share_settle(&self, shard: &Rc<Shard>, engine: &Rc<Engine>, items: Vec<SettleItem>) -> i16 {
+        let max = engine.q.borrow().config().max_lease_batch.max(1) as usize;
+        let mut code = 0i16;
+        for chunk in items.chunks(max) {
+            let request = engine.request_id();
+            let (tx, rx) = oneshot::channel();
+            engine.waiters.borrow_mut().insert(request, tx);
+            let started = engine.q.borrow_mut().settle(request, chunk, shard.now_ms());
+            if let Err(e) = started {
+                engine.waiters.borrow_mut().remove(&request);
+                self.drain(shard, engine);
+                return e.kafka_error().code();
+            }
+            self.drain(shard, engine);
+            match rx.await {
+                Ok(Ok(Reply::Settled(results))) => {
+                    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                        if code == 0 {
+                            code = e.kafka_error().code();
+                        }
+                    }
+                }
+                Ok(Err(e)) => return e.kafka_error().code(),
+                _ => return kafka_protocol::ResponseError::UnknownServerError.code(),
+            }
+        }
+        code
+    }
+
+    /// Releases what `member` holds in these partitions (all of the group's engines here when
+    /// `parts` is empty): the records are available again at once.
+    fn share_release(&self, shard: &Rc<Shard>, group: &str, member: &str, parts: &[PartRef]) {
+        let engines: Vec<Rc<Engine>> = self
+            .engines
+            .borrow()
+            .values()
+            .filter(|e| {
+                e.key.group == group
+                    && (parts.is_empty()
+                        || parts
+                            .iter()
+                            .any(|p| p.topic == e.key.topic && p.partition == e.key.partition))
+            })
+            .cloned()
+            .collect();
+        if parts.is_empty() {
+            // The member left the group: its sessions on this shard go too.
+            shard.share_sessions.borrow_mut().member_gone(group, member);
+        }
+        let owner = ConsumerId::new(member);
+        for e in engines {
+            let n = e.q.borrow_mut().release_owner(&owner, shard.now_ms());
+            if n > 0 {
+                tracing::debug!(group, member, released = n, topic = %e.key.topic, partition = e.key.partition, "released share records");
+            }
+            self.drain(shard, &e);
+        }
+        self.changed.notify_all();
     }
 
     // ----- shard events ----------------------------------------------------------------------
@@ -1399,7 +1749,13 @@ async fn dead_letter_append(
     let source = md
         .topic(&engine.key.topic)
         .ok_or_else(|| "the queue was deleted".to_string())?;
-    let dlq_name = source.config.queue_settings().dead_letter_topic_of(&source.name);
+    let share_dlq = engine
+        .share
+        .borrow()
+        .as_ref()
+        .and_then(|s| s.dead_letter_topic.clone());
+    let dlq_name =
+        share_dlq.unwrap_or_else(|| source.config.queue_settings().dead_letter_topic_of(&source.name));
     let dlq = match md.topic(&dlq_name) {
         Some(t) => t.clone(),
         None => create_dead_letter_topic(shard, &dlq_name, source.partitions).await?,
@@ -1667,6 +2023,84 @@ async fn read_offsets(shard: &Shard, log: LogId, offsets: &[i64]) -> HashMap<i64
     out
 }
 
+/// The settle items of share acknowledgement batches: validated (ranges ascending, not
+/// overlapping, types 0..=3, one type or one per offset), GAP offsets skipped (they have no
+/// record to settle), RELEASE a failed attempt available again at once.
+fn share_ack_items(
+    batches: &[ShareAcks],
+    owner: &ConsumerId,
+) -> Result<Vec<SettleItem>, kafka_protocol::ResponseError> {
+    use crate::queue::{Fence, MessageRef, SettleOp};
+    use kafka_protocol::ResponseError as E;
+    let mut items = Vec::new();
+    let mut prev_last: Option<i64> = None;
+    for b in batches {
+        let span = b
+            .last
+            .checked_sub(b.first)
+            .and_then(|d| d.checked_add(1))
+            .unwrap_or(0);
+        if b.first < 0 || span <= 0 || prev_last.is_some_and(|p| b.first <= p) {
+            return Err(E::InvalidRequest);
+        }
+        prev_last = Some(b.last);
+        let per_offset = b.types.len() as i64 == span && span > 1;
+        if !(b.types.len() == 1 || per_offset) {
+            return Err(E::InvalidRequest);
+        }
+        if items.len() as i64 + span > MAX_SHARE_ACK_ITEMS as i64 {
+            return Err(E::InvalidRequest);
+        }
+        for (k, off) in (b.first..=b.last).enumerate() {
+            let t = if per_offset {
+                b.types.get(k)
+            } else {
+                b.types.first()
+            };
+            let op = match t {
+                Some(0) => continue,
+                Some(1) => SettleOp::Ack,
+                Some(2) => SettleOp::Nack { delay_ms: Some(0) },
+                Some(3) => SettleOp::Reject,
+                _ => return Err(E::InvalidRequest),
+            };
+            items.push(SettleItem {
+                target: MessageRef::Offset(Offset(off)),
+                fence: Fence::Owner(owner.clone()),
+                op,
+                reason: match op {
+                    SettleOp::Reject => Some("rejected by the consumer".into()),
+                    SettleOp::Nack { .. } => Some("released by the consumer".into()),
+                    _ => None,
+                },
+            });
+        }
+    }
+    Ok(items)
+}
+
+/// The stored batches covering offsets `first..=last` (whole batches, as stored), reading at
+/// least `max_bytes` at a time.
+async fn read_range(shard: &Shard, log: LogId, first: i64, last: i64, max_bytes: usize) -> Option<Bytes> {
+    let mut out = bytes::BytesMut::new();
+    let mut next = first;
+    while next <= last {
+        let plan = shard.store.plan_read(log, next, max_bytes.max(64 << 10)).ok()??;
+        let chunk = plan.execute().await.ok()?;
+        let mut end = None;
+        for b in strand_protocol::batch::BatchScanner::new(&chunk, false) {
+            end = Some((b.position + b.header.total_bytes(), b.header.next_offset()));
+        }
+        let (len, next_offset) = end?;
+        out.extend_from_slice(chunk.get(..len)?);
+        if next_offset <= next {
+            break;
+        }
+        next = next_offset;
+    }
+    (!out.is_empty()).then(|| out.freeze())
+}
+
 /// Waits (bounded) until the log's high watermark reaches `offset`.
 async fn wait_high_watermark(shard: &Shard, log: LogId, offset: i64) {
     let deadline = std::time::Instant::now() + DURABLE_WAIT;
@@ -1735,6 +2169,58 @@ mod tests {
         assert!(parse_state_log_dir_name("orders-3").is_none());
         assert!(parse_state_log_dir_name("__queue_state/orders-x/default").is_none());
         assert!(parse_state_log_dir_name("__queue_state/orders-1/bad.name").is_none());
+    }
+
+    #[test]
+    fn share_acknowledgements_are_checked_and_expanded() {
+        use crate::queue::{Fence, MessageRef, SettleOp};
+        use kafka_protocol::ResponseError as E;
+        let owner = ConsumerId::new("m");
+        let acks = |v: &[(i64, i64, &[i8])]| -> Vec<ShareAcks> {
+            v.iter()
+                .map(|(a, b, t)| ShareAcks {
+                    first: *a,
+                    last: *b,
+                    types: t.to_vec(),
+                })
+                .collect()
+        };
+        // One type for a range, one per offset, GAPs skipped.
+        let items = share_ack_items(&acks(&[(0, 2, &[1]), (5, 7, &[2, 0, 3])]), &owner).unwrap();
+        let got: Vec<(i64, SettleOp)> = items
+            .iter()
+            .map(|i| match (&i.target, &i.fence) {
+                (MessageRef::Offset(o), Fence::Owner(m)) if *m == owner => (o.0, i.op),
+                _ => panic!("{i:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, SettleOp::Ack),
+                (1, SettleOp::Ack),
+                (2, SettleOp::Ack),
+                (5, SettleOp::Nack { delay_ms: Some(0) }),
+                (7, SettleOp::Reject)
+            ]
+        );
+        // Overlapping, descending, empty or inverted ranges, bad types, wrong type counts.
+        for bad in [
+            acks(&[(0, 5, &[1]), (5, 6, &[1])]),
+            acks(&[(5, 6, &[1]), (0, 1, &[1])]),
+            acks(&[(3, 2, &[1])]),
+            acks(&[(-1, 2, &[1])]),
+            acks(&[(0, 0, &[4])]),
+            acks(&[(0, 2, &[1, 1])]),
+            acks(&[(0, 2, &[])]),
+            acks(&[(0, i64::MAX, &[1])]),
+        ] {
+            assert_eq!(
+                share_ack_items(&bad, &owner).unwrap_err(),
+                E::InvalidRequest,
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -29,6 +29,11 @@ use crate::ops::{
 };
 use crate::router::{Router, RouterError};
 
+/// Share sessions one shard keeps (KIP-932 `group.share.max.share.sessions` is per broker).
+const SHARE_SESSIONS_PER_SHARD: usize = 2_000;
+/// A share session unused this long may be evicted to make room for a new one.
+const SHARE_SESSION_IDLE_MS: i64 = 120_000;
+
 /// Partition logs a shard opens at once (start-up, topic creation).
 const OPEN_CONCURRENCY: usize = 64;
 
@@ -73,6 +78,10 @@ pub(crate) struct Shard {
     pub(crate) groups: Option<crate::group_host::GroupHost>,
     /// The queue engines of this shard's partitions.
     pub(crate) queues: crate::queue_host::QueueHost,
+    /// The coordinator of the share groups whose coordinator shard this is.
+    pub(crate) shares: crate::share::ShareHost,
+    /// KIP-932 share sessions of the connections on this shard.
+    pub(crate) share_sessions: RefCell<crate::share_session::ShareSessions>,
 }
 
 impl Shard {
@@ -107,6 +116,11 @@ impl Shard {
         Shard {
             groups,
             queues: crate::queue_host::QueueHost::new(),
+            shares: crate::share::ShareHost::new(&config),
+            share_sessions: RefCell::new(crate::share_session::ShareSessions::new(
+                SHARE_SESSIONS_PER_SHARD,
+                SHARE_SESSION_IDLE_MS,
+            )),
             id,
             shards,
             metrics: ShardMetrics::new(id),
@@ -273,6 +287,10 @@ impl Shard {
             ShardRequest::Queue(op) => {
                 let fut = self.queues.run_op(self, op);
                 async move { ShardResponse::Queue(fut.await) }.boxed_local()
+            }
+            ShardRequest::Share(op) => {
+                let fut = self.shares.run_op(self, op);
+                async move { ShardResponse::Share(fut.await) }.boxed_local()
             }
         }
     }
@@ -664,6 +682,8 @@ impl Shard {
                         self.queues.reconfigure_topic(self, &t);
                     }
                 }
+                // Group configs are read from the metadata replica when used.
+                MetadataDelta::SetGroupConfig { .. } => {}
             }
         }
         problems

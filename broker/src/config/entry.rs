@@ -9,6 +9,8 @@ pub enum ConfigSource {
     StaticBrokerConfig,
     /// Nothing set it: the built-in default (code 5).
     DefaultConfig,
+    /// A per-group override, resource type GROUP (code 8, Kafka's GROUP_CONFIG).
+    DynamicGroupConfig,
 }
 
 impl ConfigSource {
@@ -18,6 +20,7 @@ impl ConfigSource {
             ConfigSource::DynamicTopicConfig => 1,
             ConfigSource::StaticBrokerConfig => 4,
             ConfigSource::DefaultConfig => 5,
+            ConfigSource::DynamicGroupConfig => 8,
         }
     }
 

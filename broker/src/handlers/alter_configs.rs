@@ -1,5 +1,6 @@
-//! IncrementalAlterConfigs (44) and AlterConfigs (33) for TOPIC resources. Broker configs are
-//! static in Strand (read-only), so BROKER resources are refused.
+//! IncrementalAlterConfigs (44) and AlterConfigs (33) for TOPIC and GROUP resources (group configs
+//! of KIP-848/KIP-932, persisted cluster-wide by the controller). Broker configs are static in
+//! Strand (read-only), so BROKER resources are refused.
 
 use std::rc::Rc;
 
@@ -17,6 +18,7 @@ use crate::controller::{self, ConfigEdit, ControllerOp};
 
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
+const GROUP: i8 = 32;
 
 /// Applies one resource's edits; returns (error code, message).
 async fn alter(
@@ -31,39 +33,43 @@ async fn alter(
         Ok(e) => e,
         Err(m) => return (ResponseError::InvalidConfig.code(), Some(m)),
     };
-    match resource_type {
-        TOPIC => {
-            let reply = controller::call(
-                &ctx.shard,
-                ControllerOp::AlterTopicConfig {
-                    name: name.as_str().to_owned(),
-                    edits,
-                    replace,
-                    validate_only,
-                },
-            )
-            .await;
-            match reply.results.into_iter().next() {
-                Some(r) => match r.error {
-                    Some(e) => (e.code.code(), Some(e.message)),
-                    None => (0, None),
-                },
-                None => (
-                    ResponseError::NotController.code(),
-                    Some("the controller did not answer".into()),
+    let op =
+        match resource_type {
+            TOPIC => ControllerOp::AlterTopicConfig {
+                name: name.as_str().to_owned(),
+                edits,
+                replace,
+                validate_only,
+            },
+            GROUP => ControllerOp::AlterGroupConfig {
+                group: name.as_str().to_owned(),
+                edits,
+                replace,
+                validate_only,
+            },
+            BROKER => return (
+                ResponseError::InvalidRequest.code(),
+                Some(
+                    "broker configs are static in Strand: set them in server.properties or the environment"
+                        .into(),
                 ),
-            }
-        }
-        BROKER => (
-            ResponseError::InvalidRequest.code(),
-            Some(
-                "broker configs are static in Strand: set them in server.properties or the environment"
-                    .into(),
             ),
-        ),
-        other => (
-            ResponseError::InvalidRequest.code(),
-            Some(format!("Unsupported resource type {other}")),
+            other => {
+                return (
+                    ResponseError::InvalidRequest.code(),
+                    Some(format!("Unsupported resource type {other}")),
+                )
+            }
+        };
+    let reply = controller::call(&ctx.shard, op).await;
+    match reply.results.into_iter().next() {
+        Some(r) => match r.error {
+            Some(e) => (e.code.code(), Some(e.message)),
+            None => (0, None),
+        },
+        None => (
+            ResponseError::NotController.code(),
+            Some("the controller did not answer".into()),
         ),
     }
 }

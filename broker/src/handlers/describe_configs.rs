@@ -1,5 +1,7 @@
-//! DescribeConfigs (32): the real values of broker configs (BROKER resource, named by node id)
-//! and topic configs (TOPIC resource, overrides over broker defaults).
+//! DescribeConfigs (32): the real values of broker configs (BROKER resource, named by node id),
+//! topic configs (TOPIC resource, overrides over broker defaults) and group configs (GROUP
+//! resource: every group config, overrides over the broker's `group.share.*` defaults; a group
+//! needs not exist, as in Kafka).
 
 use std::rc::Rc;
 
@@ -17,6 +19,7 @@ pub(crate) struct DescribeConfigs;
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
 const BROKER_LOGGER: i8 = 8;
+const GROUP: i8 = 32;
 
 fn render(
     entries: Vec<ConfigEntry>,
@@ -103,6 +106,20 @@ impl Handler for DescribeConfigs {
                         format!("Unexpected broker id, expected {node} or empty string, but received {name}"),
                     ),
                     BROKER_LOGGER => base.clone(),
+                    GROUP if name.is_empty() => fail(
+                        ResponseError::InvalidRequest,
+                        "Group name must not be empty.".to_string(),
+                    ),
+                    GROUP => base.clone().with_configs(render(
+                        md.group_config(name)
+                            .cloned()
+                            .unwrap_or_default()
+                            .entries(&shard.config),
+                        &keys,
+                        req.include_synonyms,
+                        req.include_documentation,
+                        ctx.version,
+                    )),
                     other => fail(
                         ResponseError::InvalidRequest,
                         format!("Unsupported resource type {other}"),

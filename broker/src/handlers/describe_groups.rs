@@ -1,5 +1,6 @@
 //! DescribeGroups (15): state, protocol and members of classic groups, per coordinator shard,
-//! merged in request order.
+//! merged in request order. A share group answers as Kafka answers for a group that is not
+//! classic: state Dead, and from v6 GROUP_ID_NOT_FOUND ("Group <id> is not a classic group.").
 
 use std::rc::Rc;
 
@@ -9,6 +10,7 @@ use kafka_protocol::ResponseError;
 
 use super::{group_scatter, str_bytes, Handler, Reply, RequestCtx};
 use crate::group::{GroupRequest, GroupResponse};
+use crate::share::{ShareAnswer, ShareOp};
 
 pub(crate) struct DescribeGroups;
 
@@ -38,7 +40,7 @@ impl Handler for DescribeGroups {
                 })),
             }
         }
-        let groups = order
+        let mut groups: Vec<DescribedGroup> = order
             .iter()
             .filter_map(|g| {
                 answered
@@ -47,10 +49,48 @@ impl Handler for DescribeGroups {
                     .map(|i| answered.swap_remove(i))
             })
             .collect();
+        if ctx.version >= 6 {
+            not_classic_messages(&ctx, &mut groups).await;
+        }
         Reply::Now(DescribeGroupsResponse::default().with_groups(groups))
     }
 
     fn error_codes(resp: &DescribeGroupsResponse, out: &mut Vec<i16>) {
         out.extend(resp.groups.iter().map(|g| g.error_code));
+    }
+}
+
+/// Groups answered GROUP_ID_NOT_FOUND that are share groups get Kafka's message for a group of
+/// another type ("Group <id> is not a classic group.") instead of "not found".
+async fn not_classic_messages(ctx: &RequestCtx, groups: &mut [DescribedGroup]) {
+    let mut by_owner: std::collections::BTreeMap<strand_protocol::types::ShardId, Vec<String>> =
+        Default::default();
+    for g in groups
+        .iter()
+        .filter(|g| g.error_code == ResponseError::GroupIdNotFound.code())
+    {
+        let id = g.group_id.0.as_str().to_owned();
+        by_owner
+            .entry(crate::share::coordinator_of(&ctx.shard, &id))
+            .or_default()
+            .push(id);
+    }
+    let mut calls = Vec::new();
+    for (owner, ids) in by_owner {
+        calls.push(crate::share::call(&ctx.shard, owner, ShareOp::ShareGroups { groups: ids }).await);
+    }
+    for answer in futures::future::join_all(calls).await {
+        let Some(ShareAnswer::ShareGroups(share)) = answer else {
+            continue;
+        };
+        for g in groups
+            .iter_mut()
+            .filter(|g| share.iter().any(|s| s == g.group_id.0.as_str()))
+        {
+            g.error_message = Some(str_bytes(&format!(
+                "Group {} is not a classic group.",
+                g.group_id.0.as_str()
+            )));
+        }
     }
 }

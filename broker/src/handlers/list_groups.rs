@@ -1,5 +1,6 @@
-//! ListGroups (16): every shard's coordinator lists its groups (with the state and type filters
-//! of v4/v5); the lists are concatenated.
+//! ListGroups (16): every shard's group coordinator lists its classic and consumer groups and
+//! every shard's share coordinator its share groups (type "share"), with the state and type
+//! filters of v4/v5; the lists are concatenated.
 
 use std::rc::Rc;
 
@@ -8,6 +9,8 @@ use kafka_protocol::ResponseError;
 
 use super::{group_scatter, Handler, Reply, RequestCtx};
 use crate::group::{GroupRequest, GroupResponse};
+use crate::share::{ShareAnswer, ShareOp};
+use strand_protocol::types::ShardId;
 
 pub(crate) struct ListGroups;
 
@@ -19,8 +22,37 @@ impl Handler for ListGroups {
     type Response = ListGroupsResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: ListGroupsRequest) -> Reply<ListGroupsResponse> {
+        let states: Vec<String> = if ctx.version >= 4 {
+            req.states_filter.iter().map(|s| s.to_lowercase()).collect()
+        } else {
+            Vec::new()
+        };
+        let types: Vec<String> = if ctx.version >= 5 {
+            req.types_filter.iter().map(|s| s.to_lowercase()).collect()
+        } else {
+            Vec::new()
+        };
+        let mut share_calls = Vec::new();
+        for s in 0..ctx.shard.shards {
+            let op = ShareOp::List {
+                states: states.clone(),
+                types: types.clone(),
+                version: ctx.version,
+            };
+            share_calls.push(crate::share::call(&ctx.shard, ShardId(s), op).await);
+        }
         let parts = group_scatter(&ctx, Vec::new(), true, |_| GroupRequest::ListGroups(req.clone())).await;
         let mut resp = ListGroupsResponse::default();
+        for answer in futures::future::join_all(share_calls).await {
+            match answer {
+                Some(ShareAnswer::List(groups)) => resp.groups.extend(groups),
+                _ => {
+                    if resp.error_code == 0 {
+                        resp.error_code = ResponseError::CoordinatorNotAvailable.code();
+                    }
+                }
+            }
+        }
         for (_, answer) in parts {
             match answer {
                 Some(GroupResponse::ListGroups(r)) => {

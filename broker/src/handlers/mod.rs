@@ -29,6 +29,10 @@ mod offset_delete;
 mod offset_fetch;
 mod offset_for_leader_epoch;
 mod produce;
+mod share_acknowledge;
+mod share_fetch;
+mod share_group_describe;
+mod share_group_heartbeat;
 mod sync_group;
 
 use std::future::Future;
@@ -214,6 +218,10 @@ registry![
     delete_groups::DeleteGroups,
     consumer_group_heartbeat::ConsumerGroupHeartbeat,
     consumer_group_describe::ConsumerGroupDescribe,
+    share_group_heartbeat::ShareGroupHeartbeat,
+    share_group_describe::ShareGroupDescribe,
+    share_fetch::ShareFetch,
+    share_acknowledge::ShareAcknowledge,
 ];
 
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,

@@ -1,0 +1,160 @@
+//! ShareFetch (78), KIP-932: a share consumer's fetch. Acknowledges what the request carries,
+//! then acquires records for the member from its share session's partitions (locks with the
+//! group's `share.record.lock.duration.ms`), answering the stored batches that hold them with
+//! the acquired ranges and their delivery counts; long-polls up to `max_wait_ms`.
+
+use std::rc::Rc;
+
+use futures::FutureExt;
+use kafka_protocol::messages::share_fetch_response::{
+    AcquiredRecords, LeaderIdAndEpoch, NodeEndpoint, PartitionData, ShareFetchableTopicResponse,
+};
+use kafka_protocol::messages::{ApiKey, BrokerId, ShareFetchRequest, ShareFetchResponse};
+use kafka_protocol::ResponseError;
+use strand_protocol::types::TopicId;
+
+use super::{str_bytes, Handler, Reply, RequestCtx};
+use crate::shard::LEADER_EPOCH;
+use crate::share_door::{self, Named};
+
+pub(crate) struct ShareFetch;
+
+fn refuse(code: ResponseError, message: &str) -> ShareFetchResponse {
+    ShareFetchResponse::default()
+        .with_error_code(code.code())
+        .with_error_message(super::msg(message))
+}
+
+impl Handler for ShareFetch {
+    const KEY: ApiKey = ApiKey::ShareFetch;
+    const MIN: i16 = 1;
+    const MAX: i16 = 1;
+    type Request = ShareFetchRequest;
+    type Response = ShareFetchResponse;
+
+    async fn handle(ctx: Rc<RequestCtx>, req: ShareFetchRequest) -> Reply<ShareFetchResponse> {
+        let shard = ctx.shard.clone();
+        let (Some(group), Some(member)) = (req.group_id.as_ref(), req.member_id.as_ref()) else {
+            return Reply::Now(refuse(
+                ResponseError::InvalidRequest,
+                "group id and member id are required",
+            ));
+        };
+        let (group, member) = (group.0.as_str().to_owned(), member.as_str().to_owned());
+        if let Err(code) = crate::share_door::check_member(&shard, &group, &member).await {
+            return Reply::Now(refuse(code, "not a member of the share group"));
+        }
+        let named: Vec<Named> = req
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(move |p| Named {
+                    topic_id: TopicId(t.topic_id),
+                    partition: p.partition_index,
+                    acks: share_door::acks(
+                        p.acknowledgement_batches
+                            .iter()
+                            .map(|b| (b.first_offset, b.last_offset, &b.acknowledge_types[..])),
+                    ),
+                })
+            })
+            .collect();
+        let has_acks = named.iter().any(|n| !n.acks.is_empty());
+        let final_request = req.share_session_epoch == -1;
+        // A final request only acknowledges: the partitions it names are not added.
+        let add: Vec<(TopicId, i32)> = if final_request {
+            Vec::new()
+        } else {
+            named.iter().map(|n| (n.topic_id, n.partition)).collect()
+        };
+        let forget: Vec<(TopicId, i32)> = req
+            .forgotten_topics_data
+            .iter()
+            .flat_map(|f| f.partitions.iter().map(move |p| (TopicId(f.topic_id), *p)))
+            .collect();
+        let update = shard.share_sessions.borrow_mut().fetch(
+            &group,
+            &member,
+            req.share_session_epoch,
+            &add,
+            &forget,
+            has_acks,
+            shard.now_ms(),
+        );
+        let update = match update {
+            Ok(u) => u,
+            Err(code) => return Reply::Now(refuse(code, "share session refused")),
+        };
+        let lock_ms = share_door::settings(&shard, &group).record_lock_duration_ms;
+        let node = shard.config.node_id.0;
+        let advertised = ctx.advertised();
+        Reply::Later(
+            async move {
+                let outcomes = share_door::run(
+                    &shard,
+                    &group,
+                    &member,
+                    &named,
+                    &update.partitions,
+                    !final_request,
+                    req.max_records,
+                    req.max_bytes,
+                    req.max_wait_ms,
+                )
+                .await;
+                // Closed session or forgotten partitions: what the member still holds there goes
+                // back (after its acknowledgements above).
+                share_door::release(&shard, &group, &member, &update.release).await;
+                let mut topics: Vec<ShareFetchableTopicResponse> = Vec::new();
+                for o in outcomes {
+                    if topics.last().is_none_or(|t| t.topic_id != o.topic_id.0) {
+                        topics.push(ShareFetchableTopicResponse::default().with_topic_id(o.topic_id.0));
+                    }
+                    let r = o.result;
+                    let data = PartitionData::default()
+                        .with_partition_index(o.partition)
+                        .with_error_code(r.error)
+                        .with_acknowledge_error_code(r.ack_error)
+                        .with_current_leader(
+                            LeaderIdAndEpoch::default()
+                                .with_leader_id(node)
+                                .with_leader_epoch(LEADER_EPOCH),
+                        )
+                        .with_acquired_records(
+                            r.acquired
+                                .iter()
+                                .map(|(a, b, n)| {
+                                    AcquiredRecords::default()
+                                        .with_first_offset(*a)
+                                        .with_last_offset(*b)
+                                        .with_delivery_count(*n)
+                                })
+                                .collect(),
+                        )
+                        .with_records(share_door::records_or_empty(r.records));
+                    if let Some(t) = topics.last_mut() {
+                        t.partitions.push(data);
+                    }
+                }
+                ShareFetchResponse::default()
+                    .with_acquisition_lock_timeout_ms(i32::try_from(lock_ms).unwrap_or(i32::MAX))
+                    .with_responses(topics)
+                    .with_node_endpoints(vec![NodeEndpoint::default()
+                        .with_node_id(BrokerId(node))
+                        .with_host(str_bytes(&advertised.host))
+                        .with_port(i32::from(advertised.port))])
+            }
+            .boxed_local(),
+        )
+    }
+
+    fn error_codes(resp: &ShareFetchResponse, out: &mut Vec<i16>) {
+        out.push(resp.error_code);
+        for t in &resp.responses {
+            for p in &t.partitions {
+                out.push(p.error_code);
+                out.push(p.acknowledge_error_code);
+            }
+        }
+    }
+}

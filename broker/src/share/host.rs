@@ -1,0 +1,191 @@
+//! Runs a shard's [`ShareCoordinator`]: feeds it [`ShareOp`]s and timer ticks and carries out its
+//! actions. Before a join creates a share group it asks the shard's group coordinator
+//! ([`crate::group`], read-only) whether a classic or consumer group has that id; both
+//! coordinators of a group id live on the same shard.
+
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use kafka_protocol::messages::{ConsumerGroupDescribeRequest, DescribeGroupsRequest, GroupId};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+
+use super::coordinator::{Action, OtherGroup, ShareCoordinator};
+use super::{events, ShareAnswer, ShareOp};
+use crate::config::Config;
+use crate::group::{GroupRequest, GroupResponse, RequestMeta};
+use crate::shard::Shard;
+
+pub(crate) struct ShareHost {
+    coordinator: RefCell<ShareCoordinator>,
+    /// Wakes the timer task when the coordinator asks for an earlier tick.
+    wake: strand_storage::notify::Notify,
+    /// Whether the timer task runs (it starts with the first operation).
+    started: Cell<bool>,
+}
+
+impl ShareHost {
+    pub(crate) fn new(config: &Config) -> Self {
+        ShareHost {
+            coordinator: RefCell::new(ShareCoordinator::new(super::coordinator_config(config))),
+            wake: strand_storage::notify::Notify::new(),
+            started: Cell::new(false),
+        }
+    }
+
+    /// Whether share group `group` exists on this shard (which must be its coordinator shard).
+    /// For the group coordinator: a classic or consumer group request naming a share group is
+    /// refused (JoinGroup: INCONSISTENT_GROUP_PROTOCOL; ConsumerGroupHeartbeat and the describe
+    /// APIs: GROUP_ID_NOT_FOUND, "Group <id> is not a consumer/classic group.").
+    #[allow(dead_code)] // For the group coordinator's side of group id conflicts.
+    pub(crate) fn is_share_group(&self, group: &str) -> bool {
+        self.coordinator.borrow().is_share_group(group)
+    }
+
+    /// Runs one operation on this shard (the coordinator shard of the groups it names).
+    pub(crate) fn run_op(&self, shard: &Rc<Shard>, op: ShareOp) -> LocalBoxFuture<'static, ShareAnswer> {
+        if !self.started.replace(true) {
+            glommio::spawn_local(timer_loop(Rc::downgrade(shard))).detach();
+        }
+        let md = shard.metadata();
+        match op {
+            ShareOp::Heartbeat { meta, req } => {
+                let needs_check = self.coordinator.borrow().needs_other_group_check(&req);
+                let shard = shard.clone();
+                async move {
+                    let other = if needs_check {
+                        other_group(&shard, req.group_id.as_str()).await
+                    } else {
+                        OtherGroup::None
+                    };
+                    let md = shard.metadata();
+                    let (resp, actions) = shard.shares.coordinator.borrow_mut().heartbeat(
+                        shard.now_ms(),
+                        &meta,
+                        &req,
+                        &*md,
+                        other,
+                    );
+                    shard.shares.run(&shard, actions);
+                    ShareAnswer::Heartbeat(Box::new(resp))
+                }
+                .boxed_local()
+            }
+            ShareOp::Describe {
+                groups,
+                include_authorized_operations,
+            } => {
+                let answer = self
+                    .coordinator
+                    .borrow()
+                    .describe(&groups, include_authorized_operations, &*md);
+                async move { ShareAnswer::Describe(answer) }.boxed_local()
+            }
+            ShareOp::List {
+                states,
+                types,
+                version,
+            } => {
+                let answer = self.coordinator.borrow().list(&states, &types, version);
+                async move { ShareAnswer::List(answer) }.boxed_local()
+            }
+            ShareOp::ShareGroups { groups } => {
+                let c = self.coordinator.borrow();
+                let answer = groups.into_iter().filter(|g| c.is_share_group(g)).collect();
+                async move { ShareAnswer::ShareGroups(answer) }.boxed_local()
+            }
+            ShareOp::CheckMember { group, member_id } => {
+                let answer = self.coordinator.borrow().check_member(&group, &member_id);
+                async move { ShareAnswer::Member(answer) }.boxed_local()
+            }
+        }
+    }
+
+    /// Carries out the coordinator's actions.
+    fn run(&self, shard: &Rc<Shard>, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::MemberGone { group, member } => events::member_gone(shard, &group, &member),
+                Action::WakeAt(_) => self.wake.notify_all(),
+            }
+        }
+    }
+}
+
+/// Asks the shard's group coordinator whether a classic or consumer group has id `group`
+/// (DescribeGroups v5 shows a classic group in a state other than Dead; ConsumerGroupDescribe
+/// finds a consumer group). Read-only.
+async fn other_group(shard: &Rc<Shard>, group: &str) -> OtherGroup {
+    let Some(groups) = shard.groups.as_ref() else {
+        return OtherGroup::None;
+    };
+    let id = GroupId(StrBytes::from_string(group.to_owned()));
+    let meta = |version| RequestMeta {
+        version,
+        client_id: String::new(),
+        client_host: String::new(),
+    };
+    let classic = groups.submit(
+        meta(5),
+        GroupRequest::DescribeGroups(DescribeGroupsRequest::default().with_groups(vec![id.clone()])),
+    );
+    let consumer = groups.submit(
+        meta(0),
+        GroupRequest::ConsumerGroupDescribe(ConsumerGroupDescribeRequest::default().with_group_ids(vec![id])),
+    );
+    let unavailable = OtherGroup::Unknown(ResponseError::CoordinatorNotAvailable);
+    match classic.await {
+        Ok(GroupResponse::DescribeGroups(r)) => match r.groups.first() {
+            Some(g) if g.error_code != 0 => {
+                return OtherGroup::Unknown(
+                    ResponseError::try_from_code(g.error_code)
+                        .unwrap_or(ResponseError::CoordinatorNotAvailable),
+                )
+            }
+            Some(g) if g.group_state.as_str() != "Dead" => return OtherGroup::Exists,
+            Some(_) => {}
+            None => return unavailable,
+        },
+        _ => return unavailable,
+    }
+    match consumer.await {
+        Ok(GroupResponse::ConsumerGroupDescribe(r)) => match r.groups.first() {
+            Some(g) if g.error_code == 0 => OtherGroup::Exists,
+            Some(g) if g.error_code == ResponseError::GroupIdNotFound.code() => OtherGroup::None,
+            Some(g) => OtherGroup::Unknown(
+                ResponseError::try_from_code(g.error_code).unwrap_or(ResponseError::CoordinatorNotAvailable),
+            ),
+            None => unavailable,
+        },
+        _ => unavailable,
+    }
+}
+
+/// Calls `tick` when the coordinator asked to be woken (and at least every second).
+async fn timer_loop(shard: Weak<Shard>) {
+    loop {
+        let Some(s) = shard.upgrade() else { return };
+        let host = &s.shares;
+        let now = s.now_ms();
+        let next = host.coordinator.borrow().next_wake().unwrap_or(now + 1000);
+        let wait = Duration::from_millis(u64::try_from(next.saturating_sub(now)).unwrap_or(0).min(1000));
+        {
+            let woken = host.wake.wait();
+            let timer = glommio::timer::sleep(wait);
+            futures::pin_mut!(woken);
+            futures::pin_mut!(timer);
+            futures::future::select(woken, timer).await;
+        }
+        if s.shutting_down.get() {
+            return;
+        }
+        let now = s.now_ms();
+        if host.coordinator.borrow().next_wake().is_some_and(|t| t <= now) {
+            let actions = host.coordinator.borrow_mut().tick(now);
+            host.run(&s, actions);
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The Kafka door of the queue engine (KIP-932 share groups): what ShareFetch and
+//! ShareAcknowledge have in common — resolving topic ids, the share session, splitting the work
+//! over the shards that own the partitions ([`QueueOp::Share`]), long polling, and releasing a
+//! member's records when its session closes or it leaves the group. The handlers stay thin.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::{join_all, select_all};
+use kafka_protocol::ResponseError;
+use strand_protocol::types::{ShardId, TopicId};
+
+use crate::ops::{PartRef, ShardRequest, ShardResponse};
+use crate::queue_host::{
+    QueueAnswer, QueueOp, ShareAcks, SharePart, SharePartResult, ShareSettings, StartAt,
+};
+use crate::shard::Shard;
+use crate::share_session::SharePartition;
+
+/// Longest long poll honoured.
+const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
+/// Records acquired per ShareFetch when the client names no limit.
+const DEFAULT_MAX_RECORDS: u32 = 500;
+
+/// One partition named by a request: its topic id and index, and its acknowledgements.
+#[derive(Debug, Clone)]
+pub(crate) struct Named {
+    pub(crate) topic_id: TopicId,
+    pub(crate) partition: i32,
+    pub(crate) acks: Vec<ShareAcks>,
+}
+
+/// The outcome of one partition, for the response.
+#[derive(Debug, Clone)]
+pub(crate) struct PartOutcome {
+    pub(crate) topic_id: TopicId,
+    pub(crate) partition: i32,
+    pub(crate) result: SharePartResult,
+}
+
+/// The settings of a share group, from its group configs (KIP-932, KIP-1191) over the broker's
+/// `group.share.*` defaults.
+pub(crate) fn settings(shard: &Shard, group: &str) -> ShareSettings {
+    use crate::config::AutoOffsetReset;
+    let s = crate::share::share_group_settings(&shard.metadata(), &shard.config, group);
+    ShareSettings {
+        record_lock_duration_ms: u64::from(s.record_lock_duration_ms),
+        delivery_count_limit: s.delivery_count_limit,
+        max_record_locks: s.max_record_locks,
+        auto_offset_reset: match s.auto_offset_reset {
+            AutoOffsetReset::Latest => StartAt::Latest,
+            AutoOffsetReset::Earliest => StartAt::Earliest,
+            AutoOffsetReset::ByDuration { ms } => StartAt::Since { duration_ms: ms },
+        },
+        dead_letter_topic: s.dead_letter_topic,
+    }
+}
+
+/// Whether `member` belongs to the share group (asks the group's coordinator shard):
+/// UNKNOWN_MEMBER_ID, GROUP_ID_NOT_FOUND otherwise.
+pub(crate) async fn check_member(shard: &Rc<Shard>, group: &str, member: &str) -> Result<(), ResponseError> {
+    crate::share::check_member(shard, group, member).await.map(|_| ())
+}
+
+/// What a share request asks of one shard.
+struct ShardWork {
+    /// Index into the outcome list, per part.
+    idx: Vec<usize>,
+    parts: Vec<SharePart>,
+}
+
+/// Runs acknowledgements (`acks` per named partition) and, when `fetch`, acquisition from
+/// `session` (the member's session partitions), long-polling up to `max_wait_ms` when nothing
+/// was acquired. Partitions of unknown topics answer UNKNOWN_TOPIC_ID.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(
+    shard: &Rc<Shard>,
+    group: &str,
+    member: &str,
+    named: &[Named],
+    session: &[SharePartition],
+    fetch: bool,
+    max_records: i32,
+    max_bytes: i32,
+    max_wait_ms: i32,
+) -> Vec<PartOutcome> {
+    let md = shard.metadata();
+    let settings = settings(shard, group);
+    // Every partition to answer about, in order: those named, then the rest of the session.
+    let mut order: Vec<SharePartition> = named.iter().map(|n| (n.topic_id, n.partition)).collect();
+    if fetch {
+        for p in session {
+            if !order.contains(p) {
+                order.push(*p);
+            }
+        }
+    }
+    let mut outcomes: Vec<PartOutcome> = order
+        .iter()
+        .map(|(t, p)| PartOutcome {
+            topic_id: *t,
+            partition: *p,
+            result: SharePartResult::default(),
+        })
+        .collect();
+    let per_part_bytes = usize::try_from(max_bytes).unwrap_or(0).clamp(64 << 10, 8 << 20);
+    let mut by_owner: BTreeMap<ShardId, ShardWork> = BTreeMap::new();
+    for (i, (topic_id, partition)) in order.iter().enumerate() {
+        let Some(t) = md
+            .topic_by_id(*topic_id)
+            .filter(|t| *partition >= 0 && *partition < t.partitions)
+        else {
+            if let Some(o) = outcomes.get_mut(i) {
+                o.result.error = ResponseError::UnknownTopicId.code();
+            }
+            continue;
+        };
+        let acks = named
+            .iter()
+            .find(|n| n.topic_id == *topic_id && n.partition == *partition)
+            .map(|n| n.acks.clone())
+            .unwrap_or_default();
+        let part = PartRef {
+            topic: t.name.clone(),
+            partition: *partition,
+        };
+        let w = by_owner
+            .entry(shard.owner(&part.topic, part.partition))
+            .or_insert_with(|| ShardWork {
+                idx: Vec::new(),
+                parts: Vec::new(),
+            });
+        w.idx.push(i);
+        w.parts.push(SharePart {
+            part,
+            acks,
+            fetch: fetch && session.contains(&(*topic_id, *partition)),
+            max_bytes: per_part_bytes,
+        });
+    }
+    let max_records = u32::try_from(max_records)
+        .ok()
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_MAX_RECORDS);
+    let deadline =
+        Instant::now() + Duration::from_millis(u64::try_from(max_wait_ms).unwrap_or(0)).min(MAX_WAIT_CAP);
+    let mut first_round = true;
+    loop {
+        // One shard after the other, so that `max_records` holds over all of them.
+        let mut left = max_records;
+        for (owner, work) in &by_owner {
+            let parts: Vec<SharePart> = work
+                .parts
+                .iter()
+                .map(|p| SharePart {
+                    acks: if first_round { p.acks.clone() } else { Vec::new() },
+                    fetch: p.fetch && left > 0,
+                    ..p.clone()
+                })
+                .collect();
+            if !first_round && !parts.iter().any(|p| p.fetch) {
+                continue;
+            }
+            let op = QueueOp::Share {
+                group: group.to_owned(),
+                member: member.to_owned(),
+                settings: settings.clone(),
+                parts,
+                max_records: left.max(1),
+            };
+            let results = match call(shard, *owner, op).await {
+                Some(QueueAnswer::Share(r)) => r,
+                _ => vec![
+                    SharePartResult {
+                        error: ResponseError::UnknownServerError.code(),
+                        ..Default::default()
+                    };
+                    work.idx.len()
+                ],
+            };
+            for (i, r) in work.idx.iter().zip(results) {
+                let got: u32 = r
+                    .acquired
+                    .iter()
+                    .map(|(a, b, _)| u32::try_from(b - a + 1).unwrap_or(0))
+                    .sum();
+                left = left.saturating_sub(got);
+                if let Some(o) = outcomes.get_mut(*i) {
+                    if first_round {
+                        o.result = r;
+                    } else {
+                        o.result.acquired = r.acquired;
+                        o.result.records = r.records;
+                        if o.result.error == 0 {
+                            o.result.error = r.error;
+                        }
+                    }
+                }
+            }
+        }
+        first_round = false;
+        let acquired = outcomes.iter().any(|o| !o.result.acquired.is_empty());
+        let left_time = deadline.saturating_duration_since(Instant::now());
+        if !fetch || acquired || left_time.is_zero() || session.is_empty() || shard.shutting_down.get() {
+            break;
+        }
+        // Long poll: until one of the owners may have something for the group.
+        let waits: Vec<_> = by_owner
+            .iter()
+            .filter(|(_, w)| w.parts.iter().any(|p| p.fetch))
+            .map(|(owner, w)| {
+                Box::pin(call(
+                    shard,
+                    *owner,
+                    QueueOp::WaitLeasable {
+                        group: group.to_owned(),
+                        parts: w
+                            .parts
+                            .iter()
+                            .filter(|p| p.fetch)
+                            .map(|p| p.part.clone())
+                            .collect(),
+                        timeout_ms: u64::try_from(left_time.as_millis()).unwrap_or(u64::MAX).max(1),
+                    },
+                ))
+            })
+            .collect();
+        if waits.is_empty() {
+            break;
+        }
+        let _ = select_all(waits).await;
+    }
+    outcomes
+}
+
+/// Releases `member`'s records in `parts` (a closed session, forgotten partitions).
+pub(crate) async fn release(shard: &Rc<Shard>, group: &str, member: &str, parts: &[SharePartition]) {
+    if parts.is_empty() {
+        return;
+    }
+    let md = shard.metadata();
+    let mut by_owner: BTreeMap<ShardId, Vec<PartRef>> = BTreeMap::new();
+    for (topic_id, partition) in parts {
+        if let Some(t) = md.topic_by_id(*topic_id) {
+            by_owner
+                .entry(shard.owner(&t.name, *partition))
+                .or_default()
+                .push(PartRef {
+                    topic: t.name.clone(),
+                    partition: *partition,
+                });
+        }
+    }
+    let calls = by_owner.into_iter().map(|(owner, parts)| {
+        call(
+            shard,
+            owner,
+            QueueOp::ShareRelease {
+                group: group.to_owned(),
+                member: member.to_owned(),
+                parts,
+            },
+        )
+    });
+    join_all(calls).await;
+}
+
+/// A member left its share group (or was fenced): its records are released on every shard
+/// and its sessions are dropped.
+pub(crate) async fn member_gone(shard: &Rc<Shard>, group: &str, member: &str) {
+    let calls = (0..shard.shards).map(|s| {
+        call(
+            shard,
+            ShardId(s),
+            QueueOp::ShareRelease {
+                group: group.to_owned(),
+                member: member.to_owned(),
+                parts: Vec::new(),
+            },
+        )
+    });
+    join_all(calls).await;
+}
+
+async fn call(shard: &Rc<Shard>, owner: ShardId, op: QueueOp) -> Option<QueueAnswer> {
+    let fut = shard.dispatch(owner, ShardRequest::Queue(op)).await.ok()?;
+    match fut.await.ok()? {
+        ShardResponse::Queue(a) => Some(a),
+        _ => None,
+    }
+}
+
+/// The acknowledgement batches of a request partition, as the engine host takes them.
+pub(crate) fn acks<'a>(batches: impl IntoIterator<Item = (i64, i64, &'a [i8])>) -> Vec<ShareAcks> {
+    batches
+        .into_iter()
+        .map(|(first, last, types)| ShareAcks {
+            first,
+            last,
+            types: types.to_vec(),
+        })
+        .collect()
+}
+
+/// Empty records for partitions without data (clients expect a non-null field).
+pub(crate) fn records_or_empty(r: Option<Bytes>) -> Option<Bytes> {
+    Some(r.unwrap_or_default())
+}
