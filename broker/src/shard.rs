@@ -275,6 +275,10 @@ impl Shard {
                 async move { ShardResponse::Applied(Vec::new()) }.boxed_local()
             }
             ShardRequest::Group { meta, req } => {
+                // One group id names one group: a share group's id is not a consumer group's.
+                if let Some(refused) = self.refuse_share_group_id(&req) {
+                    return async move { ShardResponse::Group(Some(Box::new(refused))) }.boxed_local();
+                }
                 let answer = self.groups.as_ref().map(|g| g.submit(meta, *req));
                 async move {
                     match answer {
@@ -292,6 +296,34 @@ impl Shard {
                 let fut = self.shares.run_op(self, op);
                 async move { ShardResponse::Share(fut.await) }.boxed_local()
             }
+        }
+    }
+
+    /// The answer to a classic or consumer group request naming an existing share group, as
+    /// Kafka gives it (INCONSISTENT_GROUP_PROTOCOL to JoinGroup, GROUP_ID_NOT_FOUND to the
+    /// KIP-848 heartbeat); `None` for anything else.
+    fn refuse_share_group_id(&self, req: &crate::group::GroupRequest) -> Option<crate::group::GroupResponse> {
+        use crate::group::{GroupRequest, GroupResponse};
+        use kafka_protocol::messages::{ConsumerGroupHeartbeatResponse, JoinGroupResponse};
+        match req {
+            GroupRequest::JoinGroup(r) if self.shares.is_share_group(r.group_id.as_str()) => {
+                Some(GroupResponse::JoinGroup(
+                    JoinGroupResponse::default()
+                        .with_error_code(ResponseError::InconsistentGroupProtocol.code())
+                        .with_generation_id(-1),
+                ))
+            }
+            GroupRequest::ConsumerGroupHeartbeat(r) if self.shares.is_share_group(r.group_id.as_str()) => {
+                Some(GroupResponse::ConsumerGroupHeartbeat(
+                    ConsumerGroupHeartbeatResponse::default()
+                        .with_error_code(ResponseError::GroupIdNotFound.code())
+                        .with_error_message(Some(crate::handlers::str_bytes(&format!(
+                            "Group {} is not a consumer group.",
+                            r.group_id.as_str()
+                        )))),
+                ))
+            }
+            _ => None,
         }
     }
 

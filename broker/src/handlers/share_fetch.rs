@@ -41,8 +41,12 @@ impl Handler for ShareFetch {
             ));
         };
         let (group, member) = (group.0.as_str().to_owned(), member.as_str().to_owned());
-        if let Err(code) = crate::share_door::check_member(&shard, &group, &member).await {
-            return Reply::Now(refuse(code, "not a member of the share group"));
+        // Opening a session needs a member of the group; later requests are vouched for by the
+        // session, which goes when the member leaves or is fenced.
+        if req.share_session_epoch == 0 {
+            if let Err(code) = crate::share_door::check_member(&shard, &group, &member).await {
+                return Reply::Now(refuse(code, "not a member of the share group"));
+            }
         }
         let named: Vec<Named> = req
             .topics

@@ -40,7 +40,6 @@ impl ShareHost {
     /// For the group coordinator: a classic or consumer group request naming a share group is
     /// refused (JoinGroup: INCONSISTENT_GROUP_PROTOCOL; ConsumerGroupHeartbeat and the describe
     /// APIs: GROUP_ID_NOT_FOUND, "Group <id> is not a consumer/classic group.").
-    #[allow(dead_code)] // For the group coordinator's side of group id conflicts.
     pub(crate) fn is_share_group(&self, group: &str) -> bool {
         self.coordinator.borrow().is_share_group(group)
     }
