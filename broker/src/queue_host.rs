@@ -1596,26 +1596,28 @@ impl QueueHost {
         code
     }
 
-    /// Releases what `member` holds in these partitions (all of the group's engines here when
-    /// `parts` is empty): the records are available again at once.
+    /// Releases what `member` holds in these partitions: the records are available again at
+    /// once (a closed session, forgotten partitions). With `parts` empty the member left its
+    /// group (or was fenced): its sessions here may no longer acquire, but what it holds stays
+    /// acquired until its last acknowledgements arrive (a closing consumer leaves the group
+    /// first and acknowledges after) or its locks time out.
     fn share_release(&self, shard: &Rc<Shard>, group: &str, member: &str, parts: &[PartRef]) {
+        if parts.is_empty() {
+            shard.share_sessions.borrow_mut().member_gone(group, member);
+            return;
+        }
         let engines: Vec<Rc<Engine>> = self
             .engines
             .borrow()
             .values()
             .filter(|e| {
                 e.key.group == group
-                    && (parts.is_empty()
-                        || parts
-                            .iter()
-                            .any(|p| p.topic == e.key.topic && p.partition == e.key.partition))
+                    && parts
+                        .iter()
+                        .any(|p| p.topic == e.key.topic && p.partition == e.key.partition)
             })
             .cloned()
             .collect();
-        if parts.is_empty() {
-            // The member left the group: its sessions on this shard go too.
-            shard.share_sessions.borrow_mut().member_gone(group, member);
-        }
         let owner = ConsumerId::new(member);
         for e in engines {
             let n = e.q.borrow_mut().release_owner(&owner, shard.now_ms());

@@ -24,6 +24,8 @@ struct Session {
     epoch: i32,
     partitions: BTreeSet<SharePartition>,
     last_used_ms: i64,
+    /// The member left its group: it may still acknowledge and close, not acquire.
+    gone: bool,
 }
 
 /// What a request did to the member's session.
@@ -104,6 +106,7 @@ impl ShareSessions {
                         epoch: 1,
                         partitions,
                         last_used_ms: now_ms,
+                        gone: false,
                     },
                 );
                 Ok(update)
@@ -136,7 +139,11 @@ impl ShareSessions {
                 }
                 s.partitions.extend(add.iter().copied());
                 Ok(SessionUpdate {
-                    partitions: s.partitions.iter().copied().collect(),
+                    partitions: if s.gone {
+                        Vec::new()
+                    } else {
+                        s.partitions.iter().copied().collect()
+                    },
                     release: forget.to_vec(),
                 })
             }
@@ -178,12 +185,12 @@ impl ShareSessions {
         }
     }
 
-    /// Forgets every session of a member that left its group; returns their partitions.
-    pub(crate) fn member_gone(&mut self, group: &str, member: &str) -> Vec<SharePartition> {
-        self.sessions
-            .remove(&(group.to_owned(), member.to_owned()))
-            .map(|s| s.partitions.into_iter().collect())
-            .unwrap_or_default()
+    /// A member left its group: its session (if any) may acknowledge and close, but acquires
+    /// nothing more.
+    pub(crate) fn member_gone(&mut self, group: &str, member: &str) {
+        if let Some(s) = self.sessions.get_mut(&(group.to_owned(), member.to_owned())) {
+            s.gone = true;
+        }
     }
 
     /// Drops sessions idle longer than the timeout (their members' locks expire on their own).
@@ -260,7 +267,11 @@ mod tests {
         s.fetch("g", "m", 0, &[p0], &[], false, 0).unwrap();
         let u = s.fetch("g", "m", 0, &[p1], &[], false, 0).unwrap();
         assert_eq!((u.partitions, u.release), (vec![p1], vec![p0]));
-        assert_eq!(s.member_gone("g", "m"), vec![p1]);
+        // A member that left may acknowledge and close, not acquire.
+        s.member_gone("g", "m");
+        let u = s.fetch("g", "m", 1, &[], &[], true, 0).unwrap();
+        assert!(u.partitions.is_empty());
+        assert_eq!(s.acknowledge("g", "m", -1, 0), Ok(vec![p1]));
         assert_eq!(
             s.fetch("g", "m", -7, &[], &[], false, 0),
             Err(ResponseError::InvalidShareSessionEpoch)

@@ -41,7 +41,8 @@
 //!   set) or its assignment changed.
 //! - A member heartbeating with an epoch newer than its own, or older than its own and not its
 //!   previous one (a lost answer), gets FENCED_MEMBER_EPOCH. Epoch -1 leaves. A member whose
-//!   session expires is removed. Either way [`events::member_gone`] releases its records.
+//!   session expires is removed. Either way [`events::member_gone`] stops its share sessions from
+//!   acquiring; what it holds is settled by its last acknowledgements or its lock timeout.
 //! - `group.share.max.size` members per group (GROUP_MAX_SIZE_REACHED).
 //!
 //! ## Where Strand differs from Kafka 4.1
