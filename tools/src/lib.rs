@@ -18,7 +18,7 @@ pub mod broker;
 pub mod faultproxy;
 pub mod host;
 pub mod latency;
+pub mod queue_client;
 pub mod raw;
 pub mod report;
 pub mod workload;
-pub mod queue_client;
