@@ -40,13 +40,8 @@ impl Handler for ShareAcknowledge {
             ));
         };
         let (group, member) = (group.0.as_str().to_owned(), member.as_str().to_owned());
-        // Opening a session needs a member of the group; later requests are vouched for by the
-        // session, which goes when the member leaves or is fenced.
-        if req.share_session_epoch == 0 {
-            if let Err(code) = crate::share_door::check_member(&shard, &group, &member).await {
-                return Reply::Now(refuse(code, "not a member of the share group"));
-            }
-        }
+        // ShareAcknowledge never opens a session (epoch 0 is INVALID_SHARE_SESSION_EPOCH), so the
+        // session vouches for the member: it goes when the member is fenced.
         let release = match shard.share_sessions.borrow_mut().acknowledge(
             &group,
             &member,
