@@ -10,6 +10,8 @@
 //! * [`report`]: the JSON report and the human-readable table.
 //! * [`queue_client`]: a blocking HTTP/1.1 client of Strand's queue API (the queue benchmark and
 //!   the compatibility tests).
+//! * [`queue_workload`]: the HTTP queue load of `strand-queue-bench` (publish, lease + batch ack,
+//!   steady state).
 //!
 //! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
 //! its Kafka listener, which is what makes side-by-side runs against a peer honest.
@@ -19,6 +21,7 @@ pub mod faultproxy;
 pub mod host;
 pub mod latency;
 pub mod queue_client;
+pub mod queue_workload;
 pub mod raw;
 pub mod report;
 pub mod workload;

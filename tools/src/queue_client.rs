@@ -19,7 +19,8 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Longest answer head the client accepts.
@@ -502,6 +503,64 @@ pub struct Settled {
     pub attempts: Option<u32>,
 }
 
+/// One item's result of a batch settle (`POST /v1/messages/ack`): the single settle's answer, or
+/// (`status` set) the refusal of that item.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct BatchSettled {
+    /// Message id.
+    pub id: String,
+    /// The action (absent on a refused item).
+    #[serde(default)]
+    pub action: Option<String>,
+    /// The state after the settle (absent on a refused item).
+    #[serde(default)]
+    pub state: Option<String>,
+    /// For `extend`.
+    #[serde(default)]
+    pub lease_expires_at_ms: Option<i64>,
+    /// For a delayed retry.
+    #[serde(default)]
+    pub available_at_ms: Option<i64>,
+    /// Deliveries so far (nack, reject).
+    #[serde(default)]
+    pub attempts: Option<u32>,
+    /// HTTP status of a refused item (e.g. 409).
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// Error code of a refused item (e.g. `stale_generation`).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Human text of a refused item.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+impl BatchSettled {
+    /// Whether this item was settled (not refused).
+    pub fn is_settled(&self) -> bool {
+        self.status.is_none() && self.error.is_none()
+    }
+}
+
+#[derive(Deserialize)]
+struct BatchSettledAnswer {
+    messages: Vec<BatchSettled>,
+}
+
+#[derive(Serialize)]
+struct AckItem<'a> {
+    id: &'a str,
+    generation: u64,
+    action: &'static str,
+}
+
+#[derive(Serialize)]
+struct AckBatchBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<&'a str>,
+    messages: Vec<AckItem<'a>>,
+}
+
 /// The queue API over one [`HttpConn`].
 pub struct QueueClient {
     /// The connection (public for raw requests on the same connection).
@@ -626,6 +685,70 @@ impl QueueClient {
         )
     }
 
+    /// Sends `body` (JSON text already encoded) and decodes a 2xx answer's body straight into `T`
+    /// (no intermediate [`Value`]: the benchmark's path); an answer other than 2xx is a
+    /// [`CallError::Status`]. `what` names the call in decode errors.
+    pub fn call_bytes_ok<T: DeserializeOwned>(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        what: &str,
+    ) -> Result<T, CallError> {
+        let r = self.conn.request(method, path, body).map_err(CallError::Io)?;
+        if !(200..300).contains(&r.status) {
+            return Err(CallError::Status {
+                status: r.status,
+                code: r.error_code().unwrap_or_default(),
+                body: r.text(),
+            });
+        }
+        serde_json::from_slice(&r.body)
+            .map_err(|e| CallError::Decode(format!("{what} answer {}: {e}: {:?}", r.status, r.text())))
+    }
+
+    /// `POST /v1/messages/ack` with `body` (`group`, `messages`): one result per item, in order.
+    pub fn settle_batch(&mut self, body: &Value) -> Result<Vec<BatchSettled>, CallError> {
+        let bytes = body.to_string().into_bytes();
+        let answer: BatchSettledAnswer =
+            self.call_bytes_ok("POST", "/v1/messages/ack", Some(&bytes), "batch settle")?;
+        Ok(answer.messages)
+    }
+
+    /// Acks every `(id, generation)` in one `POST /v1/messages/ack` (1..=1000 items), in `group`
+    /// (the broker's default when `None`). One result per item, in order; a refused item is in
+    /// the list (see [`BatchSettled::is_settled`]), not an error. A list of the wrong length is
+    /// [`CallError::Decode`].
+    pub fn ack_batch(
+        &mut self,
+        group: Option<&str>,
+        items: &[(&str, u64)],
+    ) -> Result<Vec<BatchSettled>, CallError> {
+        let body = AckBatchBody {
+            group,
+            messages: items
+                .iter()
+                .map(|&(id, generation)| AckItem {
+                    id,
+                    generation,
+                    action: "ack",
+                })
+                .collect(),
+        };
+        let bytes =
+            serde_json::to_vec(&body).map_err(|e| CallError::Decode(format!("encoding a batch ack: {e}")))?;
+        let answer: BatchSettledAnswer =
+            self.call_bytes_ok("POST", "/v1/messages/ack", Some(&bytes), "batch ack")?;
+        if answer.messages.len() != items.len() {
+            return Err(CallError::Decode(format!(
+                "batch ack of {} items answered {} results",
+                items.len(),
+                answer.messages.len()
+            )));
+        }
+        Ok(answer.messages)
+    }
+
     /// `POST /v1/queues/{queue}/redrive`: how many messages moved.
     pub fn redrive(&mut self, queue: &str, body: &Value) -> Result<u64, CallError> {
         let (_, v) = self.call_ok(
@@ -636,5 +759,74 @@ impl QueueClient {
         v.get("redriven")
             .and_then(Value::as_u64)
             .ok_or_else(|| CallError::Decode(format!("redrive answer: {v}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Serves one request on a local port with `answer_body` (200) and returns the request's body.
+    fn one_shot(answer_body: &'static str) -> (String, std::thread::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let h = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s);
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0u8; len];
+            r.read_exact(&mut body).unwrap();
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer_body}",
+                answer_body.len()
+            );
+            r.get_mut().write_all(answer.as_bytes()).unwrap();
+            String::from_utf8(body).unwrap()
+        });
+        (addr, h)
+    }
+
+    #[test]
+    fn ack_batch_sends_one_request_and_reads_each_result() {
+        let (addr, h) = one_shot(
+            r#"{"messages":[{"id":"a1","action":"ack","state":"acknowledged"},
+                {"id":"b2","status":409,"error":"stale_generation","message":"leased again"}]}"#,
+        );
+        let mut c = QueueClient::new(&addr);
+        let r = c.ack_batch(Some("g"), &[("a1", 7), ("b2", 3)]).unwrap();
+        let sent: Value = serde_json::from_str(&h.join().unwrap()).unwrap();
+        assert_eq!(
+            sent,
+            json!({"group": "g", "messages": [
+                {"id": "a1", "generation": 7, "action": "ack"},
+                {"id": "b2", "generation": 3, "action": "ack"}]})
+        );
+        assert!(r[0].is_settled() && r[0].state.as_deref() == Some("acknowledged"));
+        assert!(!r[1].is_settled());
+        assert_eq!(
+            (r[1].status, r[1].error.as_deref()),
+            (Some(409), Some("stale_generation"))
+        );
+    }
+
+    #[test]
+    fn ack_batch_refuses_a_short_answer() {
+        let (addr, h) = one_shot(r#"{"messages":[]}"#);
+        let mut c = QueueClient::new(&addr);
+        let e = c.ack_batch(None, &[("a1", 7)]).unwrap_err();
+        let sent: Value = serde_json::from_str(&h.join().unwrap()).unwrap();
+        assert!(sent.get("group").is_none());
+        assert!(matches!(e, CallError::Decode(_)), "{e}");
     }
 }

@@ -1,0 +1,965 @@
+//! `strand-queue-bench`: the HTTP queue benchmark. One command, one run, one report.
+//!
+//! Measures the machine's raw limits, spawns Strand (or uses a running one), publishes a backlog
+//! over `POST /v1/queues/{queue}/messages`, drains it with workers that lease a batch and ack it in
+//! one `POST /v1/messages/ack`, runs a steady state at a fraction of the drain rate for end-to-end
+//! latency, measures the raw limits again and reports everything as a table and as JSON. See
+//! BENCHMARKS.md.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
+use strand_tools::host::{cpu_seconds, filesystem_of, utc_now_rfc3339, FsInfo, HostInfo};
+use strand_tools::latency::{human_us, LatencySummary};
+use strand_tools::queue_workload::{self, Bars, Checkpoint, PhaseCpu, QueueParams, QueueResult};
+use strand_tools::raw::{disk_append_fdatasync, loopback_tcp, DiskResult};
+use strand_tools::report::{human_bytes, RawLimits, RawLimitsPair, RawParameters, ToolInfo};
+
+/// The issue's target: messages leased and acked per second with 8 workers in batches.
+const TARGET_MSGS_PER_S: f64 = 50_000.0;
+/// Cap on bytes written per raw-disk size.
+const RAW_DISK_MAX_BYTES: u64 = 4 << 30;
+/// Relative change of a raw figure between before and after that makes the run "noisy".
+const RAW_DRIFT_TOLERANCE: f64 = 0.25;
+
+/// How the figures are taken; copied into every report.
+const METHODOLOGY: &[&str] = &[
+    "One broker, one client process on the same machine: on a small machine they share the CPUs, \
+     and the CPU each used per phase is reported (cores = CPU seconds per wall second).",
+    "Every client thread (publisher or worker) has its own keep-alive HTTP/1.1 connection and one \
+     request in flight. Payloads are random base62 text (a different slice per message), sent as \
+     `payload`; MB = 10^6 payload bytes.",
+    "Publish: publishers post batches until the backlog is published; throughput from the phase \
+     start to the last answer; latency per request (send to durable answer).",
+    "Drain: each worker loops lease (max_messages = lease_batch, wait_ms, visibility_timeout_ms) then \
+     one batch ack (POST /v1/messages/ack) of every message it got, with no processing in between. \
+     Throughput: acknowledged messages from the phase start to the last ack answer. Lease latency \
+     counts non-empty leases only. Lease-to-ack: from a lease answer to its ack answer (the broker's \
+     ack cost plus decoding/encoding), per lease batch. Every published id must be acknowledged \
+     exactly once, every ack item must answer `acknowledged`, and the queue must report nothing \
+     available, leased, delayed or dead-lettered afterwards.",
+    "Steady: publishers paced at steady_fraction x the drain rate (schedule-based, staggered) while \
+     the workers lease and ack. End-to-end latency is publish -> lease on the broker's clock: \
+     lease_expires_at_ms - visibility_timeout_ms - published_at_ms (1 ms resolution).",
+    "Raw limits are measured before and after the broker, in the run directory (the broker's disk): \
+     sequential write() + fdatasync() at each size (3 warm-up rounds excluded) and a loopback TCP copy \
+     of 1 MiB writes. Ratios use the better of before/after (higher bandwidth, lower latency): the \
+     more demanding denominator.",
+];
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "strand-queue-bench",
+    version,
+    about = "HTTP queue benchmark for Strand: publish, lease + batch-ack drain and steady-state \
+             end-to-end latency, with the machine's raw disk and loopback limits in the same run.",
+    after_help = "Examples:\n  \
+      strand-queue-bench --spawn target/release/strand --data-dir /work/benchrun --output queue.json\n  \
+      strand-queue-bench --http 127.0.0.1:8080 --broker-pid \"$(pidof strand)\" --steady-secs 0\n\n\
+      Durable figures are only meaningful if the data directory is on a real disk: the report names \
+      its filesystem and warns loudly about tmpfs."
+)]
+struct Cli {
+    // ---- Broker under test ----
+    /// Spawn this `strand` binary on ephemeral ports with a fresh data directory.
+    #[arg(
+        long,
+        value_name = "PATH",
+        conflicts_with = "http",
+        help_heading = "Broker under test"
+    )]
+    spawn: Option<PathBuf>,
+    /// Extra argument for the spawned strand (repeatable).
+    #[arg(
+        long,
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        requires = "spawn",
+        help_heading = "Broker under test"
+    )]
+    spawn_arg: Vec<String>,
+    /// Use an already running broker's HTTP queue API at this address.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Broker under test")]
+    http: Option<String>,
+    /// With --http: the broker's pid, for its memory and CPU.
+    #[arg(
+        long,
+        value_name = "PID",
+        requires = "http",
+        help_heading = "Broker under test"
+    )]
+    broker_pid: Option<u32>,
+
+    // ---- Workload ----
+    /// Queue to create [default: a fresh unique name]; it must not exist.
+    #[arg(long, help_heading = "Workload")]
+    queue: Option<String>,
+    /// Partitions of the queue.
+    #[arg(long, default_value_t = 4, help_heading = "Workload")]
+    partitions: u32,
+    /// Messages published in phase 1 and drained in phase 2.
+    #[arg(long, default_value_t = 200_000, help_heading = "Workload")]
+    messages: u64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 1024, help_heading = "Workload")]
+    message_bytes: usize,
+    /// Publisher threads (one connection each).
+    #[arg(long, default_value_t = 4, help_heading = "Workload")]
+    publishers: usize,
+    /// Messages per publish request (1..=1000).
+    #[arg(long, default_value_t = 500, help_heading = "Workload")]
+    publish_batch: usize,
+    /// Worker threads (one connection each): lease, then ack everything leased in one request.
+    #[arg(long, default_value_t = 8, help_heading = "Workload")]
+    workers: usize,
+    /// `max_messages` of each lease (1..=1000).
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
+    lease_batch: u32,
+    /// `wait_ms` of each lease (long poll while nothing is available).
+    #[arg(long, value_name = "MS", default_value_t = 100, help_heading = "Workload")]
+    lease_wait_ms: u64,
+    /// `visibility_timeout_ms` of each lease.
+    #[arg(long, value_name = "MS", default_value_t = 60_000, help_heading = "Workload")]
+    visibility_timeout_ms: u64,
+    /// Seconds of the steady phase (publishers and workers together); 0 skips it.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, help_heading = "Workload")]
+    steady_secs: f64,
+    /// Publish rate of the steady phase, as a fraction of the drain rate.
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        default_value_t = 0.5,
+        help_heading = "Workload"
+    )]
+    steady_fraction: f64,
+    /// Messages per publish request in the steady phase.
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
+    steady_publish_batch: usize,
+
+    // ---- Raw limits ----
+    /// Where the run directory goes (spawned broker's data, raw-write files) [default: current dir].
+    #[arg(long, value_name = "DIR", help_heading = "Raw limits")]
+    data_dir: Option<PathBuf>,
+    /// Append+fdatasync sizes, comma separated; the publish request's payload bytes
+    /// (publish-batch x message-bytes) are added.
+    #[arg(
+        long,
+        value_name = "BYTES,..",
+        value_delimiter = ',',
+        default_value = "4096,65536",
+        help_heading = "Raw limits"
+    )]
+    raw_sizes: Vec<u64>,
+    /// Seconds per write size of the append+fdatasync test.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0, help_heading = "Raw limits")]
+    raw_disk_secs: f64,
+    /// Seconds of the loopback TCP copy test (after 0.3 s of warm-up).
+    #[arg(long, value_name = "SECS", default_value_t = 2.0, help_heading = "Raw limits")]
+    loopback_secs: f64,
+    /// Skip the raw limits (no ratios; quick checks only).
+    #[arg(long, help_heading = "Raw limits")]
+    skip_raw: bool,
+
+    // ---- Output ----
+    /// Print the JSON report to stdout (the table then goes to stderr).
+    #[arg(long, help_heading = "Output")]
+    json: bool,
+    /// Write the JSON report to this file.
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    output: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long, help_heading = "Output")]
+    no_progress: bool,
+    /// Keep the run directory (broker data and log).
+    #[arg(long, help_heading = "Output")]
+    keep_data: bool,
+    /// Seconds to wait for the broker to start, or without any message acknowledged.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, help_heading = "Output")]
+    timeout_secs: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct BrokerInfo {
+    /// `spawned` or `running`.
+    kind: String,
+    http: String,
+    binary: Option<PathBuf>,
+    version: Option<String>,
+    command: Option<Vec<String>>,
+    pid: Option<u32>,
+    log: Option<PathBuf>,
+    stopped: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+struct MemoryReport {
+    after_start: Option<Memory>,
+    queue_created: Option<Memory>,
+    after_publish: Option<Memory>,
+    after_drain: Option<Memory>,
+    after_steady: Option<Memory>,
+    /// VmHWM at the end: the peak resident size.
+    peak_hwm_kib: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct BrokerCpu {
+    /// CPU seconds (user + system) the broker used from the queue's creation to the end.
+    workload_cpu_seconds: Option<f64>,
+    /// CPU seconds the broker process used in total, at the end of the run.
+    total_cpu_seconds: Option<f64>,
+}
+
+/// Results divided by the machine's raw limits.
+#[derive(Debug, Clone, Serialize)]
+struct Ratios {
+    publish_request_bytes: u64,
+    raw_fdatasync_4k_p50_us: Option<u64>,
+    raw_fdatasync_4k_p99_us: Option<u64>,
+    /// Sequential 4 KiB append+fdatasync rounds per second (one thread).
+    raw_fdatasyncs_per_s_4k: Option<f64>,
+    raw_fdatasync_64k_p99_us: Option<u64>,
+    raw_disk_64k_mb_per_s: Option<f64>,
+    raw_disk_publish_batch_mb_per_s: Option<f64>,
+    raw_fdatasync_publish_batch_p99_us: Option<u64>,
+    raw_loopback_mb_per_s: Option<f64>,
+    /// Publish MB/s ÷ raw append+fdatasync MB/s at the publish request's payload size.
+    publish_mb_per_s_vs_raw_disk: Option<f64>,
+    /// Publish request p99 ÷ raw fdatasync p99 at the publish request's payload size.
+    publish_p99_vs_fdatasync_p99: Option<f64>,
+    /// Drain: batch-ack request p99 ÷ raw 4 KiB fdatasync p99.
+    ack_p99_vs_fdatasync_4k_p99: Option<f64>,
+    /// Drain: lease request p99 ÷ raw 4 KiB fdatasync p99.
+    lease_p99_vs_fdatasync_4k_p99: Option<f64>,
+    /// Drain: lease-to-ack p50 ÷ raw 4 KiB fdatasync p50.
+    lease_to_ack_p50_vs_fdatasync_4k_p50: Option<f64>,
+    /// Drain: ack requests per second ÷ sequential 4 KiB fdatasyncs per second (> 1 means the
+    /// broker shares fsyncs between concurrent acks).
+    ack_requests_per_s_vs_fdatasyncs_per_s_4k: Option<f64>,
+    /// Drain payload MB/s ÷ loopback MB/s.
+    drain_mb_per_s_vs_loopback: Option<f64>,
+    /// Steady end-to-end p99 ÷ raw 4 KiB fdatasync p99.
+    steady_e2e_p99_vs_fdatasync_4k_p99: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Target {
+    description: String,
+    msgs_per_s: f64,
+    measured_msgs_per_s: Option<f64>,
+    met: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Report {
+    tool: ToolInfo,
+    date_utc: String,
+    command_line: Vec<String>,
+    host: HostInfo,
+    data_dir: FsInfo,
+    broker: BrokerInfo,
+    parameters: QueueParams,
+    raw_parameters: RawParameters,
+    methodology: Vec<String>,
+    raw_limits: RawLimitsPair,
+    result: Option<QueueResult>,
+    memory: MemoryReport,
+    broker_cpu: BrokerCpu,
+    ratios: Option<Ratios>,
+    target: Target,
+    problems: Vec<String>,
+    warnings: Vec<String>,
+    error: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("strand-queue-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    if cli.spawn.is_none() && cli.http.is_none() {
+        bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT");
+    }
+    let params = QueueParams {
+        queue: cli.queue.clone().unwrap_or_else(unique_queue),
+        partitions: cli.partitions,
+        messages: cli.messages,
+        message_bytes: cli.message_bytes,
+        publishers: cli.publishers,
+        publish_batch: cli.publish_batch,
+        workers: cli.workers,
+        lease_batch: cli.lease_batch,
+        lease_wait_ms: cli.lease_wait_ms,
+        visibility_timeout_ms: cli.visibility_timeout_ms,
+        steady_secs: cli.steady_secs,
+        steady_fraction: cli.steady_fraction,
+        steady_publish_batch: cli.steady_publish_batch,
+        timeout_secs: cli.timeout_secs,
+    };
+    params.validate()?;
+    let show_progress = !cli.no_progress;
+
+    let base = match &cli.data_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().context("reading the current directory")?,
+    };
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let run_dir = tempfile::Builder::new()
+        .prefix("strand-queue-bench-")
+        .tempdir_in(&base)
+        .with_context(|| format!("creating the run directory under {}", base.display()))?;
+    let fs = filesystem_of(run_dir.path())?;
+    let mut warnings = Vec::new();
+    if fs.volatile {
+        let w = format!(
+            "the data directory {} is on {}: fdatasync persists nothing, every durable figure of this run \
+             is MEANINGLESS (pass --data-dir on a real disk)",
+            fs.path.display(),
+            fs.fs_type
+        );
+        eprintln!("\n*** WARNING: {w} ***\n");
+        warnings.push(w);
+    }
+    if cli.skip_raw {
+        warnings.push("raw limits were not measured (--skip-raw): no ratios".into());
+    }
+    if cli.http.is_some() {
+        warnings.push(
+            "running broker (--http): its data directory may not be the disk the raw limits measured".into(),
+        );
+    }
+
+    let publish_request_bytes = (cli.publish_batch * cli.message_bytes) as u64;
+    let mut sizes = cli.raw_sizes.clone();
+    sizes.push(publish_request_bytes);
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.contains(&0) {
+        bail!("--raw-sizes must be positive");
+    }
+    let raw_parameters = RawParameters {
+        disk_write_sizes: sizes,
+        reference_write_bytes: publish_request_bytes,
+        disk_secs_per_size: cli.raw_disk_secs,
+        loopback_secs: cli.loopback_secs,
+    };
+
+    let date_utc = utc_now_rfc3339();
+    let mut raw = RawLimitsPair::default();
+    if !cli.skip_raw {
+        raw.before = Some(measure_raw(
+            run_dir.path(),
+            &raw_parameters,
+            show_progress,
+            "before",
+        )?);
+    }
+
+    let timeout = Duration::from_secs_f64(cli.timeout_secs);
+    let mut process = None;
+    let mut broker = match (&cli.spawn, &cli.http) {
+        (Some(binary), _) => {
+            let s = spinner(show_progress, "starting strand");
+            let p =
+                BrokerProcess::spawn_strand(binary, &run_dir.path().join("broker"), &cli.spawn_arg, timeout);
+            s.finish_and_clear();
+            let p = p?;
+            let http = p
+                .http
+                .clone()
+                .context("the spawned strand's ready file names no HTTP listener")?;
+            let info = BrokerInfo {
+                kind: "spawned".into(),
+                http,
+                binary: Some(binary.clone()),
+                version: Some(binary_version(binary).unwrap_or_else(|e| format!("unknown ({e:#})"))),
+                command: Some(p.command.clone()),
+                pid: Some(p.pid),
+                log: Some(p.log_path.clone()),
+                stopped: None,
+            };
+            process = Some(p);
+            info
+        }
+        (None, Some(http)) => BrokerInfo {
+            kind: "running".into(),
+            http: http.clone(),
+            binary: None,
+            version: None,
+            command: None,
+            pid: cli.broker_pid,
+            log: None,
+            stopped: None,
+        },
+        (None, None) => bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT"),
+    };
+    eprintln!(
+        "strand-queue-bench: broker pid {}, HTTP {}",
+        broker.pid.map_or("unknown".into(), |p| p.to_string()),
+        broker.http
+    );
+
+    let pid = broker.pid;
+    let mem = || -> Option<Memory> { pid.and_then(|p| memory_of(p).ok()) };
+    let mut memory = MemoryReport {
+        after_start: mem(),
+        ..MemoryReport::default()
+    };
+    let cpu_at_start = pid.and_then(|p| cpu_seconds(Some(p)));
+    let bars = Bars { show: show_progress };
+    let mut checkpoint = |c: Checkpoint| {
+        let m = mem();
+        match c {
+            Checkpoint::Created => memory.queue_created = m,
+            Checkpoint::Published => memory.after_publish = m,
+            Checkpoint::Drained => memory.after_drain = m,
+            Checkpoint::Steady => memory.after_steady = m,
+        }
+    };
+    let outcome = queue_workload::run(&broker.http, pid, &params, &bars, &mut checkpoint);
+    let end_memory = mem();
+    memory.peak_hwm_kib = end_memory.map(|m| m.hwm_kib);
+    let total_cpu = pid.and_then(|p| cpu_seconds(Some(p)));
+    let broker_cpu = BrokerCpu {
+        workload_cpu_seconds: match (cpu_at_start, total_cpu) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        },
+        total_cpu_seconds: total_cpu,
+    };
+    let mut problems = Vec::new();
+    let (result, mut error) = match outcome {
+        Ok(r) => {
+            problems.extend(r.problems.iter().cloned());
+            (Some(r), None)
+        }
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    if let Some(mut p) = process {
+        if !p.is_running() {
+            problems.push(format!("the broker exited during the run{}", p.log_tail()));
+        } else if error.is_some() {
+            if let Some(e) = &mut error {
+                e.push_str(&p.log_tail());
+            }
+        }
+        broker.stopped = Some(
+            p.stop(Duration::from_secs(5))
+                .unwrap_or_else(|e| format!("stop failed: {e:#}")),
+        );
+    }
+
+    if !cli.skip_raw {
+        raw.after = Some(measure_raw(
+            run_dir.path(),
+            &raw_parameters,
+            show_progress,
+            "after",
+        )?);
+    }
+    let drift = raw.drift(RAW_DRIFT_TOLERANCE);
+    if !drift.is_empty() {
+        warnings.push(format!(
+            "raw limits moved by more than {:.0}% between before and after ({}): the machine was not quiet, \
+             treat every figure of this run as noisy",
+            RAW_DRIFT_TOLERANCE * 100.0,
+            drift.join(", ")
+        ));
+    }
+    let ratios = match (&result, cli.skip_raw) {
+        (Some(r), false) => Some(ratios(r, &raw, publish_request_bytes)),
+        _ => None,
+    };
+    let measured = result.as_ref().map(|r| r.drain.msgs_per_s);
+    let target = Target {
+        description: format!(
+            "≥ {TARGET_MSGS_PER_S:.0} messages/s leased and acked (drain phase) with {} workers in batches of {}",
+            params.workers, params.lease_batch
+        ),
+        msgs_per_s: TARGET_MSGS_PER_S,
+        measured_msgs_per_s: measured,
+        met: measured.map(|m| m >= TARGET_MSGS_PER_S),
+    };
+
+    let failed = error.is_some() || !problems.is_empty();
+    let report = Report {
+        tool: ToolInfo {
+            name: "strand-queue-bench".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        },
+        date_utc,
+        command_line: std::env::args().collect(),
+        host: HostInfo::probe(),
+        data_dir: fs,
+        broker,
+        parameters: params,
+        raw_parameters,
+        methodology: METHODOLOGY.iter().map(|s| s.to_string()).collect(),
+        raw_limits: raw,
+        result,
+        memory,
+        broker_cpu,
+        ratios,
+        target,
+        problems,
+        warnings,
+        error,
+    };
+
+    let text = render_text(&report);
+    let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
+    if let Some(path) = &cli.output {
+        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if cli.json {
+        eprint!("{text}");
+        writeln!(stdout, "{json}").context("writing to stdout")?;
+    } else {
+        write!(stdout, "{text}").context("writing to stdout")?;
+    }
+    if let Some(path) = &cli.output {
+        eprintln!("JSON report written to {}", path.display());
+    }
+    if cli.keep_data || failed {
+        let kept = run_dir.keep();
+        eprintln!("run directory (broker data and log) kept: {}", kept.display());
+    } else {
+        run_dir.close().context("removing the run directory")?;
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn disk_at(raw: &RawLimitsPair, bytes: u64) -> impl Iterator<Item = &DiskResult> {
+    raw.before
+        .iter()
+        .chain(raw.after.iter())
+        .flat_map(move |r| r.disk.iter().filter(move |d| d.write_bytes == bytes))
+}
+
+fn ratios(r: &QueueResult, raw: &RawLimitsPair, publish_request_bytes: u64) -> Ratios {
+    let div = |a: f64, b: Option<f64>| b.filter(|b| *b > 0.0).map(|b| a / b);
+    let sync4_p50 = disk_at(raw, 4096).map(|d| d.fdatasync.p50_us).min();
+    let sync4_p99 = raw.best_fdatasync_p99_us(4096);
+    let syncs_per_s_4k = disk_at(raw, 4096)
+        .filter(|d| d.secs > 0.0)
+        .map(|d| d.rounds as f64 / d.secs)
+        .reduce(f64::max);
+    let pub_disk = raw.best_disk_mb_per_s(publish_request_bytes);
+    let pub_p99 = raw.best_fdatasync_p99_us(publish_request_bytes);
+    let loopback = raw.best_loopback_mb_per_s();
+    let lat = |l: &LatencySummary, pick: fn(&LatencySummary) -> u64, base: Option<u64>| {
+        (l.samples > 0)
+            .then(|| div(pick(l) as f64, base.map(|b| b as f64)))
+            .flatten()
+    };
+    let p99 = |l: &LatencySummary| l.p99_us;
+    let p50 = |l: &LatencySummary| l.p50_us;
+    let w = &r.drain.workers;
+    let ack_rps = if r.drain.secs > 0.0 {
+        w.ack_requests as f64 / r.drain.secs
+    } else {
+        0.0
+    };
+    Ratios {
+        publish_request_bytes,
+        raw_fdatasync_4k_p50_us: sync4_p50,
+        raw_fdatasync_4k_p99_us: sync4_p99,
+        raw_fdatasyncs_per_s_4k: syncs_per_s_4k,
+        raw_fdatasync_64k_p99_us: raw.best_fdatasync_p99_us(65536),
+        raw_disk_64k_mb_per_s: raw.best_disk_mb_per_s(65536),
+        raw_disk_publish_batch_mb_per_s: pub_disk,
+        raw_fdatasync_publish_batch_p99_us: pub_p99,
+        raw_loopback_mb_per_s: loopback,
+        publish_mb_per_s_vs_raw_disk: div(r.publish.mb_per_s, pub_disk),
+        publish_p99_vs_fdatasync_p99: lat(&r.publish.request_latency, p99, pub_p99),
+        ack_p99_vs_fdatasync_4k_p99: lat(&w.ack_latency, p99, sync4_p99),
+        lease_p99_vs_fdatasync_4k_p99: lat(&w.lease_latency, p99, sync4_p99),
+        lease_to_ack_p50_vs_fdatasync_4k_p50: lat(&w.lease_to_ack, p50, sync4_p50),
+        ack_requests_per_s_vs_fdatasyncs_per_s_4k: div(ack_rps, syncs_per_s_4k),
+        drain_mb_per_s_vs_loopback: div(r.drain.mb_per_s, loopback),
+        steady_e2e_p99_vs_fdatasync_4k_p99: r
+            .steady
+            .as_ref()
+            .and_then(|s| lat(&s.end_to_end, p99, sync4_p99)),
+    }
+}
+
+fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &str) -> Result<RawLimits> {
+    let measured_at_utc = utc_now_rfc3339();
+    let mut disk = Vec::new();
+    for &size in &p.disk_write_sizes {
+        let s = spinner(
+            show_progress,
+            &format!("raw {when}: append+fdatasync {}", human_bytes(size)),
+        );
+        let size_usize = usize::try_from(size).context("raw write size does not fit in memory")?;
+        disk.push(disk_append_fdatasync(
+            dir,
+            size_usize,
+            Duration::from_secs_f64(p.disk_secs_per_size),
+            RAW_DISK_MAX_BYTES,
+        )?);
+        s.finish_and_clear();
+    }
+    let s = spinner(show_progress, &format!("raw {when}: loopback TCP copy"));
+    let loopback = loopback_tcp(
+        Duration::from_millis(300),
+        Duration::from_secs_f64(p.loopback_secs),
+    )?;
+    s.finish_and_clear();
+    Ok(RawLimits {
+        measured_at_utc,
+        disk,
+        loopback,
+    })
+}
+
+fn spinner(show: bool, msg: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let s = ProgressBar::new_spinner();
+    s.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    s.set_message(msg.to_string());
+    s.enable_steady_tick(Duration::from_millis(200));
+    s
+}
+
+fn unique_queue() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("strand-queue-bench-{secs}-{}", std::process::id())
+}
+
+// ------------------------------------------------------------------------------------------
+// The table
+
+fn lat_row(o: &mut String, name: &str, l: &LatencySummary) {
+    let _ = writeln!(
+        o,
+        "  {name:<26} {:>10} {:>10} {:>10} {:>10}   ({} samples)",
+        human_us(l.p50_us),
+        human_us(l.p99_us),
+        human_us(l.p999_us),
+        human_us(l.max_us),
+        l.samples
+    );
+}
+
+fn cpu_text(c: &PhaseCpu) -> String {
+    let f = |x: Option<f64>, unit: &str| x.map_or("?".to_string(), |x| format!("{x:.2}{unit}"));
+    let us = |x: Option<f64>| x.map_or("?".to_string(), |x| format!("{x:.1}"));
+    format!(
+        "CPU client {} / broker {} (broker share {}; {} / {} µs per message)",
+        f(c.client_cores, ""),
+        f(c.broker_cores, " cores"),
+        c.broker_share
+            .map_or("?".to_string(), |s| format!("{:.0}%", s * 100.0)),
+        us(c.client_us_per_message),
+        us(c.broker_us_per_message)
+    )
+}
+
+fn mib(m: Option<Memory>) -> String {
+    m.map_or("?".to_string(), |m| {
+        format!("{:.1} MiB", m.rss_kib as f64 / 1024.0)
+    })
+}
+
+fn ratio(x: Option<f64>) -> String {
+    x.map_or("-".to_string(), |x| format!("{x:.2}x"))
+}
+
+fn render_text(r: &Report) -> String {
+    let mut o = String::new();
+    let p = &r.parameters;
+    let _ = writeln!(o, "strand-queue-bench {} — {}", r.tool.version, r.date_utc);
+    let _ = writeln!(
+        o,
+        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}){}",
+        r.host.cpus_available,
+        r.host.cpu_model,
+        r.host.kernel,
+        r.data_dir.path.display(),
+        r.data_dir.fs_type,
+        r.data_dir.source,
+        if r.data_dir.volatile {
+            " — VOLATILE: fdatasync persists nothing here"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        o,
+        "broker: {} {} ({}), pid {}, HTTP {}",
+        r.broker.kind,
+        r.broker
+            .binary
+            .as_ref()
+            .map_or("-".to_string(), |b| b.display().to_string()),
+        r.broker.version.as_deref().unwrap_or("version unknown"),
+        r.broker.pid.map_or("?".to_string(), |p| p.to_string()),
+        r.broker.http
+    );
+    let _ = writeln!(
+        o,
+        "workload: queue {}, {} partitions; {} messages of {} B; {} publishers x {} per request; {} workers \
+         x lease {} (wait {} ms, visibility {} ms) + one batch ack; steady {}",
+        p.queue,
+        p.partitions,
+        p.messages,
+        p.message_bytes,
+        p.publishers,
+        p.publish_batch,
+        p.workers,
+        p.lease_batch,
+        p.lease_wait_ms,
+        p.visibility_timeout_ms,
+        if p.steady_secs > 0.0 {
+            format!(
+                "{:.0}% of the drain rate for {} s ({} per request)",
+                p.steady_fraction * 100.0,
+                p.steady_secs,
+                p.steady_publish_batch
+            )
+        } else {
+            "off".into()
+        }
+    );
+
+    let _ = writeln!(
+        o,
+        "\nraw limits (run directory's disk)        before                    after"
+    );
+    let before = r.raw_limits.before.as_ref();
+    let after = r.raw_limits.after.as_ref();
+    for size in &r.raw_parameters.disk_write_sizes {
+        let cell = |l: Option<&RawLimits>| {
+            l.and_then(|l| l.disk.iter().find(|d| d.write_bytes == *size))
+                .map_or("-".to_string(), |d| {
+                    format!(
+                        "{:.1} MB/s p50 {} p99 {}",
+                        d.mb_per_s,
+                        human_us(d.fdatasync.p50_us),
+                        human_us(d.fdatasync.p99_us)
+                    )
+                })
+        };
+        let _ = writeln!(
+            o,
+            "  append+fdatasync {:<12} {:>36} {:>36}",
+            human_bytes(*size),
+            cell(before),
+            cell(after)
+        );
+    }
+    let lo =
+        |l: Option<&RawLimits>| l.map_or("-".to_string(), |l| format!("{:.2} GB/s", l.loopback.gb_per_s));
+    let _ = writeln!(
+        o,
+        "  loopback TCP copy             {:>30} {:>30}",
+        lo(before),
+        lo(after)
+    );
+
+    if let Some(res) = &r.result {
+        let _ = writeln!(
+            o,
+            "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
+            "latency", "p50", "p99", "p99.9", "max"
+        );
+        let pb = &res.publish;
+        let _ = writeln!(
+            o,
+            "publish: {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {} requests ({:.0} request B/msg); {}",
+            pb.messages,
+            pb.secs,
+            pb.msgs_per_s,
+            pb.mb_per_s,
+            pb.requests,
+            pb.request_bytes_per_message,
+            cpu_text(&pb.cpu)
+        );
+        lat_row(&mut o, "publish request", &pb.request_latency);
+        let _ = writeln!(o, "  per partition: {:?}", pb.per_partition);
+        let d = &res.drain;
+        let w = &d.workers;
+        let _ = writeln!(
+            o,
+            "drain: {} messages leased+acked in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {}",
+            w.messages_acked,
+            d.secs,
+            d.msgs_per_s,
+            d.mb_per_s,
+            cpu_text(&d.cpu)
+        );
+        let _ = writeln!(
+            o,
+            "  {} leases ({} empty, {:.1} msgs each, {:.0} answer B/msg), {} batch acks; workers waited {:.0}% \
+             on leases, {:.0}% on acks; verified: {}",
+            w.lease_requests,
+            w.empty_leases,
+            w.mean_lease_batch,
+            w.lease_answer_bytes_per_message,
+            w.ack_requests,
+            w.worker_time_in_lease * 100.0,
+            w.worker_time_in_ack * 100.0,
+            if d.verified { "yes" } else { "NO" }
+        );
+        lat_row(&mut o, "lease request", &w.lease_latency);
+        lat_row(&mut o, "batch-ack request", &w.ack_latency);
+        lat_row(&mut o, "lease-to-ack", &w.lease_to_ack);
+        let _ = writeln!(
+            o,
+            "  lease-to-ack per message: {:.1} µs (mean per batch ÷ mean batch)",
+            w.lease_to_ack_us_per_message
+        );
+        if let Some(s) = &res.steady {
+            let sw = &s.workers;
+            let _ = writeln!(
+                o,
+                "steady: target {:.0} msgs/s; published {} in {:.2} s = {:.0} msgs/s; acked {:.0} msgs/s in the \
+                 window (+{:.2} s tail); {} batches late by > 1 interval (max lag {:.1} ms); verified: {}; {}",
+                s.target_msgs_per_s,
+                s.published,
+                s.secs,
+                s.publish_msgs_per_s,
+                s.acked_msgs_per_s,
+                s.tail_secs,
+                s.late_batches,
+                s.max_schedule_lag_ms,
+                if s.verified { "yes" } else { "NO" },
+                cpu_text(&s.cpu)
+            );
+            lat_row(&mut o, "end-to-end publish→lease", &s.end_to_end);
+            lat_row(&mut o, "publish request", &s.publish_latency);
+            lat_row(&mut o, "lease request", &sw.lease_latency);
+            lat_row(&mut o, "batch-ack request", &sw.ack_latency);
+            let _ = writeln!(
+                o,
+                "  {} leases ({} empty, {:.1} msgs each), {} batch acks",
+                sw.lease_requests, sw.empty_leases, sw.mean_lease_batch, sw.ack_requests
+            );
+        }
+    }
+
+    if let Some(x) = &r.ratios {
+        let _ = writeln!(o, "\nratios (better raw figure of before/after)");
+        let pb = human_bytes(x.publish_request_bytes);
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
+        let rows = [
+            (
+                format!("publish MB/s ÷ raw append+fdatasync MB/s at {pb}"),
+                pct(x.publish_mb_per_s_vs_raw_disk),
+            ),
+            (
+                format!("publish p99 ÷ fdatasync p99 at {pb}"),
+                ratio(x.publish_p99_vs_fdatasync_p99),
+            ),
+            (
+                "batch-ack p99 ÷ fdatasync 4 KiB p99".into(),
+                ratio(x.ack_p99_vs_fdatasync_4k_p99),
+            ),
+            (
+                "lease p99 ÷ fdatasync 4 KiB p99".into(),
+                ratio(x.lease_p99_vs_fdatasync_4k_p99),
+            ),
+            (
+                "lease-to-ack p50 ÷ fdatasync 4 KiB p50".into(),
+                ratio(x.lease_to_ack_p50_vs_fdatasync_4k_p50),
+            ),
+            (
+                format!(
+                    "ack requests/s ÷ 4 KiB fdatasyncs/s ({})",
+                    x.raw_fdatasyncs_per_s_4k
+                        .map_or("-".into(), |v| format!("{v:.0}/s"))
+                ),
+                ratio(x.ack_requests_per_s_vs_fdatasyncs_per_s_4k),
+            ),
+            (
+                "drain payload MB/s ÷ loopback MB/s".into(),
+                pct(x.drain_mb_per_s_vs_loopback),
+            ),
+            (
+                "steady e2e p99 ÷ fdatasync 4 KiB p99".into(),
+                ratio(x.steady_e2e_p99_vs_fdatasync_4k_p99),
+            ),
+        ];
+        for (name, value) in rows {
+            let _ = writeln!(o, "  {name:<52} {value:>10}");
+        }
+    }
+
+    let m = &r.memory;
+    let _ = writeln!(
+        o,
+        "\nbroker memory (RSS): start {}, queue created {}, after publish {}, after drain {}, after steady {}, \
+         peak {}",
+        mib(m.after_start),
+        mib(m.queue_created),
+        mib(m.after_publish),
+        mib(m.after_drain),
+        mib(m.after_steady),
+        m.peak_hwm_kib
+            .map_or("?".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
+    );
+    let _ = writeln!(
+        o,
+        "broker CPU: {} s during the workload, {} s in total",
+        r.broker_cpu
+            .workload_cpu_seconds
+            .map_or("?".to_string(), |s| format!("{s:.2}")),
+        r.broker_cpu
+            .total_cpu_seconds
+            .map_or("?".to_string(), |s| format!("{s:.2}"))
+    );
+    let _ = writeln!(
+        o,
+        "\ntarget {}: {}",
+        r.target.description,
+        match (r.target.met, r.target.measured_msgs_per_s) {
+            (Some(true), Some(m)) => format!("MET ({m:.0} msgs/s)"),
+            (Some(false), Some(m)) => format!(
+                "NOT MET ({m:.0} msgs/s, {:.0}% of it)",
+                m / r.target.msgs_per_s * 100.0
+            ),
+            _ => "not measured".to_string(),
+        }
+    );
+    if let Some(e) = &r.error {
+        let _ = writeln!(o, "\nFAILED: {e}");
+    }
+    for p in &r.problems {
+        let _ = writeln!(o, "PROBLEM: {p}");
+    }
+    for w in &r.warnings {
+        let _ = writeln!(o, "WARNING: {w}");
+    }
+    o
+}
