@@ -200,6 +200,9 @@ pub struct Config {
     pub admin_listener: HostPort,
     /// `strand.journal.segment.bytes`: size at which a shard journal rotates and checkpoints.
     pub journal_segment_bytes: u64,
+    /// `strand.journal.direct.max.logs`: flush rounds carrying at most this many logs skip the
+    /// journal and fsync the segment files (0: always journal).
+    pub journal_direct_max_logs: usize,
     /// `group.min.session.timeout.ms`.
     pub group_min_session_timeout_ms: i32,
     /// `group.max.session.timeout.ms`.
@@ -336,6 +339,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("strand.http.max.body.bytes", Int, Text("10485760"), "Largest HTTP queue API request body."),
     key("strand.admin.listener", Str, Text("127.0.0.1:9644"), "host:port of the admin API and /metrics."),
     key("strand.journal.segment.bytes", Long, Text("134217728"), "Shard journal rotation size."),
+    key(
+        "strand.journal.direct.max.logs",
+        Int,
+        Text("2"),
+        "Flush rounds writing at most this many partition logs fsync the segments instead of the journal.",
+    ),
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
     key("offsets.retention.minutes", Int, Text("10080"), "Offsets of empty groups are kept this long."),
@@ -908,6 +917,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let http_listener = r.host_port("strand.http.listener")?;
     let admin_listener = r.host_port("strand.admin.listener")?;
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
+    let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
     let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
     let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
     let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
@@ -1059,6 +1069,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         http_listener,
         admin_listener,
         journal_segment_bytes,
+        journal_direct_max_logs,
         group_min_session_timeout_ms,
         group_max_session_timeout_ms,
         offsets_retention_minutes,

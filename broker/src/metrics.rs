@@ -66,9 +66,18 @@ pub(crate) fn describe() {
         "Group-commit flush rounds, by shard."
     );
     describe_counter!(
+        "strand_flush_direct_rounds_total",
+        "Flush rounds that skipped the journal and synced their few logs' own files, by shard."
+    );
+    describe_counter!(
         "strand_flush_bytes_total",
         Unit::Bytes,
         "Journal bytes written by flush rounds."
+    );
+    describe_counter!(
+        "strand_flush_segment_bytes_total",
+        Unit::Bytes,
+        "Segment bytes written by flush rounds."
     );
     describe_histogram!(
         "strand_flush_duration_seconds",
@@ -79,6 +88,11 @@ pub(crate) fn describe() {
         "strand_journal_fsync_seconds",
         Unit::Seconds,
         "Duration of the journal fdatasync."
+    );
+    describe_histogram!(
+        "strand_direct_fsync_seconds",
+        Unit::Seconds,
+        "Duration of a direct flush round's segment (and directory) syncs."
     );
     describe_counter!(
         "strand_flush_failures_total",
@@ -304,6 +318,9 @@ pub(crate) struct ShardMetrics {
     connections: Gauge,
     flush_rounds: Counter,
     flush_bytes: Counter,
+    flush_direct_rounds: Counter,
+    flush_segment_bytes: Counter,
+    direct_fsync: Histogram,
     flush_duration: Histogram,
     journal_fsync: Histogram,
     flush_failures: Counter,
@@ -332,6 +349,9 @@ impl ShardMetrics {
             connections: gauge!("strand_connections", &l()),
             flush_rounds: counter!("strand_flush_rounds_total", &l()),
             flush_bytes: counter!("strand_flush_bytes_total", &l()),
+            flush_direct_rounds: counter!("strand_flush_direct_rounds_total", &l()),
+            flush_segment_bytes: counter!("strand_flush_segment_bytes_total", &l()),
+            direct_fsync: histogram!("strand_direct_fsync_seconds", &l()),
             flush_duration: histogram!("strand_flush_duration_seconds", &l()),
             journal_fsync: histogram!("strand_journal_fsync_seconds", &l()),
             flush_failures: counter!("strand_flush_failures_total", &l()),
@@ -407,13 +427,19 @@ impl ShardMetrics {
     }
 
     pub(crate) fn round(&self, stats: &RoundStats) {
-        if stats.journal_bytes == 0 && stats.error.is_none() {
+        if stats.logs == 0 && stats.error.is_none() {
             return;
         }
         self.flush_rounds.increment(1);
         self.flush_bytes.increment(stats.journal_bytes as u64);
+        self.flush_segment_bytes.increment(stats.segment_bytes as u64);
         self.flush_duration.record(stats.duration_us as f64 / 1e6);
-        self.journal_fsync.record(stats.fsync_us as f64 / 1e6);
+        if stats.direct {
+            self.flush_direct_rounds.increment(1);
+            self.direct_fsync.record(stats.fsync_us as f64 / 1e6);
+        } else {
+            self.journal_fsync.record(stats.fsync_us as f64 / 1e6);
+        }
         if stats.error.is_some() {
             self.flush_failures.increment(1);
             self.offline.set(1.0);

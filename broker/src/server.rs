@@ -245,6 +245,7 @@ async fn shard_main(
         id.0,
         StoreConfig {
             journal_segment_bytes: config.journal_segment_bytes,
+            direct_sync_max_logs: config.journal_direct_max_logs,
             ..StoreConfig::default()
         },
     )

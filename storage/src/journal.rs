@@ -267,8 +267,19 @@ impl<F: Fs> Journal<F> {
         Ok((f, path))
     }
 
-    pub(crate) fn stage_append(&mut self, key: &LogKey, base_offset: i64, batch: &[u8]) {
-        encode_append(&mut self.pending, key, base_offset, batch);
+    /// Stages one entry per batch of `data`, whole stored batches back to back (a log's staged
+    /// chunk), each at the base offset its header carries.
+    pub(crate) fn stage_batches(&mut self, key: &LogKey, data: &[u8]) {
+        let mut rest = data;
+        while let Ok(header) = strand_protocol::batch::BatchHeader::parse(rest) {
+            let total = header.total_bytes();
+            let (Some(batch), Some(after)) = (rest.get(..total), rest.get(total..)) else {
+                break;
+            };
+            encode_append(&mut self.pending, key, header.base_offset, batch);
+            rest = after;
+        }
+        debug_assert!(rest.is_empty(), "a staged chunk holds whole batches only");
     }
 
     /// Takes the staged entries for a flush round.

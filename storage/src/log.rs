@@ -108,6 +108,15 @@ pub(crate) struct StagedChunk<Fl> {
     pub(crate) data: Vec<u8>,
 }
 
+/// The syncs a direct flush round owes one log, from [`PartitionLog::direct_sync_work`].
+pub(crate) struct DirectSync<Fl> {
+    pub(crate) files: Vec<Rc<Fl>>,
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) dir_changes: u64,
+    /// The log's directory (for error messages).
+    pub(crate) log_dir: PathBuf,
+}
+
 /// Writes a flush round must do for one log, taken by [`PartitionLog::take_staged`].
 pub(crate) struct StagedWrites<Fl> {
     pub(crate) chunks: Vec<StagedChunk<Fl>>,
@@ -305,6 +314,11 @@ pub struct PartitionLog<F: Fs> {
     epochs_dirty: bool,
     /// Segment files were created or removed since the last checkpoint.
     dir_dirty: bool,
+    /// Directory changes made (segment rolls, removals, ...) and how many of them a direct
+    /// flush round has made durable with its own directory sync (see
+    /// [`PartitionLog::direct_sync_work`]). The checkpoint keeps using `dir_dirty`.
+    dir_changes: u64,
+    dir_changes_synced: u64,
     last_checkpoint: Option<RecoveryPoint>,
     /// Idempotent producers' sequences (see [`crate::producer`]).
     producers: ProducerState,
@@ -360,6 +374,8 @@ impl<F: Fs> PartitionLog<F> {
             epochs: read_epochs(&fs, &dir.join(EPOCH_FILE)).await,
             epochs_dirty: false,
             dir_dirty: false,
+            dir_changes: 0,
+            dir_changes_synced: 0,
             last_checkpoint: None,
             producers: ProducerState::default(),
             retention_floor: None,
@@ -392,7 +408,7 @@ impl<F: Fs> PartitionLog<F> {
             let path = dir.join(segment::file_name(base, "log"));
             if drop_rest {
                 report.bytes_truncated += remove_segment_files(&fs, &dir, base).await;
-                log.dir_dirty = true;
+                log.mark_dir_changed();
                 continue;
             }
             if let Some(exp) = expected {
@@ -402,7 +418,7 @@ impl<F: Fs> PartitionLog<F> {
                     ));
                     drop_rest = true;
                     report.bytes_truncated += remove_segment_files(&fs, &dir, base).await;
-                    log.dir_dirty = true;
+                    log.mark_dir_changed();
                     continue;
                 }
             }
@@ -492,7 +508,7 @@ impl<F: Fs> PartitionLog<F> {
             if seg.is_empty() && !(is_last || drop_rest) {
                 // An empty sealed segment (a crash right after a roll): drop it.
                 report.bytes_truncated += remove_segment_files(&fs, &dir, base).await;
-                log.dir_dirty = true;
+                log.mark_dir_changed();
                 continue;
             }
             log.segments.push(seg);
@@ -612,7 +628,7 @@ impl<F: Fs> PartitionLog<F> {
         let base = self.next_offset;
         let new = Segment::new_lazy(&self.dir, base, now_ms);
         self.segments.push(new);
-        self.dir_dirty = true;
+        self.mark_dir_changed();
     }
 
     /// Assigns offsets to a batch that has already been validated (CRC, size) and stages it for
@@ -742,6 +758,36 @@ impl<F: Fs> PartitionLog<F> {
         Ok((info, stored))
     }
 
+    fn mark_dir_changed(&mut self) {
+        self.dir_dirty = true;
+        self.dir_changes += 1;
+    }
+
+    /// What a *direct* flush round (one that skips the shard journal) must sync besides the
+    /// files it writes, so that everything below its end offset is durable in this log's own
+    /// files: every segment file with writes not yet synced (a write of an earlier, journaled
+    /// round may sit in a segment before the one this round writes, and recovery drops
+    /// everything after a torn segment), and the directory if a segment was created or removed
+    /// since the last directory sync. Collect it when taking the staged writes.
+    pub(crate) fn direct_sync_work(&self) -> DirectSync<F::File> {
+        DirectSync {
+            files: self
+                .segments
+                .iter()
+                .filter(|s| s.needs_sync)
+                .filter_map(|s| s.file.clone())
+                .collect(),
+            dir: (self.dir_changes > self.dir_changes_synced).then(|| self.dir.clone()),
+            dir_changes: self.dir_changes,
+            log_dir: self.dir.clone(),
+        }
+    }
+
+    /// Records that a direct round synced the directory as of `dir_changes`.
+    pub(crate) fn direct_dir_synced(&mut self, dir_changes: u64) {
+        self.dir_changes_synced = self.dir_changes_synced.max(dir_changes);
+    }
+
     /// Whether appended batches wait to be written.
     pub fn has_staged(&self) -> bool {
         !self.staged.is_empty()
@@ -827,7 +873,7 @@ impl<F: Fs> PartitionLog<F> {
         while self.segments.len() > 1 && self.active().base_offset >= hw {
             if let Some(seg) = self.segments.pop() {
                 plan.delete.push(seg.base_offset);
-                self.dir_dirty = true;
+                self.mark_dir_changed();
             }
         }
         let seg = self.active_mut();
@@ -1048,7 +1094,7 @@ impl<F: Fs> PartitionLog<F> {
             let first = &self.segments[0];
             if first.next_offset <= offset && first.durable_size == first.size {
                 deleted.push(self.segments.remove(0).base_offset);
-                self.dir_dirty = true;
+                self.mark_dir_changed();
             } else {
                 break;
             }
@@ -1111,7 +1157,7 @@ impl<F: Fs> PartitionLog<F> {
             }
         }
         if !outcome.deleted.is_empty() {
-            self.dir_dirty = true;
+            self.mark_dir_changed();
         }
         let first_base = self.segments.first().map_or(0, |s| s.base_offset);
         self.log_start_offset = self.log_start_offset.max(first_base);
@@ -1145,7 +1191,7 @@ impl<F: Fs> PartitionLog<F> {
 
     async fn delete_segment_files(&mut self, seg: &Segment<F>) {
         remove_segment_files(&self.fs, &self.dir, seg.base_offset).await;
-        self.dir_dirty = true;
+        self.mark_dir_changed();
     }
 
     /// Whether anything changed since the last checkpoint.
@@ -1226,7 +1272,7 @@ impl<F: Fs> PartitionLog<F> {
 
     pub(crate) fn checkpoint_failed(&mut self) {
         // Make the next checkpoint redo everything.
-        self.dir_dirty = true;
+        self.mark_dir_changed();
         self.epochs_dirty = true;
         for seg in &mut self.segments {
             seg.needs_sync = seg.file.is_some();

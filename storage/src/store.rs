@@ -8,6 +8,12 @@
 //! round is in flight wait for the next round. One round costs one journal fsync whether it
 //! carries one partition or ten thousand.
 //!
+//! Direct rounds: a round carrying at most [`StoreConfig::direct_sync_max_logs`] logs skips the
+//! journal and fsyncs those logs' files instead (every segment with unsynced writes, and the
+//! directory after a segment was created), so one or two busy partitions write each byte once,
+//! not twice. Journal replay needs nothing from them: their bytes are durable in the segments,
+//! and a later journaled batch continues from there.
+//!
 //! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
 //! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`] until a
 //! restart, while reads of durable data keep working. Nothing acknowledged is touched. This is
@@ -43,6 +49,10 @@ pub struct StoreConfig {
     pub journal_segment_bytes: u64,
     /// Upper bound on fsyncs a checkpoint keeps in flight at once.
     pub checkpoint_concurrency: usize,
+    /// A round carrying at most this many logs skips the journal and fsyncs the logs' segment
+    /// files instead (a *direct* round): each byte is written once, not twice. Above it, one
+    /// journal fsync is cheaper than one fsync per log. 0 journals every round.
+    pub direct_sync_max_logs: usize,
 }
 
 impl Default for StoreConfig {
@@ -50,6 +60,7 @@ impl Default for StoreConfig {
         StoreConfig {
             journal_segment_bytes: 128 << 20,
             checkpoint_concurrency: 64,
+            direct_sync_max_logs: 2,
         }
     }
 }
@@ -75,7 +86,12 @@ pub struct LogOffsets {
 #[derive(Debug, Clone, Default)]
 pub struct RoundStats {
     pub logs: usize,
+    /// Whether the round skipped the journal and synced its logs' own files.
+    pub direct: bool,
+    /// Bytes written to the journal (0 in a direct round).
     pub journal_bytes: usize,
+    /// Bytes written to segment files.
+    pub segment_bytes: usize,
     pub duration_us: u64,
     pub fsync_us: u64,
     pub error: Option<String>,
@@ -261,11 +277,9 @@ impl<F: Fs> ShardStore<F> {
         }
         let inner = &mut *inner;
         let entry = entry_mut(&mut inner.slots, id).ok_or(StorageError::UnknownLog)?;
+        // The journal entry is encoded by the flush round, which knows whether it needs one.
         let info = match entry.log.append(batch, leader_epoch, now_ms)? {
-            crate::log::Appended::New(info, stored) => {
-                inner.journal.stage_append(&entry.key, info.base_offset, stored);
-                info
-            }
+            crate::log::Appended::New(info, _stored) => info,
             // A retry of a batch already appended: answer with its offsets once durable.
             crate::log::Appended::Duplicate(info) => info,
         };
@@ -333,33 +347,49 @@ impl<F: Fs> ShardStore<F> {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
             let dirty = std::mem::take(&mut inner.dirty);
+            // Direct: few logs, so syncing their own files costs no more than the journal, and
+            // writes every byte once instead of twice. Not while a checkpoint runs: it clears
+            // the logs' unsynced-segment marks before its own syncs complete.
+            let direct = dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
             let mut writes = Vec::with_capacity(dirty.len());
             for id in dirty {
                 if let Some(entry) = entry_mut(&mut inner.slots, id) {
                     entry.dirty = false;
                     if let Some(w) = entry.log.take_staged() {
-                        writes.push((id, w));
+                        let sync = if direct {
+                            Some(entry.log.direct_sync_work())
+                        } else {
+                            for chunk in &w.chunks {
+                                inner.journal.stage_batches(&entry.key, &chunk.data);
+                            }
+                            None
+                        };
+                        writes.push((id, w, sync));
                     }
                 }
             }
             (inner.journal.take_pending(), writes)
         };
         stats.logs = writes.len();
-        let Some(crate::journal::PendingWrite {
-            file: jfile,
-            position: jpos,
-            data: jdata,
-            path: jpath,
-        }) = journal_write
-        else {
+        if writes.is_empty() {
             self.round_running.set(false);
             return stats;
-        };
-        stats.journal_bytes = jdata.len();
-        let jlen = jdata.len() as u64;
+        }
+        stats.direct = journal_write.is_none();
 
-        // The journal write + fsync and the segment writes run concurrently.
+        // The journal write + fsync and the segment writes (+ their fsyncs in a direct round)
+        // run concurrently.
         let journal = async {
+            let Some(crate::journal::PendingWrite {
+                file: jfile,
+                position: jpos,
+                data: jdata,
+                path: jpath,
+            }) = journal_write
+            else {
+                return Ok::<(u64, u64), StorageError>((0, 0));
+            };
+            let jlen = jdata.len() as u64;
             jfile
                 .write_all_at(jdata, jpos)
                 .await
@@ -369,32 +399,61 @@ impl<F: Fs> ShardStore<F> {
                 .fdatasync()
                 .await
                 .map_err(|e| StorageError::io("sync journal", &jpath, e))?;
-            Ok::<u64, StorageError>(t.elapsed().as_micros() as u64)
+            Ok((jlen, t.elapsed().as_micros() as u64))
         };
         let mut end_offsets = Vec::with_capacity(writes.len());
         let mut segment_futs = Vec::new();
-        for (id, w) in writes.drain(..) {
-            end_offsets.push((id, w.end_offset));
+        for (id, w, sync) in writes.drain(..) {
+            end_offsets.push((id, w.end_offset, sync.as_ref().map(|s| s.dir_changes)));
+            stats.segment_bytes += w.chunks.iter().map(|c| c.data.len()).sum::<usize>();
             let fs = self.fs.clone();
             segment_futs.push(async move {
                 let mut done: Vec<WrittenChunk<F::File>> = Vec::with_capacity(w.chunks.len());
                 for chunk in w.chunks {
                     done.push(write_chunk(&fs, chunk).await?);
                 }
-                Ok::<_, StorageError>((id, done))
+                let mut fsync_us = 0;
+                if let Some(sync) = sync {
+                    let t = Instant::now();
+                    let mut files = sync.files;
+                    for d in &done {
+                        if !files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
+                            files.push(d.file.clone());
+                        }
+                    }
+                    for f in &files {
+                        f.fdatasync()
+                            .await
+                            .map_err(|e| StorageError::io("sync segment", &sync.log_dir, e))?;
+                    }
+                    if let Some(dir) = &sync.dir {
+                        fs.sync_dir(dir)
+                            .await
+                            .map_err(|e| StorageError::io("sync log dir", dir, e))?;
+                    }
+                    fsync_us = t.elapsed().as_micros() as u64;
+                }
+                Ok::<_, StorageError>((id, done, fsync_us))
             });
         }
         let (journal_result, segment_results) = futures::join!(journal, join_all(segment_futs));
 
         let mut failure: Option<StorageError> = None;
+        let mut jlen = 0;
         match journal_result {
-            Ok(fsync_us) => stats.fsync_us = fsync_us,
+            Ok((len, fsync_us)) => {
+                jlen = len;
+                stats.fsync_us = fsync_us;
+            }
             Err(e) => failure = Some(e),
         }
         let mut written = Vec::with_capacity(segment_results.len());
         for r in segment_results {
             match r {
-                Ok(w) => written.push(w),
+                Ok((id, done, fsync_us)) => {
+                    stats.fsync_us = stats.fsync_us.max(fsync_us);
+                    written.push((id, done));
+                }
                 Err(e) => {
                     failure.get_or_insert(e);
                 }
@@ -421,13 +480,17 @@ impl<F: Fs> ShardStore<F> {
                 inner.dirty.clear();
                 let _ = inner.journal.take_pending();
             } else {
+                stats.journal_bytes = jlen as usize;
                 inner.journal.advance(jlen);
                 let mut written_by_id: std::collections::HashMap<LogId, Vec<WrittenChunk<F::File>>> =
                     written.into_iter().collect();
-                for (id, end) in end_offsets {
+                for (id, end, dir_changes) in end_offsets {
                     let chunks = written_by_id.remove(&id).unwrap_or_default();
                     if let Some(entry) = entry_mut(&mut inner.slots, id) {
                         entry.log.complete_round(end, chunks);
+                        if let Some(changes) = dir_changes {
+                            entry.log.direct_dir_synced(changes);
+                        }
                     }
                 }
             }
