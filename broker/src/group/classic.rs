@@ -349,6 +349,31 @@ impl ClassicGroup {
         self.state_timestamp = Some(now);
     }
 
+    /// Members that have not rejoined during a join phase (what the phase waits for), and the
+    /// pending member ids.
+    fn waiting_for(&self) -> (usize, usize) {
+        let not_joined = self.members.values().filter(|m| m.join_waiter.is_none()).count();
+        (not_joined, self.pending_members.len())
+    }
+
+    /// A debug line about the group as it is now.
+    fn trace(&self, cx: &Cx<'_>, event: &str) {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let (not_joined, pending) = self.waiting_for();
+            tracing::debug!(
+                group = cx.group_id,
+                state = self.state.name(),
+                generation = self.generation,
+                members = self.members.len(),
+                not_joined,
+                pending,
+                pending_sync = self.pending_sync.len(),
+                leader = self.leader.as_deref().unwrap_or(""),
+                "classic group: {event}"
+            );
+        }
+    }
+
     /// The GroupMetadata record of the group as it is.
     fn record(&self, group_id: &str) -> Record {
         let with_members = !matches!(self.state, ClassicState::Empty);
@@ -404,15 +429,19 @@ impl ClassicGroup {
         let id = member.member_id.clone();
         self.members.insert(id.clone(), member);
         self.schedule_heartbeat(cx, &id);
-        self.maybe_prepare_rebalance(cx);
+        self.maybe_prepare_rebalance_or_complete_join(cx);
     }
 
-    fn maybe_prepare_rebalance(&mut self, cx: &mut Cx<'_>) {
-        if matches!(
-            self.state,
-            ClassicState::Stable | ClassicState::CompletingRebalance | ClassicState::Empty
-        ) {
-            self.prepare_rebalance(cx);
+    /// Kafka's maybePrepareRebalanceOrCompleteJoin: starts a rebalance if the group can start one;
+    /// in PreparingRebalance, the change (a member added or rejoining) may be the last one the join
+    /// phase waits for, so it completes the phase if everybody is in. (A new member that happens to
+    /// be the last to join must not leave the phase waiting for the rebalance timeout.)
+    fn maybe_prepare_rebalance_or_complete_join(&mut self, cx: &mut Cx<'_>) {
+        match self.state {
+            ClassicState::Stable | ClassicState::CompletingRebalance | ClassicState::Empty => {
+                self.prepare_rebalance(cx);
+            }
+            ClassicState::PreparingRebalance => self.maybe_complete_join(cx),
         }
     }
 
@@ -446,15 +475,18 @@ impl ClassicGroup {
             cx.timers.schedule(key, cx.now + self.rebalance_timeout_ms());
         }
         self.set_state(ClassicState::PreparingRebalance, cx.now);
+        self.trace(cx, "preparing rebalance");
         self.maybe_complete_join(cx);
     }
 
     fn maybe_complete_join(&mut self, cx: &mut Cx<'_>) {
-        if self.state == ClassicState::PreparingRebalance
-            && self.initial_remaining.is_none()
-            && self.all_members_joined()
-        {
+        if self.state != ClassicState::PreparingRebalance {
+            return;
+        }
+        if self.initial_remaining.is_none() && self.all_members_joined() {
             self.complete_join(cx);
+        } else {
+            self.trace(cx, "join phase waiting");
         }
     }
 
@@ -463,6 +495,7 @@ impl ClassicGroup {
         if self.state != ClassicState::PreparingRebalance {
             return;
         }
+        self.trace(cx, "join phase timer");
         if let Some(remaining) = self.initial_remaining {
             if self.new_member_added && remaining > 0 {
                 // Kafka's InitialDelayedJoin: wait again while new members keep arriving, within
@@ -511,6 +544,7 @@ impl ClassicGroup {
                 // the silent members.
                 let key = cx.join_key();
                 cx.timers.schedule(key, cx.now + self.rebalance_timeout_ms());
+                self.trace(cx, "join phase ended with nobody rejoined; waiting again");
                 return;
             }
         }
@@ -519,11 +553,13 @@ impl ClassicGroup {
             self.protocol_name = None;
             self.leader = None;
             self.set_state(ClassicState::Empty, cx.now);
+            self.trace(cx, "join phase completed with no member");
             cx.records.push(self.record(cx.group_id));
             return;
         }
         self.protocol_name = self.select_protocol();
         self.set_state(ClassicState::CompletingRebalance, cx.now);
+        self.trace(cx, "join phase completed");
         let leader = self.leader.clone();
         let ids: Vec<String> = self
             .members_by_seq()
@@ -552,6 +588,12 @@ impl ClassicGroup {
         let Some(mut m) = self.members.remove(member_id) else {
             return;
         };
+        tracing::debug!(
+            group = cx.group_id,
+            member = member_id,
+            error = ?error,
+            "classic group: member removed"
+        );
         if let Some(w) = m.join_waiter.take() {
             cx.replies.push(join_err(w, error, member_id));
         }
@@ -575,7 +617,9 @@ impl ClassicGroup {
     fn remove_member_and_update(&mut self, cx: &mut Cx<'_>, member_id: &str) {
         self.remove_member(cx, member_id, ResponseError::UnknownMemberId);
         match self.state {
-            ClassicState::Stable | ClassicState::CompletingRebalance => self.maybe_prepare_rebalance(cx),
+            ClassicState::Stable | ClassicState::CompletingRebalance => {
+                self.maybe_prepare_rebalance_or_complete_join(cx)
+            }
             ClassicState::PreparingRebalance => self.maybe_complete_join(cx),
             ClassicState::Empty => {}
         }
@@ -849,6 +893,14 @@ impl GroupCoordinator {
         let meta = meta.clone();
         let max_size = self.config.classic_max_size;
         self.with_classic(now, &group_id, |g, cx| {
+            tracing::debug!(
+                group = cx.group_id,
+                member = member_id.as_str(),
+                version = w.version,
+                state = g.state.name(),
+                generation = g.generation,
+                "classic group: JoinGroup"
+            );
             // Kafka's acceptJoiningMember.
             let accept = match g.state {
                 ClassicState::Empty => true,
@@ -903,6 +955,11 @@ impl GroupCoordinator {
                     };
                     cx.timers
                         .schedule(key, cx.now + i64::from(req.session_timeout_ms));
+                    tracing::debug!(
+                        group = cx.group_id,
+                        member = new_id.as_str(),
+                        "classic group: pending member (MEMBER_ID_REQUIRED)"
+                    );
                     cx.replies
                         .push(join_err(w, ResponseError::MemberIdRequired, &new_id));
                 } else {
@@ -924,6 +981,12 @@ impl GroupCoordinator {
                 return;
             }
             if let Err(e) = g.validate_member(&member_id, instance.as_deref()) {
+                tracing::debug!(
+                    group = cx.group_id,
+                    member = member_id.as_str(),
+                    error = ?e,
+                    "classic group: JoinGroup refused"
+                );
                 cx.replies.push(join_err(w, e, &member_id));
                 return;
             }
@@ -964,7 +1027,7 @@ impl GroupCoordinator {
                         req.session_timeout_ms,
                         protocols,
                     );
-                    g.maybe_prepare_rebalance(cx);
+                    g.maybe_prepare_rebalance_or_complete_join(cx);
                 }
                 ClassicState::Empty => {
                     cx.replies
@@ -1028,7 +1091,20 @@ impl GroupCoordinator {
             None
         };
         self.with_classic(now, &group_id, |g, cx| {
+            tracing::debug!(
+                group = cx.group_id,
+                member = member_id.as_str(),
+                generation = req.generation_id,
+                state = g.state.name(),
+                group_generation = g.generation,
+                "classic group: SyncGroup"
+            );
             let err = |cx: &mut Cx<'_>, e: ResponseError| {
+                tracing::debug!(
+                    group = cx.group_id,
+                    error = ?e,
+                    "classic group: SyncGroup refused"
+                );
                 cx.reply(w, GroupResponse::SyncGroup(sync_error(w.version, e.code())));
             };
             if let Err(e) = g.validate_member(&member_id, instance.as_deref()) {
@@ -1079,6 +1155,7 @@ impl GroupCoordinator {
                             m.assignment = given.get(&m.member_id).cloned().unwrap_or_default();
                         }
                         g.set_state(ClassicState::Stable, cx.now);
+                        g.trace(cx, "leader's assignment received");
                         cx.records.push(g.record(cx.group_id));
                         let ids: Vec<String> = g.members.keys().cloned().collect();
                         for id in ids {
@@ -1168,6 +1245,15 @@ impl GroupCoordinator {
             Some(Ok(())) => 0,
             Some(Err(e)) => e.code(),
         };
+        if code != 0 {
+            tracing::debug!(
+                group = group_id.as_str(),
+                member = member_id.as_str(),
+                generation = req.generation_id,
+                code,
+                "classic group: Heartbeat answered with an error"
+            );
+        }
         reply(self, code, &[partition]);
     }
 
@@ -1262,6 +1348,12 @@ impl GroupCoordinator {
     pub(crate) fn classic_heartbeat_expired(&mut self, now: i64, group_id: &str, member_id: &str) {
         self.with_classic(now, group_id, |g, cx| {
             let Some(m) = g.members.get(member_id) else { return };
+            tracing::debug!(
+                group = cx.group_id,
+                member = member_id,
+                is_new = m.is_new,
+                "classic group: session expired"
+            );
             if !m.is_new && (m.join_waiter.is_some() || m.sync_waiter.is_some()) {
                 // Kafka keeps members that wait for the rebalance alive.
                 g.schedule_heartbeat(cx, member_id);
@@ -1274,6 +1366,11 @@ impl GroupCoordinator {
     pub(crate) fn classic_pending_expired(&mut self, now: i64, group_id: &str, member_id: &str) {
         self.with_classic(now, group_id, |g, cx| {
             if g.pending_members.remove(member_id) {
+                tracing::debug!(
+                    group = cx.group_id,
+                    member = member_id,
+                    "classic group: pending member expired"
+                );
                 g.maybe_complete_join(cx);
             }
         });
@@ -1290,6 +1387,7 @@ impl GroupCoordinator {
             {
                 return;
             }
+            g.trace(cx, "sync phase timer: removing members that did not sync");
             let late: Vec<String> = g.pending_sync.iter().cloned().collect();
             for id in late {
                 g.remove_member(cx, &id, ResponseError::UnknownMemberId);
@@ -1436,7 +1534,7 @@ impl ClassicGroup {
             }
             ClassicState::Empty => {
                 self.set_waiter(cx, new_id, w);
-                self.maybe_prepare_rebalance(cx);
+                self.maybe_prepare_rebalance_or_complete_join(cx);
             }
         }
     }

@@ -509,6 +509,60 @@ fn classic_three_members_join_sync_and_one_leaves() {
     assert!(!groups.is_empty());
 }
 
+/// The join storm of the compat tests (`join_storm_cooperative_sticky`), in the order that hung
+/// it: when the last JoinGroup a join phase waits for comes from a *new* member (the holder of a
+/// pending member id from MEMBER_ID_REQUIRED) rather than from a member rejoining, the phase must
+/// complete on that JoinGroup, as Kafka's `maybePrepareRebalanceOrCompleteJoin` does. It used to
+/// wait for the rebalance timeout (rdkafka's `max.poll.interval.ms`: 300 s).
+#[test]
+fn join_phase_completes_when_the_last_member_to_join_is_new() {
+    let mut h = H::new();
+    // a and b get their ids at once; a joins first and makes generation 1 alone (no initial delay).
+    let a = h.join_new();
+    let b = h.join_new();
+    let ta = h.join(5, &a, None, &[("range", b"a")]);
+    let ra = h.join_resp(ta).expect("a alone completes generation 1");
+    assert_eq!(
+        (ra.error_code, ra.generation_id, ra.leader.as_str()),
+        (0, 1, a.as_str())
+    );
+    // b joins (a new member in CompletingRebalance): a rebalance starts, waiting for a and for
+    // the pending member c, which got its id meanwhile.
+    let tb = h.join(5, &b, None, &[("range", b"b")]);
+    let c = h.join_new();
+    assert_eq!(h.group_state(), Some("PreparingRebalance"));
+    let sa = h.sync(&a, 1, &[(&a, b"x")]);
+    assert_eq!(
+        h.sync_resp(sa).unwrap().error_code,
+        ResponseError::RebalanceInProgress.code()
+    );
+    // a rejoins before c: every member has joined, but c is still pending.
+    let ta = h.join(5, &a, None, &[("range", b"a")]);
+    assert!(h.join_resp(ta).is_none() && h.join_resp(tb).is_none());
+    // c, a new member, is the last to join: the join phase completes now, with no time passing.
+    let tc = h.join(5, &c, None, &[("range", b"c")]);
+    let (ra, rb, rc) = (
+        h.join_resp(ta).expect("a answered when the last member joined"),
+        h.join_resp(tb).expect("b answered when the last member joined"),
+        h.join_resp(tc).expect("c answered when it joined"),
+    );
+    assert_eq!((ra.error_code, rb.error_code, rc.error_code), (0, 0, 0));
+    assert_eq!((ra.generation_id, rb.generation_id, rc.generation_id), (2, 2, 2));
+    assert_eq!(ra.leader.as_str(), a, "the leader rejoined and stays the leader");
+    assert_eq!(ra.members.len(), 3);
+    assert_eq!(h.group_state(), Some("CompletingRebalance"));
+
+    // The generation completes as usual.
+    let sync_b = h.sync(&b, 2, &[]);
+    let sync_c = h.sync(&c, 2, &[]);
+    let sync_a = h.sync(&a, 2, &[(&a, b"xa"), (&b, b"xb"), (&c, b"xc")]);
+    for (t, want) in [(sync_a, b"xa"), (sync_b, b"xb"), (sync_c, b"xc")] {
+        let r = h.sync_resp(t).expect("sync answered");
+        assert_eq!((r.error_code, r.assignment.as_ref()), (0, &want[..]));
+    }
+    assert_eq!(h.group_state(), Some("Stable"));
+}
+
 fn records_of(h: &H, f: impl Fn(&RecordKey) -> bool) -> Vec<Record> {
     h.log
         .values()
