@@ -2084,23 +2084,38 @@ fn share_ack_items(
 /// The stored batches covering offsets `first..=last` (whole batches, as stored), reading at
 /// least `max_bytes` at a time.
 async fn read_range(shard: &Shard, log: LogId, first: i64, last: i64, max_bytes: usize) -> Option<Bytes> {
-    let mut out = bytes::BytesMut::new();
+    let mut parts: Vec<Bytes> = Vec::new();
     let mut next = first;
     while next <= last {
         let plan = shard.store.plan_read(log, next, max_bytes.max(64 << 10)).ok()??;
         let chunk = plan.execute().await.ok()?;
+        // Whole batches up to the one holding `last`: a read chunk may hold far more than the
+        // acquired range, and the answer carries only what was acquired.
         let mut end = None;
         for b in strand_protocol::batch::BatchScanner::new(&chunk, false) {
+            if b.header.base_offset > last {
+                break;
+            }
             end = Some((b.position + b.header.total_bytes(), b.header.next_offset()));
         }
         let (len, next_offset) = end?;
-        out.extend_from_slice(chunk.get(..len)?);
+        parts.push(chunk.slice(..len.min(chunk.len())));
         if next_offset <= next {
             break;
         }
         next = next_offset;
     }
-    (!out.is_empty()).then(|| out.freeze())
+    match parts.len() {
+        0 => None,
+        1 => parts.pop(),
+        _ => {
+            let mut out = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+            for p in &parts {
+                out.extend_from_slice(p);
+            }
+            Some(out.freeze())
+        }
+    }
 }
 
 /// Waits (bounded) until the log's high watermark reaches `offset`.

@@ -3,9 +3,13 @@
 //!
 //! | request epoch | ShareFetch | ShareAcknowledge |
 //! |---|---|---|
-//! | 0 | full fetch: replaces any session of the member (its acquired records are released), new session at epoch 1; acknowledgements refused (INVALID_REQUEST) | INVALID_SHARE_SESSION_EPOCH |
+//! | 0 | full fetch: replaces any session of the member (its acquired records are released: a client opens a new session after losing its connection, and Kafka releases a session's records when its connection closes), new session at epoch 1; acknowledgements refused (INVALID_REQUEST) | INVALID_SHARE_SESSION_EPOCH |
 //! | 1..=i32::MAX | incremental: SHARE_SESSION_NOT_FOUND / INVALID_SHARE_SESSION_EPOCH unless it is the session's epoch; adds and forgets partitions; epoch + 1 (wrapping to 1) | same checks; epoch + 1 |
 //! | -1 | final: no partitions may be added or forgotten (INVALID_REQUEST); the session closes (its records are released) | the session closes |
+//!
+//! Forgetting a partition (a rebalance moved it) does not release the member's records there:
+//! the consumer still acknowledges them. The session remembers every partition the member
+//! fetched from (`held`), so the final request releases those records too.
 //!
 //! Sessions live on the shard whose connection opened them (a consumer keeps one connection to
 //! the broker), at most `max_sessions` per shard (SHARE_SESSION_LIMIT_REACHED beyond; idle
@@ -23,6 +27,9 @@ pub(crate) type SharePartition = (TopicId, i32);
 struct Session {
     epoch: i32,
     partitions: BTreeSet<SharePartition>,
+    /// Every partition fetched from in this session (and the sessions it replaced): where the
+    /// member may hold records.
+    held: BTreeSet<SharePartition>,
     last_used_ms: i64,
     /// The member left its group: it may still acknowledge and close, not acquire.
     gone: bool,
@@ -94,17 +101,19 @@ impl ShareSessions {
                     }
                 }
                 let partitions: BTreeSet<SharePartition> = add.iter().copied().collect();
+                // A new session replaces the member's old one (a client does that after losing
+                // its connection; Kafka releases a session's records when its connection closes).
+                let held = partitions.clone();
                 let update = SessionUpdate {
                     partitions: partitions.iter().copied().collect(),
-                    release: old
-                        .map(|s| s.partitions.into_iter().collect())
-                        .unwrap_or_default(),
+                    release: old.map(|s| s.held.into_iter().collect()).unwrap_or_default(),
                 };
                 self.sessions.insert(
                     key,
                     Session {
                         epoch: 1,
                         partitions,
+                        held,
                         last_used_ms: now_ms,
                         gone: false,
                     },
@@ -121,7 +130,7 @@ impl ShareSessions {
                     .ok_or(ResponseError::ShareSessionNotFound)?;
                 Ok(SessionUpdate {
                     partitions: Vec::new(),
-                    release: s.partitions.into_iter().collect(),
+                    release: s.held.into_iter().collect(),
                 })
             }
             e if e > 0 => {
@@ -138,13 +147,16 @@ impl ShareSessions {
                     s.partitions.remove(p);
                 }
                 s.partitions.extend(add.iter().copied());
+                s.held.extend(add.iter().copied());
                 Ok(SessionUpdate {
                     partitions: if s.gone {
                         Vec::new()
                     } else {
                         s.partitions.iter().copied().collect()
                     },
-                    release: forget.to_vec(),
+                    // Forgetting a partition keeps the member's acquired records (Kafka): a
+                    // consumer that loses a partition in a rebalance still acknowledges them.
+                    release: Vec::new(),
                 })
             }
             _ => Err(ResponseError::InvalidShareSessionEpoch),
@@ -167,7 +179,7 @@ impl ShareSessions {
                     .sessions
                     .remove(&key)
                     .ok_or(ResponseError::ShareSessionNotFound)?;
-                Ok(s.partitions.into_iter().collect())
+                Ok(s.held.into_iter().collect())
             }
             e if e > 0 => {
                 let s = self
@@ -252,21 +264,24 @@ mod tests {
             Err(ResponseError::InvalidShareSessionEpoch)
         );
         assert_eq!(s.acknowledge("g", "m", 2, 0), Ok(vec![]));
-        // Forgetting releases.
+        // Forgetting a partition releases nothing: the member may still acknowledge there.
         let u = s.fetch("g", "m", 3, &[], &[p0], false, 0).unwrap();
-        assert_eq!((u.partitions, u.release), (vec![p1], vec![p0]));
-        // A final fetch may not change partitions; then it closes and releases.
+        assert_eq!((u.partitions, u.release), (vec![p1], vec![]));
+        // A final fetch may not change partitions; then it closes and releases, also in the
+        // forgotten partition.
         assert_eq!(
             s.fetch("g", "m", -1, &[p0], &[], false, 0),
             Err(ResponseError::InvalidRequest)
         );
         let u = s.fetch("g", "m", -1, &[], &[], true, 0).unwrap();
-        assert_eq!((u.partitions, u.release), (vec![], vec![p1]));
+        assert_eq!((u.partitions, u.release), (vec![], vec![p0, p1]));
         assert_eq!(s.len(), 0);
-        // A full fetch over an existing session replaces it and releases the old partitions.
+        // A full fetch over an existing session replaces it and releases the old partitions,
+        // forgotten ones included.
         s.fetch("g", "m", 0, &[p0], &[], false, 0).unwrap();
+        s.fetch("g", "m", 1, &[p1], &[p0], false, 0).unwrap();
         let u = s.fetch("g", "m", 0, &[p1], &[], false, 0).unwrap();
-        assert_eq!((u.partitions, u.release), (vec![p1], vec![p0]));
+        assert_eq!((u.partitions, u.release), (vec![p1], vec![p0, p1]));
         // A member that left may acknowledge and close, not acquire.
         s.member_gone("g", "m");
         let u = s.fetch("g", "m", 1, &[], &[], true, 0).unwrap();
