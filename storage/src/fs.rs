@@ -41,6 +41,9 @@ pub trait Fs: Clone + 'static {
     async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
     /// Makes creations, renames and removals in the directory durable.
     async fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Makes everything written to the file system holding `path` durable (`syncfs`): one call
+    /// instead of a sync per file, for start-up recovery.
+    async fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
     async fn exists(&self, path: &Path) -> bool;
 
     /// Reads a whole small file (metadata, checkpoints).
@@ -151,6 +154,11 @@ impl Fs for StdFs {
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
         std::fs::File::open(path)?.sync_all()
+    }
+
+    async fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        let dir = std::fs::File::open(path)?;
+        rustix::fs::syncfs(&dir).map_err(io::Error::from)
     }
 
     async fn exists(&self, path: &Path) -> bool {

@@ -100,6 +100,10 @@ impl Fs for GlommioFs {
         Ok(dir.close().await?)
     }
 
+    async fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        StdFs.sync_filesystem(path).await
+    }
+
     async fn exists(&self, path: &Path) -> bool {
         StdFs.exists(path).await
     }

@@ -289,6 +289,19 @@ impl Fs for MemFs {
         }
     }
 
+    async fn sync_filesystem(&self, _path: &Path) -> io::Result<()> {
+        let state = self.state.borrow();
+        if state.fail_fsync {
+            return Err(io::Error::other("injected fsync failure"));
+        }
+        for file in state.files.values() {
+            let mut f = file.borrow_mut();
+            let f = &mut *f;
+            f.durable.clone_from(&f.data);
+        }
+        Ok(())
+    }
+
     async fn exists(&self, path: &Path) -> bool {
         let state = self.state.borrow();
         state.files.contains_key(path) || state.dirs.contains(path)

@@ -108,15 +108,6 @@ pub(crate) struct StagedChunk<Fl> {
     pub(crate) data: Vec<u8>,
 }
 
-/// The syncs a direct flush round owes one log, from [`PartitionLog::direct_sync_work`].
-pub(crate) struct DirectSync<Fl> {
-    pub(crate) files: Vec<Rc<Fl>>,
-    pub(crate) dir: Option<PathBuf>,
-    pub(crate) dir_changes: u64,
-    /// The log's directory (for error messages).
-    pub(crate) log_dir: PathBuf,
-}
-
 /// Writes a flush round must do for one log, taken by [`PartitionLog::take_staged`].
 pub(crate) struct StagedWrites<Fl> {
     pub(crate) chunks: Vec<StagedChunk<Fl>>,
@@ -314,11 +305,13 @@ pub struct PartitionLog<F: Fs> {
     epochs_dirty: bool,
     /// Segment files were created or removed since the last checkpoint.
     dir_dirty: bool,
-    /// Directory changes made (segment rolls, removals, ...) and how many of them a direct
-    /// flush round has made durable with its own directory sync (see
-    /// [`PartitionLog::direct_sync_work`]). The checkpoint keeps using `dir_dirty`.
+    /// Directory changes made (segment files created or removed) and how many of them a
+    /// checkpoint has made durable; a direct flush round needs them all durable (see
+    /// [`PartitionLog::direct_sync_files`]). `dir_changes_checkpointing` is the count a running
+    /// checkpoint's directory sync covers.
     dir_changes: u64,
     dir_changes_synced: u64,
+    dir_changes_checkpointing: Option<u64>,
     last_checkpoint: Option<RecoveryPoint>,
     /// Idempotent producers' sequences (see [`crate::producer`]).
     producers: ProducerState,
@@ -376,6 +369,7 @@ impl<F: Fs> PartitionLog<F> {
             dir_dirty: false,
             dir_changes: 0,
             dir_changes_synced: 0,
+            dir_changes_checkpointing: None,
             last_checkpoint: None,
             producers: ProducerState::default(),
             retention_floor: None,
@@ -763,29 +757,24 @@ impl<F: Fs> PartitionLog<F> {
         self.dir_changes += 1;
     }
 
-    /// What a *direct* flush round (one that skips the shard journal) must sync besides the
+    /// What a *direct* flush round (one that skips the shard journal) must fsync besides the
     /// files it writes, so that everything below its end offset is durable in this log's own
     /// files: every segment file with writes not yet synced (a write of an earlier, journaled
     /// round may sit in a segment before the one this round writes, and recovery drops
-    /// everything after a torn segment), and the directory if a segment was created or removed
-    /// since the last directory sync. Collect it when taking the staged writes.
-    pub(crate) fn direct_sync_work(&self) -> DirectSync<F::File> {
-        DirectSync {
-            files: self
-                .segments
+    /// everything after a torn segment). `None` when the log cannot take a direct round: a
+    /// segment file was created or removed and no checkpoint has synced the directory yet, or
+    /// the staged writes would create one. Call before taking the staged writes.
+    pub(crate) fn direct_sync_files(&self) -> Option<Vec<Rc<F::File>>> {
+        if self.dir_changes > self.dir_changes_synced || self.staged.iter().any(|c| c.file.is_none()) {
+            return None;
+        }
+        Some(
+            self.segments
                 .iter()
                 .filter(|s| s.needs_sync)
                 .filter_map(|s| s.file.clone())
                 .collect(),
-            dir: (self.dir_changes > self.dir_changes_synced).then(|| self.dir.clone()),
-            dir_changes: self.dir_changes,
-            log_dir: self.dir.clone(),
-        }
-    }
-
-    /// Records that a direct round synced the directory as of `dir_changes`.
-    pub(crate) fn direct_dir_synced(&mut self, dir_changes: u64) {
-        self.dir_changes_synced = self.dir_changes_synced.max(dir_changes);
+        )
     }
 
     /// Whether appended batches wait to be written.
@@ -842,6 +831,9 @@ impl<F: Fs> PartitionLog<F> {
             if let Some(seg) = self.segments.iter_mut().find(|s| s.base_offset == w.segment_base) {
                 if seg.file.is_none() {
                     seg.file = Some(w.file);
+                    // A new file: the directory needs a sync before the journal may go.
+                    self.dir_dirty = true;
+                    self.dir_changes += 1;
                 }
                 seg.durable_size = seg.durable_size.max(w.end_position.min(seg.size));
                 // Set here, when the bytes are in the file, not at append: a checkpoint that
@@ -1244,6 +1236,7 @@ impl<F: Fs> PartitionLog<F> {
         let write_epochs = self.epochs_dirty.then(|| encode_epochs(&self.epochs));
         self.epochs_dirty = false;
         let sync_dir = std::mem::take(&mut self.dir_dirty);
+        self.dir_changes_checkpointing = sync_dir.then_some(self.dir_changes);
         CheckpointWork {
             files_to_sync,
             index_files,
@@ -1268,9 +1261,13 @@ impl<F: Fs> PartitionLog<F> {
     /// Records a completed checkpoint.
     pub(crate) fn checkpoint_done(&mut self, point: RecoveryPoint) {
         self.last_checkpoint = Some(point);
+        if let Some(changes) = self.dir_changes_checkpointing.take() {
+            self.dir_changes_synced = self.dir_changes_synced.max(changes);
+        }
     }
 
     pub(crate) fn checkpoint_failed(&mut self) {
+        self.dir_changes_checkpointing = None;
         // Make the next checkpoint redo everything.
         self.mark_dir_changed();
         self.epochs_dirty = true;

@@ -1,6 +1,7 @@
 //! Start-up journal replay: after a crash, the shard journals may hold acknowledged batches that
 //! never reached their segment files (or reached them torn). Replay appends them, checkpoints the
-//! logs it touched, and deletes the journal files. It runs once, before any shard starts, over
+//! logs it appended to, makes the rest durable with one `syncfs` (entries already in their
+//! segments after a process crash sit in the page cache), and deletes the journal files. It runs once, before any shard starts, over
 //! every shard's journal, so a change in the number of shards between runs is harmless.
 
 use std::collections::BTreeMap;
@@ -41,6 +42,7 @@ pub async fn replay_journals<F: Fs>(
         return Ok(report);
     }
     let mut logs: BTreeMap<String, PartitionLog<F>> = BTreeMap::new();
+    let mut appended: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     for (shard, seq, path) in &files {
         report.files += 1;
         let (entries, problem) = journal::read_file(fs, path).await?;
@@ -78,6 +80,9 @@ pub async fn replay_journals<F: Fs>(
             } else if entry.offset == leo {
                 log.append_unchecked(&entry.data, header.partition_leader_epoch, now_ms)?;
                 report.entries_applied += 1;
+                if !appended.contains(&entry.key.dir_name) {
+                    appended.insert(entry.key.dir_name.clone());
+                }
             } else {
                 report.problems.push(format!(
                     "{}: journal batch at offset {} does not continue the log (end offset {leo}); skipped",
@@ -91,11 +96,20 @@ pub async fn replay_journals<F: Fs>(
         }
     }
     report.logs_touched = logs.len();
-    for (_, mut log) in logs {
-        let work = log.checkpoint_work();
-        let point = work.run(fs).await?;
-        log.checkpoint_done(point);
+    // Logs that got entries back: checkpoint them (their appends are fsynced already).
+    for (name, mut log) in logs {
+        if appended.contains(&name) {
+            let work = log.checkpoint_work();
+            let point = work.run(fs).await?;
+            log.checkpoint_done(point);
+        }
     }
+    // Logs that had every entry already: those bytes may be in the page cache only. One
+    // filesystem sync instead of one checkpoint (three fsyncs) per log: with thousands of
+    // partitions that is seconds of start-up.
+    fs.sync_filesystem(root)
+        .await
+        .map_err(|e| StorageError::io("sync file system", root, e))?;
     for (_, _, path) in &files {
         fs.remove_file(path)
             .await

@@ -145,6 +145,8 @@ pub struct ShardStore<F: Fs> {
     work: Notify,
     round_running: Cell<bool>,
     checkpoint_running: Cell<bool>,
+    /// Serializes [`ShardStore::delete_records`] (rare: DeleteRecords, queue state trims).
+    delete_records_lock: futures::lock::Mutex<()>,
 }
 
 impl<F: Fs> ShardStore<F> {
@@ -167,6 +169,7 @@ impl<F: Fs> ShardStore<F> {
             work: Notify::new(),
             round_running: Cell::new(false),
             checkpoint_running: Cell::new(false),
+            delete_records_lock: futures::lock::Mutex::new(()),
         })
     }
 
@@ -350,14 +353,29 @@ impl<F: Fs> ShardStore<F> {
             // Direct: few logs, so syncing their own files costs no more than the journal, and
             // writes every byte once instead of twice. Not while a checkpoint runs: it clears
             // the logs' unsynced-segment marks before its own syncs complete.
-            let direct = dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
+            // Nor when a log's directory has changes no checkpoint has synced yet (a new segment
+            // file): the journal covers them until one does.
+            let mut direct =
+                dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
+            let mut direct_files = Vec::new();
+            if direct {
+                for id in &dirty {
+                    match entry_mut(&mut inner.slots, *id).map(|e| e.log.direct_sync_files()) {
+                        Some(Some(files)) => direct_files.push(files),
+                        Some(None) => direct = false,
+                        None => direct_files.push(Vec::new()),
+                    }
+                }
+            }
+            let mut direct_files = direct_files.into_iter();
             let mut writes = Vec::with_capacity(dirty.len());
             for id in dirty {
+                let files = direct_files.next();
                 if let Some(entry) = entry_mut(&mut inner.slots, id) {
                     entry.dirty = false;
                     if let Some(w) = entry.log.take_staged() {
                         let sync = if direct {
-                            Some(entry.log.direct_sync_work())
+                            Some((files.unwrap_or_default(), entry.log.dir().to_path_buf()))
                         } else {
                             for chunk in &w.chunks {
                                 inner.journal.stage_batches(&entry.key, &chunk.data);
@@ -404,7 +422,7 @@ impl<F: Fs> ShardStore<F> {
         let mut end_offsets = Vec::with_capacity(writes.len());
         let mut segment_futs = Vec::new();
         for (id, w, sync) in writes.drain(..) {
-            end_offsets.push((id, w.end_offset, sync.as_ref().map(|s| s.dir_changes)));
+            end_offsets.push((id, w.end_offset));
             stats.segment_bytes += w.chunks.iter().map(|c| c.data.len()).sum::<usize>();
             let fs = self.fs.clone();
             segment_futs.push(async move {
@@ -413,9 +431,8 @@ impl<F: Fs> ShardStore<F> {
                     done.push(write_chunk(&fs, chunk).await?);
                 }
                 let mut fsync_us = 0;
-                if let Some(sync) = sync {
+                if let Some((mut files, dir)) = sync {
                     let t = Instant::now();
-                    let mut files = sync.files;
                     for d in &done {
                         if !files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
                             files.push(d.file.clone());
@@ -424,12 +441,7 @@ impl<F: Fs> ShardStore<F> {
                     for f in &files {
                         f.fdatasync()
                             .await
-                            .map_err(|e| StorageError::io("sync segment", &sync.log_dir, e))?;
-                    }
-                    if let Some(dir) = &sync.dir {
-                        fs.sync_dir(dir)
-                            .await
-                            .map_err(|e| StorageError::io("sync log dir", dir, e))?;
+                            .map_err(|e| StorageError::io("sync segment", &dir, e))?;
                     }
                     fsync_us = t.elapsed().as_micros() as u64;
                 }
@@ -484,13 +496,10 @@ impl<F: Fs> ShardStore<F> {
                 inner.journal.advance(jlen);
                 let mut written_by_id: std::collections::HashMap<LogId, Vec<WrittenChunk<F::File>>> =
                     written.into_iter().collect();
-                for (id, end, dir_changes) in end_offsets {
+                for (id, end) in end_offsets {
                     let chunks = written_by_id.remove(&id).unwrap_or_default();
                     if let Some(entry) = entry_mut(&mut inner.slots, id) {
                         entry.log.complete_round(end, chunks);
-                        if let Some(changes) = dir_changes {
-                            entry.log.direct_dir_synced(changes);
-                        }
                     }
                 }
             }
@@ -676,6 +685,9 @@ impl<F: Fs> ShardStore<F> {
     /// DeleteRecords: moves the log start offset to `offset` (durably) and deletes whole
     /// segments below it. Returns the new log start offset.
     pub async fn delete_records(&self, id: LogId, offset: i64) -> Result<i64, StorageError> {
+        // One at a time: concurrent calls for one log would race on the start-offset file's
+        // temporary (and could install an older offset over a newer one).
+        let _one_at_a_time = self.delete_records_lock.lock().await;
         let (moves, dir) =
             self.with_log(id, |l| (l.check_log_start_offset(offset), l.dir().to_path_buf()))?;
         if moves? {

@@ -514,13 +514,14 @@ fn torn_segment_is_restored_from_the_journal() {
 }
 
 /// A direct round (few logs) writes no journal entry and fsyncs the segment instead, including
-/// the earlier segment a journaled round left unsynced before the roll: a crash that drops
-/// every unsynced byte loses nothing acknowledged, with nothing to replay.
+/// an earlier segment a journaled round left unsynced. A round that creates a segment file is
+/// journaled, and so are later ones until a checkpoint has synced the directory. A crash that
+/// drops every unsynced byte loses nothing acknowledged.
 #[test]
 fn direct_rounds_sync_segments_instead_of_the_journal() {
     block_on(async {
         let fs = MemFs::new();
-        let expected;
+        let (expected_a, expected_b);
         {
             let store = open_store_direct(&fs, 1 << 20, 1).await;
             let (a, _) = store.open_log(key("da-0"), small_config(), 0).await.unwrap();
@@ -530,38 +531,59 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
             store.append(b, &value_batch(2, 2, 0), 0, 0).unwrap();
             let stats = store.flush_round().await;
             assert!(!stats.direct && stats.journal_bytes > 0, "{stats:?}");
-            // One log, enough to roll its 2 KiB segment: direct.
-            let mut rolled = false;
+            // One log, but its segment file is new: journaled until a checkpoint.
+            store.append(a, &value_batch(3, 20, 0), 0, 0).unwrap();
+            let stats = store.flush_round().await;
+            assert!(
+                !stats.direct,
+                "a new segment file needs a checkpoint first: {stats:?}"
+            );
+            store.checkpoint().await.unwrap();
+            // One log, enough to roll its 2 KiB segment a few times.
+            let (mut direct, mut journaled) = (0, 0);
             for i in 0..40 {
                 store.append(a, &value_batch(10 + i, 20, 0), 0, 0).unwrap();
                 let stats = store.flush_round().await;
-                assert!(stats.direct && stats.journal_bytes == 0, "{stats:?}");
                 assert!(stats.segment_bytes > 0, "{stats:?}");
-                rolled |= fs.paths().iter().filter(|p| p.starts_with("/data/da-0")).count() > 4;
+                if stats.direct {
+                    assert_eq!(stats.journal_bytes, 0, "{stats:?}");
+                    direct += 1;
+                } else {
+                    // A roll created a file: journaled, then a checkpoint syncs the directory.
+                    journaled += 1;
+                    store.checkpoint().await.unwrap();
+                }
             }
-            assert!(rolled, "the test must roll a segment: {:?}", fs.paths());
+            assert!(
+                journaled >= 2,
+                "the test must roll segments: {journaled} journaled rounds"
+            );
+            assert!(direct >= 30, "{direct} direct rounds");
+            expected_a = read_all(&store, a, 0).await;
             // Two logs again: journaled, and lost from the segments in the crash below.
-            store.append(a, &value_batch(3, 2, 0), 0, 0).unwrap();
-            store.append(b, &value_batch(4, 2, 0), 0, 0).unwrap();
+            store.append(a, &value_batch(100, 2, 0), 0, 0).unwrap();
+            store.append(b, &value_batch(101, 2, 0), 0, 0).unwrap();
             let stats = store.flush_round().await;
             assert!(!stats.direct, "{stats:?}");
-            expected = read_all(&store, a, 0).await;
+            expected_b = read_all(&store, b, 0).await;
         }
+        let expected_a_len = expected_a.len();
         fs.crash(|_| 0);
         let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
             .await
             .unwrap();
-        // Log a's first entry is in its segment (synced by the direct rounds); b's, and both of
-        // the last round, come back from the journal. The direct rounds wrote no entries.
-        assert_eq!(
-            (report.entries_present, report.entries_applied),
-            (1, 3),
-            "{report:?}"
-        );
         assert!(report.problems.is_empty(), "{report:?}");
         let store = open_store(&fs, 1 << 20).await;
         let (a, _) = store.open_log(key("da-0"), small_config(), 0).await.unwrap();
-        assert_eq!(read_all(&store, a, 0).await, expected);
+        let (b, _) = store.open_log(key("db-0"), small_config(), 0).await.unwrap();
+        let after_a = read_all(&store, a, 0).await;
+        assert_eq!(after_a[..expected_a_len], expected_a[..]);
+        assert_eq!(
+            after_a.len(),
+            expected_a_len + 1,
+            "the last journaled batch is back"
+        );
+        assert_eq!(read_all(&store, b, 0).await, expected_b);
     });
 }
 
