@@ -1,10 +1,11 @@
 //! Brokers the benchmark starts itself: Strand (through its ready file) or any command that
-//! listens on a port it is given (a peer such as Tansu). Also reads a process's memory.
+//! listens on a port it is given (a peer such as Tansu). Also reads a process's memory and open
+//! files, and this process's open-file limit (which a spawned broker inherits).
 
 use std::fs::{self, File};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,44 @@ pub fn memory_of(pid: u32) -> Result<Memory> {
     })
 }
 
+/// Open file descriptors of `pid` (entries of /proc/<pid>/fd).
+pub fn open_files_of(pid: u32) -> Result<usize> {
+    let path = format!("/proc/{pid}/fd");
+    let entries = fs::read_dir(&path).with_context(|| format!("listing {path}"))?;
+    Ok(entries.count())
+}
+
+/// The open-file limit (`RLIMIT_NOFILE`, what `ulimit -n` sets) of this process, which every
+/// broker it spawns inherits.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct OpenFilesLimit {
+    /// The soft limit, in effect; `None` for unlimited.
+    pub soft: Option<u64>,
+    /// The hard limit, up to which `ulimit -n` may raise the soft one without privileges.
+    pub hard: Option<u64>,
+}
+
+/// Reads this process's open-file limit from /proc/self/limits.
+pub fn open_files_limit() -> Result<OpenFilesLimit> {
+    let text = fs::read_to_string("/proc/self/limits").context("reading /proc/self/limits")?;
+    parse_open_files_limit(&text).context("no `Max open files` line in /proc/self/limits")
+}
+
+fn parse_open_files_limit(limits: &str) -> Option<OpenFilesLimit> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut values = line["Max open files".len()..].split_whitespace();
+    let value = |v: Option<&str>| -> Option<Option<u64>> {
+        match v? {
+            "unlimited" => Some(None),
+            n => n.parse().ok().map(Some),
+        }
+    };
+    Some(OpenFilesLimit {
+        soft: value(values.next())?,
+        hard: value(values.next())?,
+    })
+}
+
 /// Runs `<program> --version` and returns its first non-empty output line.
 pub fn binary_version(program: &Path) -> Result<String> {
     let out = Command::new(program)
@@ -103,15 +142,52 @@ pub struct BrokerProcess {
     pub log_path: PathBuf,
     /// The command line, for the report.
     pub command: Vec<String>,
+    /// When the process was spawned.
+    pub spawned_at: Instant,
+    /// From spawn until the broker said it was ready (Strand: its ready file was seen, polled every
+    /// 20 ms; a command: its port accepted a connection).
+    pub ready_after: Duration,
+}
+
+/// How a broker process ended when it was stopped.
+#[derive(Debug, Clone)]
+pub struct Stopped {
+    /// In words, for reports.
+    pub how: String,
+    /// True if it exited by itself after SIGTERM (not killed after the grace period).
+    pub by_sigterm: bool,
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// From the signal until the process was reaped.
+    pub elapsed: Duration,
 }
 
 impl BrokerProcess {
     /// Starts `strand` with a fresh data directory under `dir` on ephemeral ports and waits for
     /// its ready file.
     pub fn spawn_strand(binary: &Path, dir: &Path, extra_args: &[String], timeout: Duration) -> Result<Self> {
-        let log_dirs = dir.join("log");
-        fs::create_dir_all(&log_dirs).with_context(|| format!("creating {}", log_dirs.display()))?;
+        Self::spawn_strand_at(binary, &dir.join("log"), dir, extra_args, timeout)
+    }
+
+    /// Starts `strand` on the data directory `log_dirs` (kept as it is: a restart) on ephemeral
+    /// ports, with its ready file and `broker.log` in `dir`, and waits for its ready file. A
+    /// ready file left in `dir` by an earlier start is removed first. `extra_args` come last, so
+    /// an `--override` there wins (e.g. a fixed `listeners=` port).
+    pub fn spawn_strand_at(
+        binary: &Path,
+        log_dirs: &Path,
+        dir: &Path,
+        extra_args: &[String],
+        timeout: Duration,
+    ) -> Result<Self> {
+        fs::create_dir_all(log_dirs).with_context(|| format!("creating {}", log_dirs.display()))?;
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ready = dir.join("ready.json");
+        match fs::remove_file(&ready) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing the old {}", ready.display())),
+        }
         let mut command = vec![
             binary.display().to_string(),
             "--override".into(),
@@ -152,6 +228,8 @@ impl BrokerProcess {
                         http: parsed.http.clone(),
                         log_path,
                         command,
+                        spawned_at: started,
+                        ready_after: started.elapsed(),
                     });
                 }
             }
@@ -210,6 +288,8 @@ impl BrokerProcess {
             http: None,
             log_path,
             command,
+            spawned_at: started,
+            ready_after: started.elapsed(),
         })
     }
 
@@ -219,9 +299,20 @@ impl BrokerProcess {
     }
 
     /// SIGTERM, then SIGKILL after `grace`. Returns how the process ended.
-    pub fn stop(mut self, grace: Duration) -> Result<String> {
+    pub fn stop(self, grace: Duration) -> Result<String> {
+        self.terminate(grace).map(|s| s.how)
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; says how the process ended and how long it took.
+    pub fn terminate(mut self, grace: Duration) -> Result<Stopped> {
+        let signalled = Instant::now();
         if let Some(status) = self.child.try_wait().context("polling the broker process")? {
-            return Ok(format!("had already exited: {status}"));
+            return Ok(Stopped {
+                how: format!("had already exited: {status}"),
+                by_sigterm: false,
+                status,
+                elapsed: Duration::ZERO,
+            });
         }
         // std offers only SIGKILL; `kill` gives the broker a chance to shut down cleanly.
         let _ = Command::new("kill")
@@ -233,15 +324,49 @@ impl BrokerProcess {
         let until = Instant::now() + grace;
         while Instant::now() < until {
             if let Some(status) = self.child.try_wait().context("polling the broker process")? {
-                return Ok(format!("stopped by SIGTERM: {status}"));
+                return Ok(Stopped {
+                    how: format!("stopped by SIGTERM: {status}"),
+                    by_sigterm: true,
+                    status,
+                    elapsed: signalled.elapsed(),
+                });
             }
-            thread::sleep(Duration::from_millis(20));
+            thread::sleep(Duration::from_millis(5));
         }
         self.child.kill().context("killing the broker")?;
         let status = self.child.wait().context("waiting for the broker")?;
-        Ok(format!(
-            "killed after {grace:?} without exiting on SIGTERM: {status}"
-        ))
+        Ok(Stopped {
+            how: format!("killed after {grace:?} without exiting on SIGTERM: {status}"),
+            by_sigterm: false,
+            status,
+            elapsed: signalled.elapsed(),
+        })
+    }
+
+    /// SIGKILL (no chance to flush or checkpoint: a crash), then reaps the process.
+    pub fn kill(mut self) -> Result<Stopped> {
+        let signalled = Instant::now();
+        if let Some(status) = self.child.try_wait().context("polling the broker process")? {
+            return Ok(Stopped {
+                how: format!("had already exited: {status}"),
+                by_sigterm: false,
+                status,
+                elapsed: Duration::ZERO,
+            });
+        }
+        self.child.kill().context("killing the broker")?;
+        let status = self.child.wait().context("waiting for the broker")?;
+        Ok(Stopped {
+            how: format!("killed by SIGKILL: {status}"),
+            by_sigterm: false,
+            status,
+            elapsed: signalled.elapsed(),
+        })
+    }
+
+    /// Open file descriptors now.
+    pub fn open_files(&self) -> Result<usize> {
+        open_files_of(self.pid)
     }
 
     /// Whether the process is still running.
@@ -321,6 +446,31 @@ mod tests {
     }
 
     #[test]
+    fn open_files_limit_parses() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max processes             95893                95893                processes \n\
+                    Max open files            20000                524288               files     \n";
+        assert_eq!(
+            parse_open_files_limit(text),
+            Some(OpenFilesLimit {
+                soft: Some(20_000),
+                hard: Some(524_288)
+            })
+        );
+        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(
+            parse_open_files_limit(unlimited),
+            Some(OpenFilesLimit {
+                soft: None,
+                hard: None
+            })
+        );
+        assert_eq!(parse_open_files_limit("Max processes 1 1 processes\n"), None);
+        assert!(open_files_limit().is_ok());
+        assert!(open_files_of(std::process::id()).unwrap() >= 3);
+    }
+
+    #[test]
     fn spawn_command_waits_for_the_port_and_stops() {
         let dir = tempfile::tempdir_in(".").unwrap();
         // A Python one-liner that listens on {port}: stands in for a peer broker.
@@ -332,6 +482,12 @@ mod tests {
         assert!(b.memory().unwrap().rss_kib > 0);
         let how = b.stop(Duration::from_secs(5)).unwrap();
         assert!(how.contains("SIGTERM"), "{how}");
+
+        let b = BrokerProcess::spawn_command(template, dir.path(), Duration::from_secs(20)).unwrap();
+        assert!(b.ready_after > Duration::ZERO && b.open_files().unwrap() >= 3);
+        let killed = b.kill().unwrap();
+        assert!(!killed.by_sigterm && !killed.status.success(), "{}", killed.how);
+        assert!(killed.how.contains("SIGKILL"), "{}", killed.how);
     }
 
     #[test]

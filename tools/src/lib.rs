@@ -12,6 +12,9 @@
 //!   the compatibility tests).
 //! * [`queue_workload`]: the HTTP queue load of `strand-queue-bench` (publish, lease + batch ack,
 //!   steady state).
+//! * [`share_workload`]: the Kafka share-group (KIP-932) load of `strand-queue-bench` (the same
+//!   backlog drained by native share consumers: ShareGroupHeartbeat, ShareFetch with piggy-backed
+//!   acknowledgements, ShareAcknowledge).
 //!
 //! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
 //! its Kafka listener, which is what makes side-by-side runs against a peer honest.
@@ -24,4 +27,5 @@ pub mod queue_client;
 pub mod queue_workload;
 pub mod raw;
 pub mod report;
+pub mod share_workload;
 pub mod workload;

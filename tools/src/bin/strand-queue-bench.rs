@@ -1,10 +1,12 @@
-//! `strand-queue-bench`: the HTTP queue benchmark. One command, one run, one report.
+//! `strand-queue-bench`: the queue benchmark. One command, one run, one report.
 //!
-//! Measures the machine's raw limits, spawns Strand (or uses a running one), publishes a backlog
-//! over `POST /v1/queues/{queue}/messages`, drains it with workers that lease a batch and ack it in
-//! one `POST /v1/messages/ack`, runs a steady state at a fraction of the drain rate for end-to-end
-//! latency, measures the raw limits again and reports everything as a table and as JSON. See
-//! BENCHMARKS.md.
+//! Measures the machine's raw limits, spawns Strand (or uses a running one), then through the HTTP
+//! door publishes a backlog over `POST /v1/queues/{queue}/messages`, drains it with workers that
+//! lease a batch and ack it in one `POST /v1/messages/ack` and runs a steady state at a fraction of
+//! the drain rate for end-to-end latency; through the Kafka door (KIP-932 share groups) publishes
+//! the same backlog to a second queue and drains it with native share consumers (ShareFetch with
+//! acknowledgements on the next fetch). It measures the raw limits again and reports everything as
+//! a table and as JSON. See BENCHMARKS.md.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -13,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -23,8 +25,10 @@ use strand_tools::latency::{human_us, LatencySummary};
 use strand_tools::queue_workload::{self, Bars, Checkpoint, PhaseCpu, QueueParams, QueueResult};
 use strand_tools::raw::{disk_append_fdatasync, loopback_tcp, DiskResult};
 use strand_tools::report::{human_bytes, RawLimits, RawLimitsPair, RawParameters, ToolInfo};
+use strand_tools::share_workload::{self, ConfluentResult, ShareCheckpoint, ShareParams, ShareResult};
 
-/// The issue's target: messages leased and acked per second with 8 workers in batches.
+/// The issue's target: messages leased and acked per second with 8 workers in batches (HTTP);
+/// "ShareConsumer similar".
 const TARGET_MSGS_PER_S: f64 = 50_000.0;
 /// Cap on bytes written per raw-disk size.
 const RAW_DISK_MAX_BYTES: u64 = 4 << 30;
@@ -54,17 +58,87 @@ const METHODOLOGY: &[&str] = &[
      sequential write() + fdatasync() at each size (3 warm-up rounds excluded) and a loopback TCP copy \
      of 1 MiB writes. Ratios use the better of before/after (higher bandwidth, lower latency): the \
      more demanding denominator.",
+    "Share door (KIP-932): a second queue gets the same backlog over HTTP (same publishers, batches and \
+     payloads, so the log holds the same stored batches) after the group config \
+     share.auto.offset.reset=earliest is set. `workers` native Kafka clients (raw requests, one \
+     connection and thread each, no client library) join one share group (ShareGroupHeartbeat, member \
+     epoch 0) and heartbeat once more when all have joined, to take the final assignment; the drain \
+     starts then. Each loops ShareFetch (max_records = lease_batch, max_wait_ms = lease_wait_ms) carrying \
+     the ACCEPT of the previous fetch's records; once every record has been acquired, or for a partition \
+     no longer assigned, the last acceptances go in a ShareAcknowledge (no long poll). Heartbeats continue \
+     at the broker's interval. Throughput: accepted records from the drain start to the last answer \
+     confirming an acceptance. A record counts as accepted only when the answer to the request that \
+     carried its ACCEPT shows error code 0 for its partition; every acquired offset must be a record of \
+     message_bytes in the answered batches; every published (partition, offset) must be accepted exactly \
+     once; afterwards every consumer closes its share session (ShareAcknowledge, epoch -1) and leaves \
+     (member epoch -1), the queue must report nothing available, leased or delayed for the group and \
+     ShareGroupDescribe no member. ShareFetch latency counts non-empty fetches only (they include the \
+     acknowledgements they carry). Fetch-to-ack: from a fetch answer to the answer confirming the \
+     acceptance of its records.",
+    "Share door with confluent-kafka (--share-client confluent|both): a third queue gets the same backlog; \
+     `workers` Python processes each run a confluent-kafka ShareConsumer (explicit acknowledgement, every \
+     record ACCEPTed, the acceptances sent with the next poll; fetch.wait.max.ms = lease_wait_ms, other \
+     settings librdkafka's defaults). Throughput: from the first record any process acquired to the last \
+     acceptance the acknowledgement commit callback confirmed without error; client CPU is the processes' \
+     CPU. The same exactly-once check of (partition, offset) applies; then the processes close.",
 ];
+
+/// Which door of the queue the benchmark drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Door {
+    /// The HTTP queue API: publish, lease + batch-ack drain, steady state.
+    Http,
+    /// Kafka share groups (KIP-932): publish, drain by native share consumers.
+    Share,
+    /// Both, HTTP first.
+    Both,
+}
+
+impl Door {
+    fn http(self) -> bool {
+        matches!(self, Door::Http | Door::Both)
+    }
+
+    fn share(self) -> bool {
+        matches!(self, Door::Share | Door::Both)
+    }
+}
+
+/// Which client drains the share door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum ShareClient {
+    /// Native Kafka clients in this process (raw requests, one thread each).
+    Native,
+    /// confluent-kafka `ShareConsumer` processes (Python, `--python`).
+    Confluent,
+    /// Both, each on its own queue, native first.
+    Both,
+}
+
+impl ShareClient {
+    fn native(self) -> bool {
+        matches!(self, ShareClient::Native | ShareClient::Both)
+    }
+
+    fn confluent(self) -> bool {
+        matches!(self, ShareClient::Confluent | ShareClient::Both)
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
     name = "strand-queue-bench",
     version,
-    about = "HTTP queue benchmark for Strand: publish, lease + batch-ack drain and steady-state \
-             end-to-end latency, with the machine's raw disk and loopback limits in the same run.",
+    about = "Queue benchmark for Strand: over HTTP, publish, lease + batch-ack drain and steady-state \
+             end-to-end latency; over Kafka share groups (KIP-932), the same backlog drained by native \
+             share consumers; with the machine's raw disk and loopback limits in the same run.",
     after_help = "Examples:\n  \
       strand-queue-bench --spawn target/release/strand --data-dir /work/benchrun --output queue.json\n  \
-      strand-queue-bench --http 127.0.0.1:8080 --broker-pid \"$(pidof strand)\" --steady-secs 0\n\n\
+      strand-queue-bench --spawn target/release/strand --door share --messages 50000 --skip-raw\n  \
+      strand-queue-bench --http 127.0.0.1:8080 --bootstrap 127.0.0.1:9092 --broker-pid \"$(pidof strand)\" \
+      --steady-secs 0\n\n\
       Durable figures are only meaningful if the data directory is on a real disk: the report names \
       its filesystem and warns loudly about tmpfs."
 )]
@@ -90,6 +164,14 @@ struct Cli {
     /// Use an already running broker's HTTP queue API at this address.
     #[arg(long, value_name = "HOST:PORT", help_heading = "Broker under test")]
     http: Option<String>,
+    /// With --http: the broker's Kafka listener (needed by the share door).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        requires = "http",
+        help_heading = "Broker under test"
+    )]
+    bootstrap: Option<String>,
     /// With --http: the broker's pid, for its memory and CPU.
     #[arg(
         long,
@@ -100,7 +182,11 @@ struct Cli {
     broker_pid: Option<u32>,
 
     // ---- Workload ----
-    /// Queue to create [default: a fresh unique name]; it must not exist.
+    /// Which door to drive: `http` (lease + ack), `share` (KIP-932 share consumers) or both.
+    #[arg(long, value_enum, default_value_t = Door::Both, help_heading = "Workload")]
+    door: Door,
+    /// Queue to create [default: a fresh unique name]; it must not exist. The share door creates
+    /// `{queue}-share` and uses the share group `{queue}-share-group`.
     #[arg(long, help_heading = "Workload")]
     queue: Option<String>,
     /// Partitions of the queue.
@@ -119,17 +205,35 @@ struct Cli {
     #[arg(long, default_value_t = 500, help_heading = "Workload")]
     publish_batch: usize,
     /// Worker threads (one connection each): lease, then ack everything leased in one request.
+    /// Also the number of share consumers.
     #[arg(long, default_value_t = 8, help_heading = "Workload")]
     workers: usize,
-    /// `max_messages` of each lease (1..=1000).
+    /// `max_messages` of each lease (1..=1000); also `max_records` of each ShareFetch.
     #[arg(long, default_value_t = 100, help_heading = "Workload")]
     lease_batch: u32,
-    /// `wait_ms` of each lease (long poll while nothing is available).
+    /// `wait_ms` of each lease (long poll while nothing is available); also `max_wait_ms` of each
+    /// ShareFetch.
     #[arg(long, value_name = "MS", default_value_t = 100, help_heading = "Workload")]
     lease_wait_ms: u64,
     /// `visibility_timeout_ms` of each lease.
     #[arg(long, value_name = "MS", default_value_t = 60_000, help_heading = "Workload")]
     visibility_timeout_ms: u64,
+    /// Who drains the share door: native clients, confluent-kafka ShareConsumer processes (a
+    /// queue of their own, `{queue}-share-confluent`), or both.
+    #[arg(long, value_enum, default_value_t = ShareClient::Native, help_heading = "Workload")]
+    share_client: ShareClient,
+    /// Python with confluent-kafka ≥ 2.16 (`--share-client confluent|both`).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = ".venv/bin/python",
+        help_heading = "Workload"
+    )]
+    python: PathBuf,
+    /// `max_bytes` of each ShareFetch of the native clients [default: 52428800, Kafka's `fetch.max.bytes` default, which
+    /// the Java ShareConsumer sends].
+    #[arg(long, value_name = "BYTES", help_heading = "Workload")]
+    share_fetch_max_bytes: Option<i32>,
     /// Seconds of the steady phase (publishers and workers together); 0 skips it.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, help_heading = "Workload")]
     steady_secs: f64,
@@ -192,6 +296,8 @@ struct BrokerInfo {
     /// `spawned` or `running`.
     kind: String,
     http: String,
+    /// The Kafka listener (the share door).
+    kafka: Option<String>,
     binary: Option<PathBuf>,
     version: Option<String>,
     command: Option<Vec<String>>,
@@ -207,6 +313,10 @@ struct MemoryReport {
     after_publish: Option<Memory>,
     after_drain: Option<Memory>,
     after_steady: Option<Memory>,
+    after_share_publish: Option<Memory>,
+    after_share_drain: Option<Memory>,
+    after_confluent_publish: Option<Memory>,
+    after_confluent_drain: Option<Memory>,
     /// VmHWM at the end: the peak resident size.
     peak_hwm_kib: Option<u64>,
 }
@@ -249,6 +359,10 @@ struct Ratios {
     drain_mb_per_s_vs_loopback: Option<f64>,
     /// Steady end-to-end p99 ÷ raw 4 KiB fdatasync p99.
     steady_e2e_p99_vs_fdatasync_4k_p99: Option<f64>,
+    /// Share drain: non-empty ShareFetch p99 ÷ raw 4 KiB fdatasync p99.
+    share_fetch_p99_vs_fdatasync_4k_p99: Option<f64>,
+    /// Share drain payload MB/s ÷ loopback MB/s.
+    share_drain_mb_per_s_vs_loopback: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -259,6 +373,23 @@ struct Target {
     met: Option<bool>,
 }
 
+/// "ShareConsumer similar": the share drain against the same figure, and against the HTTP drain of
+/// the same run.
+#[derive(Debug, Clone, Serialize)]
+struct ShareTarget {
+    description: String,
+    msgs_per_s: f64,
+    measured_msgs_per_s: Option<f64>,
+    met: Option<bool>,
+    /// The HTTP drain's msgs/s in this run (door `both`).
+    http_drain_msgs_per_s: Option<f64>,
+    /// Share drain msgs/s ÷ HTTP drain msgs/s.
+    ratio_to_http_drain: Option<f64>,
+    /// The confluent-kafka ShareConsumer drain (`--share-client confluent|both`).
+    confluent_msgs_per_s: Option<f64>,
+    confluent_ratio_to_http_drain: Option<f64>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct Report {
     tool: ToolInfo,
@@ -267,15 +398,24 @@ struct Report {
     host: HostInfo,
     data_dir: FsInfo,
     broker: BrokerInfo,
+    door: Door,
+    share_client: ShareClient,
     parameters: QueueParams,
+    share_parameters: Option<ShareParams>,
     raw_parameters: RawParameters,
     methodology: Vec<String>,
     raw_limits: RawLimitsPair,
+    /// The HTTP door (`--door http|both`).
     result: Option<QueueResult>,
+    /// The share door with native clients (`--door share|both`).
+    share: Option<ShareResult>,
+    /// The share door with confluent-kafka ShareConsumer processes (`--share-client`).
+    share_confluent: Option<ConfluentResult>,
     memory: MemoryReport,
     broker_cpu: BrokerCpu,
     ratios: Option<Ratios>,
     target: Target,
+    share_target: Option<ShareTarget>,
     problems: Vec<String>,
     warnings: Vec<String>,
     error: Option<String>,
@@ -313,6 +453,28 @@ fn run(cli: Cli) -> Result<ExitCode> {
         timeout_secs: cli.timeout_secs,
     };
     params.validate()?;
+    let share_params = cli.door.share().then(|| ShareParams {
+        queue: format!("{}-share", params.queue),
+        group: format!("{}-share-group", params.queue),
+        partitions: params.partitions,
+        messages: params.messages,
+        message_bytes: params.message_bytes,
+        publishers: params.publishers,
+        publish_batch: params.publish_batch,
+        consumers: params.workers,
+        max_records: params.lease_batch,
+        max_wait_ms: u32::try_from(params.lease_wait_ms).unwrap_or(u32::MAX),
+        fetch_max_bytes: cli
+            .share_fetch_max_bytes
+            .unwrap_or(share_workload::DEFAULT_FETCH_MAX_BYTES),
+        timeout_secs: params.timeout_secs,
+    });
+    if let Some(s) = &share_params {
+        s.validate()?;
+        if cli.http.is_some() && cli.bootstrap.is_none() {
+            bail!("the share door needs the broker's Kafka listener: pass --bootstrap HOST:PORT with --http");
+        }
+    }
     let show_progress = !cli.no_progress;
 
     let base = match &cli.data_dir {
@@ -387,6 +549,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let info = BrokerInfo {
                 kind: "spawned".into(),
                 http,
+                kafka: Some(p.bootstrap.clone()),
                 binary: Some(binary.clone()),
                 version: Some(binary_version(binary).unwrap_or_else(|e| format!("unknown ({e:#})"))),
                 command: Some(p.command.clone()),
@@ -400,6 +563,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         (None, Some(http)) => BrokerInfo {
             kind: "running".into(),
             http: http.clone(),
+            kafka: cli.bootstrap.clone(),
             binary: None,
             version: None,
             command: None,
@@ -410,9 +574,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         (None, None) => bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT"),
     };
     eprintln!(
-        "strand-queue-bench: broker pid {}, HTTP {}",
+        "strand-queue-bench: broker pid {}, HTTP {}, Kafka {}",
         broker.pid.map_or("unknown".into(), |p| p.to_string()),
-        broker.http
+        broker.http,
+        broker.kafka.as_deref().unwrap_or("-")
     );
 
     let pid = broker.pid;
@@ -432,7 +597,56 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Checkpoint::Steady => memory.after_steady = m,
         }
     };
-    let outcome = queue_workload::run(&broker.http, pid, &params, &bars, &mut checkpoint);
+    let outcome = cli
+        .door
+        .http()
+        .then(|| queue_workload::run(&broker.http, pid, &params, &bars, &mut checkpoint));
+    let http_failed = matches!(outcome, Some(Err(_)));
+    let mut share_checkpoint = |c: ShareCheckpoint| {
+        let m = mem();
+        match c {
+            ShareCheckpoint::Published => memory.after_share_publish = m,
+            ShareCheckpoint::Drained => memory.after_share_drain = m,
+        }
+    };
+    let no_kafka = || anyhow::anyhow!("the share door needs the broker's Kafka listener (--bootstrap)");
+    // The share door runs after the HTTP door, unless that one failed.
+    let share_outcome =
+        match (&share_params, &broker.kafka) {
+            (Some(sp), Some(kafka)) if !http_failed && cli.share_client.native() => Some(
+                share_workload::run(&broker.http, kafka, pid, sp, show_progress, &mut share_checkpoint),
+            ),
+            (Some(_), None) if cli.share_client.native() => Some(Err(no_kafka())),
+            _ => None,
+        };
+    let share_failed = matches!(share_outcome, Some(Err(_)));
+    let mut confluent_checkpoint = |c: ShareCheckpoint| {
+        let m = mem();
+        match c {
+            ShareCheckpoint::Published => memory.after_confluent_publish = m,
+            ShareCheckpoint::Drained => memory.after_confluent_drain = m,
+        }
+    };
+    let confluent_outcome = match (&share_params, &broker.kafka) {
+        (Some(sp), Some(kafka)) if !http_failed && !share_failed && cli.share_client.confluent() => {
+            let cp = ShareParams {
+                queue: format!("{}-share-confluent", params.queue),
+                group: format!("{}-share-confluent-group", params.queue),
+                ..sp.clone()
+            };
+            Some(share_workload::run_confluent(
+                &broker.http,
+                kafka,
+                pid,
+                &cp,
+                &cli.python,
+                show_progress,
+                &mut confluent_checkpoint,
+            ))
+        }
+        (Some(_), None) if cli.share_client.confluent() => Some(Err(no_kafka())),
+        _ => None,
+    };
     let end_memory = mem();
     memory.peak_hwm_kib = end_memory.map(|m| m.hwm_kib);
     let total_cpu = pid.and_then(|p| cpu_seconds(Some(p)));
@@ -445,11 +659,40 @@ fn run(cli: Cli) -> Result<ExitCode> {
     };
     let mut problems = Vec::new();
     let (result, mut error) = match outcome {
-        Ok(r) => {
+        Some(Ok(r)) => {
             problems.extend(r.problems.iter().cloned());
             (Some(r), None)
         }
-        Err(e) => (None, Some(format!("{e:#}"))),
+        Some(Err(e)) => (None, Some(format!("HTTP door: {e:#}"))),
+        None => (None, None),
+    };
+    let mut add_error = |e: String| {
+        error = Some(match error.take() {
+            Some(prev) => format!("{prev}; {e}"),
+            None => e,
+        });
+    };
+    let share = match share_outcome {
+        Some(Ok(r)) => {
+            problems.extend(r.problems.iter().cloned());
+            Some(r)
+        }
+        Some(Err(e)) => {
+            add_error(format!("share door: {e:#}"));
+            None
+        }
+        None => None,
+    };
+    let share_confluent = match confluent_outcome {
+        Some(Ok(r)) => {
+            problems.extend(r.problems.iter().cloned());
+            Some(r)
+        }
+        Some(Err(e)) => {
+            add_error(format!("share door (confluent-kafka): {e:#}"));
+            None
+        }
+        None => None,
     };
     if let Some(mut p) = process {
         if !p.is_running() {
@@ -482,11 +725,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
             drift.join(", ")
         ));
     }
-    let ratios = match (&result, cli.skip_raw) {
-        (Some(r), false) => Some(ratios(r, &raw, publish_request_bytes)),
-        _ => None,
-    };
+    let ratios = (!cli.skip_raw && (result.is_some() || share.is_some()))
+        .then(|| ratios(result.as_ref(), share.as_ref(), &raw, publish_request_bytes));
     let measured = result.as_ref().map(|r| r.drain.msgs_per_s);
+    let share_target = share_params.as_ref().map(|sp| {
+        let m = share.as_ref().map(|s| s.drain.msgs_per_s);
+        let c = share_confluent.as_ref().map(|s| s.drain.msgs_per_s);
+        ShareTarget {
+            description: format!(
+                "ShareConsumer similar: ≥ {TARGET_MSGS_PER_S:.0} records/s fetched and accepted with {} share \
+                 consumers, ShareFetch max_records {}",
+                sp.consumers, sp.max_records
+            ),
+            msgs_per_s: TARGET_MSGS_PER_S,
+            measured_msgs_per_s: m,
+            met: m.map(|m| m >= TARGET_MSGS_PER_S),
+            http_drain_msgs_per_s: measured,
+            ratio_to_http_drain: m.zip(measured.filter(|h| *h > 0.0)).map(|(s, h)| s / h),
+            confluent_msgs_per_s: c,
+            confluent_ratio_to_http_drain: c.zip(measured.filter(|h| *h > 0.0)).map(|(s, h)| s / h),
+        }
+    });
     let target = Target {
         description: format!(
             "≥ {TARGET_MSGS_PER_S:.0} messages/s leased and acked (drain phase) with {} workers in batches of {}",
@@ -508,15 +767,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
         host: HostInfo::probe(),
         data_dir: fs,
         broker,
+        door: cli.door,
+        share_client: cli.share_client,
         parameters: params,
+        share_parameters: share_params,
         raw_parameters,
         methodology: METHODOLOGY.iter().map(|s| s.to_string()).collect(),
         raw_limits: raw,
         result,
+        share,
+        share_confluent,
         memory,
         broker_cpu,
         ratios,
         target,
+        share_target,
         problems,
         warnings,
         error,
@@ -557,7 +822,12 @@ fn disk_at(raw: &RawLimitsPair, bytes: u64) -> impl Iterator<Item = &DiskResult>
         .flat_map(move |r| r.disk.iter().filter(move |d| d.write_bytes == bytes))
 }
 
-fn ratios(r: &QueueResult, raw: &RawLimitsPair, publish_request_bytes: u64) -> Ratios {
+fn ratios(
+    r: Option<&QueueResult>,
+    share: Option<&ShareResult>,
+    raw: &RawLimitsPair,
+    publish_request_bytes: u64,
+) -> Ratios {
     let div = |a: f64, b: Option<f64>| b.filter(|b| *b > 0.0).map(|b| a / b);
     let sync4_p50 = disk_at(raw, 4096).map(|d| d.fdatasync.p50_us).min();
     let sync4_p99 = raw.best_fdatasync_p99_us(4096);
@@ -575,12 +845,10 @@ fn ratios(r: &QueueResult, raw: &RawLimitsPair, publish_request_bytes: u64) -> R
     };
     let p99 = |l: &LatencySummary| l.p99_us;
     let p50 = |l: &LatencySummary| l.p50_us;
-    let w = &r.drain.workers;
-    let ack_rps = if r.drain.secs > 0.0 {
-        w.ack_requests as f64 / r.drain.secs
-    } else {
-        0.0
-    };
+    let w = r.map(|r| &r.drain.workers);
+    let ack_rps = r
+        .filter(|r| r.drain.secs > 0.0)
+        .map(|r| r.drain.workers.ack_requests as f64 / r.drain.secs);
     Ratios {
         publish_request_bytes,
         raw_fdatasync_4k_p50_us: sync4_p50,
@@ -591,17 +859,18 @@ fn ratios(r: &QueueResult, raw: &RawLimitsPair, publish_request_bytes: u64) -> R
         raw_disk_publish_batch_mb_per_s: pub_disk,
         raw_fdatasync_publish_batch_p99_us: pub_p99,
         raw_loopback_mb_per_s: loopback,
-        publish_mb_per_s_vs_raw_disk: div(r.publish.mb_per_s, pub_disk),
-        publish_p99_vs_fdatasync_p99: lat(&r.publish.request_latency, p99, pub_p99),
-        ack_p99_vs_fdatasync_4k_p99: lat(&w.ack_latency, p99, sync4_p99),
-        lease_p99_vs_fdatasync_4k_p99: lat(&w.lease_latency, p99, sync4_p99),
-        lease_to_ack_p50_vs_fdatasync_4k_p50: lat(&w.lease_to_ack, p50, sync4_p50),
-        ack_requests_per_s_vs_fdatasyncs_per_s_4k: div(ack_rps, syncs_per_s_4k),
-        drain_mb_per_s_vs_loopback: div(r.drain.mb_per_s, loopback),
+        publish_mb_per_s_vs_raw_disk: r.and_then(|r| div(r.publish.mb_per_s, pub_disk)),
+        publish_p99_vs_fdatasync_p99: r.and_then(|r| lat(&r.publish.request_latency, p99, pub_p99)),
+        ack_p99_vs_fdatasync_4k_p99: w.and_then(|w| lat(&w.ack_latency, p99, sync4_p99)),
+        lease_p99_vs_fdatasync_4k_p99: w.and_then(|w| lat(&w.lease_latency, p99, sync4_p99)),
+        lease_to_ack_p50_vs_fdatasync_4k_p50: w.and_then(|w| lat(&w.lease_to_ack, p50, sync4_p50)),
+        ack_requests_per_s_vs_fdatasyncs_per_s_4k: ack_rps.and_then(|a| div(a, syncs_per_s_4k)),
+        drain_mb_per_s_vs_loopback: r.and_then(|r| div(r.drain.mb_per_s, loopback)),
         steady_e2e_p99_vs_fdatasync_4k_p99: r
-            .steady
-            .as_ref()
+            .and_then(|r| r.steady.as_ref())
             .and_then(|s| lat(&s.end_to_end, p99, sync4_p99)),
+        share_fetch_p99_vs_fdatasync_4k_p99: share.and_then(|s| lat(&s.drain.fetch_latency, p99, sync4_p99)),
+        share_drain_mb_per_s_vs_loopback: share.and_then(|s| div(s.drain.mb_per_s, loopback)),
     }
 }
 
@@ -696,6 +965,129 @@ fn ratio(x: Option<f64>) -> String {
     x.map_or("-".to_string(), |x| format!("{x:.2}x"))
 }
 
+/// The share door's part of the table; `with_header` when no HTTP table printed the latency header.
+fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
+    if with_header {
+        let _ = writeln!(
+            o,
+            "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
+            "latency", "p50", "p99", "p99.9", "max"
+        );
+    }
+    let pb = &sh.publish;
+    let _ = writeln!(
+        o,
+        "share publish (HTTP, queue {}): {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {} requests; {}",
+        sh.queue,
+        pb.messages,
+        pb.secs,
+        pb.msgs_per_s,
+        pb.mb_per_s,
+        pb.requests,
+        cpu_text(&pb.cpu)
+    );
+    lat_row(o, "publish request", &pb.request_latency);
+    let d = &sh.drain;
+    let _ = writeln!(
+        o,
+        "share drain (group {}, {} native share consumers): {} records fetched+accepted in {:.2} s = {:.0} \
+         msgs/s, {:.1} MB/s; {}",
+        sh.group,
+        d.consumers,
+        d.records_accepted,
+        d.secs,
+        d.msgs_per_s,
+        d.mb_per_s,
+        cpu_text(&d.cpu)
+    );
+    let _ = writeln!(
+        o,
+        "  joined in {:.0} ms; {} ShareFetch ({} empty, {:.1} records each, {:.0} answer B/record), {} \
+         ShareAcknowledge, {} heartbeats; consumers waited {:.0}% on fetches, {:.0}% on acknowledges; lock \
+         {} ms; {} redeliveries; verified: {}",
+        d.join_secs * 1e3,
+        d.fetch_requests,
+        d.empty_fetches,
+        d.mean_fetch_batch,
+        d.fetch_answer_bytes_per_message,
+        d.acknowledge_requests,
+        d.heartbeats,
+        d.consumer_time_in_fetch * 100.0,
+        d.consumer_time_in_ack * 100.0,
+        d.acquisition_lock_timeout_ms
+            .map_or("?".to_string(), |ms| ms.to_string()),
+        d.redeliveries,
+        if d.verified { "yes" } else { "NO" }
+    );
+    lat_row(o, "ShareFetch (non-empty)", &d.fetch_latency);
+    lat_row(o, "ShareAcknowledge", &d.acknowledge_latency);
+    lat_row(o, "fetch-to-ack", &d.fetch_to_ack);
+    let _ = writeln!(
+        o,
+        "  fetch-to-ack per record: {:.1} µs (mean per batch ÷ mean batch)",
+        d.fetch_to_ack_us_per_message
+    );
+    let per: Vec<String> = d
+        .per_consumer
+        .iter()
+        .map(|c| format!("{:?}: {}", c.assigned_partitions, c.records_accepted))
+        .collect();
+    let _ = writeln!(
+        o,
+        "  per consumer (assigned partitions: records accepted): {}",
+        per.join(", ")
+    );
+}
+
+/// The confluent-kafka share drain's part of the table.
+fn render_confluent(o: &mut String, c: &ConfluentResult, with_header: bool) {
+    if with_header {
+        let _ = writeln!(
+            o,
+            "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
+            "latency", "p50", "p99", "p99.9", "max"
+        );
+    }
+    let pb = &c.publish;
+    let _ = writeln!(
+        o,
+        "confluent publish (HTTP, queue {}): {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {}",
+        c.queue,
+        pb.messages,
+        pb.secs,
+        pb.msgs_per_s,
+        pb.mb_per_s,
+        cpu_text(&pb.cpu)
+    );
+    lat_row(o, "publish request", &pb.request_latency);
+    let d = &c.drain;
+    let _ = writeln!(
+        o,
+        "confluent share drain (group {}, {} {} processes): {} records accepted in {:.2} s = {:.0} msgs/s, \
+         {:.1} MB/s; {}",
+        c.group,
+        d.consumers,
+        d.client.as_deref().unwrap_or("confluent-kafka"),
+        d.records_accepted,
+        d.secs,
+        d.msgs_per_s,
+        d.mb_per_s,
+        cpu_text(&d.cpu)
+    );
+    let _ = writeln!(
+        o,
+        "  start-up (spawn to first record) {:.2} s; {} polls with records ({:.1} records each); {} redeliveries; \
+         {} client errors; verified: {}; per consumer accepted: {:?}",
+        d.startup_secs,
+        d.polls_with_records,
+        d.mean_poll_batch,
+        d.redeliveries,
+        d.client_errors.len(),
+        if d.verified { "yes" } else { "NO" },
+        d.per_consumer_accepted
+    );
+}
+
 fn render_text(r: &Report) -> String {
     let mut o = String::new();
     let p = &r.parameters;
@@ -717,7 +1109,7 @@ fn render_text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "broker: {} {} ({}), pid {}, HTTP {}",
+        "broker: {} {} ({}), pid {}, HTTP {}, Kafka {}",
         r.broker.kind,
         r.broker
             .binary
@@ -725,7 +1117,17 @@ fn render_text(r: &Report) -> String {
             .map_or("-".to_string(), |b| b.display().to_string()),
         r.broker.version.as_deref().unwrap_or("version unknown"),
         r.broker.pid.map_or("?".to_string(), |p| p.to_string()),
-        r.broker.http
+        r.broker.http,
+        r.broker.kafka.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(
+        o,
+        "door: {}",
+        match r.door {
+            Door::Http => "http",
+            Door::Share => "share (KIP-932)",
+            Door::Both => "http, then share (KIP-932)",
+        }
     );
     let _ = writeln!(
         o,
@@ -869,6 +1271,13 @@ fn render_text(r: &Report) -> String {
         }
     }
 
+    if let Some(sh) = &r.share {
+        render_share(&mut o, sh, r.result.is_none());
+    }
+    if let Some(c) = &r.share_confluent {
+        render_confluent(&mut o, c, r.result.is_none() && r.share.is_none());
+    }
+
     if let Some(x) = &r.ratios {
         let _ = writeln!(o, "\nratios (better raw figure of before/after)");
         let pb = human_bytes(x.publish_request_bytes);
@@ -910,6 +1319,14 @@ fn render_text(r: &Report) -> String {
                 "steady e2e p99 ÷ fdatasync 4 KiB p99".into(),
                 ratio(x.steady_e2e_p99_vs_fdatasync_4k_p99),
             ),
+            (
+                "share: ShareFetch p99 ÷ fdatasync 4 KiB p99".into(),
+                ratio(x.share_fetch_p99_vs_fdatasync_4k_p99),
+            ),
+            (
+                "share: drain payload MB/s ÷ loopback MB/s".into(),
+                pct(x.share_drain_mb_per_s_vs_loopback),
+            ),
         ];
         for (name, value) in rows {
             let _ = writeln!(o, "  {name:<52} {value:>10}");
@@ -920,12 +1337,16 @@ fn render_text(r: &Report) -> String {
     let _ = writeln!(
         o,
         "\nbroker memory (RSS): start {}, queue created {}, after publish {}, after drain {}, after steady {}, \
-         peak {}",
+         after share publish {}, after share drain {}, after confluent publish {}, after confluent drain {}, peak {}",
         mib(m.after_start),
         mib(m.queue_created),
         mib(m.after_publish),
         mib(m.after_drain),
         mib(m.after_steady),
+        mib(m.after_share_publish),
+        mib(m.after_share_drain),
+        mib(m.after_confluent_publish),
+        mib(m.after_confluent_drain),
         m.peak_hwm_kib
             .map_or("?".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
     );
@@ -952,6 +1373,39 @@ fn render_text(r: &Report) -> String {
             _ => "not measured".to_string(),
         }
     );
+    if let Some(t) = &r.share_target {
+        let vs_http = match (t.ratio_to_http_drain, t.http_drain_msgs_per_s) {
+            (Some(x), Some(h)) => format!("; {x:.2}x the HTTP drain of this run ({h:.0} msgs/s)"),
+            _ => "; no HTTP drain in this run to compare with".to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "target {}: {}{}",
+            t.description,
+            match (t.met, t.measured_msgs_per_s) {
+                (Some(true), Some(m)) => format!("MET ({m:.0} records/s)"),
+                (Some(false), Some(m)) => format!(
+                    "NOT MET ({m:.0} records/s, {:.0}% of it)",
+                    m / t.msgs_per_s * 100.0
+                ),
+                _ => "not measured".to_string(),
+            },
+            if t.measured_msgs_per_s.is_some() {
+                vs_http
+            } else {
+                String::new()
+            }
+        );
+        if let Some(c) = t.confluent_msgs_per_s {
+            let _ = writeln!(
+                o,
+                "  confluent-kafka ShareConsumer: {c:.0} records/s ({:.0}% of the target){}",
+                c / t.msgs_per_s * 100.0,
+                t.confluent_ratio_to_http_drain
+                    .map_or(String::new(), |x| format!(", {x:.2}x the HTTP drain"))
+            );
+        }
+    }
     if let Some(e) = &r.error {
         let _ = writeln!(o, "\nFAILED: {e}");
     }
