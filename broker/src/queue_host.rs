@@ -2086,8 +2086,11 @@ fn share_ack_items(
 async fn read_range(shard: &Shard, log: LogId, first: i64, last: i64, max_bytes: usize) -> Option<Bytes> {
     let mut parts: Vec<Bytes> = Vec::new();
     let mut next = first;
+    // Read in modest chunks: the acquired range is usually far smaller than the client's
+    // max_bytes (50 MB by default), and every byte read is copied out of the page cache.
+    let chunk_bytes = max_bytes.clamp(64 << 10, 256 << 10);
     while next <= last {
-        let plan = shard.store.plan_read(log, next, max_bytes.max(64 << 10)).ok()??;
+        let plan = shard.store.plan_read(log, next, chunk_bytes).ok()??;
         let chunk = plan.execute().await.ok()?;
         // Whole batches up to the one holding `last`: a read chunk may hold far more than the
         // acquired range, and the answer carries only what was acquired.
