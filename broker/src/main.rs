@@ -4,6 +4,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// mimalloc keeps freed memory for reuse: the produce path allocates a staging buffer per
+/// batch, and glibc returned each large one to the kernel (munmap, TLB shootdowns, fresh
+/// zeroed pages on the next allocation).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use strand_broker::config;
 use strand_broker::server::{self, ServerOptions};
 
