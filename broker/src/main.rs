@@ -67,7 +67,17 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // A panic is a bug; in a thread-per-core broker a dead shard would leave its partitions
+    // (and a start-up waiting for it) hanging. Stop the whole process instead: acknowledged
+    // data is recovered on restart.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!(panic = %info, "a thread panicked; stopping the broker");
+        default_hook(info);
+        std::process::exit(101);
+    }));
 
     let mut overrides = Vec::new();
     if let Some(v) = &cli.listeners {
