@@ -72,6 +72,7 @@ fn main() -> ExitCode {
     // A panic is a bug; in a thread-per-core broker a dead shard would leave its partitions
     // (and a start-up waiting for it) hanging. Stop the whole process instead: acknowledged
     // data is recovered on restart.
+    raise_open_files_limit();
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         tracing::error!(panic = %info, "a thread panicked; stopping the broker");
@@ -123,4 +124,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Raises the soft limit on open files to the hard limit: every non-empty partition keeps its
+/// active segment open, and running out takes a shard's storage offline for writes. Logs the
+/// limit it ends with.
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+        }
+    }
+    let now = getrlimit(Resource::Nofile);
+    let soft = now
+        .current
+        .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+    tracing::info!(
+        open_files_limit = %soft,
+        "open-files limit (one per partition with data)"
+    );
 }
