@@ -3346,9 +3346,13 @@ fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
         refused.is_some(),
         "400 batches of 128 KiB fitted on a 16 MiB file system"
     );
+    // All three are retriable for Kafka clients. LOAD_IN_PROGRESS: after a failed write the
+    // coordinator reloads the group partition from its log, and a request that arrives meanwhile
+    // is told to come back.
     let retriable = [
         code(ResponseError::CoordinatorNotAvailable),
         code(ResponseError::NotCoordinator),
+        code(ResponseError::CoordinatorLoadInProgress),
     ];
     for i in 0..3 {
         let errs = commit(
