@@ -297,6 +297,23 @@ pub(crate) enum QueueOp {
         member: String,
         parts: Vec<PartRef>,
     },
+    /// DescribeShareGroupOffsets: the share-partition start offset of every engine of `group` on
+    /// this shard (of these topics only, if named). Read-only; opens no engine.
+    ShareOffsets {
+        group: String,
+        topics: Option<Vec<String>>,
+    },
+    /// DeleteShareGroupOffsets: removes the engines of `group` on this shard for these topics,
+    /// with their state logs; the next ShareFetch starts again per `share.auto.offset.reset`.
+    ShareDeleteState { group: String, topics: Vec<String> },
+    /// AlterShareGroupOffsets: starts `group`'s share state of (topic, partition) over at
+    /// `start_offset` (not below the log start), durably before the answer.
+    ShareAlter {
+        group: String,
+        topic: String,
+        partition: i32,
+        start_offset: i64,
+    },
 }
 
 #[derive(Debug)]
@@ -307,6 +324,10 @@ pub(crate) enum QueueAnswer {
     Settled(Result<Vec<Result<Settled, QueueError>>, QueueFailure>),
     Stats(Vec<EngineStats>),
     Share(Vec<SharePartResult>),
+    /// (topic, partition, share-partition start offset) per engine.
+    ShareOffsets(Vec<(String, i32, i64)>),
+    /// AlterShareGroupOffsets of one partition: `Err` with the partition's error code.
+    ShareAltered(Result<(), (kafka_protocol::ResponseError, String)>),
 }
 
 /// Checks an HTTP/Kafka group name and gives its directory form: bytes outside
@@ -601,6 +622,22 @@ impl QueueHost {
                     host.share_release(&shard, &group, &member, &parts);
                     QueueAnswer::Ready
                 }
+                QueueOp::ShareOffsets { group, topics } => {
+                    QueueAnswer::ShareOffsets(host.share_offsets(&group, topics.as_deref()))
+                }
+                QueueOp::ShareDeleteState { group, topics } => {
+                    host.share_delete_state(&shard, &group, &topics).await;
+                    QueueAnswer::Ready
+                }
+                QueueOp::ShareAlter {
+                    group,
+                    topic,
+                    partition,
+                    start_offset,
+                } => QueueAnswer::ShareAltered(
+                    host.share_alter(&shard, &group, &topic, partition, start_offset)
+                        .await,
+                ),
             }
         }
         .boxed_local()
@@ -1627,6 +1664,114 @@ impl QueueHost {
             self.drain(shard, &e);
         }
         self.changed.notify_all();
+    }
+
+    /// The share-partition start offsets of `group`'s engines on this shard (of `topics` only,
+    /// if named), sorted by topic and partition.
+    fn share_offsets(&self, group: &str, topics: Option<&[String]>) -> Vec<(String, i32, i64)> {
+        let mut out: Vec<(String, i32, i64)> = self
+            .engines
+            .borrow()
+            .values()
+            .filter(|e| e.key.group == group && topics.is_none_or(|ts| ts.contains(&e.key.topic)))
+            .map(|e| (e.key.topic.clone(), e.key.partition, e.q.borrow().start().0))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Removes `group`'s engines of `topics` on this shard and their state logs (the caller
+    /// checked that the share group has no members). A directory left by an engine that did
+    /// not open goes too.
+    async fn share_delete_state(&self, shard: &Rc<Shard>, group: &str, topics: &[String]) {
+        let engines: Vec<Rc<Engine>> = self
+            .engines
+            .borrow()
+            .values()
+            .filter(|e| e.key.group == group && topics.contains(&e.key.topic))
+            .cloned()
+            .collect();
+        for e in engines {
+            self.close(&e);
+            if let Err(err) = shard.store.remove_log(e.state_log).await {
+                tracing::warn!(topic = %e.key.topic, partition = e.key.partition, group, error = %err, "cannot remove a share group's state log");
+            }
+        }
+        let md = shard.metadata();
+        for topic in topics {
+            let Some(t) = md.topic(topic) else { continue };
+            for p in 0..t.partitions {
+                if shard.owner(topic, p) != shard.id {
+                    continue;
+                }
+                let Ok(name) = state_log_dir_name(topic, p, group) else {
+                    continue;
+                };
+                let dir = shard.config.log_dir.join(name);
+                if dir.exists() {
+                    if let Err(err) = std::fs::remove_dir_all(&dir) {
+                        tracing::warn!(dir = %dir.display(), error = %err, "cannot remove queue state");
+                    }
+                }
+            }
+        }
+        tracing::info!(group, ?topics, "share group offsets deleted");
+    }
+
+    /// Starts `group`'s share state of (topic, partition) over at `start_offset` (raised to the
+    /// log start offset) and waits until that is durable. The caller checked that the share
+    /// group has no members; leases still held go with the old state (as in Kafka).
+    async fn share_alter(
+        &self,
+        shard: &Rc<Shard>,
+        group: &str,
+        topic: &str,
+        partition: i32,
+        start_offset: i64,
+    ) -> Result<(), (kafka_protocol::ResponseError, String)> {
+        use kafka_protocol::ResponseError;
+        let engine = self
+            .engine_from(shard, topic, partition, group, StartAt::Earliest)
+            .await
+            .map_err(|e| (ResponseError::UnknownTopicOrPartition, e.to_string()))?;
+        let log_start = shard
+            .store
+            .offsets(engine.log)
+            .map(|o| o.log_start_offset)
+            .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
+        let start = start_offset.max(log_start);
+        let reset = engine
+            .q
+            .borrow_mut()
+            .reset_discarding_leases(Offset(start), shard.now_ms());
+        if let Err(e) = reset {
+            let code = match e {
+                QueueError::Busy => ResponseError::NonEmptyGroup,
+                _ => ResponseError::UnknownServerError,
+            };
+            return Err((code, e.to_string()));
+        }
+        self.drain(shard, &engine);
+        let written = shard
+            .store
+            .offsets(engine.state_log)
+            .map(|o| o.log_end_offset)
+            .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
+        wait_high_watermark(shard, engine.state_log, written).await;
+        let durable = shard
+            .store
+            .offsets(engine.state_log)
+            .is_ok_and(|o| o.high_watermark >= written);
+        if !durable {
+            return Err((
+                ResponseError::KafkaStorageError,
+                "the new start offset could not be made durable".into(),
+            ));
+        }
+        self.kick_load(shard, &engine);
+        self.changed.notify_all();
+        tracing::info!(group, topic, partition, start, "share group start offset altered");
+        Ok(())
     }
 
     // ----- shard events ----------------------------------------------------------------------

@@ -284,7 +284,8 @@ pub(crate) async fn member_gone(shard: &Rc<Shard>, group: &str, member: &str) {
     join_all(calls).await;
 }
 
-async fn call(shard: &Rc<Shard>, owner: ShardId, op: QueueOp) -> Option<QueueAnswer> {
+/// Runs a queue operation on shard `owner`; `None`: no answer could be had.
+pub(crate) async fn call(shard: &Rc<Shard>, owner: ShardId, op: QueueOp) -> Option<QueueAnswer> {
     let fut = shard.dispatch(owner, ShardRequest::Queue(op)).await.ok()?;
     match fut.await.ok()? {
         ShardResponse::Queue(a) => Some(a),

@@ -4044,6 +4044,85 @@ pub mod share {
             .unwrap_or_else(|e| panic!("ShareGroupDescribe {groups:?}: {e}"))
     }
 
+    /// DescribeShareGroupOffsets v0 of one group: `topics` (name, partitions), `None`: every
+    /// topic the group has share state for.
+    pub fn describe_offsets(
+        c: &mut RawConn,
+        group: &str,
+        topics: Option<&[(&str, &[i32])]>,
+    ) -> kafka_protocol::messages::DescribeShareGroupOffsetsResponse {
+        use kafka_protocol::messages::describe_share_group_offsets_request::{
+            DescribeShareGroupOffsetsRequestGroup, DescribeShareGroupOffsetsRequestTopic,
+        };
+        let req = kafka_protocol::messages::DescribeShareGroupOffsetsRequest::default().with_groups(vec![
+            DescribeShareGroupOffsetsRequestGroup::default()
+                .with_group_id(GroupId(s(group)))
+                .with_topics(topics.map(|ts| {
+                    ts.iter()
+                        .map(|(t, ps)| {
+                            DescribeShareGroupOffsetsRequestTopic::default()
+                                .with_topic_name(TopicName(s(t)))
+                                .with_partitions(ps.to_vec())
+                        })
+                        .collect()
+                })),
+        ]);
+        c.request(0, &req)
+            .unwrap_or_else(|e| panic!("DescribeShareGroupOffsets {group}: {e}"))
+    }
+
+    /// DeleteShareGroupOffsets v0 of `group` for `topics`.
+    pub fn delete_offsets(
+        c: &mut RawConn,
+        group: &str,
+        topics: &[&str],
+    ) -> kafka_protocol::messages::DeleteShareGroupOffsetsResponse {
+        use kafka_protocol::messages::delete_share_group_offsets_request::DeleteShareGroupOffsetsRequestTopic;
+        let req = kafka_protocol::messages::DeleteShareGroupOffsetsRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_topics(
+                topics
+                    .iter()
+                    .map(|t| DeleteShareGroupOffsetsRequestTopic::default().with_topic_name(TopicName(s(t))))
+                    .collect(),
+            );
+        c.request(0, &req)
+            .unwrap_or_else(|e| panic!("DeleteShareGroupOffsets {group}: {e}"))
+    }
+
+    /// AlterShareGroupOffsets v0 of `group`: (topic, [(partition, start offset)]).
+    pub fn alter_offsets(
+        c: &mut RawConn,
+        group: &str,
+        topics: &[(&str, &[(i32, i64)])],
+    ) -> kafka_protocol::messages::AlterShareGroupOffsetsResponse {
+        use kafka_protocol::messages::alter_share_group_offsets_request::{
+            AlterShareGroupOffsetsRequestPartition, AlterShareGroupOffsetsRequestTopic,
+        };
+        let req = kafka_protocol::messages::AlterShareGroupOffsetsRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_topics(
+                topics
+                    .iter()
+                    .map(|(t, ps)| {
+                        AlterShareGroupOffsetsRequestTopic::default()
+                            .with_topic_name(TopicName(s(t)))
+                            .with_partitions(
+                                ps.iter()
+                                    .map(|(p, o)| {
+                                        AlterShareGroupOffsetsRequestPartition::default()
+                                            .with_partition_index(*p)
+                                            .with_start_offset(*o)
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            );
+        c.request(0, &req)
+            .unwrap_or_else(|e| panic!("AlterShareGroupOffsets {group}: {e}"))
+    }
+
     /// Acknowledgement batches of one partition: (first, last, types).
     pub type AckBatches = Vec<(i64, i64, Vec<i8>)>;
 

@@ -44,6 +44,9 @@ const SHARE_FETCH: i16 = 78;
 const SHARE_ACKNOWLEDGE: i16 = 79;
 const SHARE_GROUP_HEARTBEAT: i16 = 76;
 const SHARE_GROUP_DESCRIBE: i16 = 77;
+const DESCRIBE_SHARE_GROUP_OFFSETS: i16 = 90;
+const ALTER_SHARE_GROUP_OFFSETS: i16 = 91;
+const DELETE_SHARE_GROUP_OFFSETS: i16 = 92;
 
 /// Records of the split runs.
 const SPLIT_RECORDS: i64 = 20_000;
@@ -1254,6 +1257,247 @@ fn api_versions_list_the_share_apis_at_v1() {
             "ApiVersions must list {name} ({key}) at v1"
         );
     }
+    // The KIP-932 offsets admin APIs, at v0.
+    for (key, name) in [
+        (DESCRIBE_SHARE_GROUP_OFFSETS, "DescribeShareGroupOffsets"),
+        (DELETE_SHARE_GROUP_OFFSETS, "DeleteShareGroupOffsets"),
+        (ALTER_SHARE_GROUP_OFFSETS, "AlterShareGroupOffsets"),
+    ] {
+        assert_eq!(
+            admin::advertised_versions(&mut c, key),
+            Some((0, 0)),
+            "ApiVersions must list {name} ({key}) at v0"
+        );
+    }
+}
+
+/// The start offset DescribeShareGroupOffsets gives for (group, topic, partition 0), with the
+/// group's and the partition's error codes.
+fn described_start(c: &mut RawConn, group: &str, topic: &str) -> (i16, Option<(i16, i64)>) {
+    let r = share::describe_offsets(c, group, Some(&[(topic, &[0])]));
+    let g = r.groups.first().expect("a described group");
+    let p = g
+        .topics
+        .iter()
+        .find(|t| t.topic_name.as_str() == topic)
+        .and_then(|t| t.partitions.iter().find(|p| p.partition_index == 0));
+    (g.error_code, p.map(|p| (p.error_code, p.start_offset)))
+}
+
+#[test]
+fn share_group_offsets_are_described_and_deleted() {
+    let broker = Broker::start();
+    let b = broker.bootstrap();
+    let topic = unique_topic("share-offsets");
+    let group = unique_topic("share-offsets-g");
+    let tid = setup(&b, &topic, 1, &group, &[]);
+    produce(&b, &topic, 1, 0, 10);
+    let mut c = admin::connect(&b);
+
+    // Unknown group (also a group id never used as a share group).
+    let (e, _) = described_start(&mut c, "no-such-share-group", &topic);
+    assert_eq!(
+        e,
+        code(ResponseError::GroupIdNotFound),
+        "unknown group: {}",
+        err_name(e)
+    );
+
+    // A member acquires the 10 records and accepts 0..=5.
+    let m1 = uuid::Uuid::new_v4().to_string();
+    join(&mut c, &group, &m1, &topic, tid);
+    let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(tid, 0, vec![])];
+    let r = share::fetch(&mut c, &share::fetch_request(&group, &m1, 0, &none, 10, 5000));
+    assert_eq!(r.error_code, 0, "ShareFetch: {}", err_name(r.error_code));
+    assert_eq!(
+        share::acquired_ranges(&r),
+        vec![(tid, 0, 0, 9, 1)],
+        "m1 acquires all 10"
+    );
+    let r = share::acknowledge(
+        &mut c,
+        &share::acknowledge_request(&group, &m1, 1, &[(tid, 0, vec![(0, 5, vec![1])])]),
+    );
+    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
+    let pe = r
+        .responses
+        .first()
+        .and_then(|t| t.partitions.first())
+        .map(|p| p.error_code);
+    assert_eq!(pe, Some(0), "accepting 0..=5: {:?}", pe.map(err_name));
+
+    // While the member is in the group: described, and the delete is refused.
+    assert_eq!(
+        described_start(&mut c, &group, &topic),
+        (0, Some((0, 6))),
+        "start offset with a member"
+    );
+    let d = share::delete_offsets(&mut c, &group, &[&topic]);
+    assert_eq!(
+        d.error_code,
+        code(ResponseError::NonEmptyGroup),
+        "DeleteShareGroupOffsets with a member: {}",
+        err_name(d.error_code)
+    );
+
+    // The member leaves: the start offset stays 6 (records 6..9 are released, not done).
+    let r = share::heartbeat(&mut c, &group, &m1, -1, None);
+    assert_eq!(r.error_code, 0, "leave: {}", err_name(r.error_code));
+    assert_eq!(
+        described_start(&mut c, &group, &topic),
+        (0, Some((0, 6))),
+        "start offset after leaving"
+    );
+    // Every topic with share state when the request names none.
+    let all = share::describe_offsets(&mut c, &group, None);
+    let g = all.groups.first().expect("a described group");
+    assert_eq!(g.error_code, 0, "describe all: {}", err_name(g.error_code));
+    type Listed = (String, uuid::Uuid, Vec<(i32, i64, i16)>);
+    let listed: Vec<Listed> = g
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.topic_name.to_string(),
+                t.topic_id,
+                t.partitions
+                    .iter()
+                    .map(|p| (p.partition_index, p.start_offset, p.error_code))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(topic.clone(), tid, vec![(0, 6, 0)])],
+        "describe with topics = null"
+    );
+    // An unknown topic and partition.
+    let r = share::describe_offsets(
+        &mut c,
+        &group,
+        Some(&[("no-such-topic", &[0]), (topic.as_str(), &[1])]),
+    );
+    let codes: Vec<i16> = r.groups[0]
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect();
+    let unknown = code(ResponseError::UnknownTopicOrPartition);
+    assert_eq!(codes, vec![unknown, unknown], "unknown topic / partition");
+
+    // Now empty: the delete is accepted (an unknown topic gets its own error).
+    let d = share::delete_offsets(&mut c, &group, &[&topic, "no-such-topic"]);
+    assert_eq!(
+        d.error_code,
+        0,
+        "DeleteShareGroupOffsets: {}",
+        err_name(d.error_code)
+    );
+    let rows: Vec<(String, i16)> = d
+        .responses
+        .iter()
+        .map(|t| (t.topic_name.to_string(), t.error_code))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![(topic.clone(), 0), ("no-such-topic".to_string(), unknown)],
+        "DeleteShareGroupOffsets rows"
+    );
+    assert_eq!(
+        described_start(&mut c, &group, &topic),
+        (0, Some((0, -1))),
+        "start offset after delete"
+    );
+    let all = share::describe_offsets(&mut c, &group, None);
+    assert!(
+        all.groups[0].topics.is_empty(),
+        "no share state left: {:?}",
+        all.groups[0].topics
+    );
+
+    // A new member starts again per share.auto.offset.reset=earliest, with fresh delivery counts.
+    let m2 = uuid::Uuid::new_v4().to_string();
+    join(&mut c, &group, &m2, &topic, tid);
+    let r = share::fetch(&mut c, &share::fetch_request(&group, &m2, 0, &none, 10, 5000));
+    assert_eq!(
+        r.error_code,
+        0,
+        "ShareFetch after delete: {}",
+        err_name(r.error_code)
+    );
+    assert_eq!(
+        share::acquired_ranges(&r),
+        vec![(tid, 0, 0, 9, 1)],
+        "after the delete the group reads the topic from the start again"
+    );
+
+    // AlterShareGroupOffsets: refused while m2 is a member; after it leaves, start at 8.
+    let altered = |r: &kafka_protocol::messages::AlterShareGroupOffsetsResponse| -> Vec<(String, i32, i16)> {
+        r.responses
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(move |p| (t.topic_name.to_string(), p.partition_index, p.error_code))
+            })
+            .collect()
+    };
+    let a = share::alter_offsets(&mut c, &group, &[(topic.as_str(), &[(0, 8)])]);
+    assert_eq!(
+        a.error_code,
+        code(ResponseError::NonEmptyGroup),
+        "AlterShareGroupOffsets with a member: {}",
+        err_name(a.error_code)
+    );
+    let r = share::heartbeat(&mut c, &group, &m2, -1, None);
+    assert_eq!(r.error_code, 0, "m2 leaves: {}", err_name(r.error_code));
+    let a = share::alter_offsets(
+        &mut c,
+        &group,
+        &[(topic.as_str(), &[(0, 8), (1, 0)]), ("no-such-topic", &[(0, 0)])],
+    );
+    assert_eq!(
+        a.error_code,
+        0,
+        "AlterShareGroupOffsets: {}",
+        err_name(a.error_code)
+    );
+    assert_eq!(
+        altered(&a),
+        vec![
+            (topic.clone(), 0, 0),
+            (topic.clone(), 1, unknown),
+            ("no-such-topic".to_string(), 0, unknown)
+        ],
+        "AlterShareGroupOffsets rows"
+    );
+    let a = share::alter_offsets(&mut c, &group, &[(topic.as_str(), &[(0, -1)])]);
+    assert_eq!(
+        altered(&a),
+        vec![(topic.clone(), 0, code(ResponseError::InvalidRequest))],
+        "a negative start offset"
+    );
+    assert_eq!(
+        described_start(&mut c, &group, &topic),
+        (0, Some((0, 8))),
+        "start offset after alter"
+    );
+    // A new member gets 8 and 9 only, with fresh delivery counts.
+    let m3 = uuid::Uuid::new_v4().to_string();
+    join(&mut c, &group, &m3, &topic, tid);
+    let r = share::fetch(&mut c, &share::fetch_request(&group, &m3, 0, &none, 10, 5000));
+    assert_eq!(
+        r.error_code,
+        0,
+        "ShareFetch after alter: {}",
+        err_name(r.error_code)
+    );
+    assert_eq!(
+        share::acquired_ranges(&r),
+        vec![(tid, 0, 8, 9, 1)],
+        "after the alter the group starts at 8"
+    );
 }
 
 /// A joined member: heartbeats until its assignment names `topic_id`; returns its epoch.

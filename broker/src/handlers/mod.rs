@@ -4,6 +4,7 @@
 //! controller, storage), encode (done here).
 
 mod alter_configs;
+mod alter_share_group_offsets;
 mod api_versions;
 mod consumer_group_describe;
 mod consumer_group_heartbeat;
@@ -11,10 +12,12 @@ mod create_partitions;
 mod create_topics;
 mod delete_groups;
 mod delete_records;
+mod delete_share_group_offsets;
 mod delete_topics;
 mod describe_cluster;
 mod describe_configs;
 mod describe_groups;
+mod describe_share_group_offsets;
 mod fetch;
 mod find_coordinator;
 mod heartbeat;
@@ -222,6 +225,9 @@ registry![
     share_group_describe::ShareGroupDescribe,
     share_fetch::ShareFetch,
     share_acknowledge::ShareAcknowledge,
+    describe_share_group_offsets::DescribeShareGroupOffsets,
+    delete_share_group_offsets::DeleteShareGroupOffsets,
+    alter_share_group_offsets::AlterShareGroupOffsets,
 ];
 
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,

@@ -1702,6 +1702,26 @@ impl QueuePartition {
         if self.idx.leased > 0 || self.idx.dead_letter_pending > 0 {
             return Err(QueueError::Busy);
         }
+        self.reset_state(start);
+        Ok(())
+    }
+
+    /// [`QueuePartition::reset`] for AlterShareGroupOffsets on a share group without members:
+    /// leases still held (records acquired by members that left, whose locks have not expired;
+    /// an HTTP worker of the same group) go with the rest of the state, as Kafka discards a
+    /// share partition's state; a late acknowledgement of one finds no record. Dead letters being
+    /// written still refuse it (Busy): they must land first.
+    pub(crate) fn reset_discarding_leases(&mut self, start: Offset, now_ms: i64) -> Result<(), QueueError> {
+        self.usable()?;
+        self.clock(now_ms);
+        if self.idx.dead_letter_pending > 0 {
+            return Err(QueueError::Busy);
+        }
+        self.reset_state(start);
+        Ok(())
+    }
+
+    fn reset_state(&mut self, start: Offset) {
         self.records.clear();
         self.by_id.clear();
         self.dead_letter_retry.clear();
@@ -1711,7 +1731,6 @@ impl QueuePartition {
         self.rebuild_index();
         self.start_dirty = false;
         self.emit(StateRecord::Reset { start });
-        Ok(())
     }
 
     // ----- observation -----------------------------------------------------------------------

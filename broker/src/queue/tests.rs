@@ -1137,6 +1137,27 @@ fn reset_moves_the_start_when_nothing_is_in_flight() {
 }
 
 #[test]
+fn reset_discarding_leases_drops_held_leases_and_fences_their_acks() {
+    let mut h = H::new(cfg());
+    for _ in 0..5 {
+        h.publish(None);
+    }
+    let l = h.lease("w", 2, 30_000).unwrap();
+    assert_eq!(h.q.reset(Offset(3), h.now), Err(QueueError::Busy));
+    h.q.reset_discarding_leases(Offset(3), h.now).unwrap();
+    h.pump();
+    h.load();
+    // The old leases are gone with the state: a late ack does not succeed.
+    assert!(
+        h.ack(&l[0]).is_err(),
+        "an ack of a discarded lease must not succeed"
+    );
+    assert_eq!(h.lease_ids("w", 10), vec![3, 4]);
+    h.crash();
+    assert_eq!(h.q.start(), Offset(3));
+}
+
+#[test]
 fn a_failed_state_write_makes_the_partition_unavailable() {
     let mut h = H::new(cfg());
     h.publish(None);
