@@ -357,6 +357,13 @@ impl ConsumerGroup {
                 ));
             }
         }
+        tracing::debug!(
+            group = group_id,
+            group_epoch = self.group_epoch,
+            members = self.members.len(),
+            changed = out.len(),
+            "consumer group: new target assignment"
+        );
         self.target = new_target;
         self.assignment_epoch = self.group_epoch;
         out.push(records::put(
@@ -475,6 +482,19 @@ pub(crate) fn group_tombstones(group_id: &str) -> Vec<Record> {
             group: group_id.to_string(),
         }),
     ]
+}
+
+/// An assignment for debug lines: partitions per topic, the topic id shortened.
+fn show(a: &Assignment) -> String {
+    let mut out = String::new();
+    for (t, ps) in a {
+        let id = t.to_string();
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&format!("{}:{ps:?}", id.get(..8).unwrap_or(&id)));
+    }
+    out
 }
 
 fn to_assignment(parts: &[ReqTopicPartitions]) -> Assignment {
@@ -737,7 +757,7 @@ impl GroupCoordinator {
             });
             out
         } else {
-            self.fence_member(now, group_id, &member_id)
+            self.fence_member(now, group_id, &member_id, "left")
         };
         (
             records,
@@ -749,7 +769,7 @@ impl GroupCoordinator {
 
     /// Removes a member (left, session expired, or did not revoke in time) and bumps the group
     /// epoch so the others get its partitions.
-    fn fence_member(&mut self, _now: i64, group_id: &str, member_id: &str) -> Vec<Record> {
+    fn fence_member(&mut self, _now: i64, group_id: &str, member_id: &str, reason: &str) -> Vec<Record> {
         let Some(GroupEntry {
             kind: GroupKind::Consumer(g),
             ..
@@ -757,9 +777,20 @@ impl GroupCoordinator {
         else {
             return Vec::new();
         };
-        if g.remove_member(member_id).is_none() {
+        let Some(removed) = g.remove_member(member_id) else {
             return Vec::new();
-        }
+        };
+        tracing::debug!(
+            group = group_id,
+            member = member_id,
+            reason,
+            epoch = removed.member_epoch,
+            state = ?removed.state,
+            assigned = show(&removed.assigned).as_str(),
+            pending_revocation = show(&removed.pending_revocation).as_str(),
+            group_epoch = g.group_epoch + 1,
+            "consumer group: member removed"
+        );
         let mut out = member_tombstones(group_id, member_id);
         g.group_epoch += 1;
         out.push(records::put(
@@ -926,7 +957,18 @@ impl GroupCoordinator {
         };
         let resolved = match resolved {
             Ok(r) => r,
-            Err(e) => return (out, Err(e)),
+            Err(e) => {
+                tracing::debug!(
+                    group = group_id,
+                    member = member_id.as_str(),
+                    req_epoch = req.member_epoch,
+                    owned = owned.as_ref().map(show).as_deref().unwrap_or("-"),
+                    known_epoch = g.members.get(&member_id).map_or(-1, |m| m.member_epoch),
+                    error = ?e.0,
+                    "consumer group: heartbeat refused"
+                );
+                return (out, Err(e));
+            }
         };
         let (before, is_new) = match &resolved {
             Resolved::Existing => (g.members.get(&member_id).cloned(), false),
@@ -1050,6 +1092,22 @@ impl GroupCoordinator {
                 reconciled.assignment_value().encode(),
             ));
         }
+        if state_changed || fresh || bump {
+            tracing::debug!(
+                group = group_id,
+                member = member_id.as_str(),
+                req_epoch = req.member_epoch,
+                owned = owned.as_ref().map(show).as_deref().unwrap_or("-"),
+                group_epoch = g.group_epoch,
+                assignment_epoch = g.assignment_epoch,
+                epoch = format!("{}->{}", member.member_epoch, reconciled.member_epoch).as_str(),
+                state = format!("{:?}->{:?}", member.state, reconciled.state).as_str(),
+                assigned = show(&reconciled.assigned).as_str(),
+                pending_revocation = show(&reconciled.pending_revocation).as_str(),
+                target = g.target.get(&member_id).map(show).as_deref().unwrap_or("-"),
+                "consumer group: member reconciled"
+            );
+        }
         let was_unrevoked = member.state == MemberState::UnrevokedPartitions;
         g.put_member(reconciled.clone());
         timers.schedule(
@@ -1098,10 +1156,14 @@ impl GroupCoordinator {
     }
 
     pub(crate) fn consumer_session_expired(&mut self, now: i64, group_id: &str, member_id: &str) {
+        self.expire_consumer(now, group_id, member_id, "session expired");
+    }
+
+    fn expire_consumer(&mut self, now: i64, group_id: &str, member_id: &str, reason: &str) {
         let Some(partition) = self.groups.get(group_id).map(|g| g.partition) else {
             return;
         };
-        let records = self.fence_member(now, group_id, member_id);
+        let records = self.fence_member(now, group_id, member_id, reason);
         self.write(partition, records);
     }
 
@@ -1111,7 +1173,7 @@ impl GroupCoordinator {
             Some(GroupKind::Consumer(g)) if g.members.get(member_id).is_some_and(|m| m.state == MemberState::UnrevokedPartitions)
         );
         if still_revoking {
-            self.consumer_session_expired(now, group_id, member_id);
+            self.expire_consumer(now, group_id, member_id, "revocation timed out");
         }
     }
 

@@ -141,12 +141,19 @@ impl GroupCoordinator {
         };
         match validation {
             Err(e) => {
+                tracing::debug!(
+                    group = group_id.as_str(),
+                    member = member_id.as_str(),
+                    generation,
+                    error = ?e,
+                    "offset commit refused"
+                );
                 return self.respond(
                     token,
                     version,
                     GroupResponse::OffsetCommit(all(e.code())),
                     &[partition],
-                )
+                );
             }
             Ok(true) => self.classic_touch(now, &group_id, &member_id),
             Ok(false) => {}

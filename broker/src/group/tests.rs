@@ -1607,6 +1607,74 @@ fn kip848_revocation_before_reassignment() {
     );
 }
 
+/// librdkafka reports its owned partitions only in full heartbeats and in the one acknowledging a
+/// reconciliation; its regular heartbeats carry none. Such heartbeats never release a partition the
+/// member was asked to revoke: the next owner waits for the acknowledgement, and the revoking
+/// member commits the revoked partitions at its unchanged epoch in between.
+#[test]
+fn kip848_heartbeats_without_owned_partitions_release_nothing() {
+    let mut h = H::new();
+    let mut sim = Sim::new(&mut h, GROUP);
+    sim.join(&mut h, "a");
+    sim.heartbeat_all(&mut h);
+    assert_eq!(sim.counts(), vec![6]);
+    let epoch = sim.clients[0].epoch;
+    sim.join(&mut h, "b");
+    let regular = |sim: &mut Sim, h: &mut H, i: usize| {
+        let mut req = sim.request(i);
+        req.topic_partitions = None;
+        let t = h.send(
+            ApiKey::ConsumerGroupHeartbeat,
+            1,
+            "c",
+            GroupRequest::ConsumerGroupHeartbeat(req),
+        );
+        let r = match h.take(t) {
+            Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
+            other => panic!("{other:?}"),
+        };
+        sim.apply(h, i, &r);
+        r
+    };
+    // a is asked to revoke three partitions and stays at its epoch.
+    let r = regular(&mut sim, &mut h, 0);
+    assert_eq!((r.error_code, r.member_epoch), (0, epoch));
+    assert_eq!(sim.clients[0].revoking.len(), 3);
+    let revoked: Vec<i32> = sim.clients[0].revoking.iter().map(|(_, p)| *p).collect();
+    for _ in 0..3 {
+        // Its revocation callback runs: regular heartbeats go on meanwhile.
+        let r = regular(&mut sim, &mut h, 0);
+        assert_eq!((r.error_code, r.member_epoch), (0, epoch));
+        sim.heartbeat(&mut h, 1);
+        sim.check(&h);
+        assert!(
+            sim.clients[1].owned.is_empty(),
+            "b gets nothing before a acknowledges"
+        );
+    }
+    // The callback commits the revoked partitions at a's epoch.
+    let id = sim.clients[0].member_id.clone();
+    let offsets: Vec<(&str, i32, i64, &str)> = revoked.iter().map(|p| ("orders", *p, 7, "")).collect();
+    let t = h.commit(9, &id, epoch, &offsets);
+    assert_eq!(h.commit_errors(t), vec![0; revoked.len()]);
+    // The acknowledgement (owned partitions without the revoked ones) releases them.
+    sim.finish_revocation(0);
+    assert_eq!(sim.heartbeat(&mut h, 0), 0);
+    assert!(sim.clients[0].epoch > epoch);
+    sim.heartbeat(&mut h, 1);
+    sim.check(&h);
+    assert_eq!(sim.counts(), vec![3, 3]);
+    let got: Vec<i32> = sim.clients[1].owned.iter().map(|(_, p)| *p).collect();
+    assert_eq!(got, revoked, "b gets exactly what a released");
+    // A commit still carrying the epoch from before the acknowledgement is now stale (Kafka
+    // before KIP-1251 refuses it the same way).
+    let t = h.commit(9, &id, epoch, &offsets);
+    assert_eq!(
+        h.commit_errors(t),
+        vec![ResponseError::StaleMemberEpoch.code(); revoked.len()]
+    );
+}
+
 #[test]
 fn kip848_fenced_and_stale_epochs() {
     let mut h = H::new();
