@@ -33,9 +33,9 @@ use crate::raw::pseudo_random_bytes;
 /// Most messages in one publish, lease or batch ack (docs/http-api.md).
 pub const MAX_BATCH: usize = 1000;
 /// Bytes of the payload pool messages are cut from.
-const PAYLOAD_POOL_BYTES: usize = 8 << 20;
+pub(crate) const PAYLOAD_POOL_BYTES: usize = 8 << 20;
 /// Base62 alphabet of the payloads: valid UTF-8 that JSON carries unescaped.
-const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+pub(crate) const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
 /// The workload, as recorded in the report.
 #[derive(Debug, Clone, Serialize)]
@@ -309,7 +309,7 @@ impl Bars {
 }
 
 /// Logs a phase start on stderr (also when progress bars are off: a profiler attaches on it).
-fn announce(text: &str) {
+pub(crate) fn announce(text: &str) {
     let mut e = std::io::stderr().lock();
     let _ = writeln!(e, "strand-queue-bench: {text}");
 }
@@ -432,7 +432,7 @@ pub fn run(
     })
 }
 
-fn per_s(n: u64, secs: f64) -> f64 {
+pub(crate) fn per_s(n: u64, secs: f64) -> f64 {
     if secs > 0.0 {
         n as f64 / secs
     } else {
@@ -477,7 +477,7 @@ fn verify(published: &[String], acked: &[String], phase: &str) -> Result<(), Str
 
 /// Random base62 text; messages are cut from it at pseudo-random offsets, so no two messages of
 /// a run are alike and a compressing filesystem gains little.
-fn payload_pool() -> Vec<u8> {
+pub(crate) fn payload_pool() -> Vec<u8> {
     pseudo_random_bytes(PAYLOAD_POOL_BYTES, 0x9_0e0e)
         .into_iter()
         .map(|b| ALPHABET[usize::from(b) % ALPHABET.len()])
@@ -485,7 +485,7 @@ fn payload_pool() -> Vec<u8> {
 }
 
 /// The payload of message `index`.
-fn payload(pool: &[u8], index: u64, len: usize) -> &[u8] {
+pub(crate) fn payload(pool: &[u8], index: u64, len: usize) -> &[u8] {
     let room = (pool.len() - len + 1) as u64;
     let mut x = index.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     x ^= x >> 29;
@@ -495,7 +495,7 @@ fn payload(pool: &[u8], index: u64, len: usize) -> &[u8] {
 
 /// `{"messages":[{"payload":"…"},…]}` for messages `first..first + n` (the payloads are base62:
 /// nothing to escape).
-fn publish_body(buf: &mut Vec<u8>, pool: &[u8], first: u64, n: usize, len: usize) {
+pub(crate) fn publish_body(buf: &mut Vec<u8>, pool: &[u8], first: u64, n: usize, len: usize) {
     buf.clear();
     buf.extend_from_slice(b"{\"messages\":[");
     for i in 0..n as u64 {

@@ -45,8 +45,9 @@ use uuid::Uuid;
 use crate::host::cpu_seconds;
 use crate::latency::{self, LatencySummary};
 use crate::queue_client::{encode_segment, CallError, QueueClient};
-use crate::queue_workload::{PhaseCpu, PublishResult, MAX_BATCH};
-use crate::raw::pseudo_random_bytes;
+use crate::queue_workload::{
+    announce, payload_pool, per_s, publish_body, PhaseCpu, PublishResult, MAX_BATCH, PAYLOAD_POOL_BYTES,
+};
 
 /// Request versions (KIP-932 v1, as Kafka 4.1 and librdkafka 2.16 send them).
 const HEARTBEAT_VERSION: i16 = 1;
@@ -78,9 +79,6 @@ const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(60);
 const STOPPED: &str = "stopped";
 /// Client id of every connection.
 const CLIENT_ID: &str = "strand-queue-bench";
-/// Bytes of the payload pool messages are cut from, and its alphabet (as the HTTP phases').
-const PAYLOAD_POOL_BYTES: usize = 8 << 20;
-const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
 /// The share workload, as recorded in the report.
 #[derive(Debug, Clone, Serialize)]
@@ -224,12 +222,6 @@ pub enum ShareCheckpoint {
     Drained,
 }
 
-/// Logs a phase start on stderr.
-fn announce(text: &str) {
-    let mut e = std::io::stderr().lock();
-    let _ = writeln!(e, "strand-queue-bench: {text}");
-}
-
 fn progress_bar(show: bool, phase: &str, len: u64) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
@@ -242,14 +234,6 @@ fn progress_bar(show: bool, phase: &str, len: u64) -> ProgressBar {
     bar.set_prefix(phase.to_string());
     bar.enable_steady_tick(Duration::from_millis(200));
     bar
-}
-
-fn per_s(n: u64, secs: f64) -> f64 {
-    if secs > 0.0 {
-        n as f64 / secs
-    } else {
-        0.0
-    }
 }
 
 /// Runs the share workload with native share consumers: `http` is the queue API, `bootstrap`
@@ -876,35 +860,6 @@ impl CpuMark {
 
 // ------------------------------------------------------------------------------------------
 // Publish (HTTP, as the HTTP publish phase)
-
-fn payload_pool() -> Vec<u8> {
-    pseudo_random_bytes(PAYLOAD_POOL_BYTES, 0x5_4a2e)
-        .into_iter()
-        .map(|b| ALPHABET[usize::from(b) % ALPHABET.len()])
-        .collect()
-}
-
-fn payload(pool: &[u8], index: u64, len: usize) -> &[u8] {
-    let room = (pool.len() - len + 1) as u64;
-    let mut x = index.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x ^= x >> 29;
-    let start = (x % room) as usize;
-    &pool[start..start + len]
-}
-
-fn publish_body(buf: &mut Vec<u8>, pool: &[u8], first: u64, n: usize, len: usize) {
-    buf.clear();
-    buf.extend_from_slice(b"{\"messages\":[");
-    for i in 0..n as u64 {
-        if i > 0 {
-            buf.push(b',');
-        }
-        buf.extend_from_slice(b"{\"payload\":\"");
-        buf.extend_from_slice(payload(pool, first + i, len));
-        buf.extend_from_slice(b"\"}");
-    }
-    buf.extend_from_slice(b"]}");
-}
 
 #[derive(Deserialize)]
 struct PublishAnswer {
