@@ -88,6 +88,69 @@ pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}-{}-{n}-{salt:08x}", std::process::id())
 }
 
+/// An append-only list shared by threads (child-process readers push, the test waits on it):
+/// the event logs of consumer-group and share-group members.
+pub struct SharedLog<L> {
+    inner: std::sync::Arc<(std::sync::Mutex<Vec<L>>, std::sync::Condvar)>,
+}
+
+impl<L> Clone for SharedLog<L> {
+    fn clone(&self) -> Self {
+        SharedLog {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<L> Default for SharedLog<L> {
+    fn default() -> Self {
+        SharedLog {
+            inner: std::sync::Arc::default(),
+        }
+    }
+}
+
+impl<L: Clone> SharedLog<L> {
+    /// Appends `item` and wakes the waiters.
+    pub fn push(&self, item: L) {
+        let (lock, cv) = &*self.inner;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).push(item);
+        cv.notify_all();
+    }
+
+    /// A copy of everything so far.
+    pub fn snapshot(&self) -> Vec<L> {
+        self.inner.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits until `check` (run on the whole list after each push, and at least every 100 ms)
+    /// returns `Some`; panics after `timeout` with `what` and `summarize` of the list.
+    pub fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        mut check: impl FnMut(&[L]) -> Option<T>,
+        summarize: impl Fn(&[L]) -> String,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.inner;
+        let mut v = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(t) = check(&v) {
+                return t;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let summary = summarize(&v);
+                drop(v);
+                panic!("timed out after {timeout:?} waiting for {what}; members so far:\n{summary}");
+            }
+            let wait = (deadline - now).min(Duration::from_millis(100));
+            v = cv.wait_timeout(v, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, or panics with `what` after `timeout`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -2592,7 +2655,7 @@ pub mod group {
     use std::collections::BTreeSet;
     use std::io::BufRead;
     use std::sync::atomic::AtomicBool;
-    use std::sync::{Arc, Condvar, Mutex};
+    use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
 
     /// One thing that happened to a member.
@@ -2725,7 +2788,7 @@ pub mod group {
     /// Every member's events, in arrival order; shared by the members' threads.
     #[derive(Clone, Default)]
     pub struct EventLog {
-        inner: Arc<(Mutex<Vec<Logged>>, Condvar)>,
+        inner: crate::SharedLog<Logged>,
     }
 
     impl EventLog {
@@ -2736,20 +2799,16 @@ pub mod group {
 
         /// Appends an event of `member`.
         pub fn push(&self, member: &str, event: Event) {
-            let (lock, cv) = &*self.inner;
-            let mut v = lock.lock().unwrap_or_else(|e| e.into_inner());
-            v.push(Logged {
+            self.inner.push(Logged {
                 member: member.to_string(),
                 at: Instant::now(),
                 event,
             });
-            cv.notify_all();
         }
 
         /// A copy of everything so far.
         pub fn snapshot(&self) -> Vec<Logged> {
-            let (lock, _) = &*self.inner;
-            lock.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            self.inner.snapshot()
         }
 
         /// Waits until `check` (called on the whole log after each new event, and at least every
@@ -2758,24 +2817,9 @@ pub mod group {
             &self,
             timeout: Duration,
             what: &str,
-            mut check: impl FnMut(&[Logged]) -> Option<T>,
+            check: impl FnMut(&[Logged]) -> Option<T>,
         ) -> T {
-            let deadline = Instant::now() + timeout;
-            let (lock, cv) = &*self.inner;
-            let mut v = lock.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(t) = check(&v) {
-                    return t;
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    let summary = summarize(&v);
-                    drop(v);
-                    panic!("timed out after {timeout:?} waiting for {what}; members so far:\n{summary}");
-                }
-                let wait = (deadline - now).min(Duration::from_millis(100));
-                v = cv.wait_timeout(v, wait).unwrap_or_else(|e| e.into_inner()).0;
-            }
+            self.inner.wait_for(timeout, what, check, summarize)
         }
 
         /// A per-member summary (assignment, records, last commit, errors) for failure messages.
@@ -3327,7 +3371,6 @@ pub mod share {
     use serde_json::Value;
     use std::collections::BTreeSet;
     use std::io::BufRead;
-    use std::sync::{Arc, Condvar, Mutex};
     use std::thread::JoinHandle;
 
     /// Request versions (KIP-932 v1, what Kafka 4.1 and librdkafka 2.16 use).
@@ -3693,7 +3736,7 @@ pub mod share {
     /// Every member's events in arrival order (per member: in the member's order).
     #[derive(Clone, Default)]
     pub struct ShareLog {
-        inner: Arc<(Mutex<Vec<Logged>>, Condvar)>,
+        inner: crate::SharedLog<Logged>,
     }
 
     impl ShareLog {
@@ -3704,17 +3747,15 @@ pub mod share {
 
         /// Appends an event of `member`.
         pub fn push(&self, member: &str, event: ShareEvent) {
-            let (lock, cv) = &*self.inner;
-            lock.lock().unwrap_or_else(|e| e.into_inner()).push(Logged {
+            self.inner.push(Logged {
                 member: member.to_string(),
                 event,
             });
-            cv.notify_all();
         }
 
         /// A copy of everything so far.
         pub fn snapshot(&self) -> Vec<Logged> {
-            self.inner.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            self.inner.snapshot()
         }
 
         /// Waits until `check` (run on the whole log after each event, and at least every 100 ms)
@@ -3723,24 +3764,9 @@ pub mod share {
             &self,
             timeout: Duration,
             what: &str,
-            mut check: impl FnMut(&[Logged]) -> Option<T>,
+            check: impl FnMut(&[Logged]) -> Option<T>,
         ) -> T {
-            let deadline = Instant::now() + timeout;
-            let (lock, cv) = &*self.inner;
-            let mut v = lock.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(t) = check(&v) {
-                    return t;
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    let summary = summarize(&v);
-                    drop(v);
-                    panic!("timed out after {timeout:?} waiting for {what}; members so far:\n{summary}");
-                }
-                let wait = (deadline - now).min(Duration::from_millis(100));
-                v = cv.wait_timeout(v, wait).unwrap_or_else(|e| e.into_inner()).0;
-            }
+            self.inner.wait_for(timeout, what, check, summarize)
         }
 
         /// Per member: records acquired, acknowledgements, last errors (for failure messages).
