@@ -103,3 +103,44 @@ pub struct ConfigEntry {
     /// One line of documentation.
     pub documentation: &'static str,
 }
+
+/// The DescribeConfigs row of an overridable key (topic or group): the override if there is one
+/// (reported as `dynamic`), else the default, STATIC_BROKER_CONFIG when a broker key behind it
+/// (`synonyms`) was set explicitly and DEFAULT_CONFIG otherwise.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn override_entry(
+    name: &'static str,
+    config_type: ConfigType,
+    documentation: &'static str,
+    synonyms: &[&str],
+    default: fn(&super::Config) -> String,
+    overridden: Option<String>,
+    dynamic: ConfigSource,
+    broker: &super::Config,
+) -> ConfigEntry {
+    let (value, source) = match overridden {
+        Some(v) => (v, dynamic),
+        None if synonyms.iter().any(|s| broker.is_set(s)) => {
+            (default(broker), ConfigSource::StaticBrokerConfig)
+        }
+        None => (default(broker), ConfigSource::DefaultConfig),
+    };
+    ConfigEntry {
+        name,
+        value: Some(value),
+        source,
+        read_only: false,
+        sensitive: false,
+        config_type,
+        documentation,
+    }
+}
+
+/// The `key=value` pairs of a stored override text (blank lines and `#` comments skipped, key
+/// trimmed); a line without `=` is `Err(line)`.
+pub(crate) fn override_pairs(text: &str) -> impl Iterator<Item = Result<(&str, &str), &str>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|line| line.split_once('=').map(|(k, v)| (k.trim(), v)).ok_or(line))
+}

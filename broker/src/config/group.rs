@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use super::entry::{ConfigEntry, ConfigSource, ConfigType};
+use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType};
 use super::Config;
 
 /// `share.record.lock.duration.ms`: how long a delivered record stays acquired.
@@ -445,22 +445,16 @@ impl GroupConfig {
         GROUP_KEYS
             .iter()
             .map(|key| {
-                let (value, source) = match self.overrides.get(key.name) {
-                    Some(v) => (v.clone(), ConfigSource::DynamicGroupConfig),
-                    None if key.synonyms.iter().any(|s| broker.is_set(s)) => {
-                        ((key.default)(broker), ConfigSource::StaticBrokerConfig)
-                    }
-                    None => ((key.default)(broker), ConfigSource::DefaultConfig),
-                };
-                ConfigEntry {
-                    name: key.name,
-                    value: Some(value),
-                    source,
-                    read_only: false,
-                    sensitive: false,
-                    config_type: key.ty,
-                    documentation: key.doc,
-                }
+                override_entry(
+                    key.name,
+                    key.ty,
+                    key.doc,
+                    key.synonyms,
+                    key.default,
+                    self.overrides.get(key.name).cloned(),
+                    ConfigSource::DynamicGroupConfig,
+                    broker,
+                )
             })
             .collect()
     }
@@ -474,15 +468,9 @@ impl GroupConfig {
     /// not: they are applied when the settings are used).
     pub fn from_text(text: &str) -> Result<GroupConfig, GroupConfigError> {
         let mut config = GroupConfig::default();
-        for line in text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
-            let (key, value) = line
-                .split_once('=')
-                .ok_or_else(|| GroupConfigError::BadLine(line.to_string()))?;
-            config.set(key.trim(), value)?;
+        for pair in override_pairs(text) {
+            let (key, value) = pair.map_err(|line| GroupConfigError::BadLine(line.to_string()))?;
+            config.set(key, value)?;
         }
         Ok(config)
     }

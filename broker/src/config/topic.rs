@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::entry::{ConfigEntry, ConfigSource, ConfigType};
+use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType};
 use super::Config;
 
 /// Which timestamp a partition stores for each batch (`message.timestamp.type`).
@@ -771,22 +771,16 @@ impl TopicConfig {
         TOPIC_KEYS
             .iter()
             .map(|key| {
-                let (value, source) = match self.overrides.get(key.name) {
-                    Some(v) => (v.to_string(), ConfigSource::DynamicTopicConfig),
-                    None if key.synonyms.iter().any(|s| broker.is_set(s)) => {
-                        ((key.default)(broker), ConfigSource::StaticBrokerConfig)
-                    }
-                    None => ((key.default)(broker), ConfigSource::DefaultConfig),
-                };
-                ConfigEntry {
-                    name: key.name,
-                    value: Some(value),
-                    source,
-                    read_only: false,
-                    sensitive: false,
-                    config_type: key.ty,
-                    documentation: key.doc,
-                }
+                override_entry(
+                    key.name,
+                    key.ty,
+                    key.doc,
+                    key.synonyms,
+                    key.default,
+                    self.overrides.get(key.name).map(|v| v.to_string()),
+                    ConfigSource::DynamicTopicConfig,
+                    broker,
+                )
             })
             .collect()
     }
@@ -800,15 +794,9 @@ impl TopicConfig {
     /// every pair is validated again.
     pub fn from_text(text: &str) -> Result<TopicConfig, TopicConfigError> {
         let mut config = TopicConfig::default();
-        for line in text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
-            let (key, value) = line
-                .split_once('=')
-                .ok_or_else(|| TopicConfigError::BadLine(line.to_string()))?;
-            config.set(key.trim(), value)?;
+        for pair in override_pairs(text) {
+            let (key, value) = pair.map_err(|line| TopicConfigError::BadLine(line.to_string()))?;
+            config.set(key, value)?;
         }
         Ok(config)
     }
