@@ -965,14 +965,19 @@ fn ratio(x: Option<f64>) -> String {
     x.map_or("-".to_string(), |x| format!("{x:.2}x"))
 }
 
+/// The column header of the latency rows.
+fn latency_header(o: &mut String) {
+    let _ = writeln!(
+        o,
+        "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
+        "latency", "p50", "p99", "p99.9", "max"
+    );
+}
+
 /// The share door's part of the table; `with_header` when no HTTP table printed the latency header.
 fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
     if with_header {
-        let _ = writeln!(
-            o,
-            "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
-            "latency", "p50", "p99", "p99.9", "max"
-        );
+        latency_header(o);
     }
     let pb = &sh.publish;
     let _ = writeln!(
@@ -1042,11 +1047,7 @@ fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
 /// The confluent-kafka share drain's part of the table.
 fn render_confluent(o: &mut String, c: &ConfluentResult, with_header: bool) {
     if with_header {
-        let _ = writeln!(
-            o,
-            "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
-            "latency", "p50", "p99", "p99.9", "max"
-        );
+        latency_header(o);
     }
     let pb = &c.publish;
     let _ = writeln!(
@@ -1191,11 +1192,7 @@ fn render_text(r: &Report) -> String {
     );
 
     if let Some(res) = &r.result {
-        let _ = writeln!(
-            o,
-            "\n{:<28} {:>10} {:>10} {:>10} {:>10}",
-            "latency", "p50", "p99", "p99.9", "max"
-        );
+        latency_header(&mut o);
         let pb = &res.publish;
         let _ = writeln!(
             o,
