@@ -19,7 +19,7 @@ use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::{Semaphore, StaticPermit};
 use kafka_protocol::messages::ApiKey;
-use strand_protocol::frame::{peek_frame_size, split_frame, FrameError};
+use strand_protocol::frame::{peek_frame_size, split_received_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
 
 use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
@@ -91,12 +91,15 @@ async fn read_loop(
     request_memory: &Rc<Semaphore>,
 ) -> Option<&'static str> {
     let max_frame = shard.config.socket_request_max_bytes as usize;
+    // `buf[..filled]` holds received bytes; the rest of `buf` is zeroed space for the next
+    // reads. Kept across reads, so each byte is zeroed once, not once per read of a large frame.
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut filled = 0usize;
     // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
     let mut reserved: Option<StaticPermit> = None;
     loop {
         loop {
-            let frame = match split_frame(&mut buf, max_frame) {
+            let frame = match split_received_frame(&mut buf, &mut filled, max_frame) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => return Some(frame_error(shard, conn, e)),
@@ -119,7 +122,7 @@ async fn read_loop(
             }
         }
         // Read more: as much as the frame at the front needs, in bounded chunks.
-        let need = match peek_frame_size(&buf, max_frame) {
+        let need = match peek_frame_size(buf.get(..filled).unwrap_or_default(), max_frame) {
             Ok(Some(size)) => {
                 if reserved.is_none() && size > READ_CHUNK_BYTES {
                     // A large frame: hold its memory before reading its body, so the bytes all
@@ -129,25 +132,26 @@ async fn read_loop(
                         Err(_) => return Some("shutting down"),
                     }
                 }
-                (4 + size).saturating_sub(buf.len())
+                (4 + size).saturating_sub(filled)
             }
             Ok(None) => READ_CHUNK_BYTES,
             Err(e) => return Some(frame_error(shard, conn, e)),
         };
         let chunk = need.clamp(READ_CHUNK_BYTES, 4 << 20);
-        let start = buf.len();
-        buf.resize(start + chunk, 0);
-        let n = match reader.read(buf.get_mut(start..).unwrap_or_default()).await {
+        if buf.len() < filled + chunk {
+            buf.resize(filled + chunk, 0);
+        }
+        let n = match reader
+            .read(buf.get_mut(filled..filled + chunk).unwrap_or_default())
+            .await
+        {
             Ok(n) => n,
-            Err(_) => {
-                buf.truncate(start);
-                return Some("read error");
-            }
+            Err(_) => return Some("read error"),
         };
-        buf.truncate(start + n);
         if n == 0 {
             return None;
         }
+        filled += n;
     }
 }
 
