@@ -53,7 +53,7 @@ pub struct JournalEntry {
 /// Appends an `Append` entry to `buf`.
 pub fn encode_append(buf: &mut Vec<u8>, key: &LogKey, base_offset: i64, batch: &[u8]) {
     let name = key.dir_name.as_bytes();
-    let payload_len = 1 + 16 + 2 + name.len() + 8 + batch.len();
+    let payload_len = append_payload_bytes(key, batch.len());
     buf.reserve(ENTRY_OVERHEAD_BYTES + payload_len);
     buf.extend_from_slice(&(payload_len as u32).to_be_bytes());
     let crc_at = buf.len();
@@ -70,6 +70,17 @@ pub fn encode_append(buf: &mut Vec<u8>, key: &LogKey, base_offset: i64, batch: &
         dst.copy_from_slice(&crc.to_be_bytes());
     }
 }
+
+/// Payload bytes of an append entry: kind, incarnation, name length, name, base offset, batch.
+fn append_payload_bytes(key: &LogKey, batch_bytes: usize) -> usize {
+    1 + 16 + 2 + key.dir_name.len() + 8 + batch_bytes
+}
+
+/// Largest buffer of staged entries, unless one entry is larger: a round writes them in turn,
+/// and bounded buffers are recycled by the allocator instead of being fresh mappings the
+/// kernel must fault in and zero.
+const PENDING_CHUNK_MAX_BYTES: usize = 1 << 20;
+const PENDING_CHUNK_MIN_BYTES: usize = 64 << 10;
 
 /// Decodes the entries of a journal file body (after the header). Stops at the first torn or
 /// corrupt entry, which is the normal end of a journal cut by a crash; the reason is returned.
@@ -187,7 +198,8 @@ pub async fn read_file<F: Fs>(
 pub(crate) struct PendingWrite<Fl> {
     pub(crate) file: Rc<Fl>,
     pub(crate) position: u64,
-    pub(crate) data: Vec<u8>,
+    /// Consecutive pieces of the write, in order.
+    pub(crate) data: Vec<Vec<u8>>,
     pub(crate) path: PathBuf,
 }
 
@@ -200,8 +212,11 @@ pub(crate) struct Journal<F: Fs> {
     path: PathBuf,
     /// Bytes of the current file that are written and synced.
     position: u64,
-    /// Entries staged for the next flush round.
-    pending: Vec<u8>,
+    /// Entries staged for the next flush round, in buffers of at most
+    /// [`PENDING_CHUNK_MAX_BYTES`] (unless one entry is larger).
+    pending: Vec<Vec<u8>>,
+    /// Capacity of the next pending buffer: what the last round staged, within bounds.
+    pending_hint_bytes: usize,
     /// Files rotated away, deleted once a checkpoint covers them.
     retired: Vec<PathBuf>,
     segment_bytes: u64,
@@ -235,7 +250,8 @@ impl<F: Fs> Journal<F> {
             file: Rc::new(file),
             path,
             position: HEADER_BYTES as u64,
-            pending: Vec::with_capacity(1 << 20),
+            pending: Vec::new(),
+            pending_hint_bytes: PENDING_CHUNK_MIN_BYTES,
             retired: Vec::new(),
             segment_bytes,
         })
@@ -276,7 +292,18 @@ impl<F: Fs> Journal<F> {
             let (Some(batch), Some(after)) = (rest.get(..total), rest.get(total..)) else {
                 break;
             };
-            encode_append(&mut self.pending, key, header.base_offset, batch);
+            let entry = ENTRY_OVERHEAD_BYTES + append_payload_bytes(key, batch.len());
+            let fits = self
+                .pending
+                .last()
+                .is_some_and(|b| b.is_empty() || b.len() + entry <= PENDING_CHUNK_MAX_BYTES);
+            if !fits {
+                self.pending
+                    .push(Vec::with_capacity(entry.max(self.pending_hint_bytes)));
+            }
+            if let Some(buf) = self.pending.last_mut() {
+                encode_append(buf, key, header.base_offset, batch);
+            }
             rest = after;
         }
         debug_assert!(rest.is_empty(), "a staged chunk holds whole batches only");
@@ -284,11 +311,12 @@ impl<F: Fs> Journal<F> {
 
     /// Takes the staged entries for a flush round.
     pub(crate) fn take_pending(&mut self) -> Option<PendingWrite<F::File>> {
-        if self.pending.is_empty() {
+        let total: usize = self.pending.iter().map(Vec::len).sum();
+        if total == 0 {
             return None;
         }
-        let cap = self.pending.capacity().clamp(64 << 10, 16 << 20);
-        let data = std::mem::replace(&mut self.pending, Vec::with_capacity(cap));
+        self.pending_hint_bytes = total.clamp(PENDING_CHUNK_MIN_BYTES, PENDING_CHUNK_MAX_BYTES);
+        let data = std::mem::take(&mut self.pending);
         Some(PendingWrite {
             file: self.file.clone(),
             position: self.position,

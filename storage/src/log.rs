@@ -99,6 +99,11 @@ pub struct RecoveryReport {
 }
 
 /// Batches of one segment waiting to be written to its file.
+/// Smallest capacity of a staged chunk.
+const STAGE_CHUNK_MIN_BYTES: usize = 16 * 1024;
+/// Largest staged chunk, unless a single batch is larger; a round writes a log's chunks in turn.
+const STAGE_CHUNK_MAX_BYTES: usize = 1 << 20;
+
 pub(crate) struct StagedChunk<Fl> {
     /// The segment's file, or `None` if the round must create it.
     pub(crate) file: Option<Rc<Fl>>,
@@ -297,6 +302,10 @@ pub struct PartitionLog<F: Fs> {
     next_offset: i64,
     high_watermark: i64,
     staged: Vec<StagedChunk<F::File>>,
+    /// Capacity for a new staged chunk: what the last round took, within
+    /// [`STAGE_CHUNK_MIN_BYTES`, `STAGE_CHUNK_MAX_BYTES`], so a busy log's chunk is allocated
+    /// once instead of grown by doubling (a copy of everything staged so far each time).
+    stage_hint_bytes: usize,
     /// A flush round holds writes of this log that have not completed.
     in_flight: bool,
     discard_generation: u64,
@@ -362,6 +371,7 @@ impl<F: Fs> PartitionLog<F> {
             next_offset: 0,
             high_watermark: 0,
             staged: Vec::new(),
+            stage_hint_bytes: STAGE_CHUNK_MIN_BYTES,
             in_flight: false,
             discard_generation: 0,
             epochs: read_epochs(&fs, &dir.join(EPOCH_FILE)).await,
@@ -717,15 +727,20 @@ impl<F: Fs> PartitionLog<F> {
         let path = seg.log_path.clone();
         let segment_base = seg.base_offset;
 
-        let contiguous = matches!(self.staged.last(),
-            Some(c) if c.segment_base == segment_base && c.position + c.data.len() as u64 == position);
-        if !contiguous {
+        // A chunk stays within STAGE_CHUNK_MAX_BYTES (unless one batch is larger): bounded
+        // buffers the allocator recycles, instead of ever larger fresh mappings whose pages the
+        // kernel must fault in and zero.
+        let fits = matches!(self.staged.last(),
+            Some(c) if c.segment_base == segment_base
+                && c.position + c.data.len() as u64 == position
+                && (c.data.is_empty() || c.data.len() + total <= STAGE_CHUNK_MAX_BYTES));
+        if !fits {
             self.staged.push(StagedChunk {
                 file,
                 path,
                 segment_base,
                 position,
-                data: Vec::with_capacity(total.max(16 * 1024)),
+                data: Vec::with_capacity(total.max(self.stage_hint_bytes)),
             });
         }
         let chunk = self
@@ -789,6 +804,8 @@ impl<F: Fs> PartitionLog<F> {
         }
         debug_assert!(!self.in_flight, "two flush rounds in flight for one log");
         self.in_flight = true;
+        let staged_bytes: usize = self.staged.iter().map(|c| c.data.len()).sum();
+        self.stage_hint_bytes = staged_bytes.clamp(STAGE_CHUNK_MIN_BYTES, STAGE_CHUNK_MAX_BYTES);
         Some(StagedWrites {
             chunks: std::mem::take(&mut self.staged),
             end_offset: self.next_offset,
@@ -801,18 +818,21 @@ impl<F: Fs> PartitionLog<F> {
         let Some(writes) = self.take_staged() else {
             return Ok(());
         };
-        let mut written = Vec::with_capacity(writes.chunks.len());
-        for chunk in writes.chunks {
-            match write_chunk(&self.fs, chunk).await {
-                Ok(w) => written.push(w),
-                Err(e) => {
-                    let plan = self.discard_unflushed();
-                    plan.run(&self.fs).await;
-                    return Err(e);
-                }
+        let written = match write_chunks(&self.fs, writes.chunks).await {
+            Ok(w) => w,
+            Err(e) => {
+                let plan = self.discard_unflushed();
+                plan.run(&self.fs).await;
+                return Err(e);
             }
-        }
-        for w in &written {
+        };
+        for (i, w) in written.iter().enumerate() {
+            if written
+                .get(..i)
+                .is_some_and(|before| before.iter().any(|b| Rc::ptr_eq(&b.file, &w.file)))
+            {
+                continue;
+            }
             if let Err(e) = w.file.fdatasync().await {
                 let plan = self.discard_unflushed();
                 plan.run(&self.fs).await;
@@ -1291,8 +1311,28 @@ fn encode_epochs(epochs: &[(i32, i64)]) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// Writes a log's staged chunks in order, creating a new segment's file with its first chunk.
+pub(crate) async fn write_chunks<F: Fs>(
+    fs: &F,
+    chunks: Vec<StagedChunk<F::File>>,
+) -> Result<Vec<WrittenChunk<F::File>>, StorageError> {
+    let mut done: Vec<WrittenChunk<F::File>> = Vec::with_capacity(chunks.len());
+    for mut chunk in chunks {
+        if chunk.file.is_none() {
+            // Later chunks of a segment this round creates use the file its first chunk made.
+            chunk.file = done
+                .iter()
+                .rev()
+                .find(|w| w.segment_base == chunk.segment_base)
+                .map(|w| w.file.clone());
+        }
+        done.push(write_chunk(fs, chunk).await?);
+    }
+    Ok(done)
+}
+
 /// Writes one staged chunk, creating its segment file first if the segment is new.
-pub(crate) async fn write_chunk<F: Fs>(
+async fn write_chunk<F: Fs>(
     fs: &F,
     chunk: StagedChunk<F::File>,
 ) -> Result<WrittenChunk<F::File>, StorageError> {

@@ -29,7 +29,7 @@ use futures::future::join_all;
 use crate::fs::{FileHandle, Fs};
 use crate::journal::{Journal, LogKey};
 use crate::log::{
-    persist_log_start_offset, remove_segment_files, write_chunk, AppendInfo, CheckpointWork, LogConfig,
+    persist_log_start_offset, remove_segment_files, write_chunks, AppendInfo, CheckpointWork, LogConfig,
     PartitionLog, ReadPlan, RecoveryReport, RetentionOutcome, WrittenChunk,
 };
 use crate::notify::Notify;
@@ -407,11 +407,15 @@ impl<F: Fs> ShardStore<F> {
             else {
                 return Ok::<(u64, u64), StorageError>((0, 0));
             };
-            let jlen = jdata.len() as u64;
-            jfile
-                .write_all_at(jdata, jpos)
-                .await
-                .map_err(|e| StorageError::io("write journal", &jpath, e))?;
+            let mut jlen = 0u64;
+            for piece in jdata {
+                let len = piece.len() as u64;
+                jfile
+                    .write_all_at(piece, jpos + jlen)
+                    .await
+                    .map_err(|e| StorageError::io("write journal", &jpath, e))?;
+                jlen += len;
+            }
             let t = Instant::now();
             jfile
                 .fdatasync()
@@ -426,10 +430,7 @@ impl<F: Fs> ShardStore<F> {
             stats.segment_bytes += w.chunks.iter().map(|c| c.data.len()).sum::<usize>();
             let fs = self.fs.clone();
             segment_futs.push(async move {
-                let mut done: Vec<WrittenChunk<F::File>> = Vec::with_capacity(w.chunks.len());
-                for chunk in w.chunks {
-                    done.push(write_chunk(&fs, chunk).await?);
-                }
+                let done = write_chunks(&fs, w.chunks).await?;
                 let mut fsync_us = 0;
                 if let Some((mut files, dir)) = sync {
                     let t = Instant::now();

@@ -517,6 +517,63 @@ fn torn_segment_is_restored_from_the_journal() {
 /// an earlier segment a journaled round left unsynced. A round that creates a segment file is
 /// journaled, and so are later ones until a checkpoint has synced the directory. A crash that
 /// drops every unsynced byte loses nothing acknowledged.
+/// A batch of `n` records of `value_bytes` each.
+fn big_batch(tag: u8, n: usize, value_bytes: usize) -> Vec<u8> {
+    let value = vec![tag; value_bytes];
+    let recs: Vec<build::TestRecord<'_>> = (0..n)
+        .map(|i| build::TestRecord {
+            key: None,
+            value: Some(&value),
+            headers: vec![],
+            timestamp_delta: i as i64,
+        })
+        .collect();
+    build::batch(&recs, 0)
+}
+
+#[test]
+fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
+    block_on(async {
+        let fs = MemFs::new();
+        let config = LogConfig {
+            segment_bytes: 64 << 20,
+            ..small_config()
+        };
+        let mut expected = Vec::new();
+        {
+            // Journaled: 3 MB in one round is several staged chunks and journal pieces, the first
+            // of which creates the segment file.
+            let store = open_store(&fs, 64 << 20).await;
+            let (id, _) = store.open_log(key("big-0"), config.clone(), 0).await.unwrap();
+            let mut last = None;
+            for i in 0..75u8 {
+                let b = big_batch(i, 10, 4000);
+                let t = store.append(id, &b, 0, 0).unwrap();
+                expected.push(stored(b, t.info.base_offset, 0));
+                last = Some(t);
+            }
+            let stats = store.flush_round().await;
+            assert!(
+                stats.segment_bytes > 2 << 20 && stats.journal_bytes > stats.segment_bytes,
+                "{stats:?}"
+            );
+            store.wait_durable(&last.unwrap()).await.unwrap();
+            let all: Vec<Vec<u8>> = read_all(&store, id, 0).await.into_iter().map(|b| b.2).collect();
+            assert_eq!(all, expected);
+        }
+        // Nothing of the segment was synced: everything comes back from the journal.
+        fs.crash(|_| 0);
+        let report = replay_journals(&fs, &root(), |_| Some(config.clone()), 0)
+            .await
+            .unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+        let store = open_store(&fs, 64 << 20).await;
+        let (id, _) = store.open_log(key("big-0"), config.clone(), 0).await.unwrap();
+        let all: Vec<Vec<u8>> = read_all(&store, id, 0).await.into_iter().map(|b| b.2).collect();
+        assert_eq!(all, expected);
+    });
+}
+
 #[test]
 fn direct_rounds_sync_segments_instead_of_the_journal() {
     block_on(async {
