@@ -332,6 +332,7 @@ pub(crate) struct ShardMetrics {
     journal_bytes: Gauge,
     heap_bytes: Gauge,
     fetch_sessions: Gauge,
+    stall: Histogram,
 }
 
 impl ShardMetrics {
@@ -363,6 +364,7 @@ impl ShardMetrics {
             journal_bytes: gauge!("strand_journal_bytes", &l()),
             heap_bytes: gauge!("strand_storage_heap_bytes", &l()),
             fetch_sessions: gauge!("strand_fetch_sessions", &l()),
+            stall: histogram!("strand_shard_stall_seconds", &l()),
         }
     }
 
@@ -424,6 +426,11 @@ impl ShardMetrics {
 
     pub(crate) fn connection_closed(&self) {
         self.connections.decrement(1.0);
+    }
+
+    /// How late the shard's executor ran a timer: time it could serve nothing.
+    pub(crate) fn stall(&self, lag: std::time::Duration) {
+        self.stall.record(lag.as_secs_f64());
     }
 
     pub(crate) fn round(&self, stats: &RoundStats) {

@@ -340,6 +340,7 @@ async fn shard_main(
     crate::queue_host::QueueHost::start(&shard).await;
     shard.update_partition_gauges();
     glommio::spawn_local(flusher(shard.clone())).detach();
+    glommio::spawn_local(stall_probe(shard.clone())).detach();
     glommio::spawn_local(housekeeping(shard.clone())).detach();
     let _ = ready_tx.send(Ready {
         shard: id.0,
@@ -445,6 +446,33 @@ async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
                 tracing::warn!(error = %e, "HTTP accept failed");
                 glommio::timer::sleep(Duration::from_millis(10)).await;
             }
+        }
+    }
+}
+
+/// How often the stall probe checks the executor.
+const STALL_PROBE_PERIOD: Duration = Duration::from_millis(10);
+/// A stall this long is logged.
+const STALL_WARN: Duration = Duration::from_millis(50);
+
+/// Measures how late the shard's executor runs a timer: the time in which it could serve
+/// nothing (a blocking call, a long computation between awaits, the thread not scheduled).
+/// Produce latency tails that flush rounds do not explain show up here.
+async fn stall_probe(shard: Rc<Shard>) {
+    loop {
+        let asked = Instant::now();
+        glommio::timer::sleep(STALL_PROBE_PERIOD).await;
+        let lag = asked.elapsed().saturating_sub(STALL_PROBE_PERIOD);
+        shard.metrics.stall(lag);
+        if lag >= STALL_WARN {
+            tracing::warn!(
+                shard = shard.id.0,
+                stall_ms = lag.as_millis() as u64,
+                "shard executor stalled"
+            );
+        }
+        if shard.shutting_down.get() {
+            return;
         }
     }
 }
