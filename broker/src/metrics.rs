@@ -333,6 +333,7 @@ pub(crate) struct ShardMetrics {
     heap_bytes: Gauge,
     fetch_sessions: Gauge,
     stall: Histogram,
+    dir_syncs: Counter,
 }
 
 impl ShardMetrics {
@@ -365,6 +366,7 @@ impl ShardMetrics {
             heap_bytes: gauge!("strand_storage_heap_bytes", &l()),
             fetch_sessions: gauge!("strand_fetch_sessions", &l()),
             stall: histogram!("strand_shard_stall_seconds", &l()),
+            dir_syncs: counter!("strand_flush_dir_syncs_total", &l()),
         }
     }
 
@@ -426,6 +428,13 @@ impl ShardMetrics {
 
     pub(crate) fn connection_closed(&self) {
         self.connections.decrement(1.0);
+    }
+
+    /// Directory syncs made between rounds so that logs can go back to direct rounds.
+    pub(crate) fn dir_syncs(&self, n: usize) {
+        if n > 0 {
+            self.dir_syncs.increment(n as u64);
+        }
     }
 
     /// How late the shard's executor ran a timer: time it could serve nothing.

@@ -492,6 +492,10 @@ async fn flusher(shard: Rc<Shard>) {
         if shard.store.has_pending() {
             let stats = shard.store.flush_round().await;
             shard.metrics.round(&stats);
+            // A new topic or a segment roll: sync the directory now rather than journal every
+            // byte of the log until the next checkpoint.
+            let synced = shard.store.sync_changed_dirs().await;
+            shard.metrics.dir_syncs(synced);
         }
         let due = Instant::now() >= next_checkpoint;
         if shard.store.wants_checkpoint() || (due && shard.store.has_uncheckpointed_changes()) {

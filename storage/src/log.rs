@@ -315,7 +315,7 @@ pub struct PartitionLog<F: Fs> {
     /// Segment files were created or removed since the last checkpoint.
     dir_dirty: bool,
     /// Directory changes made (segment files created or removed) and how many of them a
-    /// checkpoint has made durable; a direct flush round needs them all durable (see
+    /// checkpoint or a directory sync has made durable; a direct flush round needs them all durable (see
     /// [`PartitionLog::direct_sync_files`]). `dir_changes_checkpointing` is the count a running
     /// checkpoint's directory sync covers.
     dir_changes: u64,
@@ -777,8 +777,9 @@ impl<F: Fs> PartitionLog<F> {
     /// files: every segment file with writes not yet synced (a write of an earlier, journaled
     /// round may sit in a segment before the one this round writes, and recovery drops
     /// everything after a torn segment). `None` when the log cannot take a direct round: a
-    /// segment file was created or removed and no checkpoint has synced the directory yet, or
-    /// the staged writes would create one. Call before taking the staged writes.
+    /// segment file was created or removed and no checkpoint or directory sync
+    /// ([`crate::ShardStore::sync_changed_dirs`]) has synced the directory since, or the staged
+    /// writes would create one. Call before taking the staged writes.
     pub(crate) fn direct_sync_files(&self) -> Option<Vec<Rc<F::File>>> {
         if self.dir_changes > self.dir_changes_synced || self.staged.iter().any(|c| c.file.is_none()) {
             return None;
@@ -790,6 +791,17 @@ impl<F: Fs> PartitionLog<F> {
                 .filter_map(|s| s.file.clone())
                 .collect(),
         )
+    }
+
+    /// The directory-change count a directory sync starting now covers, if some change is not
+    /// covered yet.
+    pub(crate) fn unsynced_dir_changes(&self) -> Option<u64> {
+        (self.dir_changes > self.dir_changes_synced).then_some(self.dir_changes)
+    }
+
+    /// Records a directory sync that covered the first `changes` directory changes.
+    pub(crate) fn dir_synced(&mut self, changes: u64) {
+        self.dir_changes_synced = self.dir_changes_synced.max(changes);
     }
 
     /// Whether appended batches wait to be written.

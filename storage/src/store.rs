@@ -129,6 +129,9 @@ struct Inner<F: Fs> {
     slots: Vec<Slot<F>>,
     free: Vec<u32>,
     dirty: Vec<LogId>,
+    /// Logs a round would have written directly but for directory changes no sync covers yet
+    /// (a new topic, a segment roll): [`ShardStore::sync_changed_dirs`] syncs them.
+    dir_sync_wanted: Vec<LogId>,
     journal: Journal<F>,
     offline: Option<String>,
 }
@@ -162,6 +165,7 @@ impl<F: Fs> ShardStore<F> {
                 slots: Vec::new(),
                 free: Vec::new(),
                 dirty: Vec::new(),
+                dir_sync_wanted: Vec::new(),
                 journal,
                 offline: None,
             }),
@@ -362,7 +366,12 @@ impl<F: Fs> ShardStore<F> {
                 for id in &dirty {
                     match entry_mut(&mut inner.slots, *id).map(|e| e.log.direct_sync_files()) {
                         Some(Some(files)) => direct_files.push(files),
-                        Some(None) => direct = false,
+                        Some(None) => {
+                            direct = false;
+                            if !inner.dir_sync_wanted.contains(id) {
+                                inner.dir_sync_wanted.push(*id);
+                            }
+                        }
                         None => direct_files.push(Vec::new()),
                     }
                 }
@@ -512,6 +521,45 @@ impl<F: Fs> ShardStore<F> {
         self.round_running.set(false);
         self.durable.notify_all();
         stats
+    }
+
+    /// Syncs the directories of logs that a round journaled only because of directory changes
+    /// no sync covered yet (a new topic's first segment, a segment roll), so that their next
+    /// rounds can be direct again instead of writing every byte twice until the next
+    /// checkpoint. A directory sync covers the changes made before it starts, as the checkpoint's
+    /// does. Run by the flusher between rounds, not while a checkpoint runs (it would not know
+    /// which changes the checkpoint's own sync covers); a failure only leaves the log journaled
+    /// until the checkpoint. Returns how many directories were synced.
+    pub async fn sync_changed_dirs(&self) -> usize {
+        if self.checkpoint_running.get() || self.round_running.get() {
+            return 0;
+        }
+        let wanted: Vec<(LogId, PathBuf, u64)> = {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            std::mem::take(&mut inner.dir_sync_wanted)
+                .into_iter()
+                .filter_map(|id| {
+                    let log = &entry_mut(&mut inner.slots, id)?.log;
+                    Some((id, log.dir().to_path_buf(), log.unsynced_dir_changes()?))
+                })
+                .collect()
+        };
+        let mut synced = 0;
+        for (id, dir, changes) in wanted {
+            match self.fs.sync_dir(&dir).await {
+                Ok(()) => {
+                    if let Some(entry) = entry_mut(&mut self.inner.borrow_mut().slots, id) {
+                        entry.log.dir_synced(changes);
+                    }
+                    synced += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "directory sync failed; the log stays journaled until the next checkpoint");
+                }
+            }
+        }
+        synced
     }
 
     /// Whether the journal has grown enough to rotate and checkpoint.

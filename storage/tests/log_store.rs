@@ -645,6 +645,48 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
 }
 
 #[test]
+fn a_directory_sync_lets_new_and_rolled_segments_go_direct_before_a_checkpoint() {
+    block_on(async {
+        let fs = MemFs::new();
+        let expected;
+        {
+            let store = open_store_direct(&fs, 1 << 20, 1).await;
+            let (a, _) = store.open_log(key("ds-0"), small_config(), 0).await.unwrap();
+            assert_eq!(store.sync_changed_dirs().await, 0, "nothing wanted yet");
+            // The first round creates the segment file: journaled.
+            store.append(a, &value_batch(1, 20, 0), 0, 0).unwrap();
+            assert!(!store.flush_round().await.direct);
+            assert_eq!(store.sync_changed_dirs().await, 1);
+            assert_eq!(store.sync_changed_dirs().await, 0, "already synced");
+            // Rolls create files: one journaled round each, then direct again without a checkpoint.
+            let (mut direct, mut journaled) = (0, 0);
+            for i in 0..40 {
+                store.append(a, &value_batch(10 + i, 20, 0), 0, 0).unwrap();
+                let stats = store.flush_round().await;
+                if stats.direct {
+                    direct += 1;
+                } else {
+                    journaled += 1;
+                }
+                store.sync_changed_dirs().await;
+            }
+            assert!(journaled >= 2, "the test must roll segments: {journaled}");
+            assert!(direct >= 30, "{direct} direct rounds, {journaled} journaled");
+            expected = read_all(&store, a, 0).await;
+        }
+        // No checkpoint ran: what the direct rounds fsynced and the journal hold is all there is.
+        fs.crash(|_| 0);
+        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
+            .await
+            .unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+        let store = open_store(&fs, 1 << 20).await;
+        let (a, _) = store.open_log(key("ds-0"), small_config(), 0).await.unwrap();
+        assert_eq!(read_all(&store, a, 0).await, expected);
+    });
+}
+
+#[test]
 fn disk_full_fails_the_round_and_keeps_acknowledged_data() {
     block_on(async {
         let fs = MemFs::new();
@@ -832,6 +874,11 @@ fn simulate(seed: u64) {
                     6 | 7 => {
                         let stats = store.flush_round().await;
                         t!("round {:?}", stats);
+                        // As the broker's flusher does after every round (most of the time here).
+                        if rng.gen_bool(0.7) {
+                            let synced = store.sync_changed_dirs().await;
+                            t!("dir syncs {synced}");
+                        }
                         if stats.error.is_none() {
                             for (li, t, s) in pending.drain(..) {
                                 store.wait_durable(&t).await.unwrap();
