@@ -1,6 +1,8 @@
 //! Acknowledged means durable: kill -9 the broker under an acks=all producer, restart it, and
 //! read every acknowledged record back at the offset it was acknowledged with; the same after
-//! tearing the last segment file mid-batch; and a graceful SIGTERM loses nothing.
+//! tearing the last segment file the way a power loss can (mid-batch when only the journal made
+//! the batch durable, after the acknowledged bytes when the segment itself was fsynced); and a
+//! graceful SIGTERM loses nothing.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -278,10 +280,16 @@ fn last_segment(dir: &PathBuf) -> PathBuf {
     last
 }
 
+/// A power loss tears a segment write that only the journal made durable: every round goes
+/// through the journal here (`strand.journal.direct.max.logs=0`), so an acknowledged batch may
+/// sit in a segment file nothing has fsynced, and recovery must restore it from the journal or
+/// stop before it without reusing an acknowledged offset. (A direct round fsyncs the segment
+/// before acknowledging, so there a tear can only hit unacknowledged bytes: next test.)
 #[test]
 fn torn_last_segment_recovers_to_a_consistent_prefix() {
     let mut broker = Broker::builder()
         .needs_spawned("kills the broker and edits its segment files")
+        .config("strand.journal.direct.max.logs", 0)
         .start();
     let topic = unique_topic("torn");
     admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
@@ -342,6 +350,52 @@ fn torn_last_segment_recovers_to_a_consistent_prefix() {
         }
         logs.insert(p, log);
     }
+    check_new_writes(&bootstrap, &topic, &run, &logs);
+    broker.assert_running();
+}
+
+/// With direct rounds (the default for a shard writing one or two partitions), acknowledged
+/// bytes are fsynced in the segment itself; a power loss can only leave a torn, unacknowledged
+/// write after them. Recovery must cut it and keep every acknowledged record.
+#[test]
+fn torn_unacknowledged_tail_after_direct_rounds_is_cut() {
+    let mut broker = Broker::builder()
+        .needs_spawned("kills the broker and edits its segment files")
+        .start();
+    let topic = unique_topic("torn-direct");
+    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
+    let run = produce_until_kill9(&mut broker, &topic, 3000);
+
+    // Half of a copy of the last complete batch after it: a next write that did not finish.
+    let segment = last_segment(&broker.partition_dir(&topic, 0));
+    let bytes = fs::read(&segment).expect("read segment");
+    let (batches, complete) = walk_batches(&bytes);
+    let last = *batches
+        .last()
+        .unwrap_or_else(|| panic!("{} holds no complete batch", segment.display()));
+    let torn = &bytes[last.position as usize..(last.position + last.size / 2) as usize];
+    let mut kept = bytes[..complete as usize].to_vec();
+    kept.extend_from_slice(torn);
+    eprintln!(
+        "{}: {complete} bytes of complete batches, then {} torn bytes",
+        segment.display(),
+        torn.len()
+    );
+    fs::write(&segment, &kept).expect("write segment");
+
+    broker.restart();
+    let bootstrap = broker.bootstrap();
+    let mut logs = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let log = read_partition(&bootstrap, &topic, p);
+        check_acked_present(&run, &log, p, i64::MAX);
+        logs.insert(p, log);
+    }
+    assert_eq!(
+        logs[&0].len() as i64,
+        last.last_offset + 1,
+        "partition 0 ends after its last complete batch"
+    );
     check_new_writes(&bootstrap, &topic, &run, &logs);
     broker.assert_running();
 }
