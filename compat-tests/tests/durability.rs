@@ -16,7 +16,7 @@ use rdkafka::Offset;
 use strand_compat_tests::admin;
 use strand_compat_tests::clients::{self, Delivery};
 use strand_compat_tests::data::{Consumed, Gen, TestRecord};
-use strand_compat_tests::raw::walk_batches;
+use strand_compat_tests::raw::{walk_batches, BatchPos};
 use strand_compat_tests::{unique_topic, wait_for, Broker};
 
 const PARTITIONS: i32 = 3;
@@ -240,25 +240,75 @@ fn check_new_writes(bootstrap: &str, topic: &str, run: &Run, logs: &BTreeMap<i32
     }
 }
 
-#[test]
-fn acked_records_survive_kill9_under_load() {
-    let mut broker = Broker::builder()
-        .needs_spawned("kills and restarts the broker")
-        .start();
-    let topic = unique_topic("kill9");
+/// A broker (with `configs`), a fresh topic, and an acks=all producer until kill -9.
+fn kill9_under_load(name: &str, reason: &str, configs: &[(&str, &str)]) -> (Broker, String, Run) {
+    let mut builder = Broker::builder().needs_spawned(reason);
+    for (k, v) in configs {
+        builder = builder.config(k, v);
+    }
+    let mut broker = builder.start();
+    let topic = unique_topic(name);
     admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
     let run = produce_until_kill9(&mut broker, &topic, 3000);
+    (broker, topic, run)
+}
 
+/// Restarts the broker and reads every partition back, running `check` on each; returns the
+/// bootstrap address and the logs read.
+fn restart_and_read(
+    broker: &mut Broker,
+    topic: &str,
+    mut check: impl FnMut(i32, &[(i64, usize)]),
+) -> (String, BTreeMap<i32, Vec<(i64, usize)>>) {
     broker.restart();
     let bootstrap = broker.bootstrap();
     let mut logs = BTreeMap::new();
     for p in 0..PARTITIONS {
-        let log = read_partition(&bootstrap, &topic, p);
-        check_acked_present(&run, &log, p, i64::MAX);
+        let log = read_partition(&bootstrap, topic, p);
+        check(p, &log);
         logs.insert(p, log);
     }
+    (bootstrap, logs)
+}
+
+#[test]
+fn acked_records_survive_kill9_under_load() {
+    let (mut broker, topic, run) = kill9_under_load("kill9", "kills and restarts the broker", &[]);
+    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
+        check_acked_present(&run, log, p, i64::MAX)
+    });
     check_new_writes(&bootstrap, &topic, &run, &logs);
     broker.assert_running();
+}
+
+/// Partition 0's last segment file as the crash left it.
+struct LastSegment {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    /// Its complete batches, and the length of the prefix they make up.
+    batches: Vec<BatchPos>,
+    complete: u64,
+    last: BatchPos,
+}
+
+fn partition0_last_segment(broker: &Broker, topic: &str) -> LastSegment {
+    let path = last_segment(&broker.partition_dir(topic, 0));
+    let bytes = fs::read(&path).expect("read segment");
+    let (batches, complete) = walk_batches(&bytes);
+    let last = *batches.last().unwrap_or_else(|| {
+        panic!(
+            "{} holds no complete batch ({} bytes)",
+            path.display(),
+            bytes.len()
+        )
+    });
+    LastSegment {
+        path,
+        bytes,
+        batches,
+        complete,
+        last,
+    }
 }
 
 fn last_segment(dir: &PathBuf) -> PathBuf {
@@ -287,69 +337,52 @@ fn last_segment(dir: &PathBuf) -> PathBuf {
 /// before acknowledging, so there a tear can only hit unacknowledged bytes: next test.)
 #[test]
 fn torn_last_segment_recovers_to_a_consistent_prefix() {
-    let mut broker = Broker::builder()
-        .needs_spawned("kills the broker and edits its segment files")
-        .config("strand.journal.direct.max.logs", 0)
-        .start();
-    let topic = unique_topic("torn");
-    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_kill9(&mut broker, &topic, 3000);
+    let (mut broker, topic, run) = kill9_under_load(
+        "torn",
+        "kills the broker and edits its segment files",
+        &[("strand.journal.direct.max.logs", "0")],
+    );
 
     // Cut partition 0's last segment in the middle of its last complete batch.
-    let segment = last_segment(&broker.partition_dir(&topic, 0));
-    let bytes = fs::read(&segment).expect("read segment");
-    let (batches, complete) = walk_batches(&bytes);
-    let last = *batches.last().unwrap_or_else(|| {
-        panic!(
-            "{} holds no complete batch ({} bytes)",
-            segment.display(),
-            bytes.len()
-        )
-    });
+    let seg = partition0_last_segment(&broker, &topic);
+    let last = seg.last;
     let cut = last.position + last.size / 2;
     eprintln!(
-        "{}: {} bytes, {} complete batches ({complete} bytes); cutting batch {}..={} at byte {cut}",
-        segment.display(),
-        bytes.len(),
-        batches.len(),
+        "{}: {} bytes, {} complete batches ({} bytes); cutting batch {}..={} at byte {cut}",
+        seg.path.display(),
+        seg.bytes.len(),
+        seg.batches.len(),
+        seg.complete,
         last.base_offset,
         last.last_offset
     );
     fs::OpenOptions::new()
         .write(true)
-        .open(&segment)
+        .open(&seg.path)
         .expect("open segment")
         .set_len(cut)
         .expect("truncate");
 
-    broker.restart();
-    let bootstrap = broker.bootstrap();
-    let mut logs = BTreeMap::new();
-    for p in 0..PARTITIONS {
-        let log = read_partition(&bootstrap, &topic, p);
-        if p == 0 {
-            let end = log.len() as i64;
-            let max_acked = run.acked_in(0).last().map(|a| a.1).unwrap_or(-1);
-            if end > last.last_offset {
-                eprintln!(
-                    "partition 0 restored the torn batch (log end {end}, acknowledged up to {max_acked})"
-                );
-                check_acked_present(&run, &log, 0, i64::MAX);
-            } else {
-                assert_eq!(
-                    end, last.base_offset,
-                    "partition 0 must end either after every acknowledged record (restored) or exactly at \
-                     the torn batch's base offset {} (truncated); it ends at {end}",
-                    last.base_offset
-                );
-                eprintln!("partition 0 truncated to the batch boundary {end}");
-                check_acked_present(&run, &log, 0, last.base_offset);
-            }
-        } else {
-            check_acked_present(&run, &log, p, i64::MAX);
+    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
+        if p != 0 {
+            return check_acked_present(&run, log, p, i64::MAX);
         }
-        logs.insert(p, log);
-    }
+        let end = log.len() as i64;
+        let max_acked = run.acked_in(0).last().map(|a| a.1).unwrap_or(-1);
+        if end > last.last_offset {
+            eprintln!("partition 0 restored the torn batch (log end {end}, acknowledged up to {max_acked})");
+            check_acked_present(&run, log, 0, i64::MAX);
+        } else {
+            assert_eq!(
+                end, last.base_offset,
+                "partition 0 must end either after every acknowledged record (restored) or exactly at \
+                 the torn batch's base offset {} (truncated); it ends at {end}",
+                last.base_offset
+            );
+            eprintln!("partition 0 truncated to the batch boundary {end}");
+            check_acked_present(&run, log, 0, last.base_offset);
+        }
+    });
     check_new_writes(&bootstrap, &topic, &run, &logs);
     broker.assert_running();
 }
@@ -359,38 +392,26 @@ fn torn_last_segment_recovers_to_a_consistent_prefix() {
 /// write after them. Recovery must cut it and keep every acknowledged record.
 #[test]
 fn torn_unacknowledged_tail_after_direct_rounds_is_cut() {
-    let mut broker = Broker::builder()
-        .needs_spawned("kills the broker and edits its segment files")
-        .start();
-    let topic = unique_topic("torn-direct");
-    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_kill9(&mut broker, &topic, 3000);
+    let (mut broker, topic, run) =
+        kill9_under_load("torn-direct", "kills the broker and edits its segment files", &[]);
 
     // Half of a copy of the last complete batch after it: a next write that did not finish.
-    let segment = last_segment(&broker.partition_dir(&topic, 0));
-    let bytes = fs::read(&segment).expect("read segment");
-    let (batches, complete) = walk_batches(&bytes);
-    let last = *batches
-        .last()
-        .unwrap_or_else(|| panic!("{} holds no complete batch", segment.display()));
-    let torn = &bytes[last.position as usize..(last.position + last.size / 2) as usize];
-    let mut kept = bytes[..complete as usize].to_vec();
+    let seg = partition0_last_segment(&broker, &topic);
+    let last = seg.last;
+    let torn = &seg.bytes[last.position as usize..(last.position + last.size / 2) as usize];
+    let mut kept = seg.bytes[..seg.complete as usize].to_vec();
     kept.extend_from_slice(torn);
     eprintln!(
-        "{}: {complete} bytes of complete batches, then {} torn bytes",
-        segment.display(),
+        "{}: {} bytes of complete batches, then {} torn bytes",
+        seg.path.display(),
+        seg.complete,
         torn.len()
     );
-    fs::write(&segment, &kept).expect("write segment");
+    fs::write(&seg.path, &kept).expect("write segment");
 
-    broker.restart();
-    let bootstrap = broker.bootstrap();
-    let mut logs = BTreeMap::new();
-    for p in 0..PARTITIONS {
-        let log = read_partition(&bootstrap, &topic, p);
-        check_acked_present(&run, &log, p, i64::MAX);
-        logs.insert(p, log);
-    }
+    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
+        check_acked_present(&run, log, p, i64::MAX)
+    });
     assert_eq!(
         logs[&0].len() as i64,
         last.last_offset + 1,
