@@ -14,7 +14,7 @@ use kafka_protocol::messages::{AlterShareGroupOffsetsRequest, AlterShareGroupOff
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use super::describe_share_group_offsets::share_group_members;
+use super::describe_share_group_offsets::require_empty_share_group;
 use super::{msg, Handler, Reply, RequestCtx};
 use crate::queue_host::{QueueAnswer, QueueOp};
 
@@ -40,15 +40,8 @@ impl Handler for AlterShareGroupOffsets {
                     .with_error_message(m.map(StrBytes::from_string)),
             )
         };
-        match share_group_members(shard, &group).await {
-            Err((e, m)) => return refused(e, m),
-            Ok(n) if n > 0 => {
-                return refused(
-                    ResponseError::NonEmptyGroup,
-                    Some(format!("The group {group} is not empty (it has {n} members).")),
-                )
-            }
-            Ok(_) => {}
+        if let Err((e, m)) = require_empty_share_group(shard, &group).await {
+            return refused(e, m);
         }
         let md = shard.metadata();
         let mut responses = Vec::with_capacity(req.topics.len());

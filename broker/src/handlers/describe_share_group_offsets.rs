@@ -84,6 +84,17 @@ pub(crate) async fn share_group_members(shard: &Rc<Shard>, group: &str) -> Resul
     }
 }
 
+/// For Alter and Delete: the group must exist and have no members (NON_EMPTY_GROUP otherwise).
+pub(crate) async fn require_empty_share_group(shard: &Rc<Shard>, group: &str) -> Result<(), GroupError> {
+    match share_group_members(shard, group).await? {
+        0 => Ok(()),
+        n => Err((
+            ResponseError::NonEmptyGroup,
+            Some(format!("The group {group} is not empty (it has {n} members).")),
+        )),
+    }
+}
+
 /// Runs `make()` on every shard; `None` if one did not answer.
 pub(crate) async fn on_every_shard(
     shard: &Rc<Shard>,
