@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -62,6 +62,35 @@ const USER_HZ: f64 = 100.0;
 pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
     parse_stat_cpu_ticks(&fs::read_to_string(path).ok()?).map(|t| t as f64 / USER_HZ)
+}
+
+/// CPU counters at one instant: this process's and, given its pid, the broker's.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMark {
+    pub at: Instant,
+    pub client: Option<f64>,
+    pub broker: Option<f64>,
+}
+
+impl CpuMark {
+    pub fn now(broker_pid: Option<u32>) -> Self {
+        Self {
+            at: Instant::now(),
+            client: cpu_seconds(None),
+            broker: broker_pid.and_then(|p| cpu_seconds(Some(p))),
+        }
+    }
+
+    /// From this mark to `end`: wall seconds, and the CPU seconds the client and the broker
+    /// used (each `None` if either mark lacks it).
+    pub fn until(&self, end: &CpuMark) -> (f64, Option<f64>, Option<f64>) {
+        let used = |before: Option<f64>, after: Option<f64>| before.zip(after).map(|(b, a)| a - b);
+        (
+            end.at.saturating_duration_since(self.at).as_secs_f64(),
+            used(self.client, end.client),
+            used(self.broker, end.broker),
+        )
+    }
 }
 
 /// utime + stime from a /proc/<pid>/stat line (fields 14 and 15; the command name in field 2

@@ -25,7 +25,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::host::cpu_seconds;
+use crate::host::CpuMark;
 use crate::latency::{self, LatencySummary};
 use crate::queue_client::{encode_segment, CallError, QueueClient, Response};
 use crate::raw::pseudo_random_bytes;
@@ -131,32 +131,16 @@ pub struct PhaseCpu {
     pub broker_us_per_message: Option<f64>,
 }
 
-/// CPU counters at one instant.
-#[derive(Debug, Clone, Copy)]
-struct CpuMark {
-    at: Instant,
-    client: Option<f64>,
-    broker: Option<f64>,
-}
-
-impl CpuMark {
-    fn now(broker_pid: Option<u32>) -> Self {
-        Self {
-            at: Instant::now(),
-            client: cpu_seconds(None),
-            broker: broker_pid.and_then(|p| cpu_seconds(Some(p))),
-        }
-    }
-
-    /// CPU from this mark to `end` (to now if `None`), for `messages` messages.
-    fn usage(&self, end: Option<CpuMark>, broker_pid: Option<u32>, messages: u64) -> PhaseCpu {
+impl PhaseCpu {
+    /// CPU from `start` to `end` (to now if `None`), for `messages` messages.
+    pub(crate) fn between(
+        start: &CpuMark,
+        end: Option<CpuMark>,
+        broker_pid: Option<u32>,
+        messages: u64,
+    ) -> Self {
         let end = end.unwrap_or_else(|| CpuMark::now(broker_pid));
-        let wall = end.at.saturating_duration_since(self.at).as_secs_f64();
-        let used = |before: Option<f64>, after: Option<f64>| match (before, after) {
-            (Some(b), Some(a)) => Some(a - b),
-            _ => None,
-        };
-        let (client, broker) = (used(self.client, end.client), used(self.broker, end.broker));
+        let (wall, client, broker) = start.until(&end);
         let cores = |x: Option<f64>| x.filter(|_| wall > 0.0).map(|x| x / wall);
         let per_msg = |x: Option<f64>| x.filter(|_| messages > 0).map(|x| x * 1e6 / messages as f64);
         let broker_share = match (client, broker) {
@@ -355,7 +339,12 @@ pub fn run(
     let bar = bars.bar("drain", params.messages);
     let phase_start = Instant::now();
     let out = run_workers(http, params, &shared, &bar, phase_start)?.into_result();
-    let cpu = mark.usage(shared.end.get().copied(), broker_pid, out.figures.messages_acked);
+    let cpu = PhaseCpu::between(
+        &mark,
+        shared.end.get().copied(),
+        broker_pid,
+        out.figures.messages_acked,
+    );
     bar.finish_and_clear();
     let secs = out
         .last_ack
@@ -697,7 +686,7 @@ fn publish_phase(
         })
         .collect::<Result<_>>()?;
     let out = join_all(handles, PublisherOut::new(), PublisherOut::merge)?;
-    let cpu = mark.usage(None, broker_pid, out.ids.len() as u64);
+    let cpu = PhaseCpu::between(&mark, None, broker_pid, out.ids.len() as u64);
     bar.finish_and_clear();
     let secs = out
         .last_answer
@@ -1153,7 +1142,12 @@ fn steady_phase(
         .map_err(|_| anyhow!("the steady-phase watcher panicked"))?;
     let (pub_out, acked_in_window) = watched?;
     let workers = workers?;
-    let cpu = mark.usage(shared.end.get().copied(), broker_pid, pub_out.ids.len() as u64);
+    let cpu = PhaseCpu::between(
+        &mark,
+        shared.end.get().copied(),
+        broker_pid,
+        pub_out.ids.len() as u64,
+    );
     bar.finish_and_clear();
     let published = pub_out.ids.len() as u64;
     let publish_secs = pub_out

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::host::cpu_seconds;
+use crate::host::{cpu_seconds, CpuMark};
 use crate::latency::{self, LatencySummary};
 use crate::queue_client::{encode_segment, CallError, QueueClient};
 use crate::queue_workload::{
@@ -818,47 +818,6 @@ fn verify(published: &[(i32, i64)], accepted: &[(i32, i64)]) -> Result<(), Strin
 }
 
 // ------------------------------------------------------------------------------------------
-// CPU
-
-/// CPU counters at one instant.
-#[derive(Debug, Clone, Copy)]
-struct CpuMark {
-    at: Instant,
-    client: Option<f64>,
-    broker: Option<f64>,
-}
-
-impl CpuMark {
-    fn now(broker_pid: Option<u32>) -> Self {
-        Self {
-            at: Instant::now(),
-            client: cpu_seconds(None),
-            broker: broker_pid.and_then(|p| cpu_seconds(Some(p))),
-        }
-    }
-
-    /// CPU from this mark to `end`, for `messages` messages (as the HTTP phases count it).
-    fn usage(&self, end: CpuMark, messages: u64) -> PhaseCpu {
-        let wall = end.at.saturating_duration_since(self.at).as_secs_f64();
-        let used = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
-        let (client, broker) = (used(self.client, end.client), used(self.broker, end.broker));
-        let cores = |x: Option<f64>| x.filter(|_| wall > 0.0).map(|x| x / wall);
-        let per_msg = |x: Option<f64>| x.filter(|_| messages > 0).map(|x| x * 1e6 / messages as f64);
-        PhaseCpu {
-            wall_secs: wall,
-            client_cores: cores(client),
-            broker_cores: cores(broker),
-            broker_share: match (client, broker) {
-                (Some(c), Some(b)) if c + b > 0.0 => Some(b / (b + c)),
-                _ => None,
-            },
-            client_us_per_message: per_msg(client),
-            broker_us_per_message: per_msg(broker),
-        }
-    }
-}
-
-// ------------------------------------------------------------------------------------------
 // Publish (HTTP, as the HTTP publish phase)
 
 #[derive(Deserialize)]
@@ -953,7 +912,7 @@ fn publish_phase(
         return Err(e);
     }
     let messages = all.records.len() as u64;
-    let cpu = mark.usage(CpuMark::now(broker_pid), messages);
+    let cpu = PhaseCpu::between(&mark, None, broker_pid, messages);
     bar.finish_and_clear();
     if messages != params.messages {
         bail!("published {messages} messages, expected {}", params.messages);
@@ -1702,7 +1661,7 @@ fn drain_phase(
         per_consumer,
         verified: false,
         group_after: None,
-        cpu: start_mark.usage(end_mark, n),
+        cpu: PhaseCpu::between(&start_mark, Some(end_mark), None, n),
     };
     Ok((result, accepted))
 }
@@ -2263,19 +2222,17 @@ fn confluent_drain(
     };
     let n = accepted.len() as u64;
     let secs = t1.saturating_duration_since(t0).as_secs_f64();
-    let cpu = CpuMark {
+    let start = CpuMark {
         at: t0,
         client: c0,
         broker: b0,
-    }
-    .usage(
-        CpuMark {
-            at: t1,
-            client: c1,
-            broker: b1,
-        },
-        n,
-    );
+    };
+    let end = CpuMark {
+        at: t1,
+        client: c1,
+        broker: b1,
+    };
+    let cpu = PhaseCpu::between(&start, Some(end), None, n);
     let result = ConfluentDrainResult {
         consumers: params.consumers,
         client,

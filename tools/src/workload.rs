@@ -41,7 +41,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Serialize;
 
-use crate::host::cpu_seconds;
+use crate::host::CpuMark;
 use crate::latency::{self, LatencySummary};
 use crate::raw::pseudo_random_bytes;
 
@@ -319,31 +319,14 @@ pub struct CpuUsage {
     pub broker_cores: Option<f64>,
 }
 
-/// CPU counters at the start of a phase.
-struct CpuMark {
-    at: Instant,
-    client: Option<f64>,
-    broker: Option<f64>,
-}
-
-impl CpuMark {
-    fn now(broker_pid: Option<u32>) -> Self {
-        Self {
-            at: Instant::now(),
-            client: cpu_seconds(None),
-            broker: broker_pid.and_then(|p| cpu_seconds(Some(p))),
-        }
-    }
-
-    fn usage(&self, broker_pid: Option<u32>) -> CpuUsage {
-        let wall = self.at.elapsed().as_secs_f64();
-        let cores = |before: Option<f64>, after: Option<f64>| match (before, after) {
-            (Some(b), Some(a)) if wall > 0.0 => Some((a - b) / wall),
-            _ => None,
-        };
+impl CpuUsage {
+    /// Cores used from `start` until now.
+    fn since(start: &CpuMark, broker_pid: Option<u32>) -> Self {
+        let (wall, client, broker) = start.until(&CpuMark::now(broker_pid));
+        let cores = |x: Option<f64>| x.filter(|_| wall > 0.0).map(|x| x / wall);
         CpuUsage {
-            client_cores: cores(self.client, cpu_seconds(None)),
-            broker_cores: cores(self.broker, broker_pid.and_then(|p| cpu_seconds(Some(p)))),
+            client_cores: cores(client),
+            broker_cores: cores(broker),
         }
     }
 }
@@ -884,7 +867,7 @@ fn produce_phase(
             .with_context(|| format!("{phase_name}: not every message was acknowledged in time"))?;
     }
     bar.finish_and_clear();
-    let cpu = cpu.usage(shared.broker_pid);
+    let cpu = CpuUsage::since(&cpu, shared.broker_pid);
     let ended_ns = shared.now_ns();
     let (sent, queue_full_waits) = outcomes.iter().fold((0, 0), |(a, b), (s, q)| (a + s, b + q));
     let counters = producers.iter().map(|p| p.context().take()).collect();
@@ -1212,7 +1195,7 @@ fn consume_warm_log(
             .collect::<Result<Vec<ReadOutcome>>>()
     })?;
     bar.finish_and_clear();
-    let cpu = cpu.usage(shared.broker_pid);
+    let cpu = CpuUsage::since(&cpu, shared.broker_pid);
     let messages: u64 = outcomes.iter().map(|o| o.messages).sum();
     let bytes: u64 = outcomes.iter().map(|o| o.bytes).sum();
     let first = outcomes.iter().filter_map(|o| o.first).min();
