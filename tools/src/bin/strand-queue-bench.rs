@@ -22,7 +22,9 @@ use serde::Serialize;
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
 use strand_tools::host::{cpu_seconds, filesystem_of, utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::latency::{human_us, LatencySummary};
-use strand_tools::queue_workload::{self, Bars, Checkpoint, PhaseCpu, QueueParams, QueueResult};
+use strand_tools::queue_workload::{
+    self, Bars, Checkpoint, PhaseCpu, PublishResult, QueueParams, QueueResult,
+};
 use strand_tools::raw::{disk_append_fdatasync, loopback_tcp, DiskResult};
 use strand_tools::report::{human_bytes, RawLimits, RawLimitsPair, RawParameters, ToolInfo};
 use strand_tools::share_workload::{self, ConfluentResult, ShareCheckpoint, ShareParams, ShareResult};
@@ -974,16 +976,11 @@ fn latency_header(o: &mut String) {
     );
 }
 
-/// The share door's part of the table; `with_header` when no HTTP table printed the latency header.
-fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
-    if with_header {
-        latency_header(o);
-    }
-    let pb = &sh.publish;
+/// The HTTP publish that fills a share door's queue.
+fn render_door_publish(o: &mut String, door: &str, queue: &str, pb: &PublishResult) {
     let _ = writeln!(
         o,
-        "share publish (HTTP, queue {}): {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {} requests; {}",
-        sh.queue,
+        "{door} publish (HTTP, queue {queue}): {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {} requests; {}",
         pb.messages,
         pb.secs,
         pb.msgs_per_s,
@@ -992,6 +989,14 @@ fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
         cpu_text(&pb.cpu)
     );
     lat_row(o, "publish request", &pb.request_latency);
+}
+
+/// The share door's part of the table; `with_header` when no HTTP table printed the latency header.
+fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
+    if with_header {
+        latency_header(o);
+    }
+    render_door_publish(o, "share", &sh.queue, &sh.publish);
     let d = &sh.drain;
     let _ = writeln!(
         o,
@@ -1049,18 +1054,7 @@ fn render_confluent(o: &mut String, c: &ConfluentResult, with_header: bool) {
     if with_header {
         latency_header(o);
     }
-    let pb = &c.publish;
-    let _ = writeln!(
-        o,
-        "confluent publish (HTTP, queue {}): {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {}",
-        c.queue,
-        pb.messages,
-        pb.secs,
-        pb.msgs_per_s,
-        pb.mb_per_s,
-        cpu_text(&pb.cpu)
-    );
-    lat_row(o, "publish request", &pb.request_latency);
+    render_door_publish(o, "confluent", &c.queue, &c.publish);
     let d = &c.drain;
     let _ = writeln!(
         o,
