@@ -1,7 +1,7 @@
 //! The benchmark report: one JSON document per run, and the same figures as a table.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -263,6 +263,34 @@ impl Ratios {
             paced_p99_vs_fdatasync_p99: result.paced.as_ref().and_then(|p| p99_ratio(&p.latency)),
         }
     }
+}
+
+/// Writes a tool's report: the JSON to `output` if given, and to stdout either the text table or
+/// (with `json`) the JSON, the table then going to stderr.
+pub fn emit_report(
+    text: &str,
+    report: &impl Serialize,
+    output: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    let encoded = serde_json::to_string_pretty(report).context("encoding the JSON report")?;
+    if let Some(path) = output {
+        std::fs::write(path, format!("{encoded}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if json {
+        eprint!("{text}");
+        writeln!(stdout, "{encoded}").context("writing to stdout")?;
+    } else {
+        write!(stdout, "{text}").context("writing to stdout")?;
+    }
+    if let Some(path) = output {
+        eprintln!("JSON report written to {}", path.display());
+    }
+    Ok(())
 }
 
 /// Formats a byte count as `4 KiB`, `1 MiB`, or plain bytes.

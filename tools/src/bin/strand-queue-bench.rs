@@ -9,7 +9,6 @@
 //! a table and as JSON. See BENCHMARKS.md.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -790,20 +789,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     };
 
     let text = render_text(&report);
-    let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
-    if let Some(path) = &cli.output {
-        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
-    }
-    let mut stdout = std::io::stdout().lock();
-    if cli.json {
-        eprint!("{text}");
-        writeln!(stdout, "{json}").context("writing to stdout")?;
-    } else {
-        write!(stdout, "{text}").context("writing to stdout")?;
-    }
-    if let Some(path) = &cli.output {
-        eprintln!("JSON report written to {}", path.display());
-    }
+    strand_tools::report::emit_report(&text, &report, cli.output.as_deref(), cli.json)?;
     if cli.keep_data || failed {
         let kept = run_dir.keep();
         eprintln!("run directory (broker data and log) kept: {}", kept.display());

@@ -12,7 +12,6 @@
 //! is then read back with Fetch and checked record by record. See BENCHMARKS.md.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -402,20 +401,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     report.verdict = verdict(&cli, &report);
 
     let text = render_text(&report);
-    let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
-    if let Some(path) = &cli.output {
-        std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
-    }
-    let mut stdout = std::io::stdout().lock();
-    if cli.json {
-        eprint!("{text}");
-        writeln!(stdout, "{json}").context("writing to stdout")?;
-    } else {
-        write!(stdout, "{text}").context("writing to stdout")?;
-    }
-    if let Some(path) = &cli.output {
-        eprintln!("JSON report written to {}", path.display());
-    }
+    strand_tools::report::emit_report(&text, &report, cli.output.as_deref(), cli.json)?;
     let failed = report.error.is_some() || !report.problems.is_empty();
     if cli.keep_data || failed {
         let kept = run_dir.keep();
