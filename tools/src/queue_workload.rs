@@ -503,10 +503,12 @@ struct PublishAnswer {
     messages: Vec<PublishedEntry>,
 }
 
+/// One message of a publish answer.
 #[derive(Deserialize)]
-struct PublishedEntry {
-    id: String,
-    partition: i32,
+pub(crate) struct PublishedEntry {
+    pub(crate) id: String,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
     #[serde(default)]
     duplicate: bool,
 }
@@ -589,6 +591,39 @@ impl PublisherOut {
     }
 }
 
+/// Publishes `n` messages from index `first` (of `len` bytes) in one request, records its
+/// latency in `hist`, and checks the answer: `n` entries, none a duplicate (no dedup tokens are
+/// sent). Returns the entries and when the answer came.
+pub(crate) fn publish_request(
+    client: &mut QueueClient,
+    path: &str,
+    buf: &mut Vec<u8>,
+    pool: &[u8],
+    (first, n, len): (u64, usize, usize),
+    hist: &mut Histogram<u64>,
+) -> Result<(Vec<PublishedEntry>, Instant)> {
+    publish_body(buf, pool, first, n, len);
+    let t = Instant::now();
+    let r = post(client, path, buf, "publish")?;
+    let done = Instant::now();
+    latency::record_ns(hist, done.duration_since(t).as_nanos() as u64);
+    let answer: PublishAnswer = serde_json::from_slice(&r.body)
+        .map_err(|e| anyhow!("publish answer is not what the contract says ({e}): {}", r.text()))?;
+    if answer.messages.len() != n {
+        bail!(
+            "a publish of {n} messages answered {} entries",
+            answer.messages.len()
+        );
+    }
+    if let Some(m) = answer.messages.iter().find(|m| m.duplicate) {
+        bail!(
+            "publish answered `duplicate: true` for {} without a dedup token",
+            m.id
+        );
+    }
+    Ok((answer.messages, done))
+}
+
 /// Publishes `n` messages from index `first` in one request and records it.
 fn publish_one(
     client: &mut QueueClient,
@@ -598,26 +633,8 @@ fn publish_one(
     (first, n, len): (u64, usize, usize),
     out: &mut PublisherOut,
 ) -> Result<()> {
-    publish_body(buf, pool, first, n, len);
-    let t = Instant::now();
-    let r = post(client, path, buf, "publish")?;
-    let done = Instant::now();
-    latency::record_ns(&mut out.hist, done.duration_since(t).as_nanos() as u64);
-    let answer: PublishAnswer = serde_json::from_slice(&r.body)
-        .map_err(|e| anyhow!("publish answer is not what the contract says ({e}): {}", r.text()))?;
-    if answer.messages.len() != n {
-        bail!(
-            "a publish of {n} messages answered {} entries",
-            answer.messages.len()
-        );
-    }
-    for m in answer.messages {
-        if m.duplicate {
-            bail!(
-                "publish answered `duplicate: true` for {} without a dedup token",
-                m.id
-            );
-        }
+    let (entries, done) = publish_request(client, path, buf, pool, (first, n, len), &mut out.hist)?;
+    for m in entries {
         let p = usize::try_from(m.partition)
             .map_err(|_| anyhow!("publish answered partition {}", m.partition))?;
         if out.per_partition.len() <= p {

@@ -38,15 +38,15 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::host::{cpu_seconds, CpuMark};
 use crate::latency::{self, LatencySummary};
-use crate::queue_client::{encode_segment, CallError, QueueClient};
+use crate::queue_client::{encode_segment, QueueClient};
 use crate::queue_workload::{
-    announce, payload_pool, per_s, publish_body, PhaseCpu, PublishResult, MAX_BATCH, PAYLOAD_POOL_BYTES,
+    announce, payload_pool, per_s, publish_request, PhaseCpu, PublishResult, MAX_BATCH, PAYLOAD_POOL_BYTES,
 };
 
 /// Request versions (KIP-932 v1, as Kafka 4.1 and librdkafka 2.16 send them).
@@ -820,19 +820,6 @@ fn verify(published: &[(i32, i64)], accepted: &[(i32, i64)]) -> Result<(), Strin
 // ------------------------------------------------------------------------------------------
 // Publish (HTTP, as the HTTP publish phase)
 
-#[derive(Deserialize)]
-struct PublishAnswer {
-    messages: Vec<PublishedEntry>,
-}
-
-#[derive(Deserialize)]
-struct PublishedEntry {
-    partition: i32,
-    offset: i64,
-    #[serde(default)]
-    duplicate: bool,
-}
-
 struct PublisherOut {
     hist: Histogram<u64>,
     requests: u64,
@@ -962,31 +949,10 @@ fn publisher_loop(
             break;
         }
         let n = batch.min(total - first) as usize;
-        publish_body(&mut buf, pool, first, n, len);
-        let t = Instant::now();
-        let r = client
-            .conn
-            .request("POST", path, Some(&buf))
-            .map_err(|e| anyhow!("publish: {}", CallError::Io(e)))?;
-        let done = Instant::now();
-        if !(200..300).contains(&r.status) {
-            bail!("publish: unexpected answer {}: {}", r.status, r.text());
-        }
-        latency::record_ns(&mut out.hist, done.duration_since(t).as_nanos() as u64);
-        let answer: PublishAnswer = serde_json::from_slice(&r.body)
-            .map_err(|e| anyhow!("publish answer is not what the contract says ({e}): {}", r.text()))?;
-        if answer.messages.len() != n {
-            bail!(
-                "a publish of {n} messages answered {} entries",
-                answer.messages.len()
-            );
-        }
-        for m in answer.messages {
-            if m.duplicate {
-                bail!("publish answered `duplicate: true` without a dedup token");
-            }
-            out.records.push((m.partition, m.offset));
-        }
+        let (entries, done) =
+            publish_request(&mut client, path, &mut buf, pool, (first, n, len), &mut out.hist)?;
+        out.records
+            .extend(entries.into_iter().map(|m| (m.partition, m.offset)));
         out.requests += 1;
         out.request_bytes += buf.len() as u64;
         out.last_answer = Some(done);
