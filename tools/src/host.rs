@@ -103,6 +103,20 @@ fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// A fresh run directory `<prefix>XXXX` under `data_dir` (the disk under test; created if
+/// missing), or under the current directory; removed on drop unless kept.
+pub fn run_directory(data_dir: Option<&Path>, prefix: &str) -> Result<tempfile::TempDir> {
+    let base = match data_dir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::current_dir().context("reading the current directory")?,
+    };
+    fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&base)
+        .with_context(|| format!("creating the run directory under {}", base.display()))
+}
+
 /// The filesystem a path lives on, from /proc/self/mountinfo.
 #[derive(Debug, Clone, Serialize)]
 pub struct FsInfo {

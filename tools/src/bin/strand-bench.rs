@@ -261,14 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     params.validate()?;
     let show_progress = !cli.no_progress;
 
-    let base = match &cli.data_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().context("reading the current directory")?,
-    };
-    let run_dir = tempfile::Builder::new()
-        .prefix("strand-bench-")
-        .tempdir_in(&base)
-        .with_context(|| format!("creating the run directory under {}", base.display()))?;
+    let run_dir = strand_tools::host::run_directory(cli.data_dir.as_deref(), "strand-bench-")?;
     let fs = filesystem_of(run_dir.path())?;
     let mut warnings = Vec::new();
     if fs.volatile {

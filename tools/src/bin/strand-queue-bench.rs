@@ -478,15 +478,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     let show_progress = !cli.no_progress;
 
-    let base = match &cli.data_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().context("reading the current directory")?,
-    };
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let run_dir = tempfile::Builder::new()
-        .prefix("strand-queue-bench-")
-        .tempdir_in(&base)
-        .with_context(|| format!("creating the run directory under {}", base.display()))?;
+    let run_dir = strand_tools::host::run_directory(cli.data_dir.as_deref(), "strand-queue-bench-")?;
     let fs = filesystem_of(run_dir.path())?;
     let mut warnings = Vec::new();
     if fs.volatile {

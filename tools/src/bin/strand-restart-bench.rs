@@ -330,14 +330,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let limit = open_files_limit().ok();
     check_open_files(limit, partitions, cli.ignore_open_files_limit)?;
 
-    let base = match &cli.data_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().context("reading the current directory")?,
-    };
-    let run_dir = tempfile::Builder::new()
-        .prefix("strand-restart-bench-")
-        .tempdir_in(&base)
-        .with_context(|| format!("creating the run directory under {}", base.display()))?;
+    let run_dir = strand_tools::host::run_directory(cli.data_dir.as_deref(), "strand-restart-bench-")?;
     let fs = filesystem_of(run_dir.path())?;
     let mut warnings = Vec::new();
     if fs.volatile {
