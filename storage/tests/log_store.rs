@@ -54,6 +54,17 @@ async fn open_store_direct<F: Fs>(fs: &F, journal_bytes: u64, direct_max_logs: u
     .unwrap()
 }
 
+/// A power loss that keeps none of the unsynced bytes, then start-up: the journal replay (which
+/// must report no problem) and a fresh store, every round journaled.
+async fn crash_and_reopen(fs: &MemFs, config: &LogConfig, journal_bytes: u64) -> ShardStore<MemFs> {
+    fs.crash(|_| 0);
+    let report = replay_journals(fs, &root(), |_| Some(config.clone()), 0)
+        .await
+        .unwrap();
+    assert!(report.problems.is_empty(), "{report:?}");
+    open_store(fs, journal_bytes).await
+}
+
 /// Reads the whole visible log from `from`, returning (base offset, record count, bytes) per batch.
 async fn read_all<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64) -> Vec<(i64, i64, Vec<u8>)> {
     let mut out = Vec::new();
@@ -562,12 +573,7 @@ fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
             assert_eq!(all, expected);
         }
         // Nothing of the segment was synced: everything comes back from the journal.
-        fs.crash(|_| 0);
-        let report = replay_journals(&fs, &root(), |_| Some(config.clone()), 0)
-            .await
-            .unwrap();
-        assert!(report.problems.is_empty(), "{report:?}");
-        let store = open_store(&fs, 64 << 20).await;
+        let store = crash_and_reopen(&fs, &config, 64 << 20).await;
         let (id, _) = store.open_log(key("big-0"), config.clone(), 0).await.unwrap();
         let all: Vec<Vec<u8>> = read_all(&store, id, 0).await.into_iter().map(|b| b.2).collect();
         assert_eq!(all, expected);
@@ -625,12 +631,7 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
             expected_b = read_all(&store, b, 0).await;
         }
         let expected_a_len = expected_a.len();
-        fs.crash(|_| 0);
-        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
-        assert!(report.problems.is_empty(), "{report:?}");
-        let store = open_store(&fs, 1 << 20).await;
+        let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
         let (a, _) = store.open_log(key("da-0"), small_config(), 0).await.unwrap();
         let (b, _) = store.open_log(key("db-0"), small_config(), 0).await.unwrap();
         let after_a = read_all(&store, a, 0).await;
@@ -675,12 +676,7 @@ fn a_directory_sync_lets_new_and_rolled_segments_go_direct_before_a_checkpoint()
             expected = read_all(&store, a, 0).await;
         }
         // No checkpoint ran: what the direct rounds fsynced and the journal hold is all there is.
-        fs.crash(|_| 0);
-        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
-        assert!(report.problems.is_empty(), "{report:?}");
-        let store = open_store(&fs, 1 << 20).await;
+        let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
         let (a, _) = store.open_log(key("ds-0"), small_config(), 0).await.unwrap();
         assert_eq!(read_all(&store, a, 0).await, expected);
     });
