@@ -448,6 +448,28 @@ struct EngineKey {
     group: String,
 }
 
+/// A running load of an engine's window: it clears `Engine::loading` when dropped, however the
+/// load ends. Loads run inside request futures that may be dropped half-way (a share fetch's long
+/// poll drops its waits on the other shards as soon as one answers, and a wait on the local shard
+/// runs inline); a flag left set would stop the engine from ever loading again.
+struct LoadGuard(Rc<Cell<bool>>);
+
+impl LoadGuard {
+    /// `None`: a load runs already.
+    fn begin(loading: &Rc<Cell<bool>>) -> Option<LoadGuard> {
+        if loading.replace(true) {
+            return None;
+        }
+        Some(LoadGuard(loading.clone()))
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
 /// One engine and what its host keeps beside it.
 struct Engine {
     key: EngineKey,
@@ -458,7 +480,8 @@ struct Engine {
     q: RefCell<QueuePartition>,
     waiters: RefCell<HashMap<RequestId, oneshot::Sender<Result<Reply, QueueError>>>>,
     next_request: Cell<u64>,
-    loading: Cell<bool>,
+    /// Whether a load of the window runs; set and cleared only through [`LoadGuard`].
+    loading: Rc<Cell<bool>>,
     /// Signalled when the engine asks for an earlier wake-up.
     timer: Notify,
     /// The state log write of the snapshot in flight, and its base offset there.
@@ -801,7 +824,7 @@ impl QueueHost {
             q: RefCell::new(q),
             waiters: RefCell::new(HashMap::new()),
             next_request: Cell::new(1),
-            loading: Cell::new(false),
+            loading: Rc::new(Cell::new(false)),
             timer: Notify::new(),
             snapshot: Cell::new(None),
             closed: Cell::new(false),
@@ -973,15 +996,17 @@ impl QueueHost {
 
     /// Starts loading the window from the log if the engine wants it and no load runs.
     fn kick_load(&self, shard: &Rc<Shard>, engine: &Rc<Engine>) {
-        if engine.loading.get() || engine.q.borrow().wants_load().is_none() {
+        if engine.q.borrow().wants_load().is_none() {
             return;
         }
-        engine.loading.set(true);
+        let Some(guard) = LoadGuard::begin(&engine.loading) else {
+            return;
+        };
         let shard = shard.clone();
         let engine = engine.clone();
         glommio::spawn_local(async move {
             shard.queues.load(&shard, &engine).await;
-            engine.loading.set(false);
+            drop(guard);
         })
         .detach();
     }
@@ -1051,6 +1076,11 @@ impl QueueHost {
                 }
             }
             self.drain(shard, engine);
+            // Feeding the window need not produce actions, so `drain` may not have woken the
+            // long polls that found nothing while this load was running.
+            if fed > 0 && engine.q.borrow().has_leasable() {
+                self.changed.notify_all();
+            }
         }
     }
 
@@ -1075,10 +1105,10 @@ impl QueueHost {
         if let Ok(o) = shard.store.offsets(engine.log) {
             engine.q.borrow_mut().set_log_end(Offset(o.high_watermark));
         }
-        if !engine.loading.get() && engine.q.borrow().wants_load().is_some() {
-            engine.loading.set(true);
-            self.load(shard, engine).await;
-            engine.loading.set(false);
+        if engine.q.borrow().wants_load().is_some() {
+            if let Some(_guard) = LoadGuard::begin(&engine.loading) {
+                self.load(shard, engine).await;
+            }
         }
     }
 
@@ -2334,6 +2364,39 @@ mod tests {
         assert!(parse_state_log_dir_name("orders-3").is_none());
         assert!(parse_state_log_dir_name("__queue_state/orders-x/default").is_none());
         assert!(parse_state_log_dir_name("__queue_state/orders-1/bad.name").is_none());
+    }
+
+    /// A load dropped half-way (its request future was dropped) must not leave the engine
+    /// believing a load still runs: it would never load again, and its records would never be
+    /// delivered (a share consumer stalled this way until the broker restarted).
+    #[test]
+    fn a_dropped_load_frees_the_loading_flag() {
+        use futures::FutureExt;
+        let loading = Rc::new(Cell::new(false));
+        let first = LoadGuard::begin(&loading).expect("no load runs");
+        assert!(LoadGuard::begin(&loading).is_none(), "one load at a time");
+        drop(first);
+        let (tx, rx) = futures::channel::oneshot::channel::<()>();
+        let mut load = Box::pin({
+            let loading = loading.clone();
+            async move {
+                let Some(_guard) = LoadGuard::begin(&loading) else {
+                    return false;
+                };
+                // Stands for the read of the message log the load waits on.
+                let _ = rx.await;
+                true
+            }
+        });
+        assert!(
+            load.as_mut().now_or_never().is_none(),
+            "the load waits for its read"
+        );
+        assert!(loading.get(), "a load runs");
+        drop(load);
+        drop(tx);
+        assert!(!loading.get(), "the dropped load left the flag set");
+        assert!(LoadGuard::begin(&loading).is_some(), "a new load can start");
     }
 
     #[test]

@@ -334,6 +334,32 @@ fn held(log: &[Logged], member: &str) -> Option<(f64, BTreeSet<(i32, i64)>)> {
     })
 }
 
+/// Runs `f`; if it panics, prints the broker's per-partition queue gauges (available, leased,
+/// delayed messages of every group) first, which tell a stalled partition from a slow client.
+fn with_queue_gauges_on_failure<T>(broker: &Broker, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(t) => t,
+        Err(panic) => {
+            let gauges: Vec<String> = broker
+                .metrics()
+                .lines()
+                .filter(|l| {
+                    [
+                        "strand_queue_available_messages",
+                        "strand_queue_leased_messages",
+                        "strand_queue_delayed_messages",
+                    ]
+                    .iter()
+                    .any(|m| l.starts_with(m))
+                })
+                .map(str::to_owned)
+                .collect();
+            eprintln!("[share] the broker's queue gauges:\n{}", gauges.join("\n"));
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
 /// When `member` first got each of `records`.
 fn first_acquired(log: &[Logged], member: &str, records: &BTreeSet<(i32, i64)>) -> BTreeMap<(i32, i64), f64> {
     let mut out = BTreeMap::new();
@@ -395,11 +421,13 @@ fn split_run(partitions: i32, implicit: bool, late_joiner: bool) {
     produce(&b, &topic, partitions, first_part, per_partition - first_part);
     let produced = started.elapsed();
     let want = all_records(partitions, 0, per_partition);
-    log.wait_for(
-        Duration::from_secs(90),
-        &format!("all {SPLIT_RECORDS} records to be accepted"),
-        |l| want.is_subset(&accepted_in(l)).then_some(()),
-    );
+    with_queue_gauges_on_failure(&broker, || {
+        log.wait_for(
+            Duration::from_secs(90),
+            &format!("all {SPLIT_RECORDS} records to be accepted"),
+            |l| want.is_subset(&accepted_in(l)).then_some(()),
+        )
+    });
     let elapsed = started.elapsed();
     a.stop(Duration::from_secs(30));
     c.stop(Duration::from_secs(30));
