@@ -192,6 +192,9 @@ pub struct Config {
     pub http_max_body_bytes: u32,
     /// `strand.max.inflight.requests.per.connection`.
     pub max_inflight_requests_per_connection: u32,
+    /// `strand.connection.migrate.after.requests`: a connection whose last this many requests
+    /// produced to partitions of one other shard moves to that shard (0: never).
+    pub connection_migrate_after_requests: u32,
     /// `strand.shards` resolved: 0 in the config means one per available core. Always >= 1.
     pub shards: usize,
     /// `strand.http.listener`: the HTTP queue API.
@@ -334,6 +337,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("max.connections", Int, Text("2147483647"), "Maximum client connections in total."),
     key("strand.max.connections.per.shard", Int, Text("10000"), "Maximum client connections per shard."),
     key("strand.max.inflight.requests.per.connection", Int, Text("256"), "Requests in flight per socket."),
+    key(
+        "strand.connection.migrate.after.requests",
+        Int,
+        Text("8"),
+        "A connection whose last N produce requests all went to partitions of one other shard moves there (0: never).",
+    ),
     key("strand.shards", Int, Text("0"), "Executor shards; 0 means one per available core."),
     key("strand.http.listener", Str, Text("127.0.0.1:8080"), "host:port of the HTTP queue API."),
     key("strand.http.max.body.bytes", Int, Text("10485760"), "Largest HTTP queue API request body."),
@@ -907,6 +916,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let http_max_body_bytes = r.int("strand.http.max.body.bytes", 1024, I32_MAX)?;
     let max_inflight_requests_per_connection =
         r.int("strand.max.inflight.requests.per.connection", 1, I32_MAX)?;
+    let connection_migrate_after_requests = r.int("strand.connection.migrate.after.requests", 0, I32_MAX)?;
     let shards_configured: usize = r.int("strand.shards", 0, MAX_SHARDS as i64)?;
     let shards = match shards_configured {
         0 => std::thread::available_parallelism()
@@ -1065,6 +1075,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         max_connections_per_shard,
         http_max_body_bytes,
         max_inflight_requests_per_connection,
+        connection_migrate_after_requests,
         shards,
         http_listener,
         admin_listener,

@@ -5,10 +5,25 @@
 //! Bounds: a frame larger than `socket.request.max.bytes` closes the connection before its body
 //! is read; at most `strand.max.inflight.requests.per.connection` responses are pending, after
 //! which the connection stops reading; request bytes held by all connections of a shard are
-//! bounded by the shard's request-memory semaphore.
+//! bounded by the shard's request-memory semaphore; at most `strand.max.connections.per.shard`
+//! connections per shard.
+//!
+//! **Migration.** The kernel spreads connections over shards (SO_REUSEPORT) without knowing
+//! which partitions they will use, so a producer of one partition lands on another shard half
+//! the time with two shards, and each of its requests then crosses shards twice: there and back,
+//! waking both executors every time. A connection whose last
+//! `strand.connection.migrate.after.requests` requests were produce requests (acks ≠ 0) for
+//! partitions of one other shard moves there ([`Affinity`]): it stops reading, writes every
+//! pending response, and the socket (a duplicate of its descriptor) and the bytes already read
+//! go to that shard, which serves the connection from then on. Connections that used any API
+//! other than ApiVersions, Metadata, InitProducerId and Produce stay where they are (fetch and
+//! share sessions live on the connection's shard), as do acks=0 producers (nothing tells when
+//! their appends reached the owner, so a move could reorder them). If the move fails, the
+//! connection stays and is served as before.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -23,7 +38,9 @@ use strand_protocol::frame::{peek_frame_size, split_received_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
 
 use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
+use crate::ops::{ShardRequest, ShardResponse};
 use crate::shard::Shard;
+use strand_protocol::types::ShardId;
 
 /// Half of a TCP stream shared by the connection's reader and writer tasks. Both run on one
 /// thread and borrow the stream only inside a poll call, so the `RefCell` never conflicts.
@@ -51,107 +68,329 @@ impl AsyncWrite for Half {
 
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// Request bytes all connections of a shard may hold (at least one largest request).
+const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
+
+/// Moves one connection may make in its life: each needs a full run of requests for the new
+/// shard, so this only bounds a producer that keeps switching partitions.
+const MAX_MOVES: u32 = 16;
+
 /// A response slot: the task computing the encoded response frame.
 type Pending = glommio::task::JoinHandle<Option<Bytes>>;
 
-/// Serves one accepted connection until the peer closes it or sends something unacceptable.
-pub(crate) async fn serve(
-    shard: Rc<Shard>,
-    stream: TcpStream,
-    listener: usize,
+/// A shard's Kafka connections: how many are open, and the memory their requests may hold.
+pub(crate) struct Connections {
+    live: Cell<usize>,
+    max: usize,
     request_memory: Rc<Semaphore>,
-) {
-    let peer = stream.peer_addr().ok();
+}
+
+impl Connections {
+    pub(crate) fn new(config: &crate::config::Config) -> Self {
+        Connections {
+            live: Cell::new(0),
+            max: config.max_connections_per_shard as usize,
+            request_memory: Rc::new(Semaphore::new(
+                SHARD_REQUEST_MEMORY_BYTES.max(u64::from(config.socket_request_max_bytes)),
+            )),
+        }
+    }
+
+    /// Refuses further request memory (shutdown): waiting readers end.
+    pub(crate) fn close(&self) {
+        self.request_memory.close();
+    }
+}
+
+/// Which shard a connection's work goes to, and whether it may move there (module docs).
+pub(crate) struct Affinity {
+    /// Requests in a row for partitions of `target` needed to move (0: never move).
+    after: u32,
+    /// It used an API whose state stays on this shard, or an acks=0 produce.
+    pinned: Cell<bool>,
+    target: Cell<Option<ShardId>>,
+    streak: Cell<u32>,
+    moves: Cell<u32>,
+}
+
+impl Affinity {
+    fn new(after: u32, moves: u32) -> Self {
+        Affinity {
+            after,
+            pinned: Cell::new(false),
+            target: Cell::new(None),
+            streak: Cell::new(0),
+            moves: Cell::new(moves),
+        }
+    }
+
+    /// A request of `api` arrived. Produce requests report their shards with [`Self::produced`].
+    fn request(&self, api: ApiKey) {
+        match api {
+            ApiKey::Produce | ApiKey::ApiVersions | ApiKey::Metadata | ApiKey::InitProducerId => {}
+            _ => self.pinned.set(true),
+        }
+    }
+
+    /// A produce request with `acks` went to partitions of these shards.
+    pub(crate) fn produced(&self, shards: impl IntoIterator<Item = ShardId>, acks: i16) {
+        if acks == 0 {
+            self.pinned.set(true);
+            return;
+        }
+        let mut shards = shards.into_iter();
+        let (Some(first), None) = (shards.next(), shards.next()) else {
+            // None (every partition refused) or several shards: no single place to be.
+            self.streak.set(0);
+            return;
+        };
+        if self.target.get() == Some(first) {
+            self.streak.set(self.streak.get().saturating_add(1));
+        } else {
+            self.target.set(Some(first));
+            self.streak.set(1);
+        }
+    }
+
+    /// The shard this connection should move to now, if any.
+    fn move_to(&self, here: ShardId) -> Option<ShardId> {
+        let target = self.target.get()?;
+        (self.after > 0
+            && !self.pinned.get()
+            && target != here
+            && self.streak.get() >= self.after
+            && self.moves.get() < MAX_MOVES)
+            .then_some(target)
+    }
+
+    /// Stay on this shard for good (a move failed).
+    fn pin(&self) {
+        self.pinned.set(true);
+    }
+}
+
+/// A connection handed to another shard: its socket and the bytes read but not yet served.
+pub(crate) struct Migrating {
+    fd: OwnedFd,
+    listener: usize,
+    received: Vec<u8>,
+    moves: u32,
+}
+
+/// Received bytes: `buf[..filled]` holds bytes read from the socket but not yet taken as
+/// frames; the rest of `buf` is zeroed space for the next reads. Kept across reads, so each byte
+/// is zeroed once, not once per read of a large frame.
+struct Input {
+    buf: BytesMut,
+    filled: usize,
+}
+
+impl Input {
+    fn new(received: &[u8]) -> Self {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES.max(received.len()));
+        buf.extend_from_slice(received);
+        Input {
+            buf,
+            filled: received.len(),
+        }
+    }
+}
+
+/// Why the read loop stopped.
+enum ReadEnd {
+    /// The peer closed (`None`) or the connection must close for this reason.
+    Close(Option<&'static str>),
+    /// Hand the connection to this shard.
+    Move(ShardId),
+}
+
+/// Serves one accepted connection until the peer closes it or sends something unacceptable.
+pub(crate) async fn accepted(shard: Rc<Shard>, stream: TcpStream, listener: usize) {
+    if shard.connections.live.get() >= shard.connections.max {
+        tracing::warn!(
+            limit = shard.connections.max,
+            "connection limit reached; refusing a connection"
+        );
+        shard.metrics.bad_request("connection limit");
+        return;
+    }
     let _ = stream.set_nodelay(true);
+    serve(shard, stream, listener, Vec::new(), 0).await;
+}
+
+/// Takes over a connection another shard handed over (see the module docs); `false` if this
+/// shard cannot (connection limit, shutting down), and the other shard keeps serving it.
+pub(crate) fn adopt(shard: &Rc<Shard>, m: Migrating) -> bool {
+    if shard.shutting_down.get() || shard.connections.live.get() >= shard.connections.max {
+        return false;
+    }
+    let Migrating {
+        fd,
+        listener,
+        received,
+        moves,
+    } = m;
+    let stream = TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(fd)));
+    glommio::spawn_local(serve(shard.clone(), stream, listener, received, moves)).detach();
+    true
+}
+
+async fn serve(shard: Rc<Shard>, stream: TcpStream, listener: usize, received: Vec<u8>, moves: u32) {
+    let peer = stream.peer_addr().ok();
     shard.metrics.connection_opened();
+    let connections = &shard.connections;
+    connections.live.set(connections.live.get() + 1);
     let stream = Rc::new(RefCell::new(stream));
-    let conn = Rc::new(ConnInfo { listener, peer });
+    let conn = Rc::new(ConnInfo {
+        listener,
+        peer,
+        affinity: Affinity::new(shard.config.connection_migrate_after_requests, moves),
+    });
     let inflight = usize::try_from(shard.config.max_inflight_requests_per_connection)
         .unwrap_or(256)
         .max(1);
-    let (tx, rx) = local_channel::new_bounded::<Pending>(inflight);
-    let writer = glommio::spawn_local(write_loop(Half(stream.clone()), rx));
-    let reason = read_loop(&shard, Half(stream.clone()), &conn, &tx, &request_memory).await;
-    if let Some(reason) = reason {
-        tracing::debug!(?peer, reason, "closing connection");
+    let mut input = Input::new(&received);
+    drop(received);
+    loop {
+        let (tx, rx) = local_channel::new_bounded::<Pending>(inflight);
+        let writer = glommio::spawn_local(write_loop(Half(stream.clone()), rx));
+        let end = read_loop(&shard, Half(stream.clone()), &conn, &tx, &mut input).await;
+        drop(tx);
+        // Every pending response is written before the connection closes or moves.
+        let written = writer.await;
+        match end {
+            ReadEnd::Close(reason) => {
+                if let Some(reason) = reason {
+                    tracing::debug!(?peer, reason, "closing connection");
+                }
+                break;
+            }
+            ReadEnd::Move(_) if !written => break,
+            ReadEnd::Move(to) => match hand_over(&shard, &stream, to, listener, &conn, &input).await {
+                Ok(()) => {
+                    tracing::debug!(?peer, from = shard.id.0, to = to.0, "connection moved");
+                    shard.metrics.connection_migrated();
+                    break;
+                }
+                Err(e) => {
+                    tracing::info!(?peer, to = to.0, error = %e, "cannot move a connection; it stays");
+                    conn.affinity.pin();
+                }
+            },
+        }
     }
-    drop(tx);
-    writer.await;
-    // Dropping the last handle closes the socket.
+    // Dropping the last handle closes this descriptor (a moved connection lives on in the
+    // other shard's duplicate).
     drop(stream);
+    connections.live.set(connections.live.get().saturating_sub(1));
     shard.metrics.connection_closed();
 }
 
-/// Reads and starts requests; returns why it stopped (`None`: the peer closed).
+/// Gives the connection to shard `to`: a duplicate of the socket's descriptor and the bytes read
+/// but not served. Sent through the router, behind every request this shard sent there before.
+async fn hand_over(
+    shard: &Rc<Shard>,
+    stream: &Rc<RefCell<TcpStream>>,
+    to: ShardId,
+    listener: usize,
+    conn: &ConnInfo,
+    input: &Input,
+) -> Result<(), String> {
+    // Safe duplication of our own descriptor: pidfd_getfd on this process (no `unsafe`, and a
+    // wrong number could only name another of our descriptors, never memory).
+    let raw = stream.borrow().as_raw_fd();
+    let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open: {e}"))?;
+    let fd = rustix::process::pidfd_getfd(&me, raw, rustix::process::PidfdGetfdFlags::empty())
+        .map_err(|e| format!("pidfd_getfd: {e}"))?;
+    let received = input.buf.get(..input.filled).unwrap_or_default().to_vec();
+    let m = Box::new(Migrating {
+        fd,
+        listener,
+        received,
+        moves: conn.affinity.moves.get().saturating_add(1),
+    });
+    let answer = match shard.dispatch(to, ShardRequest::AdoptConnection(m)).await {
+        Ok(fut) => fut.await.map_err(|e| format!("{e:?}"))?,
+        Err(e) => return Err(format!("{e:?}")),
+    };
+    match answer {
+        ShardResponse::Adopted(true) => Ok(()),
+        _ => Err("the shard refused it".into()),
+    }
+}
+
+/// Reads and starts requests until the connection closes or should move.
 async fn read_loop(
     shard: &Rc<Shard>,
     mut reader: Half,
     conn: &Rc<ConnInfo>,
     tx: &local_channel::LocalSender<Pending>,
-    request_memory: &Rc<Semaphore>,
-) -> Option<&'static str> {
+    input: &mut Input,
+) -> ReadEnd {
     let max_frame = shard.config.socket_request_max_bytes as usize;
-    // `buf[..filled]` holds received bytes; the rest of `buf` is zeroed space for the next
-    // reads. Kept across reads, so each byte is zeroed once, not once per read of a large frame.
-    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let mut filled = 0usize;
+    let request_memory = &shard.connections.request_memory;
+    let Input { buf, filled } = input;
     // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
     let mut reserved: Option<StaticPermit> = None;
     loop {
         loop {
-            let frame = match split_received_frame(&mut buf, &mut filled, max_frame) {
+            if let Some(to) = conn.affinity.move_to(shard.id) {
+                return ReadEnd::Move(to);
+            }
+            let frame = match split_received_frame(buf, filled, max_frame) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
-                Err(e) => return Some(frame_error(shard, conn, e)),
+                Err(e) => return ReadEnd::Close(Some(frame_error(shard, conn, e))),
             };
             let permit = match reserved.take() {
                 Some(p) => p,
                 None => match request_memory.acquire_static_permit(frame.len() as u64).await {
                     Ok(p) => p,
-                    Err(_) => return Some("shutting down"),
+                    Err(_) => return ReadEnd::Close(Some("shutting down")),
                 },
             };
             match start_request(shard, conn, frame, permit).await {
                 Ok(Some(pending)) => {
                     if tx.send(pending).await.is_err() {
-                        return Some("writer gone");
+                        return ReadEnd::Close(Some("writer gone"));
                     }
                 }
                 Ok(None) => {}
-                Err(reason) => return Some(reason),
+                Err(reason) => return ReadEnd::Close(Some(reason)),
             }
         }
         // Read more: as much as the frame at the front needs, in bounded chunks.
-        let need = match peek_frame_size(buf.get(..filled).unwrap_or_default(), max_frame) {
+        let need = match peek_frame_size(buf.get(..*filled).unwrap_or_default(), max_frame) {
             Ok(Some(size)) => {
                 if reserved.is_none() && size > READ_CHUNK_BYTES {
                     // A large frame: hold its memory before reading its body, so the bytes all
                     // connections of a shard buffer stay within the shard's budget.
                     match request_memory.acquire_static_permit(size as u64).await {
                         Ok(p) => reserved = Some(p),
-                        Err(_) => return Some("shutting down"),
+                        Err(_) => return ReadEnd::Close(Some("shutting down")),
                     }
                 }
-                (4 + size).saturating_sub(filled)
+                (4 + size).saturating_sub(*filled)
             }
             Ok(None) => READ_CHUNK_BYTES,
-            Err(e) => return Some(frame_error(shard, conn, e)),
+            Err(e) => return ReadEnd::Close(Some(frame_error(shard, conn, e))),
         };
         let chunk = need.clamp(READ_CHUNK_BYTES, 4 << 20);
-        if buf.len() < filled + chunk {
-            buf.resize(filled + chunk, 0);
+        if buf.len() < *filled + chunk {
+            buf.resize(*filled + chunk, 0);
         }
         let n = match reader
-            .read(buf.get_mut(filled..filled + chunk).unwrap_or_default())
+            .read(buf.get_mut(*filled..*filled + chunk).unwrap_or_default())
             .await
         {
             Ok(n) => n,
-            Err(_) => return Some("read error"),
+            Err(_) => return ReadEnd::Close(Some("read error")),
         };
         if n == 0 {
-            return None;
+            return ReadEnd::Close(None);
         }
-        filled += n;
+        *filled += n;
     }
 }
 
@@ -202,6 +441,7 @@ async fn start_request(
             return Err("malformed header");
         }
     };
+    conn.affinity.request(api);
     let ctx = Rc::new(RequestCtx {
         shard: shard.clone(),
         conn: conn.clone(),
@@ -227,17 +467,17 @@ async fn start_request(
     }
 }
 
-/// Writes responses in request order.
-async fn write_loop(mut writer: Half, rx: local_channel::LocalReceiver<Pending>) {
+/// Writes responses in request order; `true` if every one was written.
+async fn write_loop(mut writer: Half, rx: local_channel::LocalReceiver<Pending>) -> bool {
     while let Some(pending) = rx.recv().await {
         let Some(Some(frame)) = pending.await else {
             // Encoding failed (logged): the client cannot be answered correctly any more.
             let _ = writer.close().await;
-            return;
+            return false;
         };
         if writer.write_all(&frame).await.is_err() {
-            return;
+            return false;
         }
     }
-    let _ = writer.flush().await;
+    writer.flush().await.is_ok()
 }

@@ -47,6 +47,10 @@ pub(crate) fn describe() {
         "Requests refused as malformed, oversized or unknown (connection closed), by reason."
     );
     describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
+    describe_counter!(
+        "strand_connection_migrations_total",
+        "Kafka connections handed to the shard that owns the partitions they produce to, by the shard they left."
+    );
     describe_gauge!("strand_log_end_offset", "Log end offset, by topic and partition.");
     describe_gauge!(
         "strand_log_start_offset",
@@ -334,6 +338,7 @@ pub(crate) struct ShardMetrics {
     fetch_sessions: Gauge,
     stall: Histogram,
     dir_syncs: Counter,
+    migrations: Counter,
 }
 
 impl ShardMetrics {
@@ -367,6 +372,7 @@ impl ShardMetrics {
             fetch_sessions: gauge!("strand_fetch_sessions", &l()),
             stall: histogram!("strand_shard_stall_seconds", &l()),
             dir_syncs: counter!("strand_flush_dir_syncs_total", &l()),
+            migrations: counter!("strand_connection_migrations_total", &l()),
         }
     }
 
@@ -428,6 +434,11 @@ impl ShardMetrics {
 
     pub(crate) fn connection_closed(&self) {
         self.connections.decrement(1.0);
+    }
+
+    /// A connection was handed to another shard.
+    pub(crate) fn connection_migrated(&self) {
+        self.migrations.increment(1);
     }
 
     /// Directory syncs made between rounds so that logs can go back to direct rounds.

@@ -141,6 +141,8 @@ pub(crate) enum ShardRequest {
     Queue(crate::queue_host::QueueOp),
     /// A share group operation for this shard's share group coordinator.
     Share(crate::share::ShareOp),
+    /// Take over a Kafka connection (see `connection`).
+    AdoptConnection(Box<crate::connection::Migrating>),
 }
 
 /// A shard's answer.
@@ -158,4 +160,6 @@ pub(crate) enum ShardResponse {
     Group(Option<Box<crate::group::GroupResponse>>),
     Queue(crate::queue_host::QueueAnswer),
     Share(crate::share::ShareAnswer),
+    /// Whether the connection was taken over.
+    Adopted(bool),
 }

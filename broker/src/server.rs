@@ -46,9 +46,6 @@ const MESH_CHANNEL_CAPACITY: usize = 1024;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
 /// How often idle idempotent-producer state is expired.
 const PRODUCER_EXPIRY_CHECK: Duration = Duration::from_secs(60);
-/// Request bytes a shard holds in memory at most (frames being handled).
-const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
-
 struct Ready {
     shard: u16,
     problems: Vec<String>,
@@ -353,38 +350,14 @@ async fn shard_main(
         glommio::timer::sleep(Duration::from_millis(2)).await;
     }
 
-    let request_memory = Rc::new(glommio::sync::Semaphore::new(
-        SHARD_REQUEST_MEMORY_BYTES.max(u64::from(config.socket_request_max_bytes)),
-    ));
-    let max_conns = config.max_connections_per_shard as usize;
-    let live = Rc::new(std::cell::Cell::new(0usize));
     let mut accepts = Vec::new();
     for (i, socket) in sockets.into_iter().enumerate() {
         let shard = shard.clone();
-        let request_memory = request_memory.clone();
-        let live = live.clone();
         accepts.push(glommio::spawn_local(async move {
             loop {
                 match socket.accept().await {
                     Ok(stream) => {
-                        if live.get() >= max_conns {
-                            tracing::warn!(
-                                limit = max_conns,
-                                "connection limit reached; refusing a connection"
-                            );
-                            shard.metrics.bad_request("connection limit");
-                            drop(stream);
-                            continue;
-                        }
-                        live.set(live.get() + 1);
-                        let live = live.clone();
-                        let s = shard.clone();
-                        let mem = request_memory.clone();
-                        glommio::spawn_local(async move {
-                            connection::serve(s, stream, i, mem).await;
-                            live.set(live.get() - 1);
-                        })
-                        .detach();
+                        glommio::spawn_local(connection::accepted(shard.clone(), stream, i)).detach();
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -402,7 +375,7 @@ async fn shard_main(
     }
     shard.shutting_down.set(true);
     drop(accepts);
-    request_memory.close();
+    shard.connections.close();
     // Let in-flight produce requests reach the journal, then flush and checkpoint everything.
     glommio::timer::sleep(Duration::from_millis(20)).await;
     if let Err(e) = shard.store.shutdown().await {

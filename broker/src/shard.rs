@@ -82,6 +82,8 @@ pub(crate) struct Shard {
     pub(crate) shares: crate::share::ShareHost,
     /// KIP-932 share sessions of the connections on this shard.
     pub(crate) share_sessions: RefCell<crate::share_session::ShareSessions>,
+    /// The Kafka connections served here.
+    pub(crate) connections: crate::connection::Connections,
 }
 
 impl Shard {
@@ -121,6 +123,7 @@ impl Shard {
                 SHARE_SESSIONS_PER_SHARD,
                 SHARE_SESSION_IDLE_MS,
             )),
+            connections: crate::connection::Connections::new(&config),
             id,
             shards,
             metrics: ShardMetrics::new(id),
@@ -295,6 +298,10 @@ impl Shard {
             ShardRequest::Share(op) => {
                 let fut = self.shares.run_op(self, op);
                 async move { ShardResponse::Share(fut.await) }.boxed_local()
+            }
+            ShardRequest::AdoptConnection(m) => {
+                let adopted = crate::connection::adopt(self, *m);
+                async move { ShardResponse::Adopted(adopted) }.boxed_local()
             }
         }
     }

@@ -57,6 +57,8 @@ pub(crate) struct ConnInfo {
     /// Index of the listener in `Shard::listeners`.
     pub(crate) listener: usize,
     pub(crate) peer: Option<SocketAddr>,
+    /// Where its work goes, and whether it may move to that shard.
+    pub(crate) affinity: crate::connection::Affinity,
 }
 
 /// Everything a handler knows about its request.

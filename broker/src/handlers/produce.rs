@@ -155,6 +155,7 @@ impl Handler for Produce {
         // Send to owners in a fixed order; sends are awaited one by one so that this
         // connection's requests reach each shard in the order they arrived.
         let wait = acks != 0;
+        ctx.conn.affinity.produced(per_shard.keys().copied(), acks);
         let mut pending = Vec::with_capacity(per_shard.len());
         for (owner, parts) in per_shard {
             let n = parts.len();

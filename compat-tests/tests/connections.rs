@@ -1,0 +1,211 @@
+//! Connections moving between shards: a connection whose produce requests all go to another
+//! shard's partitions is handed to that shard (`strand.connection.migrate.after.requests`). The
+//! client must not notice: every pipelined request is answered once, in order, with the right
+//! offsets, and nothing is lost or reordered. Connections that hold per-shard state (fetch and
+//! share sessions) or produce with acks=0 must stay.
+
+use bytes::Bytes;
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::records::Compression;
+use strand_compat_tests::admin::{self, versions};
+use strand_compat_tests::raw::{self, RawConn};
+use strand_compat_tests::{unique_topic, Broker};
+
+/// Requests in a row before a move (the broker's setting in these tests).
+const MOVE_AFTER: usize = 4;
+/// Requests per phase, written at once before any answer is read, so that a move happens with
+/// requests already sent (in the socket, or read and not yet served).
+const PIPELINED: usize = 12;
+const RECORDS_PER_REQUEST: usize = 3;
+
+fn broker() -> Broker {
+    Broker::builder()
+        .needs_spawned("reads the connection-migration counter from /metrics")
+        .config("strand.shards", 2)
+        .config("strand.connection.migrate.after.requests", MOVE_AFTER)
+        .start()
+}
+
+/// The sum over shards of `strand_connection_migrations_total`.
+fn migrations(broker: &Broker) -> u64 {
+    broker
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("strand_connection_migrations_total{"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum::<f64>() as u64
+}
+
+fn value(partition: i32, request: usize, record: usize) -> String {
+    format!("p{partition}-r{request}-{record}")
+}
+
+fn batch(partition: i32, request: usize) -> Bytes {
+    let values: Vec<String> = (0..RECORDS_PER_REQUEST)
+        .map(|r| value(partition, request, r))
+        .collect();
+    let records: Vec<_> = values
+        .iter()
+        .map(|v| raw::record(None, Some(v.as_bytes()), admin::now_ms()))
+        .collect();
+    raw::encode_batch(&records, Compression::None)
+}
+
+/// Writes `PIPELINED` produce requests (acks=-1) to `partition` before reading any answer, then
+/// checks the answers: in order, no error, offsets following `next_offset`.
+fn pipelined_phase(
+    c: &mut RawConn,
+    topic: &str,
+    partition: i32,
+    first_request: usize,
+    next_offset: &mut i64,
+) {
+    let mut sent = Vec::new();
+    for i in 0..PIPELINED {
+        let req: ProduceRequest =
+            admin::produce_request(topic, -1, vec![(partition, batch(partition, first_request + i))]);
+        let corr = c
+            .send_request(versions::PRODUCE, &req)
+            .unwrap_or_else(|e| panic!("send produce {i} to partition {partition}: {e}"));
+        sent.push(corr);
+    }
+    for (i, corr) in sent.into_iter().enumerate() {
+        let resp = c
+            .read_response()
+            .unwrap_or_else(|e| panic!("answer {i} of the phase on partition {partition}: {e}"));
+        assert_eq!(
+            resp.correlation_id, corr,
+            "answer {i} on partition {partition} out of order"
+        );
+        let resp: ProduceResponse = resp
+            .decode(versions::PRODUCE)
+            .unwrap_or_else(|e| panic!("decode answer {i}: {e}"));
+        let p = resp
+            .responses
+            .iter()
+            .flat_map(|t| t.partition_responses.iter())
+            .find(|p| p.index == partition)
+            .unwrap_or_else(|| panic!("answer {i} lacks partition {partition}: {resp:?}"));
+        assert_eq!(
+            p.error_code, 0,
+            "request {i} on partition {partition} failed: {p:?}"
+        );
+        assert_eq!(
+            p.base_offset, *next_offset,
+            "request {i} on partition {partition}: offsets must follow one another"
+        );
+        *next_offset += RECORDS_PER_REQUEST as i64;
+    }
+}
+
+/// Everything in `partition`, in order, as the values written.
+fn read_values(bootstrap: &str, topic: &str, partition: i32, want: usize) -> Vec<String> {
+    let mut c = admin::connect(bootstrap);
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for _ in 0..100 {
+        if out.len() >= want {
+            break;
+        }
+        let got = admin::fetch(&mut c, topic, partition, offset, 1 << 20);
+        assert_eq!(got.error_code, 0, "fetch {topic}/{partition} at {offset}");
+        for (o, _, v, _) in got.records {
+            assert_eq!(o, offset, "offsets of {topic}/{partition} must be dense");
+            out.push(String::from_utf8_lossy(&v.unwrap_or_default()).into_owned());
+            offset = o + 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let topic = unique_topic("conn-move");
+    // Two partitions on two shards: partitions go round-robin over shards.
+    admin::create_topic(&b, &topic, 2, &[]);
+    let before = migrations(&broker);
+
+    let mut c = admin::connect(&b);
+    admin::api_versions(&mut c);
+    admin::metadata(&mut c, &[&topic], false);
+    let mut next = [0i64; 2];
+    let phases = [0, 1, 0, 1];
+    for (n, partition) in phases.iter().enumerate() {
+        let slot = &mut next[*partition as usize];
+        pipelined_phase(&mut c, &topic, *partition, n * PIPELINED, slot);
+    }
+    // The connection starts on either shard; each phase after the first needs the other shard.
+    let moved = migrations(&broker) - before;
+    assert!(
+        moved >= phases.len() as u64 - 1,
+        "the connection moved {moved} times for {} phases alternating between two shards",
+        phases.len()
+    );
+    // Still served after its moves.
+    admin::metadata(&mut c, &[&topic], false);
+
+    for partition in 0..2 {
+        let want: Vec<String> = phases
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| **p == partition)
+            .flat_map(|(n, _)| {
+                (0..PIPELINED).flat_map(move |i| {
+                    (0..RECORDS_PER_REQUEST).map(move |r| value(partition, n * PIPELINED + i, r))
+                })
+            })
+            .collect();
+        let got = read_values(&b, &topic, partition, want.len());
+        assert_eq!(
+            got, want,
+            "partition {partition} must hold every record once, in order"
+        );
+    }
+}
+
+#[test]
+fn connections_with_per_shard_state_or_acks_0_stay() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let topic = unique_topic("conn-stay");
+    admin::create_topic(&b, &topic, 2, &[]);
+    let before = migrations(&broker);
+
+    // A connection that fetched first (a consumer's connection may hold a fetch session here).
+    let mut c = admin::connect(&b);
+    admin::fetch(&mut c, &topic, 0, 0, 1 << 20);
+    let mut next = [0i64; 2];
+    for (n, partition) in [0, 1].iter().enumerate() {
+        let slot = &mut next[*partition as usize];
+        pipelined_phase(&mut c, &topic, *partition, n * PIPELINED, slot);
+    }
+
+    // An acks=0 producer: no answers, so nothing would tell when its appends had reached the
+    // partition's shard before a move.
+    let mut z = admin::connect(&b);
+    for partition in [0, 1] {
+        for i in 0..PIPELINED {
+            let req = admin::produce_request(&topic, 0, vec![(partition, batch(partition, 100 + i))]);
+            z.send_request(versions::PRODUCE, &req)
+                .unwrap_or_else(|e| panic!("send acks=0 produce: {e}"));
+        }
+    }
+    // Both still serve (the acks=0 connection answers other requests).
+    admin::metadata(&mut z, &[&topic], false);
+    admin::metadata(&mut c, &[&topic], false);
+    let total: usize = (0..2)
+        .map(|p| read_values(&b, &topic, p, 2 * PIPELINED * RECORDS_PER_REQUEST).len())
+        .sum();
+    assert_eq!(
+        total,
+        4 * PIPELINED * RECORDS_PER_REQUEST,
+        "every record was appended"
+    );
+    assert_eq!(
+        migrations(&broker) - before,
+        0,
+        "a connection that fetched, or produced with acks=0, must stay on its shard"
+    );
+}
