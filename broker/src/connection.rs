@@ -26,6 +26,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -157,6 +158,7 @@ impl Affinity {
         let target = self.target.get()?;
         (self.after > 0
             && !self.pinned.get()
+            && !MOVES_UNAVAILABLE.load(Ordering::Relaxed)
             && target != here
             && self.streak.get() >= self.after
             && self.moves.get() < MAX_MOVES)
@@ -267,14 +269,19 @@ async fn serve(shard: Rc<Shard>, stream: TcpStream, listener: usize, received: V
             }
             ReadEnd::Move(_) if !written => break,
             ReadEnd::Move(to) => match hand_over(&shard, &stream, to, listener, &conn, &input).await {
-                Ok(()) => {
+                Handover::Moved => {
                     tracing::debug!(?peer, from = shard.id.0, to = to.0, "connection moved");
                     shard.metrics.connection_migrated();
                     break;
                 }
-                Err(e) => {
-                    tracing::info!(?peer, to = to.0, error = %e, "cannot move a connection; it stays");
+                Handover::Stays(e) => {
+                    tracing::debug!(?peer, to = to.0, error = %e, "cannot move a connection; it stays");
                     conn.affinity.pin();
+                }
+                Handover::Unknown(e) => {
+                    // The other shard may be serving it: closing here is the only safe move.
+                    tracing::warn!(?peer, to = to.0, error = %e, "connection hand-over unanswered; closing it here");
+                    break;
                 }
             },
         }
@@ -286,6 +293,37 @@ async fn serve(shard: Rc<Shard>, stream: TcpStream, listener: usize, received: V
     shard.metrics.connection_closed();
 }
 
+/// How a hand-over ended.
+enum Handover {
+    /// The other shard serves the connection now.
+    Moved,
+    /// It stays here (the other shard refused, or the descriptor could not be duplicated).
+    Stays(String),
+    /// Sent, but no answer came back: the other shard may or may not serve it.
+    Unknown(String),
+}
+
+/// Set when this process cannot duplicate descriptors (`pidfd_getfd` refused, e.g. by a seccomp
+/// profile without CAP_SYS_PTRACE): connections stop trying to move.
+static MOVES_UNAVAILABLE: AtomicBool = AtomicBool::new(false);
+
+/// A duplicate of our own descriptor `raw`: pidfd_getfd on this process. No `unsafe`, and a
+/// wrong number could only name another of our descriptors, never memory.
+fn duplicate(raw: i32) -> Result<OwnedFd, String> {
+    use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
+    let dup = pidfd_open(getpid(), PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open: {e}"))
+        .and_then(|me| {
+            pidfd_getfd(&me, raw, PidfdGetfdFlags::empty()).map_err(|e| format!("pidfd_getfd: {e}"))
+        });
+    if let Err(e) = &dup {
+        if !MOVES_UNAVAILABLE.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, "cannot duplicate socket descriptors; connections will stay on the shard that accepted them");
+        }
+    }
+    dup
+}
+
 /// Gives the connection to shard `to`: a duplicate of the socket's descriptor and the bytes read
 /// but not served. Sent through the router, behind every request this shard sent there before.
 async fn hand_over(
@@ -295,14 +333,11 @@ async fn hand_over(
     listener: usize,
     conn: &ConnInfo,
     input: &Input,
-) -> Result<(), String> {
-    // Safe duplication of our own descriptor: pidfd_getfd on this process (no `unsafe`, and a
-    // wrong number could only name another of our descriptors, never memory).
-    let raw = stream.borrow().as_raw_fd();
-    let me = rustix::process::pidfd_open(rustix::process::getpid(), rustix::process::PidfdFlags::empty())
-        .map_err(|e| format!("pidfd_open: {e}"))?;
-    let fd = rustix::process::pidfd_getfd(&me, raw, rustix::process::PidfdGetfdFlags::empty())
-        .map_err(|e| format!("pidfd_getfd: {e}"))?;
+) -> Handover {
+    let fd = match duplicate(stream.borrow().as_raw_fd()) {
+        Ok(fd) => fd,
+        Err(e) => return Handover::Stays(e),
+    };
     let received = input.buf.get(..input.filled).unwrap_or_default().to_vec();
     let m = Box::new(Migrating {
         fd,
@@ -310,13 +345,15 @@ async fn hand_over(
         received,
         moves: conn.affinity.moves.get().saturating_add(1),
     });
+    // A failed send drops the message, and with it the duplicate: nobody else has the socket.
     let answer = match shard.dispatch(to, ShardRequest::AdoptConnection(m)).await {
-        Ok(fut) => fut.await.map_err(|e| format!("{e:?}"))?,
-        Err(e) => return Err(format!("{e:?}")),
+        Ok(fut) => fut.await,
+        Err(e) => return Handover::Stays(format!("{e:?}")),
     };
     match answer {
-        ShardResponse::Adopted(true) => Ok(()),
-        _ => Err("the shard refused it".into()),
+        Ok(ShardResponse::Adopted(true)) => Handover::Moved,
+        Ok(_) => Handover::Stays("the shard refused it".into()),
+        Err(e) => Handover::Unknown(format!("{e:?}")),
     }
 }
 
@@ -480,4 +517,90 @@ async fn write_loop(mut writer: Half, rx: local_channel::LocalReceiver<Pending>)
         }
     }
     writer.flush().await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HERE: ShardId = ShardId(0);
+    const THERE: ShardId = ShardId(1);
+
+    #[test]
+    fn a_run_of_produce_requests_for_one_other_shard_moves_the_connection() {
+        let a = Affinity::new(3, 0);
+        a.request(ApiKey::ApiVersions);
+        a.request(ApiKey::Metadata);
+        a.request(ApiKey::InitProducerId);
+        for _ in 0..2 {
+            a.request(ApiKey::Produce);
+            a.produced([THERE], -1);
+            assert_eq!(a.move_to(HERE), None, "not before the run is long enough");
+        }
+        a.produced([THERE], 1);
+        assert_eq!(a.move_to(HERE), Some(THERE));
+        // Already on the owner: nowhere to go.
+        assert_eq!(a.move_to(THERE), None);
+    }
+
+    #[test]
+    fn mixed_or_changing_shards_restart_the_run() {
+        let a = Affinity::new(2, 0);
+        a.produced([THERE], -1);
+        a.produced([HERE, THERE], -1);
+        a.produced([THERE], -1);
+        assert_eq!(a.move_to(HERE), None, "a request for two shards broke the run");
+        a.produced([ShardId(2)], -1);
+        a.produced([THERE], -1);
+        assert_eq!(a.move_to(HERE), None, "a request for a third shard broke the run");
+        a.produced([THERE], -1);
+        assert_eq!(a.move_to(HERE), Some(THERE));
+        a.produced(std::iter::empty(), -1);
+        assert_eq!(
+            a.move_to(HERE),
+            None,
+            "a request whose partitions were all refused"
+        );
+    }
+
+    #[test]
+    fn state_on_this_shard_acks_0_or_a_failed_move_keep_the_connection() {
+        for api in [
+            ApiKey::Fetch,
+            ApiKey::ShareFetch,
+            ApiKey::ShareAcknowledge,
+            ApiKey::JoinGroup,
+        ] {
+            let a = Affinity::new(1, 0);
+            a.request(api);
+            a.produced([THERE], -1);
+            assert_eq!(a.move_to(HERE), None, "{api:?} pins the connection");
+        }
+        let a = Affinity::new(1, 0);
+        a.produced([THERE], 0);
+        a.produced([THERE], -1);
+        assert_eq!(a.move_to(HERE), None, "acks=0 pins the connection");
+        let a = Affinity::new(1, 0);
+        a.produced([THERE], -1);
+        a.pin();
+        assert_eq!(a.move_to(HERE), None, "a failed move pins the connection");
+        let a = Affinity::new(0, 0);
+        a.produced([THERE], -1);
+        assert_eq!(a.move_to(HERE), None, "0 turns moves off");
+        let a = Affinity::new(1, MAX_MOVES);
+        a.produced([THERE], -1);
+        assert_eq!(
+            a.move_to(HERE),
+            None,
+            "a connection moves at most MAX_MOVES times"
+        );
+    }
+
+    #[test]
+    fn received_bytes_carry_over() {
+        let input = Input::new(b"\0\0\0\x02hi\0\0");
+        assert_eq!(input.filled, 8);
+        assert_eq!(input.buf.get(..input.filled), Some(&b"\0\0\0\x02hi\0\0"[..]));
+        assert_eq!(Input::new(&[]).filled, 0);
+    }
 }
