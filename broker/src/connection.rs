@@ -9,17 +9,18 @@
 //! connections per shard.
 //!
 //! **Migration.** The kernel spreads connections over shards (SO_REUSEPORT) without knowing
-//! which partitions they will use, so a producer of one partition lands on another shard half
-//! the time with two shards, and each of its requests then crosses shards twice: there and back,
-//! waking both executors every time. A connection whose last
-//! `strand.connection.migrate.after.requests` requests were produce requests (acks ≠ 0) for
-//! partitions of one other shard moves there ([`Affinity`]): it stops reading, writes every
-//! pending response, and the socket (a duplicate of its descriptor) and the bytes already read
-//! go to that shard, which serves the connection from then on. Connections that used any API
-//! other than ApiVersions, Metadata, InitProducerId and Produce stay where they are (fetch and
-//! share sessions live on the connection's shard), as do acks=0 producers (nothing tells when
-//! their appends reached the owner, so a move could reorder them). If the move fails, the
-//! connection stays and is served as before.
+//! which partitions they will use, so a producer or consumer of one partition lands on another
+//! shard half the time with two shards, and each of its requests then crosses shards twice:
+//! there and back, waking both executors every time. A connection whose last
+//! `strand.connection.migrate.after.requests` produce (acks ≠ 0) or sessionless fetch requests
+//! were all for partitions of one other shard moves there ([`Affinity`]): it stops reading,
+//! writes every pending response, and the socket (a duplicate of its descriptor) and the bytes
+//! already read go to that shard, which serves the connection from then on. Connections stay
+//! where they are once they used an API that keeps state on the connection's shard or that this
+//! rule does not know (fetch sessions, share sessions, group requests: see
+//! [`Affinity::request`]), or produced with acks=0 (nothing tells when their appends reached the
+//! owner, so a move could reorder them). If the move fails, the connection stays and is served
+//! as before.
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -125,10 +126,20 @@ impl Affinity {
         }
     }
 
-    /// A request of `api` arrived. Produce requests report their shards with [`Self::produced`].
+    /// A request of `api` arrived. Produce and fetch requests report their shards with
+    /// [`Self::produced`] and [`Self::fetched`]; the other APIs allowed here keep no state on the
+    /// connection's shard. Anything else pins the connection.
     fn request(&self, api: ApiKey) {
         match api {
-            ApiKey::Produce | ApiKey::ApiVersions | ApiKey::Metadata | ApiKey::InitProducerId => {}
+            ApiKey::Produce
+            | ApiKey::Fetch
+            | ApiKey::ApiVersions
+            | ApiKey::Metadata
+            | ApiKey::InitProducerId
+            | ApiKey::ListOffsets
+            | ApiKey::OffsetForLeaderEpoch
+            | ApiKey::FindCoordinator
+            | ApiKey::DescribeCluster => {}
             _ => self.pinned.set(true),
         }
     }
@@ -139,6 +150,20 @@ impl Affinity {
             self.pinned.set(true);
             return;
         }
+        self.worked_on(shards);
+    }
+
+    /// A fetch request read partitions of these shards; `in_session`: it used a fetch session
+    /// (KIP-227), which lives on this shard.
+    pub(crate) fn fetched(&self, shards: impl IntoIterator<Item = ShardId>, in_session: bool) {
+        if in_session {
+            self.pinned.set(true);
+            return;
+        }
+        self.worked_on(shards);
+    }
+
+    fn worked_on(&self, shards: impl IntoIterator<Item = ShardId>) {
         let mut shards = shards.into_iter();
         let (Some(first), None) = (shards.next(), shards.next()) else {
             // None (every partition refused) or several shards: no single place to be.
@@ -544,6 +569,19 @@ mod tests {
     }
 
     #[test]
+    fn sessionless_fetches_count_like_produce_requests() {
+        let a = Affinity::new(3, 0);
+        a.request(ApiKey::ListOffsets);
+        a.request(ApiKey::Fetch);
+        a.fetched([THERE], false);
+        a.produced([THERE], 1);
+        assert_eq!(a.move_to(HERE), None);
+        a.request(ApiKey::Fetch);
+        a.fetched([THERE], false);
+        assert_eq!(a.move_to(HERE), Some(THERE));
+    }
+
+    #[test]
     fn mixed_or_changing_shards_restart_the_run() {
         let a = Affinity::new(2, 0);
         a.produced([THERE], -1);
@@ -566,7 +604,7 @@ mod tests {
     #[test]
     fn state_on_this_shard_acks_0_or_a_failed_move_keep_the_connection() {
         for api in [
-            ApiKey::Fetch,
+            ApiKey::OffsetCommit,
             ApiKey::ShareFetch,
             ApiKey::ShareAcknowledge,
             ApiKey::JoinGroup,
@@ -580,6 +618,10 @@ mod tests {
         a.produced([THERE], 0);
         a.produced([THERE], -1);
         assert_eq!(a.move_to(HERE), None, "acks=0 pins the connection");
+        let a = Affinity::new(1, 0);
+        a.fetched([THERE], true);
+        a.fetched([THERE], false);
+        assert_eq!(a.move_to(HERE), None, "a fetch session pins the connection");
         let a = Affinity::new(1, 0);
         a.produced([THERE], -1);
         a.pin();

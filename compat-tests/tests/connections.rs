@@ -1,11 +1,13 @@
-//! Connections moving between shards: a connection whose produce requests all go to another
-//! shard's partitions is handed to that shard (`strand.connection.migrate.after.requests`). The
-//! client must not notice: every pipelined request is answered once, in order, with the right
-//! offsets, and nothing is lost or reordered. Connections that hold per-shard state (fetch and
-//! share sessions) or produce with acks=0 must stay.
+//! Connections moving between shards: a connection whose produce (or sessionless fetch)
+//! requests all go to another shard's partitions is handed to that shard
+//! (`strand.connection.migrate.after.requests`). The client must not notice: every pipelined
+//! request is answered once, in order, with the right offsets, and nothing is lost or reordered.
+//! Connections that hold per-shard state (fetch and share sessions) or produce with acks=0 must
+//! stay.
 
 use bytes::Bytes;
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, ProduceRequest, ProduceResponse};
 use kafka_protocol::records::Compression;
 use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::raw::{self, RawConn};
@@ -166,6 +168,52 @@ fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
 }
 
 #[test]
+fn a_consuming_connection_follows_its_partitions_shard() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let topic = unique_topic("conn-fetch");
+    admin::create_topic(&b, &topic, 2, &[]);
+    let mut p = admin::connect(&b);
+    for partition in 0..2 {
+        for i in 0..PIPELINED {
+            let base = admin::produce_values(&mut p, &topic, partition, &[value(partition, i, 0).as_bytes()]);
+            assert_eq!(base, i as i64);
+        }
+    }
+    let before = migrations(&broker);
+    // Sessionless fetches (what librdkafka sends), one record at a time, alternating partitions
+    // phase by phase: every answer must hold the next record.
+    let mut c = admin::connect(&b);
+    let phases = [0, 1, 0, 1];
+    let mut next = [0i64; 2];
+    for partition in phases {
+        for _ in 0..MOVE_AFTER + 1 {
+            let offset = next[partition as usize];
+            let got = admin::fetch(&mut c, &topic, partition, offset, 1 << 20);
+            assert_eq!(got.error_code, 0);
+            let (o, _, v, _) = got
+                .records
+                .first()
+                .cloned()
+                .unwrap_or_else(|| panic!("no record at {topic}/{partition}@{offset}"));
+            assert_eq!(o, offset);
+            assert_eq!(
+                v.as_deref(),
+                Some(value(partition, offset as usize, 0).as_bytes()),
+                "record {partition}@{offset}"
+            );
+            next[partition as usize] += 1;
+        }
+    }
+    let moved = migrations(&broker) - before;
+    assert!(
+        moved >= phases.len() as u64 - 1,
+        "the consuming connection moved {moved} times for {} phases alternating between two shards",
+        phases.len()
+    );
+}
+
+#[test]
 fn connections_with_per_shard_state_or_acks_0_stay() {
     let broker = broker();
     let b = broker.bootstrap();
@@ -173,9 +221,30 @@ fn connections_with_per_shard_state_or_acks_0_stay() {
     admin::create_topic(&b, &topic, 2, &[]);
     let before = migrations(&broker);
 
-    // A connection that fetched first (a consumer's connection may hold a fetch session here).
+    // A connection that opened a fetch session (KIP-227), which lives on its shard.
     let mut c = admin::connect(&b);
-    admin::fetch(&mut c, &topic, 0, 0, 1 << 20);
+    let opened = c
+        .request(
+            versions::FETCH,
+            &FetchRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_max_bytes(1 << 20)
+                .with_session_id(0)
+                .with_session_epoch(0)
+                .with_topics(vec![FetchTopic::default()
+                    .with_topic(admin::topic_name(&topic))
+                    .with_partitions(vec![FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(0)
+                        .with_partition_max_bytes(1 << 20)])]),
+        )
+        .unwrap_or_else(|e| panic!("Fetch opening a session: {e}"));
+    assert!(
+        opened.error_code == 0 && opened.session_id != 0,
+        "the fetch must open a session: error {}, session {}",
+        opened.error_code,
+        opened.session_id
+    );
     let mut next = [0i64; 2];
     for (n, partition) in [0, 1].iter().enumerate() {
         let slot = &mut next[*partition as usize];
