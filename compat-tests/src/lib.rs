@@ -1974,13 +1974,20 @@ pub mod admin {
                 &produce_request(topic, -1, vec![(partition, batch)]),
             )
             .unwrap_or_else(|e| panic!("Produce to {topic}/{partition}: {e}"));
-        let p = resp
-            .responses
+        let p = produce_answer(&resp, partition);
+        (p.error_code, p.base_offset)
+    }
+
+    /// The answer for `partition` in a Produce response; panics if it has none.
+    pub fn produce_answer(
+        resp: &ProduceResponse,
+        partition: i32,
+    ) -> &produce_response::PartitionProduceResponse {
+        resp.responses
             .iter()
             .flat_map(|t| t.partition_responses.iter())
             .find(|p| p.index == partition)
-            .unwrap_or_else(|| panic!("Produce answer lacks partition {partition}: {resp:?}"));
-        (p.error_code, p.base_offset)
+            .unwrap_or_else(|| panic!("Produce answer lacks partition {partition}: {resp:?}"))
     }
 
     /// Produces plain records `values` (key = None) in one uncompressed batch; asserts success and

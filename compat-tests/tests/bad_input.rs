@@ -28,12 +28,7 @@ fn limit(broker: &Broker, key: &str, kafka_default: i64) -> i64 {
 }
 
 fn partition_error(resp: &kafka_protocol::messages::ProduceResponse, partition: i32) -> (i16, i64) {
-    let p = resp
-        .responses
-        .iter()
-        .flat_map(|t| t.partition_responses.iter())
-        .find(|p| p.index == partition)
-        .unwrap_or_else(|| panic!("no answer for partition {partition}: {resp:?}"));
+    let p = admin::produce_answer(resp, partition);
     (p.error_code, p.base_offset)
 }
 

@@ -20,12 +20,19 @@ const MOVE_AFTER: usize = 4;
 const PIPELINED: usize = 12;
 const RECORDS_PER_REQUEST: usize = 3;
 
-fn broker() -> Broker {
-    Broker::builder()
+/// A broker with two shards and a fresh two-partition topic (its partitions on both shards:
+/// partitions go round-robin over shards): (broker, bootstrap, topic, moves so far).
+fn setup(name: &str) -> (Broker, String, String, u64) {
+    let broker = Broker::builder()
         .needs_spawned("reads the connection-migration counter from /metrics")
         .config("strand.shards", 2)
         .config("strand.connection.migrate.after.requests", MOVE_AFTER)
-        .start()
+        .start();
+    let b = broker.bootstrap();
+    let topic = unique_topic(name);
+    admin::create_topic(&b, &topic, 2, &[]);
+    let before = migrations(&broker);
+    (broker, b, topic, before)
 }
 
 /// The sum over shards of `strand_connection_migrations_total`.
@@ -82,12 +89,7 @@ fn pipelined_phase(
         let resp: ProduceResponse = resp
             .decode(versions::PRODUCE)
             .unwrap_or_else(|e| panic!("decode answer {i}: {e}"));
-        let p = resp
-            .responses
-            .iter()
-            .flat_map(|t| t.partition_responses.iter())
-            .find(|p| p.index == partition)
-            .unwrap_or_else(|| panic!("answer {i} lacks partition {partition}: {resp:?}"));
+        let p = admin::produce_answer(&resp, partition);
         assert_eq!(
             p.error_code, 0,
             "request {i} on partition {partition} failed: {p:?}"
@@ -122,12 +124,7 @@ fn read_values(bootstrap: &str, topic: &str, partition: i32, want: usize) -> Vec
 
 #[test]
 fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
-    let broker = broker();
-    let b = broker.bootstrap();
-    let topic = unique_topic("conn-move");
-    // Two partitions on two shards: partitions go round-robin over shards.
-    admin::create_topic(&b, &topic, 2, &[]);
-    let before = migrations(&broker);
+    let (broker, b, topic, before) = setup("conn-move");
 
     let mut c = admin::connect(&b);
     admin::api_versions(&mut c);
@@ -169,10 +166,7 @@ fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
 
 #[test]
 fn a_consuming_connection_follows_its_partitions_shard() {
-    let broker = broker();
-    let b = broker.bootstrap();
-    let topic = unique_topic("conn-fetch");
-    admin::create_topic(&b, &topic, 2, &[]);
+    let (broker, b, topic, _) = setup("conn-fetch");
     let mut p = admin::connect(&b);
     for partition in 0..2 {
         for i in 0..PIPELINED {
@@ -215,11 +209,7 @@ fn a_consuming_connection_follows_its_partitions_shard() {
 
 #[test]
 fn connections_with_per_shard_state_or_acks_0_stay() {
-    let broker = broker();
-    let b = broker.bootstrap();
-    let topic = unique_topic("conn-stay");
-    admin::create_topic(&b, &topic, 2, &[]);
-    let before = migrations(&broker);
+    let (broker, b, topic, before) = setup("conn-stay");
 
     // A connection that opened a fetch session (KIP-227), which lives on its shard.
     let mut c = admin::connect(&b);
