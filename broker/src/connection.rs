@@ -112,7 +112,8 @@ pub(crate) struct Affinity {
     pinned: Cell<bool>,
     target: Cell<Option<ShardId>>,
     streak: Cell<u32>,
-    moves: Cell<u32>,
+    /// Moves this connection made before (it came from another shard).
+    moves: u32,
 }
 
 impl Affinity {
@@ -122,7 +123,7 @@ impl Affinity {
             pinned: Cell::new(false),
             target: Cell::new(None),
             streak: Cell::new(0),
-            moves: Cell::new(moves),
+            moves,
         }
     }
 
@@ -186,7 +187,7 @@ impl Affinity {
             && !MOVES_UNAVAILABLE.load(Ordering::Relaxed)
             && target != here
             && self.streak.get() >= self.after
-            && self.moves.get() < MAX_MOVES)
+            && self.moves < MAX_MOVES)
             .then_some(target)
     }
 
@@ -368,7 +369,7 @@ async fn hand_over(
         fd,
         listener,
         received,
-        moves: conn.affinity.moves.get().saturating_add(1),
+        moves: conn.affinity.moves.saturating_add(1),
     });
     // A failed send drops the message, and with it the duplicate: nobody else has the socket.
     let answer = match shard.dispatch(to, ShardRequest::AdoptConnection(m)).await {
