@@ -16,6 +16,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use crate::fs::{FileHandle, Fs};
+use crate::log::STAGE_CHUNK_MAX_BYTES as PENDING_CHUNK_MAX_BYTES;
 use crate::StorageError;
 
 /// Directory under the log dir holding journal files.
@@ -76,10 +77,8 @@ fn append_payload_bytes(key: &LogKey, batch_bytes: usize) -> usize {
     1 + 16 + 2 + key.dir_name.len() + 8 + batch_bytes
 }
 
-/// Largest buffer of staged entries, unless one entry is larger: a round writes them in turn,
-/// and bounded buffers are recycled by the allocator instead of being fresh mappings the
-/// kernel must fault in and zero.
-const PENDING_CHUNK_MAX_BYTES: usize = 1 << 20;
+/// Smallest capacity of a buffer of staged entries; the largest is the same as for a log's
+/// staged chunks.
 const PENDING_CHUNK_MIN_BYTES: usize = 64 << 10;
 
 /// Decodes the entries of a journal file body (after the header). Stops at the first torn or

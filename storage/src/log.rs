@@ -98,12 +98,14 @@ pub struct RecoveryReport {
     pub problems: Vec<String>,
 }
 
-/// Batches of one segment waiting to be written to its file.
 /// Smallest capacity of a staged chunk.
 const STAGE_CHUNK_MIN_BYTES: usize = 16 * 1024;
-/// Largest staged chunk, unless a single batch is larger; a round writes a log's chunks in turn.
-const STAGE_CHUNK_MAX_BYTES: usize = 1 << 20;
+/// Largest buffer of staged bytes (a log's staged chunk, the journal's pending entries), unless a
+/// single batch is larger; a round writes the buffers in turn. Bounded buffers are recycled by
+/// the allocator instead of being fresh mappings the kernel must fault in and zero.
+pub(crate) const STAGE_CHUNK_MAX_BYTES: usize = 1 << 20;
 
+/// Batches of one segment waiting to be written to its file.
 pub(crate) struct StagedChunk<Fl> {
     /// The segment's file, or `None` if the round must create it.
     pub(crate) file: Option<Rc<Fl>>,
@@ -727,9 +729,7 @@ impl<F: Fs> PartitionLog<F> {
         let path = seg.log_path.clone();
         let segment_base = seg.base_offset;
 
-        // A chunk stays within STAGE_CHUNK_MAX_BYTES (unless one batch is larger): bounded
-        // buffers the allocator recycles, instead of ever larger fresh mappings whose pages the
-        // kernel must fault in and zero.
+        // A chunk stays within STAGE_CHUNK_MAX_BYTES (unless one batch is larger).
         let fits = matches!(self.staged.last(),
             Some(c) if c.segment_base == segment_base
                 && c.position + c.data.len() as u64 == position

@@ -524,10 +524,6 @@ fn torn_segment_is_restored_from_the_journal() {
     });
 }
 
-/// A direct round (few logs) writes no journal entry and fsyncs the segment instead, including
-/// an earlier segment a journaled round left unsynced. A round that creates a segment file is
-/// journaled, and so are later ones until a checkpoint has synced the directory. A crash that
-/// drops every unsynced byte loses nothing acknowledged.
 /// A batch of `n` records of `value_bytes` each.
 fn big_batch(tag: u8, n: usize, value_bytes: usize) -> Vec<u8> {
     let value = vec![tag; value_bytes];
@@ -580,6 +576,10 @@ fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
     });
 }
 
+/// A direct round (few logs) writes no journal entry and fsyncs the segment instead, including
+/// an earlier segment a journaled round left unsynced. A round that creates a segment file is
+/// journaled, and so are later ones until a checkpoint has synced the directory. A crash that
+/// drops every unsynced byte loses nothing acknowledged.
 #[test]
 fn direct_rounds_sync_segments_instead_of_the_journal() {
     block_on(async {
