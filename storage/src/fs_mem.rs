@@ -21,6 +21,9 @@ use crate::fs::{FileHandle, Fs};
 struct FileData {
     data: Vec<u8>,
     durable: Vec<u8>,
+    /// Bumped by every change of `data`; `durable` is `data` as of `durable_version`.
+    version: u64,
+    durable_version: u64,
 }
 
 #[derive(Default, Debug)]
@@ -29,6 +32,9 @@ struct State {
     dirs: BTreeSet<PathBuf>,
     capacity_bytes: Option<u64>,
     fail_fsync: bool,
+    /// This many `fdatasync` calls still to complete fail (see [`MemFs::fail_next_fsyncs`]).
+    fail_next_fsyncs: u32,
+    slow_io: bool,
     fsyncs: u64,
 }
 
@@ -70,6 +76,19 @@ impl MemFs {
         self.state.borrow_mut().fail_fsync = fail;
     }
 
+    /// Makes the next `count` `fdatasync` calls to *complete* fail with `EIO` (one in flight
+    /// now included), leaving their bytes unsynced; later ones succeed.
+    pub fn fail_next_fsyncs(&self, count: u32) {
+        self.state.borrow_mut().fail_next_fsyncs = count;
+    }
+
+    /// Slow I/O: every file write (once) and `fdatasync` (three times) yields to the executor
+    /// before it takes effect, so that concurrent I/O interleaves, and an `fdatasync` makes durable only the
+    /// bytes the file held when it was called, not those written while it was in flight.
+    pub fn set_slow_io(&self, slow: bool) {
+        self.state.borrow_mut().slow_io = slow;
+    }
+
     /// Number of file `fdatasync` calls so far.
     pub fn fsync_count(&self) -> u64 {
         self.state.borrow().fsyncs
@@ -90,6 +109,8 @@ impl MemFs {
                 f.data.clone_from(&f.durable);
             }
             f.durable.clone_from(&f.data);
+            f.version += 1;
+            f.durable_version = f.version;
         }
     }
 
@@ -109,6 +130,8 @@ impl MemFs {
         let mut f = file.borrow_mut();
         f.durable.clone_from(&data);
         f.data = data;
+        f.version += 1;
+        f.durable_version = f.version;
     }
 
     /// All file paths, sorted.
@@ -119,6 +142,9 @@ impl MemFs {
 
 impl FileHandle for MemFile {
     async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
+        if self.state.borrow().slow_io {
+            futures_lite::future::yield_now().await;
+        }
         let state = self.state.borrow();
         let mut f = self.data.borrow_mut();
         let pos = usize::try_from(pos).map_err(|_| io::Error::other("position too large"))?;
@@ -141,6 +167,7 @@ impl FileHandle for MemFile {
         if let Some(dst) = f.data.get_mut(pos..end) {
             dst.copy_from_slice(&buf);
         }
+        f.version += 1;
         Ok(())
     }
 
@@ -152,20 +179,48 @@ impl FileHandle for MemFile {
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
-        let mut state = self.state.borrow_mut();
-        if state.fail_fsync {
-            return Err(io::Error::from_raw_os_error(5));
+        let slow = {
+            let mut state = self.state.borrow_mut();
+            if state.fail_fsync {
+                return Err(io::Error::from_raw_os_error(5));
+            }
+            state.fsyncs += 1;
+            state.slow_io
+        };
+        let (version, snapshot) = {
+            let f = self.data.borrow();
+            (f.version, slow.then(|| f.data.clone()))
+        };
+        if slow {
+            // Slower than a write, as on a disk.
+            for _ in 0..3 {
+                futures_lite::future::yield_now().await;
+            }
         }
-        state.fsyncs += 1;
+        {
+            let mut state = self.state.borrow_mut();
+            if state.fail_next_fsyncs > 0 {
+                state.fail_next_fsyncs -= 1;
+                return Err(io::Error::from_raw_os_error(5));
+            }
+        }
         let mut f = self.data.borrow_mut();
         let f = &mut *f;
-        f.durable.clone_from(&f.data);
+        if version >= f.durable_version {
+            match snapshot {
+                Some(data) => f.durable = data,
+                None => f.durable.clone_from(&f.data),
+            }
+            f.durable_version = version;
+        }
         Ok(())
     }
 
     async fn truncate(&self, len: u64) -> io::Result<()> {
         let len = usize::try_from(len).map_err(|_| io::Error::other("length too large"))?;
-        self.data.borrow_mut().data.resize(len, 0);
+        let mut f = self.data.borrow_mut();
+        f.data.resize(len, 0);
+        f.version += 1;
         Ok(())
     }
 
@@ -298,6 +353,7 @@ impl Fs for MemFs {
             let mut f = file.borrow_mut();
             let f = &mut *f;
             f.durable.clone_from(&f.data);
+            f.durable_version = f.version;
         }
         Ok(())
     }

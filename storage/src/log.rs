@@ -308,8 +308,9 @@ pub struct PartitionLog<F: Fs> {
     /// [`STAGE_CHUNK_MIN_BYTES`, `STAGE_CHUNK_MAX_BYTES`], so a busy log's chunk is allocated
     /// once instead of grown by doubling (a copy of everything staged so far each time).
     stage_hint_bytes: usize,
-    /// A flush round holds writes of this log that have not completed.
-    in_flight: bool,
+    /// Flush rounds holding writes of this log that have not completed: at most two, when a
+    /// direct round's writes overlap the fsyncs of the one before (see [`crate::store`]).
+    rounds_in_flight: u8,
     discard_generation: u64,
     /// (epoch, first offset) for each leader epoch, ascending.
     epochs: Vec<(i32, i64)>,
@@ -374,7 +375,7 @@ impl<F: Fs> PartitionLog<F> {
             high_watermark: 0,
             staged: Vec::new(),
             stage_hint_bytes: STAGE_CHUNK_MIN_BYTES,
-            in_flight: false,
+            rounds_in_flight: 0,
             discard_generation: 0,
             epochs: read_epochs(&fs, &dir.join(EPOCH_FILE)).await,
             epochs_dirty: false,
@@ -809,13 +810,21 @@ impl<F: Fs> PartitionLog<F> {
         !self.staged.is_empty()
     }
 
+    /// Bytes of appended batches waiting to be written.
+    pub(crate) fn staged_bytes(&self) -> usize {
+        self.staged.iter().map(|c| c.data.len()).sum()
+    }
+
     /// Takes the staged batches for a flush round.
     pub(crate) fn take_staged(&mut self) -> Option<StagedWrites<F::File>> {
         if self.staged.is_empty() {
             return None;
         }
-        debug_assert!(!self.in_flight, "two flush rounds in flight for one log");
-        self.in_flight = true;
+        debug_assert!(
+            self.rounds_in_flight < 2,
+            "three flush rounds in flight for one log"
+        );
+        self.rounds_in_flight += 1;
         let staged_bytes: usize = self.staged.iter().map(|c| c.data.len()).sum();
         self.stage_hint_bytes = staged_bytes.clamp(STAGE_CHUNK_MIN_BYTES, STAGE_CHUNK_MAX_BYTES);
         Some(StagedWrites {
@@ -857,8 +866,9 @@ impl<F: Fs> PartitionLog<F> {
 
     /// Records that a flush round made everything below `end_offset` durable and written to the
     /// segment files: it becomes visible to readers.
+    /// Rounds complete in the order they took their writes.
     pub(crate) fn complete_round(&mut self, end_offset: i64, written: Vec<WrittenChunk<F::File>>) {
-        self.in_flight = false;
+        self.rounds_in_flight = self.rounds_in_flight.saturating_sub(1);
         for w in written {
             if let Some(seg) = self.segments.iter_mut().find(|s| s.base_offset == w.segment_base) {
                 if seg.file.is_none() {
@@ -884,7 +894,7 @@ impl<F: Fs> PartitionLog<F> {
     /// After a failed flush round: throws away everything above the high watermark (nothing
     /// there was acknowledged). Synchronous; the returned plan cuts the files back.
     pub(crate) fn discard_unflushed(&mut self) -> DiscardPlan<F::File> {
-        self.in_flight = false;
+        self.rounds_in_flight = 0;
         self.staged.clear();
         self.producers.discard_pending();
         self.discard_generation += 1;
@@ -939,7 +949,7 @@ impl<F: Fs> PartitionLog<F> {
                 log_end_offset: self.next_offset,
             });
         }
-        if !self.staged.is_empty() || self.in_flight {
+        if !self.staged.is_empty() || self.rounds_in_flight > 0 {
             return Err(StorageError::Busy("truncation while a flush round is pending"));
         }
         self.truncate_suffix_inner(offset).await
@@ -1150,7 +1160,7 @@ impl<F: Fs> PartitionLog<F> {
                 && active.max_timestamp < cutoff
                 && active.durable_size == active.size
                 && self.staged.is_empty()
-                && !self.in_flight
+                && self.rounds_in_flight == 0
             {
                 self.roll(now_ms);
             }

@@ -2,17 +2,21 @@
 //! ties them together.
 //!
 //! Group commit: appends are synchronous and only stage bytes. A single flusher task per shard
-//! runs [`ShardStore::flush_round`] whenever something is staged: it writes every staged batch of
-//! every log to the journal with one `fdatasync`, writes the same batches to their segment files
-//! (page cache) concurrently, and then moves each log's high watermark. Appends made while a
-//! round is in flight wait for the next round. One round costs one journal fsync whether it
-//! carries one partition or ten thousand.
+//! runs flush rounds ([`ShardStore::flush_pending`]) whenever something is staged: a round
+//! writes every staged batch of every log to the journal with one `fdatasync`, writes the same
+//! batches to their segment files (page cache) concurrently, and then moves each log's high
+//! watermark. Appends made while a round is in flight wait for the next round. One round costs
+//! one journal fsync whether it carries one partition or ten thousand.
 //!
 //! Direct rounds: a round carrying at most [`StoreConfig::direct_sync_max_logs`] logs skips the
 //! journal and fsyncs those logs' files instead (every segment with unsynced writes, and the
 //! directory after a segment was created), so one or two busy partitions write each byte once,
 //! not twice. Journal replay needs nothing from them: their bytes are durable in the segments,
 //! and a later journaled batch continues from there.
+//!
+//! Overlap: a large direct round's page-cache writes may run under the fsyncs of the direct
+//! round before it ([`StoreConfig::overlap_min_bytes`]); at most two rounds are in flight, and
+//! they finish in order.
 //!
 //! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
 //! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`] until a
@@ -29,8 +33,8 @@ use futures::future::join_all;
 use crate::fs::{FileHandle, Fs};
 use crate::journal::{Journal, LogKey};
 use crate::log::{
-    persist_log_start_offset, remove_segment_files, write_chunks, AppendInfo, CheckpointWork, LogConfig,
-    PartitionLog, ReadPlan, RecoveryReport, RetentionOutcome, WrittenChunk,
+    persist_log_start_offset, remove_segment_files, write_chunks, AppendInfo, CheckpointWork, DiscardPlan,
+    LogConfig, PartitionLog, ReadPlan, RecoveryReport, RetentionOutcome, StagedWrites, WrittenChunk,
 };
 use crate::notify::Notify;
 use crate::StorageError;
@@ -53,6 +57,10 @@ pub struct StoreConfig {
     /// files instead (a *direct* round): each byte is written once, not twice. Above it, one
     /// journal fsync is cheaper than one fsync per log. 0 journals every round.
     pub direct_sync_max_logs: usize,
+    /// A direct round's writes may overlap the fsyncs of the direct round before it once they
+    /// carry at least this many bytes (see [`ShardStore::flush_pending`]). 0: rounds never
+    /// overlap.
+    pub overlap_min_bytes: usize,
 }
 
 impl Default for StoreConfig {
@@ -61,6 +69,7 @@ impl Default for StoreConfig {
             journal_segment_bytes: 128 << 20,
             checkpoint_concurrency: 64,
             direct_sync_max_logs: 2,
+            overlap_min_bytes: 1 << 20,
         }
     }
 }
@@ -88,6 +97,8 @@ pub struct RoundStats {
     pub logs: usize,
     /// Whether the round skipped the journal and synced its logs' own files.
     pub direct: bool,
+    /// Whether the round's writes ran under the previous round's fsyncs.
+    pub overlapped: bool,
     /// Bytes written to the journal (0 in a direct round).
     pub journal_bytes: usize,
     /// Bytes written to segment files.
@@ -103,6 +114,38 @@ pub struct CheckpointStats {
     pub logs: usize,
     pub journal_files_deleted: usize,
     pub duration_us: u64,
+}
+
+/// A direct round's fsyncs for one log: its files, and its directory (for errors).
+type LogSyncs<F> = (Vec<Rc<<F as Fs>::File>>, PathBuf);
+
+/// A round taken by [`ShardStore::take_round`], not yet written.
+struct TakenRound<F: Fs> {
+    started: Instant,
+    direct: bool,
+    overlapped: bool,
+    journal_write: Option<crate::journal::PendingWrite<F::File>>,
+    logs: Vec<LogRound<F>>,
+}
+
+/// One log's part of a taken round.
+struct LogRound<F: Fs> {
+    id: LogId,
+    writes: StagedWrites<F::File>,
+    /// In a direct round: the files to fsync besides those the writes touch.
+    syncs: Option<LogSyncs<F>>,
+}
+
+/// A round whose writes are done (and whose journal entries are synced).
+struct WrittenRound<F: Fs> {
+    started: Instant,
+    stats: RoundStats,
+    end_offsets: Vec<(LogId, i64)>,
+    written: Vec<(LogId, Vec<WrittenChunk<F::File>>)>,
+    /// A direct round's fsyncs still to do, per log.
+    syncs: Vec<LogSyncs<F>>,
+    journal_bytes: u64,
+    failure: Option<StorageError>,
 }
 
 struct Entry<F: Fs> {
@@ -146,7 +189,10 @@ pub struct ShardStore<F: Fs> {
     durable: Notify,
     /// Notified when something is staged.
     work: Notify,
-    round_running: Cell<bool>,
+    /// Rounds taken and not finished: at most two (see [`ShardStore::flush_pending`]).
+    rounds_in_flight: Cell<u8>,
+    /// Set by [`ShardStore::shutdown`]: the flusher starts no more rounds.
+    closing: Cell<bool>,
     checkpoint_running: Cell<bool>,
     /// Serializes [`ShardStore::delete_records`] (rare: DeleteRecords, queue state trims).
     delete_records_lock: futures::lock::Mutex<()>,
@@ -171,7 +217,8 @@ impl<F: Fs> ShardStore<F> {
             }),
             durable: Notify::new(),
             work: Notify::new(),
-            round_running: Cell::new(false),
+            rounds_in_flight: Cell::new(0),
+            closing: Cell::new(false),
             checkpoint_running: Cell::new(false),
             delete_records_lock: futures::lock::Mutex::new(()),
         })
@@ -345,67 +392,191 @@ impl<F: Fs> ShardStore<F> {
         }
     }
 
-    /// One group-commit round (see the module documentation). Run by the shard's flusher only.
+    /// One group-commit round (see the module documentation), start to finish and overlapping
+    /// nothing: for shutdown, tools and tests. The shard's flusher runs
+    /// [`ShardStore::flush_pending`] instead.
     pub async fn flush_round(&self) -> RoundStats {
-        assert!(!self.round_running.replace(true), "flush rounds must not overlap");
-        let started = Instant::now();
-        let mut stats = RoundStats::default();
-        let (journal_write, mut writes) = {
-            let mut inner = self.inner.borrow_mut();
-            let inner = &mut *inner;
-            let dirty = std::mem::take(&mut inner.dirty);
-            // Direct: few logs, so syncing their own files costs no more than the journal, and
-            // writes every byte once instead of twice. Not while a checkpoint runs: it clears
-            // the logs' unsynced-segment marks before its own syncs complete.
-            // Nor when a log's directory has changes no checkpoint has synced yet (a new segment
-            // file): the journal covers them until one does.
-            let mut direct =
-                dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
-            let mut direct_files = Vec::new();
-            if direct {
-                for id in &dirty {
-                    match entry_mut(&mut inner.slots, *id).map(|e| e.log.direct_sync_files()) {
-                        Some(Some(files)) => direct_files.push(files),
-                        Some(None) => {
-                            direct = false;
-                            if !inner.dir_sync_wanted.contains(id) {
-                                inner.dir_sync_wanted.push(*id);
-                            }
-                        }
-                        None => direct_files.push(Vec::new()),
-                    }
-                }
-            }
-            let mut direct_files = direct_files.into_iter();
-            let mut writes = Vec::with_capacity(dirty.len());
-            for id in dirty {
-                let files = direct_files.next();
-                if let Some(entry) = entry_mut(&mut inner.slots, id) {
-                    entry.dirty = false;
-                    if let Some(w) = entry.log.take_staged() {
-                        let sync = if direct {
-                            Some((files.unwrap_or_default(), entry.log.dir().to_path_buf()))
-                        } else {
-                            for chunk in &w.chunks {
-                                inner.journal.stage_batches(&entry.key, &chunk.data);
-                            }
-                            None
-                        };
-                        writes.push((id, w, sync));
-                    }
-                }
-            }
-            (inner.journal.take_pending(), writes)
+        let Some(taken) = self.take_round(false) else {
+            return RoundStats::default();
         };
-        stats.logs = writes.len();
-        if writes.is_empty() {
-            self.round_running.set(false);
-            return stats;
-        }
-        stats.direct = journal_write.is_none();
+        let written = self.write_round(taken).await;
+        let (stats, discards) = self.sync_and_finish(written).await;
+        self.run_discards(discards).await;
+        stats
+    }
 
-        // The journal write + fsync and the segment writes (+ their fsyncs in a direct round)
-        // run concurrently.
+    /// Runs flush rounds while something is staged and returns with no round in flight: after
+    /// `max_rounds` rounds, when nothing is staged, or when the flusher has other work (a
+    /// directory to sync, a journal to rotate; see [`ShardStore::sync_changed_dirs`] and
+    /// [`ShardStore::wants_checkpoint`]). `on_round` sees every finished round.
+    ///
+    /// Overlap: while a direct round's fsyncs run, the next round's writes go out already if
+    /// that round is direct too and carries at least [`StoreConfig::overlap_min_bytes`]. At
+    /// peak, copying a round into the page cache takes longer than syncing it, and the two no
+    /// longer run one after the other. Small rounds do not overlap: a round taken early would
+    /// leave the appends that arrive after it for the round after next. Rounds finish in the
+    /// order they were taken, and a round moves its logs' high watermarks only once its own
+    /// fsyncs and the round before it are done; if that round fails, the store goes offline
+    /// and the overlapping round fails with it (its bytes are cut off once its writes ended).
+    pub async fn flush_pending(&self, max_rounds: usize, mut on_round: impl FnMut(&RoundStats)) {
+        let mut rounds = 0;
+        let mut next: Option<WrittenRound<F>> = None;
+        loop {
+            let current = match next.take() {
+                Some(written) => written,
+                None => {
+                    if rounds >= max_rounds || self.flusher_should_pause() {
+                        return;
+                    }
+                    let Some(taken) = self.take_round(false) else {
+                        return;
+                    };
+                    rounds += 1;
+                    self.write_round(taken).await
+                }
+            };
+            let may_overlap = current.stats.direct && current.failure.is_none() && !current.syncs.is_empty();
+            let finish = self.sync_and_finish(current);
+            futures::pin_mut!(finish);
+            let (stats, discards) = loop {
+                if !may_overlap || rounds >= max_rounds || self.flusher_should_pause() {
+                    break finish.as_mut().await;
+                }
+                let work = self.work.wait();
+                if let Some(taken) = self.take_round(true) {
+                    rounds += 1;
+                    let (done, written) = futures::join!(finish.as_mut(), self.write_round(taken));
+                    next = Some(written);
+                    break done;
+                }
+                // Wait for the fsyncs, or for more staged bytes, which may make an overlap worth it.
+                match futures::future::select(finish.as_mut(), work).await {
+                    futures::future::Either::Left((done, _)) => break done,
+                    futures::future::Either::Right(((), _)) => {}
+                }
+            };
+            self.run_discards(discards).await;
+            on_round(&stats);
+        }
+    }
+
+    /// Whether [`ShardStore::flush_pending`] should hand control back to the flusher between
+    /// rounds.
+    fn flusher_should_pause(&self) -> bool {
+        let inner = self.inner.borrow();
+        self.closing.get() || !inner.dir_sync_wanted.is_empty() || inner.journal.needs_rotation()
+    }
+
+    /// Takes everything staged for a round. `overlapping`: a direct round is in flight, and this
+    /// one is taken only if it is direct too and large enough (see
+    /// [`ShardStore::flush_pending`]); otherwise nothing is taken.
+    fn take_round(&self, overlapping: bool) -> Option<TakenRound<F>> {
+        let in_flight = self.rounds_in_flight.get();
+        if overlapping {
+            assert_eq!(in_flight, 1, "a round overlaps exactly one round in flight");
+        } else {
+            assert_eq!(
+                in_flight, 0,
+                "flush rounds overlap only as flush_pending runs them"
+            );
+        }
+        let mut inner = self.inner.borrow_mut();
+        let inner = &mut *inner;
+        if inner.dirty.is_empty() {
+            return None;
+        }
+        if overlapping {
+            let min_bytes = self.config.overlap_min_bytes;
+            if min_bytes == 0 || inner.dirty.len() > self.config.direct_sync_max_logs {
+                return None;
+            }
+            let mut staged = 0;
+            for id in &inner.dirty {
+                staged += entry_mut(&mut inner.slots, *id).map_or(0, |e| e.log.staged_bytes());
+            }
+            if staged < min_bytes {
+                return None;
+            }
+        }
+        // Direct: few logs, so syncing their own files costs no more than the journal, and
+        // writes every byte once instead of twice. Not while a checkpoint runs: it clears the
+        // logs' unsynced-segment marks before its own syncs complete. Nor when a log's directory
+        // has changes no checkpoint has synced yet (a new segment file): the journal covers them
+        // until one does.
+        let mut direct =
+            inner.dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
+        let mut direct_files = Vec::new();
+        if direct {
+            for id in &inner.dirty {
+                match entry_mut(&mut inner.slots, *id).map(|e| e.log.direct_sync_files()) {
+                    Some(Some(files)) => direct_files.push(files),
+                    Some(None) => {
+                        direct = false;
+                        if !inner.dir_sync_wanted.contains(id) {
+                            inner.dir_sync_wanted.push(*id);
+                        }
+                    }
+                    None => direct_files.push(Vec::new()),
+                }
+            }
+        }
+        if overlapping && !direct {
+            return None;
+        }
+        let dirty = std::mem::take(&mut inner.dirty);
+        let mut direct_files = direct_files.into_iter();
+        let mut writes = Vec::with_capacity(dirty.len());
+        for id in dirty {
+            let files = direct_files.next();
+            if let Some(entry) = entry_mut(&mut inner.slots, id) {
+                entry.dirty = false;
+                if let Some(w) = entry.log.take_staged() {
+                    let sync = if direct {
+                        Some((files.unwrap_or_default(), entry.log.dir().to_path_buf()))
+                    } else {
+                        for chunk in &w.chunks {
+                            inner.journal.stage_batches(&entry.key, &chunk.data);
+                        }
+                        None
+                    };
+                    writes.push(LogRound {
+                        id,
+                        writes: w,
+                        syncs: sync,
+                    });
+                }
+            }
+        }
+        let journal_write = inner.journal.take_pending();
+        if writes.is_empty() {
+            return None;
+        }
+        self.rounds_in_flight.set(in_flight + 1);
+        Some(TakenRound {
+            started: Instant::now(),
+            direct,
+            overlapped: overlapping,
+            journal_write,
+            logs: writes,
+        })
+    }
+
+    /// A round's writes: the journal entries (written and synced) and the segment chunks, all at
+    /// once. A direct round's segment fsyncs are left to [`ShardStore::sync_round`].
+    async fn write_round(&self, taken: TakenRound<F>) -> WrittenRound<F> {
+        let TakenRound {
+            started,
+            direct,
+            overlapped,
+            journal_write,
+            logs: writes,
+        } = taken;
+        let mut stats = RoundStats {
+            logs: writes.len(),
+            direct,
+            overlapped,
+            ..RoundStats::default()
+        };
         let journal = async {
             let Some(crate::journal::PendingWrite {
                 file: jfile,
@@ -433,47 +604,44 @@ impl<F: Fs> ShardStore<F> {
             Ok((jlen, t.elapsed().as_micros() as u64))
         };
         let mut end_offsets = Vec::with_capacity(writes.len());
-        let mut segment_futs = Vec::new();
-        for (id, w, sync) in writes.drain(..) {
+        let mut segment_futs = Vec::with_capacity(writes.len());
+        for LogRound {
+            id,
+            writes: w,
+            syncs: sync,
+        } in writes
+        {
             end_offsets.push((id, w.end_offset));
             stats.segment_bytes += w.chunks.iter().map(|c| c.data.len()).sum::<usize>();
             let fs = self.fs.clone();
             segment_futs.push(async move {
                 let done = write_chunks(&fs, w.chunks).await?;
-                let mut fsync_us = 0;
-                if let Some((mut files, dir)) = sync {
-                    let t = Instant::now();
-                    for d in &done {
-                        if !files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
-                            files.push(d.file.clone());
-                        }
-                    }
-                    for f in &files {
-                        f.fdatasync()
-                            .await
-                            .map_err(|e| StorageError::io("sync segment", &dir, e))?;
-                    }
-                    fsync_us = t.elapsed().as_micros() as u64;
-                }
-                Ok::<_, StorageError>((id, done, fsync_us))
+                Ok::<_, StorageError>((id, done, sync))
             });
         }
         let (journal_result, segment_results) = futures::join!(journal, join_all(segment_futs));
-
-        let mut failure: Option<StorageError> = None;
-        let mut jlen = 0;
+        let mut failure = None;
+        let mut journal_bytes = 0;
         match journal_result {
             Ok((len, fsync_us)) => {
-                jlen = len;
+                journal_bytes = len;
                 stats.fsync_us = fsync_us;
             }
             Err(e) => failure = Some(e),
         }
         let mut written = Vec::with_capacity(segment_results.len());
+        let mut syncs = Vec::new();
         for r in segment_results {
             match r {
-                Ok((id, done, fsync_us)) => {
-                    stats.fsync_us = stats.fsync_us.max(fsync_us);
+                Ok((id, done, sync)) => {
+                    if let Some((mut files, dir)) = sync {
+                        for d in &done {
+                            if !files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
+                                files.push(d.file.clone());
+                            }
+                        }
+                        syncs.push((files, dir));
+                    }
                     written.push((id, done));
                 }
                 Err(e) => {
@@ -481,14 +649,82 @@ impl<F: Fs> ShardStore<F> {
                 }
             }
         }
+        WrittenRound {
+            started,
+            stats,
+            end_offsets,
+            written,
+            syncs,
+            journal_bytes,
+            failure,
+        }
+    }
+
+    /// A direct round's fsyncs: for each log, every file it must sync, logs concurrently.
+    async fn sync_round(&self, round: &mut WrittenRound<F>) {
+        if round.failure.is_some() || round.syncs.is_empty() {
+            return;
+        }
+        if let Some(reason) = self.offline_reason() {
+            // The round before failed and threw this one's appends away.
+            round.failure = Some(StorageError::Offline(reason));
+            return;
+        }
+        let syncs = std::mem::take(&mut round.syncs);
+        let results = join_all(syncs.into_iter().map(|(files, dir)| async move {
+            let t = Instant::now();
+            for f in &files {
+                f.fdatasync()
+                    .await
+                    .map_err(|e| StorageError::io("sync segment", &dir, e))?;
+            }
+            Ok::<u64, StorageError>(t.elapsed().as_micros() as u64)
+        }))
+        .await;
+        for r in results {
+            match r {
+                Ok(us) => round.stats.fsync_us = round.stats.fsync_us.max(us),
+                Err(e) => {
+                    round.failure.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    async fn sync_and_finish(&self, mut round: WrittenRound<F>) -> (RoundStats, Vec<DiscardPlan<F::File>>) {
+        self.sync_round(&mut round).await;
+        self.finish_round(round)
+    }
+
+    /// Ends a round whose I/O is done. Success: its logs' high watermarks move and waiters are
+    /// woken. Failure (its own, or an earlier round's that took the store offline): the store
+    /// goes offline for writes and everything not yet durable is thrown away in memory; the
+    /// returned plans cut the files back and must run once no round's writes are in flight.
+    fn finish_round(&self, round: WrittenRound<F>) -> (RoundStats, Vec<DiscardPlan<F::File>>) {
+        let WrittenRound {
+            started,
+            mut stats,
+            end_offsets,
+            written,
+            journal_bytes,
+            mut failure,
+            ..
+        } = round;
         let mut discards = Vec::new();
         {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
+            if failure.is_none() {
+                if let Some(reason) = &inner.offline {
+                    failure = Some(StorageError::Offline(reason.clone()));
+                }
+            }
             if let Some(err) = &failure {
                 let reason = err.to_string();
-                tracing::error!(error = %reason, "flush round failed; storage of this shard is now offline for writes");
-                inner.offline.get_or_insert(reason.clone());
+                if inner.offline.is_none() {
+                    tracing::error!(error = %reason, "flush round failed; storage of this shard is now offline for writes");
+                    inner.offline = Some(reason.clone());
+                }
                 stats.error = Some(reason);
                 // Nothing of this round or staged after it was acknowledged: throw it away.
                 for slot in inner.slots.iter_mut() {
@@ -502,8 +738,8 @@ impl<F: Fs> ShardStore<F> {
                 inner.dirty.clear();
                 let _ = inner.journal.take_pending();
             } else {
-                stats.journal_bytes = jlen as usize;
-                inner.journal.advance(jlen);
+                stats.journal_bytes = journal_bytes as usize;
+                inner.journal.advance(journal_bytes);
                 let mut written_by_id: std::collections::HashMap<LogId, Vec<WrittenChunk<F::File>>> =
                     written.into_iter().collect();
                 for (id, end) in end_offsets {
@@ -514,13 +750,24 @@ impl<F: Fs> ShardStore<F> {
                 }
             }
         }
+        self.rounds_in_flight
+            .set(self.rounds_in_flight.get().saturating_sub(1));
+        stats.duration_us = started.elapsed().as_micros() as u64;
+        if stats.error.is_none() {
+            self.durable.notify_all();
+        }
+        (stats, discards)
+    }
+
+    /// Cuts files back after a failed round, then wakes the appends it failed.
+    async fn run_discards(&self, discards: Vec<DiscardPlan<F::File>>) {
+        if discards.is_empty() {
+            return;
+        }
         for d in discards {
             d.run(&self.fs).await;
         }
-        stats.duration_us = started.elapsed().as_micros() as u64;
-        self.round_running.set(false);
         self.durable.notify_all();
-        stats
     }
 
     /// Syncs the directories of logs that a round journaled only because of directory changes
@@ -531,7 +778,7 @@ impl<F: Fs> ShardStore<F> {
     /// which changes the checkpoint's own sync covers); a failure only leaves the log journaled
     /// until the checkpoint. Returns how many directories were synced.
     pub async fn sync_changed_dirs(&self) -> usize {
-        if self.checkpoint_running.get() || self.round_running.get() {
+        if self.checkpoint_running.get() || self.rounds_in_flight.get() > 0 {
             return 0;
         }
         let wanted: Vec<(LogId, PathBuf, u64)> = {
@@ -585,13 +832,13 @@ impl<F: Fs> ShardStore<F> {
             return Ok(());
         }
         assert!(
-            !self.round_running.get(),
+            self.rounds_in_flight.get() == 0,
             "rotate the journal between rounds only"
         );
         let (dir, shard, seq) = self.inner.borrow().journal.next_file();
         let (file, path) = Journal::new_file(&self.fs, &dir, shard, seq).await?;
         assert!(
-            !self.round_running.get(),
+            self.rounds_in_flight.get() == 0,
             "rotate the journal between rounds only"
         );
         self.inner.borrow_mut().journal.install(file, path, seq);
@@ -789,6 +1036,15 @@ impl<F: Fs> ShardStore<F> {
     /// Flushes what is staged and checkpoints everything, so that the next start needs no
     /// journal replay and no validation. Call once appends have stopped.
     pub async fn shutdown(&self) -> Result<(), StorageError> {
+        // The flusher may be in a round: let it finish, and start no more.
+        self.closing.set(true);
+        while self.rounds_in_flight.get() > 0 {
+            let wait = self.durable.wait();
+            if self.rounds_in_flight.get() == 0 {
+                break;
+            }
+            wait.await;
+        }
         while self.has_pending() && self.offline_reason().is_none() {
             self.flush_round().await;
         }

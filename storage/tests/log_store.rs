@@ -40,6 +40,22 @@ async fn open_store<F: Fs>(fs: &F, journal_bytes: u64) -> ShardStore<F> {
 
 /// A store whose rounds of at most `direct_max_logs` logs skip the journal.
 async fn open_store_direct<F: Fs>(fs: &F, journal_bytes: u64, direct_max_logs: usize) -> ShardStore<F> {
+    open_store_overlap(
+        fs,
+        journal_bytes,
+        direct_max_logs,
+        StoreConfig::default().overlap_min_bytes,
+    )
+    .await
+}
+
+/// Same, with direct rounds of at least `overlap_min_bytes` overlapping the round before.
+async fn open_store_overlap<F: Fs>(
+    fs: &F,
+    journal_bytes: u64,
+    direct_max_logs: usize,
+    overlap_min_bytes: usize,
+) -> ShardStore<F> {
     ShardStore::open(
         fs.clone(),
         root(),
@@ -48,6 +64,7 @@ async fn open_store_direct<F: Fs>(fs: &F, journal_bytes: u64, direct_max_logs: u
             journal_segment_bytes: journal_bytes,
             checkpoint_concurrency: 8,
             direct_sync_max_logs: direct_max_logs,
+            overlap_min_bytes,
         },
     )
     .await
@@ -682,6 +699,148 @@ fn a_directory_sync_lets_new_and_rolled_segments_go_direct_before_a_checkpoint()
     });
 }
 
+/// Polls `fut` once with a waker that does nothing (the in-memory file system's slow I/O wakes
+/// nothing; polling again makes progress).
+fn poll_step<F: std::future::Future>(fut: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    std::future::Future::poll(fut, &mut std::task::Context::from_waker(&waker))
+}
+
+/// Runs the flusher's loop on `store` until `until` holds after a step, and returns the rounds
+/// it finished so far and whether it ended; appends may be made by `between` after every step.
+fn flush_until(
+    store: &ShardStore<MemFs>,
+    max_rounds: usize,
+    mut between: impl FnMut(usize),
+    mut until: impl FnMut() -> bool,
+) -> (Vec<strand_storage::RoundStats>, bool) {
+    let rounds = std::cell::RefCell::new(Vec::new());
+    let mut ended = false;
+    {
+        let flush = store.flush_pending(max_rounds, |s| rounds.borrow_mut().push(s.clone()));
+        futures::pin_mut!(flush);
+        for step in 0..1000 {
+            if poll_step(flush.as_mut()).is_ready() {
+                ended = true;
+                break;
+            }
+            between(step);
+            if until() {
+                break;
+            }
+        }
+    }
+    (rounds.into_inner(), ended)
+}
+
+#[test]
+fn a_large_direct_round_overlaps_the_fsyncs_of_the_one_before() {
+    block_on(async {
+        let fs = MemFs::new();
+        fs.set_slow_io(true);
+        let store = open_store_overlap(&fs, 1 << 20, 2, 1000).await;
+        let config = LogConfig {
+            segment_bytes: 1 << 20,
+            ..small_config()
+        };
+        let (id, _) = store.open_log(key("o-0"), config.clone(), 0).await.unwrap();
+        // The first segment file exists and its directory is synced: rounds can be direct.
+        store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
+        store.flush_round().await;
+        store.sync_changed_dirs().await;
+
+        let mut tickets = Vec::new();
+        tickets.push(store.append(id, &big_batch(1, 4, 500), 0, 0).unwrap());
+        // A small append while the first round syncs does not start an overlapping round;
+        // enough bytes do.
+        let (rounds, ended) = flush_until(
+            &store,
+            3,
+            |step| {
+                let size = if step == 0 { 10 } else { 500 };
+                if step < 2 {
+                    tickets.push(
+                        store
+                            .append(id, &big_batch(2 + step as u8, 2, size), 0, 0)
+                            .unwrap(),
+                    );
+                }
+            },
+            || false,
+        );
+        assert!(ended, "the flusher returns once nothing is staged");
+        assert_eq!(rounds.len(), 2, "{rounds:?}");
+        assert!(rounds.iter().all(|r| r.direct && r.error.is_none()), "{rounds:?}");
+        assert!(!rounds[0].overlapped);
+        assert!(
+            rounds[1].overlapped,
+            "the second round's writes ran under the first's fsyncs"
+        );
+        for t in &tickets {
+            store.wait_durable(t).await.unwrap();
+        }
+        let hw = store.offsets(id).unwrap().high_watermark;
+        assert_eq!(hw, tickets.last().unwrap().info.last_offset + 1);
+        // Everything acknowledged survives a power loss that keeps no unsynced byte.
+        let all = read_all(&store, id, 0).await;
+        assert_eq!(all.len(), 4);
+        drop(store);
+        let store = crash_and_reopen(&fs, &config, 1 << 20).await;
+        let (id, _) = store.open_log(key("o-0"), config, 0).await.unwrap();
+        assert_eq!(read_all(&store, id, 0).await, all);
+    });
+}
+
+#[test]
+fn a_round_overlapping_a_failed_one_fails_too() {
+    block_on(async {
+        let fs = MemFs::new();
+        fs.set_slow_io(true);
+        let store = open_store_overlap(&fs, 1 << 20, 2, 1).await;
+        let config = LogConfig {
+            segment_bytes: 1 << 20,
+            ..small_config()
+        };
+        let (id, _) = store.open_log(key("f-0"), config.clone(), 0).await.unwrap();
+        store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
+        store.flush_round().await;
+        store.sync_changed_dirs().await;
+        let durable = store.offsets(id).unwrap().high_watermark;
+
+        let first = store.append(id, &big_batch(1, 2, 300), 0, 0).unwrap();
+        let second = std::cell::Cell::new(None);
+        let mut injected = false;
+        let (rounds, ended) = flush_until(
+            &store,
+            4,
+            |step| {
+                if step == 0 {
+                    second.set(Some(store.append(id, &big_batch(2, 2, 300), 0, 0).unwrap()));
+                } else if !injected && !store.has_pending() {
+                    // A round overlapping the first one's fsync took the second append. That
+                    // fsync fails; the overlapping round's own would succeed.
+                    fs.fail_next_fsyncs(1);
+                    injected = true;
+                }
+            },
+            || false,
+        );
+        assert!(injected && ended);
+        assert_eq!(rounds.len(), 2, "{rounds:?}");
+        assert!(rounds[1].overlapped);
+        assert!(
+            rounds.iter().all(|r| r.error.is_some()),
+            "a round after a failed one must fail: {rounds:?}"
+        );
+        let second = second.get().unwrap();
+        assert!(store.wait_durable(&first).await.is_err());
+        assert!(store.wait_durable(&second).await.is_err());
+        let o = store.offsets(id).unwrap();
+        assert_eq!((o.high_watermark, o.log_end_offset), (durable, durable));
+        assert!(store.offline_reason().is_some());
+    });
+}
+
 #[test]
 fn disk_full_fails_the_round_and_keeps_acknowledged_data() {
     block_on(async {
@@ -733,28 +892,40 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
+    let mut overlapped = 0;
     for seed in 0..seeds {
-        if let Err(msg) = std::panic::catch_unwind(|| simulate(seed)) {
-            let text = msg
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!("simulation failed with seed {seed} (replay: STRAND_SIM_SEED={seed}): {text}");
+        match std::panic::catch_unwind(|| simulate(seed)) {
+            Ok(n) => overlapped += n,
+            Err(msg) => {
+                let text = msg
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panic!("simulation failed with seed {seed} (replay: STRAND_SIM_SEED={seed}): {text}");
+            }
         }
     }
+    eprintln!("{seeds} seeds: {overlapped} rounds overlapped the round before");
+    assert!(
+        seeds < 50 || overlapped > 0,
+        "no simulated round overlapped the one before: the overlap goes untested"
+    );
 }
 
 #[test]
 fn simulate_one_seed_from_env() {
     if let Some(seed) = std::env::var("STRAND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        simulate(seed);
+        let overlapped = simulate(seed);
+        eprintln!("seed {seed}: {overlapped} rounds overlapped");
     }
 }
 
-fn simulate(seed: u64) {
+/// One seeded run of four lives; returns how many rounds overlapped the round before.
+fn simulate(seed: u64) -> usize {
     let trace = std::env::var("STRAND_SIM_TRACE").is_ok();
     macro_rules! t { ($($a:tt)*) => { if trace { eprintln!($($a)*); } } }
+    let overlapped = std::cell::Cell::new(0usize);
     block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = MemFs::new();
@@ -772,8 +943,21 @@ fn simulate(seed: u64) {
             t!("replay {:?}", rep);
             // Each life picks how many logs a round may carry and still skip the journal.
             let direct_max_logs = rng.gen_range(0..=logs.len());
-            t!("direct rounds up to {direct_max_logs} logs");
-            let store = open_store_direct(&fs, 1024 + rng.gen_range(0..4096), direct_max_logs).await;
+            // And when a direct round's writes may overlap the fsyncs of the one before, with
+            // file I/O that yields (so that it does overlap) or completes at once.
+            let overlap_min_bytes = [0, 1, 300, 3000][rng.gen_range(0..4)];
+            let slow_io = rng.gen_bool(0.7);
+            // Most appends made while rounds are in flight go to one log, so rounds stay direct.
+            let hot = rng.gen_range(0..logs.len());
+            fs.set_slow_io(slow_io);
+            t!("direct rounds up to {direct_max_logs} logs, overlap from {overlap_min_bytes} B, slow I/O {slow_io}");
+            let store = open_store_overlap(
+                &fs,
+                1024 + rng.gen_range(0..4096),
+                direct_max_logs,
+                overlap_min_bytes,
+            )
+            .await;
             let mut ids = Vec::new();
             for (i, name) in logs.iter().enumerate() {
                 let (id, _) = store.open_log(key(name), small_config(), 0).await.unwrap();
@@ -867,6 +1051,88 @@ fn simulate(seed: u64) {
                             pending.push((li, t, s));
                         }
                     }
+                    6 | 7 if rng.gen_bool(0.5) => {
+                        // The shard flusher's loop, polled step by step, with appends arriving
+                        // while its rounds are in flight, and sometimes a power loss midway.
+                        let crash_at = rng.gen_bool(0.2).then(|| rng.gen_range(0..16));
+                        // Or a disk that starts failing fsyncs midway.
+                        let fail_at = rng.gen_bool(0.1).then(|| rng.gen_range(0..16));
+                        let max_rounds = rng.gen_range(1..6);
+                        let mut life_ends = false;
+                        {
+                            let flush = store.flush_pending(max_rounds, |s| {
+                                t!("round {:?}", s);
+                                if s.overlapped {
+                                    overlapped.set(overlapped.get() + 1);
+                                }
+                            });
+                            futures::pin_mut!(flush);
+                            let waker = futures::task::noop_waker();
+                            let mut cx = std::task::Context::from_waker(&waker);
+                            let mut polls = 0;
+                            while std::future::Future::poll(flush.as_mut(), &mut cx).is_pending() {
+                                polls += 1;
+                                assert!(polls < 10_000, "flush_pending makes no progress");
+                                if crash_at == Some(polls) {
+                                    t!("power loss with rounds in flight");
+                                    life_ends = true;
+                                    break;
+                                }
+                                if fail_at == Some(polls) {
+                                    t!("fsyncs fail from now on");
+                                    fs.set_fail_fsync(true);
+                                    life_ends = true;
+                                }
+                                if rng.gen_bool(0.6) {
+                                    let li = if rng.gen_bool(0.8) {
+                                        hot
+                                    } else {
+                                        rng.gen_range(0..logs.len())
+                                    };
+                                    let n = rng.gen_range(1..6);
+                                    let b = value_batch(appended_ops as u64, n, rng.gen_range(0..1000));
+                                    appended_ops += 1;
+                                    if let Ok(t) = store.append(ids[li], &b, 3, 0) {
+                                        t!("append {} at {}.. while flushing", logs[li], t.info.base_offset);
+                                        let s = stored(b, t.info.base_offset, 3);
+                                        pending.push((li, t, s));
+                                    }
+                                }
+                            }
+                        }
+                        // Acknowledge what is durable now; the rest stays pending.
+                        let mut still = Vec::new();
+                        for (li, t, s) in pending.drain(..) {
+                            match futures_lite::future::poll_once(store.wait_durable(&t)).await {
+                                Some(Ok(())) => {
+                                    acked[li].insert(t.info.base_offset, s);
+                                }
+                                Some(Err(_)) => {}
+                                None => still.push((li, t, s)),
+                            }
+                        }
+                        pending = still;
+                        let mut still = Vec::new();
+                        for (i, t) in prod_pending.drain(..) {
+                            match futures_lite::future::poll_once(store.wait_durable(&t)).await {
+                                Some(Ok(())) => {
+                                    prod[i].2 = Some(t.info.base_offset);
+                                    let stored_batch = stored(prod[i].1.clone(), t.info.base_offset, 3);
+                                    acked[0].insert(t.info.base_offset, stored_batch);
+                                }
+                                Some(Err(_)) => {}
+                                None => still.push((i, t)),
+                            }
+                        }
+                        prod_pending = still;
+                        if life_ends {
+                            break;
+                        }
+                        if rng.gen_bool(0.7) {
+                            let synced = store.sync_changed_dirs().await;
+                            t!("dir syncs {synced}");
+                        }
+                    }
                     6 | 7 => {
                         let stats = store.flush_round().await;
                         t!("round {:?}", stats);
@@ -919,6 +1185,7 @@ fn simulate(seed: u64) {
         }
         assert!(appended_ops > 0, "the simulation did something");
     });
+    overlapped.get()
 }
 
 #[test]
