@@ -206,6 +206,9 @@ pub struct Config {
     /// `strand.journal.direct.max.logs`: flush rounds carrying at most this many logs skip the
     /// journal and fsync the segment files (0: always journal).
     pub journal_direct_max_logs: usize,
+    /// `strand.flush.overlap.min.bytes`: a direct flush round's writes may run under the
+    /// previous round's fsyncs once they carry this many bytes (0: rounds never overlap).
+    pub flush_overlap_min_bytes: usize,
     /// `group.min.session.timeout.ms`.
     pub group_min_session_timeout_ms: i32,
     /// `group.max.session.timeout.ms`.
@@ -353,6 +356,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
         Int,
         Text("2"),
         "Flush rounds writing at most this many partition logs fsync the segments instead of the journal.",
+    ),
+    key(
+        "strand.flush.overlap.min.bytes",
+        Int,
+        Text("1048576"),
+        "A direct flush round this large writes while the previous round's fsyncs run (0: never).",
     ),
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
@@ -928,6 +937,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let admin_listener = r.host_port("strand.admin.listener")?;
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
     let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
+    let flush_overlap_min_bytes = r.int("strand.flush.overlap.min.bytes", 0, I32_MAX)?;
     let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
     let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
     let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
@@ -1081,6 +1091,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         admin_listener,
         journal_segment_bytes,
         journal_direct_max_logs,
+        flush_overlap_min_bytes,
         group_min_session_timeout_ms,
         group_max_session_timeout_ms,
         offsets_retention_minutes,

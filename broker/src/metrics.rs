@@ -74,6 +74,10 @@ pub(crate) fn describe() {
         "Flush rounds that skipped the journal and synced their few logs' own files, by shard."
     );
     describe_counter!(
+        "strand_flush_overlapped_rounds_total",
+        "Direct flush rounds whose writes ran under the previous round's fsyncs, by shard."
+    );
+    describe_counter!(
         "strand_flush_bytes_total",
         Unit::Bytes,
         "Journal bytes written by flush rounds."
@@ -323,6 +327,7 @@ pub(crate) struct ShardMetrics {
     flush_rounds: Counter,
     flush_bytes: Counter,
     flush_direct_rounds: Counter,
+    flush_overlapped_rounds: Counter,
     flush_segment_bytes: Counter,
     direct_fsync: Histogram,
     flush_duration: Histogram,
@@ -357,6 +362,7 @@ impl ShardMetrics {
             flush_rounds: counter!("strand_flush_rounds_total", &l()),
             flush_bytes: counter!("strand_flush_bytes_total", &l()),
             flush_direct_rounds: counter!("strand_flush_direct_rounds_total", &l()),
+            flush_overlapped_rounds: counter!("strand_flush_overlapped_rounds_total", &l()),
             flush_segment_bytes: counter!("strand_flush_segment_bytes_total", &l()),
             direct_fsync: histogram!("strand_direct_fsync_seconds", &l()),
             flush_duration: histogram!("strand_flush_duration_seconds", &l()),
@@ -464,6 +470,9 @@ impl ShardMetrics {
         if stats.direct {
             self.flush_direct_rounds.increment(1);
             self.direct_fsync.record(stats.fsync_us as f64 / 1e6);
+            if stats.overlapped {
+                self.flush_overlapped_rounds.increment(1);
+            }
         } else {
             self.journal_fsync.record(stats.fsync_us as f64 / 1e6);
         }

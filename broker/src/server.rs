@@ -243,6 +243,7 @@ async fn shard_main(
         StoreConfig {
             journal_segment_bytes: config.journal_segment_bytes,
             direct_sync_max_logs: config.journal_direct_max_logs,
+            overlap_min_bytes: config.flush_overlap_min_bytes,
             ..StoreConfig::default()
         },
     )
@@ -450,8 +451,11 @@ async fn stall_probe(shard: Rc<Shard>) {
     }
 }
 
-/// The group-commit loop: a flush round whenever something is staged; journal rotation and
-/// checkpoints between rounds.
+/// Flush rounds the flusher runs before it looks at checkpoints again.
+const ROUNDS_PER_FLUSH_PASS: usize = 32;
+
+/// The group-commit loop: flush rounds whenever something is staged; directory syncs, journal
+/// rotation and checkpoints between them.
 async fn flusher(shard: Rc<Shard>) {
     let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
     loop {
@@ -463,8 +467,10 @@ async fn flusher(shard: Rc<Shard>) {
             futures::future::select(work, tick).await;
         }
         if shard.store.has_pending() {
-            let stats = shard.store.flush_round().await;
-            shard.metrics.round(&stats);
+            shard
+                .store
+                .flush_pending(ROUNDS_PER_FLUSH_PASS, |stats| shard.metrics.round(stats))
+                .await;
             // A new topic or a segment roll: sync the directory now rather than journal every
             // byte of the log until the next checkpoint.
             let synced = shard.store.sync_changed_dirs().await;
