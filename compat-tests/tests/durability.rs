@@ -61,6 +61,8 @@ struct Run {
     /// Every record sent, by index: the delivery report.
     reports: BTreeMap<usize, Delivery>,
     sent: usize,
+    /// The broker's `/metrics` just before the kill.
+    metrics_at_kill: String,
 }
 
 impl Run {
@@ -81,17 +83,18 @@ impl Run {
     }
 }
 
-/// Runs an acks=all producer (one request in flight per connection, so acknowledgement order
-/// is log order) and kills the broker with SIGKILL once `min_acked` records were acknowledged,
-/// while the producer is still sending. Returns every delivery report.
-fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize) -> Run {
+/// Runs an acks=all producer with `in_flight` requests in flight per connection (acknowledgement
+/// order stays log order: nothing is retried before the kill) and kills the broker with SIGKILL
+/// once `min_acked` records were acknowledged, while the producer is still sending. Returns
+/// every delivery report.
+fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize, in_flight: &str) -> Run {
     let bootstrap = broker.bootstrap();
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
     let producer = clients::logged_producer(
         &bootstrap,
         &[
-            ("max.in.flight.requests.per.connection", "1"),
+            ("max.in.flight.requests.per.connection", in_flight),
             ("linger.ms", "2"),
             ("message.timeout.ms", "5000"),
             ("request.timeout.ms", "4000"),
@@ -122,6 +125,7 @@ fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize) -> Ru
             (acked >= min_acked).then_some(())
         },
     );
+    let metrics_at_kill = broker.metrics();
     broker.kill9();
     let sent_at_kill = sent.load(Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
@@ -139,7 +143,11 @@ fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize) -> Ru
         sent - failed
     );
     assert!(failed > 0, "the kill did not happen mid-run: no delivery failed");
-    Run { reports, sent }
+    Run {
+        reports,
+        sent,
+        metrics_at_kill,
+    }
 }
 
 /// Reads a whole partition (from offset 0 to latest) with rdkafka, checking that offsets are
@@ -240,8 +248,19 @@ fn check_new_writes(bootstrap: &str, topic: &str, run: &Run, logs: &BTreeMap<i32
     }
 }
 
-/// A broker (with `configs`), a fresh topic, and an acks=all producer until kill -9.
+/// A broker (with `configs`), a fresh topic, and an acks=all producer (one request in flight)
+/// until kill -9.
 fn kill9_under_load(name: &str, reason: &str, configs: &[(&str, &str)]) -> (Broker, String, Run) {
+    kill9_under_pipelined_load(name, reason, configs, "1", 3000)
+}
+
+fn kill9_under_pipelined_load(
+    name: &str,
+    reason: &str,
+    configs: &[(&str, &str)],
+    in_flight: &str,
+    min_acked: usize,
+) -> (Broker, String, Run) {
     let mut builder = Broker::builder().needs_spawned(reason);
     for (k, v) in configs {
         builder = builder.config(k, v);
@@ -249,7 +268,7 @@ fn kill9_under_load(name: &str, reason: &str, configs: &[(&str, &str)]) -> (Brok
     let mut broker = builder.start();
     let topic = unique_topic(name);
     admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_kill9(&mut broker, &topic, 3000);
+    let run = produce_until_kill9(&mut broker, &topic, min_acked, in_flight);
     (broker, topic, run)
 }
 
@@ -274,6 +293,41 @@ fn restart_and_read(
 #[test]
 fn acked_records_survive_kill9_under_load() {
     let (mut broker, topic, run) = kill9_under_load("kill9", "kills and restarts the broker", &[]);
+    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
+        check_acked_present(&run, log, p, i64::MAX)
+    });
+    check_new_writes(&bootstrap, &topic, &run, &logs);
+    broker.assert_running();
+}
+
+/// Pipelined produce requests, and every direct flush round overlapping the fsyncs of the one
+/// before whatever its size: still nothing acknowledged is lost.
+#[test]
+fn acked_records_survive_kill9_with_overlapping_flush_rounds() {
+    let (mut broker, topic, run) = kill9_under_pipelined_load(
+        "kill9-overlap",
+        "kills and restarts the broker",
+        &[("strand.flush.overlap.min.bytes", "1")],
+        "5",
+        30_000,
+    );
+    let total = |series: &str| -> f64 {
+        run.metrics_at_kill
+            .lines()
+            .filter(|l| l.starts_with(series) && l[series.len()..].starts_with('{'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let overlapped = total("strand_flush_overlapped_rounds_total");
+    assert!(
+        overlapped > 0.0,
+        "no flush round overlapped another before the kill: the test tested nothing"
+    );
+    eprintln!(
+        "before the kill: {} flush rounds, {} direct, {overlapped} overlapped",
+        total("strand_flush_rounds_total"),
+        total("strand_flush_direct_rounds_total")
+    );
     let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
         check_acked_present(&run, log, p, i64::MAX)
     });
