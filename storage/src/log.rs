@@ -308,9 +308,9 @@ pub struct PartitionLog<F: Fs> {
     /// [`STAGE_CHUNK_MIN_BYTES`, `STAGE_CHUNK_MAX_BYTES`], so a busy log's chunk is allocated
     /// once instead of grown by doubling (a copy of everything staged so far each time).
     stage_hint_bytes: usize,
-    /// Flush rounds holding writes of this log that have not completed: at most two, when a
-    /// direct round's writes overlap the fsyncs of the one before (see [`crate::store`]).
-    rounds_in_flight: u8,
+    /// Takes of flush rounds whose writes of this log have not completed (more than one when a
+    /// round is written while the one before it syncs; see [`crate::store`]).
+    rounds_in_flight: u32,
     discard_generation: u64,
     /// (epoch, first offset) for each leader epoch, ascending.
     epochs: Vec<(i32, i64)>,
@@ -820,10 +820,6 @@ impl<F: Fs> PartitionLog<F> {
         if self.staged.is_empty() {
             return None;
         }
-        debug_assert!(
-            self.rounds_in_flight < 2,
-            "three flush rounds in flight for one log"
-        );
         self.rounds_in_flight += 1;
         let staged_bytes: usize = self.staged.iter().map(|c| c.data.len()).sum();
         self.stage_hint_bytes = staged_bytes.clamp(STAGE_CHUNK_MIN_BYTES, STAGE_CHUNK_MAX_BYTES);
@@ -866,7 +862,7 @@ impl<F: Fs> PartitionLog<F> {
 
     /// Records that a flush round made everything below `end_offset` durable and written to the
     /// segment files: it becomes visible to readers.
-    /// Rounds complete in the order they took their writes.
+    /// Takes complete in the order they were made.
     pub(crate) fn complete_round(&mut self, end_offset: i64, written: Vec<WrittenChunk<F::File>>) {
         self.rounds_in_flight = self.rounds_in_flight.saturating_sub(1);
         for w in written {

@@ -14,9 +14,9 @@
 //! not twice. Journal replay needs nothing from them: their bytes are durable in the segments,
 //! and a later journaled batch continues from there.
 //!
-//! Overlap: a large direct round's page-cache writes may run under the fsyncs of the direct
-//! round before it ([`StoreConfig::overlap_min_bytes`]); at most two rounds are in flight, and
-//! they finish in order.
+//! Overlap: while a direct round's fsyncs run, what is staged meanwhile is already written as
+//! the next round ([`ShardStore::flush_pending`]); at most two rounds are in flight, and they
+//! finish in order.
 //!
 //! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
 //! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`] until a
@@ -24,8 +24,11 @@
 //! Kafka's offline-log-directory behaviour, minus the reads.
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::Poll;
 use std::time::Instant;
 
 use futures::future::join_all;
@@ -57,9 +60,9 @@ pub struct StoreConfig {
     /// files instead (a *direct* round): each byte is written once, not twice. Above it, one
     /// journal fsync is cheaper than one fsync per log. 0 journals every round.
     pub direct_sync_max_logs: usize,
-    /// A direct round's writes may overlap the fsyncs of the direct round before it once they
-    /// carry at least this many bytes (see [`ShardStore::flush_pending`]). 0: rounds never
-    /// overlap.
+    /// While a direct round's fsyncs run, appends staged meanwhile are written for the next
+    /// round in pieces of at least this many bytes (see [`ShardStore::flush_pending`]). 0:
+    /// rounds never overlap.
     pub overlap_min_bytes: usize,
 }
 
@@ -69,7 +72,7 @@ impl Default for StoreConfig {
             journal_segment_bytes: 128 << 20,
             checkpoint_concurrency: 64,
             direct_sync_max_logs: 2,
-            overlap_min_bytes: 1 << 20,
+            overlap_min_bytes: 64 << 10,
         }
     }
 }
@@ -99,6 +102,9 @@ pub struct RoundStats {
     pub direct: bool,
     /// Whether the round's writes ran under the previous round's fsyncs.
     pub overlapped: bool,
+    /// Separate writes the round was made of: more than one when what was staged during the
+    /// previous round's fsyncs was written in pieces.
+    pub writes: u32,
     /// Bytes written to the journal (0 in a direct round).
     pub journal_bytes: usize,
     /// Bytes written to segment files.
@@ -136,16 +142,76 @@ struct LogRound<F: Fs> {
     syncs: Option<LogSyncs<F>>,
 }
 
+/// One log's take in a written round: the end offset it covers and the chunks written.
+type WrittenPart<F> = (LogId, i64, Vec<WrittenChunk<<F as Fs>::File>>);
+
 /// A round whose writes are done (and whose journal entries are synced).
 struct WrittenRound<F: Fs> {
     started: Instant,
     stats: RoundStats,
-    end_offsets: Vec<(LogId, i64)>,
-    written: Vec<(LogId, Vec<WrittenChunk<F::File>>)>,
+    /// Per log taken, in take order.
+    parts: Vec<WrittenPart<F>>,
     /// A direct round's fsyncs still to do, per log.
     syncs: Vec<LogSyncs<F>>,
     journal_bytes: u64,
     failure: Option<StorageError>,
+    /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
+    takes: u32,
+}
+
+impl<F: Fs> WrittenRound<F> {
+    /// The logs this round carries.
+    fn log_ids(&self) -> Vec<LogId> {
+        let mut ids: Vec<LogId> = Vec::new();
+        for (id, _, _) in &self.parts {
+            if !ids.contains(id) {
+                ids.push(*id);
+            }
+        }
+        ids
+    }
+
+    /// Merges `later`, taken and written after this round's earlier takes, into this round.
+    fn absorb(&mut self, later: WrittenRound<F>) {
+        self.stats.segment_bytes += later.stats.segment_bytes;
+        self.parts.extend(later.parts);
+        for (files, dir) in later.syncs {
+            match self.syncs.iter_mut().find(|(_, d)| *d == dir) {
+                Some((mine, _)) => {
+                    for f in files {
+                        if !mine.iter().any(|g| Rc::ptr_eq(g, &f)) {
+                            mine.push(f);
+                        }
+                    }
+                }
+                None => self.syncs.push((files, dir)),
+            }
+        }
+        self.journal_bytes += later.journal_bytes;
+        if self.failure.is_none() {
+            self.failure = later.failure;
+        }
+        self.takes += later.takes;
+        self.stats.writes += later.stats.writes;
+        self.stats.logs = self.log_ids().len();
+    }
+}
+
+/// How [`ShardStore::take_round`] may take.
+#[derive(Clone, Copy)]
+enum Take<'a> {
+    /// No round is in flight: take everything staged.
+    Alone,
+    /// A direct round syncs (and `open` holds what was already taken for the round after it):
+    /// take only what a direct round with those logs can carry, and at least `min_bytes`.
+    Behind { open: &'a [LogId], min_bytes: usize },
+}
+
+/// What [`ShardStore::flush_pending`] waits for while a round syncs.
+enum Event<F: Fs> {
+    Finished((RoundStats, Vec<DiscardPlan<F::File>>)),
+    Written(WrittenRound<F>),
+    Work,
 }
 
 struct Entry<F: Fs> {
@@ -189,8 +255,9 @@ pub struct ShardStore<F: Fs> {
     durable: Notify,
     /// Notified when something is staged.
     work: Notify,
-    /// Rounds taken and not finished: at most two (see [`ShardStore::flush_pending`]).
-    rounds_in_flight: Cell<u8>,
+    /// Takes of rounds not finished yet: those of at most two rounds (see
+    /// [`ShardStore::flush_pending`]).
+    takes_in_flight: Cell<u32>,
     /// Set by [`ShardStore::shutdown`]: the flusher starts no more rounds.
     closing: Cell<bool>,
     checkpoint_running: Cell<bool>,
@@ -217,7 +284,7 @@ impl<F: Fs> ShardStore<F> {
             }),
             durable: Notify::new(),
             work: Notify::new(),
-            rounds_in_flight: Cell::new(0),
+            takes_in_flight: Cell::new(0),
             closing: Cell::new(false),
             checkpoint_running: Cell::new(false),
             delete_records_lock: futures::lock::Mutex::new(()),
@@ -396,7 +463,7 @@ impl<F: Fs> ShardStore<F> {
     /// nothing: for shutdown, tools and tests. The shard's flusher runs
     /// [`ShardStore::flush_pending`] instead.
     pub async fn flush_round(&self) -> RoundStats {
-        let Some(taken) = self.take_round(false) else {
+        let Some(taken) = self.take_round(Take::Alone) else {
             return RoundStats::default();
         };
         let written = self.write_round(taken).await;
@@ -410,14 +477,15 @@ impl<F: Fs> ShardStore<F> {
     /// directory to sync, a journal to rotate; see [`ShardStore::sync_changed_dirs`] and
     /// [`ShardStore::wants_checkpoint`]). `on_round` sees every finished round.
     ///
-    /// Overlap: while a direct round's fsyncs run, the next round's writes go out already if
-    /// that round is direct too and carries at least [`StoreConfig::overlap_min_bytes`]. At
-    /// peak, copying a round into the page cache takes longer than syncing it, and the two no
-    /// longer run one after the other. Small rounds do not overlap: a round taken early would
-    /// leave the appends that arrive after it for the round after next. Rounds finish in the
+    /// Overlap: while a direct round's fsyncs run, what is staged meanwhile is already written
+    /// (in pieces of at least [`StoreConfig::overlap_min_bytes`], one write at a time) as the
+    /// next round, as long as that round stays direct; when the fsyncs end, the rest staged by
+    /// then is written too, and the next round's fsyncs start. A round's copy into the page
+    /// cache then runs under the previous round's fsyncs instead of after them, and nothing
+    /// staged during a round waits longer than for the round after it. Rounds finish in the
     /// order they were taken, and a round moves its logs' high watermarks only once its own
-    /// fsyncs and the round before it are done; if that round fails, the store goes offline
-    /// and the overlapping round fails with it (its bytes are cut off once its writes ended).
+    /// fsyncs and the round before it are done; if that round fails, the store goes offline and
+    /// the next round fails with it (its bytes are cut off once its writes ended).
     pub async fn flush_pending(&self, max_rounds: usize, mut on_round: impl FnMut(&RoundStats)) {
         let mut rounds = 0;
         let mut next: Option<WrittenRound<F>> = None;
@@ -428,33 +496,91 @@ impl<F: Fs> ShardStore<F> {
                     if rounds >= max_rounds || self.flusher_should_pause() {
                         return;
                     }
-                    let Some(taken) = self.take_round(false) else {
+                    let Some(taken) = self.take_round(Take::Alone) else {
                         return;
                     };
                     rounds += 1;
                     self.write_round(taken).await
                 }
             };
-            let may_overlap = current.stats.direct && current.failure.is_none() && !current.syncs.is_empty();
+            let may_overlap = self.config.overlap_min_bytes > 0
+                && current.stats.direct
+                && current.failure.is_none()
+                && !current.syncs.is_empty();
             let finish = self.sync_and_finish(current);
             futures::pin_mut!(finish);
+            // The next round, written while `current` syncs, and its write in flight.
+            let mut open: Option<WrittenRound<F>> = None;
+            let mut writing: Option<Pin<Box<dyn Future<Output = WrittenRound<F>> + '_>>> = None;
             let (stats, discards) = loop {
-                if !may_overlap || rounds >= max_rounds || self.flusher_should_pause() {
-                    break finish.as_mut().await;
+                let mut work = self.work.wait();
+                let open_ok = open.as_ref().is_none_or(|o| o.failure.is_none());
+                if may_overlap
+                    && writing.is_none()
+                    && open_ok
+                    && (open.is_some() || rounds < max_rounds)
+                    && !self.flusher_should_pause()
+                {
+                    let logs = open.as_ref().map(WrittenRound::log_ids).unwrap_or_default();
+                    let take = Take::Behind {
+                        open: &logs,
+                        min_bytes: self.config.overlap_min_bytes,
+                    };
+                    if let Some(taken) = self.take_round(take) {
+                        if open.is_none() {
+                            rounds += 1;
+                        }
+                        writing = Some(Box::pin(self.write_round(taken)));
+                    }
                 }
-                let work = self.work.wait();
-                if let Some(taken) = self.take_round(true) {
-                    rounds += 1;
-                    let (done, written) = futures::join!(finish.as_mut(), self.write_round(taken));
-                    next = Some(written);
-                    break done;
-                }
-                // Wait for the fsyncs, or for more staged bytes, which may make an overlap worth it.
-                match futures::future::select(finish.as_mut(), work).await {
-                    futures::future::Either::Left((done, _)) => break done,
-                    futures::future::Either::Right(((), _)) => {}
+                let event = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(done) = finish.as_mut().poll(cx) {
+                        return Poll::Ready(Event::Finished(done));
+                    }
+                    if let Some(w) = writing.as_mut() {
+                        if let Poll::Ready(written) = w.as_mut().poll(cx) {
+                            writing = None;
+                            return Poll::Ready(Event::Written(written));
+                        }
+                    }
+                    if Pin::new(&mut work).poll(cx).is_ready() {
+                        return Poll::Ready(Event::Work);
+                    }
+                    Poll::Pending
+                })
+                .await;
+                match event {
+                    Event::Finished(done) => break done,
+                    Event::Written(written) => match open.as_mut() {
+                        Some(o) => o.absorb(written),
+                        None => open = Some(written),
+                    },
+                    Event::Work => {}
                 }
             };
+            if let Some(w) = writing.take() {
+                let written = w.await;
+                match open.as_mut() {
+                    Some(o) => o.absorb(written),
+                    None => open = Some(written),
+                }
+            }
+            // What was staged since the last write joins the next round now, as it would join
+            // a round taken at this point without overlap.
+            if let Some(o) = open.as_mut() {
+                if stats.error.is_none() && o.failure.is_none() {
+                    let logs = o.log_ids();
+                    let take = Take::Behind {
+                        open: &logs,
+                        min_bytes: 0,
+                    };
+                    if let Some(taken) = self.take_round(take) {
+                        let written = self.write_round(taken).await;
+                        o.absorb(written);
+                    }
+                }
+            }
+            next = open;
             self.run_discards(discards).await;
             on_round(&stats);
         }
@@ -467,34 +593,38 @@ impl<F: Fs> ShardStore<F> {
         self.closing.get() || !inner.dir_sync_wanted.is_empty() || inner.journal.needs_rotation()
     }
 
-    /// Takes everything staged for a round. `overlapping`: a direct round is in flight, and this
-    /// one is taken only if it is direct too and large enough (see
-    /// [`ShardStore::flush_pending`]); otherwise nothing is taken.
-    fn take_round(&self, overlapping: bool) -> Option<TakenRound<F>> {
-        let in_flight = self.rounds_in_flight.get();
-        if overlapping {
-            assert_eq!(in_flight, 1, "a round overlaps exactly one round in flight");
-        } else {
-            assert_eq!(
-                in_flight, 0,
-                "flush rounds overlap only as flush_pending runs them"
-            );
-        }
+    /// Takes what is staged for a round (see [`Take`]); `None` if there is nothing to take, or
+    /// nothing that may be taken now.
+    fn take_round(&self, take: Take<'_>) -> Option<TakenRound<F>> {
+        let in_flight = self.takes_in_flight.get();
+        let overlapping = match take {
+            Take::Alone => {
+                assert_eq!(
+                    in_flight, 0,
+                    "flush rounds overlap only as flush_pending runs them"
+                );
+                false
+            }
+            Take::Behind { .. } => {
+                assert!(in_flight > 0, "an overlapping take needs a round in flight");
+                true
+            }
+        };
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
         if inner.dirty.is_empty() {
             return None;
         }
-        if overlapping {
-            let min_bytes = self.config.overlap_min_bytes;
-            if min_bytes == 0 || inner.dirty.len() > self.config.direct_sync_max_logs {
+        if let Take::Behind { open, min_bytes } = take {
+            let added = inner.dirty.iter().filter(|id| !open.contains(id)).count();
+            if open.len() + added > self.config.direct_sync_max_logs {
                 return None;
             }
             let mut staged = 0;
             for id in &inner.dirty {
                 staged += entry_mut(&mut inner.slots, *id).map_or(0, |e| e.log.staged_bytes());
             }
-            if staged < min_bytes {
+            if staged == 0 || staged < min_bytes {
                 return None;
             }
         }
@@ -551,7 +681,7 @@ impl<F: Fs> ShardStore<F> {
         if writes.is_empty() {
             return None;
         }
-        self.rounds_in_flight.set(in_flight + 1);
+        self.takes_in_flight.set(in_flight + 1);
         Some(TakenRound {
             started: Instant::now(),
             direct,
@@ -575,6 +705,7 @@ impl<F: Fs> ShardStore<F> {
             logs: writes.len(),
             direct,
             overlapped,
+            writes: 1,
             ..RoundStats::default()
         };
         let journal = async {
@@ -603,7 +734,6 @@ impl<F: Fs> ShardStore<F> {
                 .map_err(|e| StorageError::io("sync journal", &jpath, e))?;
             Ok((jlen, t.elapsed().as_micros() as u64))
         };
-        let mut end_offsets = Vec::with_capacity(writes.len());
         let mut segment_futs = Vec::with_capacity(writes.len());
         for LogRound {
             id,
@@ -611,12 +741,12 @@ impl<F: Fs> ShardStore<F> {
             syncs: sync,
         } in writes
         {
-            end_offsets.push((id, w.end_offset));
             stats.segment_bytes += w.chunks.iter().map(|c| c.data.len()).sum::<usize>();
             let fs = self.fs.clone();
+            let end = w.end_offset;
             segment_futs.push(async move {
                 let done = write_chunks(&fs, w.chunks).await?;
-                Ok::<_, StorageError>((id, done, sync))
+                Ok::<_, StorageError>((id, end, done, sync))
             });
         }
         let (journal_result, segment_results) = futures::join!(journal, join_all(segment_futs));
@@ -629,11 +759,11 @@ impl<F: Fs> ShardStore<F> {
             }
             Err(e) => failure = Some(e),
         }
-        let mut written = Vec::with_capacity(segment_results.len());
+        let mut parts = Vec::with_capacity(segment_results.len());
         let mut syncs = Vec::new();
         for r in segment_results {
             match r {
-                Ok((id, done, sync)) => {
+                Ok((id, end, done, sync)) => {
                     if let Some((mut files, dir)) = sync {
                         for d in &done {
                             if !files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
@@ -642,7 +772,7 @@ impl<F: Fs> ShardStore<F> {
                         }
                         syncs.push((files, dir));
                     }
-                    written.push((id, done));
+                    parts.push((id, end, done));
                 }
                 Err(e) => {
                     failure.get_or_insert(e);
@@ -652,11 +782,11 @@ impl<F: Fs> ShardStore<F> {
         WrittenRound {
             started,
             stats,
-            end_offsets,
-            written,
+            parts,
             syncs,
             journal_bytes,
             failure,
+            takes: 1,
         }
     }
 
@@ -704,10 +834,10 @@ impl<F: Fs> ShardStore<F> {
         let WrittenRound {
             started,
             mut stats,
-            end_offsets,
-            written,
+            parts,
             journal_bytes,
             mut failure,
+            takes,
             ..
         } = round;
         let mut discards = Vec::new();
@@ -740,18 +870,15 @@ impl<F: Fs> ShardStore<F> {
             } else {
                 stats.journal_bytes = journal_bytes as usize;
                 inner.journal.advance(journal_bytes);
-                let mut written_by_id: std::collections::HashMap<LogId, Vec<WrittenChunk<F::File>>> =
-                    written.into_iter().collect();
-                for (id, end) in end_offsets {
-                    let chunks = written_by_id.remove(&id).unwrap_or_default();
+                for (id, end, chunks) in parts {
                     if let Some(entry) = entry_mut(&mut inner.slots, id) {
                         entry.log.complete_round(end, chunks);
                     }
                 }
             }
         }
-        self.rounds_in_flight
-            .set(self.rounds_in_flight.get().saturating_sub(1));
+        self.takes_in_flight
+            .set(self.takes_in_flight.get().saturating_sub(takes));
         stats.duration_us = started.elapsed().as_micros() as u64;
         if stats.error.is_none() {
             self.durable.notify_all();
@@ -778,7 +905,7 @@ impl<F: Fs> ShardStore<F> {
     /// which changes the checkpoint's own sync covers); a failure only leaves the log journaled
     /// until the checkpoint. Returns how many directories were synced.
     pub async fn sync_changed_dirs(&self) -> usize {
-        if self.checkpoint_running.get() || self.rounds_in_flight.get() > 0 {
+        if self.checkpoint_running.get() || self.takes_in_flight.get() > 0 {
             return 0;
         }
         let wanted: Vec<(LogId, PathBuf, u64)> = {
@@ -832,13 +959,13 @@ impl<F: Fs> ShardStore<F> {
             return Ok(());
         }
         assert!(
-            self.rounds_in_flight.get() == 0,
+            self.takes_in_flight.get() == 0,
             "rotate the journal between rounds only"
         );
         let (dir, shard, seq) = self.inner.borrow().journal.next_file();
         let (file, path) = Journal::new_file(&self.fs, &dir, shard, seq).await?;
         assert!(
-            self.rounds_in_flight.get() == 0,
+            self.takes_in_flight.get() == 0,
             "rotate the journal between rounds only"
         );
         self.inner.borrow_mut().journal.install(file, path, seq);
@@ -1038,9 +1165,9 @@ impl<F: Fs> ShardStore<F> {
     pub async fn shutdown(&self) -> Result<(), StorageError> {
         // The flusher may be in a round: let it finish, and start no more.
         self.closing.set(true);
-        while self.rounds_in_flight.get() > 0 {
+        while self.takes_in_flight.get() > 0 {
             let wait = self.durable.wait();
-            if self.rounds_in_flight.get() == 0 {
+            if self.takes_in_flight.get() == 0 {
                 break;
             }
             wait.await;

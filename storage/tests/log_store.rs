@@ -734,7 +734,7 @@ fn flush_until(
 }
 
 #[test]
-fn a_large_direct_round_overlaps_the_fsyncs_of_the_one_before() {
+fn appends_staged_during_a_round_s_fsyncs_are_written_under_them() {
     block_on(async {
         let fs = MemFs::new();
         fs.set_slow_io(true);
@@ -751,14 +751,15 @@ fn a_large_direct_round_overlaps_the_fsyncs_of_the_one_before() {
 
         let mut tickets = Vec::new();
         tickets.push(store.append(id, &big_batch(1, 4, 500), 0, 0).unwrap());
-        // A small append while the first round syncs does not start an overlapping round;
-        // enough bytes do.
+        // While the first round syncs: a small append (below the 1000-byte piece size, so not
+        // written yet), a large one (written, with the small one), and another large one (a
+        // second piece). All three make the second round.
         let (rounds, ended) = flush_until(
             &store,
             3,
             |step| {
-                let size = if step == 0 { 10 } else { 500 };
-                if step < 2 {
+                let size = [10, 500, 500];
+                if let Some(&size) = size.get(step) {
                     tickets.push(
                         store
                             .append(id, &big_batch(2 + step as u8, 2, size), 0, 0)
@@ -776,6 +777,7 @@ fn a_large_direct_round_overlaps_the_fsyncs_of_the_one_before() {
             rounds[1].overlapped,
             "the second round's writes ran under the first's fsyncs"
         );
+        assert!(rounds[1].writes >= 2, "written in pieces: {rounds:?}");
         for t in &tickets {
             store.wait_durable(t).await.unwrap();
         }
@@ -783,7 +785,7 @@ fn a_large_direct_round_overlaps_the_fsyncs_of_the_one_before() {
         assert_eq!(hw, tickets.last().unwrap().info.last_offset + 1);
         // Everything acknowledged survives a power loss that keeps no unsynced byte.
         let all = read_all(&store, id, 0).await;
-        assert_eq!(all.len(), 4);
+        assert_eq!(all.len(), 5);
         drop(store);
         let store = crash_and_reopen(&fs, &config, 1 << 20).await;
         let (id, _) = store.open_log(key("o-0"), config, 0).await.unwrap();
