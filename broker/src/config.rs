@@ -206,8 +206,9 @@ pub struct Config {
     /// `strand.journal.direct.max.logs`: flush rounds carrying at most this many logs skip the
     /// journal and fsync the segment files (0: always journal).
     pub journal_direct_max_logs: usize,
-    /// `strand.flush.overlap.min.bytes`: a direct flush round's writes may run under the
-    /// previous round's fsyncs once they carry this many bytes (0: rounds never overlap).
+    /// `strand.flush.overlap.min.bytes`: while a direct flush round's fsyncs run, appends staged
+    /// meanwhile are written for the next round in pieces of at least this many bytes (0:
+    /// rounds never overlap).
     pub flush_overlap_min_bytes: usize,
     /// `group.min.session.timeout.ms`.
     pub group_min_session_timeout_ms: i32,
@@ -360,8 +361,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key(
         "strand.flush.overlap.min.bytes",
         Int,
-        Text("1048576"),
-        "A direct flush round this large writes while the previous round's fsyncs run (0: never).",
+        Text("65536"),
+        "While a flush round's fsyncs run, appends staged meanwhile are written in pieces this large (0: never).",
     ),
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
