@@ -348,7 +348,9 @@ pub fn render_text(r: &Report) -> String {
         opt(p.linger_ms),
         opt(p.batch_size),
         p.rate.map_or("max".to_string(), |r| format!("{r:.0}/s")),
-        if p.paced_fraction > 0.0 {
+        if let (true, Some(r)) = (p.paced_fraction > 0.0, p.paced_rate) {
+            format!("{r:.0}/s for {} s", p.paced_secs)
+        } else if p.paced_fraction > 0.0 {
             format!("{:.0}% of peak for {} s", p.paced_fraction * 100.0, p.paced_secs)
         } else {
             "off".to_string()

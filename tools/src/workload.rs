@@ -87,6 +87,8 @@ pub struct WorkloadParams {
     pub rate: Option<f64>,
     /// Fraction of the produce phase's throughput at which the paced phase runs; 0 = no phase.
     pub paced_fraction: f64,
+    /// Messages/s of the paced phase, instead of `paced_fraction` of the peak.
+    pub paced_rate: Option<f64>,
     pub paced_secs: f64,
     /// Run tail consumers during the produce phases to measure end-to-end latency.
     pub end_to_end: bool,
@@ -126,6 +128,14 @@ impl WorkloadParams {
         }
         if !(0.0..=1.0).contains(&self.paced_fraction) {
             bail!("--paced-fraction must be within 0..=1");
+        }
+        if let Some(r) = self.paced_rate {
+            if r <= 0.0 || !r.is_finite() {
+                bail!("--paced-rate must be positive");
+            }
+            if self.paced_fraction == 0.0 {
+                bail!("--paced-rate needs a paced phase (--paced-fraction above 0)");
+            }
         }
         if self.paced_fraction > 0.0 && self.paced_secs <= 0.0 {
             bail!("--paced-secs must be positive when a paced phase runs");
@@ -653,17 +663,22 @@ pub fn run(
     )?);
     produce.target_rate = params.rate;
 
-    // The paced phase, at a fraction of what the peak phase achieved.
+    // The paced phase, at a fraction of what the peak phase achieved (or at a given rate).
     let mut paced = None;
     if params.paced_fraction > 0.0 && produce.msgs_per_s > 0.0 {
-        let target = produce.msgs_per_s * params.paced_fraction;
+        let target = params
+            .paced_rate
+            .unwrap_or(produce.msgs_per_s * params.paced_fraction);
         let plan = SendPlan {
             phase: PHASE_PACED,
             messages: None,
             until: Some(Instant::now() + Duration::from_secs_f64(params.paced_secs)),
             rate: Some(target / params.producers as f64),
         };
-        let name = format!("paced {:.0}%", params.paced_fraction * 100.0);
+        let name = match params.paced_rate {
+            Some(r) => format!("paced {r:.0}/s"),
+            None => format!("paced {:.0}%", params.paced_fraction * 100.0),
+        };
         let mut result = summarize_phase(produce_phase(
             &producers, params, &shared, &pool, plan, &bar, &name,
         )?);
@@ -1360,6 +1375,7 @@ mod tests {
             batch_size: None,
             rate: None,
             paced_fraction: 0.5,
+            paced_rate: None,
             paced_secs: 1.0,
             end_to_end: true,
             client_stats: false,

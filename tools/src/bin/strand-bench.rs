@@ -154,6 +154,10 @@ struct Cli {
         help_heading = "Workload"
     )]
     paced_fraction: f64,
+    /// Run the paced phase at this many messages/s instead of a fraction of the peak (to compare
+    /// latency at one load across builds whose peaks differ).
+    #[arg(long, value_name = "MSGS_PER_S", help_heading = "Workload")]
+    paced_rate: Option<f64>,
     /// Seconds of the paced phase.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, help_heading = "Workload")]
     paced_secs: f64,
@@ -462,6 +466,7 @@ fn workload_params(cli: &Cli) -> Result<WorkloadParams> {
         batch_size: cli.batch_size,
         rate: cli.rate,
         paced_fraction: cli.paced_fraction,
+        paced_rate: cli.paced_rate,
         paced_secs: cli.paced_secs,
         end_to_end: !cli.no_e2e && cli.consumers > 0,
         client_stats: cli.client_stats,
