@@ -733,22 +733,32 @@ fn flush_until(
     (rounds.into_inner(), ended)
 }
 
+/// A store on slow in-memory I/O whose direct rounds overlap from `overlap_min_bytes`, and one
+/// log `name` whose first segment file exists with its directory synced (so its rounds can be
+/// direct), holding one batch.
+async fn overlapping_store(
+    fs: &MemFs,
+    overlap_min_bytes: usize,
+    name: &str,
+) -> (ShardStore<MemFs>, LogId, LogConfig) {
+    fs.set_slow_io(true);
+    let store = open_store_overlap(fs, 1 << 20, 2, overlap_min_bytes).await;
+    let config = LogConfig {
+        segment_bytes: 1 << 20,
+        ..small_config()
+    };
+    let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
+    store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
+    store.flush_round().await;
+    store.sync_changed_dirs().await;
+    (store, id, config)
+}
+
 #[test]
 fn appends_staged_during_a_round_s_fsyncs_are_written_under_them() {
     block_on(async {
         let fs = MemFs::new();
-        fs.set_slow_io(true);
-        let store = open_store_overlap(&fs, 1 << 20, 2, 1000).await;
-        let config = LogConfig {
-            segment_bytes: 1 << 20,
-            ..small_config()
-        };
-        let (id, _) = store.open_log(key("o-0"), config.clone(), 0).await.unwrap();
-        // The first segment file exists and its directory is synced: rounds can be direct.
-        store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
-        store.flush_round().await;
-        store.sync_changed_dirs().await;
-
+        let (store, id, config) = overlapping_store(&fs, 1000, "o-0").await;
         let mut tickets = Vec::new();
         tickets.push(store.append(id, &big_batch(1, 4, 500), 0, 0).unwrap());
         // While the first round syncs: a small append (below the 1000-byte piece size, so not
@@ -797,16 +807,7 @@ fn appends_staged_during_a_round_s_fsyncs_are_written_under_them() {
 fn a_round_overlapping_a_failed_one_fails_too() {
     block_on(async {
         let fs = MemFs::new();
-        fs.set_slow_io(true);
-        let store = open_store_overlap(&fs, 1 << 20, 2, 1).await;
-        let config = LogConfig {
-            segment_bytes: 1 << 20,
-            ..small_config()
-        };
-        let (id, _) = store.open_log(key("f-0"), config.clone(), 0).await.unwrap();
-        store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
-        store.flush_round().await;
-        store.sync_changed_dirs().await;
+        let (store, id, _config) = overlapping_store(&fs, 1, "f-0").await;
         let durable = store.offsets(id).unwrap().high_watermark;
 
         let first = store.append(id, &big_batch(1, 2, 300), 0, 0).unwrap();
