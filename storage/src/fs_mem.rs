@@ -2,9 +2,10 @@
 //!
 //! Each file keeps its current bytes and the bytes as of its last `fdatasync`. [`MemFs::crash`]
 //! models a power loss: every file goes back to its durable bytes plus, when the unsynced part
-//! is a pure append, a random prefix of that append (a torn write). Directory operations
-//! (create, rename, remove) are treated as immediately durable, which is kinder than a real file
-//! system; the storage engine still fsyncs directories, and `StdFs` tests cover that path.
+//! is a pure append, a random prefix of that append (a torn write). A file created since its
+//! directory was last synced (`sync_dir`, or `sync_filesystem`) disappears in a crash, as its
+//! directory entry may on a real file system. Renames and removals are treated as immediately
+//! durable, which is kinder than a real file system.
 //! [`MemFs::set_capacity`] makes writes fail with `ENOSPC` once the total size would exceed it.
 
 use std::cell::RefCell;
@@ -36,6 +37,8 @@ struct State {
     fail_next_fsyncs: u32,
     slow_io: bool,
     fsyncs: u64,
+    /// Files created since their directory was last synced: a crash removes them.
+    unsynced_creations: BTreeSet<PathBuf>,
 }
 
 impl State {
@@ -97,7 +100,11 @@ impl MemFs {
     /// Simulates a power loss. `torn` picks, for each file with an unsynced append, how many of
     /// the unsynced bytes survive (given the count of unsynced bytes, returns 0..=count).
     pub fn crash(&self, mut torn: impl FnMut(usize) -> usize) {
-        let state = self.state.borrow();
+        let mut state = self.state.borrow_mut();
+        let state = &mut *state;
+        for path in std::mem::take(&mut state.unsynced_creations) {
+            state.files.remove(&path);
+        }
         for file in state.files.values() {
             let mut f = file.borrow_mut();
             let f = &mut *f;
@@ -244,6 +251,7 @@ impl Fs for MemFs {
             None if create => {
                 let d = Rc::new(RefCell::new(FileData::default()));
                 state.files.insert(path.to_path_buf(), d.clone());
+                state.unsynced_creations.insert(path.to_path_buf());
                 d
             }
             None => return Err(not_found(path)),
@@ -267,12 +275,9 @@ impl Fs for MemFs {
     }
 
     async fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.state
-            .borrow_mut()
-            .files
-            .remove(path)
-            .map(|_| ())
-            .ok_or_else(|| not_found(path))
+        let mut state = self.state.borrow_mut();
+        state.unsynced_creations.remove(path);
+        state.files.remove(path).map(|_| ()).ok_or_else(|| not_found(path))
     }
 
     async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -282,6 +287,7 @@ impl Fs for MemFs {
         }
         state.files.retain(|p, _| !p.starts_with(path));
         state.dirs.retain(|p| !p.starts_with(path));
+        state.unsynced_creations.retain(|p| !p.starts_with(path));
         Ok(())
     }
 
@@ -289,6 +295,12 @@ impl Fs for MemFs {
         let mut state = self.state.borrow_mut();
         if let Some(f) = state.files.remove(from) {
             state.files.insert(to.to_path_buf(), f);
+            // A file not durably named yet is not durably renamed either.
+            if state.unsynced_creations.remove(from) {
+                state.unsynced_creations.insert(to.to_path_buf());
+            } else {
+                state.unsynced_creations.remove(to);
+            }
             return Ok(());
         }
         if state.dirs.contains(from) {
@@ -313,6 +325,9 @@ impl Fs for MemFs {
             for p in moved_files {
                 if let (Some(f), Ok(rest)) = (state.files.remove(&p), p.strip_prefix(from)) {
                     state.files.insert(to.join(rest), f);
+                    if state.unsynced_creations.remove(&p) {
+                        state.unsynced_creations.insert(to.join(rest));
+                    }
                 }
             }
             return Ok(());
@@ -337,7 +352,9 @@ impl Fs for MemFs {
     }
 
     async fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        if self.state.borrow().dirs.contains(path) {
+        let mut state = self.state.borrow_mut();
+        if state.dirs.contains(path) {
+            state.unsynced_creations.retain(|p| p.parent() != Some(path));
             Ok(())
         } else {
             Err(not_found(path))
@@ -345,10 +362,11 @@ impl Fs for MemFs {
     }
 
     async fn sync_filesystem(&self, _path: &Path) -> io::Result<()> {
-        let state = self.state.borrow();
+        let mut state = self.state.borrow_mut();
         if state.fail_fsync {
             return Err(io::Error::other("injected fsync failure"));
         }
+        state.unsynced_creations.clear();
         for file in state.files.values() {
             let mut f = file.borrow_mut();
             let f = &mut *f;
