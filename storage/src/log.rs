@@ -115,6 +115,15 @@ pub(crate) struct StagedChunk<Fl> {
     pub(crate) data: Vec<u8>,
 }
 
+/// What a direct flush round must sync for one log (see [`PartitionLog::direct_sync`]).
+pub(crate) struct DirectSync<Fl> {
+    /// Files with unsynced writes of earlier rounds.
+    pub(crate) files: Vec<Rc<Fl>>,
+    /// The round creates a segment file: the directory must be synced after it, and this is
+    /// the directory-change count when the round took its writes.
+    pub(crate) creates_at: Option<u64>,
+}
+
 /// Writes a flush round must do for one log, taken by [`PartitionLog::take_staged`].
 pub(crate) struct StagedWrites<Fl> {
     pub(crate) chunks: Vec<StagedChunk<Fl>>,
@@ -633,9 +642,10 @@ impl<F: Fs> PartitionLog<F> {
     /// covers its data until then).
     fn roll(&mut self, now_ms: i64) {
         let base = self.next_offset;
+        // No file yet: the round that writes the segment's first bytes creates it, and counts
+        // the directory change then (see `complete_round`).
         let new = Segment::new_lazy(&self.dir, base, now_ms);
         self.segments.push(new);
-        self.mark_dir_changed();
     }
 
     /// Assigns offsets to a batch that has already been validated (CRC, size) and stages it for
@@ -773,25 +783,37 @@ impl<F: Fs> PartitionLog<F> {
         self.dir_changes += 1;
     }
 
-    /// What a *direct* flush round (one that skips the shard journal) must fsync besides the
+    /// What a *direct* flush round (one that skips the shard journal) must sync besides the
     /// files it writes, so that everything below its end offset is durable in this log's own
     /// files: every segment file with writes not yet synced (a write of an earlier, journaled
     /// round may sit in a segment before the one this round writes, and recovery drops
-    /// everything after a torn segment). `None` when the log cannot take a direct round: a
-    /// segment file was created or removed and no checkpoint or directory sync
-    /// ([`crate::ShardStore::sync_changed_dirs`]) has synced the directory since, or the staged
-    /// writes would create one. Call before taking the staged writes.
-    pub(crate) fn direct_sync_files(&self) -> Option<Vec<Rc<F::File>>> {
-        if self.dir_changes > self.dir_changes_synced || self.staged.iter().any(|c| c.file.is_none()) {
+    /// everything after a torn segment), and the directory if the staged writes create a
+    /// segment file (a roll). `None` when the log cannot take a direct round: a segment file was
+    /// created or removed and no checkpoint or directory sync
+    /// ([`crate::ShardStore::sync_changed_dirs`]) has synced the directory since. Call before
+    /// taking the staged writes.
+    pub(crate) fn direct_sync(&self) -> Option<DirectSync<F::File>> {
+        if self.dir_changes > self.dir_changes_synced {
             return None;
         }
-        Some(
-            self.segments
+        Some(DirectSync {
+            files: self
+                .segments
                 .iter()
                 .filter(|s| s.needs_sync)
                 .filter_map(|s| s.file.clone())
                 .collect(),
-        )
+            creates_at: self
+                .staged
+                .iter()
+                .any(|c| c.file.is_none())
+                .then_some(self.dir_changes),
+        })
+    }
+
+    /// Directory changes counted so far (see [`PartitionLog::direct_sync`]).
+    pub(crate) fn dir_changes(&self) -> u64 {
+        self.dir_changes
     }
 
     /// The directory-change count a directory sync starting now covers, if some change is not

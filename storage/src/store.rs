@@ -122,8 +122,15 @@ pub struct CheckpointStats {
     pub duration_us: u64,
 }
 
-/// A direct round's fsyncs for one log: its files, and its directory (for errors).
-type LogSyncs<F> = (Vec<Rc<<F as Fs>::File>>, PathBuf);
+/// A direct round's syncs for one log.
+struct LogSyncs<F: Fs> {
+    id: LogId,
+    files: Vec<Rc<F::File>>,
+    dir: PathBuf,
+    /// The round creates a segment file: sync the directory after the files. The log's
+    /// directory-change count when the round took its writes.
+    dir_at: Option<u64>,
+}
 
 /// A round taken by [`ShardStore::take_round`], not yet written.
 struct TakenRound<F: Fs> {
@@ -151,8 +158,11 @@ struct WrittenRound<F: Fs> {
     stats: RoundStats,
     /// Per log taken, in take order.
     parts: Vec<WrittenPart<F>>,
-    /// A direct round's fsyncs still to do, per log.
+    /// A direct round's syncs still to do, per log.
     syncs: Vec<LogSyncs<F>>,
+    /// Logs whose directory the round synced after creating segment files, with their
+    /// directory-change count when the round took its writes.
+    dir_synced: Vec<(LogId, u64)>,
     journal_bytes: u64,
     failure: Option<StorageError>,
     /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
@@ -175,18 +185,20 @@ impl<F: Fs> WrittenRound<F> {
     fn absorb(&mut self, later: WrittenRound<F>) {
         self.stats.segment_bytes += later.stats.segment_bytes;
         self.parts.extend(later.parts);
-        for (files, dir) in later.syncs {
-            match self.syncs.iter_mut().find(|(_, d)| *d == dir) {
-                Some((mine, _)) => {
-                    for f in files {
-                        if !mine.iter().any(|g| Rc::ptr_eq(g, &f)) {
-                            mine.push(f);
+        for sync in later.syncs {
+            match self.syncs.iter_mut().find(|s| s.id == sync.id) {
+                Some(mine) => {
+                    for f in sync.files {
+                        if !mine.files.iter().any(|g| Rc::ptr_eq(g, &f)) {
+                            mine.files.push(f);
                         }
                     }
+                    mine.dir_at = mine.dir_at.or(sync.dir_at);
                 }
-                None => self.syncs.push((files, dir)),
+                None => self.syncs.push(sync),
             }
         }
+        self.dir_synced.extend(later.dir_synced);
         self.journal_bytes += later.journal_bytes;
         if self.failure.is_none() {
             self.failure = later.failure;
@@ -239,7 +251,8 @@ struct Inner<F: Fs> {
     free: Vec<u32>,
     dirty: Vec<LogId>,
     /// Logs a round would have written directly but for directory changes no sync covers yet
-    /// (a new topic, a segment roll): [`ShardStore::sync_changed_dirs`] syncs them.
+    /// (a segment removed, a file a journaled round created): [`ShardStore::sync_changed_dirs`]
+    /// syncs them.
     dir_sync_wanted: Vec<LogId>,
     journal: Journal<F>,
     offline: Option<String>,
@@ -631,22 +644,24 @@ impl<F: Fs> ShardStore<F> {
         // Direct: few logs, so syncing their own files costs no more than the journal, and
         // writes every byte once instead of twice. Not while a checkpoint runs: it clears the
         // logs' unsynced-segment marks before its own syncs complete. Nor when a log's directory
-        // has changes no checkpoint has synced yet (a new segment file): the journal covers them
-        // until one does.
+        // has changes no sync has covered yet (a removed segment, a file created by a journaled
+        // round): the journal covers them until a directory sync does. A round that creates a
+        // segment file itself (a roll) syncs the directory after it; not an overlapping one.
         let mut direct =
             inner.dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
         let mut direct_files = Vec::new();
         if direct {
             for id in &inner.dirty {
-                match entry_mut(&mut inner.slots, *id).map(|e| e.log.direct_sync_files()) {
-                    Some(Some(files)) => direct_files.push(files),
+                match entry_mut(&mut inner.slots, *id).map(|e| e.log.direct_sync()) {
+                    Some(Some(sync)) if overlapping && sync.creates_at.is_some() => direct = false,
+                    Some(Some(sync)) => direct_files.push(Some(sync)),
                     Some(None) => {
                         direct = false;
                         if !inner.dir_sync_wanted.contains(id) {
                             inner.dir_sync_wanted.push(*id);
                         }
                     }
-                    None => direct_files.push(Vec::new()),
+                    None => direct_files.push(None),
                 }
             }
         }
@@ -657,12 +672,18 @@ impl<F: Fs> ShardStore<F> {
         let mut direct_files = direct_files.into_iter();
         let mut writes = Vec::with_capacity(dirty.len());
         for id in dirty {
-            let files = direct_files.next();
+            let sync = direct_files.next().flatten();
             if let Some(entry) = entry_mut(&mut inner.slots, id) {
                 entry.dirty = false;
                 if let Some(w) = entry.log.take_staged() {
                     let sync = if direct {
-                        Some((files.unwrap_or_default(), entry.log.dir().to_path_buf()))
+                        let (files, dir_at) = sync.map_or((Vec::new(), None), |s| (s.files, s.creates_at));
+                        Some(LogSyncs {
+                            id,
+                            files,
+                            dir: entry.log.dir().to_path_buf(),
+                            dir_at,
+                        })
                     } else {
                         for chunk in &w.chunks {
                             inner.journal.stage_batches(&entry.key, &chunk.data);
@@ -764,13 +785,13 @@ impl<F: Fs> ShardStore<F> {
         for r in segment_results {
             match r {
                 Ok((id, end, done, sync)) => {
-                    if let Some((mut files, dir)) = sync {
+                    if let Some(mut sync) = sync {
                         for d in &done {
-                            if !files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
-                                files.push(d.file.clone());
+                            if !sync.files.iter().any(|f| Rc::ptr_eq(f, &d.file)) {
+                                sync.files.push(d.file.clone());
                             }
                         }
-                        syncs.push((files, dir));
+                        syncs.push(sync);
                     }
                     parts.push((id, end, done));
                 }
@@ -784,6 +805,7 @@ impl<F: Fs> ShardStore<F> {
             stats,
             parts,
             syncs,
+            dir_synced: Vec::new(),
             journal_bytes,
             failure,
             takes: 1,
@@ -801,19 +823,31 @@ impl<F: Fs> ShardStore<F> {
             return;
         }
         let syncs = std::mem::take(&mut round.syncs);
-        let results = join_all(syncs.into_iter().map(|(files, dir)| async move {
+        let fs = &self.fs;
+        let results = join_all(syncs.into_iter().map(|sync| async move {
             let t = Instant::now();
-            for f in &files {
+            for f in &sync.files {
                 f.fdatasync()
                     .await
-                    .map_err(|e| StorageError::io("sync segment", &dir, e))?;
+                    .map_err(|e| StorageError::io("sync segment", &sync.dir, e))?;
             }
-            Ok::<u64, StorageError>(t.elapsed().as_micros() as u64)
+            // A segment file this round created is named durably only once its directory is
+            // synced, after the creation.
+            if let Some(at) = sync.dir_at {
+                fs.sync_dir(&sync.dir)
+                    .await
+                    .map_err(|e| StorageError::io("sync log directory", &sync.dir, e))?;
+                return Ok::<_, StorageError>((t.elapsed().as_micros() as u64, Some((sync.id, at))));
+            }
+            Ok((t.elapsed().as_micros() as u64, None))
         }))
         .await;
         for r in results {
             match r {
-                Ok(us) => round.stats.fsync_us = round.stats.fsync_us.max(us),
+                Ok((us, dir_synced)) => {
+                    round.stats.fsync_us = round.stats.fsync_us.max(us);
+                    round.dir_synced.extend(dir_synced);
+                }
                 Err(e) => {
                     round.failure.get_or_insert(e);
                 }
@@ -838,6 +872,7 @@ impl<F: Fs> ShardStore<F> {
             journal_bytes,
             mut failure,
             takes,
+            dir_synced,
             ..
         } = round;
         let mut discards = Vec::new();
@@ -870,9 +905,25 @@ impl<F: Fs> ShardStore<F> {
             } else {
                 stats.journal_bytes = journal_bytes as usize;
                 inner.journal.advance(journal_bytes);
+                // A directory sync after this round's creations covers them only if the log's
+                // directory did not change otherwise since the round took its writes (its own
+                // creations are counted below, as they complete).
+                let covered: Vec<LogId> = dir_synced
+                    .iter()
+                    .filter(|(id, at)| {
+                        entry_mut(&mut inner.slots, *id).is_some_and(|e| e.log.dir_changes() == *at)
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
                 for (id, end, chunks) in parts {
                     if let Some(entry) = entry_mut(&mut inner.slots, id) {
                         entry.log.complete_round(end, chunks);
+                    }
+                }
+                for id in covered {
+                    if let Some(entry) = entry_mut(&mut inner.slots, id) {
+                        let changes = entry.log.dir_changes();
+                        entry.log.dir_synced(changes);
                     }
                 }
             }
@@ -898,7 +949,7 @@ impl<F: Fs> ShardStore<F> {
     }
 
     /// Syncs the directories of logs that a round journaled only because of directory changes
-    /// no sync covered yet (a new topic's first segment, a segment roll), so that their next
+    /// no sync covered yet (a removed segment, a file a journaled round created), so that their next
     /// rounds can be direct again instead of writing every byte twice until the next
     /// checkpoint. A directory sync covers the changes made before it starts, as the checkpoint's
     /// does. Run by the flusher between rounds, not while a checkpoint runs (it would not know

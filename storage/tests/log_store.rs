@@ -594,9 +594,10 @@ fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
 }
 
 /// A direct round (few logs) writes no journal entry and fsyncs the segment instead, including
-/// an earlier segment a journaled round left unsynced. A round that creates a segment file is
-/// journaled, and so are later ones until a checkpoint has synced the directory. A crash that
-/// drops every unsynced byte loses nothing acknowledged.
+/// an earlier segment a journaled round left unsynced. After a journaled round created a segment
+/// file, rounds are journaled until a checkpoint has synced the directory; a direct round that
+/// creates one (a roll) syncs the directory itself. A crash that drops every unsynced byte (and
+/// every file whose directory entry was not synced) loses nothing acknowledged.
 #[test]
 fn direct_rounds_sync_segments_instead_of_the_journal() {
     block_on(async {
@@ -611,34 +612,25 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
             store.append(b, &value_batch(2, 2, 0), 0, 0).unwrap();
             let stats = store.flush_round().await;
             assert!(!stats.direct && stats.journal_bytes > 0, "{stats:?}");
-            // One log, but its segment file is new: journaled until a checkpoint.
+            // One log, but a journaled round created its segment file: journaled until a
+            // checkpoint.
             store.append(a, &value_batch(3, 20, 0), 0, 0).unwrap();
             let stats = store.flush_round().await;
             assert!(
                 !stats.direct,
-                "a new segment file needs a checkpoint first: {stats:?}"
+                "a file a journaled round created needs a directory sync first: {stats:?}"
             );
             store.checkpoint().await.unwrap();
-            // One log, enough to roll its 2 KiB segment a few times.
-            let (mut direct, mut journaled) = (0, 0);
+            // One log, enough to roll its 2 KiB segment a few times: every round direct.
             for i in 0..40 {
                 store.append(a, &value_batch(10 + i, 20, 0), 0, 0).unwrap();
                 let stats = store.flush_round().await;
                 assert!(stats.segment_bytes > 0, "{stats:?}");
-                if stats.direct {
-                    assert_eq!(stats.journal_bytes, 0, "{stats:?}");
-                    direct += 1;
-                } else {
-                    // A roll created a file: journaled, then a checkpoint syncs the directory.
-                    journaled += 1;
-                    store.checkpoint().await.unwrap();
-                }
+                assert!(stats.direct && stats.journal_bytes == 0, "round {i}: {stats:?}");
             }
-            assert!(
-                journaled >= 2,
-                "the test must roll segments: {journaled} journaled rounds"
-            );
-            assert!(direct >= 30, "{direct} direct rounds");
+            let segments = fs.list_dir(&root().join("da-0")).await.unwrap();
+            let segments = segments.iter().filter(|n| n.ends_with(".log")).count();
+            assert!(segments >= 3, "the test must roll segments: {segments} files");
             expected_a = read_all(&store, a, 0).await;
             // Two logs again: journaled, and lost from the segments in the crash below.
             store.append(a, &value_batch(100, 2, 0), 0, 0).unwrap();
@@ -663,39 +655,50 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
 }
 
 #[test]
-fn a_directory_sync_lets_new_and_rolled_segments_go_direct_before_a_checkpoint() {
+fn rounds_that_create_segment_files_stay_direct_and_sync_the_directory() {
     block_on(async {
         let fs = MemFs::new();
-        let expected;
+        let (expected, start);
         {
             let store = open_store_direct(&fs, 1 << 20, 1).await;
             let (a, _) = store.open_log(key("ds-0"), small_config(), 0).await.unwrap();
             assert_eq!(store.sync_changed_dirs().await, 0, "nothing wanted yet");
-            // The first round creates the segment file: journaled.
-            store.append(a, &value_batch(1, 20, 0), 0, 0).unwrap();
-            assert!(!store.flush_round().await.direct);
-            assert_eq!(store.sync_changed_dirs().await, 1);
-            assert_eq!(store.sync_changed_dirs().await, 0, "already synced");
-            // Rolls create files: one journaled round each, then direct again without a checkpoint.
-            let (mut direct, mut journaled) = (0, 0);
+            // The first round creates the segment file, later ones roll: all direct, each
+            // creating round syncing the directory itself (a crash below would otherwise lose
+            // the new files: the in-memory file system drops unsynced directory entries).
             for i in 0..40 {
                 store.append(a, &value_batch(10 + i, 20, 0), 0, 0).unwrap();
                 let stats = store.flush_round().await;
-                if stats.direct {
-                    direct += 1;
-                } else {
-                    journaled += 1;
-                }
-                store.sync_changed_dirs().await;
+                assert!(stats.direct, "round {i}: {stats:?}");
+                assert_eq!(
+                    store.sync_changed_dirs().await,
+                    0,
+                    "round {i} left a directory to sync"
+                );
             }
-            assert!(journaled >= 2, "the test must roll segments: {journaled}");
-            assert!(direct >= 30, "{direct} direct rounds, {journaled} journaled");
-            expected = read_all(&store, a, 0).await;
+            let segments = fs
+                .list_dir(&root().join("ds-0"))
+                .await
+                .unwrap()
+                .iter()
+                .filter(|n| n.ends_with(".log"))
+                .count();
+            assert!(segments >= 3, "the test must roll segments: {segments} files");
+            // A directory change no round synced (segments deleted below a new log start)
+            // sends the next round through the journal until the flusher syncs the directory.
+            start = read_all(&store, a, 0).await[10].0;
+            store.delete_records(a, start).await.unwrap();
+            store.append(a, &value_batch(99, 20, 0), 0, 0).unwrap();
+            assert!(!store.flush_round().await.direct);
+            assert_eq!(store.sync_changed_dirs().await, 1);
+            store.append(a, &value_batch(100, 20, 0), 0, 0).unwrap();
+            assert!(store.flush_round().await.direct);
+            expected = read_all(&store, a, start).await;
         }
         // No checkpoint ran: what the direct rounds fsynced and the journal hold is all there is.
         let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
         let (a, _) = store.open_log(key("ds-0"), small_config(), 0).await.unwrap();
-        assert_eq!(read_all(&store, a, 0).await, expected);
+        assert_eq!(read_all(&store, a, start).await, expected);
     });
 }
 
