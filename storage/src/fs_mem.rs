@@ -277,7 +277,11 @@ impl Fs for MemFs {
     async fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state.borrow_mut();
         state.unsynced_creations.remove(path);
-        state.files.remove(path).map(|_| ()).ok_or_else(|| not_found(path))
+        state
+            .files
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| not_found(path))
     }
 
     async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
