@@ -526,10 +526,13 @@ impl<F: Fs> ShardStore<F> {
             let mut open: Option<WrittenRound<F>> = None;
             let mut writing: Option<Pin<Box<dyn Future<Output = WrittenRound<F>> + '_>>> = None;
             let (stats, discards) = loop {
+                if !may_overlap {
+                    // A journaled round: nothing to write meanwhile, so appends need not wake us.
+                    break finish.as_mut().await;
+                }
                 let mut work = self.work.wait();
                 let open_ok = open.as_ref().is_none_or(|o| o.failure.is_none());
-                if may_overlap
-                    && writing.is_none()
+                if writing.is_none()
                     && open_ok
                     && (open.is_some() || rounds < max_rounds)
                     && !self.flusher_should_pause()
