@@ -86,8 +86,9 @@ impl MemFs {
     }
 
     /// Slow I/O: every file write (once) and `fdatasync` (three times) yields to the executor
-    /// before it takes effect, so that concurrent I/O interleaves, and an `fdatasync` makes durable only the
-    /// bytes the file held when it was called, not those written while it was in flight.
+    /// before it takes effect, so that concurrent I/O interleaves, and an `fdatasync` makes
+    /// durable only the bytes the file held when it was called, not those written while it was
+    /// in flight.
     pub fn set_slow_io(&self, slow: bool) {
         self.state.borrow_mut().slow_io = slow;
     }

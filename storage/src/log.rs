@@ -319,7 +319,7 @@ pub struct PartitionLog<F: Fs> {
     stage_hint_bytes: usize,
     /// Takes of flush rounds whose writes of this log have not completed (more than one when a
     /// round is written while the one before it syncs; see [`crate::store`]).
-    rounds_in_flight: u32,
+    takes_in_flight: u32,
     discard_generation: u64,
     /// (epoch, first offset) for each leader epoch, ascending.
     epochs: Vec<(i32, i64)>,
@@ -384,7 +384,7 @@ impl<F: Fs> PartitionLog<F> {
             high_watermark: 0,
             staged: Vec::new(),
             stage_hint_bytes: STAGE_CHUNK_MIN_BYTES,
-            rounds_in_flight: 0,
+            takes_in_flight: 0,
             discard_generation: 0,
             epochs: read_epochs(&fs, &dir.join(EPOCH_FILE)).await,
             epochs_dirty: false,
@@ -637,13 +637,11 @@ impl<F: Fs> PartitionLog<F> {
     }
 
     /// Seals the active segment and starts a new, empty one at the log end offset. Never waits
-    /// for the disk: the new file is created by the flush round that first writes to it, and the
-    /// sealed segment's indexes and fsync are left to the next checkpoint (the shard journal
-    /// covers its data until then).
+    /// for the disk: the new file is created by the flush round that first writes to it, which
+    /// also counts the directory change (see `complete_round`), and the sealed segment's
+    /// indexes are left to the next checkpoint.
     fn roll(&mut self, now_ms: i64) {
         let base = self.next_offset;
-        // No file yet: the round that writes the segment's first bytes creates it, and counts
-        // the directory change then (see `complete_round`).
         let new = Segment::new_lazy(&self.dir, base, now_ms);
         self.segments.push(new);
     }
@@ -842,9 +840,10 @@ impl<F: Fs> PartitionLog<F> {
         if self.staged.is_empty() {
             return None;
         }
-        self.rounds_in_flight += 1;
-        let staged_bytes: usize = self.staged.iter().map(|c| c.data.len()).sum();
-        self.stage_hint_bytes = staged_bytes.clamp(STAGE_CHUNK_MIN_BYTES, STAGE_CHUNK_MAX_BYTES);
+        self.takes_in_flight += 1;
+        self.stage_hint_bytes = self
+            .staged_bytes()
+            .clamp(STAGE_CHUNK_MIN_BYTES, STAGE_CHUNK_MAX_BYTES);
         Some(StagedWrites {
             chunks: std::mem::take(&mut self.staged),
             end_offset: self.next_offset,
@@ -883,10 +882,10 @@ impl<F: Fs> PartitionLog<F> {
     }
 
     /// Records that a flush round made everything below `end_offset` durable and written to the
-    /// segment files: it becomes visible to readers.
-    /// Takes complete in the order they were made.
+    /// segment files: it becomes visible to readers. A round's takes complete in the order they
+    /// were made.
     pub(crate) fn complete_round(&mut self, end_offset: i64, written: Vec<WrittenChunk<F::File>>) {
-        self.rounds_in_flight = self.rounds_in_flight.saturating_sub(1);
+        self.takes_in_flight = self.takes_in_flight.saturating_sub(1);
         for w in written {
             if let Some(seg) = self.segments.iter_mut().find(|s| s.base_offset == w.segment_base) {
                 if seg.file.is_none() {
@@ -912,7 +911,7 @@ impl<F: Fs> PartitionLog<F> {
     /// After a failed flush round: throws away everything above the high watermark (nothing
     /// there was acknowledged). Synchronous; the returned plan cuts the files back.
     pub(crate) fn discard_unflushed(&mut self) -> DiscardPlan<F::File> {
-        self.rounds_in_flight = 0;
+        self.takes_in_flight = 0;
         self.staged.clear();
         self.producers.discard_pending();
         self.discard_generation += 1;
@@ -967,7 +966,7 @@ impl<F: Fs> PartitionLog<F> {
                 log_end_offset: self.next_offset,
             });
         }
-        if !self.staged.is_empty() || self.rounds_in_flight > 0 {
+        if !self.staged.is_empty() || self.takes_in_flight > 0 {
             return Err(StorageError::Busy("truncation while a flush round is pending"));
         }
         self.truncate_suffix_inner(offset).await
@@ -1178,7 +1177,7 @@ impl<F: Fs> PartitionLog<F> {
                 && active.max_timestamp < cutoff
                 && active.durable_size == active.size
                 && self.staged.is_empty()
-                && self.rounds_in_flight == 0
+                && self.takes_in_flight == 0
             {
                 self.roll(now_ms);
             }
