@@ -903,6 +903,18 @@ impl Drop for Spawned {
     }
 }
 
+/// The sum of `series` over all its label sets in a Prometheus text body ([`Broker::metrics`]);
+/// 0 if the series is absent.
+pub fn metric_sum(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// A plain HTTP/1.0 GET; returns the body of a `200` answer.
 pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
@@ -4429,6 +4441,15 @@ mod tests {
         let mut dup = good.clone();
         dup.push(good[0].clone());
         assert!(compare_read_back("t", &recs, &offsets, &dup, true).is_err());
+    }
+
+    #[test]
+    fn metric_sum_adds_label_sets_of_one_series_only() {
+        let text = "# HELP strand_x_total x\nstrand_x_total{shard=\"0\"} 2\nstrand_x_total{shard=\"1\"} 3\n\
+                    strand_x_total_more{shard=\"0\"} 100\nstrand_y 7\n";
+        assert_eq!(crate::metric_sum(text, "strand_x_total"), 5.0);
+        assert_eq!(crate::metric_sum(text, "strand_y"), 7.0);
+        assert_eq!(crate::metric_sum(text, "strand_z"), 0.0);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use kafka_protocol::messages::{BrokerId, FetchRequest, ProduceRequest, ProduceRe
 use kafka_protocol::records::Compression;
 use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::raw::{self, RawConn};
-use strand_compat_tests::{unique_topic, Broker};
+use strand_compat_tests::{metric_sum, unique_topic, Broker};
 
 /// Requests in a row before a move (the broker's setting in these tests).
 const MOVE_AFTER: usize = 4;
@@ -37,12 +37,7 @@ fn setup(name: &str) -> (Broker, String, String, u64) {
 
 /// The sum over shards of `strand_connection_migrations_total`.
 fn migrations(broker: &Broker) -> u64 {
-    broker
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("strand_connection_migrations_total{"))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum::<f64>() as u64
+    metric_sum(&broker.metrics(), "strand_connection_migrations_total") as u64
 }
 
 fn value(partition: i32, request: usize, record: usize) -> String {
