@@ -466,6 +466,10 @@ async fn flusher(shard: Rc<Shard>) {
             futures::pin_mut!(tick);
             futures::future::select(work, tick).await;
         }
+        if shard.store.is_closing() {
+            // `shutdown` flushes what is left; staying would spin on work we may not take.
+            return;
+        }
         if shard.store.has_pending() {
             shard
                 .store

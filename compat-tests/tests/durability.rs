@@ -17,7 +17,7 @@ use strand_compat_tests::admin;
 use strand_compat_tests::clients::{self, Delivery};
 use strand_compat_tests::data::{Consumed, Gen, TestRecord};
 use strand_compat_tests::raw::{walk_batches, BatchPos};
-use strand_compat_tests::{unique_topic, wait_for, Broker};
+use strand_compat_tests::{metric_sum, unique_topic, wait_for, Broker};
 
 const PARTITIONS: i32 = 3;
 
@@ -61,8 +61,8 @@ struct Run {
     /// Every record sent, by index: the delivery report.
     reports: BTreeMap<usize, Delivery>,
     sent: usize,
-    /// The broker's `/metrics` just before the kill.
-    metrics_at_kill: String,
+    /// The broker's `/metrics` just before the stop.
+    metrics_at_stop: String,
 }
 
 impl Run {
@@ -84,10 +84,16 @@ impl Run {
 }
 
 /// Runs an acks=all producer with `in_flight` requests in flight per connection (acknowledgement
-/// order stays log order: nothing is retried before the kill) and kills the broker with SIGKILL
-/// once `min_acked` records were acknowledged, while the producer is still sending. Returns
-/// every delivery report.
-fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize, in_flight: &str) -> Run {
+/// order stays log order: nothing is retried before the stop) and stops the broker with `stop`
+/// (SIGKILL, SIGTERM) once `min_acked` records were acknowledged, while the producer is still
+/// sending. Returns every delivery report.
+fn produce_until_stopped(
+    broker: &mut Broker,
+    topic: &str,
+    min_acked: usize,
+    in_flight: &str,
+    stop_broker: impl FnOnce(&mut Broker),
+) -> Run {
     let bootstrap = broker.bootstrap();
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
@@ -125,9 +131,9 @@ fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize, in_fl
             (acked >= min_acked).then_some(())
         },
     );
-    let metrics_at_kill = broker.metrics();
-    broker.kill9();
-    let sent_at_kill = sent.load(Ordering::Relaxed);
+    let metrics_at_stop = broker.metrics();
+    stop_broker(broker);
+    let sent_at_stop = sent.load(Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
     thread.join().expect("producer thread");
     let reports = log.lock().expect("log").clone();
@@ -139,14 +145,14 @@ fn produce_until_kill9(broker: &mut Broker, topic: &str, min_acked: usize, in_fl
     );
     let failed = reports.values().filter(|r| r.is_err()).count();
     eprintln!(
-        "sent {sent} ({sent_at_kill} when killed), acknowledged {}, failed {failed}",
+        "sent {sent} ({sent_at_stop} when stopped), acknowledged {}, failed {failed}",
         sent - failed
     );
-    assert!(failed > 0, "the kill did not happen mid-run: no delivery failed");
+    assert!(failed > 0, "the stop did not happen mid-run: no delivery failed");
     Run {
         reports,
         sent,
-        metrics_at_kill,
+        metrics_at_stop,
     }
 }
 
@@ -268,7 +274,7 @@ fn kill9_under_pipelined_load(
     let mut broker = builder.start();
     let topic = unique_topic(name);
     admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_kill9(&mut broker, &topic, min_acked, in_flight);
+    let run = produce_until_stopped(&mut broker, &topic, min_acked, in_flight, Broker::kill9);
     (broker, topic, run)
 }
 
@@ -311,13 +317,7 @@ fn acked_records_survive_kill9_with_overlapping_flush_rounds() {
         "5",
         30_000,
     );
-    let total = |series: &str| -> f64 {
-        run.metrics_at_kill
-            .lines()
-            .filter(|l| l.starts_with(series) && l[series.len()..].starts_with('{'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let total = |series: &str| metric_sum(&run.metrics_at_stop, series);
     let overlapped = total("strand_flush_overlapped_rounds_total");
     assert!(
         overlapped > 0.0,
@@ -471,6 +471,30 @@ fn torn_unacknowledged_tail_after_direct_rounds_is_cut() {
         last.last_offset + 1,
         "partition 0 ends after its last complete batch"
     );
+    check_new_writes(&bootstrap, &topic, &run, &logs);
+    broker.assert_running();
+}
+
+/// SIGTERM while an acks=all producer pipelines requests: the broker flushes what it staged,
+/// exits cleanly and in time (a flusher that spun on work it could no longer take once shutdown
+/// began hung it), and keeps every acknowledged record.
+#[test]
+fn sigterm_under_pipelined_load_exits_cleanly_and_keeps_acknowledged_records() {
+    let mut broker = Broker::builder()
+        .needs_spawned("stops and restarts the broker")
+        .start();
+    let topic = unique_topic("sigterm-load");
+    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
+    let run = produce_until_stopped(&mut broker, &topic, 20_000, "5", |b| {
+        let status = b.terminate(Duration::from_secs(10));
+        assert!(
+            status.success(),
+            "SIGTERM under load must end the broker cleanly, got {status}"
+        );
+    });
+    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
+        check_acked_present(&run, log, p, i64::MAX)
+    });
     check_new_writes(&bootstrap, &topic, &run, &logs);
     broker.assert_running();
 }

@@ -170,6 +170,14 @@ struct WrittenRound<F: Fs> {
 }
 
 impl<F: Fs> WrittenRound<F> {
+    /// Starts `round` with `written`, or merges it in.
+    fn add_to(round: &mut Option<WrittenRound<F>>, written: WrittenRound<F>) {
+        match round {
+            Some(r) => r.absorb(written),
+            None => *round = Some(written),
+        }
+    }
+
     /// The logs this round carries.
     fn log_ids(&self) -> Vec<LogId> {
         let mut ids: Vec<LogId> = Vec::new();
@@ -182,7 +190,10 @@ impl<F: Fs> WrittenRound<F> {
     }
 
     /// Merges `later`, taken and written after this round's earlier takes, into this round.
+    /// Neither is synced yet, and `later`, an overlapping take, creates no segment file.
     fn absorb(&mut self, later: WrittenRound<F>) {
+        debug_assert!(self.dir_synced.is_empty() && later.dir_synced.is_empty());
+        debug_assert!(later.syncs.iter().all(|s| s.dir_at.is_none()));
         self.stats.segment_bytes += later.stats.segment_bytes;
         self.parts.extend(later.parts);
         for sync in later.syncs {
@@ -193,12 +204,10 @@ impl<F: Fs> WrittenRound<F> {
                             mine.files.push(f);
                         }
                     }
-                    mine.dir_at = mine.dir_at.or(sync.dir_at);
                 }
                 None => self.syncs.push(sync),
             }
         }
-        self.dir_synced.extend(later.dir_synced);
         self.journal_bytes += later.journal_bytes;
         if self.failure.is_none() {
             self.failure = later.failure;
@@ -456,6 +465,12 @@ impl<F: Fs> ShardStore<F> {
         &self.durable
     }
 
+    /// Whether [`ShardStore::shutdown`] has begun: [`ShardStore::flush_pending`] takes no more
+    /// rounds.
+    pub fn is_closing(&self) -> bool {
+        self.closing.get()
+    }
+
     /// Whether a flush round has work.
     pub fn has_pending(&self) -> bool {
         !self.inner.borrow().dirty.is_empty()
@@ -567,19 +582,12 @@ impl<F: Fs> ShardStore<F> {
                 .await;
                 match event {
                     Event::Finished(done) => break done,
-                    Event::Written(written) => match open.as_mut() {
-                        Some(o) => o.absorb(written),
-                        None => open = Some(written),
-                    },
+                    Event::Written(written) => WrittenRound::add_to(&mut open, written),
                     Event::Work => {}
                 }
             };
             if let Some(w) = writing.take() {
-                let written = w.await;
-                match open.as_mut() {
-                    Some(o) => o.absorb(written),
-                    None => open = Some(written),
-                }
+                WrittenRound::add_to(&mut open, w.await);
             }
             // What was staged since the last write joins the next round now, as it would join
             // a round taken at this point without overlap.
