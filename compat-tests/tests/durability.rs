@@ -267,6 +267,18 @@ fn kill9_under_pipelined_load(
     in_flight: &str,
     min_acked: usize,
 ) -> (Broker, String, Run) {
+    stopped_under_load(name, reason, configs, in_flight, min_acked, Broker::kill9)
+}
+
+/// A broker (with `configs`), a fresh topic, and an acks=all producer until `stop_broker`.
+fn stopped_under_load(
+    name: &str,
+    reason: &str,
+    configs: &[(&str, &str)],
+    in_flight: &str,
+    min_acked: usize,
+    stop_broker: impl FnOnce(&mut Broker),
+) -> (Broker, String, Run) {
     let mut builder = Broker::builder().needs_spawned(reason);
     for (k, v) in configs {
         builder = builder.config(k, v);
@@ -274,7 +286,7 @@ fn kill9_under_pipelined_load(
     let mut broker = builder.start();
     let topic = unique_topic(name);
     admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_stopped(&mut broker, &topic, min_acked, in_flight, Broker::kill9);
+    let run = produce_until_stopped(&mut broker, &topic, min_acked, in_flight, stop_broker);
     (broker, topic, run)
 }
 
@@ -480,18 +492,21 @@ fn torn_unacknowledged_tail_after_direct_rounds_is_cut() {
 /// began hung it), and keeps every acknowledged record.
 #[test]
 fn sigterm_under_pipelined_load_exits_cleanly_and_keeps_acknowledged_records() {
-    let mut broker = Broker::builder()
-        .needs_spawned("stops and restarts the broker")
-        .start();
-    let topic = unique_topic("sigterm-load");
-    admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_stopped(&mut broker, &topic, 20_000, "5", |b| {
+    let stop = |b: &mut Broker| {
         let status = b.terminate(Duration::from_secs(10));
         assert!(
             status.success(),
             "SIGTERM under load must end the broker cleanly, got {status}"
         );
-    });
+    };
+    let (mut broker, topic, run) = stopped_under_load(
+        "sigterm-load",
+        "stops and restarts the broker",
+        &[],
+        "5",
+        20_000,
+        stop,
+    );
     let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
         check_acked_present(&run, log, p, i64::MAX)
     });
