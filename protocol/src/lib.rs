@@ -12,6 +12,7 @@
 )]
 
 pub mod batch;
+pub mod fetch_frame;
 pub mod frame;
 pub mod header;
 pub mod partitioner;
