@@ -78,7 +78,7 @@ const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
 const MAX_MOVES: u32 = 16;
 
 /// A response slot: the task computing the encoded response frame.
-type Pending = glommio::task::JoinHandle<Option<Bytes>>;
+type Pending = glommio::task::JoinHandle<Option<handlers::Frame>>;
 
 /// A shard's Kafka connections: how many are open, and the memory their requests may hold.
 pub(crate) struct Connections {
@@ -538,8 +538,10 @@ async fn write_loop(mut writer: Half, rx: local_channel::LocalReceiver<Pending>)
             let _ = writer.close().await;
             return false;
         };
-        if writer.write_all(&frame).await.is_err() {
-            return false;
+        for segment in &frame {
+            if writer.write_all(segment).await.is_err() {
+                return false;
+            }
         }
     }
     writer.flush().await.is_ok()

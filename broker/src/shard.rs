@@ -440,7 +440,6 @@ impl Shard {
                     Ok(bytes) => {
                         if !bytes.is_empty() {
                             remaining = remaining.saturating_sub(bytes.len());
-                            self.metrics.bytes_out(bytes.len());
                             outcome.records = Some(bytes);
                         }
                     }

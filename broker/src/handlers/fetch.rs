@@ -11,9 +11,11 @@ use futures::FutureExt;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::ResponseError;
+use strand_protocol::fetch_frame::encode_fetch_response;
+use strand_protocol::header::EncodeError;
 use strand_protocol::types::{ShardId, TopicId};
 
-use super::{str_bytes, Handler, Reply, RequestCtx};
+use super::{str_bytes, Frame, Handler, Reply, RequestCtx};
 use crate::fetch_session::{Observed, SessionMode, SessionPartition};
 use crate::ops::{FetchOutcome, FetchPart, PartRef, ShardRequest, ShardResponse};
 use crate::shard::Shard;
@@ -22,6 +24,11 @@ pub(crate) struct Fetch;
 
 /// Longest long-poll honoured, whatever the client asks.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
+
+/// A partition's records at least this large are written to the socket from the buffer the log
+/// read returned, as their own segment of the response; smaller ones are copied into the
+/// encoded fields around them (a write per segment costs more than copying a few KiB).
+const SHARED_RECORDS_MIN_BYTES: usize = 16 * 1024;
 
 /// A partition the request names that cannot be served at all.
 struct Unknown {
@@ -249,6 +256,7 @@ impl Handler for Fetch {
                         }
                     }
                 }
+                shard.metrics.bytes_out(total);
                 let observed: Vec<Observed> = results
                     .iter()
                     .map(|r| Observed {
@@ -315,6 +323,10 @@ impl Handler for Fetch {
             }
             .boxed_local(),
         )
+    }
+
+    fn encode(correlation_id: i32, version: i16, resp: FetchResponse) -> Result<Frame, EncodeError> {
+        encode_fetch_response(correlation_id, version, resp, SHARED_RECORDS_MIN_BYTES)
     }
 
     fn error_codes(resp: &FetchResponse, out: &mut Vec<i16>) {

@@ -48,7 +48,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use kafka_protocol::messages::ApiKey;
 use kafka_protocol::protocol::{Decodable, Encodable, Message};
-use strand_protocol::header::{decode_body, encode_response};
+use strand_protocol::header::{decode_body, encode_response, EncodeError};
 
 use crate::shard::{AdvertisedListener, Shard};
 
@@ -114,12 +114,20 @@ pub(crate) trait Handler {
 
     /// The error codes in a response (top level and per partition), for metrics.
     fn error_codes(resp: &Self::Response, out: &mut Vec<i16>);
+
+    /// Encodes the response frame, as segments to be written one after the other.
+    fn encode(correlation_id: i32, version: i16, resp: Self::Response) -> Result<Frame, EncodeError> {
+        encode_response(correlation_id, Self::KEY, version, &resp).map(|b| vec![b])
+    }
 }
+
+/// An encoded response frame: segments written in order, one after the other.
+pub(crate) type Frame = Vec<Bytes>;
 
 /// The outcome of dispatching one request.
 pub(crate) enum Dispatched {
     /// The encoded response frame, once ready (`None`: encoding failed; close).
-    Response(LocalBoxFuture<'static, Option<Bytes>>),
+    Response(LocalBoxFuture<'static, Option<Frame>>),
     /// Nothing to send.
     NoResponse,
     /// Close the connection, as Kafka does for requests it cannot parse.
@@ -148,7 +156,7 @@ async fn run<H: Handler>(ctx: Rc<RequestCtx>, body: Bytes) -> Dispatched {
     ctx.shard.metrics.request(H::KEY as i16, ctx.version);
     let started = Instant::now();
     let reply = H::handle(ctx.clone(), req).await;
-    let finish = move |resp: H::Response| -> Option<Bytes> {
+    let finish = move |resp: H::Response| -> Option<Frame> {
         let mut codes = Vec::new();
         H::error_codes(&resp, &mut codes);
         for c in codes {
@@ -157,7 +165,7 @@ async fn run<H: Handler>(ctx: Rc<RequestCtx>, body: Bytes) -> Dispatched {
         ctx.shard
             .metrics
             .duration(H::KEY as i16, started.elapsed().as_secs_f64());
-        match encode_response(ctx.correlation_id, H::KEY, ctx.version, &resp) {
+        match H::encode(ctx.correlation_id, ctx.version, resp) {
             Ok(b) => Some(b),
             Err(e) => {
                 tracing::error!(api = ?H::KEY, version = ctx.version, error = %e, "cannot encode response");
@@ -234,8 +242,8 @@ registry![
 
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,
 /// UNSUPPORTED_VERSION, and the supported APIs, so the client can pick a version (KIP-511).
-pub(crate) fn api_versions_fallback(correlation_id: i32) -> Option<Bytes> {
-    api_versions::fallback(correlation_id)
+pub(crate) fn api_versions_fallback(correlation_id: i32) -> Option<Frame> {
+    api_versions::fallback(correlation_id).map(|b| vec![b])
 }
 
 /// The highest ApiVersions version served.
