@@ -58,6 +58,9 @@ pub(crate) struct FetchOutcome {
     pub(crate) last_stable_offset: i64,
     pub(crate) log_start_offset: i64,
     pub(crate) records: Option<Bytes>,
+    /// The partition had data past its fetch offset, but the request's shared byte budget
+    /// left it less than its own `max_bytes` (or nothing).
+    pub(crate) cut: bool,
 }
 
 impl FetchOutcome {
@@ -68,6 +71,7 @@ impl FetchOutcome {
             last_stable_offset: -1,
             log_start_offset: -1,
             records: None,
+            cut: false,
         }
     }
 

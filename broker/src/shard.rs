@@ -427,9 +427,11 @@ impl Shard {
                 last_stable_offset: offsets.high_watermark,
                 log_start_offset: offsets.log_start_offset,
                 records: None,
+                cut: false,
             };
             let budget = p.max_bytes.min(remaining);
             let first_data = remaining == max_bytes;
+            outcome.cut = budget < p.max_bytes && p.fetch_offset < offsets.high_watermark;
             if budget == 0 && !first_data {
                 out.push(outcome);
                 continue;

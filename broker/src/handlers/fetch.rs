@@ -38,10 +38,48 @@ struct Unknown {
     code: ResponseError,
 }
 
-/// Reads every partition once, from their owners, in parallel.
+/// Reads every partition once, from their owners, in parallel, within `max_bytes` in total.
+///
+/// With partitions on several shards, each owner gets a share of `max_bytes` in proportion to
+/// its partitions (each owner reading up to the whole of it would read bytes the answer then
+/// drops). If the shares left room that an owner could not use, partitions another owner
+/// skipped for lack of budget are read in a second round with what is left.
 async fn read_once(shard: &Rc<Shard>, parts: &[SessionPartition], max_bytes: usize) -> Vec<FetchOutcome> {
+    let mut out = vec![FetchOutcome::error(ResponseError::UnknownServerError); parts.len()];
+    let all: Vec<usize> = (0..parts.len()).collect();
+    read_into(shard, parts, &all, max_bytes, &mut out).await;
+    let used: usize = out.iter().map(FetchOutcome::bytes).sum();
+    let left = max_bytes.saturating_sub(used);
+    let skipped: Vec<usize> = all
+        .into_iter()
+        .filter(|&i| {
+            out.get(i)
+                .is_some_and(|o| o.cut && o.records.is_none() && o.error == 0)
+        })
+        .collect();
+    let room_for_one = skipped
+        .iter()
+        .filter_map(|&i| parts.get(i))
+        .map(|p| usize::try_from(p.max_bytes).unwrap_or(0))
+        .min()
+        .is_some_and(|smallest| left >= smallest.max(1));
+    if room_for_one {
+        read_into(shard, parts, &skipped, left, &mut out).await;
+    }
+    out
+}
+
+/// Reads `parts[i]` for each `i` in `which` into `out[i]`, sharing `max_bytes` between owners.
+async fn read_into(
+    shard: &Rc<Shard>,
+    parts: &[SessionPartition],
+    which: &[usize],
+    max_bytes: usize,
+    out: &mut [FetchOutcome],
+) {
     let mut by_owner: BTreeMap<ShardId, Vec<(usize, FetchPart)>> = BTreeMap::new();
-    for (i, p) in parts.iter().enumerate() {
+    for &i in which {
+        let Some(p) = parts.get(i) else { continue };
         by_owner
             .entry(shard.owner(&p.topic, p.partition))
             .or_default()
@@ -58,16 +96,21 @@ async fn read_once(shard: &Rc<Shard>, parts: &[SessionPartition], max_bytes: usi
                 },
             ));
     }
-    let mut out = vec![FetchOutcome::error(ResponseError::UnknownServerError); parts.len()];
+    let total = which.len().max(1);
     let mut calls = Vec::new();
     for (owner, list) in by_owner {
+        let share = if list.len() == total {
+            max_bytes
+        } else {
+            (max_bytes / total).saturating_mul(list.len()).max(1)
+        };
         let (idx, fparts): (Vec<usize>, Vec<FetchPart>) = list.into_iter().unzip();
         let fut = shard
             .dispatch(
                 owner,
                 ShardRequest::Fetch {
                     parts: fparts,
-                    max_bytes,
+                    max_bytes: share,
                 },
             )
             .await;
@@ -89,7 +132,6 @@ async fn read_once(shard: &Rc<Shard>, parts: &[SessionPartition], max_bytes: usi
             }
         }
     }
-    out
 }
 
 /// Waits until an owner reports data past a fetch offset, or the timeout.

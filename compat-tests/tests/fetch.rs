@@ -1,0 +1,154 @@
+//! Fetch answers over partitions on several shards: the whole answer stays within `max_bytes`
+//! (KIP-74), is filled when the data is there, even when it all sits on one shard, and its
+//! records are whole, valid batches from each fetch offset. Large records are written from the
+//! log read's buffers as their own segments of the response, so these also check that the
+//! segments reach the client whole and in order, in a flexible and a non-flexible version.
+
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
+use kafka_protocol::records::Compression;
+use strand_compat_tests::admin::{self, versions};
+use strand_compat_tests::raw::{self, RawConn};
+use strand_compat_tests::{metric_sum, unique_topic, Broker};
+
+/// Partitions of the topic; with two shards, even ones are on one shard and odd ones on the other.
+const PARTITIONS: i32 = 8;
+const BATCHES_PER_PARTITION: usize = 20;
+const RECORDS_PER_BATCH: usize = 10;
+const VALUE_BYTES: usize = 1024;
+const PARTITION_MAX_BYTES: i32 = 64 * 1024;
+const MAX_BYTES: i32 = 256 * 1024;
+
+/// A two-shard broker and a topic whose partitions all hold ~200 KB in ~10 KiB batches.
+fn setup(name: &str) -> (Broker, String, String) {
+    let broker = Broker::builder()
+        .needs_spawned("reads strand_kafka_bytes_out_total from /metrics")
+        .config("strand.shards", 2)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic(name);
+    admin::create_topic(&bootstrap, &topic, PARTITIONS, &[]);
+    let mut c = admin::connect(&bootstrap);
+    let value = vec![b'v'; VALUE_BYTES];
+    for p in 0..PARTITIONS {
+        for _ in 0..BATCHES_PER_PARTITION {
+            let records: Vec<_> = (0..RECORDS_PER_BATCH)
+                .map(|_| raw::record(None, Some(&value), admin::now_ms()))
+                .collect();
+            let req = admin::produce_request(
+                &topic,
+                -1,
+                vec![(p, raw::encode_batch(&records, Compression::None))],
+            );
+            let resp = c.request(versions::PRODUCE, &req).expect("produce");
+            assert_eq!(admin::produce_answer(&resp, p).error_code, 0, "produce to {p}");
+        }
+    }
+    (broker, bootstrap, topic)
+}
+
+fn fetch(c: &mut RawConn, version: i16, topic: &str, offsets: &[(i32, i64)]) -> FetchResponse {
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(MAX_BYTES)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(admin::topic_name(topic))
+            .with_partitions(
+                offsets
+                    .iter()
+                    .map(|&(p, offset)| {
+                        FetchPartition::default()
+                            .with_partition(p)
+                            .with_current_leader_epoch(-1)
+                            .with_fetch_offset(offset)
+                            .with_last_fetched_epoch(-1)
+                            .with_log_start_offset(-1)
+                            .with_partition_max_bytes(PARTITION_MAX_BYTES)
+                    })
+                    .collect(),
+            )]);
+    c.request(version, &req)
+        .unwrap_or_else(|e| panic!("Fetch v{version}: {e}"))
+}
+
+/// Checks every partition's records (whole valid batches, from its fetch offset, within its
+/// `max_bytes`) and returns the answer's record bytes.
+fn answered_bytes(resp: &FetchResponse, offsets: &[(i32, i64)], what: &str) -> usize {
+    assert_eq!(resp.error_code, 0, "{what}: top-level error");
+    let mut total = 0;
+    for p in resp.responses.iter().flat_map(|t| t.partitions.iter()) {
+        assert_eq!(p.error_code, 0, "{what}: partition {} error", p.partition_index);
+        let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) else {
+            continue;
+        };
+        let (batches, covered) = raw::walk_batches(records);
+        assert_eq!(
+            covered as usize,
+            records.len(),
+            "{what}: partition {} holds a partial or invalid batch",
+            p.partition_index
+        );
+        let from = offsets
+            .iter()
+            .find(|(q, _)| *q == p.partition_index)
+            .map(|(_, o)| *o)
+            .expect("an asked partition");
+        assert_eq!(
+            batches.first().map(|b| b.base_offset),
+            Some(from),
+            "{what}: partition {} must start at its fetch offset",
+            p.partition_index
+        );
+        assert!(
+            records.len() <= PARTITION_MAX_BYTES as usize,
+            "{what}: partition {} over its max_bytes",
+            p.partition_index
+        );
+        total += records.len();
+    }
+    total
+}
+
+fn bytes_out(broker: &Broker) -> f64 {
+    metric_sum(&broker.metrics(), "strand_kafka_bytes_out_total")
+}
+
+#[test]
+fn a_fetch_over_two_shards_fills_max_bytes_and_never_exceeds_it() {
+    let (broker, bootstrap, topic) = setup("fetch-two-shards");
+    let mut c = admin::connect(&bootstrap);
+    let all: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, 0)).collect();
+    let end = (BATCHES_PER_PARTITION * RECORDS_PER_BATCH) as i64;
+    // Even partitions (one shard) at their end: only the other shard has data to give.
+    let one_sided: Vec<(i32, i64)> = (0..PARTITIONS)
+        .map(|p| (p, if p % 2 == 0 { end } else { 0 }))
+        .collect();
+    // Room for all but the part of one partition that did not fit in whole batches.
+    let filled = (MAX_BYTES - PARTITION_MAX_BYTES) as usize;
+    for (version, offsets, what) in [
+        (versions::FETCH, &all, "both shards, flexible version"),
+        (11, &all, "both shards, non-flexible version"),
+        (versions::FETCH, &one_sided, "data on one shard only"),
+    ] {
+        let before = bytes_out(&broker);
+        let resp = fetch(&mut c, version, &topic, offsets);
+        let total = answered_bytes(&resp, offsets, what);
+        assert!(
+            total <= MAX_BYTES as usize,
+            "{what}: {total} bytes answered, over max_bytes"
+        );
+        assert!(
+            total >= filled,
+            "{what}: only {total} bytes answered although every asked partition with data had more"
+        );
+        assert_eq!(
+            bytes_out(&broker) - before,
+            total as f64,
+            "{what}: strand_kafka_bytes_out_total must count the bytes answered"
+        );
+    }
+}
