@@ -2,13 +2,18 @@
 //! shard keeps serving while its flush round waits for the disk. Directory operations are rare
 //! (segment roll, topic creation) and use blocking `std::fs` calls.
 //!
-//! This is the only storage module that knows the runtime.
+//! This is the only storage module that knows the runtime, and the only module of the workspace
+//! allowed `unsafe` code: one borrow of a file descriptor glommio owns (see [`cached_read`]).
 
 use std::io;
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use glommio::io::{BufferedFile, OpenOptions};
+use rustix::io::{Errno, ReadWriteFlags};
 
 use crate::fs::{FileHandle, Fs, StdFs};
 
@@ -35,15 +40,23 @@ impl FileHandle for GlommioFile {
         Ok(())
     }
 
+    /// What the page cache holds is read straight into the returned buffer; the rest (cold
+    /// data) through io_uring, whose own buffer is then copied.
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
-        let mut out = Vec::with_capacity(len);
-        while out.len() < len {
-            let r = self.0.read_at(pos + out.len() as u64, len - out.len()).await?;
+        let mut out = vec![0u8; len];
+        let mut filled = cached_read(&self.0, &mut out, pos);
+        while filled < len {
+            let r = self.0.read_at(pos + filled as u64, len - filled).await?;
+            let Some(dst) = out.get_mut(filled..filled + r.len()) else {
+                return Err(io::Error::other("read returned more than asked"));
+            };
             if r.is_empty() {
                 break;
             }
-            out.extend_from_slice(&r);
+            dst.copy_from_slice(&r);
+            filled += r.len();
         }
+        out.truncate(filled);
         Ok(Bytes::from(out))
     }
 
@@ -58,6 +71,43 @@ impl FileHandle for GlommioFile {
     async fn size(&self) -> io::Result<u64> {
         Ok(self.0.file_size().await?)
     }
+}
+
+/// Cleared when the kernel or file system does not support `RWF_NOWAIT` reads.
+static NOWAIT_READS: AtomicBool = AtomicBool::new(true);
+
+/// Reads into `buf` from `pos` what the page cache holds, without ever waiting for the disk
+/// (`preadv2` with `RWF_NOWAIT`), and returns how many bytes it read: all of `buf` for the tail
+/// a consumer follows, less (or none) for data that must come from the disk. glommio's own
+/// reads land in a buffer it allocates, which would then be copied once more.
+fn cached_read(file: &BufferedFile, buf: &mut [u8], pos: u64) -> usize {
+    if !NOWAIT_READS.load(Ordering::Relaxed) {
+        return 0;
+    }
+    // SAFETY: the descriptor is owned by `file`, which is borrowed for this whole function and
+    // cannot be closed while the borrow lasts; the `BorrowedFd` does not outlive it.
+    #[allow(unsafe_code)]
+    let fd = unsafe { BorrowedFd::borrow_raw(file.as_raw_fd()) };
+    let mut filled = 0;
+    while let Some(rest) = buf.get_mut(filled..).filter(|r| !r.is_empty()) {
+        match rustix::io::preadv2(
+            fd,
+            &mut [IoSliceMut::new(rest)],
+            pos + filled as u64,
+            ReadWriteFlags::NOWAIT,
+        ) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => {
+                NOWAIT_READS.store(false, Ordering::Relaxed);
+                break;
+            }
+            // EAGAIN: not cached (the rest goes through io_uring); anything else is reported
+            // by that read too.
+            Err(_) => break,
+        }
+    }
+    filled
 }
 
 impl Fs for GlommioFs {
@@ -106,5 +156,87 @@ impl Fs for GlommioFs {
 
     async fn exists(&self, path: &Path) -> bool {
         StdFs.exists(path).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEN: usize = 3 << 20;
+
+    fn pattern() -> Vec<u8> {
+        (0..LEN).map(|i| (i % 253) as u8).collect()
+    }
+
+    /// Drops the file's clean pages from the page cache.
+    fn evict(path: &Path) {
+        let f = std::fs::File::open(path).unwrap();
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    }
+
+    fn run(
+        test: impl FnOnce(std::path::PathBuf) -> futures::future::LocalBoxFuture<'static, ()> + Send + 'static,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || test(path))
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn cached_data_is_read_without_io_uring_and_cold_data_through_it() {
+        run(|path| {
+            Box::pin(async move {
+                let f = GlommioFs.open(&path, true).await.unwrap();
+                f.write_all_at(pattern(), 0).await.unwrap();
+                f.fdatasync().await.unwrap();
+                let want = pattern();
+
+                // Hot: all of it from the page cache, without waiting.
+                let mut buf = vec![0u8; 2 << 20];
+                assert_eq!(
+                    cached_read(&f.0, &mut buf, 100),
+                    buf.len(),
+                    "RWF_NOWAIT reads must work on this kernel and file system"
+                );
+                assert_eq!(buf, want[100..100 + (2 << 20)]);
+                assert_eq!(
+                    &f.read_at(100, 2 << 20).await.unwrap()[..],
+                    &want[100..100 + (2 << 20)]
+                );
+                // Short at the end of the file.
+                assert_eq!(
+                    &f.read_at(LEN as u64 - 10, 100).await.unwrap()[..],
+                    &want[LEN - 10..]
+                );
+                assert!(f.read_at(LEN as u64 + 5, 100).await.unwrap().is_empty());
+
+                // Cold: the page cache has (almost) none of it, so io_uring reads the rest.
+                evict(&path);
+                let mut probe = vec![0u8; LEN];
+                assert!(
+                    cached_read(&f.0, &mut probe, 0) < LEN,
+                    "evicted pages must not be read without waiting"
+                );
+                evict(&path);
+                assert_eq!(&f.read_at(0, LEN).await.unwrap()[..], &want[..]);
+                evict(&path);
+                assert_eq!(&f.read_at(4096 + 7, LEN).await.unwrap()[..], &want[4096 + 7..]);
+
+                // Partly cached: the start from the page cache, the rest through io_uring.
+                evict(&path);
+                let mut head = vec![0u8; 64 << 10];
+                std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&path).unwrap(), &mut head, 0)
+                    .unwrap();
+                let mut probe = vec![0u8; LEN];
+                let cached = cached_read(&f.0, &mut probe, 0);
+                assert!(cached >= head.len() && cached < LEN, "{cached} bytes cached");
+                assert_eq!(&f.read_at(0, LEN).await.unwrap()[..], &want[..]);
+            })
+        });
     }
 }
