@@ -98,8 +98,10 @@ fn cached_read(file: &BufferedFile, buf: &mut [u8], pos: u64) -> usize {
         ) {
             Ok(0) => break,
             Ok(n) => filled += n,
-            Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => {
-                NOWAIT_READS.store(false, Ordering::Relaxed);
+            Err(e @ (Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL)) => {
+                if NOWAIT_READS.swap(false, Ordering::Relaxed) {
+                    tracing::info!(error = %e, "RWF_NOWAIT reads unsupported here; every read goes through io_uring");
+                }
                 break;
             }
             // EAGAIN: not cached (the rest goes through io_uring); anything else is reported
