@@ -193,7 +193,7 @@ pub struct Config {
     /// `strand.max.inflight.requests.per.connection`.
     pub max_inflight_requests_per_connection: u32,
     /// `strand.connection.migrate.after.requests`: a connection whose last this many requests
-    /// produced to partitions of one other shard moves to that shard (0: never).
+    /// (produce with acks != 0, or fetch) went to partitions of one other shard moves there (0: never).
     pub connection_migrate_after_requests: u32,
     /// `strand.shards` resolved: 0 in the config means one per available core. Always >= 1.
     pub shards: usize,
@@ -345,7 +345,7 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "strand.connection.migrate.after.requests",
         Int,
         Text("8"),
-        "A connection whose last N produce requests all went to partitions of one other shard moves there (0: never).",
+        "A connection whose last N produce or fetch requests all went to partitions of one other shard moves there (0: never).",
     ),
     key("strand.shards", Int, Text("0"), "Executor shards; 0 means one per available core."),
     key("strand.http.listener", Str, Text("127.0.0.1:8080"), "host:port of the HTTP queue API."),

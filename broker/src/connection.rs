@@ -39,6 +39,7 @@ use kafka_protocol::messages::ApiKey;
 use strand_protocol::frame::{peek_frame_size, split_received_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
 
+use crate::fetch_session::MovedSession;
 use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
 use crate::ops::{ShardRequest, ShardResponse};
 use crate::shard::Shard;
@@ -154,13 +155,9 @@ impl Affinity {
         self.worked_on(shards);
     }
 
-    /// A fetch request read partitions of these shards; `in_session`: it used a fetch session
-    /// (KIP-227), which lives on this shard.
-    pub(crate) fn fetched(&self, shards: impl IntoIterator<Item = ShardId>, in_session: bool) {
-        if in_session {
-            self.pinned.set(true);
-            return;
-        }
+    /// A fetch request read partitions of these shards. A fetch session (KIP-227) the
+    /// connection uses moves with it ([`ConnInfo::used_session`]).
+    pub(crate) fn fetched(&self, shards: impl IntoIterator<Item = ShardId>) {
         self.worked_on(shards);
     }
 
@@ -203,6 +200,8 @@ pub(crate) struct Migrating {
     listener: usize,
     received: Vec<u8>,
     moves: u32,
+    /// The fetch sessions it used, taken from this shard's cache.
+    sessions: Vec<MovedSession>,
 }
 
 /// Received bytes: `buf[..filled]` holds bytes read from the socket but not yet taken as
@@ -243,7 +242,7 @@ pub(crate) async fn accepted(shard: Rc<Shard>, stream: TcpStream, listener: usiz
         return;
     }
     let _ = stream.set_nodelay(true);
-    serve(shard, stream, listener, Vec::new(), 0).await;
+    serve(shard, stream, listener, Vec::new(), 0, Vec::new()).await;
 }
 
 /// Takes over a connection another shard handed over (see the module docs); `false` if this
@@ -257,13 +256,32 @@ pub(crate) fn adopt(shard: &Rc<Shard>, m: Migrating) -> bool {
         listener,
         received,
         moves,
+        sessions,
     } = m;
     let stream = TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(fd)));
-    glommio::spawn_local(serve(shard.clone(), stream, listener, received, moves)).detach();
+    let mut ids = Vec::with_capacity(sessions.len());
+    {
+        let mut cache = shard.fetch_sessions.borrow_mut();
+        for s in sessions {
+            let id = s.id();
+            if cache.adopt(s) {
+                ids.push(id);
+            }
+        }
+        shard.metrics.fetch_sessions(cache.len());
+    }
+    glommio::spawn_local(serve(shard.clone(), stream, listener, received, moves, ids)).detach();
     true
 }
 
-async fn serve(shard: Rc<Shard>, stream: TcpStream, listener: usize, received: Vec<u8>, moves: u32) {
+async fn serve(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    listener: usize,
+    received: Vec<u8>,
+    moves: u32,
+    sessions: Vec<i32>,
+) {
     let peer = stream.peer_addr().ok();
     shard.metrics.connection_opened();
     let connections = &shard.connections;
@@ -273,6 +291,7 @@ async fn serve(shard: Rc<Shard>, stream: TcpStream, listener: usize, received: V
         listener,
         peer,
         affinity: Affinity::new(shard.config.connection_migrate_after_requests, moves),
+        sessions: RefCell::new(sessions),
     });
     let inflight = usize::try_from(shard.config.max_inflight_requests_per_connection)
         .unwrap_or(256)
@@ -365,11 +384,25 @@ async fn hand_over(
         Err(e) => return Handover::Stays(e),
     };
     let received = input.buf.get(..input.filled).unwrap_or_default().to_vec();
+    // Its fetch sessions go with it. Should the other shard refuse the connection, they are
+    // lost: the client is told its session is unknown and opens a new one.
+    let sessions = {
+        let mut cache = shard.fetch_sessions.borrow_mut();
+        let taken = conn
+            .sessions
+            .take()
+            .into_iter()
+            .filter_map(|id| cache.take(id))
+            .collect();
+        shard.metrics.fetch_sessions(cache.len());
+        taken
+    };
     let m = Box::new(Migrating {
         fd,
         listener,
         received,
         moves: conn.affinity.moves.saturating_add(1),
+        sessions,
     });
     // A failed send drops the message, and with it the duplicate: nobody else has the socket.
     let answer = match shard.dispatch(to, ShardRequest::AdoptConnection(m)).await {
@@ -572,15 +605,15 @@ mod tests {
     }
 
     #[test]
-    fn sessionless_fetches_count_like_produce_requests() {
+    fn fetches_count_like_produce_requests() {
         let a = Affinity::new(3, 0);
         a.request(ApiKey::ListOffsets);
         a.request(ApiKey::Fetch);
-        a.fetched([THERE], false);
+        a.fetched([THERE]);
         a.produced([THERE], 1);
         assert_eq!(a.move_to(HERE), None);
         a.request(ApiKey::Fetch);
-        a.fetched([THERE], false);
+        a.fetched([THERE]);
         assert_eq!(a.move_to(HERE), Some(THERE));
     }
 
@@ -621,10 +654,6 @@ mod tests {
         a.produced([THERE], 0);
         a.produced([THERE], -1);
         assert_eq!(a.move_to(HERE), None, "acks=0 pins the connection");
-        let a = Affinity::new(1, 0);
-        a.fetched([THERE], true);
-        a.fetched([THERE], false);
-        assert_eq!(a.move_to(HERE), None, "a fetch session pins the connection");
         let a = Affinity::new(1, 0);
         a.produced([THERE], -1);
         a.pin();

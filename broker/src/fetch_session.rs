@@ -66,6 +66,20 @@ struct Session {
     last_used: u64,
 }
 
+/// A session on its way to another shard, with the connection that uses it.
+#[derive(Debug)]
+pub(crate) struct MovedSession {
+    id: i32,
+    epoch: i32,
+    partitions: Vec<SessionPartition>,
+}
+
+impl MovedSession {
+    pub(crate) fn id(&self) -> i32 {
+        self.id
+    }
+}
+
 /// How to serve one fetch request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SessionMode {
@@ -222,6 +236,37 @@ impl FetchSessionCache {
             .collect()
     }
 
+    /// Removes session `id` (if it is here) to hand it to another shard.
+    pub(crate) fn take(&mut self, id: i32) -> Option<MovedSession> {
+        self.sessions.remove(&id).map(|s| MovedSession {
+            id,
+            epoch: s.epoch,
+            partitions: s.partitions,
+        })
+    }
+
+    /// Serves a session taken on another shard from now on, as the least recently used
+    /// session's place if the cache is full. `false` if its id is taken here: the client is
+    /// then told the session is unknown and opens a new one, as after an eviction.
+    pub(crate) fn adopt(&mut self, moved: MovedSession) -> bool {
+        if moved.id <= 0 || self.sessions.contains_key(&moved.id) || self.max_sessions == 0 {
+            return false;
+        }
+        self.tick += 1;
+        if self.sessions.len() >= self.max_sessions {
+            self.evict_one();
+        }
+        self.sessions.insert(
+            moved.id,
+            Session {
+                epoch: moved.epoch,
+                partitions: moved.partitions,
+                last_used: self.tick,
+            },
+        );
+        true
+    }
+
     /// Drops partitions of a deleted topic from every session.
     pub(crate) fn forget_topic(&mut self, id: TopicId) {
         for s in self.sessions.values_mut() {
@@ -252,6 +297,41 @@ mod tests {
             log_start_offset: 0,
             has_records: records,
         }
+    }
+
+    #[test]
+    fn a_taken_session_continues_where_it_is_adopted() {
+        let mut a = FetchSessionCache::new(ShardId(0), 2);
+        let mut b = FetchSessionCache::new(ShardId(1), 1);
+        let (mode, _) = a.begin(0, 0, vec![part("t", 0, 5)], &[]).unwrap();
+        let SessionMode::Full { session_id } = mode else {
+            panic!("a full fetch opens a session: {mode:?}")
+        };
+        a.finish(&mode, &[obs(10, true)]);
+        // b is full: the adopted session takes the place of b's least recently used one.
+        let (other, _) = b.begin(0, 0, vec![part("u", 0, 0)], &[]).unwrap();
+        let moved = a.take(session_id).expect("the session is on a");
+        assert_eq!(a.len(), 0);
+        assert!(b.adopt(moved));
+        assert_eq!(b.len(), 1);
+        assert!(!matches!(other, SessionMode::Full { session_id: id } if id == session_id));
+        // The next epoch continues on b, with the session's partitions.
+        let (mode, parts) = b.begin(session_id, 1, vec![], &[]).unwrap();
+        assert_eq!(mode, SessionMode::Incremental { session_id });
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].fetch_offset, 5);
+        // a no longer knows it; an id already in use is refused.
+        assert_eq!(
+            a.begin(session_id, 2, vec![], &[]).unwrap_err(),
+            ResponseError::FetchSessionIdNotFound
+        );
+        let again = b.take(session_id).unwrap();
+        let (mode, _) = b.begin(0, 0, vec![part("v", 0, 0)], &[]).unwrap();
+        let SessionMode::Full { session_id: taken } = mode else {
+            panic!("{mode:?}")
+        };
+        let clash = MovedSession { id: taken, ..again };
+        assert!(!b.adopt(clash));
     }
 
     #[test]

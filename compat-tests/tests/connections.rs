@@ -2,13 +2,15 @@
 //! requests all go to another shard's partitions is handed to that shard
 //! (`strand.connection.migrate.after.requests`). The client must not notice: every pipelined
 //! request is answered once, in order, with the right offsets, and nothing is lost or reordered.
-//! Connections that hold per-shard state (fetch and share sessions) or produce with acks=0 must
-//! stay.
+//! A fetch session moves with its connection. Connections that hold other per-shard state
+//! (share sessions, groups) or produce with acks=0 must stay.
+
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, ProduceRequest, ProduceResponse};
-use kafka_protocol::records::Compression;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse};
+use kafka_protocol::records::{Compression, RecordBatchDecoder};
 use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::raw::{self, RawConn};
 use strand_compat_tests::{metric_sum, unique_topic, Broker};
@@ -38,6 +40,20 @@ fn setup(name: &str) -> (Broker, String, String, u64) {
 /// The sum over shards of `strand_connection_migrations_total`.
 fn migrations(broker: &Broker) -> u64 {
     metric_sum(&broker.metrics(), "strand_connection_migrations_total") as u64
+}
+
+/// Moves counted since `before`, once there are at least `want` (or after 5 s). The shard a
+/// connection left counts the move when the other shard's acceptance reaches it, which can be
+/// after the client already had its answers from the new shard.
+fn moves_since(broker: &Broker, before: u64, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let moved = migrations(broker) - before;
+        if moved >= want || Instant::now() >= deadline {
+            return moved;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn value(partition: i32, request: usize, record: usize) -> String {
@@ -131,7 +147,7 @@ fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
         pipelined_phase(&mut c, &topic, *partition, n * PIPELINED, slot);
     }
     // The connection starts on either shard; each phase after the first needs the other shard.
-    let moved = migrations(&broker) - before;
+    let moved = moves_since(&broker, before, phases.len() as u64 - 1);
     assert!(
         moved >= phases.len() as u64 - 1,
         "the connection moved {moved} times for {} phases alternating between two shards",
@@ -194,7 +210,7 @@ fn a_consuming_connection_follows_its_partitions_shard() {
             next[partition as usize] += 1;
         }
     }
-    let moved = migrations(&broker) - before;
+    let moved = moves_since(&broker, before, phases.len() as u64 - 1);
     assert!(
         moved >= phases.len() as u64 - 1,
         "the consuming connection moved {moved} times for {} phases alternating between two shards",
@@ -203,38 +219,8 @@ fn a_consuming_connection_follows_its_partitions_shard() {
 }
 
 #[test]
-fn connections_with_per_shard_state_or_acks_0_stay() {
+fn acks_0_connections_stay() {
     let (broker, b, topic, before) = setup("conn-stay");
-
-    // A connection that opened a fetch session (KIP-227), which lives on its shard.
-    let mut c = admin::connect(&b);
-    let opened = c
-        .request(
-            versions::FETCH,
-            &FetchRequest::default()
-                .with_replica_id(BrokerId(-1))
-                .with_max_bytes(1 << 20)
-                .with_session_id(0)
-                .with_session_epoch(0)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(admin::topic_name(&topic))
-                    .with_partitions(vec![FetchPartition::default()
-                        .with_partition(0)
-                        .with_fetch_offset(0)
-                        .with_partition_max_bytes(1 << 20)])]),
-        )
-        .unwrap_or_else(|e| panic!("Fetch opening a session: {e}"));
-    assert!(
-        opened.error_code == 0 && opened.session_id != 0,
-        "the fetch must open a session: error {}, session {}",
-        opened.error_code,
-        opened.session_id
-    );
-    let mut next = [0i64; 2];
-    for (n, partition) in [0, 1].iter().enumerate() {
-        let slot = &mut next[*partition as usize];
-        pipelined_phase(&mut c, &topic, *partition, n * PIPELINED, slot);
-    }
 
     // An acks=0 producer: no answers, so nothing would tell when its appends had reached the
     // partition's shard before a move.
@@ -246,20 +232,133 @@ fn connections_with_per_shard_state_or_acks_0_stay() {
                 .unwrap_or_else(|e| panic!("send acks=0 produce: {e}"));
         }
     }
-    // Both still serve (the acks=0 connection answers other requests).
+    // It still serves (and answers other requests).
     admin::metadata(&mut z, &[&topic], false);
-    admin::metadata(&mut c, &[&topic], false);
     let total: usize = (0..2)
-        .map(|p| read_values(&b, &topic, p, 2 * PIPELINED * RECORDS_PER_REQUEST).len())
+        .map(|p| read_values(&b, &topic, p, PIPELINED * RECORDS_PER_REQUEST).len())
         .sum();
     assert_eq!(
         total,
-        4 * PIPELINED * RECORDS_PER_REQUEST,
+        2 * PIPELINED * RECORDS_PER_REQUEST,
         "every record was appended"
     );
     assert_eq!(
         migrations(&broker) - before,
         0,
-        "a connection that fetched, or produced with acks=0, must stay on its shard"
+        "a connection that produced with acks=0 must stay on its shard"
+    );
+}
+
+/// One fetch of a session (KIP-227): `partition` from `offset`, forgetting `forget`; the
+/// answer must come from session `session` (or open one, at epoch 0) with the record written
+/// at that offset. Returns the session id.
+#[allow(clippy::too_many_arguments)]
+fn session_fetch(
+    c: &mut RawConn,
+    topic: &str,
+    session: i32,
+    epoch: i32,
+    partition: i32,
+    offset: i64,
+    forget: Option<i32>,
+) -> i32 {
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(500)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_session_id(session)
+        .with_session_epoch(epoch)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(admin::topic_name(topic))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_current_leader_epoch(-1)
+                .with_fetch_offset(offset)
+                .with_last_fetched_epoch(-1)
+                .with_log_start_offset(-1)
+                // One batch (one record) per answer: the first always comes whole.
+                .with_partition_max_bytes(1)])])
+        .with_forgotten_topics_data(
+            forget
+                .map(|p| {
+                    vec![ForgottenTopic::default()
+                        .with_topic(admin::topic_name(topic))
+                        .with_partitions(vec![p])]
+                })
+                .unwrap_or_default(),
+        );
+    let resp: FetchResponse = c
+        .request(versions::FETCH, &req)
+        .unwrap_or_else(|e| panic!("session fetch, epoch {epoch}: {e}"));
+    assert_eq!(
+        resp.error_code, 0,
+        "session {session} epoch {epoch}: error {} (70 = FETCH_SESSION_ID_NOT_FOUND)",
+        resp.error_code
+    );
+    if epoch > 0 {
+        assert_eq!(resp.session_id, session, "the session must continue");
+    } else {
+        assert_ne!(resp.session_id, 0, "epoch 0 must open a session");
+    }
+    let p = resp
+        .responses
+        .iter()
+        .flat_map(|t| t.partitions.iter())
+        .find(|p| p.partition_index == partition)
+        .unwrap_or_else(|| panic!("epoch {epoch}: no answer for partition {partition}"));
+    assert_eq!(p.error_code, 0);
+    let mut bytes = p.records.clone().unwrap_or_default();
+    let sets = RecordBatchDecoder::decode_all(&mut bytes).expect("fetched batches decode");
+    let first = sets
+        .iter()
+        .flat_map(|s| s.records.iter())
+        .find(|r| r.offset >= offset)
+        .unwrap_or_else(|| panic!("epoch {epoch}: no record at {partition}@{offset}"));
+    assert_eq!(first.offset, offset, "epoch {epoch}: partition {partition}");
+    assert_eq!(
+        first.value.as_deref(),
+        Some(value(partition, offset as usize, 0).as_bytes()),
+        "epoch {epoch}: record {partition}@{offset}"
+    );
+    resp.session_id
+}
+
+/// Java clients and kafka-python fetch through sessions. A session lives in its shard's cache,
+/// so it moves with its connection: incremental fetches go on, with the same id and epochs,
+/// and no FETCH_SESSION_ID_NOT_FOUND.
+#[test]
+fn a_fetch_session_moves_with_its_connection() {
+    let (broker, b, topic, _) = setup("conn-session");
+    let mut p = admin::connect(&b);
+    for partition in 0..2 {
+        for i in 0..3 * PIPELINED {
+            let base = admin::produce_values(&mut p, &topic, partition, &[value(partition, i, 0).as_bytes()]);
+            assert_eq!(base, i as i64);
+        }
+    }
+    let before = migrations(&broker);
+    let mut c = admin::connect(&b);
+    let phases = [0, 1, 0, 1];
+    let mut next = [0i64; 2];
+    let mut session = 0;
+    let mut epoch = 0;
+    let mut previous: Option<i32> = None;
+    for partition in phases {
+        for n in 0..MOVE_AFTER + 1 {
+            let offset = next[partition as usize];
+            // The first fetch of a phase swaps the session's partition.
+            let forget = if n == 0 { previous } else { None };
+            session = session_fetch(&mut c, &topic, session, epoch, partition, offset, forget);
+            epoch += 1;
+            next[partition as usize] += 1;
+        }
+        previous = Some(partition);
+    }
+    let moved = moves_since(&broker, before, phases.len() as u64 - 1);
+    assert!(
+        moved >= phases.len() as u64 - 1,
+        "the connection moved {moved} times for {} phases alternating between two shards",
+        phases.len()
     );
 }

@@ -258,9 +258,10 @@ impl Handler for Fetch {
         shard.metrics.fetch_sessions(shard.fetch_sessions.borrow().len());
         let owners: std::collections::BTreeSet<ShardId> =
             parts.iter().map(|p| shard.owner(&p.topic, p.partition)).collect();
-        ctx.conn
-            .affinity
-            .fetched(owners, !matches!(mode, SessionMode::Sessionless));
+        ctx.conn.affinity.fetched(owners);
+        if let SessionMode::Full { session_id } | SessionMode::Incremental { session_id } = mode {
+            ctx.conn.used_session(session_id);
+        }
 
         let broker_max = shard.config.fetch_max_bytes as usize;
         let max_bytes = usize::try_from(req.max_bytes).unwrap_or(0).min(broker_max).max(1);

@@ -59,6 +59,27 @@ pub(crate) struct ConnInfo {
     pub(crate) peer: Option<SocketAddr>,
     /// Where its work goes, and whether it may move to that shard.
     pub(crate) affinity: crate::connection::Affinity,
+    /// Ids of the fetch sessions it used (most recent last, at most [`MAX_CONN_SESSIONS`]):
+    /// they move with it to another shard.
+    pub(crate) sessions: std::cell::RefCell<Vec<i32>>,
+}
+
+/// Fetch sessions a connection carries along when it moves; clients use one per connection.
+pub(crate) const MAX_CONN_SESSIONS: usize = 4;
+
+impl ConnInfo {
+    /// The connection's fetch used session `id`.
+    pub(crate) fn used_session(&self, id: i32) {
+        let mut ids = self.sessions.borrow_mut();
+        if ids.last() == Some(&id) {
+            return;
+        }
+        ids.retain(|&i| i != id);
+        if ids.len() >= MAX_CONN_SESSIONS {
+            ids.remove(0);
+        }
+        ids.push(id);
+    }
 }
 
 /// Everything a handler knows about its request.
