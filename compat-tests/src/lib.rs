@@ -2040,11 +2040,10 @@ pub mod admin {
         pub records: Vec<(i64, Option<Bytes>, Option<Bytes>, i64)>,
     }
 
-    /// Fetches one partition from `offset`, decoding the records. A sessionless fetch with
-    /// `min_bytes=1` and `max_wait_ms=500`: it answers at once when there is data or an error,
-    /// and after 500 ms with no records at the log end.
-    pub fn fetch(c: &mut RawConn, topic: &str, partition: i32, offset: i64, max_bytes: i32) -> FetchResult {
-        let req = FetchRequest::default()
+    /// The request [`fetch`] sends: sessionless, one partition from `offset`, `max_bytes` for the
+    /// partition and the whole answer, `min_bytes=1`, `max_wait_ms=500`.
+    pub fn fetch_request(topic: &str, partition: i32, offset: i64, max_bytes: i32) -> FetchRequest {
+        FetchRequest::default()
             .with_replica_id(BrokerId(-1))
             .with_max_wait_ms(500)
             .with_min_bytes(1)
@@ -2060,7 +2059,14 @@ pub mod admin {
                     .with_fetch_offset(offset)
                     .with_last_fetched_epoch(-1)
                     .with_log_start_offset(-1)
-                    .with_partition_max_bytes(max_bytes)])]);
+                    .with_partition_max_bytes(max_bytes)])])
+    }
+
+    /// Fetches one partition from `offset`, decoding the records. A sessionless fetch with
+    /// `min_bytes=1` and `max_wait_ms=500`: it answers at once when there is data or an error,
+    /// and after 500 ms with no records at the log end.
+    pub fn fetch(c: &mut RawConn, topic: &str, partition: i32, offset: i64, max_bytes: i32) -> FetchResult {
+        let req = fetch_request(topic, partition, offset, max_bytes);
         let resp = c
             .request(versions::FETCH, &req)
             .unwrap_or_else(|e| panic!("Fetch {topic}/{partition}: {e}"));

@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse};
+use kafka_protocol::messages::fetch_request::ForgottenTopic;
+use kafka_protocol::messages::{FetchResponse, ProduceRequest, ProduceResponse};
 use kafka_protocol::records::{Compression, RecordBatchDecoder};
 use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::raw::{self, RawConn};
@@ -113,6 +113,18 @@ fn pipelined_phase(
     }
 }
 
+/// Writes `n` records to each of the two partitions, one per batch: record `i` of partition
+/// `p` is `value(p, i, 0)`, at offset `i`.
+fn write_records(bootstrap: &str, topic: &str, n: usize) {
+    let mut p = admin::connect(bootstrap);
+    for partition in 0..2 {
+        for i in 0..n {
+            let base = admin::produce_values(&mut p, topic, partition, &[value(partition, i, 0).as_bytes()]);
+            assert_eq!(base, i as i64);
+        }
+    }
+}
+
 /// Everything in `partition`, in order, as the values written.
 fn read_values(bootstrap: &str, topic: &str, partition: i32, want: usize) -> Vec<String> {
     let mut c = admin::connect(bootstrap);
@@ -178,13 +190,7 @@ fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
 #[test]
 fn a_consuming_connection_follows_its_partitions_shard() {
     let (broker, b, topic, _) = setup("conn-fetch");
-    let mut p = admin::connect(&b);
-    for partition in 0..2 {
-        for i in 0..PIPELINED {
-            let base = admin::produce_values(&mut p, &topic, partition, &[value(partition, i, 0).as_bytes()]);
-            assert_eq!(base, i as i64);
-        }
-    }
+    write_records(&b, &topic, PIPELINED);
     let before = migrations(&broker);
     // Sessionless fetches (what librdkafka sends), one record at a time, alternating partitions
     // phase by phase: every answer must hold the next record.
@@ -252,7 +258,6 @@ fn acks_0_connections_stay() {
 /// One fetch of a session (KIP-227): `partition` from `offset`, forgetting `forget`; the
 /// answer must come from session `session` (or open one, at epoch 0) with the record written
 /// at that offset. Returns the session id.
-#[allow(clippy::too_many_arguments)]
 fn session_fetch(
     c: &mut RawConn,
     topic: &str,
@@ -262,23 +267,10 @@ fn session_fetch(
     offset: i64,
     forget: Option<i32>,
 ) -> i32 {
-    let req = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(500)
-        .with_min_bytes(1)
-        .with_max_bytes(1 << 20)
+    // One batch (one record) per answer: the first partition's first batch always comes whole.
+    let req = admin::fetch_request(topic, partition, offset, 1)
         .with_session_id(session)
         .with_session_epoch(epoch)
-        .with_topics(vec![FetchTopic::default()
-            .with_topic(admin::topic_name(topic))
-            .with_partitions(vec![FetchPartition::default()
-                .with_partition(partition)
-                .with_current_leader_epoch(-1)
-                .with_fetch_offset(offset)
-                .with_last_fetched_epoch(-1)
-                .with_log_start_offset(-1)
-                // One batch (one record) per answer: the first always comes whole.
-                .with_partition_max_bytes(1)])])
         .with_forgotten_topics_data(
             forget
                 .map(|p| {
@@ -330,13 +322,7 @@ fn session_fetch(
 #[test]
 fn a_fetch_session_moves_with_its_connection() {
     let (broker, b, topic, _) = setup("conn-session");
-    let mut p = admin::connect(&b);
-    for partition in 0..2 {
-        for i in 0..3 * PIPELINED {
-            let base = admin::produce_values(&mut p, &topic, partition, &[value(partition, i, 0).as_bytes()]);
-            assert_eq!(base, i as i64);
-        }
-    }
+    write_records(&b, &topic, 3 * PIPELINED);
     let before = migrations(&broker);
     let mut c = admin::connect(&b);
     let phases = [0, 1, 0, 1];
