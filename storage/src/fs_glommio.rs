@@ -47,12 +47,12 @@ impl FileHandle for GlommioFile {
         let mut filled = cached_read(&self.0, &mut out, pos);
         while filled < len {
             let r = self.0.read_at(pos + filled as u64, len - filled).await?;
-            let Some(dst) = out.get_mut(filled..filled + r.len()) else {
-                return Err(io::Error::other("read returned more than asked"));
-            };
             if r.is_empty() {
                 break;
             }
+            let Some(dst) = out.get_mut(filled..filled + r.len()) else {
+                return Err(io::Error::other("read returned more than asked"));
+            };
             dst.copy_from_slice(&r);
             filled += r.len();
         }
