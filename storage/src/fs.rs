@@ -18,6 +18,10 @@ use bytes::Bytes;
 pub trait FileHandle: 'static {
     /// Writes all of `buf` at `pos`.
     async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()>;
+    /// Writes `pieces` back to back from `pos`; returns the bytes written (all of them).
+    async fn write_pieces_at(&self, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
+        write_each(self, pieces, pos).await
+    }
     /// Reads up to `len` bytes at `pos`; fewer only at the end of the file.
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes>;
     /// Makes every completed write durable.
@@ -26,12 +30,43 @@ pub trait FileHandle: 'static {
     async fn size(&self) -> io::Result<u64>;
 }
 
+/// [`FileHandle::write_pieces_at`] as one write per piece, in order.
+pub(crate) async fn write_each<F: FileHandle + ?Sized>(
+    file: &F,
+    pieces: Vec<Vec<u8>>,
+    pos: u64,
+) -> io::Result<u64> {
+    let mut at = pos;
+    for piece in pieces {
+        let len = piece.len() as u64;
+        file.write_all_at(piece, at).await?;
+        at += len;
+    }
+    Ok(at - pos)
+}
+
+/// Alignment of every write position and length on a file opened with [`Fs::open_direct`]: the
+/// largest logical block size of the disks Linux supports for `O_DIRECT`.
+pub const DIRECT_WRITE_ALIGN: u64 = 4096;
+
+/// Whether a write of `len` bytes at `pos` suits a file from [`Fs::open_direct`].
+pub(crate) fn direct_aligned(len: usize, pos: u64) -> bool {
+    pos.is_multiple_of(DIRECT_WRITE_ALIGN) && (len as u64).is_multiple_of(DIRECT_WRITE_ALIGN)
+}
+
 /// Directory-level operations and file opening.
 pub trait Fs: Clone + 'static {
     type File: FileHandle;
 
     /// Opens `path` for reading and writing, creating it when `create` is set.
     async fn open(&self, path: &Path, create: bool) -> io::Result<Self::File>;
+
+    /// Like [`Fs::open`], for a file written only at positions and in lengths that are
+    /// multiples of [`DIRECT_WRITE_ALIGN`] (the journal). On the shards its writes bypass the
+    /// page cache (`O_DIRECT`); by default it is an ordinary file.
+    async fn open_direct(&self, path: &Path, create: bool) -> io::Result<Self::File> {
+        self.open(path, create).await
+    }
     async fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     async fn remove_file(&self, path: &Path) -> io::Result<()>;
     async fn remove_dir_all(&self, path: &Path) -> io::Result<()>;

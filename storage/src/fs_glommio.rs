@@ -12,66 +12,152 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use glommio::io::{BufferedFile, OpenOptions};
+use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 use rustix::io::{Errno, ReadWriteFlags};
 
-use crate::fs::{FileHandle, Fs, StdFs};
+use crate::fs::{direct_aligned, FileHandle, Fs, StdFs};
 
 /// The glommio-backed file system; usable only inside a glommio executor.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GlommioFs;
 
-/// A glommio buffered file (page cache, io_uring).
+/// A glommio file: buffered (page cache, io_uring), or direct (`O_DIRECT`, io_uring) for a file
+/// opened with [`Fs::open_direct`].
 #[derive(Debug)]
-pub struct GlommioFile(BufferedFile);
+pub struct GlommioFile(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    Buffered(BufferedFile),
+    Direct(DmaFile),
+}
+
+fn short_write(n: usize, len: usize, pos: u64) -> io::Error {
+    // Regular-file writes come back short only when the disk or a file-size limit runs out
+    // mid-write; glommio has taken the buffer, so report it as the error it is.
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!("short write: {n} of {len} bytes at position {pos}"),
+    )
+}
+
+fn unaligned(len: usize, pos: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("unaligned direct write: {len} bytes at position {pos}"),
+    )
+}
 
 impl FileHandle for GlommioFile {
     async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
         let len = buf.len();
-        let n = self.0.write_at(buf, pos).await?;
+        let n = match &self.0 {
+            Inner::Buffered(f) => f.write_at(buf, pos).await?,
+            Inner::Direct(f) => {
+                if !direct_aligned(len, pos) {
+                    return Err(unaligned(len, pos));
+                }
+                // One copy into aligned memory (glommio's registered buffers, or an aligned
+                // heap block), instead of the page-cache copy a buffered write makes.
+                let mut dma = f.alloc_dma_buffer(len);
+                dma.as_bytes_mut().copy_from_slice(&buf);
+                drop(buf);
+                f.write_at(dma, pos).await?
+            }
+        };
         if n < len {
-            // Regular-file writes come back short only when the disk or a file-size limit runs
-            // out mid-write; glommio has taken the buffer, so report it as the error it is.
-            return Err(io::Error::new(
-                io::ErrorKind::StorageFull,
-                format!("short write: {n} of {len} bytes at position {pos}"),
-            ));
+            return Err(short_write(n, len, pos));
         }
         Ok(())
     }
 
-    /// What the page cache holds is read straight into the returned buffer; the rest (cold
-    /// data) through io_uring, whose own buffer is then copied.
-    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
-        let mut out = vec![0u8; len];
-        let mut filled = cached_read(&self.0, &mut out, pos);
-        while filled < len {
-            let r = self.0.read_at(pos + filled as u64, len - filled).await?;
-            if r.is_empty() {
-                break;
-            }
-            let Some(dst) = out.get_mut(filled..filled + r.len()) else {
-                return Err(io::Error::other("read returned more than asked"));
-            };
-            dst.copy_from_slice(&r);
-            filled += r.len();
+    /// On a direct file, one write: the pieces are copied into one aligned buffer anyway, and
+    /// one write lets the disk take them at once rather than one after another.
+    async fn write_pieces_at(&self, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
+        let Inner::Direct(f) = &self.0 else {
+            return crate::fs::write_each(self, pieces, pos).await;
+        };
+        let len: usize = pieces.iter().map(Vec::len).sum();
+        if !direct_aligned(len, pos) {
+            return Err(unaligned(len, pos));
         }
-        out.truncate(filled);
-        Ok(Bytes::from(out))
+        let mut dma = f.alloc_dma_buffer(len);
+        let mut at = 0;
+        for piece in pieces {
+            if let Some(dst) = dma.as_bytes_mut().get_mut(at..at + piece.len()) {
+                dst.copy_from_slice(&piece);
+            }
+            at += piece.len();
+        }
+        let n = f.write_at(dma, pos).await?;
+        if n < len {
+            return Err(short_write(n, len, pos));
+        }
+        Ok(len as u64)
+    }
+
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
+        match &self.0 {
+            Inner::Buffered(f) => buffered_read(f, pos, len).await,
+            Inner::Direct(f) => {
+                // Direct files are written, not read, on the shards (the journal is read at
+                // start-up, before them); a buffered handle serves the odd read.
+                let path = f
+                    .path()
+                    .map(|p| p.to_path_buf())
+                    .ok_or_else(|| io::Error::other("direct file without a path"))?;
+                let b = OpenOptions::new().read(true).buffered_open(&path).await?;
+                let out = buffered_read(&b, pos, len).await;
+                b.close().await?;
+                out
+            }
+        }
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
-        Ok(self.0.fdatasync().await?)
+        match &self.0 {
+            Inner::Buffered(f) => Ok(f.fdatasync().await?),
+            Inner::Direct(f) => Ok(f.fdatasync().await?),
+        }
     }
 
     async fn truncate(&self, len: u64) -> io::Result<()> {
-        Ok(self.0.truncate(len).await?)
+        match &self.0 {
+            Inner::Buffered(f) => Ok(f.truncate(len).await?),
+            Inner::Direct(f) => Ok(f.truncate(len).await?),
+        }
     }
 
     async fn size(&self) -> io::Result<u64> {
-        Ok(self.0.file_size().await?)
+        match &self.0 {
+            Inner::Buffered(f) => Ok(f.file_size().await?),
+            Inner::Direct(f) => Ok(f.file_size().await?),
+        }
     }
 }
+
+/// What the page cache holds is read straight into the returned buffer; the rest (cold data)
+/// through io_uring, whose own buffer is then copied.
+async fn buffered_read(file: &BufferedFile, pos: u64, len: usize) -> io::Result<Bytes> {
+    let mut out = vec![0u8; len];
+    let mut filled = cached_read(file, &mut out, pos);
+    while filled < len {
+        let r = file.read_at(pos + filled as u64, len - filled).await?;
+        if r.is_empty() {
+            break;
+        }
+        let Some(dst) = out.get_mut(filled..filled + r.len()) else {
+            return Err(io::Error::other("read returned more than asked"));
+        };
+        dst.copy_from_slice(&r);
+        filled += r.len();
+    }
+    out.truncate(filled);
+    Ok(Bytes::from(out))
+}
+
+/// Cleared when the file system refuses `O_DIRECT`.
+static DIRECT_WRITES: AtomicBool = AtomicBool::new(true);
 
 /// Cleared when the kernel or file system does not support `RWF_NOWAIT` reads.
 static NOWAIT_READS: AtomicBool = AtomicBool::new(true);
@@ -122,7 +208,38 @@ impl Fs for GlommioFs {
             .create(create)
             .buffered_open(path)
             .await?;
-        Ok(GlommioFile(f))
+        Ok(GlommioFile(Inner::Buffered(f)))
+    }
+
+    /// `O_DIRECT` where the file system supports it (glommio writes tmpfs files without it); a
+    /// buffered file where the file system refuses it or its disk needs a larger alignment.
+    async fn open_direct(&self, path: &Path, create: bool) -> io::Result<GlommioFile> {
+        if DIRECT_WRITES.load(Ordering::Relaxed) {
+            let opened = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .dma_open(path)
+                .await;
+            match opened {
+                Ok(f) if f.alignment() <= crate::fs::DIRECT_WRITE_ALIGN => {
+                    return Ok(GlommioFile(Inner::Direct(f)));
+                }
+                Ok(f) => {
+                    if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
+                        tracing::info!(path = %path.display(), alignment = f.alignment(), "the disk's direct I/O alignment is too large; the journal is written through the page cache");
+                    }
+                    f.close().await?;
+                }
+                Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
+                    if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
+                        tracing::info!(path = %path.display(), "O_DIRECT unsupported here; the journal is written through the page cache");
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.open(path, create).await
     }
 
     // Directory operations are rare (segment roll, topic creation): blocking std calls.
@@ -177,6 +294,13 @@ mod tests {
         rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
     }
 
+    fn buffered(f: &GlommioFile) -> &BufferedFile {
+        match &f.0 {
+            Inner::Buffered(b) => b,
+            Inner::Direct(_) => panic!("a buffered file was expected"),
+        }
+    }
+
     fn run(
         test: impl FnOnce(std::path::PathBuf) -> futures::future::LocalBoxFuture<'static, ()> + Send + 'static,
     ) {
@@ -201,7 +325,7 @@ mod tests {
                 // Hot: all of it from the page cache, without waiting.
                 let mut buf = vec![0u8; 2 << 20];
                 assert_eq!(
-                    cached_read(&f.0, &mut buf, 100),
+                    cached_read(buffered(&f), &mut buf, 100),
                     buf.len(),
                     "RWF_NOWAIT reads must work on this kernel and file system"
                 );
@@ -221,7 +345,7 @@ mod tests {
                 evict(&path);
                 let mut probe = vec![0u8; LEN];
                 assert!(
-                    cached_read(&f.0, &mut probe, 0) < LEN,
+                    cached_read(buffered(&f), &mut probe, 0) < LEN,
                     "evicted pages must not be read without waiting"
                 );
                 evict(&path);
@@ -235,9 +359,51 @@ mod tests {
                 std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&path).unwrap(), &mut head, 0)
                     .unwrap();
                 let mut probe = vec![0u8; LEN];
-                let cached = cached_read(&f.0, &mut probe, 0);
+                let cached = cached_read(buffered(&f), &mut probe, 0);
                 assert!(cached >= head.len() && cached < LEN, "{cached} bytes cached");
                 assert_eq!(&f.read_at(0, LEN).await.unwrap()[..], &want[..]);
+            })
+        });
+    }
+
+    #[test]
+    fn direct_files_take_aligned_writes_past_the_page_cache() {
+        run(|path| {
+            Box::pin(async move {
+                let f = GlommioFs.open_direct(&path, true).await.unwrap();
+                assert!(
+                    matches!(f.0, Inner::Direct(_)),
+                    "the test directory's file system must support O_DIRECT"
+                );
+                let block = crate::fs::DIRECT_WRITE_ALIGN as usize;
+                let want: Vec<u8> = (0..3 * block).map(|i| (i % 251) as u8).collect();
+                f.write_all_at(want[..block].to_vec(), 0).await.unwrap();
+                f.write_all_at(want[block..].to_vec(), block as u64)
+                    .await
+                    .unwrap();
+                f.fdatasync().await.unwrap();
+                assert_eq!(f.size().await.unwrap(), want.len() as u64);
+                // Nothing of it went through the page cache.
+                let b = GlommioFs.open(&path, false).await.unwrap();
+                let mut probe = vec![0u8; want.len()];
+                assert_eq!(
+                    cached_read(buffered(&b), &mut probe, 0),
+                    0,
+                    "direct writes left pages cached"
+                );
+                assert_eq!(&f.read_at(0, want.len()).await.unwrap()[..], &want[..]);
+                assert_eq!(&f.read_at(100, 5000).await.unwrap()[..], &want[100..5100]);
+                assert_eq!(
+                    &f.read_at(want.len() as u64 - 7, 100).await.unwrap()[..],
+                    &want[want.len() - 7..]
+                );
+
+                // Unaligned positions or lengths are refused before anything is written.
+                for (len, pos) in [(block, 100), (block + 1, 0), (100, 3 * block as u64)] {
+                    let e = f.write_all_at(vec![9; len], pos).await.unwrap_err();
+                    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{len} bytes at {pos}");
+                }
+                assert_eq!(&f.read_at(0, want.len() + 10).await.unwrap()[..], &want[..]);
             })
         });
     }

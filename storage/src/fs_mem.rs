@@ -16,7 +16,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
-use crate::fs::{FileHandle, Fs};
+use crate::fs::{direct_aligned, FileHandle, Fs};
 
 #[derive(Default, Debug)]
 struct FileData {
@@ -25,6 +25,8 @@ struct FileData {
     /// Bumped by every change of `data`; `durable` is `data` as of `durable_version`.
     version: u64,
     durable_version: u64,
+    /// Written through a handle from [`Fs::open_direct`].
+    written_direct: bool,
 }
 
 #[derive(Default, Debug)]
@@ -58,6 +60,8 @@ pub struct MemFs {
 pub struct MemFile {
     data: Rc<RefCell<FileData>>,
     state: Rc<RefCell<State>>,
+    /// Opened with [`Fs::open_direct`]: unaligned writes fail, as `O_DIRECT` ones do.
+    direct: bool,
 }
 
 fn not_found(path: &Path) -> io::Error {
@@ -143,6 +147,15 @@ impl MemFs {
     }
 
     /// All file paths, sorted.
+    /// Whether `path` was ever written through a handle from [`Fs::open_direct`].
+    pub fn written_direct(&self, path: &Path) -> bool {
+        self.state
+            .borrow()
+            .files
+            .get(path)
+            .is_some_and(|f| f.borrow().written_direct)
+    }
+
     pub fn paths(&self) -> Vec<PathBuf> {
         self.state.borrow().files.keys().cloned().collect()
     }
@@ -152,6 +165,10 @@ impl FileHandle for MemFile {
     async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
         if self.state.borrow().slow_io {
             futures_lite::future::yield_now().await;
+        }
+        if self.direct && !direct_aligned(buf.len(), pos) {
+            // EINVAL, as from an O_DIRECT write.
+            return Err(io::Error::from_raw_os_error(22));
         }
         let state = self.state.borrow();
         let mut f = self.data.borrow_mut();
@@ -176,6 +193,7 @@ impl FileHandle for MemFile {
             dst.copy_from_slice(&buf);
         }
         f.version += 1;
+        f.written_direct |= self.direct;
         Ok(())
     }
 
@@ -260,7 +278,14 @@ impl Fs for MemFs {
         Ok(MemFile {
             data,
             state: self.state.clone(),
+            direct: false,
         })
+    }
+
+    async fn open_direct(&self, path: &Path, create: bool) -> io::Result<MemFile> {
+        let mut f = self.open(path, create).await?;
+        f.direct = true;
+        Ok(f)
     }
 
     async fn create_dir_all(&self, path: &Path) -> io::Result<()> {

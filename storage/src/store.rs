@@ -750,15 +750,10 @@ impl<F: Fs> ShardStore<F> {
             else {
                 return Ok::<(u64, u64), StorageError>((0, 0));
             };
-            let mut jlen = 0u64;
-            for piece in jdata {
-                let len = piece.len() as u64;
-                jfile
-                    .write_all_at(piece, jpos + jlen)
-                    .await
-                    .map_err(|e| StorageError::io("write journal", &jpath, e))?;
-                jlen += len;
-            }
+            let jlen = jfile
+                .write_pieces_at(jdata, jpos)
+                .await
+                .map_err(|e| StorageError::io("write journal", &jpath, e))?;
             let t = Instant::now();
             jfile
                 .fdatasync()

@@ -584,6 +584,17 @@ fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
             store.wait_durable(&last.unwrap()).await.unwrap();
             let all: Vec<Vec<u8>> = read_all(&store, id, 0).await.into_iter().map(|b| b.2).collect();
             assert_eq!(all, expected);
+            // The journal is written with aligned writes past the page cache (O_DIRECT on the
+            // shards), the segments through it.
+            let (journals, others): (Vec<_>, Vec<_>) = fs
+                .paths()
+                .into_iter()
+                .partition(|p| p.to_string_lossy().contains(strand_storage::journal::JOURNAL_DIR));
+            assert!(
+                !journals.is_empty() && journals.iter().all(|p| fs.written_direct(p)),
+                "{journals:?}"
+            );
+            assert!(others.iter().all(|p| !fs.written_direct(p)), "{others:?}");
         }
         // Nothing of the segment was synced: everything comes back from the journal.
         let store = crash_and_reopen(&fs, &config, 64 << 20).await;
