@@ -377,6 +377,27 @@ fn partition0_last_segment(broker: &Broker, topic: &str) -> LastSegment {
     }
 }
 
+/// Bytes of `path` the page cache holds, page by page, read without waiting for the disk
+/// (`preadv2` with `RWF_NOWAIT` fails with EAGAIN for a page it would have to read).
+fn cached_bytes(path: &PathBuf) -> u64 {
+    const PAGE: usize = 4096;
+    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut buf = vec![0u8; PAGE];
+    let mut cached = 0;
+    let mut pos = 0;
+    while pos < len {
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        match rustix::io::preadv2(&file, &mut iov, pos, rustix::io::ReadWriteFlags::NOWAIT) {
+            Ok(n) => cached += n as u64,
+            Err(rustix::io::Errno::AGAIN) => {}
+            Err(e) => panic!("preadv2(RWF_NOWAIT) on {}: {e}", path.display()),
+        }
+        pos += PAGE as u64;
+    }
+    cached
+}
+
 fn last_segment(dir: &PathBuf) -> PathBuf {
     let mut logs: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
@@ -400,13 +421,49 @@ fn last_segment(dir: &PathBuf) -> PathBuf {
 /// through the journal here (`strand.journal.direct.max.logs=0`), so an acknowledged batch may
 /// sit in a segment file nothing has fsynced, and recovery must restore it from the journal or
 /// stop before it without reusing an acknowledged offset. (A direct round fsyncs the segment
-/// before acknowledging, so there a tear can only hit unacknowledged bytes: next test.)
+/// before acknowledging, so there a tear can only hit unacknowledged bytes: next test.) Before
+/// that, it checks that the journal bypassed the page cache (`O_DIRECT`) and the segment did not.
 #[test]
 fn torn_last_segment_recovers_to_a_consistent_prefix() {
     let (mut broker, topic, run) = kill9_under_load(
         "torn",
         "kills the broker and edits its segment files",
         &[("strand.journal.direct.max.logs", "0")],
+    );
+
+    // The journal went to the disk past the page cache (O_DIRECT); the segments through it.
+    let journal_dir = broker.data_dir().join("strand-journal");
+    let journals: Vec<PathBuf> = fs::read_dir(&journal_dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", journal_dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    let journal_bytes: u64 = journals
+        .iter()
+        .map(|p| fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    let journal_cached: u64 = journals.iter().map(cached_bytes).sum();
+    let segment = last_segment(&broker.partition_dir(&topic, 0));
+    let (segment_bytes, segment_cached) = (
+        fs::metadata(&segment).map_or(0, |m| m.len()),
+        cached_bytes(&segment),
+    );
+    eprintln!(
+        "journal: {journal_bytes} bytes in {} files, {journal_cached} cached; partition 0's last segment: \
+         {segment_bytes} bytes, {segment_cached} cached",
+        journals.len()
+    );
+    assert!(
+        journal_bytes > 100_000,
+        "the journaled rounds wrote only {journal_bytes} journal bytes"
+    );
+    assert_eq!(
+        journal_cached, 0,
+        "journal pages are in the page cache: not written with O_DIRECT"
+    );
+    assert!(
+        segment_cached > segment_bytes / 2,
+        "the segment written through the page cache shows only {segment_cached} of {segment_bytes} bytes \
+         cached: the probe does not work here"
     );
 
     // Cut partition 0's last segment in the middle of its last complete batch.
