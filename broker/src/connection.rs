@@ -78,8 +78,21 @@ const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
 /// shard, so this only bounds a producer that keeps switching partitions.
 const MAX_MOVES: u32 = 16;
 
-/// A response slot: the task computing the encoded response frame.
-type Pending = glommio::task::JoinHandle<Option<handlers::Frame>>;
+/// A response slot: the task computing the encoded response frame, and for a fetch the
+/// connection's fetch slot, held until the response is written.
+struct Pending {
+    response: glommio::task::JoinHandle<Option<handlers::Frame>>,
+    _fetch_slot: Option<StaticPermit>,
+}
+
+/// APIs whose answers can be as large as `fetch.max.bytes`: a connection has at most one of
+/// them between decoding and the end of writing its answer, as in Kafka, which reads no
+/// further request from a connection until its answer is sent. Pipelined fetches wait (and
+/// so does the connection's reading), so the answers a shard holds stay within one per
+/// connection however many requests a client sends without reading.
+fn needs_fetch_slot(api: ApiKey) -> bool {
+    matches!(api, ApiKey::Fetch | ApiKey::ShareFetch)
+}
 
 /// A shard's Kafka connections: how many are open, and the memory their requests may hold.
 pub(crate) struct Connections {
@@ -427,6 +440,7 @@ async fn read_loop(
     let max_frame = shard.config.socket_request_max_bytes as usize;
     let request_memory = &shard.connections.request_memory;
     let Input { buf, filled } = input;
+    let fetch_slot = Rc::new(Semaphore::new(1));
     // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
     let mut reserved: Option<StaticPermit> = None;
     loop {
@@ -446,7 +460,7 @@ async fn read_loop(
                     Err(_) => return ReadEnd::Close(Some("shutting down")),
                 },
             };
-            match start_request(shard, conn, frame, permit).await {
+            match start_request(shard, conn, frame, permit, &fetch_slot).await {
                 Ok(Some(pending)) => {
                     if tx.send(pending).await.is_err() {
                         return ReadEnd::Close(Some("writer gone"));
@@ -507,6 +521,7 @@ async fn start_request(
     conn: &Rc<ConnInfo>,
     frame: Bytes,
     permit: StaticPermit,
+    fetch_slot: &Rc<Semaphore>,
 ) -> Result<Option<Pending>, &'static str> {
     let Some(raw) = RawHeader::peek(&frame) else {
         shard.metrics.bad_request("short header");
@@ -526,7 +541,10 @@ async fn start_request(
             kafka_protocol::ResponseError::UnsupportedVersion.code(),
         );
         let resp = handlers::api_versions_fallback(raw.correlation_id);
-        return Ok(Some(glommio::spawn_local(async move { resp }).detach()));
+        return Ok(Some(Pending {
+            response: glommio::spawn_local(async move { resp }).detach(),
+            _fetch_slot: None,
+        }));
     }
     // `permit` holds request memory for the frame until its response is ready.
     let (header, body) = match decode_request_header(frame, api) {
@@ -538,6 +556,14 @@ async fn start_request(
         }
     };
     conn.affinity.request(api);
+    let fetch_slot = if needs_fetch_slot(api) {
+        match fetch_slot.acquire_static_permit(1).await {
+            Ok(p) => Some(p),
+            Err(_) => return Err("shutting down"),
+        }
+    } else {
+        None
+    };
     let ctx = Rc::new(RequestCtx {
         shard: shard.clone(),
         conn: conn.clone(),
@@ -547,14 +573,15 @@ async fn start_request(
         client_id: header.client_id.map(|c| c.as_str().to_owned()),
     });
     match handlers::dispatch(ctx, body).await {
-        Dispatched::Response(fut) => Ok(Some(
-            glommio::spawn_local(async move {
+        Dispatched::Response(fut) => Ok(Some(Pending {
+            response: glommio::spawn_local(async move {
                 let out = fut.await;
                 drop(permit);
                 out
             })
             .detach(),
-        )),
+            _fetch_slot: fetch_slot,
+        })),
         Dispatched::NoResponse => Ok(None),
         Dispatched::Close(reason) => {
             shard.metrics.bad_request(reason);
@@ -566,7 +593,7 @@ async fn start_request(
 /// Writes responses in request order; `true` if every one was written.
 async fn write_loop(mut writer: Half, rx: local_channel::LocalReceiver<Pending>) -> bool {
     while let Some(pending) = rx.recv().await {
-        let Some(Some(frame)) = pending.await else {
+        let Some(Some(frame)) = pending.response.await else {
             // Encoding failed (logged): the client cannot be answered correctly any more.
             let _ = writer.close().await;
             return false;

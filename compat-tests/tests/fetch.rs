@@ -3,6 +3,7 @@
 //! records are whole, valid batches from each fetch offset. Large records are written from the
 //! log read's buffers as their own segments of the response, so these also check that the
 //! segments reach the client whole and in order, in a flexible and a non-flexible version.
+//! A connection has one fetch at a time: one pipelined behind a long poll starts after its answer.
 
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
@@ -48,9 +49,15 @@ fn setup(name: &str) -> (Broker, String, String) {
 }
 
 fn fetch(c: &mut RawConn, version: i16, topic: &str, offsets: &[(i32, i64)]) -> FetchResponse {
-    let req = FetchRequest::default()
+    c.request(version, &fetch_request(topic, offsets, 0))
+        .unwrap_or_else(|e| panic!("Fetch v{version}: {e}"))
+}
+
+/// A sessionless Fetch of `offsets`, waiting up to `max_wait_ms` for one byte.
+fn fetch_request(topic: &str, offsets: &[(i32, i64)], max_wait_ms: i32) -> FetchRequest {
+    FetchRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
+        .with_max_wait_ms(max_wait_ms)
         .with_min_bytes(1)
         .with_max_bytes(MAX_BYTES)
         .with_session_id(0)
@@ -70,9 +77,7 @@ fn fetch(c: &mut RawConn, version: i16, topic: &str, offsets: &[(i32, i64)]) -> 
                             .with_partition_max_bytes(PARTITION_MAX_BYTES)
                     })
                     .collect(),
-            )]);
-    c.request(version, &req)
-        .unwrap_or_else(|e| panic!("Fetch v{version}: {e}"))
+            )])
 }
 
 /// Checks every partition's records (whole valid batches, from its fetch offset, within its
@@ -151,4 +156,57 @@ fn a_fetch_over_two_shards_fills_max_bytes_and_never_exceeds_it() {
             "{what}: strand_kafka_bytes_out_total must count the bytes answered"
         );
     }
+}
+
+/// Fetch requests counted by the broker so far.
+fn fetches_started(broker: &Broker) -> f64 {
+    broker
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("strand_kafka_requests_total{api=\"Fetch\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// A connection has one fetch at a time, as with Kafka (which reads nothing more from a
+/// connection until its answer is sent): a fetch pipelined behind a long poll starts only once
+/// the long poll's answer is written. So the answers a shard holds, each up to
+/// `fetch.max.bytes`, stay at one per connection however many fetches a client sends without
+/// reading.
+#[test]
+fn a_fetch_pipelined_behind_a_long_poll_starts_after_its_answer() {
+    let (broker, bootstrap, topic) = setup("fetch-pipelined");
+    let mut c = admin::connect(&bootstrap);
+    let end = (BATCHES_PER_PARTITION * RECORDS_PER_BATCH) as i64;
+    let at_end: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, end)).collect();
+    let from_start: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, 0)).collect();
+    let before = fetches_started(&broker);
+    let long_poll = c
+        .send_request(versions::FETCH, &fetch_request(&topic, &at_end, 2_000))
+        .expect("send the long poll");
+    let sent = std::time::Instant::now();
+    let second = c
+        .send_request(versions::FETCH, &fetch_request(&topic, &from_start, 0))
+        .expect("send the second fetch");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let during = fetches_started(&broker) - before;
+    assert_eq!(
+        during, 1.0,
+        "{during} fetches started while the long poll waited: the second must wait for its answer"
+    );
+
+    let first = c.read_response().expect("the long poll's answer");
+    let waited = sent.elapsed();
+    assert_eq!(first.correlation_id, long_poll);
+    let first: FetchResponse = first.decode(versions::FETCH).expect("decode");
+    assert_eq!(answered_bytes(&first, &at_end, "long poll"), 0);
+    assert!(
+        waited >= std::time::Duration::from_millis(1_500),
+        "the long poll answered after {waited:?}, before its max_wait"
+    );
+    let next = c.read_response().expect("the second fetch's answer");
+    assert_eq!(next.correlation_id, second);
+    let next: FetchResponse = next.decode(versions::FETCH).expect("decode");
+    assert!(answered_bytes(&next, &from_start, "second fetch") > 0);
+    assert_eq!(fetches_started(&broker) - before, 2.0);
 }
