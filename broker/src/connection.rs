@@ -71,7 +71,8 @@ impl AsyncWrite for Half {
 
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
-/// Request bytes all connections of a shard may hold (at least one largest request).
+/// Request bytes all connections of a shard may hold, Kafka frames and HTTP bodies together (at
+/// least one largest request of either).
 const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
 
 /// Moves one connection may make in its life: each needs a full run of requests for the new
@@ -107,9 +108,16 @@ impl Connections {
             live: Cell::new(0),
             max: config.max_connections_per_shard as usize,
             request_memory: Rc::new(Semaphore::new(
-                SHARD_REQUEST_MEMORY_BYTES.max(u64::from(config.socket_request_max_bytes)),
+                SHARD_REQUEST_MEMORY_BYTES
+                    .max(u64::from(config.socket_request_max_bytes))
+                    .max(u64::from(config.http_max_body_bytes)),
             )),
         }
+    }
+
+    /// The shard's request memory, which HTTP bodies share.
+    pub(crate) fn request_memory(&self) -> Rc<Semaphore> {
+        self.request_memory.clone()
     }
 
     /// Refuses further request memory (shutdown): waiting readers end.

@@ -410,8 +410,9 @@ async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
                 let live = live.clone();
                 let api = api.clone();
                 let limits = limits.clone();
+                let body_memory = shard.connections.request_memory();
                 glommio::spawn_local(async move {
-                    crate::http::serve_connection(api, stream, limits).await;
+                    crate::http::serve_connection(api, stream, limits, body_memory).await;
                     live.set(live.get() - 1);
                 })
                 .detach();

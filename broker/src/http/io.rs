@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{select, Either};
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use glommio::sync::{Semaphore, StaticPermit};
 
 use super::parse::Version;
 use super::response::{Response, CONTINUE};
@@ -72,6 +73,8 @@ pub(crate) enum CloseReason {
     ReadError,
     /// Writing an answer failed or timed out.
     WriteFailed,
+    /// The shard's request memory was closed: the broker is shutting down.
+    ShuttingDown,
 }
 
 impl CloseReason {
@@ -86,6 +89,7 @@ impl CloseReason {
             CloseReason::BadRequest(_) => "bad request",
             CloseReason::ReadError => "read error",
             CloseReason::WriteFailed => "write failed",
+            CloseReason::ShuttingDown => "shutting down",
         }
     }
 }
@@ -112,11 +116,20 @@ pub(crate) async fn serve_connection<A: QueueApi>(
     api: Rc<A>,
     mut stream: glommio::net::TcpStream,
     limits: HttpLimits,
+    body_memory: Rc<Semaphore>,
 ) -> Closed {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
     let consumer = default_consumer_name(peer);
-    let closed = serve(&*api, &mut stream, &limits, &consumer, &GlommioSleeper).await;
+    let closed = serve(
+        &*api,
+        &mut stream,
+        &limits,
+        &body_memory,
+        &consumer,
+        &GlommioSleeper,
+    )
+    .await;
     tracing::debug!(
         ?peer,
         requests = closed.requests,
@@ -126,11 +139,16 @@ pub(crate) async fn serve_connection<A: QueueApi>(
     closed
 }
 
-/// The connection loop over any byte stream and timer.
+/// The connection loop over any byte stream and timer. A body is read only once its bytes are
+/// reserved from `body_memory` (the shard's request memory, shared with the Kafka listener),
+/// and they stay reserved until its answer is written: the bodies a shard buffers stay within
+/// that budget however many connections send at once. A request whose reservation does not
+/// come within the request read time is answered 408.
 pub(crate) async fn serve<A, S, T>(
     api: &A,
     stream: &mut S,
     limits: &HttpLimits,
+    body_memory: &Rc<Semaphore>,
     consumer: &str,
     sleeper: &T,
 ) -> Closed
@@ -144,10 +162,26 @@ where
     let mut out = Vec::new();
     let mut requests = 0u64;
     let mut request_started: Option<Instant> = None;
+    let mut body_reserved: Option<StaticPermit> = None;
     let closed = |requests, reason| Closed { requests, reason };
     loop {
         match session.poll() {
             Event::NeedMore => {
+                if body_reserved.is_none() {
+                    if let Some(n) = session.body_bytes_expected().filter(|n| *n > 0) {
+                        let started = *request_started.get_or_insert_with(Instant::now);
+                        let wait = limits.request_read_timeout.saturating_sub(started.elapsed());
+                        match within(sleeper, wait, body_memory.acquire_static_permit(n as u64)).await {
+                            Some(Ok(p)) => body_reserved = Some(p),
+                            Some(Err(_)) => return closed(requests, CloseReason::ShuttingDown),
+                            None => {
+                                let e = ApiError::request_timeout();
+                                answer_error(stream, sleeper, limits, &e, &mut out, &mut chunk).await;
+                                return closed(requests, CloseReason::RequestTimeout);
+                            }
+                        }
+                    }
+                }
                 let in_request = session.in_request();
                 let wait = if in_request {
                     let started = *request_started.get_or_insert_with(Instant::now);
@@ -187,6 +221,8 @@ where
                 }
             }
             Event::Request(req) => {
+                // This request's body memory, given back at the end of this arm: answered.
+                let _body_reserved = body_reserved.take();
                 requests += 1;
                 request_started = None;
                 let response = route::handle(api, &req, consumer).await;

@@ -27,7 +27,10 @@
 //!   the head already decides the answer (413, 411, ...), in which case the final answer is sent
 //!   at once and the connection is closed without reading the body. Other expectations: 417.
 //! - Limits ([`HttpLimits`]): head bytes (request line + headers; 431), header count (431),
-//!   body bytes (413, checked from `Content-Length` before reading, and while decoding chunks),
+//!   body bytes (413, checked from `Content-Length` before reading, and while decoding chunks;
+//!   a body still to be read is first reserved from the shard's request memory, shared with the
+//!   Kafka listener, and given back once its answer is written: 408 if it waits past the
+//!   request read time),
 //!   idle time between requests (the connection is closed), time to read one whole request
 //!   (408, then close), time to write an answer (close).
 //! - Every error caused by the request's framing closes the connection after its answer (the

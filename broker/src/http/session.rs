@@ -108,6 +108,23 @@ impl Session {
         }
     }
 
+    /// Body bytes the current request still brings, when its head is read: its length, or the
+    /// body limit for a chunked body. The connection reserves them from the shard's request
+    /// memory before reading them.
+    pub(crate) fn body_bytes_expected(&self) -> Option<usize> {
+        match &self.state {
+            State::Body {
+                body: Body::Length(n),
+                ..
+            } => Some(*n),
+            State::Body {
+                body: Body::Chunked(..),
+                ..
+            } => Some(self.limits.max_body_bytes),
+            _ => None,
+        }
+    }
+
     fn fail(&mut self, e: ApiError) -> Event {
         self.state = State::Failed;
         self.buf.clear();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{AsyncRead, AsyncWrite};
+use glommio::sync::Semaphore;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use strand_protocol::types::{Offset, PartitionId, TopicId};
@@ -275,6 +276,16 @@ struct Exchange {
 }
 
 fn exchange_with(pieces: Vec<Vec<u8>>, hang: bool, limits: &HttpLimits) -> Exchange {
+    exchange_within(pieces, hang, limits, &std::rc::Rc::new(Semaphore::new(1 << 30)))
+}
+
+/// [`exchange_with`] with the shard's request memory given.
+fn exchange_within(
+    pieces: Vec<Vec<u8>>,
+    hang: bool,
+    limits: &HttpLimits,
+    body_memory: &std::rc::Rc<Semaphore>,
+) -> Exchange {
     let api = FakeApi::default();
     let mut stream = MemStream {
         input: pieces.into(),
@@ -282,7 +293,14 @@ fn exchange_with(pieces: Vec<Vec<u8>>, hang: bool, limits: &HttpLimits) -> Excha
         output: Vec::new(),
         write_closed: false,
     };
-    let closed = futures::executor::block_on(io::serve(&api, &mut stream, limits, "conn-1", &Immediate));
+    let closed = futures::executor::block_on(io::serve(
+        &api,
+        &mut stream,
+        limits,
+        body_memory,
+        "conn-1",
+        &Immediate,
+    ));
     Exchange {
         output: stream.output,
         closed,
@@ -1312,6 +1330,55 @@ fn body_limit() {
     assert!(ex.calls.is_empty());
 }
 
+/// A body is read only once the shard's request memory holds room for it, and the room is given
+/// back once the answer is written; a request that gets none within the request read time is
+/// answered 408 and never reaches the queues.
+#[test]
+fn bodies_wait_for_the_shards_request_memory() {
+    let body = r#"{"payload":"0123456789"}"#;
+    let post = request("POST", "/v1/queues/q/messages", body);
+    let split = post.len() - body.len();
+    let pieces = vec![post[..split].to_vec(), post[split..].to_vec()];
+    let memory = std::rc::Rc::new(Semaphore::new(1000));
+
+    let held = memory
+        .try_acquire_static_permit(1000 - body.len() as u64 + 1)
+        .unwrap();
+    let ex = exchange_within(pieces.clone(), false, &limits(), &memory);
+    let rs = responses(&ex.output);
+    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![408]);
+    assert_eq!(ex.closed.reason, CloseReason::RequestTimeout);
+    assert!(ex.calls.is_empty(), "{:?}", ex.calls);
+    // A request without a body needs none.
+    let ex = exchange_within(vec![READY.to_vec()], false, &limits(), &memory);
+    assert_eq!(responses(&ex.output)[0].status, 200);
+
+    drop(held);
+    // Room for exactly one body: the second request on the connection gets it back from the
+    // first once that one is answered.
+    let held = memory
+        .try_acquire_static_permit(1000 - body.len() as u64)
+        .unwrap();
+    let ex = exchange_within([pieces.clone(), pieces].concat(), false, &limits(), &memory);
+    let rs = responses(&ex.output);
+    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 200]);
+    assert_eq!(ex.calls.len(), 2);
+    drop(held);
+    assert_eq!(memory.available(), 1000);
+
+    // Shutting down closes the memory: a connection waiting for it ends.
+    memory.close();
+    let post = request("POST", "/v1/queues/q/messages", body);
+    let ex = exchange_within(
+        vec![post[..split].to_vec(), post[split..].to_vec()],
+        false,
+        &limits(),
+        &memory,
+    );
+    assert_eq!(ex.closed.reason, CloseReason::ShuttingDown);
+    assert!(ex.calls.is_empty());
+}
+
 #[test]
 fn timeouts() {
     // Idle: no answer, just closed.
@@ -1505,7 +1572,8 @@ fn real_socket_keep_alive_pipelining_and_idle_timeout() {
                 let mut closes = Vec::new();
                 for _ in 0..2 {
                     let stream = listener.accept().await.unwrap();
-                    closes.push(serve_connection(api.clone(), stream, limits.clone()).await);
+                    let memory = Rc::new(glommio::sync::Semaphore::new(1 << 20));
+                    closes.push(serve_connection(api.clone(), stream, limits.clone(), memory).await);
                 }
                 let calls = api.calls.borrow().len();
                 (closes, calls)
