@@ -53,17 +53,7 @@ impl FileHandle for GlommioFile {
         let len = buf.len();
         let n = match &self.0 {
             Inner::Buffered(f) => f.write_at(buf, pos).await?,
-            Inner::Direct(f) => {
-                if !direct_aligned(len, pos) {
-                    return Err(unaligned(len, pos));
-                }
-                // One copy into aligned memory (glommio's registered buffers, or an aligned
-                // heap block), instead of the page-cache copy a buffered write makes.
-                let mut dma = f.alloc_dma_buffer(len);
-                dma.as_bytes_mut().copy_from_slice(&buf);
-                drop(buf);
-                f.write_at(dma, pos).await?
-            }
+            Inner::Direct(f) => return direct_write(f, vec![buf], pos).await.map(drop),
         };
         if n < len {
             return Err(short_write(n, len, pos));
@@ -71,29 +61,12 @@ impl FileHandle for GlommioFile {
         Ok(())
     }
 
-    /// On a direct file, one write: the pieces are copied into one aligned buffer anyway, and
-    /// one write lets the disk take them at once rather than one after another.
+    /// On a direct file, one write (see [`direct_write`]).
     async fn write_pieces_at(&self, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
-        let Inner::Direct(f) = &self.0 else {
-            return crate::fs::write_each(self, pieces, pos).await;
-        };
-        let len: usize = pieces.iter().map(Vec::len).sum();
-        if !direct_aligned(len, pos) {
-            return Err(unaligned(len, pos));
+        match &self.0 {
+            Inner::Buffered(_) => crate::fs::write_each(self, pieces, pos).await,
+            Inner::Direct(f) => direct_write(f, pieces, pos).await,
         }
-        let mut dma = f.alloc_dma_buffer(len);
-        let mut at = 0;
-        for piece in pieces {
-            if let Some(dst) = dma.as_bytes_mut().get_mut(at..at + piece.len()) {
-                dst.copy_from_slice(&piece);
-            }
-            at += piece.len();
-        }
-        let n = f.write_at(dma, pos).await?;
-        if n < len {
-            return Err(short_write(n, len, pos));
-        }
-        Ok(len as u64)
     }
 
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
@@ -134,6 +107,29 @@ impl FileHandle for GlommioFile {
             Inner::Direct(f) => Ok(f.file_size().await?),
         }
     }
+}
+
+/// Writes `pieces` back to back from `pos` as one direct write: they are copied into one
+/// aligned buffer (glommio's registered buffers, or an aligned heap block) instead of into the
+/// page cache, and one write lets the disk take them at once rather than one after another.
+async fn direct_write(f: &DmaFile, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
+    let len: usize = pieces.iter().map(Vec::len).sum();
+    if !direct_aligned(len, pos) {
+        return Err(unaligned(len, pos));
+    }
+    let mut dma = f.alloc_dma_buffer(len);
+    let mut at = 0;
+    for piece in pieces {
+        if let Some(dst) = dma.as_bytes_mut().get_mut(at..at + piece.len()) {
+            dst.copy_from_slice(&piece);
+        }
+        at += piece.len();
+    }
+    let n = f.write_at(dma, pos).await?;
+    if n < len {
+        return Err(short_write(n, len, pos));
+    }
+    Ok(len as u64)
 }
 
 /// What the page cache holds is read straight into the returned buffer; the rest (cold data)
