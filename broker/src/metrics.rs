@@ -48,6 +48,14 @@ pub(crate) fn describe() {
     );
     describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
     describe_counter!(
+        "strand_http_connections_closed_total",
+        "HTTP queue API connections closed, by reason (bad request, request timeout, peer closed, ...)."
+    );
+    describe_counter!(
+        "strand_http_requests_client_gone_total",
+        "HTTP requests whose client went away while they were served (a long-polling lease among them ends at once, leasing nothing); counted when the connection closes."
+    );
+    describe_counter!(
         "strand_connection_migrations_total",
         "Kafka connections handed to the shard that owns the partitions they produce to, by the shard they left."
     );
@@ -320,6 +328,8 @@ pub(crate) struct ShardMetrics {
     errors: RefCell<HashMap<(i16, i16, i16), Counter>>,
     durations: RefCell<HashMap<i16, Histogram>>,
     bad: RefCell<HashMap<&'static str, Counter>>,
+    http_closed: RefCell<HashMap<&'static str, Counter>>,
+    http_client_gone: Counter,
     partitions: RefCell<HashMap<(String, i32), PartitionGauges>>,
     bytes_in: Counter,
     bytes_out: Counter,
@@ -355,6 +365,8 @@ impl ShardMetrics {
             errors: RefCell::default(),
             durations: RefCell::default(),
             bad: RefCell::default(),
+            http_closed: RefCell::default(),
+            http_client_gone: counter!("strand_http_requests_client_gone_total", &l()),
             partitions: RefCell::default(),
             bytes_in: counter!("strand_kafka_bytes_in_total", &l()),
             bytes_out: counter!("strand_kafka_bytes_out_total", &l()),
@@ -424,6 +436,16 @@ impl ShardMetrics {
             .entry(reason)
             .or_insert_with(|| counter!("strand_bad_requests_total", "reason" => reason))
             .increment(1);
+    }
+
+    /// An HTTP connection closed: why, and how many of its requests lost their client.
+    pub(crate) fn http_closed(&self, reason: &'static str, client_gone: u64) {
+        self.http_closed
+            .borrow_mut()
+            .entry(reason)
+            .or_insert_with(|| counter!("strand_http_connections_closed_total", "reason" => reason))
+            .increment(1);
+        self.http_client_gone.increment(client_gone);
     }
 
     pub(crate) fn bytes_in(&self, n: usize) {

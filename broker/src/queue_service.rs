@@ -4,9 +4,10 @@
 //! engines. Queue administration goes through the controller like Kafka's topic admin.
 
 use std::collections::BTreeMap;
+use std::pin::pin;
 use std::rc::Rc;
 
-use futures::future::{join_all, select_all};
+use futures::future::{join_all, select, select_all};
 use kafka_protocol::ResponseError;
 use strand_protocol::partitioner::partition_for_key;
 use strand_protocol::types::{Offset, PartitionId, ShardId};
@@ -15,8 +16,8 @@ use crate::config::QUEUE_KEYS;
 use crate::controller::{self, ConfigEdit, ControllerOp, PartitionIncrease};
 use crate::http::types::SettleActionKind;
 use crate::http::{
-    ApiError, GroupStats, LeaseRequest, LeasedMessage, PublishMessage, Published, PutQueue, QueueApi,
-    QueueInfo, QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleBatch,
+    ApiError, GroupStats, LeaseRequest, LeasedMessage, PeerGone, PublishMessage, Published, PutQueue,
+    QueueApi, QueueInfo, QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleBatch,
     SettleOutcome, SettleRequest, Settled, SettledState,
 };
 use crate::metadata::{NewTopic, TopicMeta};
@@ -710,6 +711,7 @@ impl QueueApi for ShardQueues {
         queue: &str,
         req: LeaseRequest,
         connection_consumer: &str,
+        gone: &PeerGone,
     ) -> Result<Vec<LeasedMessage>, ApiError> {
         let t = self.topic(queue)?;
         crate::queue_host::group_dir_name(&req.group).map_err(failure)?;
@@ -718,6 +720,10 @@ impl QueueApi for ShardQueues {
         loop {
             let by_owner = self.parts_by_owner(&t);
             let mut out: Vec<LeasedMessage> = Vec::new();
+            if gone.is_set() {
+                // Nobody would read the answer: lease nothing.
+                return Ok(out);
+            }
             let mut first_error = None;
             for (owner, parts) in &by_owner {
                 let want = req.max_messages.saturating_sub(out.len() as u32);
@@ -794,7 +800,8 @@ impl QueueApi for ShardQueues {
             if waits.is_empty() {
                 return Ok(out);
             }
-            let _ = select_all(waits).await;
+            // The owners' waits lease nothing, so dropping them when the client goes is safe.
+            let _ = select(select_all(waits), pin!(gone.wait())).await;
             if self.shard.shutting_down.get() {
                 return Ok(out);
             }

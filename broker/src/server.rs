@@ -411,9 +411,13 @@ async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
                 let api = api.clone();
                 let limits = limits.clone();
                 let body_memory = shard.connections.request_memory();
+                let shard = shard.clone();
                 glommio::spawn_local(async move {
-                    crate::http::serve_connection(api, stream, limits, body_memory).await;
+                    let closed = crate::http::serve_connection(api, stream, limits, body_memory).await;
                     live.set(live.get() - 1);
+                    shard
+                        .metrics
+                        .http_closed(closed.reason.as_str(), closed.client_gone);
                 })
                 .detach();
             }

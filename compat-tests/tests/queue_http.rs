@@ -1913,6 +1913,61 @@ fn redrive_moves_dead_letters_back_with_their_ids() {
 // 8. Metrics
 
 /// Values of the samples of `name` (exactly that name) whose labels include `queue="<queue>"`.
+/// A client that goes away while its long poll waits must not be leased what arrives later:
+/// the broker notices the end of the connection, the poll ends leasing nothing, and a message
+/// published afterwards goes to the next client at its first attempt instead of being held by
+/// the gone client's lease for the visibility timeout.
+#[test]
+fn a_long_poll_whose_client_went_away_leases_nothing() {
+    use std::io::Write;
+    let broker = start_broker();
+    let addr = broker.http_addr();
+    let mut c = QueueClient::new(&addr);
+    let q = unique_topic("gone-poll");
+    create_queue(&mut c, &q, json!({ "partitions": 1 }));
+
+    let body = json!({ "max_messages": 10, "wait_ms": 20_000, "visibility_timeout_ms": 60_000 }).to_string();
+    let head = format!(
+        "POST /v1/queues/{q}/leases HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut poll = std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect: {e}"));
+    poll.write_all(head.as_bytes())
+        .and_then(|()| poll.write_all(body.as_bytes()))
+        .unwrap_or_else(|e| panic!("sending the long poll: {e}"));
+    drop(poll);
+    wait_for(
+        Duration::from_secs(10),
+        "the broker to end the gone client's long poll",
+        || {
+            let gone =
+                strand_compat_tests::metric_sum(&broker.metrics(), "strand_http_requests_client_gone_total");
+            (gone >= 1.0).then_some(())
+        },
+    );
+
+    let published = c
+        .publish(&q, &[OutMessage::new("after the client went")])
+        .unwrap_or_else(|e| panic!("publish: {e}"));
+    let opts = LeaseOptions {
+        max_messages: Some(10),
+        wait_ms: Some(5_000),
+        ..LeaseOptions::default()
+    };
+    let leased = c.lease(&q, &opts).unwrap_or_else(|e| panic!("lease: {e}"));
+    assert_eq!(
+        leased.len(),
+        1,
+        "the message published after the client went must be leased at once, not held by that client: {leased:?}"
+    );
+    assert_eq!(leased[0].id, published[0].id);
+    assert_eq!(leased[0].attempt, 1, "{leased:?}");
+    c.ack(&leased[0].id, leased[0].generation)
+        .unwrap_or_else(|e| panic!("ack: {e}"));
+    let closed = strand_compat_tests::metric_sum(&broker.metrics(), "strand_http_connections_closed_total");
+    assert!(closed >= 1.0, "connection closes are counted by reason: {closed}");
+}
+
 fn samples(metrics: &str, name: &str, queue: &str) -> Vec<f64> {
     let label = format!("queue=\"{queue}\"");
     metrics

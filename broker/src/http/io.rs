@@ -6,7 +6,8 @@
 //! byte of a next request has arrived (then the connection is closed without an answer),
 //! `request_read_timeout` from a request's first byte to its last (then 408), `write_timeout`
 //! per answer (then the connection is dropped). The queue service's own time (a long-polling
-//! lease) is not bounded here.
+//! lease) is not bounded here, but while it runs the loop keeps one read open: the end of the
+//! client's stream sets [`PeerGone`], which ends a long poll (see [`watch_peer`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +25,7 @@ use super::response::{Response, CONTINUE};
 use super::route;
 use super::session::{Event, Session};
 use super::types::ApiError;
-use super::{HttpLimits, QueueApi};
+use super::{HttpLimits, PeerGone, QueueApi};
 
 /// Bytes asked of one read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -99,6 +100,8 @@ impl CloseReason {
 pub(crate) struct Closed {
     pub(crate) requests: u64,
     pub(crate) reason: CloseReason,
+    /// Requests whose client went away while they were served (see [`PeerGone`]).
+    pub(crate) client_gone: u64,
 }
 
 /// The default consumer name of a connection: `http-<peer>-<n>`, `n` unique in the process.
@@ -134,6 +137,7 @@ pub(crate) async fn serve_connection<A: QueueApi>(
         ?peer,
         requests = closed.requests,
         reason = closed.reason.as_str(),
+        client_gone = closed.client_gone,
         "http connection closed"
     );
     closed
@@ -163,7 +167,12 @@ where
     let mut requests = 0u64;
     let mut request_started: Option<Instant> = None;
     let mut body_reserved: Option<StaticPermit> = None;
-    let closed = |requests, reason| Closed { requests, reason };
+    let client_gone = std::cell::Cell::new(0u64);
+    let closed = |requests, reason| Closed {
+        requests,
+        reason,
+        client_gone: client_gone.get(),
+    };
     loop {
         match session.poll() {
             Event::NeedMore => {
@@ -225,7 +234,15 @@ where
                 let _body_reserved = body_reserved.take();
                 requests += 1;
                 request_started = None;
-                let response = route::handle(api, &req, consumer).await;
+                let response = {
+                    let gone = PeerGone::default();
+                    let handled = pin!(route::handle(api, &req, consumer, &gone));
+                    let response = watch_peer(stream, &mut session, &mut chunk, &gone, handled).await;
+                    if gone.is_set() {
+                        client_gone.set(client_gone.get() + 1);
+                    }
+                    response
+                };
                 out.clear();
                 response.encode(req.method == "HEAD", req.keep_alive, req.version, &mut out);
                 if !write(stream, sleeper, limits, &out).await {
@@ -247,6 +264,34 @@ where
             }
         }
     }
+}
+
+/// Runs `handled` (one request) to its end while watching the connection: if the client's side
+/// ends (end of stream, or an error such as a reset) `gone` is set, and a long-polling lease
+/// stops waiting. Bytes that arrive meanwhile (a pipelined request) go into the session, and
+/// the watch stops there, so at most one read's worth is buffered ahead. Dropping a pending
+/// read loses nothing: the stream reads only once the socket is ready.
+async fn watch_peer<S, F>(
+    stream: &mut S,
+    session: &mut Session,
+    chunk: &mut [u8],
+    gone: &PeerGone,
+    mut handled: std::pin::Pin<&mut F>,
+) -> Response
+where
+    S: AsyncRead + Unpin,
+    F: Future<Output = Response>,
+{
+    let read = pin!(stream.read(chunk));
+    match select(handled.as_mut(), read).await {
+        Either::Left((response, _)) => return response,
+        Either::Right((Ok(n), _)) if n > 0 => {
+            // `n` came from this read of `chunk`; the read future is gone, so `chunk` is free.
+            session.push(chunk.get(..n).unwrap_or_default());
+        }
+        Either::Right(_) => gone.set(),
+    }
+    handled.await
 }
 
 /// Writes `bytes` within the write timeout; `false` if that failed.

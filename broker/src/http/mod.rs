@@ -59,6 +59,9 @@ pub(crate) mod types;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 pub(crate) use io::serve_connection;
@@ -90,11 +93,14 @@ pub(crate) trait QueueApi {
 
     /// `POST /v1/queues/{queue}/leases`. `connection_consumer` is the lease owner when
     /// `req.consumer` is `None` (see [`LeaseRequest::consumer_or`]): one name per connection.
+    /// A long poll ends at once, leasing nothing, when `gone` is set (the client went away
+    /// while it waited), so that no message is leased to a client that will never see it.
     async fn lease(
         &self,
         queue: &str,
         req: LeaseRequest,
         connection_consumer: &str,
+        gone: &PeerGone,
     ) -> Result<Vec<LeasedMessage>, ApiError>;
 
     /// `POST /v1/messages/{id}/ack`. `message_id` is the path segment, percent-decoded, not
@@ -140,5 +146,41 @@ impl Default for HttpLimits {
             request_read_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
         }
+    }
+}
+
+/// Set by the connection loop when the client's side of the connection ends (end of stream or
+/// an error) while one of its requests is being served. Only a long-polling lease looks at it;
+/// every other request runs to its end, and its answer is still written (a client that only
+/// shut down its sending side still reads it).
+#[derive(Default)]
+pub(crate) struct PeerGone {
+    gone: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl PeerGone {
+    pub(crate) fn set(&self) {
+        self.gone.set(true);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.gone.get()
+    }
+
+    /// Resolves once [`PeerGone::set`] has been called (one waiter at a time).
+    pub(crate) async fn wait(&self) {
+        poll_fn(|cx| {
+            if self.gone.get() {
+                Poll::Ready(())
+            } else {
+                self.waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
     }
 }

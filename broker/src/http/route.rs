@@ -24,7 +24,7 @@ use super::types::{
     ApiError, LeaseBody, LeasedMessage, PublishBody, Published, PutQueue, RedriveBody, SettleBatchBody,
     SettleBody, SettleOutcome, MAX_MESSAGE_ID_BYTES,
 };
-use super::QueueApi;
+use super::{PeerGone, QueueApi};
 
 /// Most segments a known path has; longer paths are 404 without decoding them all.
 const MAX_SEGMENTS: usize = 4;
@@ -139,8 +139,9 @@ struct Ready {
     status: &'static str,
 }
 
-/// Answers one request. `consumer` is the connection's default consumer name.
-pub(crate) async fn handle<A: QueueApi>(api: &A, req: &Request, consumer: &str) -> Response {
+/// Answers one request. `consumer` is the connection's default consumer name; `gone` tells a
+/// long-polling lease that the client went away.
+pub(crate) async fn handle<A: QueueApi>(api: &A, req: &Request, consumer: &str, gone: &PeerGone) -> Response {
     let endpoint = match resolve(&req.path) {
         Ok(e) => e,
         Err(e) => return Response::error(&e),
@@ -155,7 +156,7 @@ pub(crate) async fn handle<A: QueueApi>(api: &A, req: &Request, consumer: &str) 
         r.allow = Some(endpoint.allow());
         return r;
     }
-    match serve(api, endpoint, method, &req.body, consumer).await {
+    match serve(api, endpoint, method, &req.body, consumer, gone).await {
         Ok(r) => r,
         Err(e) => Response::error(&e),
     }
@@ -167,6 +168,7 @@ async fn serve<A: QueueApi>(
     method: &str,
     body: &[u8],
     consumer: &str,
+    gone: &PeerGone,
 ) -> Result<Response, ApiError> {
     Ok(match endpoint {
         Endpoint::Ready => Response::json(200, &Ready { status: "ready" }),
@@ -190,7 +192,7 @@ async fn serve<A: QueueApi>(
         Endpoint::Leases(q) => {
             check_queue(&q)?;
             let req = json::<LeaseBody>(body)?.validate()?;
-            let leased = api.lease(&q, req, consumer).await?;
+            let leased = api.lease(&q, req, consumer, gone).await?;
             Response::json(200, &LeasedList { messages: &leased })
         }
         Endpoint::Redrive(q) => {

@@ -115,10 +115,24 @@ impl QueueApi for FakeApi {
         queue: &str,
         req: LeaseRequest,
         connection_consumer: &str,
+        gone: &PeerGone,
     ) -> Result<Vec<LeasedMessage>, ApiError> {
         self.calls
             .borrow_mut()
             .push(Call::Lease(queue.into(), req.clone(), connection_consumer.into()));
+        // "poll": a long poll that leases nothing if the client goes within LONG_POLL_TURNS
+        // turns of the executor, else finds messages. "slow": answers after a few turns.
+        let turns = match queue {
+            "poll" => LONG_POLL_TURNS,
+            "slow" => 3,
+            _ => 0,
+        };
+        for _ in 0..turns {
+            if queue == "poll" && gone.is_set() {
+                return Ok(Vec::new());
+            }
+            yield_now().await;
+        }
         let text = LeasedMessage {
             id: "m1".into(),
             generation: 7,
@@ -202,6 +216,24 @@ impl QueueApi for FakeApi {
             redriven: u64::from(req.max_messages.min(42)),
         })
     }
+}
+
+/// Turns of the executor a fake long poll waits for its client to go.
+const LONG_POLL_TURNS: usize = 100;
+
+/// Pending once (waking itself at once): another future in a `select` gets its turn.
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 // ------------------------------------------------------------------------------------------
@@ -853,6 +885,55 @@ fn lease_rendering() {
     );
 }
 
+/// A client that sends a long poll and goes (end of stream) is noticed while the lease waits:
+/// the lease ends leasing nothing, instead of leasing messages nobody will see. A client that
+/// stays gets them.
+#[test]
+fn a_long_poll_ends_when_its_client_goes() {
+    let body = r#"{"max_messages": 3, "wait_ms": 20000}"#;
+    let ex = exchange(&request("POST", "/v1/queues/poll/leases", body));
+    assert_eq!(ex.closed.reason, CloseReason::PeerClosed);
+    assert_eq!(ex.closed.client_gone, 1);
+    assert_eq!(ex.calls.len(), 1, "{:?}", ex.calls);
+    // The answer is still written (a client may only have shut down its sending side).
+    let rs = responses(&ex.output);
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0].json(), json!({"messages": []}));
+
+    // The same request from a client that keeps its connection open finds the messages.
+    let ex = exchange_with(
+        vec![request("POST", "/v1/queues/poll/leases", body)],
+        true,
+        &limits(),
+    );
+    let rs = responses(&ex.output);
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0].json()["messages"].as_array().map(Vec::len), Some(3));
+    assert_eq!(ex.closed.client_gone, 0);
+}
+
+/// Bytes that arrive while a request is served (a pipelined request) are kept, not lost to
+/// the watch for the client going, and answered in order.
+#[test]
+fn a_request_pipelined_behind_a_slow_one_is_answered() {
+    let ex = exchange_with(
+        vec![
+            request("POST", "/v1/queues/slow/leases", r#"{"max_messages": 1}"#),
+            request("GET", "/v1/queues/after", ""),
+        ],
+        false,
+        &limits(),
+    );
+    let rs = responses(&ex.output);
+    assert_eq!(rs.len(), 2, "{:?}", String::from_utf8_lossy(&ex.output));
+    assert_eq!(rs[0].json()["messages"][0]["id"], "m1");
+    assert_eq!(rs[1].json()["name"], "after");
+    assert_eq!(ex.closed.reason, CloseReason::PeerClosed);
+    assert_eq!(ex.closed.requests, 2);
+    // The second request was answered before the end of stream was read.
+    assert_eq!(ex.closed.client_gone, 0);
+}
+
 #[test]
 fn lease_validation() {
     let path = "/v1/queues/orders/leases";
@@ -1148,7 +1229,8 @@ fn keep_alive_and_pipelining() {
             ex.closed,
             Closed {
                 requests: 4,
-                reason: CloseReason::PeerClosed
+                reason: CloseReason::PeerClosed,
+                client_gone: 0
             }
         );
         let queues: Vec<&str> = ex
@@ -1388,7 +1470,8 @@ fn timeouts() {
         ex.closed,
         Closed {
             requests: 1,
-            reason: CloseReason::IdleTimeout
+            reason: CloseReason::IdleTimeout,
+            client_gone: 0
         }
     );
     assert!(ex.write_closed);
@@ -1643,11 +1726,13 @@ fn real_socket_keep_alive_pipelining_and_idle_timeout() {
         vec![
             Closed {
                 requests: 4,
-                reason: CloseReason::IdleTimeout
+                reason: CloseReason::IdleTimeout,
+                client_gone: 0
             },
             Closed {
                 requests: 1,
-                reason: CloseReason::NotKeptAlive
+                reason: CloseReason::NotKeptAlive,
+                client_gone: 0
             },
         ]
     );
