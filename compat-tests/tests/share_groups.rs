@@ -1528,6 +1528,114 @@ fn share_group_offsets_are_described_and_deleted() {
     );
 }
 
+/// DeleteGroups (what `kafka-share-groups.sh --delete` sends) deletes an empty share group and
+/// its share state: refused while a member is in it, then the group is gone from ListGroups and
+/// DescribeShareGroupOffsets, and a new member reads from the start with fresh delivery counts.
+#[test]
+fn delete_groups_deletes_an_empty_share_group_and_its_state() {
+    use kafka_protocol::messages::{DeleteGroupsRequest, GroupId, ListGroupsRequest};
+    use kafka_protocol::protocol::StrBytes;
+    let broker = Broker::start();
+    let b = broker.bootstrap();
+    let topic = unique_topic("share-delete");
+    let group = unique_topic("share-delete-g");
+    let tid = setup(&b, &topic, 1, &group, &[]);
+    produce(&b, &topic, 1, 0, 10);
+    let mut c = admin::connect(&b);
+    let delete = |c: &mut RawConn, groups: &[&str]| -> Vec<(String, i16)> {
+        let req = DeleteGroupsRequest::default().with_groups_names(
+            groups
+                .iter()
+                .map(|g| GroupId(StrBytes::from_string(g.to_string())))
+                .collect(),
+        );
+        let r = c.request(2, &req).unwrap_or_else(|e| panic!("DeleteGroups: {e}"));
+        r.results
+            .iter()
+            .map(|g| (g.group_id.to_string(), g.error_code))
+            .collect()
+    };
+
+    // A member acquires the 10 records and accepts 0..=5: share state exists.
+    let m1 = uuid::Uuid::new_v4().to_string();
+    join(&mut c, &group, &m1, &topic, tid);
+    let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(tid, 0, vec![])];
+    let r = share::fetch(&mut c, &share::fetch_request(&group, &m1, 0, &none, 10, 5000));
+    assert_eq!(
+        share::acquired_ranges(&r),
+        vec![(tid, 0, 0, 9, 1)],
+        "m1 acquires all 10"
+    );
+    let r = share::acknowledge(
+        &mut c,
+        &share::acknowledge_request(&group, &m1, 1, &[(tid, 0, vec![(0, 5, vec![1])])]),
+    );
+    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
+    assert_eq!(described_start(&mut c, &group, &topic), (0, Some((0, 6))));
+
+    // With a member: refused.
+    assert_eq!(
+        delete(&mut c, &[&group]),
+        vec![(group.clone(), code(ResponseError::NonEmptyGroup))],
+        "DeleteGroups of a share group with a member"
+    );
+    let r = share::heartbeat(&mut c, &group, &m1, -1, None);
+    assert_eq!(r.error_code, 0, "leave: {}", err_name(r.error_code));
+
+    // Empty: deleted; an unknown group beside it gets its own error.
+    assert_eq!(
+        delete(&mut c, &[&group, "no-such-share-group"]),
+        vec![
+            (group.clone(), 0),
+            (
+                "no-such-share-group".to_string(),
+                code(ResponseError::GroupIdNotFound)
+            )
+        ],
+        "DeleteGroups of an empty share group"
+    );
+    let listed = c
+        .request(
+            5,
+            &ListGroupsRequest::default().with_types_filter(vec![StrBytes::from_static_str("share")]),
+        )
+        .unwrap_or_else(|e| panic!("ListGroups: {e}"));
+    assert!(
+        listed.groups.iter().all(|g| g.group_id.as_str() != group),
+        "a deleted share group is not listed: {:?}",
+        listed.groups
+    );
+    let (e, _) = described_start(&mut c, &group, &topic);
+    assert_eq!(
+        e,
+        code(ResponseError::GroupIdNotFound),
+        "DescribeShareGroupOffsets of the deleted group: {}",
+        err_name(e)
+    );
+    assert_eq!(
+        delete(&mut c, &[&group]),
+        vec![(group.clone(), code(ResponseError::GroupIdNotFound))],
+        "a second delete"
+    );
+
+    // The group's share state went with it: a new member gets all 10 again, at delivery 1
+    // (with the old state, 0..=5 would stay done and 6..=9 locked by m1 until its lock timeout).
+    let m2 = uuid::Uuid::new_v4().to_string();
+    join(&mut c, &group, &m2, &topic, tid);
+    let r = share::fetch(&mut c, &share::fetch_request(&group, &m2, 0, &none, 10, 5000));
+    assert_eq!(
+        r.error_code,
+        0,
+        "ShareFetch after delete: {}",
+        err_name(r.error_code)
+    );
+    assert_eq!(
+        share::acquired_ranges(&r),
+        vec![(tid, 0, 0, 9, 1)],
+        "after DeleteGroups the group reads the topic from the start again"
+    );
+}
+
 /// A joined member: heartbeats until its assignment names `topic_id`; returns its epoch.
 fn join(c: &mut RawConn, group: &str, member: &str, topic: &str, topic_id: uuid::Uuid) -> i32 {
     let r = share::heartbeat(c, group, member, 0, Some(&[topic]));

@@ -365,6 +365,20 @@ impl ShareCoordinator {
         self.groups.contains_key(group)
     }
 
+    /// DeleteGroups of a share group: forgets it, if it has no members. `Err`:
+    /// GROUP_ID_NOT_FOUND (no share group of that id here) or NON_EMPTY_GROUP. Its share state
+    /// (the queue engines) is the caller's to delete.
+    pub(crate) fn delete(&mut self, group: &str) -> Result<(), ResponseError> {
+        match self.groups.get(group) {
+            None => Err(ResponseError::GroupIdNotFound),
+            Some(g) if !g.members.is_empty() => Err(ResponseError::NonEmptyGroup),
+            Some(_) => {
+                self.groups.remove(group);
+                Ok(())
+            }
+        }
+    }
+
     /// Whether answering `req` needs to know first if a classic or consumer group has its group
     /// id: a valid join that would create the share group.
     pub(crate) fn needs_other_group_check(&self, req: &ShareGroupHeartbeatRequest) -> bool {

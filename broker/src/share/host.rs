@@ -100,6 +100,10 @@ impl ShareHost {
                 let answer = self.coordinator.borrow().check_member(&group, &member_id);
                 async move { ShareAnswer::Member(answer) }.boxed_local()
             }
+            ShareOp::Delete { group } => {
+                let answer = self.coordinator.borrow_mut().delete(&group);
+                async move { ShareAnswer::Deleted(answer) }.boxed_local()
+            }
         }
     }
 

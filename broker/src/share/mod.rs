@@ -120,6 +120,9 @@ pub(crate) enum ShareOp {
     /// [`ShareAnswer::Member`]: its epoch and assigned partitions, or GROUP_ID_NOT_FOUND /
     /// UNKNOWN_MEMBER_ID.
     CheckMember { group: String, member_id: String },
+    /// DeleteGroups of a share group: forgets `group` if it has no members →
+    /// [`ShareAnswer::Deleted`]. The caller then deletes the group's share state.
+    Delete { group: String },
 }
 
 /// The coordinator shard's answer to a [`ShareOp`].
@@ -130,6 +133,8 @@ pub(crate) enum ShareAnswer {
     List(Vec<ListedGroup>),
     ShareGroups(Vec<String>),
     Member(Result<MemberInfo, ResponseError>),
+    /// `Err`: GROUP_ID_NOT_FOUND (no share group of that id) or NON_EMPTY_GROUP.
+    Deleted(Result<(), ResponseError>),
 }
 
 /// The effective settings of share group `group`: its group configs (IncrementalAlterConfigs on

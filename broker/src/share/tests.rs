@@ -362,6 +362,28 @@ fn leaving_releases_and_reassigns() {
     assert_eq!(code(&h.heartbeat("g", "m2", e)), ResponseError::UnknownMemberId);
 }
 
+/// DeleteGroups of a share group: refused while it has members, then it is forgotten; a join
+/// afterwards starts a new group (epoch 1 again).
+#[test]
+fn delete_needs_an_empty_group() {
+    let mut h = Harness::new(&[("t", 2)]);
+    assert_eq!(h.c.delete("g"), Err(ResponseError::GroupIdNotFound));
+    h.join("g", "m1", &["t"]);
+    assert_eq!(h.c.delete("g"), Err(ResponseError::NonEmptyGroup));
+    assert!(h.c.is_share_group("g"));
+    let e = h.epoch_of("g", "m1");
+    assert_eq!(
+        h.send(req("g", "m1", e, None).with_member_epoch(-1)).error_code,
+        0
+    );
+    assert_eq!(h.c.delete("g"), Ok(()));
+    assert!(!h.c.is_share_group("g"));
+    assert!(h.c.list(&[], &[], 5).is_empty(), "a deleted group is not listed");
+    assert_eq!(h.c.delete("g"), Err(ResponseError::GroupIdNotFound));
+    assert_eq!(h.c.next_wake(), None);
+    assert_eq!(h.join("g", "m2", &["t"]), 1, "a new group starts at epoch 1");
+}
+
 #[test]
 fn sessions_expire_by_tick() {
     let mut h = Harness::new(&[("t", 2)]);
