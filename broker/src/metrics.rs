@@ -48,6 +48,15 @@ pub(crate) fn describe() {
     );
     describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
     describe_counter!(
+        "strand_http_requests_total",
+        "HTTP queue API requests answered, by endpoint and status."
+    );
+    describe_histogram!(
+        "strand_http_request_duration_seconds",
+        Unit::Seconds,
+        "Time from an HTTP request having been read to its answer being ready (a long poll's wait included), by endpoint."
+    );
+    describe_counter!(
         "strand_http_connections_closed_total",
         "HTTP queue API connections closed, by reason (bad request, request timeout, peer closed, ...)."
     );
@@ -329,6 +338,8 @@ pub(crate) struct ShardMetrics {
     durations: RefCell<HashMap<i16, Histogram>>,
     bad: RefCell<HashMap<&'static str, Counter>>,
     http_closed: RefCell<HashMap<&'static str, Counter>>,
+    http_requests: RefCell<HashMap<(&'static str, u16), Counter>>,
+    http_durations: RefCell<HashMap<&'static str, Histogram>>,
     http_client_gone: Counter,
     partitions: RefCell<HashMap<(String, i32), PartitionGauges>>,
     bytes_in: Counter,
@@ -366,6 +377,8 @@ impl ShardMetrics {
             durations: RefCell::default(),
             bad: RefCell::default(),
             http_closed: RefCell::default(),
+            http_requests: RefCell::default(),
+            http_durations: RefCell::default(),
             http_client_gone: counter!("strand_http_requests_client_gone_total", &l()),
             partitions: RefCell::default(),
             bytes_in: counter!("strand_kafka_bytes_in_total", &l()),
@@ -436,6 +449,22 @@ impl ShardMetrics {
             .entry(reason)
             .or_insert_with(|| counter!("strand_bad_requests_total", "reason" => reason))
             .increment(1);
+    }
+
+    /// An HTTP request answered: its endpoint label, status and duration.
+    pub(crate) fn http_request(&self, endpoint: &'static str, status: u16, seconds: f64) {
+        self.http_requests
+            .borrow_mut()
+            .entry((endpoint, status))
+            .or_insert_with(|| {
+                counter!("strand_http_requests_total", "endpoint" => endpoint, "status" => status.to_string())
+            })
+            .increment(1);
+        self.http_durations
+            .borrow_mut()
+            .entry(endpoint)
+            .or_insert_with(|| histogram!("strand_http_request_duration_seconds", "endpoint" => endpoint))
+            .record(seconds);
     }
 
     /// An HTTP connection closed: why, and how many of its requests lost their client.

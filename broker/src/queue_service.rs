@@ -706,6 +706,10 @@ impl QueueApi for ShardQueues {
             .collect()
     }
 
+    fn observe(&self, endpoint: &'static str, status: u16, seconds: f64) {
+        self.shard.metrics.http_request(endpoint, status, seconds);
+    }
+
     async fn lease(
         &self,
         queue: &str,

@@ -2044,4 +2044,16 @@ fn queue_metrics_are_exported() {
         (0.5..60.0).contains(&latency_sum),
         "5 acks, each at least 100 ms after its lease: lease-to-ack sum {latency_sum} s"
     );
+    // The HTTP API's own series: requests by endpoint and status, and their durations.
+    let http = |series: &str| strand_compat_tests::metric_sum(&text, series);
+    assert!(
+        http("strand_http_requests_total{endpoint=\"publish\",status=\"200\"}") >= 1.0,
+        "publishes counted: {}",
+        text.lines()
+            .filter(|l| l.starts_with("strand_http"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(http("strand_http_requests_total{endpoint=\"lease\",status=\"200\"}") >= 1.0);
+    assert!(http("strand_http_request_duration_seconds_count{endpoint=\"lease\"}") >= 1.0);
 }

@@ -114,6 +114,11 @@ pub(crate) trait QueueApi {
 
     /// `POST /v1/queues/{queue}/redrive`.
     async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError>;
+
+    /// Called once per request answered by the router: its endpoint (a fixed label, see
+    /// [`route::endpoint_label`]), the answer's status, and the time from the whole request
+    /// having been read to its answer being ready. Default: nothing.
+    fn observe(&self, _endpoint: &'static str, _status: u16, _seconds: f64) {}
 }
 
 /// Bounds of the HTTP server, per connection.

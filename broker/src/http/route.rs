@@ -30,7 +30,7 @@ use super::{PeerGone, QueueApi};
 const MAX_SEGMENTS: usize = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Endpoint {
+pub(crate) enum Endpoint {
     Ready,
     Queue(String),
     Messages(String),
@@ -139,10 +139,42 @@ struct Ready {
     status: &'static str,
 }
 
-/// Answers one request. `consumer` is the connection's default consumer name; `gone` tells a
-/// long-polling lease that the client went away.
+/// The metrics label of a request: its endpoint (`queue_get` and `queue_put` apart), or
+/// `unknown` for a path no endpoint serves.
+pub(crate) fn endpoint_label(endpoint: Option<&Endpoint>, method: &str) -> &'static str {
+    match endpoint {
+        None => "unknown",
+        Some(Endpoint::Ready) => "ready",
+        Some(Endpoint::Queue(_)) if method == "PUT" => "queue_put",
+        Some(Endpoint::Queue(_)) => "queue_get",
+        Some(Endpoint::Messages(_)) => "publish",
+        Some(Endpoint::Leases(_)) => "lease",
+        Some(Endpoint::Redrive(_)) => "redrive",
+        Some(Endpoint::Ack(_)) => "ack",
+        Some(Endpoint::AckBatch) => "ack_batch",
+    }
+}
+
+/// Answers one request, and reports it to [`QueueApi::observe`]. `consumer` is the
+/// connection's default consumer name; `gone` tells a long-polling lease that the client went
+/// away.
 pub(crate) async fn handle<A: QueueApi>(api: &A, req: &Request, consumer: &str, gone: &PeerGone) -> Response {
-    let endpoint = match resolve(&req.path) {
+    let started = std::time::Instant::now();
+    let endpoint = resolve(&req.path);
+    let label = endpoint_label(endpoint.as_ref().ok(), &req.method);
+    let response = answer(api, req, endpoint, consumer, gone).await;
+    api.observe(label, response.status, started.elapsed().as_secs_f64());
+    response
+}
+
+async fn answer<A: QueueApi>(
+    api: &A,
+    req: &Request,
+    endpoint: Result<Endpoint, ApiError>,
+    consumer: &str,
+    gone: &PeerGone,
+) -> Response {
+    let endpoint = match endpoint {
         Ok(e) => e,
         Err(e) => return Response::error(&e),
     };

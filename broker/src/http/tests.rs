@@ -36,6 +36,8 @@ enum Call {
 #[derive(Default)]
 struct FakeApi {
     calls: RefCell<Vec<Call>>,
+    /// What [`QueueApi::observe`] was told: endpoint label and status.
+    observed: RefCell<Vec<(&'static str, u16)>>,
 }
 
 fn info(name: &str) -> QueueInfo {
@@ -216,6 +218,11 @@ impl QueueApi for FakeApi {
             redriven: u64::from(req.max_messages.min(42)),
         })
     }
+
+    fn observe(&self, endpoint: &'static str, status: u16, seconds: f64) {
+        assert!(seconds >= 0.0);
+        self.observed.borrow_mut().push((endpoint, status));
+    }
 }
 
 /// Turns of the executor a fake long poll waits for its client to go.
@@ -305,6 +312,7 @@ struct Exchange {
     closed: Closed,
     write_closed: bool,
     calls: Vec<Call>,
+    observed: Vec<(&'static str, u16)>,
 }
 
 fn exchange_with(pieces: Vec<Vec<u8>>, hang: bool, limits: &HttpLimits) -> Exchange {
@@ -338,6 +346,7 @@ fn exchange_within(
         closed,
         write_closed: stream.write_closed,
         calls: api.calls.into_inner(),
+        observed: api.observed.into_inner(),
     }
 }
 
@@ -486,6 +495,55 @@ fn unknown_paths_and_methods() {
         assert_eq!(r.header("Allow"), Some(allow));
         assert!(calls.is_empty());
     }
+}
+
+/// Every request the router answers is reported once, with its endpoint label and status;
+/// framing errors (answered before routing) are not.
+#[test]
+fn requests_are_observed_by_endpoint_and_status() {
+    let input: Vec<u8> = [
+        request("GET", "/v1/status/ready", ""),
+        request("PUT", "/v1/queues/q", "{}"),
+        request("GET", "/v1/queues/missing", ""),
+        request(
+            "POST",
+            "/v1/queues/q/messages",
+            r#"{"messages": [{"payload": "x"}]}"#,
+        ),
+        request("POST", "/v1/queues/q/leases", "{}"),
+        request("POST", "/v1/queues/q/leases", r#"{"max_messages": 0}"#),
+        request(
+            "POST",
+            "/v1/messages/m1/ack",
+            r#"{"generation": 7, "action": "ack"}"#,
+        ),
+        request("POST", "/v1/messages/ack", r#"{"messages": []}"#), // refused: empty
+        request("POST", "/v1/queues/q/redrive", "{}"),
+        request("GET", "/v1/queues/q/leases", ""),
+        request("GET", "/nope", ""),
+        b"GET / HTTP/9.9\r\n\r\n".to_vec(),
+    ]
+    .concat();
+    let ex = exchange(&input);
+    assert_eq!(
+        ex.observed,
+        vec![
+            ("ready", 200),
+            ("queue_put", 201),
+            ("queue_get", 404),
+            ("publish", 200),
+            ("lease", 200),
+            ("lease", 400),
+            ("ack", 200),
+            ("ack_batch", 400),
+            ("redrive", 200),
+            ("lease", 405),
+            ("unknown", 404),
+        ],
+        "{}",
+        String::from_utf8_lossy(&ex.output)
+    );
+    assert_eq!(ex.closed.reason, CloseReason::BadRequest(505));
 }
 
 #[test]
