@@ -127,6 +127,38 @@ pub struct FsInfo {
     /// True for memory-backed filesystems (tmpfs, ramfs) where fdatasync persists nothing:
     /// durable-write figures measured there are meaningless.
     pub volatile: bool,
+    /// Bytes this process may still write (statvfs `f_bavail`), and that plus what is used (the
+    /// size df's Use% is of), when the run directory was made.
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+}
+
+/// Below this share of free space a run's figures are not comparable: ext4 and XFS allocate
+/// more slowly on a nearly full file system, and a peak phase may run out of space.
+pub const MIN_FREE_FRACTION: f64 = 0.25;
+
+impl FsInfo {
+    /// ", 39.2 of 92.1 GB free", or nothing if statvfs failed.
+    pub fn space_summary(&self) -> String {
+        match (self.free_bytes, self.total_bytes) {
+            (Some(f), Some(t)) => format!(", {:.1} of {:.1} GB free", f as f64 / 1e9, t as f64 / 1e9),
+            _ => String::new(),
+        }
+    }
+
+    /// A warning for the report when less than [`MIN_FREE_FRACTION`] of the file system is free.
+    pub fn space_warning(&self) -> Option<String> {
+        let (free, total) = (self.free_bytes?, self.total_bytes?);
+        (total > 0 && (free as f64) < MIN_FREE_FRACTION * total as f64).then(|| {
+            format!(
+                "only {:.1} of {:.1} GB free on the data directory's file system: allocation is slower \
+                 on a nearly full file system and a run may fail with ENOSPC; free space for \
+                 comparable figures",
+                free as f64 / 1e9,
+                total as f64 / 1e9
+            )
+        })
+    }
 }
 
 /// Finds the mount that holds `path` (the longest mount point that is a prefix of it).
@@ -137,12 +169,27 @@ pub fn filesystem_of(path: &Path) -> Result<FsInfo> {
     let (mount_point, fs_type, source) = mount_for(&mountinfo, &canonical)
         .with_context(|| format!("no mount in /proc/self/mountinfo holds {}", canonical.display()))?;
     let volatile = matches!(fs_type.as_str(), "tmpfs" | "ramfs");
+    let space = rustix::fs::statvfs(&canonical).ok();
+    let (free_bytes, total_bytes) = match space {
+        Some(s) => {
+            // As df computes Use%: what is used plus what this process may still use (blocks
+            // reserved for privileged writers are neither).
+            let used = s.f_blocks.saturating_sub(s.f_bfree);
+            (
+                Some(s.f_bavail.saturating_mul(s.f_frsize)),
+                Some(used.saturating_add(s.f_bavail).saturating_mul(s.f_frsize)),
+            )
+        }
+        None => (None, None),
+    };
     Ok(FsInfo {
         path: canonical,
         mount_point,
         fs_type,
         source,
         volatile,
+        free_bytes,
+        total_bytes,
     })
 }
 
@@ -270,9 +317,33 @@ mod tests {
     }
 
     #[test]
+    fn space_warning_below_a_quarter_free() {
+        let fs = |free, total| FsInfo {
+            path: PathBuf::from("/d"),
+            mount_point: PathBuf::from("/"),
+            fs_type: "ext4".into(),
+            source: "/dev/vda".into(),
+            volatile: false,
+            free_bytes: Some(free),
+            total_bytes: Some(total),
+        };
+        assert!(fs(9_900_000_000, 92_000_000_000).space_warning().is_some());
+        assert!(fs(39_000_000_000, 92_000_000_000).space_warning().is_none());
+        assert_eq!(fs(1, 4).space_summary(), ", 0.0 of 0.0 GB free");
+        let unknown = FsInfo {
+            free_bytes: None,
+            ..fs(0, 1)
+        };
+        assert!(unknown.space_warning().is_none() && unknown.space_summary().is_empty());
+    }
+
+    #[test]
     fn this_machine() {
         let fs = filesystem_of(Path::new(".")).unwrap();
         assert!(!fs.fs_type.is_empty());
+        let (free, total) = (fs.free_bytes.unwrap(), fs.total_bytes.unwrap());
+        assert!(free <= total && total > 0, "{free} of {total}");
+        assert!(fs.space_summary().ends_with("GB free"));
         assert!(HostInfo::probe().cpus_online >= 1);
     }
 }

@@ -315,13 +315,14 @@ pub fn render_text(r: &Report) -> String {
     );
     let _ = writeln!(
         o,
-        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}){}",
+        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}{}){}",
         r.host.cpus_available,
         r.host.cpu_model,
         r.host.kernel,
         r.data_dir.path.display(),
         r.data_dir.fs_type,
         r.data_dir.source,
+        r.data_dir.space_summary(),
         if r.data_dir.volatile {
             " — VOLATILE: fdatasync persists nothing here"
         } else {

@@ -277,6 +277,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             fs.fs_type
         ));
     }
+    warnings.extend(fs.space_warning());
     if cli.skip_raw {
         warnings.push("raw limits were not measured (--skip-raw): no ratios".into());
     }

@@ -491,6 +491,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         eprintln!("\n*** WARNING: {w} ***\n");
         warnings.push(w);
     }
+    warnings.extend(fs.space_warning());
     if cli.skip_raw {
         warnings.push("raw limits were not measured (--skip-raw): no ratios".into());
     }

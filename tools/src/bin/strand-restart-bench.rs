@@ -341,6 +341,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             fs.fs_type
         ));
     }
+    warnings.extend(fs.space_warning());
     let (version_number, librdkafka) = rdkafka::util::get_rdkafka_version();
     let mut report = Report {
         tool: ToolInfo {
