@@ -1332,16 +1332,8 @@ fn share_group_offsets_are_described_and_deleted() {
     );
 
     // A member acquires the 10 records and accepts 0..=5.
-    let m1 = uuid::Uuid::new_v4().to_string();
-    join(&mut c, &group, &m1, &topic, tid);
-    let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(tid, 0, vec![])];
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m1, 0, &none, 10, 5000));
-    assert_eq!(r.error_code, 0, "ShareFetch: {}", err_name(r.error_code));
-    assert_eq!(
-        share::acquired_ranges(&r),
-        vec![(tid, 0, 0, 9, 1)],
-        "m1 acquires all 10"
-    );
+    let (m1, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "of m1");
+    assert_eq!(acquired, vec![(tid, 0, 0, 9, 1)], "m1 acquires all 10");
     let r = share::acknowledge(
         &mut c,
         &share::acknowledge_request(&group, &m1, 1, &[(tid, 0, vec![(0, 5, vec![1])])]),
@@ -1445,17 +1437,9 @@ fn share_group_offsets_are_described_and_deleted() {
     );
 
     // A new member starts again per share.auto.offset.reset=earliest, with fresh delivery counts.
-    let m2 = uuid::Uuid::new_v4().to_string();
-    join(&mut c, &group, &m2, &topic, tid);
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m2, 0, &none, 10, 5000));
+    let (m2, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "after delete");
     assert_eq!(
-        r.error_code,
-        0,
-        "ShareFetch after delete: {}",
-        err_name(r.error_code)
-    );
-    assert_eq!(
-        share::acquired_ranges(&r),
+        acquired,
         vec![(tid, 0, 0, 9, 1)],
         "after the delete the group reads the topic from the start again"
     );
@@ -1512,17 +1496,9 @@ fn share_group_offsets_are_described_and_deleted() {
         "start offset after alter"
     );
     // A new member gets 8 and 9 only, with fresh delivery counts.
-    let m3 = uuid::Uuid::new_v4().to_string();
-    join(&mut c, &group, &m3, &topic, tid);
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m3, 0, &none, 10, 5000));
+    let (_, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "after alter");
     assert_eq!(
-        r.error_code,
-        0,
-        "ShareFetch after alter: {}",
-        err_name(r.error_code)
-    );
-    assert_eq!(
-        share::acquired_ranges(&r),
+        acquired,
         vec![(tid, 0, 8, 9, 1)],
         "after the alter the group starts at 8"
     );
@@ -1557,15 +1533,8 @@ fn delete_groups_deletes_an_empty_share_group_and_its_state() {
     };
 
     // A member acquires the 10 records and accepts 0..=5: share state exists.
-    let m1 = uuid::Uuid::new_v4().to_string();
-    join(&mut c, &group, &m1, &topic, tid);
-    let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(tid, 0, vec![])];
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m1, 0, &none, 10, 5000));
-    assert_eq!(
-        share::acquired_ranges(&r),
-        vec![(tid, 0, 0, 9, 1)],
-        "m1 acquires all 10"
-    );
+    let (m1, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "of m1");
+    assert_eq!(acquired, vec![(tid, 0, 0, 9, 1)], "m1 acquires all 10");
     let r = share::acknowledge(
         &mut c,
         &share::acknowledge_request(&group, &m1, 1, &[(tid, 0, vec![(0, 5, vec![1])])]),
@@ -1620,20 +1589,33 @@ fn delete_groups_deletes_an_empty_share_group_and_its_state() {
 
     // The group's share state went with it: a new member gets all 10 again, at delivery 1
     // (with the old state, 0..=5 would stay done and 6..=9 locked by m1 until its lock timeout).
-    let m2 = uuid::Uuid::new_v4().to_string();
-    join(&mut c, &group, &m2, &topic, tid);
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m2, 0, &none, 10, 5000));
+    let (_, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "after DeleteGroups");
     assert_eq!(
-        r.error_code,
-        0,
-        "ShareFetch after delete: {}",
-        err_name(r.error_code)
-    );
-    assert_eq!(
-        share::acquired_ranges(&r),
+        acquired,
         vec![(tid, 0, 0, 9, 1)],
         "after DeleteGroups the group reads the topic from the start again"
     );
+}
+
+/// Acquired ranges as `share::acquired_ranges` gives them: (topic id, partition, first, last,
+/// delivery count).
+type Acquired = Vec<(uuid::Uuid, i32, i64, i64, i16)>;
+
+/// A new member joins `group` and makes one ShareFetch of `topic` partition 0, which must
+/// succeed (`when` names it in the failure): the member id and the ranges it acquired.
+fn new_member_fetches(
+    c: &mut RawConn,
+    group: &str,
+    topic: &str,
+    topic_id: uuid::Uuid,
+    when: &str,
+) -> (String, Acquired) {
+    let member = uuid::Uuid::new_v4().to_string();
+    join(c, group, &member, topic, topic_id);
+    let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(topic_id, 0, vec![])];
+    let r = share::fetch(c, &share::fetch_request(group, &member, 0, &none, 10, 5000));
+    assert_eq!(r.error_code, 0, "ShareFetch {when}: {}", err_name(r.error_code));
+    (member, share::acquired_ranges(&r))
 }
 
 /// A joined member: heartbeats until its assignment names `topic_id`; returns its epoch.
