@@ -1332,19 +1332,7 @@ fn share_group_offsets_are_described_and_deleted() {
     );
 
     // A member acquires the 10 records and accepts 0..=5.
-    let (m1, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "of m1");
-    assert_eq!(acquired, vec![(tid, 0, 0, 9, 1)], "m1 acquires all 10");
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m1, 1, &[(tid, 0, vec![(0, 5, vec![1])])]),
-    );
-    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
-    let pe = r
-        .responses
-        .first()
-        .and_then(|t| t.partitions.first())
-        .map(|p| p.error_code);
-    assert_eq!(pe, Some(0), "accepting 0..=5: {:?}", pe.map(err_name));
+    let m1 = member_accepting_six_of_ten(&mut c, &group, &topic, tid);
 
     // While the member is in the group: described, and the delete is refused.
     assert_eq!(
@@ -1533,13 +1521,7 @@ fn delete_groups_deletes_an_empty_share_group_and_its_state() {
     };
 
     // A member acquires the 10 records and accepts 0..=5: share state exists.
-    let (m1, acquired) = new_member_fetches(&mut c, &group, &topic, tid, "of m1");
-    assert_eq!(acquired, vec![(tid, 0, 0, 9, 1)], "m1 acquires all 10");
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m1, 1, &[(tid, 0, vec![(0, 5, vec![1])])]),
-    );
-    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
+    let m1 = member_accepting_six_of_ten(&mut c, &group, &topic, tid);
     assert_eq!(described_start(&mut c, &group, &topic), (0, Some((0, 6))));
 
     // With a member: refused.
@@ -1616,6 +1598,29 @@ fn new_member_fetches(
     let r = share::fetch(c, &share::fetch_request(group, &member, 0, &none, 10, 5000));
     assert_eq!(r.error_code, 0, "ShareFetch {when}: {}", err_name(r.error_code));
     (member, share::acquired_ranges(&r))
+}
+
+/// A new member of `group` acquires the 10 records of `topic` partition 0 and accepts 0..=5;
+/// returns its member id (it stays in the group).
+fn member_accepting_six_of_ten(c: &mut RawConn, group: &str, topic: &str, topic_id: uuid::Uuid) -> String {
+    let (member, acquired) = new_member_fetches(c, group, topic, topic_id, "of the first member");
+    assert_eq!(
+        acquired,
+        vec![(topic_id, 0, 0, 9, 1)],
+        "the first member acquires all 10"
+    );
+    let r = share::acknowledge(
+        c,
+        &share::acknowledge_request(group, &member, 1, &[(topic_id, 0, vec![(0, 5, vec![1])])]),
+    );
+    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
+    let pe = r
+        .responses
+        .first()
+        .and_then(|t| t.partitions.first())
+        .map(|p| p.error_code);
+    assert_eq!(pe, Some(0), "accepting 0..=5: {:?}", pe.map(err_name));
+    member
 }
 
 /// A joined member: heartbeats until its assignment names `topic_id`; returns its epoch.
