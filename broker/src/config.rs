@@ -210,6 +210,9 @@ pub struct Config {
     /// meanwhile are written for the next round in pieces of at least this many bytes (0:
     /// rounds never overlap).
     pub flush_overlap_min_bytes: usize,
+    /// `strand.log.drop.behind.bytes`: after a segment file is fsynced, its pages more than this
+    /// many bytes behind its end are dropped from the page cache (0: kept, as Kafka does).
+    pub log_drop_behind_bytes: u64,
     /// `group.min.session.timeout.ms`.
     pub group_min_session_timeout_ms: i32,
     /// `group.max.session.timeout.ms`.
@@ -363,6 +366,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
         Int,
         Text("65536"),
         "While a flush round's fsyncs run, appends staged meanwhile are written in pieces this large (0: never).",
+    ),
+    key(
+        "strand.log.drop.behind.bytes",
+        Long,
+        Text("0"),
+        "After a segment is fsynced, drop its pages more than this far behind its end from the page cache (0: keep).",
     ),
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
@@ -939,6 +948,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
     let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
     let flush_overlap_min_bytes = r.int("strand.flush.overlap.min.bytes", 0, I32_MAX)?;
+    let log_drop_behind_bytes = r.int("strand.log.drop.behind.bytes", 0, i64::MAX)?;
     let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
     let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
     let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
@@ -1093,6 +1103,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         journal_segment_bytes,
         journal_direct_max_logs,
         flush_overlap_min_bytes,
+        log_drop_behind_bytes,
         group_min_session_timeout_ms,
         group_max_session_timeout_ms,
         offsets_retention_minutes,

@@ -138,6 +138,11 @@ pub(crate) fn describe() {
         "Bytes deleted by retention."
     );
     describe_gauge!("strand_partitions", "Partitions owned, by shard.");
+    describe_counter!(
+        "strand_page_cache_dropped_bytes_total",
+        Unit::Bytes,
+        "Segment bytes dropped from the page cache behind the written end (strand.log.drop.behind.bytes), by shard."
+    );
     describe_gauge!(
         "strand_journal_bytes",
         Unit::Bytes,
@@ -364,6 +369,7 @@ pub(crate) struct ShardMetrics {
     fetch_sessions: Gauge,
     stall: Histogram,
     dir_syncs: Counter,
+    dropped_behind: Counter,
     migrations: Counter,
 }
 
@@ -403,6 +409,7 @@ impl ShardMetrics {
             fetch_sessions: gauge!("strand_fetch_sessions", &l()),
             stall: histogram!("strand_shard_stall_seconds", &l()),
             dir_syncs: counter!("strand_flush_dir_syncs_total", &l()),
+            dropped_behind: counter!("strand_page_cache_dropped_bytes_total", &l()),
             migrations: counter!("strand_connection_migrations_total", &l()),
         }
     }
@@ -577,6 +584,8 @@ impl ShardMetrics {
         self.partitions_owned.set(partitions as f64);
         self.journal_bytes.set(store.journal_bytes() as f64);
         self.heap_bytes.set(store.heap_bytes() as f64);
+        self.dropped_behind
+            .absolute(strand_storage::fs_glommio::dropped_behind_bytes());
         self.offline.set(if store.offline_reason().is_some() {
             1.0
         } else {

@@ -234,6 +234,7 @@ async fn shard_main(
     ports_rx: mpsc::Receiver<Vec<SocketAddr>>,
 ) -> anyhow::Result<()> {
     let config = Rc::new((*config).clone());
+    strand_storage::fs_glommio::set_drop_behind_bytes(config.log_drop_behind_bytes);
     let (router, peers) = Router::connect(chan).await;
     let router = Rc::new(router);
     let store = ShardStore::open(

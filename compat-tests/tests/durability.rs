@@ -398,6 +398,66 @@ fn cached_bytes(path: &PathBuf) -> u64 {
     cached
 }
 
+/// `strand.log.drop.behind.bytes`: once a segment is fsynced, its pages more than the window
+/// behind its end leave the page cache, and every record is still read back, from the disk.
+/// (The control, a segment written without the setting staying cached, is the check at the top
+/// of the torn-segment test below.)
+#[test]
+fn segment_pages_behind_the_drop_window_leave_the_page_cache() {
+    const MIB: u64 = 1 << 20;
+    let broker = Broker::builder()
+        .needs_spawned("reads the broker's segment files")
+        .config("strand.log.drop.behind.bytes", MIB)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("dropbehind");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let records: Vec<TestRecord> = (0..400)
+        .map(|i| TestRecord {
+            partition: 0,
+            key: Some(format!("k{i}").into_bytes()),
+            value: Some(Gen::new(i as u64).bytes(64 << 10, &[])),
+            headers: vec![],
+            timestamp: None,
+        })
+        .collect();
+    let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
+    assert_eq!(offsets, (0..400).collect::<Vec<i64>>());
+
+    let segment = last_segment(&broker.partition_dir(&topic, 0));
+    let len = fs::metadata(&segment).map_or(0, |m| m.len());
+    let cached = cached_bytes(&segment);
+    // Drops go in steps of 4 MiB, and a large folio (2 MiB) the range only partly covers stays.
+    // The counter is published once a second.
+    let want_dropped = len.saturating_sub(8 * MIB) as f64;
+    let dropped = wait_for(Duration::from_secs(10), "the dropped-bytes counter", || {
+        let d = metric_sum(&broker.metrics(), "strand_page_cache_dropped_bytes_total");
+        (d >= want_dropped).then_some(d)
+    });
+    assert!(
+        len > 24 * MIB && cached <= 8 * MIB,
+        "segment {len} bytes, {cached} of them cached, {dropped} bytes dropped: pages more than 1 MiB \
+         behind the end must leave the page cache"
+    );
+
+    let got = clients::rdkafka_consume(
+        &bootstrap,
+        &topic,
+        0,
+        Offset::Beginning,
+        records.len(),
+        Duration::from_secs(60),
+    );
+    assert_eq!(got.len(), records.len());
+    for (n, (c, r)) in got.iter().zip(&records).enumerate() {
+        assert_eq!(c.offset, n as i64);
+        assert!(
+            c.key == r.key && c.value == r.value,
+            "record {n} read back differs from what was sent"
+        );
+    }
+}
+
 fn last_segment(dir: &PathBuf) -> PathBuf {
     let mut logs: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))

@@ -3,10 +3,12 @@
 //! (segment roll, topic creation) and use blocking `std::fs` calls.
 //!
 //! This is the only storage module that knows the runtime, and the only module of the workspace
-//! allowed `unsafe` code: one borrow of a file descriptor glommio owns (see [`cached_read`]).
+//! allowed `unsafe` code: one borrow of a file descriptor glommio owns (see [`borrow_fd`]).
 
+use std::cell::Cell;
 use std::io;
 use std::io::IoSliceMut;
+use std::num::NonZeroU64;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +26,87 @@ pub struct GlommioFs;
 /// A glommio file: buffered (page cache, io_uring), or direct (`O_DIRECT`, io_uring) for a file
 /// opened with [`Fs::open_direct`].
 #[derive(Debug)]
-pub struct GlommioFile(Inner);
+pub struct GlommioFile(Inner, Cell<Written>);
+
+/// How far a buffered file has been written, and up to where its pages were dropped from the
+/// page cache (see [`set_drop_behind_bytes`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Written {
+    end: u64,
+    dropped_to: u64,
+}
+
+/// Pages are dropped in steps of at least this many bytes, so that a log flushing small rounds
+/// makes one `fadvise` call per few MiB rather than one per round.
+const DROP_STEP_BYTES: u64 = 4 << 20;
+
+thread_local! {
+    /// See [`set_drop_behind_bytes`]; 0 drops nothing.
+    static DROP_BEHIND_BYTES: Cell<u64> = const { Cell::new(0) };
+    /// Bytes this thread (a shard) asked the kernel to drop from the page cache.
+    static DROPPED_BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// After an `fdatasync`, a buffered file's pages lying more than `bytes` behind the end of what
+/// was written through this handle are dropped from the page cache (`POSIX_FADV_DONTNEED`); 0
+/// (the default) keeps everything, as Kafka does. A growing log then reuses the pages it frees
+/// instead of taking new ones (the kernel drops whole folios, so up to one large folio more
+/// stays), which matters where taking a page the kernel has not used
+/// recently is expensive (a VM whose free memory goes back to the host, BENCHMARKS.md item 22);
+/// reads of dropped data come from the disk. For the calling thread: each shard sets it when it
+/// starts (`strand.log.drop.behind.bytes`).
+pub fn set_drop_behind_bytes(bytes: u64) {
+    DROP_BEHIND_BYTES.with(|d| d.set(bytes));
+}
+
+/// Bytes the calling shard has dropped from the page cache so far.
+pub fn dropped_behind_bytes() -> u64 {
+    DROPPED_BYTES.with(Cell::get)
+}
+
+/// The file's descriptor, for a system call glommio has no operation for.
+fn borrow_fd(file: &BufferedFile) -> BorrowedFd<'_> {
+    // SAFETY: the descriptor is owned by `file`, which stays borrowed for as long as the
+    // returned `BorrowedFd` lives, so it cannot be closed meanwhile.
+    #[allow(unsafe_code)]
+    unsafe {
+        BorrowedFd::borrow_raw(file.as_raw_fd())
+    }
+}
+
+impl GlommioFile {
+    fn wrote(&self, pos: u64, len: usize) {
+        let mut w = self.1.get();
+        w.end = w.end.max(pos + len as u64);
+        self.1.set(w);
+    }
+
+    /// Drops the pages more than [`DROP_BEHIND_BYTES`] behind the written end, once a step's
+    /// worth has gathered. Called after a successful `fdatasync`, so they are clean and go.
+    fn drop_behind(&self, file: &BufferedFile) {
+        let keep = DROP_BEHIND_BYTES.with(Cell::get);
+        let mut w = self.1.get();
+        let to = w.end.saturating_sub(keep);
+        if keep == 0 || to < w.dropped_to + DROP_STEP_BYTES {
+            return;
+        }
+        let Some(len) = NonZeroU64::new(to - w.dropped_to) else {
+            return;
+        };
+        // Only a hint: a failure leaves the pages cached, as without the setting.
+        match rustix::fs::fadvise(
+            borrow_fd(file),
+            w.dropped_to,
+            Some(len),
+            rustix::fs::Advice::DontNeed,
+        ) {
+            Ok(()) => DROPPED_BYTES.with(|d| d.set(d.get() + len.get())),
+            Err(e) => tracing::debug!(error = %e, "fadvise(DONTNEED) failed"),
+        }
+        w.dropped_to = to;
+        self.1.set(w);
+    }
+}
 
 #[derive(Debug)]
 enum Inner {
@@ -52,7 +134,11 @@ impl FileHandle for GlommioFile {
     async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
         let len = buf.len();
         let n = match &self.0 {
-            Inner::Buffered(f) => f.write_at(buf, pos).await?,
+            Inner::Buffered(f) => {
+                let n = f.write_at(buf, pos).await?;
+                self.wrote(pos, n);
+                n
+            }
             Inner::Direct(f) => return direct_write(f, vec![buf], pos).await.map(drop),
         };
         if n < len {
@@ -89,14 +175,25 @@ impl FileHandle for GlommioFile {
 
     async fn fdatasync(&self) -> io::Result<()> {
         match &self.0 {
-            Inner::Buffered(f) => Ok(f.fdatasync().await?),
+            Inner::Buffered(f) => {
+                f.fdatasync().await?;
+                self.drop_behind(f);
+                Ok(())
+            }
             Inner::Direct(f) => Ok(f.fdatasync().await?),
         }
     }
 
     async fn truncate(&self, len: u64) -> io::Result<()> {
         match &self.0 {
-            Inner::Buffered(f) => Ok(f.truncate(len).await?),
+            Inner::Buffered(f) => {
+                f.truncate(len).await?;
+                let mut w = self.1.get();
+                w.end = w.end.min(len);
+                w.dropped_to = w.dropped_to.min(len);
+                self.1.set(w);
+                Ok(())
+            }
             Inner::Direct(f) => Ok(f.truncate(len).await?),
         }
     }
@@ -166,10 +263,7 @@ fn cached_read(file: &BufferedFile, buf: &mut [u8], pos: u64) -> usize {
     if !NOWAIT_READS.load(Ordering::Relaxed) {
         return 0;
     }
-    // SAFETY: the descriptor is owned by `file`, which is borrowed for this whole function and
-    // cannot be closed while the borrow lasts; the `BorrowedFd` does not outlive it.
-    #[allow(unsafe_code)]
-    let fd = unsafe { BorrowedFd::borrow_raw(file.as_raw_fd()) };
+    let fd = borrow_fd(file);
     let mut filled = 0;
     while let Some(rest) = buf.get_mut(filled..).filter(|r| !r.is_empty()) {
         match rustix::io::preadv2(
@@ -204,7 +298,7 @@ impl Fs for GlommioFs {
             .create(create)
             .buffered_open(path)
             .await?;
-        Ok(GlommioFile(Inner::Buffered(f)))
+        Ok(GlommioFile(Inner::Buffered(f), Cell::default()))
     }
 
     /// `O_DIRECT` where the file system supports it (glommio writes tmpfs files without it); a
@@ -219,7 +313,7 @@ impl Fs for GlommioFs {
                 .await;
             match opened {
                 Ok(f) if f.alignment() <= crate::fs::DIRECT_WRITE_ALIGN => {
-                    return Ok(GlommioFile(Inner::Direct(f)));
+                    return Ok(GlommioFile(Inner::Direct(f), Cell::default()));
                 }
                 Ok(f) => {
                     if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
@@ -358,6 +452,73 @@ mod tests {
                 let cached = cached_read(buffered(&f), &mut probe, 0);
                 assert!(cached >= head.len() && cached < LEN, "{cached} bytes cached");
                 assert_eq!(&f.read_at(0, LEN).await.unwrap()[..], &want[..]);
+            })
+        });
+    }
+
+    /// How many of `len` bytes from `pos` the page cache holds, page by page.
+    fn cached_pages(f: &GlommioFile, pos: u64, len: usize) -> usize {
+        let mut page = vec![0u8; 4096];
+        (0..len / 4096)
+            .filter(|i| cached_read(buffered(f), &mut page, pos + (i * 4096) as u64) == 4096)
+            .count()
+    }
+
+    #[test]
+    fn pages_far_behind_the_written_end_are_dropped_after_fdatasync() {
+        run(|path| {
+            Box::pin(async move {
+                const MIB: usize = 1 << 20;
+                set_drop_behind_bytes(MIB as u64);
+                let want: Vec<u8> = (0..8 * MIB).map(|i| (i % 251) as u8).collect();
+                let f = GlommioFs.open(&path, true).await.unwrap();
+                // Less than a step behind: nothing dropped yet, even after the fsync.
+                f.write_all_at(want[..4 * MIB].to_vec(), 0).await.unwrap();
+                f.fdatasync().await.unwrap();
+                assert_eq!(
+                    cached_pages(&f, 0, 4 * MIB),
+                    1024,
+                    "dropped before a step gathered"
+                );
+                assert_eq!(dropped_behind_bytes(), 0);
+                // Written but not yet synced: still kept (dirty pages would not go anyway).
+                f.write_pieces_at(
+                    vec![want[4 * MIB..6 * MIB].to_vec(), want[6 * MIB..].to_vec()],
+                    4 * MIB as u64,
+                )
+                .await
+                .unwrap();
+                assert_eq!(cached_pages(&f, 0, 8 * MIB), 2048);
+                // Synced: all but the last MiB go (the kernel drops whole folios, so a large
+                // folio that the dropped range only partly covers stays: up to 2 MiB).
+                f.fdatasync().await.unwrap();
+                assert_eq!(
+                    cached_pages(&f, 0, 5 * MIB),
+                    0,
+                    "pages behind the window stayed cached"
+                );
+                assert_eq!(
+                    cached_pages(&f, 7 * MIB as u64, MIB),
+                    256,
+                    "the window was dropped"
+                );
+                assert_eq!(dropped_behind_bytes(), 7 * MIB as u64);
+                // Dropped data is still read, from the disk.
+                assert_eq!(&f.read_at(0, 8 * MIB).await.unwrap()[..], &want[..]);
+                // A truncation below the dropped point and a rewrite: the window follows it.
+                f.truncate(2 * MIB as u64).await.unwrap();
+                f.write_all_at(want[2 * MIB..].to_vec(), 2 * MIB as u64)
+                    .await
+                    .unwrap();
+                f.fdatasync().await.unwrap();
+                assert_eq!(cached_pages(&f, 2 * MIB as u64, 3 * MIB), 0);
+                assert_eq!(dropped_behind_bytes(), 12 * MIB as u64);
+                // 0 keeps everything.
+                set_drop_behind_bytes(0);
+                let g = GlommioFs.open(&path.with_extension("other"), true).await.unwrap();
+                g.write_all_at(want.clone(), 0).await.unwrap();
+                g.fdatasync().await.unwrap();
+                assert_eq!(cached_pages(&g, 0, 8 * MIB), 2048);
             })
         });
     }
