@@ -537,20 +537,169 @@ impl Rng {
         self.next() % n
     }
 
-    /// Bytes that decode into small arrays, short strings and small numbers more often than
-    /// uniform noise would: 0, 1 and 2 are array and string lengths in both encodings.
+    /// Bytes that decode into one-element arrays, short strings and small or extreme numbers
+    /// more often than uniform noise would, in both encodings: tokens of 1 (compact arrays and
+    /// strings: 0x02 is one element or one byte), 2 (i16 lengths) or 4 bytes (i32 counts), -1
+    /// (null), zeros (empty tag buffers), and random bytes.
     fn body(&mut self) -> Vec<u8> {
-        let len = self.below(96) as usize;
-        (0..len)
-            .map(|_| match self.below(20) {
-                0..=7 => 0,
-                8..=10 => 1,
-                11 => 2,
-                12 => 0xff,
-                _ => self.next() as u8,
-            })
-            .collect()
+        let tokens = self.below(48);
+        let mut out = Vec::new();
+        for _ in 0..tokens {
+            match self.below(16) {
+                0..=3 => out.push(0),
+                4..=5 => out.push(2),
+                6 => out.push(1),
+                7 => out.extend_from_slice(&[0, 0, 0, 1]),
+                8 => out.extend_from_slice(&[0, 1]),
+                9 => out.extend_from_slice(&[0xff; 4]),
+                10 => out.extend_from_slice(&(self.next() as u32).to_be_bytes()),
+                11 => out.extend_from_slice(&self.next().to_be_bytes()),
+                _ => out.push(self.next() as u8),
+            }
+        }
+        out
     }
+}
+
+/// Valid requests with one element in each list, for the mutations to start from: random bytes
+/// alone rarely decode into nested items (a partition inside a topic inside a request).
+fn seeds(
+    topic: &str,
+    topic_id: uuid::Uuid,
+) -> Vec<(
+    kafka_protocol::messages::ApiKey,
+    kafka_protocol::messages::RequestKind,
+)> {
+    use kafka_protocol::messages::*;
+    let s = |v: &str| StrBytes::from_string(v.to_string());
+    let group = || GroupId(s("fuzz-group"));
+    let name = || TopicName(s(topic));
+    let mut list_offsets = ListOffsetsRequest::default();
+    let mut lo_topic = list_offsets_request::ListOffsetsTopic::default();
+    lo_topic.name = name();
+    lo_topic.partitions = vec![list_offsets_request::ListOffsetsPartition::default()];
+    list_offsets.topics = vec![lo_topic];
+    let mut commit = OffsetCommitRequest::default();
+    commit.group_id = group();
+    commit.generation_id_or_member_epoch = -1;
+    let mut c_topic = offset_commit_request::OffsetCommitRequestTopic::default();
+    c_topic.name = name();
+    let mut c_part = offset_commit_request::OffsetCommitRequestPartition::default();
+    c_part.committed_offset = 2;
+    c_topic.partitions = vec![c_part];
+    commit.topics = vec![c_topic];
+    let mut offset_fetch_old = OffsetFetchRequest::default();
+    offset_fetch_old.group_id = group();
+    let mut f_topic = offset_fetch_request::OffsetFetchRequestTopic::default();
+    f_topic.name = name();
+    f_topic.partition_indexes = vec![0, 1];
+    offset_fetch_old.topics = Some(vec![f_topic]);
+    let mut offset_fetch = OffsetFetchRequest::default();
+    let mut f_group = offset_fetch_request::OffsetFetchRequestGroup::default();
+    f_group.group_id = group();
+    f_group.member_epoch = -1;
+    let mut f_topics = offset_fetch_request::OffsetFetchRequestTopics::default();
+    f_topics.name = name();
+    f_topics.topic_id = topic_id;
+    f_topics.partition_indexes = vec![0];
+    f_group.topics = Some(vec![f_topics]);
+    offset_fetch.groups = vec![f_group];
+    let mut join = JoinGroupRequest::default();
+    join.group_id = group();
+    join.session_timeout_ms = 10_000;
+    join.rebalance_timeout_ms = 10_000;
+    join.protocol_type = s("consumer");
+    let mut proto = join_group_request::JoinGroupRequestProtocol::default();
+    proto.name = s("range");
+    proto.metadata = bytes::Bytes::from_static(&[0, 1, 0, 0, 0, 1, 0, 1, b'x', 0, 0, 0, 0]);
+    join.protocols = vec![proto];
+    let mut sync = SyncGroupRequest::default();
+    sync.group_id = group();
+    sync.member_id = s("m");
+    let mut assignment = sync_group_request::SyncGroupRequestAssignment::default();
+    assignment.member_id = s("m");
+    assignment.assignment = bytes::Bytes::from_static(&[0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    sync.assignments = vec![assignment];
+    let mut heartbeat = HeartbeatRequest::default();
+    heartbeat.group_id = group();
+    heartbeat.member_id = s("m");
+    let mut cg = ConsumerGroupHeartbeatRequest::default();
+    cg.group_id = group();
+    cg.member_id = s("0123456789abcdef0123456789");
+    cg.rebalance_timeout_ms = 10_000;
+    cg.subscribed_topic_names = Some(vec![name()]);
+    let mut tp = consumer_group_heartbeat_request::TopicPartitions::default();
+    tp.topic_id = topic_id;
+    tp.partitions = vec![0, 2];
+    cg.topic_partitions = Some(vec![tp]);
+    let mut sg = ShareGroupHeartbeatRequest::default();
+    sg.group_id = GroupId(s("fuzz-share"));
+    sg.member_id = s("0123456789abcdef0123456789");
+    sg.subscribed_topic_names = Some(vec![name()]);
+    let acks = vec![(0i64, 1i64, vec![1i8])];
+    let share_fetch = strand_compat_tests::share::fetch_request(
+        "fuzz-share",
+        "0123456789abcdef0123456789",
+        0,
+        &[(topic_id, 0, acks.clone())],
+        10,
+        10,
+    );
+    let share_ack = strand_compat_tests::share::acknowledge_request(
+        "fuzz-share",
+        "0123456789abcdef0123456789",
+        1,
+        &[(topic_id, 0, acks)],
+    );
+    let mut delete = DeleteRecordsRequest::default();
+    let mut d_topic = delete_records_request::DeleteRecordsTopic::default();
+    d_topic.name = name();
+    let mut d_part = delete_records_request::DeleteRecordsPartition::default();
+    d_part.offset = 1;
+    d_topic.partitions = vec![d_part];
+    delete.topics = vec![d_topic];
+    let mut epochs = OffsetForLeaderEpochRequest::default();
+    let mut e_topic = offset_for_leader_epoch_request::OffsetForLeaderTopic::default();
+    e_topic.topic = name();
+    e_topic.partitions = vec![offset_for_leader_epoch_request::OffsetForLeaderPartition::default()];
+    epochs.topics = vec![e_topic];
+    let mut init = InitProducerIdRequest::default();
+    init.producer_id = ProducerId(-1);
+    init.producer_epoch = -1;
+    vec![
+        (
+            ApiKey::Produce,
+            RequestKind::Produce(admin::produce_request(
+                topic,
+                -1,
+                vec![(0, one_record_batch(b"fuzz"))],
+            )),
+        ),
+        (
+            ApiKey::Fetch,
+            RequestKind::Fetch(admin::fetch_request(topic, 0, 0, 1 << 20)),
+        ),
+        (ApiKey::ListOffsets, RequestKind::ListOffsets(list_offsets)),
+        (ApiKey::OffsetCommit, RequestKind::OffsetCommit(commit)),
+        (ApiKey::OffsetFetch, RequestKind::OffsetFetch(offset_fetch_old)),
+        (ApiKey::OffsetFetch, RequestKind::OffsetFetch(offset_fetch)),
+        (ApiKey::JoinGroup, RequestKind::JoinGroup(join)),
+        (ApiKey::SyncGroup, RequestKind::SyncGroup(sync)),
+        (ApiKey::Heartbeat, RequestKind::Heartbeat(heartbeat)),
+        (
+            ApiKey::ConsumerGroupHeartbeat,
+            RequestKind::ConsumerGroupHeartbeat(cg),
+        ),
+        (ApiKey::ShareGroupHeartbeat, RequestKind::ShareGroupHeartbeat(sg)),
+        (ApiKey::ShareFetch, RequestKind::ShareFetch(share_fetch)),
+        (ApiKey::ShareAcknowledge, RequestKind::ShareAcknowledge(share_ack)),
+        (ApiKey::DeleteRecords, RequestKind::DeleteRecords(delete)),
+        (
+            ApiKey::OffsetForLeaderEpoch,
+            RequestKind::OffsetForLeaderEpoch(epochs),
+        ),
+        (ApiKey::InitProducerId, RequestKind::InitProducerId(init)),
+    ]
 }
 
 /// Points the topics a decoded request names at a real topic, so that the mutated numbers
@@ -582,9 +731,11 @@ fn aim_at(req: &mut kafka_protocol::messages::RequestKind, topic: &str, topic_id
 }
 
 /// Every API the broker advertises, at every version, gets requests that decode but carry
-/// random contents (random bytes kept only if `kafka-protocol` decodes them, then aimed at a
-/// real topic), each on its own connection that is dropped after at most 100 ms, answered or
-/// not. The broker must answer or close, never panic, and keep serving.
+/// random contents: random bytes kept only if `kafka-protocol` decodes them, and valid requests
+/// of the main APIs (one element in each list) with one to four of their bytes overwritten,
+/// again kept only if they decode; all aimed at a real topic. Each goes on its own connection,
+/// dropped after at most 100 ms, answered or not. The broker must answer or close, never
+/// panic, and keep serving.
 #[test]
 fn random_requests_of_every_api_never_take_the_broker_down() {
     use kafka_protocol::messages::{ApiKey, RequestKind};
@@ -606,47 +757,100 @@ fn random_requests_of_every_api_never_take_the_broker_down() {
     let advertised = admin::api_versions(&mut c).api_keys;
     drop(c);
 
+    let (mut sent, mut answered) = (0usize, 0usize);
+    let trace = std::env::var("STRAND_FUZZ_TRACE").is_ok();
+    let mut send = |api: ApiKey, version: i16, mut req: RequestKind| {
+        aim_at(&mut req, &topic, topic_id);
+        if trace {
+            eprintln!("#{sent} {api:?} v{version} {req:?}");
+        }
+        let mut frame = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(api as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(sent as i32)
+            .with_client_id(Some(StrBytes::from_static_str("fuzz")))
+            .encode(&mut frame, api.request_header_version(version))
+            .expect("header");
+        if req.encode(&mut frame, version).is_err() {
+            return;
+        }
+        let mut conn = RawConn::connect(&bootstrap).unwrap_or_else(|e| {
+            panic!(
+                "seed {seed}: connect after {sent} requests: {e}; the broker's last words:\n{}",
+                broker.stderr_tail(30)
+            )
+        });
+        conn.set_read_timeout(Duration::from_millis(100))
+            .expect("timeout");
+        conn.send_frame(&frame).expect("send");
+        sent += 1;
+        if matches!(conn.read_frame(), Ok(Some(_))) {
+            answered += 1;
+        }
+        if sent % 200 == 0 || sent as u64 >= env("STRAND_FUZZ_CHECK_FROM", u64::MAX) {
+            admin::assert_broker_serves(&bootstrap);
+        }
+    };
     // Any seed but this constant gives the generator a non-zero state.
     let mut rng = Rng(seed ^ 0x9e37_79b9_7f4a_7c15);
-    let (mut sent, mut answered) = (0usize, 0usize);
+    let versions = |api: ApiKey| {
+        advertised
+            .iter()
+            .find(|k| k.api_key == api as i16)
+            .map(|k| (k.min_version..=k.max_version).collect::<Vec<i16>>())
+            .unwrap_or_default()
+    };
     for k in &advertised {
         let Ok(api) = ApiKey::try_from(k.api_key) else {
             continue;
         };
-        for version in k.min_version..=k.max_version {
+        for version in versions(api) {
             let mut found = 0;
             for _ in 0..100 * per_version {
                 if found == per_version {
                     break;
                 }
                 let mut buf = bytes::Bytes::from(rng.body());
-                let Ok(mut req) = RequestKind::decode(api, &mut buf, version) else {
-                    continue;
-                };
-                found += 1;
-                aim_at(&mut req, &topic, topic_id);
-                let mut frame = BytesMut::new();
-                RequestHeader::default()
-                    .with_request_api_key(k.api_key)
-                    .with_request_api_version(version)
-                    .with_correlation_id(sent as i32)
-                    .with_client_id(Some(StrBytes::from_static_str("fuzz")))
-                    .encode(&mut frame, api.request_header_version(version))
-                    .expect("header");
-                if req.encode(&mut frame, version).is_err() {
-                    continue;
+                if let Ok(req) = RequestKind::decode(api, &mut buf, version) {
+                    found += 1;
+                    send(api, version, req);
                 }
-                let mut conn = RawConn::connect(&bootstrap)
-                    .unwrap_or_else(|e| panic!("seed {seed}: connect after {sent} requests: {e}"));
-                conn.set_read_timeout(Duration::from_millis(100))
-                    .expect("timeout");
-                conn.send_frame(&frame).expect("send");
-                sent += 1;
-                if matches!(conn.read_frame(), Ok(Some(_))) {
-                    answered += 1;
+            }
+        }
+    }
+    for (api, seed_req) in seeds(&topic, topic_id) {
+        for version in versions(api) {
+            let mut valid = BytesMut::new();
+            if seed_req.encode(&mut valid, version).is_err() {
+                continue;
+            }
+            let mut found = 0;
+            for _ in 0..100 * per_version {
+                if found == 4 * per_version {
+                    break;
                 }
-                if sent % 200 == 0 {
-                    admin::assert_broker_serves(&bootstrap);
+                let mut body = valid.to_vec();
+                for _ in 0..=rng.below(3) {
+                    let at = rng.below(body.len() as u64) as usize;
+                    let with: Vec<u8> = match rng.below(6) {
+                        0 => vec![0],
+                        1 => vec![rng.below(4) as u8],
+                        2 => vec![0xff; 4],
+                        3 => vec![0x7f, 0xff, 0xff, 0xff],
+                        4 => vec![0x80, 0, 0, 0],
+                        _ => vec![rng.next() as u8],
+                    };
+                    for (i, b) in with.into_iter().enumerate() {
+                        if let Some(x) = body.get_mut(at + i) {
+                            *x = b;
+                        }
+                    }
+                }
+                let mut buf = bytes::Bytes::from(body);
+                if let Ok(req) = RequestKind::decode(api, &mut buf, version) {
+                    found += 1;
+                    send(api, version, req);
                 }
             }
         }
@@ -659,7 +863,7 @@ fn random_requests_of_every_api_never_take_the_broker_down() {
         broker.stderr_tail(60)
     );
     assert!(
-        sent > 500 && answered > sent / 4,
+        sent > 1000 && answered > sent / 4,
         "seed {seed}: {sent} random requests sent, {answered} answered: too few reach the handlers"
     );
     eprintln!("{sent} random requests, {answered} answered");

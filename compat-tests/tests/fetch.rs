@@ -4,6 +4,7 @@
 //! log read's buffers as their own segments of the response, so these also check that the
 //! segments reach the client whole and in order, in a flexible and a non-flexible version.
 //! A connection has one fetch at a time: one pipelined behind a long poll starts after its answer.
+//! A fetch that cannot gather `min_bytes` waits for new data without keeping its shard busy.
 
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
@@ -209,4 +210,51 @@ fn a_fetch_pipelined_behind_a_long_poll_starts_after_its_answer() {
     let next: FetchResponse = next.decode(versions::FETCH).expect("decode");
     assert!(answered_bytes(&next, &from_start, "second fetch") > 0);
     assert_eq!(fetches_started(&broker) - before, 2.0);
+}
+
+/// A fetch whose `max_bytes` (0 here) is below its `min_bytes` can never gather `min_bytes` from
+/// the data that is there: like any long poll it must wait for new data or `max_wait_ms`. It used
+/// to wake at once for the data it had just read, read it again, and loop until `max_wait_ms`,
+/// keeping its shard so busy that other clients went unserved (found by
+/// `bad_input::random_requests_of_every_api_never_take_the_broker_down`). At `max_wait_ms` it
+/// answers with what there is: the first batch, as KIP-74 requires.
+#[test]
+fn a_fetch_that_cannot_reach_min_bytes_waits_without_starving_the_broker() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("minbytes");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let mut c = admin::connect(&bootstrap);
+    admin::produce_values(&mut c, &topic, 0, &[b"a", b"b", b"c"]);
+    let mut req = admin::fetch_request(&topic, 0, 0, 1 << 20);
+    req.max_wait_ms = 6_000;
+    req.min_bytes = 1 << 20;
+    req.max_bytes = 0;
+    let mut f = RawConn::connect(&bootstrap).expect("connect");
+    let sent = std::time::Instant::now();
+    f.send_request(versions::FETCH, &req).expect("send");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    admin::assert_broker_serves(&bootstrap);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "another client waited {:?} while the fetch waited for min_bytes",
+        t.elapsed()
+    );
+    let resp: FetchResponse = f
+        .read_response()
+        .and_then(|r| r.decode(versions::FETCH))
+        .expect("the fetch's answer");
+    assert!(
+        sent.elapsed() >= std::time::Duration::from_millis(5_900),
+        "answered after {:?}, before max_wait_ms",
+        sent.elapsed()
+    );
+    let part = &resp.responses[0].partitions[0];
+    assert_eq!(part.error_code, 0);
+    let records = part.records.as_ref().map_or(0, |r| r.len());
+    assert!(
+        records > 0,
+        "the first batch must be answered even over max_bytes (KIP-74)"
+    );
 }

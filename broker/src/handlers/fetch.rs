@@ -134,10 +134,22 @@ async fn read_into(
     }
 }
 
-/// Waits until an owner reports data past a fetch offset, or the timeout.
-async fn wait_any(shard: &Rc<Shard>, parts: &[SessionPartition], timeout: Duration) {
+/// Waits until an owner reports data past what the last read saw, or the timeout.
+///
+/// `results` are that read's outcomes, one per partition: a partition is waited on past its
+/// fetch offset or past the high watermark the read saw, whichever is higher. Data already
+/// there when the read ran is not news: waking for it would read the same bytes again at
+/// once, in a loop, for as long as `min_bytes` stays out of reach (e.g. a `max_bytes` below
+/// `min_bytes`), and keep the shard busy until `max_wait_ms`.
+async fn wait_any(
+    shard: &Rc<Shard>,
+    parts: &[SessionPartition],
+    results: &[FetchOutcome],
+    timeout: Duration,
+) {
     let mut by_owner: BTreeMap<ShardId, Vec<(PartRef, i64)>> = BTreeMap::new();
-    for p in parts {
+    for (i, p) in parts.iter().enumerate() {
+        let seen = results.get(i).map_or(-1, |r| r.high_watermark);
         by_owner
             .entry(shard.owner(&p.topic, p.partition))
             .or_default()
@@ -146,7 +158,7 @@ async fn wait_any(shard: &Rc<Shard>, parts: &[SessionPartition], timeout: Durati
                     topic: p.topic.clone(),
                     partition: p.partition,
                 },
-                p.fetch_offset,
+                p.fetch_offset.max(seen),
             ));
     }
     let timeout_ms = timeout.as_millis() as u64;
@@ -284,7 +296,7 @@ impl Handler for Fetch {
                     {
                         break;
                     }
-                    wait_any(&shard, &parts, left).await;
+                    wait_any(&shard, &parts, &results, left).await;
                     results = read_once(&shard, &parts, max_bytes).await;
                 }
                 // Bound the whole answer: whole partitions' data only, the first one always.
