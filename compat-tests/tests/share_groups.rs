@@ -1822,3 +1822,63 @@ fn share_protocol_errors_as_kafka_returns_them() {
         err_name(r.error_code)
     );
 }
+
+/// A member whose partition is at its lock limit (`group.share.partition.max.record.locks`)
+/// while more records are ready long-polls like any ShareFetch with nothing to acquire: it
+/// must wait for a lock to come free, not retry at once in a loop that keeps its shard busy
+/// until `max_wait_ms` and leaves other clients unserved.
+#[test]
+fn a_share_fetch_at_the_lock_limit_waits_without_starving_the_broker() {
+    let broker = Broker::builder()
+        .config("group.share.partition.max.record.locks", 100)
+        .needs_spawned("sets the share lock limit")
+        .start();
+    let bootstrap = broker.bootstrap();
+    let (topic, group) = (unique_topic("locklimit"), unique_topic("locklimit-g"));
+    let topic_id = setup(&bootstrap, &topic, 1, &group, &[]);
+    produce(&bootstrap, &topic, 1, 0, 150);
+    let mut c = admin::connect(&bootstrap);
+    let member = uuid::Uuid::new_v4().to_string();
+    join(&mut c, &group, &member, &topic, topic_id);
+    let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(topic_id, 0, vec![])];
+    let r = share::fetch(
+        &mut c,
+        &share::fetch_request(&group, &member, 0, &none, 100, 5000),
+    );
+    assert_eq!(r.error_code, 0, "first ShareFetch: {}", err_name(r.error_code));
+    assert_eq!(
+        share::acquired_ranges(&r),
+        vec![(topic_id, 0, 0, 99, 1)],
+        "the first 100, up to the limit"
+    );
+
+    let sent = Instant::now();
+    c.send_request(
+        share::versions::FETCH,
+        &share::fetch_request(&group, &member, 1, &[(topic_id, 0, vec![])], 100, 6000),
+    )
+    .expect("send");
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    admin::assert_broker_serves(&bootstrap);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "another client waited {:?} while the ShareFetch waited at the lock limit",
+        t.elapsed()
+    );
+    let r: kafka_protocol::messages::ShareFetchResponse = c
+        .read_response()
+        .and_then(|r| r.decode(share::versions::FETCH))
+        .expect("the second ShareFetch's answer");
+    assert_eq!(r.error_code, 0, "second ShareFetch: {}", err_name(r.error_code));
+    assert!(
+        share::acquired_ranges(&r).is_empty(),
+        "nothing past the limit: {:?}",
+        share::acquired_ranges(&r)
+    );
+    assert!(
+        sent.elapsed() >= Duration::from_millis(5_900),
+        "answered after {:?}",
+        sent.elapsed()
+    );
+}
