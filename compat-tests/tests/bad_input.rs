@@ -663,6 +663,21 @@ fn seeds(
     e_topic.topic = name();
     e_topic.partitions = vec![offset_for_leader_epoch_request::OffsetForLeaderPartition::default()];
     epochs.topics = vec![e_topic];
+    let mut describe = DescribeConfigsRequest::default();
+    let mut resource = describe_configs_request::DescribeConfigsResource::default();
+    resource.resource_type = 2;
+    resource.resource_name = s(topic);
+    resource.configuration_keys = Some(vec![s("retention.ms")]);
+    describe.resources = vec![resource];
+    let mut alter = IncrementalAlterConfigsRequest::default();
+    let mut a_resource = incremental_alter_configs_request::AlterConfigsResource::default();
+    a_resource.resource_type = 2;
+    a_resource.resource_name = s(topic);
+    let mut a_config = incremental_alter_configs_request::AlterableConfig::default();
+    a_config.name = s("retention.ms");
+    a_config.value = Some(s("86400000"));
+    a_resource.configs = vec![a_config];
+    alter.resources = vec![a_resource];
     let mut init = InitProducerIdRequest::default();
     init.producer_id = ProducerId(-1);
     init.producer_epoch = -1;
@@ -699,6 +714,11 @@ fn seeds(
             RequestKind::OffsetForLeaderEpoch(epochs),
         ),
         (ApiKey::InitProducerId, RequestKind::InitProducerId(init)),
+        (ApiKey::DescribeConfigs, RequestKind::DescribeConfigs(describe)),
+        (
+            ApiKey::IncrementalAlterConfigs,
+            RequestKind::IncrementalAlterConfigs(alter),
+        ),
     ]
 }
 
@@ -732,7 +752,7 @@ fn aim_at(req: &mut kafka_protocol::messages::RequestKind, topic: &str, topic_id
 
 /// Every API the broker advertises, at every version, gets requests that decode but carry
 /// random contents: random bytes kept only if `kafka-protocol` decodes them, and valid requests
-/// of the main APIs (one element in each list) with one to four of their bytes overwritten,
+/// of 18 APIs (one element in each list) with one to four of their bytes overwritten,
 /// again kept only if they decode; all aimed at a real topic. Each goes on its own connection,
 /// dropped after at most 100 ms, answered or not. The broker must answer or close, never
 /// panic, and keep serving.
