@@ -2057,3 +2057,209 @@ fn queue_metrics_are_exported() {
     assert!(http("strand_http_requests_total{endpoint=\"lease\",status=\"200\"}") >= 1.0);
     assert!(http("strand_http_request_duration_seconds_count{endpoint=\"lease\"}") >= 1.0);
 }
+
+/// Valid HTTP requests of every endpoint with one to three bytes of their bodies overwritten
+/// by JSON-ish bytes or extreme numbers (and now and then the path), each on its own
+/// connection dropped after at most 300 ms: the broker answers 2xx, 4xx or 429/503, never
+/// another 5xx, never panics, and keeps serving. Seeded; `STRAND_FUZZ_SEED` and
+/// `STRAND_FUZZ_ROUNDS` for longer hunts.
+#[test]
+fn random_http_requests_get_4xx_and_never_take_the_broker_down() {
+    use std::io::{Read, Write};
+    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (seed, rounds) = (
+        env("STRAND_FUZZ_SEED", 0x5eed_4077),
+        env("STRAND_FUZZ_ROUNDS", 150),
+    );
+    let broker = start_broker();
+    let addr = broker.http_addr();
+    let mut c = QueueClient::new(&addr);
+    let queue = unique_topic("httpfuzz");
+    create_queue(&mut c, &queue, json!({ "partitions": 2, "backoff_base_ms": 10 }));
+    let msgs: Vec<OutMessage> = (0..20).map(|i| OutMessage::new(format!("m{i}"))).collect();
+    c.publish(&queue, &msgs).expect("publish");
+    let leased = c
+        .lease(
+            &queue,
+            &LeaseOptions {
+                max_messages: Some(10),
+                ..Default::default()
+            },
+        )
+        .expect("lease");
+    let (id, generation) = leased
+        .first()
+        .map(|m| (m.id.clone(), m.generation))
+        .expect("a leased message");
+    let seeds: Vec<(&str, String, String)> = vec![
+        (
+            "PUT",
+            format!("/v1/queues/{queue}"),
+            json!({"max_attempts": 5, "visibility_timeout_ms": 30000, "backoff_base_ms": 10,
+                   "backoff_multiplier": 2.0, "backoff_max_ms": 900000, "ordering": "none",
+                   "dedup_window_ms": 300000})
+            .to_string(),
+        ),
+        ("GET", format!("/v1/queues/{queue}"), String::new()),
+        (
+            "POST",
+            format!("/v1/queues/{queue}/messages"),
+            json!({"messages": [{"payload": "text", "key": "k7", "headers": {"t": "a"},
+                   "delay_ms": 0, "dedup_token": "d1"}, {"payload_base64": "AAEC", "delay_ms": 50}]})
+            .to_string(),
+        ),
+        (
+            "POST",
+            format!("/v1/queues/{queue}/leases"),
+            json!({"max_messages": 5, "visibility_timeout_ms": 30000, "wait_ms": 0,
+                   "group": "default", "consumer": "w1"})
+            .to_string(),
+        ),
+        (
+            "POST",
+            format!("/v1/messages/{id}/ack"),
+            json!({"generation": generation, "action": "nack", "delay_ms": 10, "reason": "r"}).to_string(),
+        ),
+        (
+            "POST",
+            format!("/v1/messages/{id}/ack"),
+            json!({"generation": generation, "action": "extend", "visibility_timeout_ms": 60000}).to_string(),
+        ),
+        (
+            "POST",
+            "/v1/messages/ack".to_string(),
+            json!({"group": "default", "messages": [{"id": id, "generation": generation, "action": "ack"},
+                   {"id": id, "generation": 1, "action": "reject", "reason": "x"}]})
+            .to_string(),
+        ),
+        (
+            "POST",
+            format!("/v1/queues/{queue}/redrive"),
+            json!({"max_messages": 10}).to_string(),
+        ),
+    ];
+    const JSONISH: &[u8] = b"0123456789-+.eE\"{}[],: \\nutfa\x00\xff";
+    const NUMBERS: &[&str] = &[
+        "-1",
+        "0",
+        "1e308",
+        "-9223372036854775808",
+        "18446744073709551616",
+        "4294967296",
+        "null",
+        "\"\"",
+        "[]",
+        "{}",
+    ];
+    let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let (mut sent, mut server_errors) = (0usize, Vec::new());
+    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+    for _ in 0..rounds {
+        for (method, path, body) in &seeds {
+            let mut body = body.clone().into_bytes();
+            let mut path = path.clone();
+            for _ in 0..=next() % 3 {
+                match next() % 4 {
+                    0 if !body.is_empty() => {
+                        let at = (next() % body.len() as u64) as usize;
+                        body[at] = JSONISH[(next() % JSONISH.len() as u64) as usize];
+                    }
+                    1 if !body.is_empty() => {
+                        // Replace a run of digits with an extreme value.
+                        let at = (next() % body.len() as u64) as usize;
+                        if let Some(start) = body[at..].iter().position(u8::is_ascii_digit).map(|p| at + p) {
+                            let end = body[start..]
+                                .iter()
+                                .position(|b| !b.is_ascii_digit())
+                                .map_or(body.len(), |p| start + p);
+                            let n = NUMBERS[(next() % NUMBERS.len() as u64) as usize];
+                            body.splice(start..end, n.bytes());
+                        }
+                    }
+                    2 if !body.is_empty() => body.truncate((next() % body.len() as u64) as usize),
+                    3 if next() % 4 == 0 => {
+                        let at = (next() % path.len() as u64) as usize;
+                        path.replace_range(
+                            at..at + 1,
+                            ["%", "/", "x", "%00", "..", "?"][(next() % 6) as usize],
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            let mut s = std::net::TcpStream::connect(&addr).unwrap_or_else(|e| {
+                panic!(
+                    "seed {seed}: connect after {sent} requests: {e}; the broker's last words:\n{}",
+                    broker.stderr_tail(30)
+                )
+            });
+            s.set_read_timeout(Some(Duration::from_millis(300)))
+                .expect("timeout");
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes()).and_then(|()| s.write_all(&body));
+            sent += 1;
+            let mut answer = [0u8; 16];
+            if let Ok(n) = s.read(&mut answer) {
+                let status: Option<u16> = std::str::from_utf8(&answer[..n])
+                    .ok()
+                    .and_then(|l| l.get(9..12))
+                    .and_then(|c| c.parse().ok());
+                if let Some(code) = status {
+                    *statuses.entry(code).or_default() += 1;
+                }
+                if let Some(code) = status.filter(|c| *c >= 500 && *c != 503) {
+                    server_errors.push(format!(
+                        "{code} for {method} {path} {}",
+                        String::from_utf8_lossy(&body)
+                    ));
+                }
+            }
+        }
+        let r = c
+            .call("GET", &format!("/v1/queues/{queue}"), None)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "seed {seed}: GET the queue after {sent} requests: {e}\n{}",
+                    broker.stderr_tail(30)
+                )
+            });
+        assert_eq!(
+            status_code(&r).0,
+            200,
+            "seed {seed}: GET the queue after {sent} requests"
+        );
+    }
+    let log = format!("{}\n{}", broker.log_text(), broker.stderr_tail(200));
+    assert!(
+        !log.contains("panicked"),
+        "seed {seed}: the broker panicked:\n{}",
+        broker.stderr_tail(60)
+    );
+    assert!(
+        server_errors.is_empty(),
+        "seed {seed}: {} of {sent} random requests got a server error, e.g.:\n{}",
+        server_errors.len(),
+        server_errors
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let ok: usize = statuses.range(200..300).map(|(_, n)| n).sum();
+    let refused: usize = statuses.range(400..500).map(|(_, n)| n).sum();
+    assert!(
+        ok > sent / 10 && refused > sent / 10,
+        "seed {seed}: answers by status {statuses:?} of {sent}: the seeds or the mutations do not reach the handlers"
+    );
+    eprintln!("{sent} random HTTP requests, answers by status {statuses:?}");
+}
