@@ -141,7 +141,7 @@ pub(crate) fn describe() {
     describe_counter!(
         "strand_page_cache_dropped_bytes_total",
         Unit::Bytes,
-        "Segment bytes dropped from the page cache behind the written end (strand.log.drop.behind.bytes), by shard."
+        "Bytes of segment files the broker asked the kernel to drop from the page cache behind their written end (strand.log.drop.behind.bytes; a range may count once per open handle of its file), by shard."
     );
     describe_gauge!(
         "strand_journal_bytes",

@@ -59,7 +59,8 @@ pub fn set_drop_behind_bytes(bytes: u64) {
     DROP_BEHIND_BYTES.with(|d| d.set(bytes));
 }
 
-/// Bytes the calling shard has dropped from the page cache so far.
+/// Bytes the calling shard has asked the kernel to drop from the page cache so far (each open
+/// handle of a file drops on its own, so a range may be counted more than once).
 pub fn dropped_behind_bytes() -> u64 {
     DROPPED_BYTES.with(Cell::get)
 }
@@ -81,12 +82,15 @@ impl GlommioFile {
         self.1.set(w);
     }
 
-    /// Drops the pages more than [`DROP_BEHIND_BYTES`] behind the written end, once a step's
-    /// worth has gathered. Called after a successful `fdatasync`, so they are clean and go.
-    fn drop_behind(&self, file: &BufferedFile) {
+    /// Drops the pages more than [`DROP_BEHIND_BYTES`] behind `synced_end`, once a step's worth
+    /// has gathered. Called after a successful `fdatasync` with the written end as it was when
+    /// the `fdatasync` began: everything before it is clean and goes, while a write that
+    /// completed during the `fdatasync` (the next round, overlapping) may still be dirty, and
+    /// the kernel would skip its pages for good.
+    fn drop_behind(&self, file: &BufferedFile, synced_end: u64) {
         let keep = DROP_BEHIND_BYTES.with(Cell::get);
         let mut w = self.1.get();
-        let to = w.end.saturating_sub(keep);
+        let to = synced_end.min(w.end).saturating_sub(keep);
         if keep == 0 || to < w.dropped_to + DROP_STEP_BYTES {
             return;
         }
@@ -176,8 +180,9 @@ impl FileHandle for GlommioFile {
     async fn fdatasync(&self) -> io::Result<()> {
         match &self.0 {
             Inner::Buffered(f) => {
+                let synced_end = self.1.get().end;
                 f.fdatasync().await?;
-                self.drop_behind(f);
+                self.drop_behind(f, synced_end);
                 Ok(())
             }
             Inner::Direct(f) => Ok(f.fdatasync().await?),
