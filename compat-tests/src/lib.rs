@@ -559,6 +559,18 @@ impl Broker {
         }
     }
 
+    /// Fails the test if the current process instance logged a panic (an external broker's log
+    /// cannot be read, so there it checks nothing).
+    pub fn assert_never_panicked(&self, context: &str) {
+        if let Mode::Spawned(s) = &self.mode {
+            assert!(
+                !s.log_text().contains("panicked"),
+                "{context}: the broker panicked:\n{}",
+                s.stderr_tail(60)
+            );
+        }
+    }
+
     /// The complete log of the current process instance.
     pub fn log_text(&self) -> String {
         self.spawned("log_text()").log_text()

@@ -876,12 +876,7 @@ fn random_requests_of_every_api_never_take_the_broker_down() {
         }
     }
     admin::assert_broker_serves(&bootstrap);
-    let log = format!("{}\n{}", broker.log_text(), broker.stderr_tail(200));
-    assert!(
-        !log.contains("panicked"),
-        "seed {seed}: the broker panicked:\n{}",
-        broker.stderr_tail(60)
-    );
+    broker.assert_never_panicked(&format!("seed {seed}"));
     assert!(
         sent > 1000 && answered > sent / 4,
         "seed {seed}: {sent} random requests sent, {answered} answered: too few reach the handlers"

@@ -2238,12 +2238,7 @@ fn random_http_requests_get_4xx_and_never_take_the_broker_down() {
             "seed {seed}: GET the queue after {sent} requests"
         );
     }
-    let log = format!("{}\n{}", broker.log_text(), broker.stderr_tail(200));
-    assert!(
-        !log.contains("panicked"),
-        "seed {seed}: the broker panicked:\n{}",
-        broker.stderr_tail(60)
-    );
+    broker.assert_never_panicked(&format!("seed {seed}"));
     assert!(
         server_errors.is_empty(),
         "seed {seed}: {} of {sent} random requests got a server error, e.g.:\n{}",
