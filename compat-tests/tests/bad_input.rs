@@ -11,6 +11,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::records::Compression;
 use strand_compat_tests::admin::{self, errors, versions};
+use strand_compat_tests::data::Gen;
 use strand_compat_tests::raw::{self, RawConn};
 use strand_compat_tests::{unique_topic, Broker};
 
@@ -522,43 +523,27 @@ fn disk_full_is_kafka_storage_error() {
     );
 }
 
-/// A small seeded generator (xorshift64*), so a failure names the seed that found it.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Bytes that decode into one-element arrays, short strings and small or extreme numbers
-    /// more often than uniform noise would, in both encodings: tokens of 1 (compact arrays and
-    /// strings: 0x02 is one element or one byte), 2 (i16 lengths) or 4 bytes (i32 counts), -1
-    /// (null), zeros (empty tag buffers), and random bytes.
-    fn body(&mut self) -> Vec<u8> {
-        let tokens = self.below(48);
-        let mut out = Vec::new();
-        for _ in 0..tokens {
-            match self.below(16) {
-                0..=3 => out.push(0),
-                4..=5 => out.push(2),
-                6 => out.push(1),
-                7 => out.extend_from_slice(&[0, 0, 0, 1]),
-                8 => out.extend_from_slice(&[0, 1]),
-                9 => out.extend_from_slice(&[0xff; 4]),
-                10 => out.extend_from_slice(&(self.next() as u32).to_be_bytes()),
-                11 => out.extend_from_slice(&self.next().to_be_bytes()),
-                _ => out.push(self.next() as u8),
-            }
+/// Bytes that decode into one-element arrays, short strings and small or extreme numbers more
+/// often than uniform noise would, in both encodings: tokens of 1 (compact arrays and strings:
+/// 0x02 is one element or one byte), 2 (i16 lengths) or 4 bytes (i32 counts), -1 (null), zeros
+/// (empty tag buffers), and random bytes.
+fn token_body(g: &mut Gen) -> Vec<u8> {
+    let tokens = g.below(48);
+    let mut out = Vec::new();
+    for _ in 0..tokens {
+        match g.below(16) {
+            0..=3 => out.push(0),
+            4..=5 => out.push(2),
+            6 => out.push(1),
+            7 => out.extend_from_slice(&[0, 0, 0, 1]),
+            8 => out.extend_from_slice(&[0, 1]),
+            9 => out.extend_from_slice(&[0xff; 4]),
+            10 => out.extend_from_slice(&(g.next_u64() as u32).to_be_bytes()),
+            11 => out.extend_from_slice(&g.next_u64().to_be_bytes()),
+            _ => out.push(g.next_u64() as u8),
         }
-        out
     }
+    out
 }
 
 /// Valid requests with one element in each list, for the mutations to start from: random bytes
@@ -812,8 +797,7 @@ fn random_requests_of_every_api_never_take_the_broker_down() {
             admin::assert_broker_serves(&bootstrap);
         }
     };
-    // Any seed but this constant gives the generator a non-zero state.
-    let mut rng = Rng(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut rng = Gen::new(seed);
     let versions = |api: ApiKey| {
         advertised
             .iter()
@@ -831,7 +815,7 @@ fn random_requests_of_every_api_never_take_the_broker_down() {
                 if found == per_version {
                     break;
                 }
-                let mut buf = bytes::Bytes::from(rng.body());
+                let mut buf = bytes::Bytes::from(token_body(&mut rng));
                 if let Ok(req) = RequestKind::decode(api, &mut buf, version) {
                     found += 1;
                     send(api, version, req);
@@ -859,7 +843,7 @@ fn random_requests_of_every_api_never_take_the_broker_down() {
                         2 => vec![0xff; 4],
                         3 => vec![0x7f, 0xff, 0xff, 0xff],
                         4 => vec![0x80, 0, 0, 0],
-                        _ => vec![rng.next() as u8],
+                        _ => vec![rng.next_u64() as u8],
                     };
                     for (i, b) in with.into_iter().enumerate() {
                         if let Some(x) = body.get_mut(at + i) {

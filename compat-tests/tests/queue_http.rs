@@ -2151,13 +2151,8 @@ fn random_http_requests_get_4xx_and_never_take_the_broker_down() {
         "[]",
         "{}",
     ];
-    let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    };
+    let mut rng = Gen::new(seed);
+    let mut next = move || rng.next_u64();
     let (mut sent, mut server_errors) = (0usize, Vec::new());
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
     for _ in 0..rounds {
