@@ -3263,6 +3263,8 @@ fn join_storm(protocol: Protocol) {
     let broker = Broker::builder()
         .config("group.initial.rebalance.delay.ms", 0)
         .config("group.consumer.heartbeat.interval.ms", HEARTBEAT_MS)
+        // The coordinator's reconciliation lines are debug; ~90 KB per run, kept if it fails.
+        .log_level("debug")
         .start();
     let bootstrap = broker.bootstrap();
     let topic = unique_topic("storm");
@@ -3307,14 +3309,53 @@ fn join_storm(protocol: Protocol) {
         m.stop(Duration::from_secs(30));
     }
     let events = log.snapshot();
-    let mut seen: HashMap<(i32, i64), usize> = HashMap::new();
-    for (member, _, p, o, v) in group::records(&events) {
+    let mut seen: HashMap<(i32, i64), Vec<(&str, Duration)>> = HashMap::new();
+    for (member, at, p, o, v) in group::records(&events) {
         assert_eq!(v, format!("{p}:{o}"), "{member} read a wrong value");
-        *seen.entry((p, o)).or_default() += 1;
+        seen.entry((p, o))
+            .or_default()
+            .push((member, at.duration_since(started)));
     }
-    let twice = seen.values().filter(|n| **n > 1).count();
-    assert_eq!(twice, 0, "{twice} records consumed more than once");
+    let twice = seen.values().filter(|r| r.len() > 1).count();
+    assert_eq!(
+        twice,
+        0,
+        "{twice} records consumed more than once (the broker's debug log is kept):\n{}",
+        duplicate_report(&seen)
+    );
     assert_eq!(seen.len(), STORM_PARTITIONS as usize * 100);
+}
+
+/// Per partition with records read more than once: the offsets, and who read them when (first
+/// and last time since the start), so that a rare failure can be matched with the broker's log.
+fn duplicate_report(seen: &HashMap<(i32, i64), Vec<(&str, Duration)>>) -> String {
+    let mut by_partition: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    let mut readers: BTreeMap<(i32, &str), (Duration, Duration)> = BTreeMap::new();
+    for ((p, o), reads) in seen.iter().filter(|(_, r)| r.len() > 1) {
+        by_partition.entry(*p).or_default().push(*o);
+        for (member, at) in reads {
+            let e = readers.entry((*p, member)).or_insert((*at, *at));
+            e.0 = e.0.min(*at);
+            e.1 = e.1.max(*at);
+        }
+    }
+    let mut out = String::new();
+    for (p, mut offsets) in by_partition {
+        offsets.sort_unstable();
+        let who: Vec<String> = readers
+            .range((p, "")..)
+            .take_while(|((rp, _), _)| *rp == p)
+            .map(|((_, m), (a, b))| format!("{m} {:.3}-{:.3}s", a.as_secs_f64(), b.as_secs_f64()))
+            .collect();
+        out += &format!(
+            "  partition {p}: {} offsets {}..={}, read by {}\n",
+            offsets.len(),
+            offsets[0],
+            offsets[offsets.len() - 1],
+            who.join(", ")
+        );
+    }
+    out
 }
 
 #[test]
