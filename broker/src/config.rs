@@ -203,6 +203,9 @@ pub struct Config {
     pub admin_listener: HostPort,
     /// `strand.journal.segment.bytes`: size at which a shard journal rotates and checkpoints.
     pub journal_segment_bytes: u64,
+    /// `strand.journal.recycle.files`: checkpointed journal files a shard keeps to overwrite
+    /// instead of deleting (0: delete them all).
+    pub journal_recycle_files: usize,
     /// `strand.journal.direct.max.logs`: flush rounds carrying at most this many logs skip the
     /// journal and fsync the segment files (0: always journal).
     pub journal_direct_max_logs: usize,
@@ -355,6 +358,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("strand.http.max.body.bytes", Int, Text("10485760"), "Largest HTTP queue API request body."),
     key("strand.admin.listener", Str, Text("127.0.0.1:9644"), "host:port of the admin API and /metrics."),
     key("strand.journal.segment.bytes", Long, Text("134217728"), "Shard journal rotation size."),
+    key(
+        "strand.journal.recycle.files",
+        Int,
+        Text("2"),
+        "Checkpointed journal files each shard keeps to overwrite instead of creating new ones (0: delete).",
+    ),
     key(
         "strand.journal.direct.max.logs",
         Int,
@@ -946,6 +955,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let http_listener = r.host_port("strand.http.listener")?;
     let admin_listener = r.host_port("strand.admin.listener")?;
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
+    let journal_recycle_files = r.int("strand.journal.recycle.files", 0, 64)?;
     let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
     let flush_overlap_min_bytes = r.int("strand.flush.overlap.min.bytes", 0, I32_MAX)?;
     let log_drop_behind_bytes = r.int("strand.log.drop.behind.bytes", 0, i64::MAX)?;
@@ -1101,6 +1111,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         http_listener,
         admin_listener,
         journal_segment_bytes,
+        journal_recycle_files,
         journal_direct_max_logs,
         flush_overlap_min_bytes,
         log_drop_behind_bytes,

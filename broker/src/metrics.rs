@@ -8,7 +8,7 @@ use kafka_protocol::messages::ApiKey;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use strand_protocol::types::ShardId;
 use strand_storage::fs::Fs;
-use strand_storage::{LogOffsets, RoundStats, ShardStore};
+use strand_storage::{CheckpointStats, LogOffsets, RoundStats, ShardStore};
 
 /// Bucket bounds (seconds) of every latency histogram.
 pub(crate) const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -128,6 +128,10 @@ pub(crate) fn describe() {
         "1 when a shard's storage refuses writes after an I/O error."
     );
     describe_counter!("strand_checkpoints_total", "Checkpoints completed, by shard.");
+    describe_counter!(
+        "strand_journal_files_recycled_total",
+        "Checkpointed journal files kept to be overwritten by a later rotation, by shard."
+    );
     describe_counter!(
         "strand_retention_segments_deleted_total",
         "Segments deleted by retention."
@@ -361,6 +365,7 @@ pub(crate) struct ShardMetrics {
     flush_failures: Counter,
     offline: Gauge,
     checkpoints: Counter,
+    journal_files_recycled: Counter,
     retention_segments: Counter,
     retention_bytes: Counter,
     partitions_owned: Gauge,
@@ -401,6 +406,7 @@ impl ShardMetrics {
             flush_failures: counter!("strand_flush_failures_total", &l()),
             offline: gauge!("strand_storage_offline", &l()),
             checkpoints: counter!("strand_checkpoints_total", &l()),
+            journal_files_recycled: counter!("strand_journal_files_recycled_total", &l()),
             retention_segments: counter!("strand_retention_segments_deleted_total", &l()),
             retention_bytes: counter!("strand_retention_bytes_deleted_total", &l()),
             partitions_owned: gauge!("strand_partitions", &l()),
@@ -540,8 +546,10 @@ impl ShardMetrics {
         }
     }
 
-    pub(crate) fn checkpoint(&self) {
+    pub(crate) fn checkpoint(&self, stats: &CheckpointStats) {
         self.checkpoints.increment(1);
+        self.journal_files_recycled
+            .increment(stats.journal_files_recycled as u64);
     }
 
     pub(crate) fn segments_deleted(&self, segments: usize, bytes: u64) {

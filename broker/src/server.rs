@@ -243,6 +243,7 @@ async fn shard_main(
         id.0,
         StoreConfig {
             journal_segment_bytes: config.journal_segment_bytes,
+            journal_recycle_files: config.journal_recycle_files,
             direct_sync_max_logs: config.journal_direct_max_logs,
             overlap_min_bytes: config.flush_overlap_min_bytes,
             ..StoreConfig::default()
@@ -496,7 +497,7 @@ async fn flusher(shard: Rc<Shard>) {
             let s = shard.clone();
             glommio::spawn_local(async move {
                 match s.store.checkpoint().await {
-                    Ok(_) => s.metrics.checkpoint(),
+                    Ok(stats) => s.metrics.checkpoint(&stats),
                     Err(e) => tracing::error!(error = %e, "checkpoint failed; the journal is kept"),
                 }
             })

@@ -102,8 +102,11 @@ impl MemFs {
         self.state.borrow().fsyncs
     }
 
-    /// Simulates a power loss. `torn` picks, for each file with an unsynced append, how many of
-    /// the unsynced bytes survive (given the count of unsynced bytes, returns 0..=count).
+    /// Simulates a power loss. `torn` picks, for each file with unsynced writes, how many of
+    /// the unsynced bytes survive (given the count of unsynced bytes, returns 0..=count): the
+    /// unsynced bytes run from the first byte that differs from the durable content to the
+    /// end, and a prefix of them survives (writes reach the disk in order), over whatever was
+    /// durable there before (an overwritten, recycled file keeps its old bytes after it).
     pub fn crash(&self, mut torn: impl FnMut(usize) -> usize) {
         let mut state = self.state.borrow_mut();
         let state = &mut *state;
@@ -113,10 +116,14 @@ impl MemFs {
         for file in state.files.values() {
             let mut f = file.borrow_mut();
             let f = &mut *f;
-            if f.data.len() > f.durable.len() && f.data.starts_with(&f.durable) {
-                let extra = f.data.len() - f.durable.len();
+            let same = f.data.iter().zip(&f.durable).take_while(|(a, b)| a == b).count();
+            if f.data.len() > same {
+                let extra = f.data.len() - same;
                 let keep = torn(extra).min(extra);
-                f.data.truncate(f.durable.len() + keep);
+                f.data.truncate(same + keep);
+                if let Some(old) = f.durable.get(same + keep..) {
+                    f.data.extend_from_slice(old);
+                }
             } else {
                 f.data.clone_from(&f.durable);
             }

@@ -36,6 +36,8 @@ pub async fn replay_journals<F: Fs>(
     log_config: impl Fn(&LogKey) -> Option<LogConfig>,
     now_ms: i64,
 ) -> Result<ReplayReport, StorageError> {
+    // Files kept for recycling hold only entries a checkpoint covered.
+    journal::remove_free_files(fs, root).await?;
     let files = journal::list_files(fs, root).await?;
     let mut report = ReplayReport::default();
     if files.is_empty() {

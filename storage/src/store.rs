@@ -54,6 +54,10 @@ pub struct LogId {
 pub struct StoreConfig {
     /// Rotate the journal (and checkpoint) once the current file reaches this size.
     pub journal_segment_bytes: u64,
+    /// Journal files a checkpoint covered that are kept (renamed `.free`) to be overwritten
+    /// by the next rotations instead of deleted: a journal round that overwrites a file's
+    /// existing blocks needs no file-system metadata commit. 0 deletes them.
+    pub journal_recycle_files: usize,
     /// Upper bound on fsyncs a checkpoint keeps in flight at once.
     pub checkpoint_concurrency: usize,
     /// A round carrying at most this many logs skips the journal and fsyncs the logs' segment
@@ -70,6 +74,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             journal_segment_bytes: 128 << 20,
+            journal_recycle_files: 2,
             checkpoint_concurrency: 64,
             direct_sync_max_logs: 2,
             overlap_min_bytes: 64 << 10,
@@ -119,6 +124,8 @@ pub struct RoundStats {
 pub struct CheckpointStats {
     pub logs: usize,
     pub journal_files_deleted: usize,
+    /// Covered journal files kept (renamed `.free`) to be recycled.
+    pub journal_files_recycled: usize,
     pub duration_us: u64,
 }
 
@@ -291,7 +298,14 @@ impl<F: Fs> ShardStore<F> {
     /// Opens the store of shard `shard` under `root` with a fresh journal. The journal files of
     /// earlier runs must already have been replayed (see [`crate::replay_journals`]).
     pub async fn open(fs: F, root: PathBuf, shard: u16, config: StoreConfig) -> Result<Self, StorageError> {
-        let journal = Journal::create(&fs, &root, shard, config.journal_segment_bytes).await?;
+        let journal = Journal::create(
+            &fs,
+            &root,
+            shard,
+            config.journal_segment_bytes,
+            config.journal_recycle_files,
+        )
+        .await?;
         Ok(ShardStore {
             fs,
             root,
@@ -1009,8 +1023,9 @@ impl<F: Fs> ShardStore<F> {
                 .any(|e| e.log.needs_checkpoint())
     }
 
-    /// Starts a new journal file; the current one is retired and deleted by the next
-    /// successful [`ShardStore::checkpoint`]. Only the flusher calls this, between rounds.
+    /// Starts a new journal file (a recycled one when a checkpoint left one); the current one is
+    /// retired, and recycled or deleted by the next successful [`ShardStore::checkpoint`].
+    /// Only the flusher calls this, between rounds.
     pub async fn rotate_journal(&self) -> Result<(), StorageError> {
         if !self.inner.borrow().journal.has_entries() {
             return Ok(());
@@ -1020,7 +1035,11 @@ impl<F: Fs> ShardStore<F> {
             "rotate the journal between rounds only"
         );
         let (dir, shard, seq) = self.inner.borrow().journal.next_file();
-        let (file, path) = Journal::new_file(&self.fs, &dir, shard, seq).await?;
+        let free = self.inner.borrow_mut().journal.take_free();
+        let (file, path) = match free {
+            Some(free) => Journal::recycle_file(&self.fs, &dir, shard, seq, &free).await?,
+            None => Journal::new_file(&self.fs, &dir, shard, seq).await?,
+        };
         assert!(
             self.takes_in_flight.get() == 0,
             "rotate the journal between rounds only"
@@ -1110,8 +1129,22 @@ impl<F: Fs> ShardStore<F> {
         if let Some(reason) = failed {
             return Err(StorageError::Checkpoint(reason));
         }
-        // 5. The retired journal files are covered: delete them.
+        // 5. The retired journal files are covered: keep some to recycle, delete the rest. A
+        // rename or deletion lost in a crash leaves a covered file to replay, which is harmless.
         for path in &retired {
+            let free = self.inner.borrow().journal.free_path_for(path);
+            if let Some(free) = free {
+                match self.fs.rename(path, &free).await {
+                    Ok(()) => {
+                        self.inner.borrow_mut().journal.add_free(free);
+                        stats.journal_files_recycled += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "could not keep a checkpointed journal file to recycle")
+                    }
+                }
+            }
             if let Err(e) = self.fs.remove_file(path).await {
                 tracing::warn!(path = %path.display(), error = %e, "could not delete a checkpointed journal file");
             } else {
@@ -1242,6 +1275,13 @@ impl<F: Fs> ShardStore<F> {
                 .remove_file(&path)
                 .await
                 .map_err(|e| StorageError::io("remove journal", &path, e))?;
+            let free = self.inner.borrow_mut().journal.take_all_free();
+            for free in free {
+                self.fs
+                    .remove_file(&free)
+                    .await
+                    .map_err(|e| StorageError::io("remove free journal file", &free, e))?;
+            }
             let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
             self.fs
                 .sync_dir(&dir)

@@ -62,6 +62,7 @@ async fn open_store_overlap<F: Fs>(
         0,
         StoreConfig {
             journal_segment_bytes: journal_bytes,
+            journal_recycle_files: 2,
             checkpoint_concurrency: 8,
             direct_sync_max_logs: direct_max_logs,
             overlap_min_bytes,
@@ -541,6 +542,83 @@ fn torn_segment_is_restored_from_the_journal() {
     });
 }
 
+/// Journal files a checkpoint covered are kept (`.free`, at most two) and overwritten by the
+/// next rotations; after a crash, replay finds exactly the entries of the current sequence in a
+/// recycled file, not the older ones behind them, and removes the kept files.
+#[test]
+fn covered_journal_files_are_recycled_and_replay_ignores_their_old_entries() {
+    block_on(async {
+        let fs = MemFs::new();
+        let journal_names = || -> Vec<String> {
+            fs.paths()
+                .into_iter()
+                .filter(|p| p.starts_with("/data/strand-journal"))
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect()
+        };
+        let store = open_store(&fs, 8 << 10).await;
+        let (a, _) = store.open_log(key("a-0"), small_config(), 0).await.unwrap();
+        let (b, _) = store.open_log(key("b-0"), small_config(), 0).await.unwrap();
+        let mut recycled = 0;
+        for i in 0..10u64 {
+            // Each file gets more entries than the last, so a recycled file always has older
+            // entries left behind its new ones.
+            for j in 0..(2 + i) {
+                store.append(a, &value_batch(i * 100 + j, 2, 0), 0, 0).unwrap();
+                store.append(b, &value_batch(i * 100 + j, 2, 0), 0, 0).unwrap();
+                store.flush_round().await;
+            }
+            store.rotate_journal().await.unwrap();
+            recycled += store.checkpoint().await.unwrap().journal_files_recycled;
+            let names = journal_names();
+            let free = names.iter().filter(|n| n.ends_with(".free")).count();
+            assert!(free <= 2, "at most two files kept: {names:?}");
+            assert_eq!(names.len() - free, 1, "one current file: {names:?}");
+        }
+        assert_eq!(
+            recycled, 10,
+            "every covered file was kept (two at a time) and reused"
+        );
+        // Three rounds into the current, recycled file, then a power loss that keeps only
+        // what was synced: the segments lose those rounds, the journal has them.
+        for j in 0..3 {
+            store.append(a, &value_batch(900 + j, 2, 0), 0, 0).unwrap();
+            store.flush_round().await;
+        }
+        let expected_a = read_all(&store, a, 0).await;
+        let expected_b = read_all(&store, b, 0).await;
+        drop(store);
+        fs.crash(|_| 0);
+        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            (report.entries_applied, report.entries_present),
+            (3, 0),
+            "only the current sequence's entries: {report:?}"
+        );
+        assert!(
+            journal_names().iter().all(|n| !n.ends_with(".free")),
+            "replay removes the kept files"
+        );
+        let store = open_store(&fs, 8 << 10).await;
+        let (a, _) = store.open_log(key("a-0"), small_config(), 0).await.unwrap();
+        let (b, _) = store.open_log(key("b-0"), small_config(), 0).await.unwrap();
+        assert_eq!(read_all(&store, a, 0).await, expected_a);
+        assert_eq!(read_all(&store, b, 0).await, expected_b);
+        store.append(a, &value_batch(1000, 2, 0), 0, 0).unwrap();
+        store.flush_round().await;
+        store.rotate_journal().await.unwrap();
+        store.checkpoint().await.unwrap();
+        store.shutdown().await.unwrap();
+        assert_eq!(
+            journal_names(),
+            Vec::<String>::new(),
+            "a clean shutdown leaves no journal file"
+        );
+    });
+}
+
 /// A batch of `n` records of `value_bytes` each.
 fn big_batch(tag: u8, n: usize, value_bytes: usize) -> Vec<u8> {
     let value = vec![tag; value_bytes];
@@ -909,10 +987,13 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let mut overlapped = 0;
+    let (mut overlapped, mut recycled) = (0, 0);
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| simulate(seed)) {
-            Ok(n) => overlapped += n,
+            Ok((o, r)) => {
+                overlapped += o;
+                recycled += r;
+            }
             Err(msg) => {
                 let text = msg
                     .downcast_ref::<String>()
@@ -923,26 +1004,34 @@ fn simulated_crashes_lose_nothing_acknowledged() {
             }
         }
     }
-    eprintln!("{seeds} seeds: {overlapped} rounds overlapped the round before");
+    eprintln!(
+        "{seeds} seeds: {overlapped} rounds overlapped the round before, {recycled} journal files recycled"
+    );
     assert!(
         seeds < 50 || overlapped > 0,
         "no simulated round overlapped the one before: the overlap goes untested"
+    );
+    assert!(
+        seeds < 50 || recycled > 0,
+        "no simulated checkpoint kept a journal file: recycling goes untested"
     );
 }
 
 #[test]
 fn simulate_one_seed_from_env() {
     if let Some(seed) = std::env::var("STRAND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        let overlapped = simulate(seed);
-        eprintln!("seed {seed}: {overlapped} rounds overlapped");
+        let (overlapped, recycled) = simulate(seed);
+        eprintln!("seed {seed}: {overlapped} rounds overlapped, {recycled} journal files recycled");
     }
 }
 
-/// One seeded run of four lives; returns how many rounds overlapped the round before.
-fn simulate(seed: u64) -> usize {
+/// One seeded run of four lives; returns how many rounds overlapped the round before and how
+/// many journal files checkpoints kept to recycle.
+fn simulate(seed: u64) -> (usize, usize) {
     let trace = std::env::var("STRAND_SIM_TRACE").is_ok();
     macro_rules! t { ($($a:tt)*) => { if trace { eprintln!($($a)*); } } }
     let overlapped = std::cell::Cell::new(0usize);
+    let recycled = std::cell::Cell::new(0usize);
     block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = MemFs::new();
@@ -1180,6 +1269,9 @@ fn simulate(seed: u64) -> usize {
                         {
                             let r = store.checkpoint().await;
                             t!("checkpoint {:?}", r);
+                            if let Ok(stats) = &r {
+                                recycled.set(recycled.get() + stats.journal_files_recycled);
+                            }
                         }
                     }
                     _ => {
@@ -1202,7 +1294,7 @@ fn simulate(seed: u64) -> usize {
         }
         assert!(appended_ops > 0, "the simulation did something");
     });
-    overlapped.get()
+    (overlapped.get(), recycled.get())
 }
 
 #[test]

@@ -88,6 +88,7 @@ fn defaults() {
     assert_eq!(c.http_listener, hp("127.0.0.1", 8080));
     assert_eq!(c.admin_listener, hp("127.0.0.1", 9644));
     assert_eq!(c.journal_segment_bytes, 134_217_728);
+    assert_eq!(c.journal_recycle_files, 2);
     assert_eq!(c.group_min_session_timeout_ms, 6000);
     assert_eq!(c.group_max_session_timeout_ms, 1_800_000);
     assert_eq!(c.offsets_retention_minutes, 10_080);
@@ -304,6 +305,7 @@ fn invalid_values_name_key_value_and_source() {
         ("strand.http.listener", "8080", "host:port"),
         ("strand.admin.listener", "[::1:9644", "]"),
         ("strand.journal.segment.bytes", "1000", ">= 1048576"),
+        ("strand.journal.recycle.files", "65", "from 0 to 64"),
         ("group.min.session.timeout.ms", "x", "decimal"),
         (
             "group.max.session.timeout.ms",
