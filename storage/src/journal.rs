@@ -15,9 +15,11 @@
 //! Files are recycled: a file a checkpoint has covered is renamed `<shard>-<sequence>.free`
 //! (up to `StoreConfig::journal_recycle_files` per shard) and later renamed into the next
 //! sequence and overwritten from the start. Overwriting blocks a file already has changes no
-//! metadata, so the round's `fdatasync` is a plain device flush instead of a file-system
-//! journal commit (on ext4 that commit also waits for other files' ordered data): on this
-//! project's VM 1.6 × the bandwidth and half the latency of appending. What follows the last
+//! metadata, so the round's `fdatasync` writes the data and flushes the device, nothing else.
+//! An append also has to persist the inode (size, new blocks): on ext4 without a journal, as
+//! on this project's VM, a synchronous write of the inode's block before the flush; with a
+//! journal, a journal commit. Overwriting ran at 1.6 × the bandwidth and half the latency of
+//! appending there (BENCHMARKS.md item 23). What follows the last
 //! entry of a recycled file is an older sequence's entries; the sequence mask in every CRC
 //! (RocksDB's recyclable log records carry the log number for the same reason) makes them fail
 //! the check, so replay ends there as it would at a torn write, and a header whose sequence is
