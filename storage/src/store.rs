@@ -56,7 +56,8 @@ pub struct StoreConfig {
     pub journal_segment_bytes: u64,
     /// Journal files a checkpoint covered that are kept (renamed `.free`) to be overwritten
     /// by the next rotations instead of deleted: a journal round that overwrites a file's
-    /// existing blocks needs no file-system metadata commit. 0 deletes them.
+    /// existing blocks leaves its `fdatasync` no metadata (size, block map) to write. 0
+    /// deletes them.
     pub journal_recycle_files: usize,
     /// Upper bound on fsyncs a checkpoint keeps in flight at once.
     pub checkpoint_concurrency: usize,
