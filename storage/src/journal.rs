@@ -423,6 +423,18 @@ impl<F: Fs> Journal<F> {
         f.truncate(0)
             .await
             .map_err(|e| StorageError::io("create journal", &path, e))?;
+        Self::start_file(fs, dir, f, path, shard, seq).await
+    }
+
+    /// Writes a file's header (its first block), then makes it and its name durable.
+    async fn start_file(
+        fs: &F,
+        dir: &Path,
+        f: F::File,
+        path: PathBuf,
+        shard: u16,
+        seq: u64,
+    ) -> Result<(F::File, PathBuf), StorageError> {
         f.write_all_at(header(shard, seq), 0)
             .await
             .map_err(|e| StorageError::io("write journal header", &path, e))?;
@@ -455,16 +467,7 @@ impl<F: Fs> Journal<F> {
             .open_direct(&path, false)
             .await
             .map_err(|e| StorageError::io("open recycled journal", &path, e))?;
-        f.write_all_at(header(shard, seq), 0)
-            .await
-            .map_err(|e| StorageError::io("write journal header", &path, e))?;
-        f.fdatasync()
-            .await
-            .map_err(|e| StorageError::io("sync journal", &path, e))?;
-        fs.sync_dir(dir)
-            .await
-            .map_err(|e| StorageError::io("sync journal dir", dir, e))?;
-        Ok((f, path))
+        Self::start_file(fs, dir, f, path, shard, seq).await
     }
 
     /// A free file to recycle into the next sequence, if any.
@@ -597,6 +600,13 @@ impl<F: Fs> Journal<F> {
 mod tests {
     use super::*;
 
+    fn key_t0() -> LogKey {
+        LogKey {
+            dir_name: "t-0".into(),
+            incarnation: [1; 16],
+        }
+    }
+
     #[test]
     fn entries_round_trip_and_stop_at_damage() {
         let key = LogKey {
@@ -629,10 +639,7 @@ mod tests {
 
     #[test]
     fn padding_ends_every_buffer_at_a_block_boundary_and_is_skipped() {
-        let key = LogKey {
-            dir_name: "t-0".into(),
-            incarnation: [1; 16],
-        };
+        let key = key_t0();
         let header = header(3, 9);
         assert_eq!(header.len() as u64, FIRST_ENTRY_AT);
         let (entries, problem) = decode_entries(&Bytes::from(header[HEADER_BYTES..].to_vec()), crc_mask(9));
@@ -663,10 +670,7 @@ mod tests {
 
     #[test]
     fn files_without_padding_are_still_read() {
-        let key = LogKey {
-            dir_name: "t-0".into(),
-            incarnation: [1; 16],
-        };
+        let key = key_t0();
         let fs = crate::fs_mem::MemFs::new();
         let path = Path::new("/j/00000-00000000000000000000.wal");
         futures_lite::future::block_on(async {
@@ -704,10 +708,7 @@ mod tests {
 
     #[test]
     fn a_recycled_file_ends_where_its_new_entries_end() {
-        let key = LogKey {
-            dir_name: "t-0".into(),
-            incarnation: [1; 16],
-        };
+        let key = key_t0();
         let fs = crate::fs_mem::MemFs::new();
         let dir = Path::new("/j");
         let old_path = dir.join(file_name(0, 3));
