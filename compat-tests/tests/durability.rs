@@ -429,25 +429,29 @@ fn partition0_last_segment(broker: &Broker, topic: &str) -> LastSegment {
     }
 }
 
-/// Bytes of `path` the page cache holds, page by page, read without waiting for the disk
-/// (`preadv2` with `RWF_NOWAIT` fails with EAGAIN for a page it would have to read).
+/// Bytes of `path` the page cache holds, as util-linux's `fincore` reports them (it asks with
+/// `mincore`, which looks without touching). Probing with `RWF_NOWAIT` reads would not do: such
+/// a read of an uncached page starts readahead, and on a fast disk the pages arrive before the
+/// probe moves on, so a cold file can look cached.
 fn cached_bytes(path: &PathBuf) -> u64 {
-    const PAGE: usize = 4096;
-    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let len = file.metadata().map_or(0, |m| m.len());
-    let mut buf = vec![0u8; PAGE];
-    let mut cached = 0;
-    let mut pos = 0;
-    while pos < len {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        match rustix::io::preadv2(&file, &mut iov, pos, rustix::io::ReadWriteFlags::NOWAIT) {
-            Ok(n) => cached += n as u64,
-            Err(rustix::io::Errno::AGAIN) => {}
-            Err(e) => panic!("preadv2(RWF_NOWAIT) on {}: {e}", path.display()),
-        }
-        pos += PAGE as u64;
-    }
-    cached
+    let out = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--raw", "--output", "RES"])
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("running fincore: {e} (it is in util-linux: apt-get install util-linux; tools/run-tests installs it)")
+        });
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fincore {} failed: {}{}",
+        path.display(),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("fincore {} printed {text:?}: {e}", path.display()))
 }
 
 /// `strand.log.drop.behind.bytes`: once a segment is fsynced, its pages more than the window
