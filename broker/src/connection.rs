@@ -531,6 +531,7 @@ async fn start_request(
     permit: StaticPermit,
     fetch_slot: &Rc<Semaphore>,
 ) -> Result<Option<Pending>, &'static str> {
+    let arrived = std::time::Instant::now();
     let Some(raw) = RawHeader::peek(&frame) else {
         shard.metrics.bad_request("short header");
         return Err("short header");
@@ -579,6 +580,7 @@ async fn start_request(
         version: header.request_api_version,
         correlation_id: header.correlation_id,
         client_id: header.client_id.map(|c| c.as_str().to_owned()),
+        arrived,
     });
     match handlers::dispatch(ctx, body).await {
         Dispatched::Response(fut) => Ok(Some(Pending {

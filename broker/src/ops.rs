@@ -111,10 +111,12 @@ pub(crate) struct EpochAnswer {
 
 /// A request to a shard.
 pub(crate) enum ShardRequest {
-    /// Append batches; answer when durable if `wait`.
+    /// Append batches; answer when durable if `wait`. `arrived`: when a Kafka Produce request's
+    /// frame was read, for the produce stage histograms (`None` for the broker's own appends).
     Produce {
         parts: Vec<ProducePart>,
         wait: bool,
+        arrived: Option<std::time::Instant>,
     },
     /// Read from partitions; `max_bytes` bounds the total.
     Fetch {

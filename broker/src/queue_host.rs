@@ -1985,6 +1985,7 @@ async fn dead_letter_append(
                     records: Bytes::from(batch),
                 }],
                 wait: true,
+                arrived: None,
             },
         )
         .await

@@ -229,7 +229,7 @@ impl Shard {
     /// happen before this returns; the returned future finishes the work.
     pub(crate) fn start(self: &Rc<Self>, req: ShardRequest) -> LocalBoxFuture<'static, ShardResponse> {
         match req {
-            ShardRequest::Produce { parts, wait } => self.start_produce(parts, wait),
+            ShardRequest::Produce { parts, wait, arrived } => self.start_produce(parts, wait, arrived),
             ShardRequest::Fetch { parts, max_bytes } => {
                 let me = self.clone();
                 async move { ShardResponse::Fetch(me.read_partitions(&parts, max_bytes).await) }.boxed_local()
@@ -338,6 +338,7 @@ impl Shard {
         self: &Rc<Self>,
         parts: Vec<ProducePart>,
         wait: bool,
+        arrived: Option<Instant>,
     ) -> LocalBoxFuture<'static, ShardResponse> {
         let now = self.now_ms();
         let mut started = Vec::with_capacity(parts.len());
@@ -375,9 +376,14 @@ impl Shard {
                 ))),
             }
         }
+        let staged = Instant::now();
+        if let Some(a) = arrived {
+            self.metrics.produce_staged(staged.saturating_duration_since(a));
+        }
         let me = self.clone();
         async move {
             let mut out = Vec::with_capacity(started.len());
+            let waited = wait && started.iter().any(Result::is_ok);
             for s in started {
                 out.push(match s {
                     Err(o) => o,
@@ -397,6 +403,9 @@ impl Shard {
                         }
                     }
                 });
+            }
+            if arrived.is_some() && waited {
+                me.metrics.produce_durable(staged.elapsed());
             }
             ShardResponse::Produce(out)
         }

@@ -725,4 +725,24 @@ fn metrics_endpoint_serves_prometheus_text() {
         samples += 1;
     }
     assert!(samples > 0, "no samples in /metrics:\n{text}");
+    // The produce went through its stages (frame read → staged → durable) and a flush round.
+    let count = |series: &str, label: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(series) && l.contains(label))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    for stage in ["staged", "durable"] {
+        assert!(
+            count(
+                "strand_produce_stage_seconds_count{",
+                &format!("stage=\"{stage}\"")
+            ) >= 1.0,
+            "no produce recorded at stage {stage}:\n{text}"
+        );
+    }
+    assert!(
+        count("strand_flush_wait_seconds_count{", "") >= 1.0,
+        "no flush round's wait recorded:\n{text}"
+    );
 }

@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use strand_protocol::batch::{self, BatchHeader, BatchScanner, BATCH_HEADER_BYTES};
@@ -129,6 +130,8 @@ pub(crate) struct StagedWrites<Fl> {
     pub(crate) chunks: Vec<StagedChunk<Fl>>,
     /// Log end offset covered by these writes.
     pub(crate) end_offset: i64,
+    /// When the first of them was staged.
+    pub(crate) staged_at: Option<Instant>,
 }
 
 /// A chunk written by a flush round: the segment, its file (created by the round if it was
@@ -313,6 +316,9 @@ pub struct PartitionLog<F: Fs> {
     next_offset: i64,
     high_watermark: i64,
     staged: Vec<StagedChunk<F::File>>,
+    /// When the first of the staged batches was staged (`None` while nothing is): how long
+    /// writes wait for a flush round to take them is a stage of a produce's latency.
+    staged_since: Option<Instant>,
     /// Capacity for a new staged chunk: what the last round took, within
     /// [`STAGE_CHUNK_MIN_BYTES`, `STAGE_CHUNK_MAX_BYTES`], so a busy log's chunk is allocated
     /// once instead of grown by doubling (a copy of everything staged so far each time).
@@ -383,6 +389,7 @@ impl<F: Fs> PartitionLog<F> {
             next_offset: 0,
             high_watermark: 0,
             staged: Vec::new(),
+            staged_since: None,
             stage_hint_bytes: STAGE_CHUNK_MIN_BYTES,
             takes_in_flight: 0,
             discard_generation: 0,
@@ -738,6 +745,9 @@ impl<F: Fs> PartitionLog<F> {
         let path = seg.log_path.clone();
         let segment_base = seg.base_offset;
 
+        if self.staged.is_empty() {
+            self.staged_since = Some(Instant::now());
+        }
         // A chunk stays within STAGE_CHUNK_MAX_BYTES (unless one batch is larger).
         let fits = matches!(self.staged.last(),
             Some(c) if c.segment_base == segment_base
@@ -847,6 +857,7 @@ impl<F: Fs> PartitionLog<F> {
         Some(StagedWrites {
             chunks: std::mem::take(&mut self.staged),
             end_offset: self.next_offset,
+            staged_at: self.staged_since.take(),
         })
     }
 
@@ -913,6 +924,7 @@ impl<F: Fs> PartitionLog<F> {
     pub(crate) fn discard_unflushed(&mut self) -> DiscardPlan<F::File> {
         self.takes_in_flight = 0;
         self.staged.clear();
+        self.staged_since = None;
         self.producers.discard_pending();
         self.discard_generation += 1;
         let hw = self.high_watermark;

@@ -117,6 +117,9 @@ pub struct RoundStats {
     pub segment_bytes: usize,
     pub duration_us: u64,
     pub fsync_us: u64,
+    /// How long the oldest of the round's writes had been staged when the round took it: the
+    /// wait of a produce between being staged and its round starting.
+    pub wait_us: u64,
     pub error: Option<String>,
 }
 
@@ -143,6 +146,8 @@ struct LogSyncs<F: Fs> {
 /// A round taken by [`ShardStore::take_round`], not yet written.
 struct TakenRound<F: Fs> {
     started: Instant,
+    /// See [`RoundStats::wait_us`].
+    wait_us: u64,
     direct: bool,
     overlapped: bool,
     journal_write: Option<crate::journal::PendingWrite<F::File>>,
@@ -222,6 +227,7 @@ impl<F: Fs> WrittenRound<F> {
         }
         self.takes += later.takes;
         self.stats.writes += later.stats.writes;
+        self.stats.wait_us = self.stats.wait_us.max(later.stats.wait_us);
         self.stats.logs = self.log_ids().len();
     }
 }
@@ -729,8 +735,16 @@ impl<F: Fs> ShardStore<F> {
             return None;
         }
         self.takes_in_flight.set(in_flight + 1);
+        let started = Instant::now();
+        let wait_us = writes
+            .iter()
+            .filter_map(|w| w.writes.staged_at)
+            .map(|t| started.saturating_duration_since(t).as_micros() as u64)
+            .max()
+            .unwrap_or(0);
         Some(TakenRound {
-            started: Instant::now(),
+            started,
+            wait_us,
             direct,
             overlapped: overlapping,
             journal_write,
@@ -743,6 +757,7 @@ impl<F: Fs> ShardStore<F> {
     async fn write_round(&self, taken: TakenRound<F>) -> WrittenRound<F> {
         let TakenRound {
             started,
+            wait_us,
             direct,
             overlapped,
             journal_write,
@@ -753,6 +768,7 @@ impl<F: Fs> ShardStore<F> {
             direct,
             overlapped,
             writes: 1,
+            wait_us,
             ..RoundStats::default()
         };
         let journal = async {

@@ -169,6 +169,43 @@ fn append_flush_read_round_trip() {
     });
 }
 
+/// A round reports how long its oldest write waited to be taken: from the first append after
+/// the previous round, not from the last one.
+#[test]
+fn a_round_reports_how_long_its_oldest_write_waited() {
+    block_on(async {
+        let fs = MemFs::new();
+        let store = open_store(&fs, 1 << 20).await;
+        let (a, _) = store.open_log(key("wait-a"), small_config(), 0).await.unwrap();
+        let (b, _) = store.open_log(key("wait-b"), small_config(), 0).await.unwrap();
+        let first = std::time::Instant::now();
+        store.append(a, &value_batch(1, 1, 5), 0, 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        store.append(a, &value_batch(2, 1, 5), 0, 0).unwrap();
+        store.append(b, &value_batch(3, 1, 5), 0, 0).unwrap();
+        let stats = store.flush_round().await;
+        assert_eq!(stats.logs, 2);
+        let bound = first.elapsed().as_micros() as u64;
+        assert!(
+            (30_000..=bound).contains(&stats.wait_us),
+            "waited {} µs",
+            stats.wait_us
+        );
+        // The next round's wait starts at its own first append, not at an earlier one.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let second = std::time::Instant::now();
+        store.append(a, &value_batch(4, 1, 5), 0, 0).unwrap();
+        let stats = store.flush_round().await;
+        assert_eq!(stats.logs, 1);
+        let bound = second.elapsed().as_micros() as u64;
+        assert!(
+            stats.wait_us <= bound,
+            "waited {} µs, appended {bound} µs ago",
+            stats.wait_us
+        );
+    });
+}
+
 #[test]
 fn one_journal_fsync_per_round_whatever_the_partition_count() {
     block_on(async {

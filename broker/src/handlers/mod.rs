@@ -90,6 +90,8 @@ pub(crate) struct RequestCtx {
     pub(crate) version: i16,
     pub(crate) correlation_id: i32,
     pub(crate) client_id: Option<String>,
+    /// When the request's frame had been read.
+    pub(crate) arrived: Instant,
 }
 
 impl RequestCtx {

@@ -159,7 +159,12 @@ impl Handler for Produce {
         let mut pending = Vec::with_capacity(per_shard.len());
         for (owner, parts) in per_shard {
             let n = parts.len();
-            match shard.dispatch(owner, ShardRequest::Produce { parts, wait }).await {
+            let request = ShardRequest::Produce {
+                parts,
+                wait,
+                arrived: Some(ctx.arrived),
+            };
+            match shard.dispatch(owner, request).await {
                 Ok(fut) => pending.push((owner, n, Some(fut))),
                 Err(_) => pending.push((owner, n, None)),
             }
