@@ -808,7 +808,7 @@ impl<F: Fs> PartitionLog<F> {
             files: self
                 .segments
                 .iter()
-                .filter(|s| s.needs_sync)
+                .filter(|s| s.needs_sync || s.checkpoint_syncing)
                 .filter_map(|s| s.file.clone())
                 .collect(),
             creates_at: self
@@ -1278,6 +1278,7 @@ impl<F: Fs> PartitionLog<F> {
             if seg.needs_sync {
                 files_to_sync.push(file.clone());
                 seg.needs_sync = false;
+                seg.checkpoint_syncing = true;
             }
             if seg.index_dirty {
                 // Entries past the durable size are harmless: recovery cuts them at the point.
@@ -1335,6 +1336,9 @@ impl<F: Fs> PartitionLog<F> {
         if let Some(changes) = self.dir_changes_checkpointing.take() {
             self.dir_changes_synced = self.dir_changes_synced.max(changes);
         }
+        for seg in &mut self.segments {
+            seg.checkpoint_syncing = false;
+        }
     }
 
     pub(crate) fn checkpoint_failed(&mut self) {
@@ -1344,6 +1348,7 @@ impl<F: Fs> PartitionLog<F> {
         self.epochs_dirty = true;
         for seg in &mut self.segments {
             seg.needs_sync = seg.file.is_some();
+            seg.checkpoint_syncing = false;
             seg.index_dirty = true;
         }
     }

@@ -83,6 +83,9 @@ pub(crate) struct Segment<F: Fs> {
     pub(crate) index_dirty: bool,
     /// Data written since the last fsync of this segment.
     pub(crate) needs_sync: bool,
+    /// A running checkpoint took this segment's `needs_sync` mark and has not finished its
+    /// fsync: a direct round must still sync the file itself.
+    pub(crate) checkpoint_syncing: bool,
 }
 
 impl<F: Fs> Segment<F> {
@@ -102,6 +105,7 @@ impl<F: Fs> Segment<F> {
             created_ms: now_ms,
             index_dirty: true,
             needs_sync: true,
+            checkpoint_syncing: false,
         }
     }
 

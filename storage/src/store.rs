@@ -674,13 +674,13 @@ impl<F: Fs> ShardStore<F> {
             }
         }
         // Direct: few logs, so syncing their own files costs no more than the journal, and
-        // writes every byte once instead of twice. Not while a checkpoint runs: it clears the
-        // logs' unsynced-segment marks before its own syncs complete. Nor when a log's directory
-        // has changes no sync has covered yet (a removed segment, a file created by a journaled
-        // round): the journal covers them until a directory sync does. A round that creates a
-        // segment file itself (a roll) syncs the directory after it; not an overlapping one.
-        let mut direct =
-            inner.dirty.len() <= self.config.direct_sync_max_logs && !self.checkpoint_running.get();
+        // writes every byte once instead of twice. Also while a checkpoint runs: the segments
+        // whose fsync it has taken over but not finished are synced by the round as well
+        // (`checkpoint_syncing`). Not when a log's directory has changes no sync has covered yet
+        // (a removed segment, a file created by a journaled round): the journal covers them
+        // until a directory sync does. A round that creates a segment file itself (a roll) syncs
+        // the directory after it; not an overlapping one.
+        let mut direct = inner.dirty.len() <= self.config.direct_sync_max_logs;
         let mut direct_files = Vec::new();
         if direct {
             for id in &inner.dirty {

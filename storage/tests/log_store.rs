@@ -169,6 +169,74 @@ fn append_flush_read_round_trip() {
     });
 }
 
+/// Rounds stay direct while a checkpoint runs. The checkpoint takes over the fsync of segments
+/// with unsynced (journaled) writes; a direct round that runs before that fsync has finished, and
+/// writes a later segment, syncs them too, as it would with no checkpoint running (the retired
+/// journal file, kept until the checkpoint completes, also still covers them). After a power
+/// loss mid-checkpoint, everything both rounds acknowledged is back.
+#[test]
+fn a_direct_round_beside_a_checkpoint_syncs_what_the_checkpoint_has_not_yet() {
+    block_on(async {
+        let fs = MemFs::new();
+        let store = open_store_direct(&fs, 1 << 20, 1).await;
+        let config = small_config();
+        let (a, _) = store.open_log(key("beside-a"), config.clone(), 0).await.unwrap();
+        let (b, _) = store.open_log(key("beside-b"), config.clone(), 0).await.unwrap();
+        let mut acked = Vec::new();
+        let mut append = |id: LogId, tag: u64, n: usize| {
+            let batch = value_batch(tag, n, 5);
+            let t = store.append(id, &batch, 0, 0).unwrap();
+            acked.push((id, t.info.base_offset, stored(batch, t.info.base_offset, 0)));
+            t
+        };
+        // Segment files and directories made durable first.
+        append(a, 1, 2);
+        append(b, 2, 2);
+        assert!(store.flush_round().await.error.is_none());
+        store.rotate_journal().await.unwrap();
+        store.checkpoint().await.unwrap();
+        // A journaled round (two logs) leaves unsynced writes in a's first segment.
+        append(a, 3, 3);
+        let t = append(b, 4, 1);
+        let stats = store.flush_round().await;
+        assert!(!stats.direct && stats.error.is_none(), "{stats:?}");
+        store.wait_durable(&t).await.unwrap();
+        // A checkpoint takes those marks and starts its fsyncs, which do not finish.
+        store.rotate_journal().await.unwrap();
+        fs.set_slow_io(true);
+        {
+            let checkpoint = store.checkpoint();
+            futures::pin_mut!(checkpoint);
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            assert!(std::future::Future::poll(checkpoint.as_mut(), &mut cx).is_pending());
+            // Meanwhile a's next batches roll it into a new segment, in a direct round.
+            let before = store.offsets(a).unwrap().log_end_offset;
+            let mut last = None;
+            while store.with_log(a, |l| l.segment_count()).unwrap() < 2 {
+                last = Some(append(a, 5, 4));
+            }
+            assert!(store.offsets(a).unwrap().log_end_offset > before);
+            let stats = store.flush_round().await;
+            assert!(stats.direct && stats.error.is_none(), "{stats:?}");
+            store.wait_durable(&last.unwrap()).await.unwrap();
+        }
+        // Power loss before the checkpoint's fsyncs completed.
+        let store = crash_and_reopen(&fs, &config, 1 << 20).await;
+        for (id, name) in [(a, "beside-a"), (b, "beside-b")] {
+            let (id2, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
+            let all = read_all(&store, id2, 0).await;
+            for (_, off, bytes) in acked.iter().filter(|(i, _, _)| *i == id) {
+                assert_eq!(
+                    all.iter().find(|b| b.0 == *off).map(|b| &b.2),
+                    Some(bytes),
+                    "acknowledged batch at {off} of {name}"
+                );
+            }
+        }
+    });
+}
+
 /// A round reports how long its oldest write waited to be taken: from the first append after
 /// the previous round, not from the last one.
 #[test]
@@ -1024,12 +1092,13 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let (mut overlapped, mut recycled) = (0, 0);
+    let (mut overlapped, mut recycled, mut beside) = (0, 0, 0);
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| simulate(seed)) {
-            Ok((o, r)) => {
+            Ok((o, r, b)) => {
                 overlapped += o;
                 recycled += r;
+                beside += b;
             }
             Err(msg) => {
                 let text = msg
@@ -1042,7 +1111,8 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         }
     }
     eprintln!(
-        "{seeds} seeds: {overlapped} rounds overlapped the round before, {recycled} journal files recycled"
+        "{seeds} seeds: {overlapped} rounds overlapped the round before, {recycled} journal files recycled, \
+         {beside} direct rounds beside a checkpoint"
     );
     assert!(
         seeds < 50 || overlapped > 0,
@@ -1052,23 +1122,31 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         seeds < 50 || recycled > 0,
         "no simulated checkpoint kept a journal file: recycling goes untested"
     );
+    assert!(
+        seeds < 50 || beside > 0,
+        "no simulated direct round ran beside a checkpoint: that goes untested"
+    );
 }
 
 #[test]
 fn simulate_one_seed_from_env() {
     if let Some(seed) = std::env::var("STRAND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        let (overlapped, recycled) = simulate(seed);
-        eprintln!("seed {seed}: {overlapped} rounds overlapped, {recycled} journal files recycled");
+        let (overlapped, recycled, beside) = simulate(seed);
+        eprintln!(
+            "seed {seed}: {overlapped} rounds overlapped, {recycled} journal files recycled, {beside} direct \
+             rounds beside a checkpoint"
+        );
     }
 }
 
-/// One seeded run of four lives; returns how many rounds overlapped the round before and how
-/// many journal files checkpoints kept to recycle.
-fn simulate(seed: u64) -> (usize, usize) {
+/// One seeded run of four lives; returns how many rounds overlapped the round before, how many
+/// journal files checkpoints kept to recycle, and how many direct rounds ran beside a checkpoint.
+fn simulate(seed: u64) -> (usize, usize, usize) {
     let trace = std::env::var("STRAND_SIM_TRACE").is_ok();
     macro_rules! t { ($($a:tt)*) => { if trace { eprintln!($($a)*); } } }
     let overlapped = std::cell::Cell::new(0usize);
     let recycled = std::cell::Cell::new(0usize);
+    let direct_beside_checkpoints = std::cell::Cell::new(0usize);
     block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = MemFs::new();
@@ -1300,6 +1378,92 @@ fn simulate(seed: u64) -> (usize, usize) {
                             prod_pending.clear();
                         }
                     }
+                    8 if slow_io && rng.gen_bool(0.5) => {
+                        // A checkpoint with flush rounds beside it, as the broker's flusher runs
+                        // them while the checkpoint it spawned syncs, appends arriving, and
+                        // sometimes a power loss midway: a direct round must not count on the
+                        // checkpoint's unfinished fsyncs.
+                        if store.rotate_journal().await.is_err() {
+                            continue;
+                        }
+                        let crash_at = rng.gen_bool(0.3).then(|| rng.gen_range(0..40));
+                        let mut life_ends = false;
+                        {
+                            let checkpoint = store.checkpoint();
+                            futures::pin_mut!(checkpoint);
+                            let mut checkpoint_done = false;
+                            let mut flush: Option<
+                                std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>,
+                            > = None;
+                            let waker = futures::task::noop_waker();
+                            let mut cx = std::task::Context::from_waker(&waker);
+                            let mut polls = 0;
+                            loop {
+                                polls += 1;
+                                assert!(polls < 10_000, "checkpoint and flush rounds make no progress");
+                                if crash_at == Some(polls) {
+                                    t!("power loss with a checkpoint and rounds in flight");
+                                    life_ends = true;
+                                    break;
+                                }
+                                if !checkpoint_done {
+                                    if let std::task::Poll::Ready(r) =
+                                        std::future::Future::poll(checkpoint.as_mut(), &mut cx)
+                                    {
+                                        t!("checkpoint beside rounds {:?}", r);
+                                        if let Ok(stats) = &r {
+                                            recycled.set(recycled.get() + stats.journal_files_recycled);
+                                        }
+                                        checkpoint_done = true;
+                                    }
+                                }
+                                if flush.is_none() && store.has_pending() {
+                                    flush = Some(Box::pin(store.flush_pending(2, |s| {
+                                        t!("round beside a checkpoint {:?}", s);
+                                        if s.direct {
+                                            direct_beside_checkpoints
+                                                .set(direct_beside_checkpoints.get() + 1);
+                                        }
+                                    })));
+                                }
+                                if let Some(f) = flush.as_mut() {
+                                    if std::future::Future::poll(f.as_mut(), &mut cx).is_ready() {
+                                        flush = None;
+                                    }
+                                }
+                                if checkpoint_done && flush.is_none() {
+                                    break;
+                                }
+                                if !checkpoint_done && rng.gen_bool(0.5) {
+                                    let b = value_batch(appended_ops as u64, rng.gen_range(1..6), 7);
+                                    appended_ops += 1;
+                                    if let Ok(t) = store.append(ids[hot], &b, 3, 0) {
+                                        t!(
+                                            "append {} at {}.. beside a checkpoint",
+                                            logs[hot],
+                                            t.info.base_offset
+                                        );
+                                        let s = stored(b, t.info.base_offset, 3);
+                                        pending.push((hot, t, s));
+                                    }
+                                }
+                            }
+                        }
+                        let mut still = Vec::new();
+                        for (li, t, s) in pending.drain(..) {
+                            match futures_lite::future::poll_once(store.wait_durable(&t)).await {
+                                Some(Ok(())) => {
+                                    acked[li].insert(t.info.base_offset, s);
+                                }
+                                Some(Err(_)) => {}
+                                None => still.push((li, t, s)),
+                            }
+                        }
+                        pending = still;
+                        if life_ends {
+                            break;
+                        }
+                    }
                     8 => {
                         if (store.wants_checkpoint() || rng.gen_bool(0.3))
                             && store.rotate_journal().await.is_ok()
@@ -1331,7 +1495,7 @@ fn simulate(seed: u64) -> (usize, usize) {
         }
         assert!(appended_ops > 0, "the simulation did something");
     });
-    (overlapped.get(), recycled.get())
+    (overlapped.get(), recycled.get(), direct_beside_checkpoints.get())
 }
 
 #[test]
