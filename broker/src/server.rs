@@ -477,18 +477,25 @@ async fn flusher(shard: Rc<Shard>) {
             // `shutdown` flushes what is left; staying would spin on work we may not take.
             return;
         }
+        let mut progressed = true;
         if shard.store.has_pending() {
+            let rounds = std::cell::Cell::new(0usize);
             shard
                 .store
-                .flush_pending(ROUNDS_PER_FLUSH_PASS, |stats| shard.metrics.round(stats))
+                .flush_pending(ROUNDS_PER_FLUSH_PASS, |stats| {
+                    rounds.set(rounds.get() + 1);
+                    shard.metrics.round(stats)
+                })
                 .await;
             // A new topic or a segment roll: sync the directory now rather than journal every
             // byte of the log until the next checkpoint.
             let synced = shard.store.sync_changed_dirs().await;
             shard.metrics.dir_syncs(synced);
+            progressed = rounds.get() > 0 || synced > 0;
         }
         let due = Instant::now() >= next_checkpoint;
         if shard.store.wants_checkpoint() || (due && shard.store.has_uncheckpointed_changes()) {
+            progressed = true;
             next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
             if let Err(e) = shard.store.rotate_journal().await {
                 tracing::error!(error = %e, "journal rotation failed");
@@ -505,8 +512,18 @@ async fn flusher(shard: Rc<Shard>) {
         } else if due {
             next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
         }
+        if !progressed {
+            // Work is staged but nothing may be flushed yet (the store waits for something
+            // else, such as a running checkpoint): back off instead of looping without ever
+            // yielding, which would starve that very checkpoint and the whole shard.
+            tracing::debug!("flusher made no progress; backing off");
+            glommio::timer::sleep(FLUSHER_BACKOFF).await;
+        }
     }
 }
+
+/// How long the flusher waits when a pass could flush nothing although work is staged.
+const FLUSHER_BACKOFF: Duration = Duration::from_millis(1);
 
 /// Retention passes and gauges.
 async fn housekeeping(shard: Rc<Shard>) {

@@ -689,7 +689,10 @@ impl<F: Fs> ShardStore<F> {
                     Some(Some(sync)) => direct_files.push(Some(sync)),
                     Some(None) => {
                         direct = false;
-                        if !inner.dir_sync_wanted.contains(id) {
+                        // A running checkpoint syncs the directory itself, and no directory
+                        // sync may run beside it: asking for one would pause the flusher
+                        // (`flusher_should_pause`) until the checkpoint ends.
+                        if !self.checkpoint_running.get() && !inner.dir_sync_wanted.contains(id) {
                             inner.dir_sync_wanted.push(*id);
                         }
                     }

@@ -237,6 +237,46 @@ fn a_direct_round_beside_a_checkpoint_syncs_what_the_checkpoint_has_not_yet() {
     });
 }
 
+/// A log whose directory has changes no sync covered yet (files created by a journaled round)
+/// takes journaled rounds. While a checkpoint runs, that must not ask for a directory sync of
+/// its own: none may run beside the checkpoint, so the flusher would pause, round after round,
+/// until the checkpoint ended (with the broker's flusher spinning, it never did).
+#[test]
+fn a_checkpoint_in_flight_does_not_pause_flush_rounds() {
+    block_on(async {
+        let fs = MemFs::new();
+        let store = open_store_direct(&fs, 1 << 20, 1).await;
+        let (a, _) = store.open_log(key("pause-a"), small_config(), 0).await.unwrap();
+        let (b, _) = store.open_log(key("pause-b"), small_config(), 0).await.unwrap();
+        store.append(a, &value_batch(1, 1, 5), 0, 0).unwrap();
+        store.append(b, &value_batch(2, 1, 5), 0, 0).unwrap();
+        let stats = store.flush_round().await;
+        assert!(!stats.direct && stats.error.is_none(), "{stats:?}");
+        store.rotate_journal().await.unwrap();
+        fs.set_slow_io(true);
+        let checkpoint = store.checkpoint();
+        futures::pin_mut!(checkpoint);
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(std::future::Future::poll(checkpoint.as_mut(), &mut cx).is_pending());
+        for tag in 3..6 {
+            let t = store.append(a, &value_batch(tag, 1, 5), 0, 0).unwrap();
+            let mut rounds = 0;
+            store
+                .flush_pending(4, |s| {
+                    assert!(s.error.is_none(), "{s:?}");
+                    rounds += 1;
+                })
+                .await;
+            assert_eq!(
+                rounds, 1,
+                "append {tag}: the flusher paused beside the checkpoint"
+            );
+            store.wait_durable(&t).await.unwrap();
+        }
+    });
+}
+
 /// A round reports how long its oldest write waited to be taken: from the first append after
 /// the previous round, not from the last one.
 #[test]
