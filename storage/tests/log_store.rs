@@ -9,7 +9,9 @@ use rand_chacha::ChaCha8Rng;
 use strand_protocol::batch::{self, build, BatchScanner};
 use strand_storage::fs::{Fs, StdFs};
 use strand_storage::fs_mem::MemFs;
-use strand_storage::{replay_journals, LogConfig, LogId, LogKey, ShardStore, StoreConfig};
+use strand_storage::{
+    replay_journals, CheckpointStats, LogConfig, LogId, LogKey, ShardStore, StorageError, StoreConfig,
+};
 
 fn key(name: &str) -> LogKey {
     LogKey {
@@ -169,6 +171,25 @@ fn append_flush_read_round_trip() {
     });
 }
 
+/// A checkpoint in flight: the journal rotated, I/O slow from now on, and the checkpoint polled
+/// once, so that its fsyncs have started and do not finish unless it is polled again.
+async fn start_checkpoint<'a>(
+    store: &'a ShardStore<MemFs>,
+    fs: &MemFs,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<CheckpointStats, StorageError>> + 'a>> {
+    store.rotate_journal().await.unwrap();
+    fs.set_slow_io(true);
+    let mut checkpoint: std::pin::Pin<Box<dyn std::future::Future<Output = _> + 'a>> =
+        Box::pin(store.checkpoint());
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(
+        checkpoint.as_mut().poll(&mut cx).is_pending(),
+        "the checkpoint finished at once"
+    );
+    checkpoint
+}
+
 /// Rounds stay direct while a checkpoint runs. The checkpoint takes over the fsync of segments
 /// with unsynced (journaled) writes; a direct round that runs before that fsync has finished, and
 /// writes a later segment, syncs them too, as it would with no checkpoint running (the retired
@@ -202,14 +223,8 @@ fn a_direct_round_beside_a_checkpoint_syncs_what_the_checkpoint_has_not_yet() {
         assert!(!stats.direct && stats.error.is_none(), "{stats:?}");
         store.wait_durable(&t).await.unwrap();
         // A checkpoint takes those marks and starts its fsyncs, which do not finish.
-        store.rotate_journal().await.unwrap();
-        fs.set_slow_io(true);
         {
-            let checkpoint = store.checkpoint();
-            futures::pin_mut!(checkpoint);
-            let waker = futures::task::noop_waker();
-            let mut cx = std::task::Context::from_waker(&waker);
-            assert!(std::future::Future::poll(checkpoint.as_mut(), &mut cx).is_pending());
+            let _checkpoint = start_checkpoint(&store, &fs).await;
             // Meanwhile a's next batches roll it into a new segment, in a direct round.
             let before = store.offsets(a).unwrap().log_end_offset;
             let mut last = None;
@@ -252,13 +267,7 @@ fn a_checkpoint_in_flight_does_not_pause_flush_rounds() {
         store.append(b, &value_batch(2, 1, 5), 0, 0).unwrap();
         let stats = store.flush_round().await;
         assert!(!stats.direct && stats.error.is_none(), "{stats:?}");
-        store.rotate_journal().await.unwrap();
-        fs.set_slow_io(true);
-        let checkpoint = store.checkpoint();
-        futures::pin_mut!(checkpoint);
-        let waker = futures::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        assert!(std::future::Future::poll(checkpoint.as_mut(), &mut cx).is_pending());
+        let _checkpoint = start_checkpoint(&store, &fs).await;
         for tag in 3..6 {
             let t = store.append(a, &value_batch(tag, 1, 5), 0, 0).unwrap();
             let mut rounds = 0;
@@ -1179,6 +1188,25 @@ fn simulate_one_seed_from_env() {
     }
 }
 
+/// Moves the pending appends that are durable now into `acked`; the rest stay pending.
+async fn ack_durable_now<F: Fs>(
+    store: &ShardStore<F>,
+    pending: &mut Vec<(usize, strand_storage::AppendTicket, Vec<u8>)>,
+    acked: &mut [std::collections::BTreeMap<i64, Vec<u8>>],
+) {
+    let mut still = Vec::new();
+    for (li, t, s) in pending.drain(..) {
+        match futures_lite::future::poll_once(store.wait_durable(&t)).await {
+            Some(Ok(())) => {
+                acked[li].insert(t.info.base_offset, s);
+            }
+            Some(Err(_)) => {}
+            None => still.push((li, t, s)),
+        }
+    }
+    *pending = still;
+}
+
 /// One seeded run of four lives; returns how many rounds overlapped the round before, how many
 /// journal files checkpoints kept to recycle, and how many direct rounds ran beside a checkpoint.
 fn simulate(seed: u64) -> (usize, usize, usize) {
@@ -1362,17 +1390,7 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
                             }
                         }
                         // Acknowledge what is durable now; the rest stays pending.
-                        let mut still = Vec::new();
-                        for (li, t, s) in pending.drain(..) {
-                            match futures_lite::future::poll_once(store.wait_durable(&t)).await {
-                                Some(Ok(())) => {
-                                    acked[li].insert(t.info.base_offset, s);
-                                }
-                                Some(Err(_)) => {}
-                                None => still.push((li, t, s)),
-                            }
-                        }
-                        pending = still;
+                        ack_durable_now(&store, &mut pending, &mut acked).await;
                         let mut still = Vec::new();
                         for (i, t) in prod_pending.drain(..) {
                             match futures_lite::future::poll_once(store.wait_durable(&t)).await {
@@ -1489,17 +1507,7 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
                                 }
                             }
                         }
-                        let mut still = Vec::new();
-                        for (li, t, s) in pending.drain(..) {
-                            match futures_lite::future::poll_once(store.wait_durable(&t)).await {
-                                Some(Ok(())) => {
-                                    acked[li].insert(t.info.base_offset, s);
-                                }
-                                Some(Err(_)) => {}
-                                None => still.push((li, t, s)),
-                            }
-                        }
-                        pending = still;
+                        ack_durable_now(&store, &mut pending, &mut acked).await;
                         if life_ends {
                             break;
                         }
