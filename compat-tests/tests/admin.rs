@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{Message, StrBytes};
 use kafka_protocol::records::Compression;
 use strand_compat_tests::admin::{self, errors, versions, EARLIEST, LATEST, MAX_TIMESTAMP};
 use strand_compat_tests::raw::{self, RawConn};
-use strand_compat_tests::{unique_topic, wait_for, Broker};
+use strand_compat_tests::{metric_sum, unique_topic, wait_for, Broker};
 
 const TOPIC_RESOURCE: i8 = 2;
 const BROKER_RESOURCE: i8 = 4;
@@ -726,23 +726,17 @@ fn metrics_endpoint_serves_prometheus_text() {
     }
     assert!(samples > 0, "no samples in /metrics:\n{text}");
     // The produce went through its stages (frame read → staged → durable) and a flush round.
-    let count = |series: &str, label: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(series) && l.contains(label))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
-    };
     for stage in ["staged", "durable"] {
-        assert!(
-            count(
-                "strand_produce_stage_seconds_count{",
-                &format!("stage=\"{stage}\"")
-            ) >= 1.0,
-            "no produce recorded at stage {stage}:\n{text}"
-        );
+        let label = format!("stage=\"{stage}\"");
+        let count: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("strand_produce_stage_seconds_count{") && l.contains(&label))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        assert!(count >= 1.0, "no produce recorded at stage {stage}:\n{text}");
     }
     assert!(
-        count("strand_flush_wait_seconds_count{", "") >= 1.0,
+        metric_sum(&text, "strand_flush_wait_seconds_count") >= 1.0,
         "no flush round's wait recorded:\n{text}"
     );
 }
