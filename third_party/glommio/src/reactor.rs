@@ -260,8 +260,12 @@ impl Reactor {
                 let source =
                     self.new_source(raw, SourceType::Read(PollableStatus::Pollable, None), None);
                 self.sys.read_dma(&source, 0, alignment as usize);
-                let iopoll = if let Err(err) = source.collect_rw().await {
-                    if let Some(libc::ENOTSUP) = err.raw_os_error() {
+                let iopoll = match source.collect_rw().await {
+                    // Strand patch: a read that found no data (an empty new file) may have been
+                    // answered without the poll path; it proves nothing, so no poll ring.
+                    Ok(0) => false,
+                    Ok(_) => true,
+                    Err(err) => if let Some(libc::ENOTSUP) = err.raw_os_error() {
                         false
                     } else {
                         // The IO requests failed, but not because the poll ring doesn't work.
@@ -271,9 +275,7 @@ impl Reactor {
                              disabled for this device: {err}"
                         );
                         false
-                    }
-                } else {
-                    true
+                    },
                 };
                 sysfs::BlockDevice::set_iopoll_support(major, minor, iopoll);
                 iopoll
