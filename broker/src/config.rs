@@ -216,6 +216,11 @@ pub struct Config {
     /// `strand.log.drop.behind.bytes`: after a segment file is fsynced, its pages more than this
     /// many bytes behind its end are dropped from the page cache (0: kept, as Kafka does).
     pub log_drop_behind_bytes: u64,
+    /// `strand.log.direct.writes`: segment files write their whole pages with `O_DIRECT`.
+    pub log_direct_writes: bool,
+    /// `strand.log.direct.cache.bytes`: with direct writes, each shard's budget for segments'
+    /// most recent writes kept in memory to serve reads of them.
+    pub log_direct_cache_bytes: usize,
     /// `group.min.session.timeout.ms`.
     pub group_min_session_timeout_ms: i32,
     /// `group.max.session.timeout.ms`.
@@ -381,6 +386,18 @@ static BROKER_KEYS: &[BrokerKey] = &[
         Long,
         Text("0"),
         "After a segment is fsynced, drop its pages more than this far behind its end from the page cache (0: keep).",
+    ),
+    key(
+        "strand.log.direct.writes",
+        Boolean,
+        Text("true"),
+        "Write segment files' whole pages with O_DIRECT, bypassing the page cache (reads of them then come from the disk).",
+    ),
+    key(
+        "strand.log.direct.cache.bytes",
+        Long,
+        Text("268435456"),
+        "With strand.log.direct.writes, each shard's memory for segments' most recent writes, which serve reads of the log's tail.",
     ),
     key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
@@ -959,6 +976,8 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
     let flush_overlap_min_bytes = r.int("strand.flush.overlap.min.bytes", 0, I32_MAX)?;
     let log_drop_behind_bytes = r.int("strand.log.drop.behind.bytes", 0, i64::MAX)?;
+    let log_direct_writes = r.boolean("strand.log.direct.writes")?;
+    let log_direct_cache_bytes = r.int("strand.log.direct.cache.bytes", 0, i64::MAX)?;
     let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
     let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
     let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
@@ -1115,6 +1134,8 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         journal_direct_max_logs,
         flush_overlap_min_bytes,
         log_drop_behind_bytes,
+        log_direct_writes,
+        log_direct_cache_bytes,
         group_min_session_timeout_ms,
         group_max_session_timeout_ms,
         offsets_retention_minutes,

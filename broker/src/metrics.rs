@@ -162,6 +162,16 @@ pub(crate) fn describe() {
         "Bytes of segment files the broker asked the kernel to drop from the page cache behind their written end (strand.log.drop.behind.bytes; a range may count once per open handle of its file), by shard."
     );
     describe_gauge!(
+        "strand_recent_writes_bytes",
+        Unit::Bytes,
+        "Bytes of direct-written segments' recent writes held in memory to serve reads (strand.log.direct.writes), by shard."
+    );
+    describe_counter!(
+        "strand_recent_writes_read_bytes_total",
+        Unit::Bytes,
+        "Bytes read of direct-written segments, from the recent writes in memory (source=memory) or from the file (source=file), by shard."
+    );
+    describe_gauge!(
         "strand_journal_bytes",
         Unit::Bytes,
         "Size of the current journal file, by shard."
@@ -392,6 +402,9 @@ pub(crate) struct ShardMetrics {
     produce_durable: Histogram,
     dir_syncs: Counter,
     dropped_behind: Counter,
+    recent_bytes: Gauge,
+    recent_hit_bytes: Counter,
+    recent_miss_bytes: Counter,
     migrations: Counter,
 }
 
@@ -436,6 +449,9 @@ impl ShardMetrics {
             produce_durable: histogram!("strand_produce_stage_seconds", "shard" => shard.clone(), "stage" => "durable"),
             dir_syncs: counter!("strand_flush_dir_syncs_total", &l()),
             dropped_behind: counter!("strand_page_cache_dropped_bytes_total", &l()),
+            recent_bytes: gauge!("strand_recent_writes_bytes", &l()),
+            recent_hit_bytes: counter!("strand_recent_writes_read_bytes_total", "shard" => shard.clone(), "source" => "memory"),
+            recent_miss_bytes: counter!("strand_recent_writes_read_bytes_total", "shard" => shard.clone(), "source" => "file"),
             migrations: counter!("strand_connection_migrations_total", &l()),
         }
     }
@@ -625,6 +641,10 @@ impl ShardMetrics {
         self.heap_bytes.set(store.heap_bytes() as f64);
         self.dropped_behind
             .absolute(strand_storage::fs_glommio::dropped_behind_bytes());
+        let (held, hit, miss) = strand_storage::fs_glommio::recent_write_stats();
+        self.recent_bytes.set(held as f64);
+        self.recent_hit_bytes.absolute(hit);
+        self.recent_miss_bytes.absolute(miss);
         self.offline.set(if store.offline_reason().is_some() {
             1.0
         } else {

@@ -235,6 +235,10 @@ async fn shard_main(
 ) -> anyhow::Result<()> {
     let config = Rc::new((*config).clone());
     strand_storage::fs_glommio::set_drop_behind_bytes(config.log_drop_behind_bytes);
+    strand_storage::fs_glommio::set_direct_segment_writes(
+        config.log_direct_writes,
+        config.log_direct_cache_bytes,
+    );
     let (router, peers) = Router::connect(chan).await;
     let router = Rc::new(router);
     let store = ShardStore::open(

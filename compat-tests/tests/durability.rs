@@ -464,6 +464,8 @@ fn segment_pages_behind_the_drop_window_leave_the_page_cache() {
     let broker = Broker::builder()
         .needs_spawned("reads the broker's segment files")
         .config("strand.log.drop.behind.bytes", MIB)
+        // Segments written through the page cache: the setting is for them.
+        .config("strand.log.direct.writes", "false")
         .start();
     let bootstrap = broker.bootstrap();
     let topic = unique_topic("dropbehind");
@@ -516,6 +518,95 @@ fn segment_pages_behind_the_drop_window_leave_the_page_cache() {
     }
 }
 
+/// `strand.log.direct.writes` (the default): a segment's whole pages go to the disk with
+/// `O_DIRECT`, so a growing log leaves nothing in the page cache but partial pages; reads of the
+/// log's end come from the recent writes the broker keeps, the rest from the file; every record
+/// reads back, also after a restart and after appends that continue the restarted segment's
+/// partial last page.
+#[test]
+fn direct_written_segments_bypass_the_page_cache_and_read_back() {
+    const MIB: u64 = 1 << 20;
+    let mut broker = Broker::builder()
+        .needs_spawned("reads the broker's segment files and restarts it")
+        .config("strand.log.direct.writes", "true")
+        // Small, so that the start of the log must be read from the file.
+        .config("strand.log.direct.cache.bytes", 4 * MIB)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("directwrites");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    // Odd sizes, so that batches end inside pages.
+    let record = |i: usize| TestRecord {
+        partition: 0,
+        key: Some(format!("k{i}").into_bytes()),
+        value: Some(Gen::new(i as u64).bytes((64 << 10) + 1 + i % 3001, &[])),
+        headers: vec![],
+        timestamp: None,
+    };
+    let mut records: Vec<TestRecord> = (0..400).map(record).collect();
+    let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
+    assert_eq!(offsets, (0..400).collect::<Vec<i64>>());
+
+    let segment = last_segment(&broker.partition_dir(&topic, 0));
+    let len = fs::metadata(&segment).map_or(0, |m| m.len());
+    let cached = cached_bytes(&segment);
+    eprintln!("segment {len} bytes, {cached} cached");
+    assert!(
+        len > 24 * MIB && cached <= len / 4,
+        "segment {len} bytes, {cached} of them cached: whole pages must bypass the page cache"
+    );
+
+    let check = |broker: &Broker, records: &[TestRecord]| {
+        let got = clients::rdkafka_consume(
+            &broker.bootstrap(),
+            &topic,
+            0,
+            Offset::Beginning,
+            records.len(),
+            Duration::from_secs(60),
+        );
+        assert_eq!(got.len(), records.len());
+        for (n, (c, r)) in got.iter().zip(records).enumerate() {
+            assert_eq!(c.offset, n as i64);
+            assert!(
+                c.key == r.key && c.value == r.value,
+                "record {n} read back differs from what was sent"
+            );
+        }
+    };
+    check(&broker, &records);
+    let read = |broker: &Broker, source: &str| {
+        let text = broker.metrics();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("strand_recent_writes_read_bytes_total{")
+                    && l.contains(&format!("source=\"{source}\""))
+            })
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let (memory, file) = wait_for(Duration::from_secs(10), "reads counted by source", || {
+        let (m, f) = (read(&broker, "memory"), read(&broker, "file"));
+        (m > 0.0 && f > 0.0).then_some((m, f))
+    });
+    eprintln!("read {memory} bytes from recent writes, {file} from the file");
+    let held = metric_sum(&broker.metrics(), "strand_recent_writes_bytes");
+    assert!(
+        held <= (4 * MIB) as f64,
+        "{held} bytes of recent writes held over a 4 MiB budget"
+    );
+
+    // After a restart the segment's last page is not known in memory: appends read it back.
+    broker.terminate(Duration::from_secs(30));
+    broker.restart();
+    check(&broker, &records);
+    let more: Vec<TestRecord> = (400..600).map(record).collect();
+    let offsets = clients::rdkafka_produce(&broker.bootstrap(), &topic, &more);
+    assert_eq!(offsets, (400..600).collect::<Vec<i64>>());
+    records.extend(more);
+    check(&broker, &records);
+}
+
 fn last_segment(dir: &PathBuf) -> PathBuf {
     let mut logs: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
@@ -546,7 +637,10 @@ fn torn_last_segment_recovers_to_a_consistent_prefix() {
     let (mut broker, topic, run) = kill9_under_load(
         "torn",
         "kills the broker and edits its segment files",
-        &[("strand.journal.direct.max.logs", "0")],
+        &[
+            ("strand.journal.direct.max.logs", "0"),
+            ("strand.log.direct.writes", "false"),
+        ],
     );
 
     // The journal went to the disk past the page cache (O_DIRECT); the segments through it.

@@ -67,6 +67,12 @@ pub trait Fs: Clone + 'static {
     async fn open_direct(&self, path: &Path, create: bool) -> io::Result<Self::File> {
         self.open(path, create).await
     }
+    /// Like [`Fs::open`], for a partition's segment file: written only by appends, each at the
+    /// end of what the handle wrote before (or after a truncation). On the shards its whole
+    /// pages may bypass the page cache; by default it is an ordinary file.
+    async fn open_segment(&self, path: &Path, create: bool) -> io::Result<Self::File> {
+        self.open(path, create).await
+    }
     async fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     async fn remove_file(&self, path: &Path) -> io::Result<()>;
     async fn remove_dir_all(&self, path: &Path) -> io::Result<()>;

@@ -446,7 +446,7 @@ impl<F: Fs> PartitionLog<F> {
                 }
             }
             let file = fs
-                .open(&path, false)
+                .open_segment(&path, false)
                 .await
                 .map_err(|e| StorageError::io("open segment", &path, e))?;
             let file_size = file
@@ -1397,7 +1397,7 @@ async fn write_chunk<F: Fs>(
         Some(f) => f,
         None => {
             let f = fs
-                .open(&path, true)
+                .open_segment(&path, true)
                 .await
                 .map_err(|e| StorageError::io("create segment", &path, e))?;
             if chunk.position == 0 {
