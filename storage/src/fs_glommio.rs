@@ -101,7 +101,10 @@ impl DirectSide {
             }
         }
         self.drop_ahead();
-        let Some(dma) = self.dma(f).await? else {
+        // Only a file this handle writes directly is read directly: the page cache may hold
+        // the rest, and a descriptor more for every segment read (a restart's recovery scans
+        // them all) would double the files a broker with many partitions keeps open.
+        let Some(dma) = self.dma.borrow().clone() else {
             return buffered_read(f, pos, len).await;
         };
         let stable = self.stable_end(f).await?.saturating_sub(pos) as usize;
@@ -162,8 +165,8 @@ impl DirectSide {
         self.next.replace(Some((from, task)));
     }
 
-    /// The direct descriptor, opened now if it is not yet; `None` where `O_DIRECT` is refused
-    /// (the file is then read and written through the page cache).
+    /// The direct descriptor, opened now if it is not yet (by the first direct write); `None`
+    /// where `O_DIRECT` is refused (the file is then written through the page cache).
     async fn dma(&self, f: &BufferedFile) -> io::Result<Option<Rc<DmaFile>>> {
         if let Some(dma) = self.dma.borrow().clone() {
             return Ok(Some(dma));
