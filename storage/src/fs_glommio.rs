@@ -34,8 +34,9 @@ pub struct GlommioFile(Inner, Cell<Written>, Option<DirectSide>);
 /// bytes of the file's last partial page as this handle last wrote them.
 #[derive(Debug)]
 struct DirectSide {
-    /// Opened at the first direct write or read: most segments of a broker with many
-    /// partitions are never written again, and a descriptor each would be twice the files.
+    /// Opened at the first direct write: most segments of a broker with many partitions are
+    /// never written again (a restart's recovery only reads them), and a descriptor each would
+    /// be twice the files.
     dma: RefCell<Option<Rc<DmaFile>>>,
     /// A write through this handle is in flight.
     writing: Cell<bool>,
@@ -166,38 +167,42 @@ impl DirectSide {
     }
 
     /// The direct descriptor, opened now if it is not yet (by the first direct write); `None`
-    /// where `O_DIRECT` is refused (the file is then written through the page cache).
-    async fn dma(&self, f: &BufferedFile) -> io::Result<Option<Rc<DmaFile>>> {
+    /// where `O_DIRECT` is refused or the open failed (the write then goes through the page
+    /// cache).
+    async fn dma(&self, f: &BufferedFile) -> Option<Rc<DmaFile>> {
         if let Some(dma) = self.dma.borrow().clone() {
-            return Ok(Some(dma));
+            return Some(dma);
         }
         if !DIRECT_WRITES.load(Ordering::Relaxed) {
-            return Ok(None);
+            return None;
         }
-        let path = f
-            .path()
-            .map(|p| p.to_path_buf())
-            .ok_or_else(|| io::Error::other("segment file without a path"))?;
+        let path = f.path().map(|p| p.to_path_buf())?;
         match OpenOptions::new().read(true).write(true).dma_open(&path).await {
             Ok(dma) if dma.alignment() <= crate::fs::DIRECT_WRITE_ALIGN => {
                 let dma = Rc::new(dma);
                 self.dma.replace(Some(Rc::clone(&dma)));
-                Ok(Some(dma))
+                Some(dma)
             }
             Ok(dma) => {
                 if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
                     tracing::info!(path = %path.display(), alignment = dma.alignment(), "the disk's direct I/O alignment is too large; segments are written through the page cache");
                 }
-                dma.close().await?;
-                Ok(None)
+                // Only a probe: a failed close changes nothing here.
+                let _ = dma.close().await;
+                None
             }
             Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
                 if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
                     tracing::info!(path = %path.display(), "O_DIRECT unsupported here; segments are written through the page cache");
                 }
-                Ok(None)
+                None
             }
-            Err(e) => Err(e.into()),
+            // Out of descriptors, say: this write goes through the page cache, and a later
+            // one tries again. Failing it would take the shard's storage offline.
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not open a segment for direct writes; writing through the page cache");
+                None
+            }
         }
     }
 
@@ -359,16 +364,19 @@ thread_local! {
     static DROPPED_BYTES: Cell<u64> = const { Cell::new(0) };
     /// See [`set_direct_segment_writes`].
     static DIRECT_SEGMENT_WRITES: Cell<bool> = const { Cell::new(false) };
-    /// The shard's budget for direct-written segments' recent writes, their count, and the
-    /// bytes they hold (see [`Recent`]).
+    /// The shard's budget for direct-written segments' recent writes (see [`Recent`]).
     static RECENT_BUDGET_BYTES: Cell<usize> = const { Cell::new(256 << 20) };
+    /// Numbers the recent writes, for [`RECENT_ORDER`].
     static RECENT_SEQ: Cell<u64> = const { Cell::new(0) };
+    /// Bytes read ahead by the shard's files (see [`DirectSide::read`]).
     static AHEAD_BYTES: Cell<usize> = const { Cell::new(0) };
+    /// Bytes read of direct-written segments from their recent writes, and otherwise.
     static RECENT_HIT_BYTES: Cell<u64> = const { Cell::new(0) };
     static RECENT_MISS_BYTES: Cell<u64> = const { Cell::new(0) };
     /// Every kept write of the shard's direct-written segments, oldest first: its file and
     /// sequence number (an entry whose write is gone already is skipped).
     static RECENT_ORDER: RefCell<VecDeque<(Weak<RefCell<Recent>>, u64)>> = const { RefCell::new(VecDeque::new()) };
+    /// Bytes the recent writes of the shard's files hold.
     static RECENT_BYTES: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -386,10 +394,10 @@ pub fn recent_write_stats() -> (usize, u64, u64) {
 /// with `O_DIRECT` and only a last partial page through the page cache
 /// (`strand.log.direct.writes`): a growing log then takes no page-cache pages for what it
 /// writes, which is where a buffered write spends its time on a VM whose fresh pages are
-/// expensive (BENCHMARKS.md item 22). Reads still go through the page cache, which the direct
-/// writes leave without the data: those of each file's most recent writes (a consumer
-/// following the log) come from memory, up to `recent_budget_bytes` per shard; the rest come
-/// from the disk.
+/// expensive (BENCHMARKS.md items 22 and 25). The page cache then lacks what was written:
+/// reads of each file's most recent writes (a consumer following the log) come from memory, up
+/// to `recent_budget_bytes` per shard, and the rest of such a file from the disk, directly.
+/// Files not written since they were opened are read through the page cache.
 pub fn set_direct_segment_writes(on: bool, recent_budget_bytes: usize) {
     DIRECT_SEGMENT_WRITES.with(|d| d.set(on));
     RECENT_BUDGET_BYTES.with(|d| d.set(recent_budget_bytes));
@@ -528,9 +536,10 @@ impl FileHandle for GlommioFile {
                         RECENT_HIT_BYTES.with(|n| n.set(n.get() + hit.len() as u64));
                         return Ok(hit);
                     }
-                    // Read directly too: through the page cache the read would take fresh pages
-                    // for what the kernel then reads ahead, which costs what the direct writes
-                    // saved. The kernel writes a dirty last page back before such a read.
+                    // A file written directly is read directly too (see `DirectSide::read`):
+                    // through the page cache the read would take fresh pages for what the kernel
+                    // reads ahead, which costs what the direct writes saved. The kernel writes a
+                    // dirty last page back before such a read.
                     let read = side.read(f, pos, len).await?;
                     RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
                     return Ok(read);
@@ -629,7 +638,7 @@ async fn split_write(f: &BufferedFile, side: &DirectSide, buf: Vec<u8>, pos: u64
     let dma = if last <= first || len < DIRECT_MIN_BYTES {
         None
     } else {
-        side.dma(f).await?
+        side.dma(f).await
     };
     let Some(dma) = dma else {
         // Within one page, or small: through the page cache, the page's known bytes extended.
@@ -1119,6 +1128,12 @@ mod tests {
         }
     }
 
+    /// Syncs `f` and checks that the file at `path` holds exactly `want`.
+    async fn synced_file_is(f: &GlommioFile, path: &Path, want: &[u8], what: &str) {
+        f.fdatasync().await.unwrap();
+        assert!(std::fs::read(path).unwrap() == want, "the file differs: {what}");
+    }
+
     /// Reads the whole file through the handle in windows of `window` bytes, as a consumer
     /// catching up does.
     async fn read_through(f: &GlommioFile, want: &[u8], window: usize) {
@@ -1167,11 +1182,7 @@ mod tests {
                 ];
                 let mut rng = 0x9e37_79b9_7f4a_7c15;
                 append_and_check(&f, &mut want, &mut rng, &sizes, 150).await;
-                f.fdatasync().await.unwrap();
-                assert!(
-                    std::fs::read(&path).unwrap() == want,
-                    "the file differs from what was written"
-                );
+                synced_file_is(&f, &path, &want, "what was written").await;
                 let (held, hits, misses) = recent_write_stats();
                 assert!(
                     held <= 1 << 20,
@@ -1196,12 +1207,30 @@ mod tests {
                 want.truncate(cut);
                 let mut other = 0x1234_5678_9abc_def1;
                 append_and_check(&f, &mut want, &mut other, &sizes, 40).await;
-                f.fdatasync().await.unwrap();
-                assert!(
-                    std::fs::read(&path).unwrap() == want,
-                    "the file differs after the cut"
-                );
+                synced_file_is(&f, &path, &want, "after the cut").await;
                 read_through(&f, &want, 700_000).await;
+                set_direct_segment_writes(false, 0);
+            })
+        });
+    }
+
+    /// A segment whose direct descriptor cannot be opened (here: its name is gone; in a broker,
+    /// say, no descriptors left) is written through the page cache instead of failing the write,
+    /// which would take the shard's storage offline.
+    #[test]
+    fn a_segment_that_cannot_be_opened_directly_is_written_through_the_page_cache() {
+        run(|path| {
+            Box::pin(async move {
+                set_direct_segment_writes(true, 1 << 20);
+                let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                std::fs::remove_file(&path).unwrap();
+                let data: Vec<u8> = (0..(1 << 20) + 5).map(|i| (i % 249) as u8).collect();
+                f.write_all_at(data.clone(), 0).await.unwrap();
+                f.fdatasync().await.unwrap();
+                assert!(f.2.as_ref().is_some_and(|side| side.dma.borrow().is_none()));
+                // From the file itself, not from the recent writes.
+                let read = buffered_read(buffered(&f), 0, data.len()).await.unwrap();
+                assert!(read[..] == data[..]);
                 set_direct_segment_writes(false, 0);
             })
         });
