@@ -1101,6 +1101,66 @@ mod tests {
         });
     }
 
+    /// The shard's count of held bytes always equals what its files hold, stays within the
+    /// budget, and falls back to 0 as files are truncated, restarted and dropped, whatever
+    /// order writes to several files come in.
+    #[test]
+    fn recent_writes_are_counted_exactly_across_files() {
+        fn held(files: &[Rc<RefCell<Recent>>]) -> usize {
+            files
+                .iter()
+                .map(|f| {
+                    let f = f.borrow();
+                    assert_eq!(f.bytes, f.chunks.iter().map(|(_, _, b)| b.len()).sum::<usize>());
+                    f.bytes
+                })
+                .sum()
+        }
+        // Each test runs on its own thread: the thread-locals start afresh.
+        set_direct_segment_writes(true, 1 << 20);
+        let mut files: Vec<Rc<RefCell<Recent>>> = (0..5).map(|_| Rc::default()).collect();
+        let mut ends = [0u64; 5];
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..4_000 {
+            let f = next(&mut rng) as usize % files.len();
+            let len = [1usize, 4096, 100_000, 300_000, 983_040][next(&mut rng) as usize % 5];
+            match next(&mut rng) % 50 {
+                // A truncation to somewhere in what the file holds.
+                0 => {
+                    ends[f] = next(&mut rng) % (ends[f] + 1);
+                    files[f].borrow_mut().truncate(ends[f]);
+                }
+                // A write that does not continue the last one (after a reopen, say).
+                1 => ends[f] += 7,
+                // The file is closed and another one opened in its place.
+                2 => {
+                    files[f].borrow_mut().clear();
+                    files[f] = Rc::default();
+                    ends[f] = 0;
+                }
+                _ => {}
+            }
+            Recent::push(&files[f], ends[f], Bytes::from(vec![i as u8; len]));
+            ends[f] += len as u64;
+            let total = held(&files);
+            assert_eq!(RECENT_BYTES.with(Cell::get), total, "after write {i}");
+            assert!(
+                total <= 1 << 20,
+                "{total} bytes held over a 1 MiB budget after write {i}"
+            );
+            // The newest write is kept whenever it fits the budget by itself.
+            assert_eq!(
+                files[f].borrow().end(),
+                (len <= 1 << 20).then_some(ends[f]),
+                "write {i}"
+            );
+        }
+        for f in &files {
+            f.borrow_mut().clear();
+        }
+        assert_eq!(RECENT_BYTES.with(Cell::get), 0);
+    }
+
     /// A small deterministic generator (xorshift64).
     fn next(state: &mut u64) -> u64 {
         *state ^= *state << 13;
