@@ -209,6 +209,9 @@ pub struct Config {
     /// `strand.journal.direct.max.logs`: flush rounds carrying at most this many logs skip the
     /// journal and fsync the segment files (0: always journal).
     pub journal_direct_max_logs: usize,
+    /// `strand.journal.direct.min.log.bytes`: rounds with more logs skip the journal too when
+    /// their logs carry at least this many bytes each on average (0: never by bytes).
+    pub journal_direct_min_log_bytes: usize,
     /// `strand.flush.overlap.min.bytes`: while a direct flush round's fsyncs run, appends staged
     /// meanwhile are written for the next round in pieces of at least this many bytes (0:
     /// rounds never overlap).
@@ -374,6 +377,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
         Int,
         Text("2"),
         "Flush rounds writing at most this many partition logs fsync the segments instead of the journal.",
+    ),
+    key(
+        "strand.journal.direct.min.log.bytes",
+        Int,
+        Text("16384"),
+        "Flush rounds whose partition logs carry at least this many bytes each (on average) also fsync the segments instead of the journal (0: off).",
     ),
     key(
         "strand.flush.overlap.min.bytes",
@@ -974,6 +983,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
     let journal_recycle_files = r.int("strand.journal.recycle.files", 0, 64)?;
     let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
+    let journal_direct_min_log_bytes = r.int("strand.journal.direct.min.log.bytes", 0, I32_MAX)?;
     let flush_overlap_min_bytes = r.int("strand.flush.overlap.min.bytes", 0, I32_MAX)?;
     let log_drop_behind_bytes = r.int("strand.log.drop.behind.bytes", 0, i64::MAX)?;
     let log_direct_writes = r.boolean("strand.log.direct.writes")?;
@@ -1132,6 +1142,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         journal_segment_bytes,
         journal_recycle_files,
         journal_direct_max_logs,
+        journal_direct_min_log_bytes,
         flush_overlap_min_bytes,
         log_drop_behind_bytes,
         log_direct_writes,

@@ -90,7 +90,11 @@ pub(crate) fn describe() {
     );
     describe_counter!(
         "strand_flush_direct_rounds_total",
-        "Flush rounds that skipped the journal and synced their few logs' own files, by shard."
+        "Flush rounds that skipped the journal and synced their logs' own files, by shard."
+    );
+    describe_counter!(
+        "strand_flush_syncfs_rounds_total",
+        "Direct flush rounds of many logs, made durable by one file-system sync (syncfs), by shard."
     );
     describe_counter!(
         "strand_flush_overlapped_rounds_total",
@@ -381,6 +385,7 @@ pub(crate) struct ShardMetrics {
     flush_rounds: Counter,
     flush_bytes: Counter,
     flush_direct_rounds: Counter,
+    flush_syncfs_rounds: Counter,
     flush_overlapped_rounds: Counter,
     flush_segment_bytes: Counter,
     direct_fsync: Histogram,
@@ -428,6 +433,7 @@ impl ShardMetrics {
             flush_rounds: counter!("strand_flush_rounds_total", &l()),
             flush_bytes: counter!("strand_flush_bytes_total", &l()),
             flush_direct_rounds: counter!("strand_flush_direct_rounds_total", &l()),
+            flush_syncfs_rounds: counter!("strand_flush_syncfs_rounds_total", &l()),
             flush_overlapped_rounds: counter!("strand_flush_overlapped_rounds_total", &l()),
             flush_segment_bytes: counter!("strand_flush_segment_bytes_total", &l()),
             direct_fsync: histogram!("strand_direct_fsync_seconds", &l()),
@@ -580,6 +586,9 @@ impl ShardMetrics {
         self.flush_wait.record(stats.wait_us as f64 / 1e6);
         if stats.direct {
             self.flush_direct_rounds.increment(1);
+            if stats.syncfs {
+                self.flush_syncfs_rounds.increment(1);
+            }
             self.direct_fsync.record(stats.fsync_us as f64 / 1e6);
             if stats.overlapped {
                 self.flush_overlapped_rounds.increment(1);

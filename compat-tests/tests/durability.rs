@@ -347,6 +347,40 @@ fn acked_records_survive_kill9_with_overlapping_flush_rounds() {
     broker.assert_running();
 }
 
+/// Rounds of several logs made durable by one file-system sync (`syncfs`) instead of the
+/// journal (`strand.journal.direct.min.log.bytes`, here from 1 byte per log and more than one
+/// log), under pipelined produce: nothing acknowledged is lost to kill -9.
+#[test]
+fn acked_records_survive_kill9_with_filesystem_sync_rounds() {
+    let (mut broker, topic, run) = kill9_under_pipelined_load(
+        "kill9-syncfs",
+        "kills and restarts the broker",
+        &[
+            ("strand.journal.direct.max.logs", "1"),
+            ("strand.journal.direct.min.log.bytes", "1"),
+            ("strand.shards", "1"),
+        ],
+        "5",
+        30_000,
+    );
+    let total = |series: &str| metric_sum(&run.metrics_at_stop, series);
+    let syncfs = total("strand_flush_syncfs_rounds_total");
+    eprintln!(
+        "before the kill: {} flush rounds, {} direct, {syncfs} by a file-system sync",
+        total("strand_flush_rounds_total"),
+        total("strand_flush_direct_rounds_total")
+    );
+    assert!(
+        syncfs > 0.0,
+        "no flush round was made durable by a file-system sync before the kill: the test tested nothing"
+    );
+    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
+        check_acked_present(&run, log, p, i64::MAX)
+    });
+    check_new_writes(&bootstrap, &topic, &run, &logs);
+    broker.assert_running();
+}
+
 /// Every round journaled into 1 MiB journal files, so that checkpoints keep covered files and
 /// later rotations overwrite them: after kill -9, the replay of a recycled file must restore
 /// what its current sequence acknowledged and ignore the older entries behind it.

@@ -378,6 +378,8 @@ thread_local! {
     static RECENT_ORDER: RefCell<VecDeque<(Weak<RefCell<Recent>>, u64)>> = const { RefCell::new(VecDeque::new()) };
     /// Bytes the recent writes of the shard's files hold.
     static RECENT_BYTES: Cell<usize> = const { Cell::new(0) };
+    /// A directory per file system (by device number) the shard has synced with `syncfs`.
+    static FILESYSTEMS: RefCell<Vec<(u64, std::sync::Arc<std::fs::File>)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The calling shard's recent segment writes (see [`set_direct_segment_writes`]): bytes held in
@@ -865,8 +867,25 @@ impl Fs for GlommioFs {
         Ok(dir.close().await?)
     }
 
+    /// `syncfs` on the shard's blocking thread (it takes as long as the writeback), through a
+    /// descriptor kept open per file system: `syncfs` reports the write-back errors of the
+    /// whole file system since its descriptor was opened, so one opened afresh would miss
+    /// errors of background write-back that happened before it.
     async fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
-        StdFs.sync_filesystem(path).await
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(path)?.dev();
+        let held = FILESYSTEMS.with(|h| h.borrow().iter().find(|(d, _)| *d == dev).map(|(_, f)| f.clone()));
+        let dir = match held {
+            Some(dir) => dir,
+            None => {
+                let dir = std::sync::Arc::new(std::fs::File::open(path)?);
+                FILESYSTEMS.with(|h| h.borrow_mut().push((dev, dir.clone())));
+                dir
+            }
+        };
+        glommio::executor()
+            .spawn_blocking(move || rustix::fs::syncfs(&*dir).map_err(io::Error::from))
+            .await
     }
 
     async fn exists(&self, path: &Path) -> bool {
@@ -907,6 +926,28 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    /// `syncfs` runs on the shard's blocking thread through one descriptor per file system,
+    /// kept for later syncs; a missing path is an error, not a panic.
+    #[test]
+    fn the_file_system_is_synced_through_one_kept_descriptor() {
+        run(|path| {
+            Box::pin(async move {
+                let f = GlommioFs.open(&path, true).await.unwrap();
+                f.write_all_at(pattern(), 0).await.unwrap();
+                let dir = path.parent().unwrap().to_path_buf();
+                GlommioFs.sync_filesystem(&dir).await.unwrap();
+                GlommioFs.sync_filesystem(&path).await.unwrap();
+                assert_eq!(
+                    FILESYSTEMS.with(|h| h.borrow().len()),
+                    1,
+                    "one descriptor per file system"
+                );
+                assert!(GlommioFs.sync_filesystem(&dir.join("missing")).await.is_err());
+                assert_eq!(std::fs::read(&path).unwrap(), pattern());
+            })
+        });
     }
 
     #[test]

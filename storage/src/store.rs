@@ -65,6 +65,13 @@ pub struct StoreConfig {
     /// files instead (a *direct* round): each byte is written once, not twice. Above it, one
     /// journal fsync is cheaper than one fsync per log. 0 journals every round.
     pub direct_sync_max_logs: usize,
+    /// A round with more logs is direct too when they carry at least this many staged bytes
+    /// each on average: one fsync per log then costs less than writing every byte twice
+    /// (journal, then segment), whose second write competes with the next rounds for the
+    /// disk. Rounds grow while the disk is busy, so under a heavy load of many partitions
+    /// rounds turn direct, and a light load keeps its single journal fsync. 0 (or
+    /// `direct_sync_max_logs` 0) turns this off.
+    pub direct_min_log_bytes: usize,
     /// While a direct round's fsyncs run, appends staged meanwhile are written for the next
     /// round in pieces of at least this many bytes (see [`ShardStore::flush_pending`]). 0:
     /// rounds never overlap.
@@ -78,6 +85,7 @@ impl Default for StoreConfig {
             journal_recycle_files: 2,
             checkpoint_concurrency: 64,
             direct_sync_max_logs: 2,
+            direct_min_log_bytes: 16 << 10,
             overlap_min_bytes: 64 << 10,
         }
     }
@@ -108,6 +116,9 @@ pub struct RoundStats {
     pub direct: bool,
     /// Whether the round's writes ran under the previous round's fsyncs.
     pub overlapped: bool,
+    /// A direct round of more than [`StoreConfig::direct_sync_max_logs`] logs: made durable by
+    /// one file-system sync instead of one fsync per file.
+    pub syncfs: bool,
     /// Separate writes the round was made of: more than one when what was staged during the
     /// previous round's fsyncs was written in pieces.
     pub writes: u32,
@@ -638,6 +649,15 @@ impl<F: Fs> ShardStore<F> {
         self.closing.get() || !inner.dir_sync_wanted.is_empty() || inner.journal.needs_rotation()
     }
 
+    /// Whether `logs` logs holding `staged` bytes make a direct round by their bytes (see
+    /// [`StoreConfig::direct_min_log_bytes`]).
+    fn direct_by_bytes(&self, logs: usize, staged: usize) -> bool {
+        let c = &self.config;
+        c.direct_sync_max_logs > 0
+            && c.direct_min_log_bytes > 0
+            && staged >= logs.saturating_mul(c.direct_min_log_bytes)
+    }
+
     /// Takes what is staged for a round (see [`Take`]); `None` if there is nothing to take, or
     /// nothing that may be taken now.
     fn take_round(&self, take: Take<'_>) -> Option<TakenRound<F>> {
@@ -660,27 +680,30 @@ impl<F: Fs> ShardStore<F> {
         if inner.dirty.is_empty() {
             return None;
         }
+        let mut staged = 0;
+        for id in &inner.dirty {
+            staged += entry_mut(&mut inner.slots, *id).map_or(0, |e| e.log.staged_bytes());
+        }
         if let Take::Behind { open, min_bytes } = take {
             let added = inner.dirty.iter().filter(|id| !open.contains(id)).count();
-            if open.len() + added > self.config.direct_sync_max_logs {
+            // The logs it adds to the open round must qualify for a direct round by themselves.
+            if open.len() + added > self.config.direct_sync_max_logs && !self.direct_by_bytes(added, staged) {
                 return None;
-            }
-            let mut staged = 0;
-            for id in &inner.dirty {
-                staged += entry_mut(&mut inner.slots, *id).map_or(0, |e| e.log.staged_bytes());
             }
             if staged == 0 || staged < min_bytes {
                 return None;
             }
         }
         // Direct: few logs, so syncing their own files costs no more than the journal, and
-        // writes every byte once instead of twice. Also while a checkpoint runs: the segments
+        // writes every byte once instead of twice; or many logs with enough bytes each
+        // (`direct_min_log_bytes`). Also while a checkpoint runs: the segments
         // whose fsync it has taken over but not finished are synced by the round as well
         // (`checkpoint_syncing`). Not when a log's directory has changes no sync has covered yet
         // (a removed segment, a file created by a journaled round): the journal covers them
         // until a directory sync does. A round that creates a segment file itself (a roll) syncs
         // the directory after it; not an overlapping one.
-        let mut direct = inner.dirty.len() <= self.config.direct_sync_max_logs;
+        let mut direct = inner.dirty.len() <= self.config.direct_sync_max_logs
+            || self.direct_by_bytes(inner.dirty.len(), staged);
         let mut direct_files = Vec::new();
         if direct {
             for id in &inner.dirty {
@@ -864,9 +887,35 @@ impl<F: Fs> ShardStore<F> {
         }
         let syncs = std::mem::take(&mut round.syncs);
         let fs = &self.fs;
+        // Many logs: one file-system sync writes back every file and flushes the device once,
+        // where an fsync per file flushes it once per file (BENCHMARKS.md item 26). It also
+        // covers whatever else the file system holds unsynced, which is only more than needed.
+        // Then one fdatasync: on ext4 without a journal, `syncfs` writes inode blocks after its
+        // device flush, and any fsync flushes again.
+        let by_filesystem = syncs.len() > self.config.direct_sync_max_logs;
+        if by_filesystem {
+            round.stats.syncfs = true;
+            let t = Instant::now();
+            let last_file = syncs
+                .iter()
+                .rev()
+                .find_map(|s| s.files.last().map(|f| (f, &s.dir)));
+            if let Some((file, dir)) = last_file {
+                let synced = match fs.sync_filesystem(dir).await {
+                    Ok(()) => file.fdatasync().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = synced {
+                    round.failure = Some(StorageError::io("sync file system", dir, e));
+                    return;
+                }
+            }
+            round.stats.fsync_us = t.elapsed().as_micros() as u64;
+        }
         let results = join_all(syncs.into_iter().map(|sync| async move {
             let t = Instant::now();
-            for f in &sync.files {
+            let files = if by_filesystem { &[][..] } else { &sync.files[..] };
+            for f in files {
                 f.fdatasync()
                     .await
                     .map_err(|e| StorageError::io("sync segment", &sync.dir, e))?;

@@ -46,16 +46,19 @@ async fn open_store_direct<F: Fs>(fs: &F, journal_bytes: u64, direct_max_logs: u
         fs,
         journal_bytes,
         direct_max_logs,
+        0,
         StoreConfig::default().overlap_min_bytes,
     )
     .await
 }
 
-/// Same, with direct rounds of at least `overlap_min_bytes` overlapping the round before.
+/// Same, with direct rounds of at least `overlap_min_bytes` overlapping the round before, and
+/// rounds of more logs direct too when they carry `direct_min_log_bytes` each (0: never).
 async fn open_store_overlap<F: Fs>(
     fs: &F,
     journal_bytes: u64,
     direct_max_logs: usize,
+    direct_min_log_bytes: usize,
     overlap_min_bytes: usize,
 ) -> ShardStore<F> {
     ShardStore::open(
@@ -67,6 +70,7 @@ async fn open_store_overlap<F: Fs>(
             journal_recycle_files: 2,
             checkpoint_concurrency: 8,
             direct_sync_max_logs: direct_max_logs,
+            direct_min_log_bytes,
             overlap_min_bytes,
         },
     )
@@ -897,6 +901,81 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
     });
 }
 
+/// Rounds of more logs than `direct_sync_max_logs` skip the journal too when their logs carry
+/// `direct_min_log_bytes` each on average, and are journaled when they carry less; a crash that
+/// drops every unsynced byte loses nothing either kind acknowledged.
+#[test]
+fn rounds_of_many_logs_with_enough_bytes_each_skip_the_journal() {
+    block_on(async {
+        let fs = MemFs::new();
+        let config = LogConfig {
+            segment_bytes: 1 << 20,
+            ..small_config()
+        };
+        let (big, small) = (value_batch(0, 60, 0).len(), value_batch(0, 1, 0).len());
+        let min_log_bytes = 1000;
+        assert!(big >= min_log_bytes && small * 3 < min_log_bytes, "{big} {small}");
+        let mut expected = Vec::new();
+        {
+            let store = open_store_overlap(&fs, 1 << 20, 2, min_log_bytes, 0).await;
+            let mut ids = Vec::new();
+            for i in 0..6 {
+                ids.push(
+                    store
+                        .open_log(key(&format!("many-{i}")), config.clone(), 0)
+                        .await
+                        .unwrap()
+                        .0,
+                );
+            }
+            // The first round creates the segment files and syncs their directories itself.
+            for r in 0..3u64 {
+                for (i, id) in ids.iter().enumerate() {
+                    store
+                        .append(*id, &value_batch(100 * r + i as u64, 60, 0), 0, 0)
+                        .unwrap();
+                }
+                let stats = store.flush_round().await;
+                assert!(
+                    stats.direct && stats.logs == 6 && stats.journal_bytes == 0 && stats.error.is_none(),
+                    "six logs of {big} bytes each: {stats:?}"
+                );
+            }
+            // A few bytes each: journaled.
+            for (i, id) in ids.iter().enumerate() {
+                store
+                    .append(*id, &value_batch(1000 + i as u64, 1, 0), 0, 0)
+                    .unwrap();
+            }
+            let stats = store.flush_round().await;
+            assert!(
+                !stats.direct && stats.journal_bytes > 0,
+                "six logs of {small} bytes each: {stats:?}"
+            );
+            // The average decides: one large log carries five small ones.
+            for (i, id) in ids.iter().enumerate() {
+                let n = if i == 0 { 300 } else { 1 };
+                store
+                    .append(*id, &value_batch(2000 + i as u64, n, 0), 0, 0)
+                    .unwrap();
+            }
+            let stats = store.flush_round().await;
+            assert!(stats.direct && stats.journal_bytes == 0, "{stats:?}");
+            for id in &ids {
+                expected.push(read_all(&store, *id, 0).await);
+            }
+        }
+        let store = crash_and_reopen(&fs, &config, 1 << 20).await;
+        for (i, want) in expected.iter().enumerate() {
+            let (id, _) = store
+                .open_log(key(&format!("many-{i}")), config.clone(), 0)
+                .await
+                .unwrap();
+            assert_eq!(&read_all(&store, id, 0).await, want, "log {i} after the crash");
+        }
+    });
+}
+
 #[test]
 fn rounds_that_create_segment_files_stay_direct_and_sync_the_directory() {
     block_on(async {
@@ -988,7 +1067,7 @@ async fn overlapping_store(
     name: &str,
 ) -> (ShardStore<MemFs>, LogId, LogConfig) {
     fs.set_slow_io(true);
-    let store = open_store_overlap(fs, 1 << 20, 2, overlap_min_bytes).await;
+    let store = open_store_overlap(fs, 1 << 20, 2, 0, overlap_min_bytes).await;
     let config = LogConfig {
         segment_bytes: 1 << 20,
         ..small_config()
@@ -1141,13 +1220,14 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let (mut overlapped, mut recycled, mut beside) = (0, 0, 0);
+    let (mut overlapped, mut recycled, mut beside, mut by_bytes) = (0, 0, 0, 0);
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| simulate(seed)) {
-            Ok((o, r, b)) => {
+            Ok((o, r, b, d)) => {
                 overlapped += o;
                 recycled += r;
                 beside += b;
+                by_bytes += d;
             }
             Err(msg) => {
                 let text = msg
@@ -1161,7 +1241,11 @@ fn simulated_crashes_lose_nothing_acknowledged() {
     }
     eprintln!(
         "{seeds} seeds: {overlapped} rounds overlapped the round before, {recycled} journal files recycled, \
-         {beside} direct rounds beside a checkpoint"
+         {beside} direct rounds beside a checkpoint, {by_bytes} direct by their bytes per log"
+    );
+    assert!(
+        seeds < 50 || by_bytes > 0,
+        "no simulated round of many logs was direct by its bytes per log: that goes untested"
     );
     assert!(
         seeds < 50 || overlapped > 0,
@@ -1180,10 +1264,10 @@ fn simulated_crashes_lose_nothing_acknowledged() {
 #[test]
 fn simulate_one_seed_from_env() {
     if let Some(seed) = std::env::var("STRAND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        let (overlapped, recycled, beside) = simulate(seed);
+        let (overlapped, recycled, beside, by_bytes) = simulate(seed);
         eprintln!(
             "seed {seed}: {overlapped} rounds overlapped, {recycled} journal files recycled, {beside} direct \
-             rounds beside a checkpoint"
+             rounds beside a checkpoint, {by_bytes} direct by their bytes per log"
         );
     }
 }
@@ -1208,13 +1292,15 @@ async fn ack_durable_now<F: Fs>(
 }
 
 /// One seeded run of four lives; returns how many rounds overlapped the round before, how many
-/// journal files checkpoints kept to recycle, and how many direct rounds ran beside a checkpoint.
-fn simulate(seed: u64) -> (usize, usize, usize) {
+/// journal files checkpoints kept to recycle, how many direct rounds ran beside a checkpoint, and
+/// how many rounds were direct by their bytes per log (more logs than `direct_sync_max_logs`).
+fn simulate(seed: u64) -> (usize, usize, usize, usize) {
     let trace = std::env::var("STRAND_SIM_TRACE").is_ok();
     macro_rules! t { ($($a:tt)*) => { if trace { eprintln!($($a)*); } } }
     let overlapped = std::cell::Cell::new(0usize);
     let recycled = std::cell::Cell::new(0usize);
     let direct_beside_checkpoints = std::cell::Cell::new(0usize);
+    let direct_by_bytes = std::cell::Cell::new(0usize);
     block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = MemFs::new();
@@ -1235,15 +1321,18 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
             // And when a direct round's writes may overlap the fsyncs of the one before, with
             // file I/O that yields (so that it does overlap) or completes at once.
             let overlap_min_bytes = [0, 1, 300, 3000][rng.gen_range(0..4)];
+            // And how many staged bytes per log make a round of more logs direct as well.
+            let direct_min_log_bytes = [0, 30, 100, 400][rng.gen_range(0..4)];
             let slow_io = rng.gen_bool(0.7);
             // Most appends made while rounds are in flight go to one log, so rounds stay direct.
             let hot = rng.gen_range(0..logs.len());
             fs.set_slow_io(slow_io);
-            t!("direct rounds up to {direct_max_logs} logs, overlap from {overlap_min_bytes} B, slow I/O {slow_io}");
+            t!("direct rounds up to {direct_max_logs} logs or from {direct_min_log_bytes} B per log, overlap from {overlap_min_bytes} B, slow I/O {slow_io}");
             let store = open_store_overlap(
                 &fs,
                 1024 + rng.gen_range(0..4096),
                 direct_max_logs,
+                direct_min_log_bytes,
                 overlap_min_bytes,
             )
             .await;
@@ -1353,6 +1442,9 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
                                 t!("round {:?}", s);
                                 if s.overlapped {
                                     overlapped.set(overlapped.get() + 1);
+                                }
+                                if s.direct && s.logs > direct_max_logs {
+                                    direct_by_bytes.set(direct_by_bytes.get() + 1);
                                 }
                             });
                             futures::pin_mut!(flush);
@@ -1543,7 +1635,12 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
         }
         assert!(appended_ops > 0, "the simulation did something");
     });
-    (overlapped.get(), recycled.get(), direct_beside_checkpoints.get())
+    (
+        overlapped.get(),
+        recycled.get(),
+        direct_beside_checkpoints.get(),
+        direct_by_bytes.get(),
+    )
 }
 
 #[test]
