@@ -2369,7 +2369,17 @@ pub mod clients {
     /// Returns the offsets in input order; panics on any delivery failure or when a record
     /// landed in another partition than asked.
     pub fn rdkafka_produce(bootstrap: &str, topic: &str, records: &[TestRecord]) -> Vec<i64> {
-        let producer = logged_producer(bootstrap, &[]);
+        rdkafka_produce_with(bootstrap, topic, records, &[])
+    }
+
+    /// [`rdkafka_produce`] with extra producer settings.
+    pub fn rdkafka_produce_with(
+        bootstrap: &str,
+        topic: &str,
+        records: &[TestRecord],
+        config: &[(&str, &str)],
+    ) -> Vec<i64> {
+        let producer = logged_producer(bootstrap, config);
         for (i, r) in records.iter().enumerate() {
             send_record(&producer, topic, i, r);
             producer.poll(Duration::ZERO);

@@ -578,7 +578,14 @@ fn direct_written_segments_bypass_the_page_cache_and_read_back() {
         timestamp: None,
     };
     let mut records: Vec<TestRecord> = (0..400).map(record).collect();
-    let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
+    // One request of at most 256 KiB at a time, so that no flush round writes more than the
+    // 4 MiB the broker keeps of recent writes: a single larger write would not be kept at all
+    // (a round takes everything staged, and grows while the disk is slow).
+    let small_rounds = [
+        ("max.in.flight.requests.per.connection", "1"),
+        ("batch.size", "262144"),
+    ];
+    let offsets = clients::rdkafka_produce_with(&bootstrap, &topic, &records, &small_rounds);
     assert_eq!(offsets, (0..400).collect::<Vec<i64>>());
 
     let segment = last_segment(&broker.partition_dir(&topic, 0));
@@ -635,7 +642,7 @@ fn direct_written_segments_bypass_the_page_cache_and_read_back() {
     broker.restart();
     check(&broker, &records);
     let more: Vec<TestRecord> = (400..600).map(record).collect();
-    let offsets = clients::rdkafka_produce(&broker.bootstrap(), &topic, &more);
+    let offsets = clients::rdkafka_produce_with(&broker.bootstrap(), &topic, &more, &small_rounds);
     assert_eq!(offsets, (400..600).collect::<Vec<i64>>());
     records.extend(more);
     check(&broker, &records);
