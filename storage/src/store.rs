@@ -66,9 +66,9 @@ pub struct StoreConfig {
     /// journal fsync is cheaper than one fsync per log. 0 journals every round.
     pub direct_sync_max_logs: usize,
     /// A round with more logs is direct too when they carry at least this many staged bytes
-    /// each on average: one fsync per log then costs less than writing every byte twice
-    /// (journal, then segment), whose second write competes with the next rounds for the
-    /// disk. Rounds grow while the disk is busy, so under a heavy load of many partitions
+    /// each on average, made durable by one file-system sync (see `sync_round`): that then
+    /// costs less than writing every byte twice (journal, then segment), whose second write
+    /// competes with the next rounds for the disk. Rounds grow while the disk is busy, so under a heavy load of many partitions
     /// rounds turn direct, and a light load keeps its single journal fsync. 0 (or
     /// `direct_sync_max_logs` 0) turns this off.
     pub direct_min_log_bytes: usize,
