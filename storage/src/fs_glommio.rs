@@ -606,16 +606,17 @@ impl FileHandle for GlommioFile {
 /// Writes `pieces` back to back from `pos` as one direct write: they are copied into one
 /// aligned buffer (glommio's registered buffers, or an aligned heap block) instead of into the
 /// page cache, and one write lets the disk take them at once rather than one after another.
-async fn direct_write(f: &DmaFile, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
-    let len: usize = pieces.iter().map(Vec::len).sum();
+async fn direct_write<P: AsRef<[u8]>>(f: &DmaFile, pieces: Vec<P>, pos: u64) -> io::Result<u64> {
+    let len: usize = pieces.iter().map(|p| p.as_ref().len()).sum();
     if !direct_aligned(len, pos) {
         return Err(unaligned(len, pos));
     }
     let mut dma = f.alloc_dma_buffer(len);
     let mut at = 0;
     for piece in pieces {
+        let piece = piece.as_ref();
         if let Some(dst) = dma.as_bytes_mut().get_mut(at..at + piece.len()) {
-            dst.copy_from_slice(&piece);
+            dst.copy_from_slice(piece);
         }
         at += piece.len();
     }
@@ -689,22 +690,8 @@ async fn split_write(f: &BufferedFile, side: &DirectSide, buf: Vec<u8>, pos: u64
             p.to_vec()
         }
     };
-    let body = (last - pos) as usize;
-    let direct_len = (last - first) as usize;
-    let mut buffer = dma.alloc_dma_buffer(direct_len);
-    let (head, rest) = buf.split_at(body);
-    match buffer.as_bytes_mut().get_mut(..direct_len) {
-        Some(dst) => {
-            let (p, d) = dst.split_at_mut(prefix_len);
-            p.copy_from_slice(&prefix);
-            d.copy_from_slice(head);
-        }
-        None => return Err(io::Error::other("direct write buffer too short")),
-    }
-    let n = dma.write_at(buffer, first).await?;
-    if n < direct_len {
-        return Err(short_write(n, direct_len, first));
-    }
+    let (head, rest) = buf.split_at((last - pos) as usize);
+    direct_write(&dma, vec![prefix.as_slice(), head], first).await?;
     let rest = rest.to_vec();
     if !rest.is_empty() {
         let n = f.write_at(rest.clone(), last).await?;
