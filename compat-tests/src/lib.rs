@@ -927,6 +927,14 @@ pub fn metric_sum(text: &str, series: &str) -> f64 {
         .sum()
 }
 
+/// [`metric_sum`] over the label sets of `series` that contain `label` (`key="value"`).
+pub fn metric_sum_where(text: &str, series: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with('{')) && l.contains(label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// A plain HTTP/1.0 GET; returns the body of a `200` answer.
 pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;

@@ -13,7 +13,7 @@ use kafka_protocol::protocol::{Message, StrBytes};
 use kafka_protocol::records::Compression;
 use strand_compat_tests::admin::{self, errors, versions, EARLIEST, LATEST, MAX_TIMESTAMP};
 use strand_compat_tests::raw::{self, RawConn};
-use strand_compat_tests::{metric_sum, unique_topic, wait_for, Broker};
+use strand_compat_tests::{metric_sum, metric_sum_where, unique_topic, wait_for, Broker};
 
 const TOPIC_RESOURCE: i8 = 2;
 const BROKER_RESOURCE: i8 = 4;
@@ -728,11 +728,7 @@ fn metrics_endpoint_serves_prometheus_text() {
     // The produce went through its stages (frame read → staged → durable) and a flush round.
     for stage in ["staged", "durable"] {
         let label = format!("stage=\"{stage}\"");
-        let count: f64 = text
-            .lines()
-            .filter(|l| l.starts_with("strand_produce_stage_seconds_count{") && l.contains(&label))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum();
+        let count = metric_sum_where(&text, "strand_produce_stage_seconds_count", &label);
         assert!(count >= 1.0, "no produce recorded at stage {stage}:\n{text}");
     }
     assert!(

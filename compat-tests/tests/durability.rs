@@ -17,7 +17,7 @@ use strand_compat_tests::admin;
 use strand_compat_tests::clients::{self, Delivery};
 use strand_compat_tests::data::{Consumed, Gen, TestRecord};
 use strand_compat_tests::raw::{walk_batches, BatchPos};
-use strand_compat_tests::{metric_sum, unique_topic, wait_for, Broker};
+use strand_compat_tests::{metric_sum, metric_sum_where, unique_topic, wait_for, Broker};
 
 const PARTITIONS: i32 = 3;
 
@@ -617,14 +617,8 @@ fn direct_written_segments_bypass_the_page_cache_and_read_back() {
     };
     check(&broker, &records);
     let read = |broker: &Broker, source: &str| {
-        let text = broker.metrics();
-        text.lines()
-            .filter(|l| {
-                l.starts_with("strand_recent_writes_read_bytes_total{")
-                    && l.contains(&format!("source=\"{source}\""))
-            })
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum::<f64>()
+        let label = format!("source=\"{source}\"");
+        metric_sum_where(&broker.metrics(), "strand_recent_writes_read_bytes_total", &label)
     };
     let (memory, file) = wait_for(Duration::from_secs(10), "reads counted by source", || {
         let (m, f) = (read(&broker, "memory"), read(&broker, "file"));
