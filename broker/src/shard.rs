@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, LocalBoxFuture};
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 use strand_storage::fs_glommio::GlommioFs;
@@ -28,6 +28,9 @@ use crate::ops::{
     ProduceOutcome, ProducePart, ShardRequest, ShardResponse,
 };
 use crate::router::{Router, RouterError};
+
+/// Segment reads of one Fetch a shard runs at once (see [`Shard::read_partitions`]).
+const FETCH_READS_IN_FLIGHT: usize = 8;
 
 /// Share sessions one shard keeps (KIP-932 `group.share.max.share.sessions` is per broker).
 const SHARE_SESSIONS_PER_SHARD: usize = 2_000;
@@ -414,9 +417,16 @@ impl Shard {
 
     /// Reads each partition from its fetch offset: whole batches, at most `max_bytes` in total
     /// (but the first non-empty partition always gets at least one batch, KIP-74).
+    ///
+    /// Every read is planned first, in order, and reserves from `max_bytes` the most it can
+    /// return; then up to [`FETCH_READS_IN_FLIGHT`] reads run at once, so that a Fetch over
+    /// many partitions whose data is on the disk keeps several reads in flight instead of
+    /// waiting for each in turn. A partition whose reservation was cut short is marked `cut`,
+    /// as before, so the caller can read it again with what the others left.
     pub(crate) async fn read_partitions(&self, parts: &[FetchPart], max_bytes: usize) -> Vec<FetchOutcome> {
         let mut remaining = max_bytes;
         let mut out = Vec::with_capacity(parts.len());
+        let mut plans = Vec::new();
         for p in parts {
             let Some(log) = self.log_of(&p.part) else {
                 out.push(FetchOutcome::error(ResponseError::UnknownTopicOrPartition));
@@ -447,24 +457,37 @@ impl Shard {
             }
             match self.store.plan_read(log, p.fetch_offset, budget.max(1)) {
                 Ok(None) => {}
-                Ok(Some(plan)) => match plan.execute().await {
-                    Ok(bytes) => {
-                        if !bytes.is_empty() {
-                            remaining = remaining.saturating_sub(bytes.len());
-                            outcome.records = Some(bytes);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(topic = %p.part.topic, partition = p.part.partition, error = %e, "read failed");
-                        outcome = FetchOutcome::error(ResponseError::KafkaStorageError);
-                    }
-                },
+                Ok(Some(plan)) => {
+                    remaining = remaining.saturating_sub(plan.max_len());
+                    plans.push((out.len(), plan));
+                }
                 Err(StorageError::OffsetOutOfRange { .. }) => {
                     outcome.error = ResponseError::OffsetOutOfRange.code();
                 }
                 Err(e) => outcome = FetchOutcome::error(storage_error_code(&e)),
             }
             out.push(outcome);
+        }
+        let reads = futures::stream::iter(
+            plans
+                .into_iter()
+                .map(|(i, plan)| async move { (i, plan.execute().await) }),
+        )
+        .buffer_unordered(FETCH_READS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+        for (i, read) in reads {
+            let Some(outcome) = out.get_mut(i) else { continue };
+            match read {
+                Ok(bytes) if bytes.is_empty() => {}
+                Ok(bytes) => outcome.records = Some(bytes),
+                Err(e) => {
+                    if let Some(p) = parts.get(i) {
+                        tracing::error!(topic = %p.part.topic, partition = p.part.partition, error = %e, "read failed");
+                    }
+                    *outcome = FetchOutcome::error(ResponseError::KafkaStorageError);
+                }
+            }
         }
         out
     }

@@ -258,3 +258,72 @@ fn a_fetch_that_cannot_reach_min_bytes_waits_without_starving_the_broker() {
         "the first batch must be answered even over max_bytes (KIP-74)"
     );
 }
+
+/// Only the first partition with data may answer a batch larger than what is left of
+/// `max_bytes` (KIP-74). A later partition whose first batch does not fit in what is left
+/// answers no records, as with Kafka, so the answer stays within `max_bytes`. (The reads of a
+/// Fetch run together, each with its share of `max_bytes` reserved in the request's order, so a
+/// read may return more than its share; the answer is bounded after the reads.)
+#[test]
+fn a_later_partition_whose_first_batch_does_not_fit_answers_nothing() {
+    let broker = Broker::builder().config("strand.shards", 1).start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("fetch-later-oversized");
+    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let mut c = admin::connect(&bootstrap);
+    let produce = |c: &mut RawConn, p: i32, records: usize, value_bytes: usize| {
+        let value = vec![b'v'; value_bytes];
+        let batch: Vec<_> = (0..records)
+            .map(|_| raw::record(None, Some(&value), admin::now_ms()))
+            .collect();
+        let req = admin::produce_request(
+            &topic,
+            -1,
+            vec![(p, raw::encode_batch(&batch, Compression::None))],
+        );
+        let resp = c.request(versions::PRODUCE, &req).expect("produce");
+        assert_eq!(admin::produce_answer(&resp, p).error_code, 0, "produce to {p}");
+    };
+    // Partition 0: ten batches of ~10 KiB; partition 1: one ~48 KiB batch.
+    for _ in 0..10 {
+        produce(&mut c, 0, RECORDS_PER_BATCH, VALUE_BYTES);
+    }
+    produce(&mut c, 1, 1, 48 * 1024);
+    let offsets = [(0, 0), (1, 0)];
+    // 64 KiB per partition and 80 KiB in all: partition 0 takes ~62 KiB, which leaves less
+    // than partition 1's batch.
+    let mut req = fetch_request(&topic, &offsets, 0);
+    req.max_bytes = 80 * 1024;
+    let resp: FetchResponse = c.request(versions::FETCH, &req).expect("fetch");
+    let total = answered_bytes(&resp, &offsets, "later oversized partition");
+    let records = |p: i32| {
+        resp.responses
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .find(|q| q.partition_index == p)
+            .and_then(|q| q.records.as_ref())
+            .map_or(0, |r| r.len())
+    };
+    assert!(
+        records(0) > 50 * 1024,
+        "partition 0 answered {} bytes",
+        records(0)
+    );
+    assert_eq!(
+        records(1),
+        0,
+        "partition 1's batch does not fit in what partition 0 left"
+    );
+    assert!(total <= 80 * 1024, "{total} bytes answered, over max_bytes");
+
+    // Alone, partition 1's batch is the first with data: answered whole over max_bytes.
+    let mut req = fetch_request(&topic, &[(1, 0)], 0);
+    req.max_bytes = 16 * 1024;
+    let resp: FetchResponse = c.request(versions::FETCH, &req).expect("fetch");
+    let part = &resp.responses[0].partitions[0];
+    assert_eq!(part.error_code, 0);
+    assert!(
+        part.records.as_ref().map_or(0, |r| r.len()) > 48 * 1024,
+        "the first partition's batch must be answered whole (KIP-74)"
+    );
+}

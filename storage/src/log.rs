@@ -1424,6 +1424,13 @@ async fn write_chunk<F: Fs>(
 const RECORD_SCAN_LIMIT: usize = 64 << 20;
 
 impl<Fl: FileHandle> ReadPlan<Fl> {
+    /// The most bytes [`ReadPlan::execute`] can return, unless the first batch alone is larger
+    /// than the plan's `max_bytes` (it is then returned whole).
+    pub fn max_len(&self) -> usize {
+        let visible = self.end_position.saturating_sub(self.start_position);
+        usize::try_from(visible).map_or(self.max_bytes, |v| v.min(self.max_bytes))
+    }
+
     /// Reads the planned batches: whole batches only, starting with the one holding the target
     /// offset, at most `max_bytes` unless the first batch alone is larger.
     pub async fn execute(self) -> Result<Bytes, StorageError> {

@@ -97,12 +97,19 @@ async fn read_all<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64) -> Vec<(i6
         let Some(plan) = store.plan_read(id, next, 700).unwrap() else {
             break;
         };
+        let bound = plan.max_len();
         let bytes = plan.execute().await.unwrap();
         assert!(
             !bytes.is_empty(),
             "a planned read below the high watermark returned nothing at {next}"
         );
         let mut scanner = BatchScanner::new(&bytes, true);
+        let one_batch = BatchScanner::new(&bytes, true).count() == 1;
+        assert!(
+            bytes.len() <= bound || one_batch,
+            "a read at {next} returned {} bytes, over the {bound} its plan promised at most",
+            bytes.len()
+        );
         for b in scanner.by_ref() {
             let h = b.header;
             let body = bytes[b.position..b.position + h.total_bytes()].to_vec();
@@ -386,14 +393,16 @@ fn reads_are_bounded_but_return_at_least_one_batch() {
             big.len(),
             "one whole batch even though larger than max_bytes"
         );
-        let two = store
-            .plan_read(id, 200, 2 * small.len())
-            .unwrap()
-            .unwrap()
-            .execute()
-            .await
-            .unwrap();
+        let plan = store.plan_read(id, 200, 2 * small.len()).unwrap().unwrap();
+        assert_eq!(plan.max_len(), 2 * small.len(), "at most max_bytes");
+        let two = plan.execute().await.unwrap();
         assert_eq!(two.len(), 2 * small.len());
+        let tail = store.plan_read(id, 201, 1 << 20).unwrap().unwrap();
+        assert!(
+            tail.max_len() >= small.len() && tail.max_len() <= big.len() + 2 * small.len(),
+            "at most what the segment holds from the index entry on: {}",
+            tail.max_len()
+        );
         let one = store
             .plan_read(id, 200, 2 * small.len() - 1)
             .unwrap()
