@@ -209,6 +209,11 @@ impl FetchSessionCache {
     /// Records what the fetch observed and returns, per partition, whether the response must
     /// include it. In an incremental session the fetch offset the client will send next is
     /// unknown, so only what the client was told is remembered.
+    ///
+    /// After an incremental fetch, the partitions that answered records move to the end of the
+    /// session's order, keeping their relative order, as Kafka does: a fetch reads partitions
+    /// in that order until `max_bytes` is used up, so without the move the first partitions of
+    /// a busy session would take every answer and starve the rest.
     pub(crate) fn finish(&mut self, mode: &SessionMode, observed: &[Observed]) -> Vec<bool> {
         let session_id = match mode {
             SessionMode::Sessionless => return vec![true; observed.len()],
@@ -218,7 +223,7 @@ impl FetchSessionCache {
         let Some(session) = self.sessions.get_mut(&session_id) else {
             return vec![true; observed.len()];
         };
-        session
+        let include = session
             .partitions
             .iter_mut()
             .zip(observed)
@@ -233,7 +238,15 @@ impl FetchSessionCache {
                 p.last_log_start = o.log_start_offset;
                 full || changed
             })
-            .collect()
+            .collect();
+        if !full && session.partitions.len() == observed.len() && observed.iter().any(|o| o.has_records) {
+            let (quiet, served): (Vec<_>, Vec<_>) = std::mem::take(&mut session.partitions)
+                .into_iter()
+                .zip(observed)
+                .partition(|(_, o)| !o.has_records);
+            session.partitions = quiet.into_iter().chain(served).map(|(p, _)| p).collect();
+        }
+        include
     }
 
     /// Removes session `id` (if it is here) to hand it to another shard.
@@ -353,11 +366,13 @@ mod tests {
         assert_eq!(parts[0].fetch_offset, 5);
         assert_eq!(c.finish(&mode, &[obs(7, true), obs(0, false)]), vec![true, false]);
 
+        // p0 answered records in an incremental fetch, so it is read after p1 from now on.
         // HW moved on p1 without data for this fetch: included.
-        let (mode, _) = c.begin(session_id, 2, vec![], &[]).unwrap();
+        let (mode, parts) = c.begin(session_id, 2, vec![], &[]).unwrap();
+        assert_eq!(parts.iter().map(|p| p.partition).collect::<Vec<_>>(), vec![1, 0]);
         assert_eq!(
-            c.finish(&mode, &[obs(7, false), obs(3, false)]),
-            vec![false, true]
+            c.finish(&mode, &[obs(3, false), obs(7, false)]),
+            vec![true, false]
         );
 
         // Wrong epoch, unknown id, forgotten partitions.
@@ -376,6 +391,46 @@ mod tests {
         let (mode, _) = c.begin(session_id, -1, vec![part("a", 0, 0)], &[]).unwrap();
         assert_eq!(mode, SessionMode::Sessionless);
         assert_eq!(c.len(), 0);
+    }
+
+    /// A session whose first partitions always have more data than `max_bytes` must still
+    /// serve the others: the partitions that answered records go to the back of the order.
+    #[test]
+    fn partitions_that_answered_records_are_read_last_next_time() {
+        let mut c = FetchSessionCache::new(ShardId(0), 1);
+        let all: Vec<_> = (0..4).map(|p| part("t", p, 0)).collect();
+        let (mode, parts) = c.begin(0, 0, all, &[]).unwrap();
+        let SessionMode::Full { session_id } = mode else {
+            panic!("{mode:?}")
+        };
+        let order = |parts: &[SessionPartition]| parts.iter().map(|p| p.partition).collect::<Vec<_>>();
+        assert_eq!(order(&parts), vec![0, 1, 2, 3]);
+        // A full fetch keeps the request's order (as Kafka's full fetch context does).
+        c.finish(&mode, &[obs(9, true), obs(9, true), obs(0, false), obs(0, false)]);
+        let (mode, parts) = c.begin(session_id, 1, vec![], &[]).unwrap();
+        assert_eq!(order(&parts), vec![0, 1, 2, 3]);
+        // 0 and 1 answered records: they go to the back, in their order.
+        c.finish(
+            &mode,
+            &[obs(20, true), obs(20, true), obs(0, false), obs(5, false)],
+        );
+        let (mode, parts) = c.begin(session_id, 2, vec![], &[]).unwrap();
+        assert_eq!(order(&parts), vec![2, 3, 0, 1]);
+        // Now 2 and 0 answer; 3 and 1 come first.
+        c.finish(
+            &mode,
+            &[obs(4, true), obs(5, false), obs(30, true), obs(20, false)],
+        );
+        let (mode, parts) = c.begin(session_id, 3, vec![part("t", 3, 5)], &[]).unwrap();
+        assert_eq!(order(&parts), vec![3, 1, 2, 0]);
+        assert_eq!(parts[0].fetch_offset, 5, "an update keeps the partition's place");
+        // Nothing answered: the order stays.
+        c.finish(
+            &mode,
+            &[obs(5, false), obs(20, false), obs(4, false), obs(30, false)],
+        );
+        let (_, parts) = c.begin(session_id, 4, vec![], &[]).unwrap();
+        assert_eq!(order(&parts), vec![3, 1, 2, 0]);
     }
 
     #[test]

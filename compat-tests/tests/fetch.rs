@@ -5,6 +5,7 @@
 //! segments reach the client whole and in order, in a flexible and a non-flexible version.
 //! A connection has one fetch at a time: one pipelined behind a long poll starts after its answer.
 //! A fetch that cannot gather `min_bytes` waits for new data without keeping its shard busy.
+//! An incremental fetch session serves its partitions in turn (those that answered go last).
 
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
@@ -325,5 +326,64 @@ fn a_later_partition_whose_first_batch_does_not_fit_answers_nothing() {
     assert!(
         part.records.as_ref().map_or(0, |r| r.len()) > 48 * 1024,
         "the first partition's batch must be answered whole (KIP-74)"
+    );
+}
+
+/// In an incremental fetch session (KIP-227) the broker reads the session's partitions in its
+/// own order until `max_bytes` is used up. As in Kafka, partitions that answered records move
+/// to the back, so a session whose first partitions hold more than one answer's worth still
+/// gets the others' data in the next fetch instead of waiting until the first are drained.
+#[test]
+fn an_incremental_fetch_session_serves_the_partitions_in_turn() {
+    let (_broker, bootstrap, topic) = setup("fetch-session-turns");
+    let mut c = admin::connect(&bootstrap);
+    let mut offsets: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, 0)).collect();
+    // Each partition holds ~200 KB; an answer carries at most four partitions' 64 KiB.
+    let served = |resp: &FetchResponse| -> Vec<(i32, i64)> {
+        assert_eq!(resp.error_code, 0, "top-level error");
+        let mut out: Vec<(i32, i64)> = resp
+            .responses
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .filter_map(|p| {
+                let records = p.records.as_ref().filter(|r| !r.is_empty())?;
+                let (batches, _) = raw::walk_batches(records);
+                Some((p.partition_index, batches.last()?.last_offset + 1))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let mut req = fetch_request(&topic, &offsets, 0);
+    req.session_epoch = 0;
+    let resp: FetchResponse = c.request(versions::FETCH, &req).expect("full fetch");
+    let session_id = resp.session_id;
+    assert!(session_id > 0, "the broker opened no session");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut rounds = Vec::new();
+    let mut got = served(&resp);
+    for epoch in 1..=3 {
+        assert!(!got.is_empty(), "fetch {epoch} answered no records");
+        rounds.push(got.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+        seen.extend(got.iter().map(|(p, _)| *p));
+        for (p, next) in &got {
+            if let Some(o) = offsets.iter_mut().find(|(q, _)| q == p) {
+                o.1 = *next;
+            }
+        }
+        // Only the partitions whose fetch offset moved are sent again.
+        let mut req = fetch_request(&topic, &got, 0);
+        req.session_id = session_id;
+        req.session_epoch = epoch;
+        let resp: FetchResponse = c
+            .request(versions::FETCH, &req)
+            .unwrap_or_else(|e| panic!("incremental fetch {epoch}: {e}"));
+        assert_eq!(resp.session_id, session_id);
+        got = served(&resp);
+    }
+    assert_eq!(
+        seen.len(),
+        PARTITIONS as usize,
+        "every partition answered within three fetches, answers: {rounds:?}"
     );
 }
