@@ -386,8 +386,19 @@ async fn shard_main(
     shard.connections.close();
     // Let in-flight produce requests reach the journal, then flush and checkpoint everything.
     glommio::timer::sleep(Duration::from_millis(20)).await;
-    if let Err(e) = shard.store.shutdown().await {
-        tracing::error!(shard = id.0, error = %e, "clean shutdown failed; the next start will recover");
+    let closing = Instant::now();
+    match shard.store.shutdown().await {
+        Ok(stats) => tracing::info!(
+            shard = id.0,
+            logs_checkpointed = stats.logs,
+            syncfs = stats.syncfs,
+            checkpoint_ms = stats.duration_us / 1000,
+            store_close_ms = closing.elapsed().as_millis() as u64,
+            "shard store closed"
+        ),
+        Err(e) => {
+            tracing::error!(shard = id.0, error = %e, "clean shutdown failed; the next start will recover")
+        }
     }
     Ok(())
 }

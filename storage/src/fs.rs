@@ -113,7 +113,8 @@ pub trait Fs: Clone + 'static {
     }
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
+/// The temporary file [`Fs::write_file_atomic`] writes before renaming it over `path`.
+pub(crate) fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".tmp");
     path.with_file_name(name)

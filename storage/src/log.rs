@@ -214,6 +214,9 @@ pub(crate) struct CheckpointWork<Fl> {
     pub(crate) index_files: Vec<(PathBuf, Vec<u8>)>,
     pub(crate) sync_dir: bool,
     pub(crate) write_epochs: Option<Vec<u8>>,
+    /// The new epoch file, written beside the old one by an unsynced
+    /// [`CheckpointWork::write_files`], to be renamed over it by [`CheckpointWork::rename_files`].
+    pub(crate) epochs_tmp: Option<PathBuf>,
     pub(crate) point: RecoveryPoint,
     /// Producer-state snapshot exact as of `point`.
     pub(crate) producers: Vec<u8>,
@@ -224,13 +227,29 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
     /// Does the checkpoint's I/O: fsync segment data, write and fsync index files and the epoch
     /// file, fsync the directory, and only then write the recovery point that lets recovery
     /// trust all of it.
-    pub(crate) async fn run<F: Fs<File = Fl>>(self, fs: &F) -> Result<RecoveryPoint, StorageError> {
-        for f in &self.files_to_sync {
-            f.fdatasync()
-                .await
-                .map_err(|e| StorageError::io("sync segment", &self.dir, e))?;
+    pub(crate) async fn run<F: Fs<File = Fl>>(mut self, fs: &F) -> Result<RecoveryPoint, StorageError> {
+        self.write_files(fs, true).await?;
+        self.write_point(fs, true).await
+    }
+
+    /// Everything but the recovery point. With `sync`: segment data fsynced, index files
+    /// written and fsynced, the epoch file replaced atomically, the directory synced. Without
+    /// it nothing is synced and a new epoch file is only written beside the old one: the caller
+    /// syncs the whole file system, then calls [`CheckpointWork::rename_files`], syncs it
+    /// again, and only then writes the recovery point.
+    pub(crate) async fn write_files<F: Fs<File = Fl>>(
+        &mut self,
+        fs: &F,
+        sync: bool,
+    ) -> Result<(), StorageError> {
+        if sync {
+            for f in &self.files_to_sync {
+                f.fdatasync()
+                    .await
+                    .map_err(|e| StorageError::io("sync segment", &self.dir, e))?;
+            }
         }
-        for (path, data) in self.index_files {
+        for (path, data) in std::mem::take(&mut self.index_files) {
             // In place, without truncating first: index files only grow between checkpoints, so a
             // torn write leaves the old prefix intact; recovery cuts entries past the point.
             let f = fs
@@ -246,26 +265,69 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                     .await
                     .map_err(|e| StorageError::io("trim index", &path, e))?;
             }
-            f.fdatasync()
-                .await
-                .map_err(|e| StorageError::io("sync index", &path, e))?;
+            if sync {
+                f.fdatasync()
+                    .await
+                    .map_err(|e| StorageError::io("sync index", &path, e))?;
+            }
         }
-        if let Some(epochs) = self.write_epochs {
+        if let Some(epochs) = self.write_epochs.take() {
             let path = self.dir.join(EPOCH_FILE);
-            fs.write_file_atomic(&path, epochs)
-                .await
-                .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
+            if sync {
+                fs.write_file_atomic(&path, epochs)
+                    .await
+                    .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
+            } else {
+                let tmp = crate::fs::tmp_path(&path);
+                let _ = fs.remove_file(&tmp).await;
+                let f = fs
+                    .open(&tmp, true)
+                    .await
+                    .map_err(|e| StorageError::io("write leader epochs", &tmp, e))?;
+                f.truncate(0)
+                    .await
+                    .map_err(|e| StorageError::io("write leader epochs", &tmp, e))?;
+                f.write_all_at(epochs, 0)
+                    .await
+                    .map_err(|e| StorageError::io("write leader epochs", &tmp, e))?;
+                self.epochs_tmp = Some(tmp);
+            }
         }
-        if self.sync_dir {
+        // A file-system sync covers the directory's entries too.
+        if self.sync_dir && sync {
             fs.sync_dir(&self.dir)
                 .await
                 .map_err(|e| StorageError::io("sync log directory", &self.dir, e))?;
         }
+        Ok(())
+    }
+
+    /// Renames a new epoch file written by an unsynced [`CheckpointWork::write_files`] over the
+    /// old one (once its content is durable); `false` if there was none.
+    pub(crate) async fn rename_files<F: Fs<File = Fl>>(&mut self, fs: &F) -> Result<bool, StorageError> {
+        let Some(tmp) = self.epochs_tmp.take() else {
+            return Ok(false);
+        };
+        let path = self.dir.join(EPOCH_FILE);
+        fs.rename(&tmp, &path)
+            .await
+            .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
+        Ok(true)
+    }
+
+    /// Writes the recovery point, which vouches for what [`CheckpointWork::write_files`] made
+    /// durable (so it must run after that is durable); with `sync`, fsynced.
+    pub(crate) async fn write_point<F: Fs<File = Fl>>(
+        self,
+        fs: &F,
+        sync: bool,
+    ) -> Result<RecoveryPoint, StorageError> {
         write_recovery_point(
             fs,
             &self.dir.join(RECOVERY_POINT_FILE),
             self.point,
             self.producers,
+            sync,
         )
         .await?;
         Ok(self.point)
@@ -1314,6 +1376,7 @@ impl<F: Fs> PartitionLog<F> {
             index_files,
             sync_dir,
             write_epochs,
+            epochs_tmp: None,
             dir: self.dir.clone(),
             // `durable` producer state is exact as of the high watermark, which is `offset`.
             producers: self.producers.encode_snapshot(offset),
@@ -1600,6 +1663,7 @@ async fn write_recovery_point<F: Fs>(
     path: &Path,
     rp: RecoveryPoint,
     producers: Vec<u8>,
+    sync: bool,
 ) -> Result<(), StorageError> {
     let mut body = Vec::with_capacity(36 + producers.len());
     body.extend_from_slice(b"STRNDRP2");
@@ -1620,6 +1684,9 @@ async fn write_recovery_point<F: Fs>(
     f.truncate(len)
         .await
         .map_err(|e| StorageError::io("write recovery point", path, e))?;
+    if !sync {
+        return Ok(());
+    }
     f.fdatasync()
         .await
         .map_err(|e| StorageError::io("sync recovery point", path, e))

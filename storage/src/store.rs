@@ -37,7 +37,8 @@ use crate::fs::{FileHandle, Fs};
 use crate::journal::{Journal, LogKey};
 use crate::log::{
     persist_log_start_offset, remove_segment_files, write_chunks, AppendInfo, CheckpointWork, DiscardPlan,
-    LogConfig, PartitionLog, ReadPlan, RecoveryReport, RetentionOutcome, StagedWrites, WrittenChunk,
+    LogConfig, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome, StagedWrites,
+    WrittenChunk,
 };
 use crate::notify::Notify;
 use crate::StorageError;
@@ -76,6 +77,10 @@ pub struct StoreConfig {
     /// round in pieces of at least this many bytes (see [`ShardStore::flush_pending`]). 0:
     /// rounds never overlap.
     pub overlap_min_bytes: usize,
+    /// A checkpoint of at least this many logs makes their files durable with two syncs of
+    /// the file system instead of fsyncs per file (see [`ShardStore::checkpoint`]). 0, or
+    /// `direct_min_log_bytes` 0 (the switch for file-system syncs), turns this off.
+    pub checkpoint_syncfs_min_logs: usize,
 }
 
 impl Default for StoreConfig {
@@ -87,6 +92,7 @@ impl Default for StoreConfig {
             direct_sync_max_logs: 2,
             direct_min_log_bytes: 16 << 10,
             overlap_min_bytes: 64 << 10,
+            checkpoint_syncfs_min_logs: 16,
         }
     }
 }
@@ -138,6 +144,9 @@ pub struct RoundStats {
 #[derive(Debug, Clone, Default)]
 pub struct CheckpointStats {
     pub logs: usize,
+    /// The checkpoint covered enough logs to make their files durable with two file-system
+    /// syncs instead of fsyncs per file (see [`StoreConfig::checkpoint_syncfs_min_logs`]).
+    pub syncfs: bool,
     pub journal_files_deleted: usize,
     /// Covered journal files kept (renamed `.free`) to be recycled.
     pub journal_files_recycled: usize,
@@ -1156,6 +1165,15 @@ impl<F: Fs> ShardStore<F> {
         // 3. Do the I/O, a bounded number of logs at a time.
         let mut failed = None;
         let mut done = Vec::with_capacity(works.len());
+        let min_logs = self.config.checkpoint_syncfs_min_logs;
+        let by_filesystem = min_logs > 0 && self.config.direct_min_log_bytes > 0 && works.len() >= min_logs;
+        let works = if by_filesystem {
+            stats.syncfs = true;
+            self.checkpoint_by_filesystem(works, &mut done, &mut failed).await;
+            Vec::new()
+        } else {
+            works
+        };
         let mut it = works.into_iter();
         loop {
             let batch: Vec<_> = it
@@ -1222,6 +1240,148 @@ impl<F: Fs> ShardStore<F> {
         }
         stats.duration_us = started.elapsed().as_micros() as u64;
         Ok(stats)
+    }
+
+    /// A checkpoint of many logs: every log's files written without an fsync, one sync of the
+    /// file system; new epoch files renamed into place and another sync (if there were any);
+    /// then every recovery point, and a last sync. Four to seven fsyncs per log (segments, two
+    /// indexes, the recovery point; a new epoch file and its directory; the directory of new
+    /// files) become two or three file-system syncs, which is what a clean stop of 10,000
+    /// partitions spent its time on (BENCHMARKS.md item 29). A file-system sync writes back
+    /// directory entries too, so no directory is synced on its own.
+    async fn checkpoint_by_filesystem(
+        &self,
+        works: Vec<(LogId, CheckpointWork<F::File>)>,
+        done: &mut Vec<(LogId, Result<RecoveryPoint, ()>)>,
+        failed: &mut Option<String>,
+    ) {
+        let Some(root) = works.first().map(|(_, w)| w.dir.clone()) else {
+            return;
+        };
+        let concurrency = self.config.checkpoint_concurrency.max(1);
+        let started = Instant::now();
+        let mut marks: Vec<(&str, u64)> = Vec::with_capacity(6);
+        let mut mark = |stage: &'static str| marks.push((stage, started.elapsed().as_millis() as u64));
+        let mut written = Vec::with_capacity(works.len());
+        let mut it = works.into_iter();
+        loop {
+            let batch: Vec<_> = it.by_ref().take(concurrency).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let results = join_all(batch.into_iter().map(|(id, mut w)| {
+                let fs = self.fs.clone();
+                async move {
+                    let r = w.write_files(&fs, false).await;
+                    (id, w, r)
+                }
+            }))
+            .await;
+            for (id, w, r) in results {
+                match r {
+                    Ok(()) => written.push((id, w)),
+                    Err(e) => {
+                        failed.get_or_insert(e.to_string());
+                        done.push((id, Err(())));
+                    }
+                }
+            }
+        }
+        mark("files written");
+        if let Err(e) = self.sync_whole_filesystem(&root).await {
+            failed.get_or_insert(e.to_string());
+            done.extend(written.into_iter().map(|(id, _)| (id, Err(()))));
+            return;
+        }
+        mark("synced");
+        // New epoch files are durable beside the old ones: rename them over, and sync again.
+        let mut renamed = false;
+        let mut kept = Vec::with_capacity(written.len());
+        let mut it = written.into_iter();
+        loop {
+            let batch: Vec<_> = it.by_ref().take(concurrency).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let results = join_all(batch.into_iter().map(|(id, mut w)| {
+                let fs = self.fs.clone();
+                async move {
+                    let r = w.rename_files(&fs).await;
+                    (id, w, r)
+                }
+            }))
+            .await;
+            for (id, w, r) in results {
+                match r {
+                    Ok(did) => {
+                        renamed |= did;
+                        kept.push((id, w));
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e.to_string());
+                        done.push((id, Err(())));
+                    }
+                }
+            }
+        }
+        let written = kept;
+        if renamed {
+            mark("epoch files renamed");
+            if let Err(e) = self.sync_whole_filesystem(&root).await {
+                failed.get_or_insert(e.to_string());
+                done.extend(written.into_iter().map(|(id, _)| (id, Err(()))));
+                return;
+            }
+            mark("synced");
+        }
+        // The files the points vouch for are durable: the points may be written now.
+        let mut pointed = Vec::with_capacity(written.len());
+        let mut it = written.into_iter();
+        loop {
+            let batch: Vec<_> = it.by_ref().take(concurrency).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let results = join_all(batch.into_iter().map(|(id, w)| {
+                let fs = self.fs.clone();
+                async move { (id, w.write_point(&fs, false).await) }
+            }))
+            .await;
+            for (id, r) in results {
+                match r {
+                    Ok(point) => pointed.push((id, point)),
+                    Err(e) => {
+                        failed.get_or_insert(e.to_string());
+                        done.push((id, Err(())));
+                    }
+                }
+            }
+        }
+        mark("points written");
+        let last = self.sync_whole_filesystem(&root).await;
+        mark("synced");
+        tracing::debug!(logs = done.len() + pointed.len(), stages_ms = ?marks, "checkpoint by file-system sync");
+        match last {
+            Ok(()) => done.extend(pointed.into_iter().map(|(id, point)| (id, Ok(point)))),
+            Err(e) => {
+                failed.get_or_insert(e.to_string());
+                done.extend(pointed.into_iter().map(|(id, _)| (id, Err(()))));
+            }
+        }
+    }
+
+    /// `syncfs` of the file system holding `dir`, then an fsync of `dir`: on ext4 without a
+    /// journal, `syncfs` writes inode blocks after its device flush, and any fsync flushes
+    /// again (as in [`ShardStore::sync_round`]).
+    async fn sync_whole_filesystem(&self, dir: &Path) -> Result<(), StorageError> {
+        self.fs
+            .sync_filesystem(dir)
+            .await
+            .map_err(|e| StorageError::io("sync file system", dir, e))?;
+        self.fs
+            .sync_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("sync log directory", dir, e))
     }
 
     /// Applies retention to every log; returns what each pass deleted (logs with deletions only).
@@ -1320,8 +1480,9 @@ impl<F: Fs> ShardStore<F> {
     }
 
     /// Flushes what is staged and checkpoints everything, so that the next start needs no
-    /// journal replay and no validation. Call once appends have stopped.
-    pub async fn shutdown(&self) -> Result<(), StorageError> {
+    /// journal replay and no validation. Call once appends have stopped. Returns the final
+    /// checkpoint's figures.
+    pub async fn shutdown(&self) -> Result<CheckpointStats, StorageError> {
         // The flusher may be in a round: let it finish, and start no more.
         self.closing.set(true);
         while self.takes_in_flight.get() > 0 {
@@ -1337,7 +1498,7 @@ impl<F: Fs> ShardStore<F> {
         if self.offline_reason().is_none() {
             self.rotate_journal().await?;
         }
-        self.checkpoint().await?;
+        let stats = self.checkpoint().await?;
         let path = self.inner.borrow().journal.path().to_path_buf();
         if self.offline_reason().is_none() {
             self.fs
@@ -1357,7 +1518,7 @@ impl<F: Fs> ShardStore<F> {
                 .await
                 .map_err(|e| StorageError::io("sync journal dir", &dir, e))?;
         }
-        Ok(())
+        Ok(stats)
     }
 
     /// Current journal file size (for metrics).

@@ -48,6 +48,7 @@ async fn open_store_direct<F: Fs>(fs: &F, journal_bytes: u64, direct_max_logs: u
         direct_max_logs,
         0,
         StoreConfig::default().overlap_min_bytes,
+        StoreConfig::default().checkpoint_syncfs_min_logs,
     )
     .await
 }
@@ -60,6 +61,7 @@ async fn open_store_overlap<F: Fs>(
     direct_max_logs: usize,
     direct_min_log_bytes: usize,
     overlap_min_bytes: usize,
+    checkpoint_syncfs_min_logs: usize,
 ) -> ShardStore<F> {
     ShardStore::open(
         fs.clone(),
@@ -72,6 +74,7 @@ async fn open_store_overlap<F: Fs>(
             direct_sync_max_logs: direct_max_logs,
             direct_min_log_bytes,
             overlap_min_bytes,
+            checkpoint_syncfs_min_logs,
         },
     )
     .await
@@ -199,6 +202,87 @@ async fn start_checkpoint<'a>(
         "the checkpoint finished at once"
     );
     checkpoint
+}
+
+/// A checkpoint of many logs writes their index files and recovery points without an fsync
+/// each and syncs the file system twice: after the files, then after the points. A power loss
+/// right after it drops every unsynced byte, and with the journal it covered gone, every
+/// acknowledged batch must still be there. With the setting at 0 it fsyncs each file.
+#[test]
+fn a_checkpoint_of_many_logs_syncs_the_file_system_instead_of_each_file() {
+    block_on(async {
+        for min_logs in [16, 0] {
+            let fs = MemFs::new();
+            let store = open_store_overlap(&fs, 1 << 20, 2, 16 << 10, 0, min_logs).await;
+            let config = small_config();
+            let names: Vec<String> = (0..20).map(|i| format!("many-{i}")).collect();
+            let mut acked = Vec::new();
+            for (i, name) in names.iter().enumerate() {
+                let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
+                for tag in 0..3 {
+                    let batch = value_batch(i as u64 * 10 + tag, 2, 5);
+                    let t = store.append(id, &batch, 0, 0).unwrap();
+                    acked.push((
+                        name.clone(),
+                        t.info.base_offset,
+                        stored(batch, t.info.base_offset, 0),
+                    ));
+                }
+            }
+            // Twenty logs of a few bytes each: a journaled round.
+            let round = store.flush_round().await;
+            assert!(!round.direct && round.error.is_none(), "{round:?}");
+            store.rotate_journal().await.unwrap();
+            let before = fs.fsync_count();
+            let stats = store.checkpoint().await.unwrap();
+            let fsyncs = fs.fsync_count() - before;
+            assert_eq!(stats.logs, 20);
+            if min_logs > 0 {
+                assert!(stats.syncfs, "{stats:?}");
+                assert_eq!(fsyncs, 0, "file fsyncs in a checkpoint by file-system sync");
+            } else {
+                assert!(!stats.syncfs, "{stats:?}");
+                assert!(
+                    fsyncs >= 20 * 3,
+                    "{fsyncs} file fsyncs for 20 logs' segments, indexes and points"
+                );
+            }
+            assert!(
+                stats.journal_files_deleted + stats.journal_files_recycled > 0,
+                "the checkpoint retired the journal it covered: {stats:?}"
+            );
+            fs.crash(|_| 0);
+            let paths = fs.paths();
+            let named = |suffix: &str| {
+                paths
+                    .iter()
+                    .filter(|p| p.to_string_lossy().ends_with(suffix))
+                    .count()
+            };
+            assert_eq!(
+                named("leader-epoch-checkpoint"),
+                20,
+                "every log's epoch file is in place"
+            );
+            assert_eq!(named(".tmp"), 0, "no epoch file left beside its place");
+            let report = replay_journals(&fs, &root(), |_| Some(config.clone()), 0)
+                .await
+                .unwrap();
+            assert!(report.problems.is_empty(), "{report:?}");
+            let store = open_store(&fs, 1 << 20).await;
+            for name in &names {
+                let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
+                let all = read_all(&store, id, 0).await;
+                for (_, off, bytes) in acked.iter().filter(|(n, _, _)| n == name) {
+                    assert_eq!(
+                        all.iter().find(|b| b.0 == *off).map(|b| &b.2),
+                        Some(bytes),
+                        "{name}: acknowledged batch at {off} after the checkpoint and a power loss (min logs {min_logs})"
+                    );
+                }
+            }
+        }
+    });
 }
 
 /// Rounds stay direct while a checkpoint runs. The checkpoint takes over the fsync of segments
@@ -926,7 +1010,7 @@ fn rounds_of_many_logs_with_enough_bytes_each_skip_the_journal() {
         assert!(big >= min_log_bytes && small * 3 < min_log_bytes, "{big} {small}");
         let mut expected = Vec::new();
         {
-            let store = open_store_overlap(&fs, 1 << 20, 2, min_log_bytes, 0).await;
+            let store = open_store_overlap(&fs, 1 << 20, 2, min_log_bytes, 0, 0).await;
             let mut ids = Vec::new();
             for i in 0..6 {
                 ids.push(
@@ -1076,7 +1160,7 @@ async fn overlapping_store(
     name: &str,
 ) -> (ShardStore<MemFs>, LogId, LogConfig) {
     fs.set_slow_io(true);
-    let store = open_store_overlap(fs, 1 << 20, 2, 0, overlap_min_bytes).await;
+    let store = open_store_overlap(fs, 1 << 20, 2, 0, overlap_min_bytes, 0).await;
     let config = LogConfig {
         segment_bytes: 1 << 20,
         ..small_config()
@@ -1229,14 +1313,15 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let (mut overlapped, mut recycled, mut beside, mut by_bytes) = (0, 0, 0, 0);
+    let (mut overlapped, mut recycled, mut beside, mut by_bytes, mut syncfs) = (0, 0, 0, 0, 0);
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| simulate(seed)) {
-            Ok((o, r, b, d)) => {
+            Ok((o, r, b, d, f)) => {
                 overlapped += o;
                 recycled += r;
                 beside += b;
                 by_bytes += d;
+                syncfs += f;
             }
             Err(msg) => {
                 let text = msg
@@ -1250,7 +1335,12 @@ fn simulated_crashes_lose_nothing_acknowledged() {
     }
     eprintln!(
         "{seeds} seeds: {overlapped} rounds overlapped the round before, {recycled} journal files recycled, \
-         {beside} direct rounds beside a checkpoint, {by_bytes} direct by their bytes per log"
+         {beside} direct rounds beside a checkpoint, {by_bytes} direct by their bytes per log, \
+         {syncfs} checkpoints by file-system sync"
+    );
+    assert!(
+        seeds < 50 || syncfs > 0,
+        "no simulated checkpoint synced the file system: that goes untested"
     );
     assert!(
         seeds < 50 || by_bytes > 0,
@@ -1273,10 +1363,11 @@ fn simulated_crashes_lose_nothing_acknowledged() {
 #[test]
 fn simulate_one_seed_from_env() {
     if let Some(seed) = std::env::var("STRAND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        let (overlapped, recycled, beside, by_bytes) = simulate(seed);
+        let (overlapped, recycled, beside, by_bytes, syncfs) = simulate(seed);
         eprintln!(
             "seed {seed}: {overlapped} rounds overlapped, {recycled} journal files recycled, {beside} direct \
-             rounds beside a checkpoint, {by_bytes} direct by their bytes per log"
+             rounds beside a checkpoint, {by_bytes} direct by their bytes per log, {syncfs} checkpoints by \
+             file-system sync"
         );
     }
 }
@@ -1303,13 +1394,14 @@ async fn ack_durable_now<F: Fs>(
 /// One seeded run of four lives; returns how many rounds overlapped the round before, how many
 /// journal files checkpoints kept to recycle, how many direct rounds ran beside a checkpoint, and
 /// how many rounds were direct by their bytes per log (more logs than `direct_sync_max_logs`).
-fn simulate(seed: u64) -> (usize, usize, usize, usize) {
+fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
     let trace = std::env::var("STRAND_SIM_TRACE").is_ok();
     macro_rules! t { ($($a:tt)*) => { if trace { eprintln!($($a)*); } } }
     let overlapped = std::cell::Cell::new(0usize);
     let recycled = std::cell::Cell::new(0usize);
     let direct_beside_checkpoints = std::cell::Cell::new(0usize);
     let direct_by_bytes = std::cell::Cell::new(0usize);
+    let syncfs_checkpoints = std::cell::Cell::new(0usize);
     block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = MemFs::new();
@@ -1332,6 +1424,8 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize) {
             let overlap_min_bytes = [0, 1, 300, 3000][rng.gen_range(0..4)];
             // And how many staged bytes per log make a round of more logs direct as well.
             let direct_min_log_bytes = [0, 30, 100, 400][rng.gen_range(0..4)];
+            // And from how many logs a checkpoint syncs the file system instead of each file.
+            let checkpoint_syncfs_min_logs = [0, 2, 4][rng.gen_range(0..3)];
             let slow_io = rng.gen_bool(0.7);
             // Most appends made while rounds are in flight go to one log, so rounds stay direct.
             let hot = rng.gen_range(0..logs.len());
@@ -1343,6 +1437,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize) {
                 direct_max_logs,
                 direct_min_log_bytes,
                 overlap_min_bytes,
+                checkpoint_syncfs_min_logs,
             )
             .await;
             let mut ids = Vec::new();
@@ -1572,6 +1667,8 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize) {
                                         t!("checkpoint beside rounds {:?}", r);
                                         if let Ok(stats) = &r {
                                             recycled.set(recycled.get() + stats.journal_files_recycled);
+                                            syncfs_checkpoints
+                                                .set(syncfs_checkpoints.get() + usize::from(stats.syncfs));
                                         }
                                         checkpoint_done = true;
                                     }
@@ -1621,6 +1718,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize) {
                             t!("checkpoint {:?}", r);
                             if let Ok(stats) = &r {
                                 recycled.set(recycled.get() + stats.journal_files_recycled);
+                                syncfs_checkpoints.set(syncfs_checkpoints.get() + usize::from(stats.syncfs));
                             }
                         }
                     }
@@ -1649,6 +1747,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize) {
         recycled.get(),
         direct_beside_checkpoints.get(),
         direct_by_bytes.get(),
+        syncfs_checkpoints.get(),
     )
 }
 
