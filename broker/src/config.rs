@@ -382,7 +382,7 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "strand.journal.direct.min.log.bytes",
         Int,
         Text("16384"),
-        "Flush rounds whose partition logs carry at least this many bytes each (on average) also skip the journal; one syncfs makes their segments durable (0: off).",
+        "Flush rounds whose partition logs carry at least this many bytes each (on average) also skip the journal; one syncfs makes their segments durable. Checkpoints of many logs also sync the file system (0: neither).",
     ),
     key(
         "strand.flush.overlap.min.bytes",
