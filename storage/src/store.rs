@@ -1167,36 +1167,14 @@ impl<F: Fs> ShardStore<F> {
         let mut done = Vec::with_capacity(works.len());
         let min_logs = self.config.checkpoint_syncfs_min_logs;
         let by_filesystem = min_logs > 0 && self.config.direct_min_log_bytes > 0 && works.len() >= min_logs;
-        let works = if by_filesystem {
+        if by_filesystem {
             stats.syncfs = true;
             self.checkpoint_by_filesystem(works, &mut done, &mut failed).await;
-            Vec::new()
         } else {
-            works
-        };
-        let mut it = works.into_iter();
-        loop {
-            let batch: Vec<_> = it
-                .by_ref()
-                .take(self.config.checkpoint_concurrency.max(1))
-                .collect();
-            if batch.is_empty() {
-                break;
-            }
-            let results = join_all(batch.into_iter().map(|(id, w)| {
-                let fs = self.fs.clone();
-                async move { (id, w.run(&fs).await) }
-            }))
-            .await;
-            for (id, r) in results {
-                match r {
-                    Ok(point) => done.push((id, Ok(point))),
-                    Err(e) => {
-                        failed.get_or_insert(e.to_string());
-                        done.push((id, Err(())));
-                    }
-                }
-            }
+            let fs = &self.fs;
+            let concurrency = self.config.checkpoint_concurrency;
+            let points = for_each_work(works, concurrency, |w| w.run(fs), &mut done, &mut failed).await;
+            done.extend(points.into_iter().map(|(id, point)| (id, Ok(point))));
         }
         // 4. Record the results.
         {
@@ -1259,34 +1237,12 @@ impl<F: Fs> ShardStore<F> {
             return;
         };
         let concurrency = self.config.checkpoint_concurrency.max(1);
+        let fs = &self.fs;
         let started = Instant::now();
         let mut marks: Vec<(&str, u64)> = Vec::with_capacity(6);
         let mut mark = |stage: &'static str| marks.push((stage, started.elapsed().as_millis() as u64));
-        let mut written = Vec::with_capacity(works.len());
-        let mut it = works.into_iter();
-        loop {
-            let batch: Vec<_> = it.by_ref().take(concurrency).collect();
-            if batch.is_empty() {
-                break;
-            }
-            let results = join_all(batch.into_iter().map(|(id, mut w)| {
-                let fs = self.fs.clone();
-                async move {
-                    let r = w.write_files(&fs, false).await;
-                    (id, w, r)
-                }
-            }))
-            .await;
-            for (id, w, r) in results {
-                match r {
-                    Ok(()) => written.push((id, w)),
-                    Err(e) => {
-                        failed.get_or_insert(e.to_string());
-                        done.push((id, Err(())));
-                    }
-                }
-            }
-        }
+        let step = |mut w: CheckpointWork<F::File>| async move { w.write_files(fs, false).await.map(|()| w) };
+        let written = for_each_work(works, concurrency, step, done, failed).await;
         mark("files written");
         if let Err(e) = self.sync_whole_filesystem(&root).await {
             failed.get_or_insert(e.to_string());
@@ -1295,36 +1251,13 @@ impl<F: Fs> ShardStore<F> {
         }
         mark("synced");
         // New epoch files are durable beside the old ones: rename them over, and sync again.
-        let mut renamed = false;
-        let mut kept = Vec::with_capacity(written.len());
-        let mut it = written.into_iter();
-        loop {
-            let batch: Vec<_> = it.by_ref().take(concurrency).collect();
-            if batch.is_empty() {
-                break;
-            }
-            let results = join_all(batch.into_iter().map(|(id, mut w)| {
-                let fs = self.fs.clone();
-                async move {
-                    let r = w.rename_files(&fs).await;
-                    (id, w, r)
-                }
-            }))
-            .await;
-            for (id, w, r) in results {
-                match r {
-                    Ok(did) => {
-                        renamed |= did;
-                        kept.push((id, w));
-                    }
-                    Err(e) => {
-                        failed.get_or_insert(e.to_string());
-                        done.push((id, Err(())));
-                    }
-                }
-            }
-        }
-        let written = kept;
+        let step = |mut w: CheckpointWork<F::File>| async move {
+            let renamed = w.rename_files(fs).await?;
+            Ok::<_, StorageError>((w, renamed))
+        };
+        let written = for_each_work(written, concurrency, step, done, failed).await;
+        let renamed = written.iter().any(|(_, (_, renamed))| *renamed);
+        let written: Vec<_> = written.into_iter().map(|(id, (w, _))| (id, w)).collect();
         if renamed {
             mark("epoch files renamed");
             if let Err(e) = self.sync_whole_filesystem(&root).await {
@@ -1335,28 +1268,8 @@ impl<F: Fs> ShardStore<F> {
             mark("synced");
         }
         // The files the points vouch for are durable: the points may be written now.
-        let mut pointed = Vec::with_capacity(written.len());
-        let mut it = written.into_iter();
-        loop {
-            let batch: Vec<_> = it.by_ref().take(concurrency).collect();
-            if batch.is_empty() {
-                break;
-            }
-            let results = join_all(batch.into_iter().map(|(id, w)| {
-                let fs = self.fs.clone();
-                async move { (id, w.write_point(&fs, false).await) }
-            }))
-            .await;
-            for (id, r) in results {
-                match r {
-                    Ok(point) => pointed.push((id, point)),
-                    Err(e) => {
-                        failed.get_or_insert(e.to_string());
-                        done.push((id, Err(())));
-                    }
-                }
-            }
-        }
+        let step = |w: CheckpointWork<F::File>| w.write_point(fs, false);
+        let pointed = for_each_work(written, concurrency, step, done, failed).await;
         mark("points written");
         let last = self.sync_whole_filesystem(&root).await;
         mark("synced");
@@ -1546,6 +1459,44 @@ impl<F: Fs> ShardStore<F> {
             .map(|e| e.log.heap_bytes() + e.key.dir_name.len() + 64)
             .sum()
     }
+}
+
+/// Runs `step` on every log's checkpoint work, `concurrency` logs at a time. Returns what the
+/// steps that succeeded gave back; a log whose step failed is recorded in `done` as failed and
+/// its error in `failed` (the first one).
+async fn for_each_work<W, T, Fut>(
+    works: Vec<(LogId, W)>,
+    concurrency: usize,
+    step: impl Fn(W) -> Fut,
+    done: &mut Vec<(LogId, Result<RecoveryPoint, ()>)>,
+    failed: &mut Option<String>,
+) -> Vec<(LogId, T)>
+where
+    Fut: Future<Output = Result<T, StorageError>>,
+{
+    let mut out = Vec::with_capacity(works.len());
+    let mut it = works.into_iter();
+    loop {
+        let batch: Vec<_> = it.by_ref().take(concurrency.max(1)).collect();
+        if batch.is_empty() {
+            break;
+        }
+        let results = join_all(batch.into_iter().map(|(id, w)| {
+            let fut = step(w);
+            async move { (id, fut.await) }
+        }))
+        .await;
+        for (id, r) in results {
+            match r {
+                Ok(t) => out.push((id, t)),
+                Err(e) => {
+                    failed.get_or_insert(e.to_string());
+                    done.push((id, Err(())));
+                }
+            }
+        }
+    }
+    out
 }
 
 const PARTITION_METADATA: &str = "partition.metadata";
