@@ -32,22 +32,23 @@ fn setup(name: &str) -> (Broker, String, String) {
     let topic = unique_topic(name);
     admin::create_topic(&bootstrap, &topic, PARTITIONS, &[]);
     let mut c = admin::connect(&bootstrap);
-    let value = vec![b'v'; VALUE_BYTES];
     for p in 0..PARTITIONS {
         for _ in 0..BATCHES_PER_PARTITION {
-            let records: Vec<_> = (0..RECORDS_PER_BATCH)
-                .map(|_| raw::record(None, Some(&value), admin::now_ms()))
-                .collect();
-            let req = admin::produce_request(
-                &topic,
-                -1,
-                vec![(p, raw::encode_batch(&records, Compression::None))],
-            );
-            let resp = c.request(versions::PRODUCE, &req).expect("produce");
-            assert_eq!(admin::produce_answer(&resp, p).error_code, 0, "produce to {p}");
+            produce_batch(&mut c, &topic, p, RECORDS_PER_BATCH, VALUE_BYTES);
         }
     }
     (broker, bootstrap, topic)
+}
+
+/// Produces one uncompressed batch of `records` records of `value_bytes` each to partition `p`.
+fn produce_batch(c: &mut RawConn, topic: &str, p: i32, records: usize, value_bytes: usize) {
+    let value = vec![b'v'; value_bytes];
+    let batch: Vec<_> = (0..records)
+        .map(|_| raw::record(None, Some(&value), admin::now_ms()))
+        .collect();
+    let req = admin::produce_request(topic, -1, vec![(p, raw::encode_batch(&batch, Compression::None))]);
+    let resp = c.request(versions::PRODUCE, &req).expect("produce");
+    assert_eq!(admin::produce_answer(&resp, p).error_code, 0, "produce to {p}");
 }
 
 fn fetch(c: &mut RawConn, version: i16, topic: &str, offsets: &[(i32, i64)]) -> FetchResponse {
@@ -272,24 +273,11 @@ fn a_later_partition_whose_first_batch_does_not_fit_answers_nothing() {
     let topic = unique_topic("fetch-later-oversized");
     admin::create_topic(&bootstrap, &topic, 2, &[]);
     let mut c = admin::connect(&bootstrap);
-    let produce = |c: &mut RawConn, p: i32, records: usize, value_bytes: usize| {
-        let value = vec![b'v'; value_bytes];
-        let batch: Vec<_> = (0..records)
-            .map(|_| raw::record(None, Some(&value), admin::now_ms()))
-            .collect();
-        let req = admin::produce_request(
-            &topic,
-            -1,
-            vec![(p, raw::encode_batch(&batch, Compression::None))],
-        );
-        let resp = c.request(versions::PRODUCE, &req).expect("produce");
-        assert_eq!(admin::produce_answer(&resp, p).error_code, 0, "produce to {p}");
-    };
     // Partition 0: ten batches of ~10 KiB; partition 1: one ~48 KiB batch.
     for _ in 0..10 {
-        produce(&mut c, 0, RECORDS_PER_BATCH, VALUE_BYTES);
+        produce_batch(&mut c, &topic, 0, RECORDS_PER_BATCH, VALUE_BYTES);
     }
-    produce(&mut c, 1, 1, 48 * 1024);
+    produce_batch(&mut c, &topic, 1, 1, 48 * 1024);
     let offsets = [(0, 0), (1, 0)];
     // 64 KiB per partition and 80 KiB in all: partition 0 takes ~62 KiB, which leaves less
     // than partition 1's batch.
