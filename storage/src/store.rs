@@ -899,23 +899,13 @@ impl<F: Fs> ShardStore<F> {
         // Many logs: one file-system sync writes back every file and flushes the device once,
         // where an fsync per file flushes it once per file (BENCHMARKS.md item 26). It also
         // covers whatever else the file system holds unsynced, which is only more than needed.
-        // Then one fdatasync: on ext4 without a journal, `syncfs` writes inode blocks after its
-        // device flush, and any fsync flushes again.
         let by_filesystem = syncs.len() > self.config.direct_sync_max_logs;
         if by_filesystem {
             round.stats.syncfs = true;
             let t = Instant::now();
-            let last_file = syncs
-                .iter()
-                .rev()
-                .find_map(|s| s.files.last().map(|f| (f, &s.dir)));
-            if let Some((file, dir)) = last_file {
-                let synced = match fs.sync_filesystem(dir).await {
-                    Ok(()) => file.fdatasync().await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = synced {
-                    round.failure = Some(StorageError::io("sync file system", dir, e));
+            if let Some(sync) = syncs.iter().find(|s| !s.files.is_empty()) {
+                if let Err(e) = self.sync_whole_filesystem(&sync.dir).await {
+                    round.failure = Some(e);
                     return;
                 }
             }
@@ -1245,9 +1235,7 @@ impl<F: Fs> ShardStore<F> {
         let written = for_each_work(works, concurrency, step, done, failed).await;
         mark("files written");
         if let Err(e) = self.sync_whole_filesystem(&root).await {
-            failed.get_or_insert(e.to_string());
-            done.extend(written.into_iter().map(|(id, _)| (id, Err(()))));
-            return;
+            return fail_all(&e, written, done, failed);
         }
         mark("synced");
         // New epoch files are durable beside the old ones: rename them over, and sync again.
@@ -1261,9 +1249,7 @@ impl<F: Fs> ShardStore<F> {
         if renamed {
             mark("epoch files renamed");
             if let Err(e) = self.sync_whole_filesystem(&root).await {
-                failed.get_or_insert(e.to_string());
-                done.extend(written.into_iter().map(|(id, _)| (id, Err(()))));
-                return;
+                return fail_all(&e, written, done, failed);
             }
             mark("synced");
         }
@@ -1276,16 +1262,13 @@ impl<F: Fs> ShardStore<F> {
         tracing::debug!(logs = done.len() + pointed.len(), stages_ms = ?marks, "checkpoint by file-system sync");
         match last {
             Ok(()) => done.extend(pointed.into_iter().map(|(id, point)| (id, Ok(point)))),
-            Err(e) => {
-                failed.get_or_insert(e.to_string());
-                done.extend(pointed.into_iter().map(|(id, _)| (id, Err(()))));
-            }
+            Err(e) => fail_all(&e, pointed, done, failed),
         }
     }
 
     /// `syncfs` of the file system holding `dir`, then an fsync of `dir`: on ext4 without a
     /// journal, `syncfs` writes inode blocks after its device flush, and any fsync flushes
-    /// again (as in [`ShardStore::sync_round`]).
+    /// again. Used by flush rounds of many logs and by checkpoints of many logs.
     async fn sync_whole_filesystem(&self, dir: &Path) -> Result<(), StorageError> {
         self.fs
             .sync_filesystem(dir)
@@ -1497,6 +1480,18 @@ where
         }
     }
     out
+}
+
+/// Records every log of `works` as failed, and `e` as the checkpoint's error unless one came
+/// first.
+fn fail_all<W>(
+    e: &StorageError,
+    works: Vec<(LogId, W)>,
+    done: &mut Vec<(LogId, Result<RecoveryPoint, ()>)>,
+    failed: &mut Option<String>,
+) {
+    failed.get_or_insert(e.to_string());
+    done.extend(works.into_iter().map(|(id, _)| (id, Err(()))));
 }
 
 const PARTITION_METADATA: &str = "partition.metadata";
