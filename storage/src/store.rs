@@ -903,8 +903,8 @@ impl<F: Fs> ShardStore<F> {
         if by_filesystem {
             round.stats.syncfs = true;
             let t = Instant::now();
-            if let Some(sync) = syncs.iter().find(|s| !s.files.is_empty()) {
-                if let Err(e) = self.sync_whole_filesystem(&sync.dir).await {
+            if syncs.iter().any(|s| !s.files.is_empty()) {
+                if let Err(e) = self.sync_whole_filesystem().await {
                     round.failure = Some(e);
                     return;
                 }
@@ -1223,9 +1223,9 @@ impl<F: Fs> ShardStore<F> {
         done: &mut Vec<(LogId, Result<RecoveryPoint, ()>)>,
         failed: &mut Option<String>,
     ) {
-        let Some(root) = works.first().map(|(_, w)| w.dir.clone()) else {
+        if works.is_empty() {
             return;
-        };
+        }
         let concurrency = self.config.checkpoint_concurrency.max(1);
         let fs = &self.fs;
         let started = Instant::now();
@@ -1234,7 +1234,7 @@ impl<F: Fs> ShardStore<F> {
         let step = |mut w: CheckpointWork<F::File>| async move { w.write_files(fs, false).await.map(|()| w) };
         let written = for_each_work(works, concurrency, step, done, failed).await;
         mark("files written");
-        if let Err(e) = self.sync_whole_filesystem(&root).await {
+        if let Err(e) = self.sync_whole_filesystem().await {
             return fail_all(&e, written, done, failed);
         }
         mark("synced");
@@ -1248,7 +1248,7 @@ impl<F: Fs> ShardStore<F> {
         let written: Vec<_> = written.into_iter().map(|(id, (w, _))| (id, w)).collect();
         if renamed {
             mark("epoch files renamed");
-            if let Err(e) = self.sync_whole_filesystem(&root).await {
+            if let Err(e) = self.sync_whole_filesystem().await {
                 return fail_all(&e, written, done, failed);
             }
             mark("synced");
@@ -1257,7 +1257,7 @@ impl<F: Fs> ShardStore<F> {
         let step = |w: CheckpointWork<F::File>| w.write_point(fs, false);
         let pointed = for_each_work(written, concurrency, step, done, failed).await;
         mark("points written");
-        let last = self.sync_whole_filesystem(&root).await;
+        let last = self.sync_whole_filesystem().await;
         mark("synced");
         tracing::debug!(logs = done.len() + pointed.len(), stages_ms = ?marks, "checkpoint by file-system sync");
         match last {
@@ -1266,10 +1266,13 @@ impl<F: Fs> ShardStore<F> {
         }
     }
 
-    /// `syncfs` of the file system holding `dir`, then an fsync of `dir`: on ext4 without a
-    /// journal, `syncfs` writes inode blocks after its device flush, and any fsync flushes
-    /// again. Used by flush rounds of many logs and by checkpoints of many logs.
-    async fn sync_whole_filesystem(&self, dir: &Path) -> Result<(), StorageError> {
+    /// `syncfs` of the file system holding the store's root (every log lives there), then an
+    /// fsync of the root: on ext4 without a journal, `syncfs` writes inode blocks after its
+    /// device flush, and any fsync flushes again. Used by flush rounds of many logs and by
+    /// checkpoints of many logs. Through the root, not a log's directory, which a topic
+    /// deletion may remove while a round or checkpoint of that log is in flight.
+    async fn sync_whole_filesystem(&self) -> Result<(), StorageError> {
+        let dir = &self.root;
         self.fs
             .sync_filesystem(dir)
             .await
