@@ -226,6 +226,93 @@ fn delete_topics_by_name_and_by_id() {
     );
 }
 
+/// A topic deleted while producers write to it as fast as they can, with segments so small that
+/// nearly every flush round creates a segment file and syncs the log's directory. The store must
+/// not do I/O in a directory being deleted: a round failing on the missing directory took the
+/// shard's storage offline, so that every later write to any topic failed.
+#[test]
+fn deleting_a_topic_while_it_is_written_keeps_the_broker_writing() {
+    let broker = Broker::builder()
+        .needs_spawned("runs its own one-shard broker, so that both topics share a store")
+        .shards(1)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let stable = unique_topic("del-stable");
+    admin::create_topic(&bootstrap, &stable, 1, &[]);
+    let mut c = admin::connect(&bootstrap);
+    let value = vec![b'w'; 1000];
+    for attempt in 0..6 {
+        let busy = unique_topic("del-busy");
+        admin::create_topic(&bootstrap, &busy, 1, &[("segment.bytes", "4096")]);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let (bootstrap, busy, stop, value) =
+                    (bootstrap.clone(), busy.clone(), stop.clone(), value.clone());
+                std::thread::spawn(move || {
+                    let mut c = admin::connect(&bootstrap);
+                    let values: Vec<&[u8]> = vec![&value[..]; 3];
+                    let mut written = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let records: Vec<_> = values
+                            .iter()
+                            .map(|v| raw::record(None, Some(v), admin::now_ms()))
+                            .collect();
+                        let batch = raw::encode_batch(&records, Compression::None);
+                        match c.request(
+                            versions::PRODUCE,
+                            &admin::produce_request(&busy, -1, vec![(0, batch)]),
+                        ) {
+                            Ok(r) if admin::produce_answer(&r, 0).error_code == 0 => written += 1,
+                            // The topic is gone (or going): stop.
+                            _ => break,
+                        }
+                    }
+                    written
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let req = DeleteTopicsRequest::default()
+            .with_topics(vec![
+                DeleteTopicState::default().with_name(Some(admin::topic_name(&busy)))
+            ])
+            .with_timeout_ms(30_000);
+        let resp = c.request(versions::DELETE_TOPICS, &req).expect("DeleteTopics");
+        assert_eq!(
+            resp.responses[0].error_code, 0,
+            "{:?}",
+            resp.responses[0].error_message
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written: u32 = writers.into_iter().map(|w| w.join().expect("writer")).sum();
+        assert!(
+            written > 10,
+            "attempt {attempt}: the writers wrote only {written} batches before the deletion"
+        );
+        let (error, _) = admin::produce(
+            &mut c,
+            &stable,
+            0,
+            raw::encode_batch(
+                &[raw::record(None, Some(b"after"), admin::now_ms())],
+                Compression::None,
+            ),
+        );
+        assert_eq!(
+            error,
+            errors::NONE,
+            "attempt {attempt}: a write to another topic after deleting a busy one; broker log:\n{}",
+            broker.stderr_tail(20)
+        );
+        assert!(
+            !broker.partition_dir(&busy, 0).exists(),
+            "the deleted topic's directory is gone"
+        );
+    }
+    broker.assert_never_panicked("deleting busy topics");
+}
+
 #[test]
 fn create_partitions_increases_and_refuses_decrease() {
     let broker = Broker::start();

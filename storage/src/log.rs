@@ -221,6 +221,8 @@ pub(crate) struct CheckpointWork<Fl> {
     /// Producer-state snapshot exact as of `point`.
     pub(crate) producers: Vec<u8>,
     pub(crate) dir: PathBuf,
+    /// Keeps the directory while the work is alive (set by the store).
+    pub(crate) io: Option<crate::store::LogIoGuard>,
 }
 
 impl<Fl: FileHandle> CheckpointWork<Fl> {
@@ -1378,6 +1380,7 @@ impl<F: Fs> PartitionLog<F> {
             write_epochs,
             epochs_tmp: None,
             dir: self.dir.clone(),
+            io: None,
             // `durable` producer state is exact as of the high watermark, which is `offset`.
             producers: self.producers.encode_snapshot(offset),
             point: RecoveryPoint {

@@ -177,6 +177,7 @@ struct TakenRound<F: Fs> {
 /// One log's part of a taken round.
 struct LogRound<F: Fs> {
     id: LogId,
+    io: LogIoGuard,
     writes: StagedWrites<F::File>,
     /// In a direct round: the files to fsync besides those the writes touch.
     syncs: Option<LogSyncs<F>>,
@@ -200,6 +201,8 @@ struct WrittenRound<F: Fs> {
     failure: Option<StorageError>,
     /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
     takes: u32,
+    /// Held until the round is finished: its logs' directories must outlive its I/O.
+    io: Vec<LogIoGuard>,
 }
 
 impl<F: Fs> WrittenRound<F> {
@@ -229,6 +232,7 @@ impl<F: Fs> WrittenRound<F> {
         debug_assert!(later.syncs.iter().all(|s| s.dir_at.is_none()));
         self.stats.segment_bytes += later.stats.segment_bytes;
         self.parts.extend(later.parts);
+        self.io.extend(later.io);
         for sync in later.syncs {
             match self.syncs.iter_mut().find(|s| s.id == sync.id) {
                 Some(mine) => {
@@ -273,6 +277,38 @@ struct Entry<F: Fs> {
     key: LogKey,
     log: PartitionLog<F>,
     dirty: bool,
+    /// Guards out for I/O in the log's directory (see [`LogIoGuard`]).
+    io_users: Rc<Cell<u32>>,
+}
+
+/// Held by I/O in a log's directory that runs outside the store's borrow: a flush round's
+/// writes and syncs, a checkpoint's files, a directory sync. [`ShardStore::remove_log`]
+/// deletes the directory only once every guard of the log is dropped. Otherwise such I/O could
+/// fail for want of the directory, and a failed round takes the whole store offline; or it could
+/// create a file in a new directory of the same name (the topic created again).
+pub(crate) struct LogIoGuard {
+    users: Rc<Cell<u32>>,
+    released: Rc<Notify>,
+}
+
+impl LogIoGuard {
+    fn new(users: &Rc<Cell<u32>>, released: &Rc<Notify>) -> Self {
+        users.set(users.get() + 1);
+        LogIoGuard {
+            users: users.clone(),
+            released: released.clone(),
+        }
+    }
+}
+
+impl Drop for LogIoGuard {
+    fn drop(&mut self) {
+        let left = self.users.get().saturating_sub(1);
+        self.users.set(left);
+        if left == 0 {
+            self.released.notify_all();
+        }
+    }
 }
 
 struct Slot<F: Fs> {
@@ -317,6 +353,8 @@ pub struct ShardStore<F: Fs> {
     /// Set by [`ShardStore::shutdown`]: the flusher starts no more rounds.
     closing: Cell<bool>,
     checkpoint_running: Cell<bool>,
+    /// Notified when the last [`LogIoGuard`] of a log is dropped.
+    io_released: Rc<Notify>,
     /// Serializes [`ShardStore::delete_records`] (rare: DeleteRecords, queue state trims).
     delete_records_lock: futures::lock::Mutex<()>,
 }
@@ -350,6 +388,7 @@ impl<F: Fs> ShardStore<F> {
             takes_in_flight: Cell::new(0),
             closing: Cell::new(false),
             checkpoint_running: Cell::new(false),
+            io_released: Rc::new(Notify::new()),
             delete_records_lock: futures::lock::Mutex::new(()),
         })
     }
@@ -373,6 +412,7 @@ impl<F: Fs> ShardStore<F> {
             key,
             log,
             dirty: false,
+            io_users: Rc::new(Cell::new(0)),
         };
         let id = match inner.free.pop() {
             Some(slot) => {
@@ -396,7 +436,8 @@ impl<F: Fs> ShardStore<F> {
         Ok((id, report))
     }
 
-    /// Unregisters a log and deletes its directory. Appends waiting on it fail.
+    /// Unregisters a log and deletes its directory, once the flush round or checkpoint that may
+    /// be doing I/O in it is done (see [`LogIoGuard`]). Appends waiting on it fail.
     pub async fn remove_log(&self, id: LogId) -> Result<(), StorageError> {
         let entry = {
             let mut inner = self.inner.borrow_mut();
@@ -413,7 +454,15 @@ impl<F: Fs> ShardStore<F> {
         };
         self.durable.notify_all();
         let dir = entry.log.dir().to_path_buf();
+        let users = entry.io_users.clone();
         drop(entry);
+        while users.get() > 0 {
+            let released = self.io_released.wait();
+            if users.get() == 0 {
+                break;
+            }
+            released.await;
+        }
         delete_log_dir(&self.fs, &self.root, &dir).await
     }
 
@@ -759,6 +808,7 @@ impl<F: Fs> ShardStore<F> {
                     };
                     writes.push(LogRound {
                         id,
+                        io: LogIoGuard::new(&entry.io_users, &self.io_released),
                         writes: w,
                         syncs: sync,
                     });
@@ -828,12 +878,15 @@ impl<F: Fs> ShardStore<F> {
             Ok((jlen, t.elapsed().as_micros() as u64))
         };
         let mut segment_futs = Vec::with_capacity(writes.len());
+        let mut io = Vec::with_capacity(writes.len());
         for LogRound {
             id,
+            io: guard,
             writes: w,
             syncs: sync,
         } in writes
         {
+            io.push(guard);
             stats.segment_bytes += w.chunks.iter().map(|c| c.data.len()).sum::<usize>();
             let fs = self.fs.clone();
             let end = w.end_offset;
@@ -881,6 +934,7 @@ impl<F: Fs> ShardStore<F> {
             journal_bytes,
             failure,
             takes: 1,
+            io,
         }
     }
 
@@ -1047,19 +1101,21 @@ impl<F: Fs> ShardStore<F> {
         if self.checkpoint_running.get() || self.takes_in_flight.get() > 0 {
             return 0;
         }
-        let wanted: Vec<(LogId, PathBuf, u64)> = {
+        let wanted: Vec<(LogId, PathBuf, u64, LogIoGuard)> = {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
             std::mem::take(&mut inner.dir_sync_wanted)
                 .into_iter()
                 .filter_map(|id| {
-                    let log = &entry_mut(&mut inner.slots, id)?.log;
-                    Some((id, log.dir().to_path_buf(), log.unsynced_dir_changes()?))
+                    let entry = entry_mut(&mut inner.slots, id)?;
+                    let log = &entry.log;
+                    let io = LogIoGuard::new(&entry.io_users, &self.io_released);
+                    Some((id, log.dir().to_path_buf(), log.unsynced_dir_changes()?, io))
                 })
                 .collect()
         };
         let mut synced = 0;
-        for (id, dir, changes) in wanted {
+        for (id, dir, changes, _io) in wanted {
             match self.fs.sync_dir(&dir).await {
                 Ok(()) => {
                     if let Some(entry) = entry_mut(&mut self.inner.borrow_mut().slots, id) {
@@ -1139,12 +1195,14 @@ impl<F: Fs> ShardStore<F> {
             for (slot_idx, slot) in inner.slots.iter_mut().enumerate() {
                 if let Some(entry) = slot.entry.as_mut() {
                     if entry.log.needs_checkpoint() {
+                        let mut work = entry.log.checkpoint_work();
+                        work.io = Some(LogIoGuard::new(&entry.io_users, &self.io_released));
                         works.push((
                             LogId {
                                 slot: slot_idx as u32,
                                 generation: slot.generation,
                             },
-                            entry.log.checkpoint_work(),
+                            work,
                         ));
                     }
                 }
@@ -1285,7 +1343,7 @@ impl<F: Fs> ShardStore<F> {
 
     /// Applies retention to every log; returns what each pass deleted (logs with deletions only).
     pub async fn retention_pass(&self, now_ms: i64) -> Vec<(LogId, RetentionOutcome)> {
-        let plans: Vec<(LogId, PathBuf, RetentionOutcome)> = {
+        let plans: Vec<(LogId, PathBuf, RetentionOutcome, LogIoGuard)> = {
             let mut inner = self.inner.borrow_mut();
             inner
                 .slots
@@ -1303,13 +1361,14 @@ impl<F: Fs> ShardStore<F> {
                             },
                             entry.log.dir().to_path_buf(),
                             outcome,
+                            LogIoGuard::new(&entry.io_users, &self.io_released),
                         )
                     })
                 })
                 .collect()
         };
         let mut out = Vec::with_capacity(plans.len());
-        for (id, dir, outcome) in plans {
+        for (id, dir, outcome, _io) in plans {
             for base in &outcome.deleted {
                 remove_segment_files(&self.fs, &dir, *base).await;
             }
@@ -1329,8 +1388,14 @@ impl<F: Fs> ShardStore<F> {
         // One at a time: concurrent calls for one log would race on the start-offset file's
         // temporary (and could install an older offset over a newer one).
         let _one_at_a_time = self.delete_records_lock.lock().await;
-        let (moves, dir) =
-            self.with_log(id, |l| (l.check_log_start_offset(offset), l.dir().to_path_buf()))?;
+        let (moves, dir, _io) = self.with_entry(id, |e| {
+            let io = LogIoGuard::new(&e.io_users, &self.io_released);
+            (
+                e.log.check_log_start_offset(offset),
+                e.log.dir().to_path_buf(),
+                io,
+            )
+        })?;
         if moves? {
             persist_log_start_offset(&self.fs, &dir, offset).await?;
             let deleted = self.with_entry(id, |e| e.log.advance_log_start_offset(offset))?;

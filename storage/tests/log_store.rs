@@ -1877,3 +1877,77 @@ fn producer_state_survives_restarts_and_forgets_lost_batches() {
         });
     }
 }
+
+/// Two logs on slow in-memory I/O, each holding one durable batch in its own directory: `gone`
+/// (to be removed) and `stays`.
+async fn store_with_two_logs(
+    fs: &MemFs,
+    checkpoint_syncfs_min_logs: usize,
+) -> (ShardStore<MemFs>, LogId, LogId) {
+    fs.set_slow_io(true);
+    let store = open_store_overlap(fs, 1 << 20, 2, 1, 0, checkpoint_syncfs_min_logs).await;
+    let (gone, _) = store.open_log(key("gone-0"), small_config(), 0).await.unwrap();
+    let (stays, _) = store.open_log(key("stays-0"), small_config(), 0).await.unwrap();
+    for id in [gone, stays] {
+        store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
+    }
+    store.flush_round().await;
+    store.sync_changed_dirs().await;
+    (store, gone, stays)
+}
+
+/// Removing `gone` while `io` runs: the removal must wait for that I/O, then take the directory
+/// away; the store stays online and `stays` takes and serves appends.
+async fn remove_during<T>(
+    fs: &MemFs,
+    store: &ShardStore<MemFs>,
+    gone: LogId,
+    stays: LogId,
+    io: impl std::future::Future<Output = T>,
+) -> T {
+    let (out, removed) = futures::join!(io, async {
+        futures_lite::future::yield_now().await;
+        store.remove_log(gone).await
+    });
+    removed.unwrap();
+    assert_eq!(store.offline_reason(), None);
+    assert!(
+        fs.paths().iter().all(|p| !p.to_string_lossy().contains("gone-0")),
+        "{:?}",
+        fs.paths()
+    );
+    let ticket = store.append(stays, &big_batch(7, 1, 100), 0, 0).unwrap();
+    let round = store.flush_round().await;
+    assert_eq!(round.error, None);
+    store.wait_durable(&ticket).await.unwrap();
+    assert_eq!(read_all(store, stays, 0).await.len(), 2);
+    out
+}
+
+#[test]
+fn a_log_removed_while_a_round_writes_it_leaves_the_store_online() {
+    block_on(async {
+        let fs = MemFs::new();
+        let (store, gone, stays) = store_with_two_logs(&fs, 0).await;
+        // Larger than the rest of the segment: the round creates the next segment file, and
+        // syncs the log's directory after it.
+        let _lost = store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+        let round = remove_during(&fs, &store, gone, stays, store.flush_round()).await;
+        assert!(round.direct, "{round:?}");
+        assert_eq!(round.error, None, "the removed log's I/O must not fail the round");
+    });
+}
+
+#[test]
+fn a_log_removed_while_a_checkpoint_writes_it_leaves_the_store_online() {
+    for syncfs_min_logs in [0, 1] {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, gone, stays) = store_with_two_logs(&fs, syncfs_min_logs).await;
+            let stats = remove_during(&fs, &store, gone, stays, store.checkpoint()).await;
+            let stats = stats.unwrap_or_else(|e| panic!("syncfs_min_logs={syncfs_min_logs}: {e}"));
+            assert_eq!(stats.logs, 2);
+            assert_eq!(stats.syncfs, syncfs_min_logs > 0);
+        });
+    }
+}
