@@ -355,8 +355,11 @@ pub struct ShardStore<F: Fs> {
     checkpoint_running: Cell<bool>,
     /// Notified when the last [`LogIoGuard`] of a log is dropped.
     io_released: Rc<Notify>,
-    /// Serializes [`ShardStore::delete_records`] (rare: DeleteRecords, queue state trims).
-    delete_records_lock: futures::lock::Mutex<()>,
+    /// Held while segment files are removed (retention, DeleteRecords) and while a checkpoint
+    /// runs, which may write the index files of any segment rolled since the last one: a
+    /// segment removed under it would leave its index files behind. Also serializes
+    /// [`ShardStore::delete_records`] calls, which would race on the start-offset file.
+    segments_lock: futures::lock::Mutex<()>,
 }
 
 impl<F: Fs> ShardStore<F> {
@@ -389,7 +392,7 @@ impl<F: Fs> ShardStore<F> {
             closing: Cell::new(false),
             checkpoint_running: Cell::new(false),
             io_released: Rc::new(Notify::new()),
-            delete_records_lock: futures::lock::Mutex::new(()),
+            segments_lock: futures::lock::Mutex::new(()),
         })
     }
 
@@ -1179,7 +1182,9 @@ impl<F: Fs> ShardStore<F> {
         if self.checkpoint_running.replace(true) {
             return Ok(CheckpointStats::default());
         }
+        let segments = self.segments_lock.lock().await;
         let result = self.checkpoint_inner().await;
+        drop(segments);
         self.checkpoint_running.set(false);
         result
     }
@@ -1343,6 +1348,7 @@ impl<F: Fs> ShardStore<F> {
 
     /// Applies retention to every log; returns what each pass deleted (logs with deletions only).
     pub async fn retention_pass(&self, now_ms: i64) -> Vec<(LogId, RetentionOutcome)> {
+        let _segments = self.segments_lock.lock().await;
         let plans: Vec<(LogId, PathBuf, RetentionOutcome, LogIoGuard)> = {
             let mut inner = self.inner.borrow_mut();
             inner
@@ -1387,7 +1393,7 @@ impl<F: Fs> ShardStore<F> {
     pub async fn delete_records(&self, id: LogId, offset: i64) -> Result<i64, StorageError> {
         // One at a time: concurrent calls for one log would race on the start-offset file's
         // temporary (and could install an older offset over a newer one).
-        let _one_at_a_time = self.delete_records_lock.lock().await;
+        let _segments = self.segments_lock.lock().await;
         let (moves, dir, _io) = self.with_entry(id, |e| {
             let io = LogIoGuard::new(&e.io_users, &self.io_released);
             (

@@ -1951,3 +1951,42 @@ fn a_log_removed_while_a_checkpoint_writes_it_leaves_the_store_online() {
         });
     }
 }
+
+/// Retention deleting segments whose index files a running checkpoint is writing: no index file
+/// may outlive its segment.
+#[test]
+fn retention_during_a_checkpoint_leaves_no_index_without_its_segment() {
+    block_on(async {
+        let fs = MemFs::new();
+        fs.set_slow_io(true);
+        let store = open_store(&fs, 1 << 20).await;
+        let mut cfg = small_config();
+        cfg.retention_bytes = Some(4096);
+        let (id, _) = store.open_log(key("ret-0"), cfg, 0).await.unwrap();
+        for i in 0..100 {
+            store
+                .append(id, &value_batch(i, 2, 1_000 + i as i64), 0, 0)
+                .unwrap();
+        }
+        store.flush_round().await;
+        let (checkpoint, deleted) = futures::join!(store.checkpoint(), async {
+            futures_lite::future::yield_now().await;
+            store.retention_pass(10_000).await
+        });
+        checkpoint.unwrap();
+        assert_eq!(deleted.len(), 1, "retention deleted segments");
+        let paths: Vec<String> = fs
+            .paths()
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        for p in &paths {
+            if let Some(stem) = p.strip_suffix(".index").or_else(|| p.strip_suffix(".timeindex")) {
+                assert!(
+                    paths.contains(&format!("{stem}.log")),
+                    "{p} outlived its segment: {paths:?}"
+                );
+            }
+        }
+    });
+}
