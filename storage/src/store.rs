@@ -335,6 +335,8 @@ struct Inner<F: Fs> {
     dir_sync_wanted: Vec<LogId>,
     journal: Journal<F>,
     offline: Option<String>,
+    /// Directories of removed logs not deleted yet (see [`ShardStore::remove_log`]).
+    removing: Vec<PathBuf>,
 }
 
 /// The storage of one shard. Not `Send`: it lives on its shard's thread.
@@ -383,6 +385,7 @@ impl<F: Fs> ShardStore<F> {
                 free: Vec::new(),
                 dirty: Vec::new(),
                 dir_sync_wanted: Vec::new(),
+                removing: Vec::new(),
                 journal,
                 offline: None,
             }),
@@ -408,6 +411,15 @@ impl<F: Fs> ShardStore<F> {
         now_ms: i64,
     ) -> Result<(LogId, RecoveryReport), StorageError> {
         let dir = self.root.join(&key.dir_name);
+        // A removed log of the same name may still have I/O in flight there: its directory goes
+        // first, or it would take the new log's files with it.
+        loop {
+            let released = self.io_released.wait();
+            if !self.inner.borrow().removing.contains(&dir) {
+                break;
+            }
+            released.await;
+        }
         prepare_log_dir(&self.fs, &self.root, &dir, &key).await?;
         let (log, report) = PartitionLog::open(self.fs.clone(), dir, config, now_ms).await?;
         let mut inner = self.inner.borrow_mut();
@@ -440,7 +452,8 @@ impl<F: Fs> ShardStore<F> {
     }
 
     /// Unregisters a log and deletes its directory, once the flush round or checkpoint that may
-    /// be doing I/O in it is done (see [`LogIoGuard`]). Appends waiting on it fail.
+    /// be doing I/O in it is done (see [`LogIoGuard`]); a log opened in the same directory
+    /// meanwhile waits for that. Appends waiting on it fail.
     pub async fn remove_log(&self, id: LogId) -> Result<(), StorageError> {
         let entry = {
             let mut inner = self.inner.borrow_mut();
@@ -453,6 +466,7 @@ impl<F: Fs> ShardStore<F> {
             let entry = slot.entry.take().ok_or(StorageError::UnknownLog)?;
             inner.free.push(id.slot);
             inner.dirty.retain(|d| *d != id);
+            inner.removing.push(entry.log.dir().to_path_buf());
             entry
         };
         self.durable.notify_all();
@@ -466,7 +480,14 @@ impl<F: Fs> ShardStore<F> {
             }
             released.await;
         }
-        delete_log_dir(&self.fs, &self.root, &dir).await
+        let deleted = delete_log_dir(&self.fs, &self.root, &dir).await;
+        let mut inner = self.inner.borrow_mut();
+        if let Some(i) = inner.removing.iter().position(|d| *d == dir) {
+            inner.removing.swap_remove(i);
+        }
+        drop(inner);
+        self.io_released.notify_all();
+        deleted
     }
 
     fn with_entry<R>(&self, id: LogId, f: impl FnOnce(&mut Entry<F>) -> R) -> Result<R, StorageError> {

@@ -1990,3 +1990,51 @@ fn retention_during_a_checkpoint_leaves_no_index_without_its_segment() {
         }
     });
 }
+
+/// A log opened again under the same name (a share group's state log, a topic created again)
+/// while the removal of the old one waits for a round's I/O: the new log waits for the old
+/// directory to go, then gets a directory of its own that the removal does not take away.
+#[test]
+fn a_log_opened_again_while_its_removal_waits_keeps_its_directory() {
+    block_on(async {
+        let fs = MemFs::new();
+        let (store, gone, stays) = store_with_two_logs(&fs, 0).await;
+        let _lost = store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+        let again = LogKey {
+            dir_name: "gone-0".to_owned(),
+            incarnation: [9; 16],
+        };
+        let (round, removed, reopened) = futures::join!(
+            store.flush_round(),
+            async {
+                futures_lite::future::yield_now().await;
+                store.remove_log(gone).await
+            },
+            async {
+                futures_lite::future::yield_now().await;
+                futures_lite::future::yield_now().await;
+                store.open_log(again, small_config(), 0).await
+            }
+        );
+        assert_eq!(round.error, None);
+        removed.unwrap();
+        let (reopened, _) = reopened.unwrap();
+        assert_eq!(
+            store.offsets(reopened).unwrap().log_end_offset,
+            0,
+            "a new, empty log"
+        );
+        let ticket = store.append(reopened, &big_batch(2, 1, 100), 0, 0).unwrap();
+        let ticket2 = store.append(stays, &big_batch(2, 1, 100), 0, 0).unwrap();
+        assert_eq!(store.flush_round().await.error, None);
+        store.wait_durable(&ticket).await.unwrap();
+        store.wait_durable(&ticket2).await.unwrap();
+        assert_eq!(store.offline_reason(), None);
+        assert_eq!(read_all(&store, reopened, 0).await.len(), 1);
+        assert!(
+            fs.paths().iter().any(|p| p.starts_with("/data/gone-0/")),
+            "{:?}",
+            fs.paths()
+        );
+    });
+}
