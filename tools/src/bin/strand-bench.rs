@@ -25,6 +25,8 @@ use strand_tools::workload::{self, Amount, Checkpoint, WorkloadParams};
 const LIBRDKAFKA_DEFAULT_BATCH_SIZE: u64 = 1_000_000;
 /// Cap on bytes written per raw-disk size, so a fast disk does not fill up.
 const RAW_DISK_MAX_BYTES: u64 = 4 << 30;
+/// The same for the sustained run, which lasts as long as the produce phase.
+const RAW_SUSTAINED_MAX_BYTES: u64 = 16 << 30;
 /// Relative change of a raw figure between before and after that makes the run "noisy".
 const RAW_DRIFT_TOLERANCE: f64 = 0.25;
 
@@ -195,6 +197,10 @@ struct Cli {
     /// Seconds per write size of the append+fdatasync test (capped at 4 GiB written per size).
     #[arg(long, value_name = "SECS", default_value_t = 2.0, help_heading = "Raw limits")]
     raw_disk_secs: f64,
+    /// Seconds of the sustained append+fdatasync run at the reference size, the denominator of
+    /// produce / raw disk [default: as long as the produce phase, warm-up included; 0: skip].
+    #[arg(long, value_name = "SECS", help_heading = "Raw limits")]
+    raw_sustained_secs: Option<f64>,
     /// Seconds of the loopback TCP copy test (after 0.3 s of warm-up).
     #[arg(long, value_name = "SECS", default_value_t = 2.0, help_heading = "Raw limits")]
     loopback_secs: f64,
@@ -296,8 +302,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         disk_write_sizes: sizes.clone(),
         reference_write_bytes: reference,
         disk_secs_per_size: cli.raw_disk_secs,
+        sustained_secs: cli.raw_sustained_secs.unwrap_or_else(|| {
+            let produce_secs = match cli.duration_secs {
+                Some(s) => s,
+                // Unknown in advance: as long as one write size's run.
+                None if cli.messages.is_some() => cli.raw_disk_secs,
+                None => 10.0,
+            };
+            cli.warmup_secs + produce_secs
+        }),
         loopback_secs: cli.loopback_secs,
     };
+    if raw_parameters.sustained_secs.is_nan() || raw_parameters.sustained_secs < 0.0 {
+        bail!("--raw-sustained-secs must be 0 or more");
+    }
 
     let (version_number, version) = rdkafka::util::get_rdkafka_version();
     let date_utc = utc_now_rfc3339();
@@ -595,6 +613,26 @@ fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &str) -
         )?);
         s.finish_and_clear();
     }
+    let sustained = if p.sustained_secs > 0.0 {
+        let s = spinner(show_progress, &format!("raw {when}"));
+        s.set_message(format!(
+            "append+fdatasync {} for {:.0} s",
+            human_bytes(p.reference_write_bytes),
+            p.sustained_secs
+        ));
+        let size =
+            usize::try_from(p.reference_write_bytes).context("raw write size does not fit in memory")?;
+        let d = disk_append_fdatasync(
+            dir,
+            size,
+            Duration::from_secs_f64(p.sustained_secs),
+            RAW_SUSTAINED_MAX_BYTES,
+        )?;
+        s.finish_and_clear();
+        Some(d)
+    } else {
+        None
+    };
     let s = spinner(show_progress, &format!("raw {when}"));
     s.set_message("loopback TCP copy");
     let loopback = loopback_tcp(
@@ -605,6 +643,7 @@ fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &str) -
     Ok(RawLimits {
         measured_at_utc,
         disk,
+        sustained,
         loopback,
     })
 }

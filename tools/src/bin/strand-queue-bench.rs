@@ -513,6 +513,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         disk_write_sizes: sizes,
         reference_write_bytes: publish_request_bytes,
         disk_secs_per_size: cli.raw_disk_secs,
+        sustained_secs: 0.0,
         loopback_secs: cli.loopback_secs,
     };
 
@@ -881,6 +882,7 @@ fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &str) -
     Ok(RawLimits {
         measured_at_utc,
         disk,
+        sustained: None,
         loopback,
     })
 }
