@@ -95,14 +95,23 @@ pub trait Fs: Clone + 'static {
         f.read_at(0, len).await
     }
 
-    /// Durably replaces a small file: write a temporary file, fsync it, rename it over the
-    /// target and fsync the directory. Readers see the old or the new content, never a mix.
-    async fn write_file_atomic(&self, path: &Path, data: Vec<u8>) -> io::Result<()> {
+    /// Writes `data` to the temporary file of `path` (`<name>.tmp` beside it), replacing
+    /// whatever a crash left there, without syncing; returns the file and its path. The first
+    /// step of [`Fs::write_file_atomic`], and of a checkpoint that syncs the whole file system
+    /// before it renames.
+    async fn write_tmp_file(&self, path: &Path, data: Vec<u8>) -> io::Result<(Self::File, PathBuf)> {
         let tmp = tmp_path(path);
         let _ = self.remove_file(&tmp).await;
         let f = self.open(&tmp, true).await?;
         f.truncate(0).await?;
         f.write_all_at(data, 0).await?;
+        Ok((f, tmp))
+    }
+
+    /// Durably replaces a small file: write a temporary file, fsync it, rename it over the
+    /// target and fsync the directory. Readers see the old or the new content, never a mix.
+    async fn write_file_atomic(&self, path: &Path, data: Vec<u8>) -> io::Result<()> {
+        let (f, tmp) = self.write_tmp_file(path, data).await?;
         f.fdatasync().await?;
         drop(f);
         self.rename(&tmp, path).await?;
@@ -114,7 +123,7 @@ pub trait Fs: Clone + 'static {
 }
 
 /// The temporary file [`Fs::write_file_atomic`] writes before renaming it over `path`.
-pub(crate) fn tmp_path(path: &Path) -> PathBuf {
+fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".tmp");
     path.with_file_name(name)

@@ -280,18 +280,10 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                     .await
                     .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
             } else {
-                let tmp = crate::fs::tmp_path(&path);
-                let _ = fs.remove_file(&tmp).await;
-                let f = fs
-                    .open(&tmp, true)
+                let (_, tmp) = fs
+                    .write_tmp_file(&path, epochs)
                     .await
-                    .map_err(|e| StorageError::io("write leader epochs", &tmp, e))?;
-                f.truncate(0)
-                    .await
-                    .map_err(|e| StorageError::io("write leader epochs", &tmp, e))?;
-                f.write_all_at(epochs, 0)
-                    .await
-                    .map_err(|e| StorageError::io("write leader epochs", &tmp, e))?;
+                    .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
                 self.epochs_tmp = Some(tmp);
             }
         }

@@ -1132,9 +1132,9 @@ impl<F: Fs> ShardStore<F> {
                 .into_iter()
                 .filter_map(|id| {
                     let entry = entry_mut(&mut inner.slots, id)?;
-                    let log = &entry.log;
+                    let changes = entry.log.unsynced_dir_changes()?;
                     let io = LogIoGuard::new(&entry.io_users, &self.io_released);
-                    Some((id, log.dir().to_path_buf(), log.unsynced_dir_changes()?, io))
+                    Some((id, entry.log.dir().to_path_buf(), changes, io))
                 })
                 .collect()
         };
