@@ -2,8 +2,10 @@
 //!
 //! - Offset index (`.index`): entries of `[relative offset: u32][file position: u32]`, one per
 //!   `index.interval.bytes` of log, pointing at the start of a batch.
-//! - Time index (`.timeindex`): entries of `[timestamp: i64][relative offset: u32]`, added when
-//!   a batch raises the segment's maximum timestamp, at the same granularity.
+//! - Time index (`.timeindex`): entries of `[timestamp: i64][relative offset: u32]`: the
+//!   segment's running maximum timestamp and the first batch that carried it, added at the same
+//!   granularity when the maximum has risen, and by every checkpoint that writes the file, so
+//!   that its last entry is the segment's maximum.
 //!
 //! Both are kept in memory for open segments and written to disk when a segment is sealed and
 //! at checkpoints. They are derived data: a missing or damaged index file is rebuilt by

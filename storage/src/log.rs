@@ -25,7 +25,7 @@ use strand_protocol::records::record_metas;
 use crate::fs::{FileHandle, Fs};
 use crate::index::{OffsetIndex, TimeIndex};
 use crate::producer::{ProducerCheck, ProducerState};
-use crate::segment::{self, relative, Segment};
+use crate::segment::{self, relative, IndexFilesOnDisk, Segment};
 use crate::StorageError;
 
 /// Settings of one partition log (the topic's effective configuration).
@@ -94,8 +94,11 @@ pub struct RecoveryReport {
     pub bytes_scanned: u64,
     /// Bytes removed from the tail (torn or corrupt batches and everything after them).
     pub bytes_truncated: u64,
-    /// Index files rebuilt because they were missing or damaged.
+    /// Index files rebuilt because they were damaged, or one of the two was missing.
     pub indexes_rebuilt: usize,
+    /// Segments below the recovery point read because they have no index files: a segment no
+    /// larger than one index interval gets none (see `Segment::needs_index_files`).
+    pub segments_without_index: usize,
     pub problems: Vec<String>,
 }
 
@@ -211,15 +214,21 @@ impl<Fl: FileHandle> TimestampPlan<Fl> {
 /// Work a checkpoint must do for one log.
 pub(crate) struct CheckpointWork<Fl> {
     pub(crate) files_to_sync: Vec<Rc<Fl>>,
-    pub(crate) index_files: Vec<(PathBuf, Vec<u8>)>,
+    /// Index files to write: path, content, and whether to replace the file whole (a temporary
+    /// file renamed over it) rather than rewrite it in place (see [`IndexFilesOnDisk`]).
+    pub(crate) index_files: Vec<(PathBuf, Vec<u8>, bool)>,
     pub(crate) sync_dir: bool,
     pub(crate) write_epochs: Option<Vec<u8>>,
-    /// The new epoch file, written beside the old one by an unsynced
-    /// [`CheckpointWork::write_files`], to be renamed over it by [`CheckpointWork::rename_files`].
-    pub(crate) epochs_tmp: Option<PathBuf>,
+    /// Files written beside their names by an unsynced [`CheckpointWork::write_files`] (a new
+    /// epoch file, index files replaced whole), to be renamed into place by
+    /// [`CheckpointWork::rename_files`]: (temporary, final).
+    pub(crate) renames: Vec<(PathBuf, PathBuf)>,
     pub(crate) point: RecoveryPoint,
     /// Producer-state snapshot exact as of `point`.
     pub(crate) producers: Vec<u8>,
+    /// The log has no recovery point file that it knows of: writing one creates a directory
+    /// entry, which a synced checkpoint must sync too.
+    pub(crate) new_point_file: bool,
     pub(crate) dir: PathBuf,
     /// Keeps the directory while the work is alive (set by the store).
     pub(crate) io: Option<crate::store::LogIoGuard>,
@@ -235,8 +244,9 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
     }
 
     /// Everything but the recovery point. With `sync`: segment data fsynced, index files
-    /// written and fsynced, the epoch file replaced atomically, the directory synced. Without
-    /// it nothing is synced and a new epoch file is only written beside the old one: the caller
+    /// written and fsynced (or replaced atomically, see [`IndexFilesOnDisk`]), the epoch file
+    /// replaced atomically, the directory synced. Without it nothing is synced, and a new epoch
+    /// file and index files replaced whole are only written beside their names: the caller
     /// syncs the whole file system, then calls [`CheckpointWork::rename_files`], syncs it
     /// again, and only then writes the recovery point.
     pub(crate) async fn write_files<F: Fs<File = Fl>>(
@@ -251,7 +261,21 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                     .map_err(|e| StorageError::io("sync segment", &self.dir, e))?;
             }
         }
-        for (path, data) in std::mem::take(&mut self.index_files) {
+        for (path, data, whole) in std::mem::take(&mut self.index_files) {
+            if whole {
+                if sync {
+                    fs.write_file_atomic(&path, data)
+                        .await
+                        .map_err(|e| StorageError::io("write index", &path, e))?;
+                } else {
+                    let (_, tmp) = fs
+                        .write_tmp_file(&path, data)
+                        .await
+                        .map_err(|e| StorageError::io("write index", &path, e))?;
+                    self.renames.push((tmp, path));
+                }
+                continue;
+            }
             // In place, without truncating first: index files only grow between checkpoints, so a
             // torn write leaves the old prefix intact; recovery cuts entries past the point.
             let f = fs
@@ -284,7 +308,7 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                     .write_tmp_file(&path, epochs)
                     .await
                     .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
-                self.epochs_tmp = Some(tmp);
+                self.renames.push((tmp, path));
             }
         }
         // A file-system sync covers the directory's entries too.
@@ -296,17 +320,16 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
         Ok(())
     }
 
-    /// Renames a new epoch file written by an unsynced [`CheckpointWork::write_files`] over the
-    /// old one (once its content is durable); `false` if there was none.
+    /// Renames the files an unsynced [`CheckpointWork::write_files`] wrote beside their names
+    /// into place (once their content is durable); `false` if there were none.
     pub(crate) async fn rename_files<F: Fs<File = Fl>>(&mut self, fs: &F) -> Result<bool, StorageError> {
-        let Some(tmp) = self.epochs_tmp.take() else {
-            return Ok(false);
-        };
-        let path = self.dir.join(EPOCH_FILE);
-        fs.rename(&tmp, &path)
-            .await
-            .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
-        Ok(true)
+        let renames = std::mem::take(&mut self.renames);
+        for (tmp, path) in &renames {
+            fs.rename(tmp, path)
+                .await
+                .map_err(|e| StorageError::io("rename into place", path, e))?;
+        }
+        Ok(!renames.is_empty())
     }
 
     /// Writes the recovery point, which vouches for what [`CheckpointWork::write_files`] made
@@ -324,6 +347,13 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
             sync,
         )
         .await?;
+        // Without it a crash could take the new file away, and recovery would scan the whole
+        // log. (Unsynced, the caller's file-system sync covers the entry.)
+        if sync && self.new_point_file {
+            fs.sync_dir(&self.dir)
+                .await
+                .map_err(|e| StorageError::io("sync log directory", &self.dir, e))?;
+        }
         Ok(self.point)
     }
 }
@@ -425,9 +455,19 @@ impl<F: Fs> PartitionLog<F> {
             .filter_map(|n| segment::parse_file_name(n, "log"))
             .collect();
         bases.sort_unstable();
+        // Segments with index files on disk; index files whose segment is gone are removed, so
+        // that a later segment with the same base never finds them (it may have none of its own:
+        // see `Segment::needs_index_files`).
+        let mut indexed = std::collections::HashSet::new();
         for n in &names {
-            if n.ends_with(".deleted") || n.ends_with(".tmp") {
+            let index_base = ["index", "timeindex"]
+                .into_iter()
+                .find_map(|suffix| segment::parse_file_name(n, suffix));
+            let orphan_index = index_base.is_some_and(|b| bases.binary_search(&b).is_err());
+            if n.ends_with(".deleted") || n.ends_with(".tmp") || orphan_index {
                 let _ = fs.remove_file(&dir.join(n)).await;
+            } else if let Some(b) = index_base {
+                indexed.insert(b);
             }
         }
         let mut report = RecoveryReport::default();
@@ -514,6 +554,12 @@ impl<F: Fs> PartitionLog<F> {
             seg.size = file_size;
             seg.durable_size = file_size;
             seg.index_dirty = false;
+            // Known only once they are loaded below (and found to cover the recovery point).
+            seg.index_files_on_disk = if indexed.contains(&base) {
+                IndexFilesOnDisk::Unknown
+            } else {
+                IndexFilesOnDisk::Absent
+            };
             seg.needs_sync = false;
             // How far this segment can be trusted without a scan.
             let trusted_part: Option<(u64, i64)> = match trusted {
@@ -522,16 +568,39 @@ impl<F: Fs> PartitionLog<F> {
                 _ => None,
             };
             let (scan_from, scan_offset) = match trusted_part {
-                Some((pos, off)) => match load_indexes(&fs, &seg, file_size).await {
+                // Small enough to have been checkpointed without index files: read it instead.
+                Some(_) if seg.index_files_on_disk == IndexFilesOnDisk::Absent => {
+                    if file_size > log.config.index_interval_bytes {
+                        report.indexes_rebuilt += 1;
+                    } else {
+                        report.segments_without_index += 1;
+                    }
+                    seg.index_dirty = true;
+                    (0, base)
+                }
+                Some((pos, off)) => match load_indexes(&fs, &seg).await {
                     Some((mut idx, mut tidx)) => {
                         idx.truncate_to_position(u32::try_from(pos).unwrap_or(u32::MAX));
+                        let time_entries = tidx.len();
                         tidx.truncate_to_offset(relative(base, off));
-                        seg.max_timestamp = tidx.last().map_or(-1, |e| e.timestamp);
-                        seg.index_builder.bytes_since_entry =
-                            pos - idx.last().map_or(0, |e| u64::from(e.position));
+                        let from = if tidx.len() < time_entries {
+                            // Entries past the point were cut (written for batches the crash
+                            // lost, or before a point that was never written), perhaps the
+                            // one for the largest timestamp below the point: read again from
+                            // the last offset-index entry, at most an interval before the point,
+                            // and rebuild the indexes from there as the appends built them.
+                            let (at, rel) = idx.last().map_or((0, 0), |e| (e.position, e.relative_offset));
+                            idx.truncate_to_position(at);
+                            tidx.truncate_to_offset(rel);
+                            (u64::from(at), base + i64::from(rel))
+                        } else {
+                            (pos, off)
+                        };
+                        seg.index_builder.reset(from.0, &idx, &tidx);
+                        seg.index_files_on_disk = IndexFilesOnDisk::Durable;
                         seg.index = idx;
                         seg.time_index = tidx;
-                        (pos, off)
+                        from
                     }
                     None => {
                         report.indexes_rebuilt += 1;
@@ -562,7 +631,6 @@ impl<F: Fs> PartitionLog<F> {
                 .await
                 .map_err(|e| StorageError::io("scan segment", &path, e))?;
                 report.bytes_scanned += out.valid_size - scan_from;
-                seg.max_timestamp = seg.max_timestamp.max(out.max_timestamp);
                 for (epoch, start) in out.epoch_starts {
                     note_epoch(&mut log.epochs, epoch, start, &mut log.epochs_dirty);
                 }
@@ -794,7 +862,6 @@ impl<F: Fs> PartitionLog<F> {
         );
         seg.size += total as u64;
         seg.next_offset = last_offset + 1;
-        seg.max_timestamp = seg.max_timestamp.max(header.max_timestamp);
         seg.index_dirty = true;
         seg.needs_sync = true;
         let file = seg.file.clone();
@@ -1005,9 +1072,12 @@ impl<F: Fs> PartitionLog<F> {
         seg.index
             .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
         seg.time_index.truncate_to_offset(relative(seg.base_offset, hw));
-        seg.index_builder.bytes_since_entry =
-            position - seg.index.last().map_or(0, |e| u64::from(e.position));
-        seg.max_timestamp = seg.time_index.last().map_or(-1, |e| e.timestamp);
+        seg.index_builder.reset(position, &seg.index, &seg.time_index);
+        // The files get different entries where they had others: only an append keeps a torn
+        // rewrite in place harmless, so the next write replaces them whole.
+        if seg.index_files_on_disk != IndexFilesOnDisk::Absent {
+            seg.index_files_on_disk = IndexFilesOnDisk::Unknown;
+        }
         seg.index_dirty = true;
         self.next_offset = hw;
         let before = self.epochs.len();
@@ -1068,9 +1138,12 @@ impl<F: Fs> PartitionLog<F> {
             .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
         seg.time_index
             .truncate_to_offset(relative(seg.base_offset, offset));
-        seg.index_builder.bytes_since_entry =
-            position - seg.index.last().map_or(0, |e| u64::from(e.position));
-        seg.max_timestamp = seg.time_index.last().map_or(-1, |e| e.timestamp);
+        seg.index_builder.reset(position, &seg.index, &seg.time_index);
+        // The files get different entries where they had others: only an append keeps a torn
+        // rewrite in place harmless, so the next write replaces them whole.
+        if seg.index_files_on_disk != IndexFilesOnDisk::Absent {
+            seg.index_files_on_disk = IndexFilesOnDisk::Unknown;
+        }
         seg.index_dirty = true;
         seg.needs_sync = true;
         self.next_offset = offset;
@@ -1141,7 +1214,7 @@ impl<F: Fs> PartitionLog<F> {
             .segments
             .iter()
             .filter(|seg| {
-                seg.max_timestamp >= timestamp
+                seg.max_timestamp() >= timestamp
                     && seg.durable_size > 0
                     && seg.next_offset > self.log_start_offset
                     && seg.file.is_some()
@@ -1170,7 +1243,7 @@ impl<F: Fs> PartitionLog<F> {
             .segments
             .iter()
             .filter(|s| s.durable_size > 0 && s.next_offset > self.log_start_offset)
-            .map(|s| s.max_timestamp)
+            .map(|s| s.max_timestamp())
             .max()?;
         Some(self.timestamp_plan(max))
     }
@@ -1242,7 +1315,7 @@ impl<F: Fs> PartitionLog<F> {
             let cutoff = now_ms.saturating_sub(retention_ms);
             let active = self.active();
             if !active.is_empty()
-                && active.max_timestamp < cutoff
+                && active.max_timestamp() < cutoff
                 && active.durable_size == active.size
                 && self.staged.is_empty()
                 && self.takes_in_flight == 0
@@ -1251,7 +1324,8 @@ impl<F: Fs> PartitionLog<F> {
             }
             while self.segments.len() > 1 {
                 let first = &self.segments[0];
-                if first.max_timestamp >= cutoff || first.durable_size != first.size || self.floor_blocks() {
+                if first.max_timestamp() >= cutoff || first.durable_size != first.size || self.floor_blocks()
+                {
                     break;
                 }
                 let seg = self.segments.remove(0);
@@ -1337,8 +1411,14 @@ impl<F: Fs> PartitionLog<F> {
                 seg.checkpoint_syncing = true;
             }
             if seg.index_dirty {
-                // Entries past the durable size are harmless: recovery cuts them at the point.
-                index_files.extend(seg.index_files());
+                if seg.needs_index_files(self.config.index_interval_bytes) {
+                    let whole = seg.index_files_on_disk != IndexFilesOnDisk::Durable;
+                    if whole {
+                        seg.index_files_on_disk = IndexFilesOnDisk::Replacing;
+                    }
+                    // Entries past the durable size are harmless: recovery cuts them at the point.
+                    index_files.extend(seg.index_files().map(|(path, data)| (path, data, whole)));
+                }
                 seg.index_dirty = i == last;
             }
         }
@@ -1370,11 +1450,12 @@ impl<F: Fs> PartitionLog<F> {
             index_files,
             sync_dir,
             write_epochs,
-            epochs_tmp: None,
+            renames: Vec::new(),
             dir: self.dir.clone(),
             io: None,
             // `durable` producer state is exact as of the high watermark, which is `offset`.
             producers: self.producers.encode_snapshot(offset),
+            new_point_file: self.last_checkpoint.is_none(),
             point: RecoveryPoint {
                 offset,
                 segment_base,
@@ -1396,6 +1477,9 @@ impl<F: Fs> PartitionLog<F> {
         }
         for seg in &mut self.segments {
             seg.checkpoint_syncing = false;
+            if seg.index_files_on_disk == IndexFilesOnDisk::Replacing {
+                seg.index_files_on_disk = IndexFilesOnDisk::Durable;
+            }
         }
     }
 
@@ -1408,6 +1492,9 @@ impl<F: Fs> PartitionLog<F> {
             seg.needs_sync = seg.file.is_some();
             seg.checkpoint_syncing = false;
             seg.index_dirty = true;
+            if seg.index_files_on_disk == IndexFilesOnDisk::Replacing {
+                seg.index_files_on_disk = IndexFilesOnDisk::Unknown;
+            }
         }
     }
 
@@ -1609,10 +1696,13 @@ fn note_epoch(epochs: &mut Vec<(i32, i64)>, epoch: i32, offset: i64, dirty: &mut
     }
 }
 
-async fn load_indexes<F: Fs>(fs: &F, seg: &Segment<F>, file_size: u64) -> Option<(OffsetIndex, TimeIndex)> {
+/// Reads a segment's index files. Entries past the end of the file are accepted: a checkpoint
+/// writes entries for batches appended but not yet written, which a crash may lose, and the
+/// caller cuts every entry at the recovery point, which lies inside the file.
+async fn load_indexes<F: Fs>(fs: &F, seg: &Segment<F>) -> Option<(OffsetIndex, TimeIndex)> {
     let idx = fs.read_file(&seg.index_path()).await.ok()?;
     let tidx = fs.read_file(&seg.time_index_path()).await.ok()?;
-    let offset_index = OffsetIndex::decode(&idx, file_size.max(1))?;
+    let offset_index = OffsetIndex::decode(&idx, u64::MAX)?;
     let time_index = TimeIndex::decode(&tidx, u32::MAX)?;
     Some((offset_index, time_index))
 }

@@ -24,10 +24,27 @@ pub(crate) fn parse_file_name(name: &str, suffix: &str) -> Option<i64> {
 }
 
 /// Decides when index entries are added; shared by appends and recovery scans so that a
-/// rebuilt index is the index the appends would have written.
-#[derive(Debug, Clone, Default)]
+/// rebuilt index is the index the appends would have written. It also keeps the segment's
+/// running maximum timestamp, which is what time-index entries record (as Kafka's do): an
+/// entry `(t, r)` says that no batch up to relative offset `r` has a timestamp above `t`, so a
+/// lookup may start at `r` for any timestamp above `t`, however unordered the timestamps are.
+#[derive(Debug, Clone)]
 pub(crate) struct IndexBuilder {
     pub(crate) bytes_since_entry: u64,
+    /// Largest batch max-timestamp seen in the segment; -1 when empty or unknown.
+    max_timestamp: i64,
+    /// Relative offset of the first batch that carried `max_timestamp`.
+    max_timestamp_relative: u32,
+}
+
+impl Default for IndexBuilder {
+    fn default() -> Self {
+        IndexBuilder {
+            bytes_since_entry: 0,
+            max_timestamp: -1,
+            max_timestamp_relative: 0,
+        }
+    }
 }
 
 impl IndexBuilder {
@@ -42,21 +59,73 @@ impl IndexBuilder {
         time_index: &mut TimeIndex,
     ) {
         let rel = relative(segment_base, header.base_offset);
+        if header.max_timestamp > self.max_timestamp {
+            self.max_timestamp = header.max_timestamp;
+            self.max_timestamp_relative = rel;
+        }
         if self.bytes_since_entry >= interval_bytes && position > 0 {
             if let Ok(pos) = u32::try_from(position) {
                 index.push(rel, pos);
-                time_index.maybe_push(header.max_timestamp, rel);
+                time_index.maybe_push(self.max_timestamp, self.max_timestamp_relative);
             }
             self.bytes_since_entry = 0;
         } else if time_index.is_empty() {
-            time_index.maybe_push(header.max_timestamp, rel);
+            time_index.maybe_push(self.max_timestamp, self.max_timestamp_relative);
         }
         self.bytes_since_entry += header.total_bytes() as u64;
+    }
+
+    /// The segment's largest timestamp; -1 when empty or unknown.
+    pub(crate) fn max_timestamp(&self) -> i64 {
+        self.max_timestamp
+    }
+
+    /// Adds the segment's running maximum to `time_index` if it rose since the last entry
+    /// (batches since the last index interval raised it). A checkpoint does so before it writes
+    /// the index files, so that recovery reads the exact maximum back as the last entry. Entries
+    /// are only ever added, never replaced: a torn rewrite of a file in place leaves its old
+    /// entries whole.
+    pub(crate) fn note_max(&self, time_index: &mut TimeIndex) {
+        if self.max_timestamp >= 0 {
+            time_index.maybe_push(self.max_timestamp, self.max_timestamp_relative);
+        }
+    }
+
+    /// Resets the position and the maximum to what `index` and `time_index` (cut at
+    /// `position`) vouch for: recovery trusting index files, and truncation.
+    pub(crate) fn reset(&mut self, position: u64, index: &OffsetIndex, time_index: &TimeIndex) {
+        self.bytes_since_entry = position - index.last().map_or(0, |e| u64::from(e.position));
+        (self.max_timestamp, self.max_timestamp_relative) = time_index
+            .last()
+            .map_or((-1, 0), |e| (e.timestamp, e.relative_offset));
     }
 }
 
 pub(crate) fn relative(segment_base: i64, offset: i64) -> u32 {
     u32::try_from(offset - segment_base).unwrap_or(u32::MAX)
+}
+
+/// What a segment's index files on disk are known to hold.
+///
+/// Recovery trusts loaded index files for everything below the recovery point, so their durable
+/// content must always cover what the point vouches for. Rewritten in place, a file keeps its
+/// old prefix through a torn write (entries only grow between checkpoints), and the old prefix
+/// covers the old point. A file created after the point was written has no such prefix: it is
+/// written whole beside its name and renamed into place once durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IndexFilesOnDisk {
+    /// There are none: a segment within one index interval gets none until it grows (see
+    /// [`Segment::needs_index_files`]), and recovery reads the segment instead.
+    Absent,
+    /// They may exist with any content (a write of them failed, or recovery found them past the
+    /// recovery point or damaged): the next write replaces them whole. Once index files may
+    /// exist they are always written, so that none goes stale (an index emptied by a
+    /// truncation, say).
+    Unknown,
+    /// A running checkpoint replaces them whole; [`IndexFilesOnDisk::Durable`] once it is done.
+    Replacing,
+    /// They exist and cover the recovery point: rewritten in place.
+    Durable,
 }
 
 /// A segment of a partition log. Owned by one [`crate::PartitionLog`].
@@ -75,12 +144,12 @@ pub(crate) struct Segment<F: Fs> {
     pub(crate) index: OffsetIndex,
     pub(crate) time_index: TimeIndex,
     pub(crate) index_builder: IndexBuilder,
-    /// Largest batch max-timestamp in the segment; -1 when empty or unknown.
-    pub(crate) max_timestamp: i64,
     /// When the segment was created or opened (roll by time).
     pub(crate) created_ms: i64,
     /// The index files on disk are stale.
     pub(crate) index_dirty: bool,
+    /// What is known of this segment's index files on disk.
+    pub(crate) index_files_on_disk: IndexFilesOnDisk,
     /// Data written since the last fsync of this segment.
     pub(crate) needs_sync: bool,
     /// A running checkpoint took this segment's `needs_sync` mark and has not finished its
@@ -101,9 +170,9 @@ impl<F: Fs> Segment<F> {
             index: OffsetIndex::default(),
             time_index: TimeIndex::default(),
             index_builder: IndexBuilder::default(),
-            max_timestamp: -1,
             created_ms: now_ms,
             index_dirty: true,
+            index_files_on_disk: IndexFilesOnDisk::Absent,
             needs_sync: true,
             checkpoint_syncing: false,
         }
@@ -121,8 +190,25 @@ impl<F: Fs> Segment<F> {
         self.size == 0
     }
 
-    /// Index file contents to persist (offset index, time index).
-    pub(crate) fn index_files(&self) -> [(PathBuf, Vec<u8>); 2] {
+    /// Whether a checkpoint must write this segment's index files. A segment that holds no more
+    /// than one index interval of bytes, and so no offset-index entry, gets none until it grows:
+    /// recovery scans it instead (reading it costs no more than reading its two index files
+    /// would), and a first checkpoint of many new small logs creates two files fewer for each.
+    pub(crate) fn needs_index_files(&self, index_interval_bytes: u64) -> bool {
+        self.index_files_on_disk != IndexFilesOnDisk::Absent
+            || !self.index.is_empty()
+            || self.size > index_interval_bytes
+    }
+
+    /// Largest batch max-timestamp in the segment; -1 when empty or unknown.
+    pub(crate) fn max_timestamp(&self) -> i64 {
+        self.index_builder.max_timestamp()
+    }
+
+    /// Index file contents to persist (offset index, time index), the time index ending with the
+    /// segment's largest timestamp (see [`IndexBuilder::note_max`]).
+    pub(crate) fn index_files(&mut self) -> [(PathBuf, Vec<u8>); 2] {
+        self.index_builder.note_max(&mut self.time_index);
         [
             (self.index_path(), self.index.encode()),
             (self.time_index_path(), self.time_index.encode()),
@@ -144,7 +230,6 @@ pub(crate) struct ScanOutcome {
     pub(crate) valid_size: u64,
     /// Offset after the last valid batch.
     pub(crate) next_offset: i64,
-    pub(crate) max_timestamp: i64,
     /// Leader epochs seen, with the first offset of each change.
     pub(crate) epoch_starts: Vec<(i32, i64)>,
     /// Why the scan stopped, when it stopped before the end of the file.
@@ -170,7 +255,6 @@ pub(crate) async fn scan<Fl: FileHandle>(
     producers: &mut crate::producer::ProducerState,
 ) -> Result<ScanOutcome, std::io::Error> {
     let mut pos = start_position;
-    let mut max_timestamp = -1i64;
     let mut epoch_starts: Vec<(i32, i64)> = Vec::new();
     let mut problem = None;
     'outer: while pos < file_size {
@@ -214,7 +298,6 @@ pub(crate) async fn scan<Fl: FileHandle>(
             if epoch_starts.last().map(|(e, _)| *e) != Some(h.partition_leader_epoch) {
                 epoch_starts.push((h.partition_leader_epoch, h.base_offset));
             }
-            max_timestamp = max_timestamp.max(h.max_timestamp);
             expected_offset = h.next_offset();
         }
         let consumed = scanner.position();
@@ -249,7 +332,6 @@ pub(crate) async fn scan<Fl: FileHandle>(
     Ok(ScanOutcome {
         valid_size: pos.min(file_size),
         next_offset: expected_offset,
-        max_timestamp,
         epoch_starts,
         problem,
     })

@@ -1295,7 +1295,8 @@ impl<F: Fs> ShardStore<F> {
     }
 
     /// A checkpoint of many logs: every log's files written without an fsync, one sync of the
-    /// file system; new epoch files renamed into place and another sync (if there were any);
+    /// file system; new epoch files and new index files renamed into place and another sync
+    /// (if there were any);
     /// then every recovery point, and a last sync. Four to seven fsyncs per log (segments, two
     /// indexes, the recovery point; a new epoch file and its directory; the directory of new
     /// files) become two or three file-system syncs, which is what a clean stop of 10,000
@@ -1322,7 +1323,8 @@ impl<F: Fs> ShardStore<F> {
             return fail_all(&e, written, done, failed);
         }
         mark("synced");
-        // New epoch files are durable beside the old ones: rename them over, and sync again.
+        // New epoch and index files are durable beside their names: rename them into place,
+        // and sync again.
         let step = |mut w: CheckpointWork<F::File>| async move {
             let renamed = w.rename_files(fs).await?;
             Ok::<_, StorageError>((w, renamed))
@@ -1331,7 +1333,7 @@ impl<F: Fs> ShardStore<F> {
         let renamed = written.iter().any(|(_, (_, renamed))| *renamed);
         let written: Vec<_> = written.into_iter().map(|(id, (w, _))| (id, w)).collect();
         if renamed {
-            mark("epoch files renamed");
+            mark("files renamed");
             if let Err(e) = self.sync_whole_filesystem().await {
                 return fail_all(&e, written, done, failed);
             }

@@ -693,6 +693,244 @@ fn clean_shutdown_restarts_without_scanning() {
     });
 }
 
+/// A segment that holds no more than one index interval has no offset-index entry: checkpoints
+/// write no index files for it (a first checkpoint of many new small logs creates two files
+/// fewer per log), and recovery reads the segment instead. Once it grows past the interval its
+/// index files are written and recovery reads those again.
+#[test]
+fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
+    block_on(async {
+        let fs = MemFs::new();
+        let mut cfg = small_config();
+        cfg.segment_bytes = 1 << 20;
+        cfg.index_interval_bytes = 4096;
+        let index = Path::new("/data/small-0/00000000000000000000.index");
+        let time_index = Path::new("/data/small-0/00000000000000000000.timeindex");
+        let expected;
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
+            for i in 0..5 {
+                store
+                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
+                    .unwrap();
+            }
+            store.flush_round().await;
+            store.shutdown().await.unwrap();
+        }
+        assert!(fs
+            .contents(Path::new("/data/small-0/00000000000000000000.log"))
+            .is_some());
+        assert_eq!(
+            fs.contents(index),
+            None,
+            "no index file for a segment within one interval"
+        );
+        assert_eq!(fs.contents(time_index), None);
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, rec) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
+            assert_eq!(rec.segments_without_index, 1, "{rec:?}");
+            assert_eq!(rec.indexes_rebuilt, 0, "{rec:?}");
+            assert!(rec.bytes_scanned > 0 && rec.bytes_scanned <= 4096, "{rec:?}");
+            assert!(rec.problems.is_empty(), "{rec:?}");
+            assert_eq!(store.offsets(id).unwrap().high_watermark, 10);
+            assert_eq!(read_all(&store, id, 0).await.len(), 5);
+            // Grown past one interval: it has offset-index entries and gets its files.
+            for i in 5..80 {
+                store
+                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
+                    .unwrap();
+            }
+            store.flush_round().await;
+            expected = read_all(&store, id, 0).await;
+            store.shutdown().await.unwrap();
+        }
+        assert!(fs.contents(index).is_some_and(|b| !b.is_empty()));
+        assert!(fs.contents(time_index).is_some_and(|b| !b.is_empty()));
+        let store = open_store(&fs, 1 << 20).await;
+        let (id, rec) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
+        assert_eq!(
+            (rec.segments_without_index, rec.indexes_rebuilt, rec.bytes_scanned),
+            (0, 0, 0),
+            "{rec:?}"
+        );
+        assert_eq!(read_all(&store, id, 0).await, expected);
+        let dir = store.with_log(id, |l| l.dir().to_path_buf()).unwrap();
+        let (log, _) = strand_storage::PartitionLog::open(fs.clone(), dir, cfg, 0)
+            .await
+            .unwrap();
+        assert_eq!(log.offset_for_timestamp(1003).await.unwrap(), Some((5, 1003)));
+        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((159, 1080)));
+    });
+}
+
+/// Index files whose segment is gone (a crash between removing a segment's files, say) are
+/// removed when the log opens, so that a later segment with the same base, which may get no
+/// index files of its own, never reads them as its own.
+#[test]
+fn index_files_without_their_segment_are_removed_at_open() {
+    block_on(async {
+        let fs = MemFs::new();
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("orphan-0"), small_config(), 0).await.unwrap();
+            store.append(id, &value_batch(0, 2, 0), 0, 0).unwrap();
+            store.flush_round().await;
+            store.shutdown().await.unwrap();
+        }
+        let orphans = [
+            Path::new("/data/orphan-0/00000000000000000042.index"),
+            Path::new("/data/orphan-0/00000000000000000042.timeindex"),
+        ];
+        for p in orphans {
+            fs.set_contents(p, vec![0, 0, 0, 1, 0, 0, 0, 64]);
+        }
+        let store = open_store(&fs, 1 << 20).await;
+        let (id, rec) = store.open_log(key("orphan-0"), small_config(), 0).await.unwrap();
+        assert!(rec.problems.is_empty(), "{rec:?}");
+        for p in orphans {
+            assert_eq!(fs.contents(p), None, "{} was left", p.display());
+        }
+        assert_eq!(read_all(&store, id, 0).await.len(), 1);
+    });
+}
+
+/// After a clean restart a segment's largest timestamp is exact, not the last time-index
+/// entry's (entries come one per index interval): time retention keeps a segment until its
+/// newest record expires, and ListOffsets by timestamp and by max timestamp find records in the
+/// segment's last interval.
+#[test]
+fn a_restart_keeps_each_segments_largest_timestamp() {
+    block_on(async {
+        let fs = MemFs::new();
+        let mut cfg = small_config();
+        cfg.segment_bytes = 1 << 20;
+        cfg.index_interval_bytes = 1024;
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("maxts-0"), cfg.clone(), 0).await.unwrap();
+            for i in 0..80 {
+                store
+                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
+                    .unwrap();
+            }
+            store.flush_round().await;
+            store.shutdown().await.unwrap();
+        }
+        let open_log = || async {
+            strand_storage::PartitionLog::open(fs.clone(), PathBuf::from("/data/maxts-0"), cfg.clone(), 0)
+                .await
+                .unwrap()
+        };
+        let (mut log, rec) = open_log().await;
+        assert_eq!(rec.bytes_scanned, 0, "{rec:?}");
+        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((159, 1080)));
+        assert_eq!(log.offset_for_timestamp(1079).await.unwrap(), Some((157, 1079)));
+        // Roll the segment (time retention never deletes the active one), then expire up to
+        // just below its newest record: it stays.
+        cfg.segment_bytes = 1;
+        log.set_config(LogConfig {
+            retention_ms: Some(1_000),
+            ..cfg.clone()
+        });
+        log.append(&value_batch(80, 1, 5_000), 0, 0).unwrap();
+        log.flush_exclusive().await.unwrap();
+        assert_eq!(log.segment_count(), 2);
+        assert!(
+            log.apply_retention(2_080).await.deleted.is_empty(),
+            "deleted before its newest record expired"
+        );
+        assert_eq!(log.apply_retention(2_081).await.deleted, vec![0]);
+    });
+}
+
+/// A checkpoint writes index files that cover batches appended but not yet durable, and a
+/// recovery point that does not. When a crash loses those batches, recovery cuts their entries,
+/// perhaps the one for the largest timestamp below the point, and reads the last index interval
+/// again to find it.
+#[test]
+fn a_crash_keeps_the_largest_timestamp_below_the_recovery_point() {
+    block_on(async {
+        let fs = MemFs::new();
+        let mut cfg = small_config();
+        cfg.segment_bytes = 1 << 20;
+        cfg.index_interval_bytes = 1024;
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("crashts-0"), cfg.clone(), 0).await.unwrap();
+            for i in 0..40 {
+                store
+                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
+                    .unwrap();
+            }
+            store.flush_round().await;
+            for i in 40..80 {
+                store
+                    .append(id, &value_batch(i, 2, 2000 + i as i64), 0, 0)
+                    .unwrap();
+            }
+            // Staged, not written: the checkpoint's index files cover them, its point does not.
+            store.checkpoint().await.unwrap();
+            fs.crash(|_| 0);
+        }
+        let time_index = fs
+            .contents(Path::new("/data/crashts-0/00000000000000000000.timeindex"))
+            .unwrap();
+        assert!(
+            time_index
+                .chunks_exact(12)
+                .any(|e| e[..8] >= 2000i64.to_be_bytes()[..]),
+            "the index file covers the staged batches"
+        );
+        let (log, rec) =
+            strand_storage::PartitionLog::open(fs.clone(), PathBuf::from("/data/crashts-0"), cfg, 0)
+                .await
+                .unwrap();
+        assert_eq!(log.high_watermark(), 80);
+        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((79, 1040)));
+        assert_eq!(log.offset_for_timestamp(1039).await.unwrap(), Some((77, 1039)));
+        // Only the last interval below the point was read again: the index files and the
+        // recovery point (a new file, its directory synced) survived.
+        assert_eq!(
+            (rec.indexes_rebuilt, rec.segments_without_index),
+            (0, 0),
+            "{rec:?}"
+        );
+        assert!(rec.bytes_scanned > 0 && rec.bytes_scanned <= 2048, "{rec:?}");
+    });
+}
+
+/// Timestamps need not grow with offsets (CreateTime from several producers). A lookup for a
+/// timestamp must find the first record at or after it even when a later index interval holds
+/// only older timestamps: the time index records the running maximum, as Kafka's does.
+#[test]
+fn timestamp_lookups_find_an_early_record_with_a_late_timestamp() {
+    block_on(async {
+        let fs = MemFs::new();
+        let mut cfg = small_config();
+        cfg.segment_bytes = 1 << 20;
+        let store = open_store(&fs, 1 << 20).await;
+        let (id, _) = store.open_log(key("ooo-0"), cfg.clone(), 0).await.unwrap();
+        store.append(id, &value_batch(0, 2, 1000), 0, 0).unwrap();
+        store.append(id, &value_batch(1, 2, 9000), 0, 0).unwrap();
+        for i in 2..60 {
+            store
+                .append(id, &value_batch(i, 2, 1000 + 10 * i as i64), 0, 0)
+                .unwrap();
+        }
+        store.flush_round().await;
+        store.shutdown().await.unwrap();
+        let (log, _) = strand_storage::PartitionLog::open(fs.clone(), PathBuf::from("/data/ooo-0"), cfg, 0)
+            .await
+            .unwrap();
+        assert_eq!(log.offset_for_timestamp(1400).await.unwrap(), Some((2, 9000)));
+        assert_eq!(log.offset_for_timestamp(9000).await.unwrap(), Some((2, 9000)));
+        assert_eq!(log.offset_for_timestamp(9002).await.unwrap(), None);
+        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((3, 9001)));
+    });
+}
+
 #[test]
 fn damaged_index_is_rebuilt() {
     block_on(async {
@@ -1475,6 +1713,40 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                     seqs.windows(2).all(|w| w[0] < w[1]),
                     "producer batches in sequence order in {name}"
                 );
+                // Timestamp lookups (ListOffsets) agree with the records themselves, whatever
+                // the crash left of the index files: the largest timestamp, and the first record
+                // at or after a timestamp (batches carry unordered timestamps).
+                let metas: Vec<_> = all
+                    .iter()
+                    .flat_map(|b| strand_protocol::records::record_metas(&b.2, 1 << 20).unwrap())
+                    .collect();
+                let store_ref = &store;
+                let lookup = |ts: i64| async move {
+                    match store_ref.timestamp_plan(id, ts).unwrap() {
+                        Some(plan) => plan.execute().await.unwrap(),
+                        None => None,
+                    }
+                };
+                let max = metas.iter().map(|m| m.timestamp).max();
+                let first_at = |ts: i64| {
+                    metas
+                        .iter()
+                        .find(|m| m.timestamp >= ts)
+                        .map(|m| (m.offset, m.timestamp))
+                };
+                assert_eq!(
+                    lookup(-3).await,
+                    max.and_then(first_at),
+                    "largest timestamp of {name}: {:?}",
+                    metas.iter().map(|m| (m.offset, m.timestamp)).collect::<Vec<_>>()
+                );
+                for ts in [0, rng.gen_range(0..1010), rng.gen_range(0..1010), 1010] {
+                    assert_eq!(
+                        lookup(ts).await,
+                        first_at(ts),
+                        "first record at or after {ts} in {name}"
+                    );
+                }
                 let hw = store.offsets(id).unwrap().high_watermark;
                 if let Some((last, bytes)) = acked[i].iter().next_back() {
                     let count = batch::BatchHeader::parse(bytes).unwrap().offset_count();
@@ -1507,7 +1779,9 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
             let mut pending: Vec<(usize, strand_storage::AppendTicket, Vec<u8>)> = Vec::new();
             for _ in 0..steps {
                 match rng.gen_range(0..10) {
-                    0 if rng.gen_bool(0.5) => {
+                    // An idempotent producer keeps at most five batches unacknowledged, as Kafka's
+                    // must: the log remembers five per producer to answer retries with.
+                    0 if rng.gen_bool(0.5) && prod.iter().filter(|p| p.2.is_none()).count() < 5 => {
                         let seq = prod.last().map_or(0, |(s, b, _)| {
                             s + batch::BatchHeader::parse(b).unwrap().records_count
                         });
