@@ -1,15 +1,18 @@
 //! Size-based retention: with small `segment.bytes` / `retention.bytes`, whole old segments are
 //! deleted, the log start offset (ListOffsets earliest) moves to a segment's base offset, and
-//! reads below it are out of range.
+//! reads below it are out of range. Time retention after a restart keeps a segment until its
+//! newest record expires.
 
 use std::fs;
 use std::time::Duration;
 
+use kafka_protocol::records::Compression;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use strand_compat_tests::admin::{self, errors};
 use strand_compat_tests::clients;
+use strand_compat_tests::raw;
 use strand_compat_tests::{unique_topic, wait_for, Broker};
 
 const SEGMENT_BYTES: u64 = 4096;
@@ -157,5 +160,92 @@ fn size_retention_deletes_old_segments_and_moves_log_start() {
     assert_eq!(
         read[0].value.as_deref(),
         Some(value(earliest as usize).as_slice())
+    );
+}
+
+/// Time retention and timestamp lookups after a clean restart. A segment's newest records come
+/// after its last time-index entry (one per `index.interval.bytes`); before `cecb161` a
+/// restarted broker read the segment's largest timestamp back from that entry, so retention
+/// deleted the segment while its newest records were still inside `retention.ms`, and
+/// ListOffsets by timestamp skipped them.
+#[test]
+fn a_restart_keeps_a_segment_until_its_newest_record_expires() {
+    let mut broker = Broker::builder()
+        .needs_spawned("restarts the broker, sets log.retention.check.interval.ms, reads segment files")
+        .config("log.retention.check.interval.ms", 200)
+        .start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("time-retention");
+    // One index entry ~32 batches into a segment of ~60.
+    admin::create_topic(
+        &bootstrap,
+        &topic,
+        1,
+        &[
+            ("segment.bytes", "65536"),
+            ("index.interval.bytes", "32768"),
+            ("retention.ms", "3600000"),
+        ],
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64;
+    let expired_ms = now_ms - 7_200_000;
+    let recent_ms = now_ms - 600_000;
+    let dir = broker.partition_dir(&topic, 0);
+    let mut conn = admin::connect(&bootstrap);
+    let produce = |conn: &mut raw::RawConn, i: usize, ts: i64| {
+        let value = vec![b'a' + (i % 26) as u8; 1024];
+        let batch = raw::encode_batch(&[raw::record(None, Some(&value), ts)], Compression::None);
+        let (err, base) = admin::produce(conn, &topic, 0, batch);
+        assert_eq!((err, base), (0, i as i64), "produce record {i}");
+    };
+    // The first segment: expired records up to and past its index entry, then recent ones
+    // until it rolls; then a few records in the next segment, older than those.
+    let mut i = 0;
+    while segments(&dir).len() < 2 {
+        assert!(i < 200, "the first segment never rolled: {:?}", segments(&dir));
+        produce(
+            &mut conn,
+            i,
+            if i < 40 {
+                expired_ms + i as i64
+            } else {
+                recent_ms + i as i64
+            },
+        );
+        i += 1;
+    }
+    let first_segment_end = segments(&dir)[1].0;
+    assert!(
+        first_segment_end > 45,
+        "the first segment holds recent records: {first_segment_end}"
+    );
+    for _ in 0..3 {
+        produce(&mut conn, i, recent_ms - 1_000);
+        i += 1;
+    }
+    // The record that rolled it opens the next segment, with the largest timestamp of all.
+    let newest = (first_segment_end, recent_ms + first_segment_end);
+
+    broker.terminate(Duration::from_secs(30));
+    broker.restart();
+    let mut conn = admin::connect(&bootstrap);
+    // Ten retention checks.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        admin::earliest(&mut conn, &topic, 0),
+        0,
+        "retention deleted a segment whose newest record is inside retention.ms: {:?}",
+        segments(&dir)
+    );
+    let (err, offset, ts) = admin::list_offset(&mut conn, &topic, 0, admin::MAX_TIMESTAMP);
+    assert_eq!((err, (offset, ts)), (0, newest), "ListOffsets(max timestamp)");
+    let (err, offset, ts) = admin::list_offset(&mut conn, &topic, 0, recent_ms);
+    assert_eq!(
+        (err, offset, ts),
+        (0, 40, recent_ms + 40),
+        "ListOffsets({recent_ms})"
     );
 }
