@@ -68,6 +68,15 @@ impl OffsetIndex {
         }
     }
 
+    /// Drops entries at or past `position`, or at or past `relative_offset`: what a recovery
+    /// point does not vouch for.
+    pub fn truncate_to(&mut self, position: u32, relative_offset: u32) {
+        let keep = self
+            .entries
+            .partition_point(|e| e.position < position && e.relative_offset < relative_offset);
+        self.entries.truncate(keep);
+    }
+
     /// Drops entries for batches at or after `position`.
     pub fn truncate_to_position(&mut self, position: u32) {
         let keep = self.entries.partition_point(|e| e.position < position);

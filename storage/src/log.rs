@@ -579,11 +579,20 @@ impl<F: Fs> PartitionLog<F> {
                     (0, base)
                 }
                 Some((pos, off)) => match load_indexes(&fs, &seg).await {
-                    Some((mut idx, mut tidx)) => {
-                        idx.truncate_to_position(u32::try_from(pos).unwrap_or(u32::MAX));
-                        let time_entries = tidx.len();
+                    Some((mut idx, mut tidx, exact)) => {
+                        let entries = (idx.len(), tidx.len());
+                        idx.truncate_to(u32::try_from(pos).unwrap_or(u32::MAX), relative(base, off));
                         tidx.truncate_to_offset(relative(base, off));
-                        let from = if tidx.len() < time_entries {
+                        // Entries cut here are still in the files, and the next checkpoint
+                        // writes others in their place: a torn rewrite in place could mix the
+                        // two into an entry below the point, so that write replaces the files
+                        // whole (so too if the files hold more than their entries).
+                        seg.index_files_on_disk = if exact && (idx.len(), tidx.len()) == entries {
+                            IndexFilesOnDisk::Durable
+                        } else {
+                            IndexFilesOnDisk::Unknown
+                        };
+                        let from = if tidx.len() < entries.1 {
                             // Entries past the point were cut (written for batches the crash
                             // lost, or before a point that was never written), perhaps the
                             // one for the largest timestamp below the point: read again from
@@ -597,7 +606,6 @@ impl<F: Fs> PartitionLog<F> {
                             (pos, off)
                         };
                         seg.index_builder.reset(from.0, &idx, &tidx);
-                        seg.index_files_on_disk = IndexFilesOnDisk::Durable;
                         seg.index = idx;
                         seg.time_index = tidx;
                         from
@@ -1699,12 +1707,16 @@ fn note_epoch(epochs: &mut Vec<(i32, i64)>, epoch: i32, offset: i64, dirty: &mut
 /// Reads a segment's index files. Entries past the end of the file are accepted: a checkpoint
 /// writes entries for batches appended but not yet written, which a crash may lose, and the
 /// caller cuts every entry at the recovery point, which lies inside the file.
-async fn load_indexes<F: Fs>(fs: &F, seg: &Segment<F>) -> Option<(OffsetIndex, TimeIndex)> {
+///
+/// Also says whether the files hold their entries and nothing else (no trailing zeros, say):
+/// only then may a write append to them in place.
+async fn load_indexes<F: Fs>(fs: &F, seg: &Segment<F>) -> Option<(OffsetIndex, TimeIndex, bool)> {
     let idx = fs.read_file(&seg.index_path()).await.ok()?;
     let tidx = fs.read_file(&seg.time_index_path()).await.ok()?;
     let offset_index = OffsetIndex::decode(&idx, u64::MAX)?;
     let time_index = TimeIndex::decode(&tidx, u32::MAX)?;
-    Some((offset_index, time_index))
+    let exact = idx.len() == offset_index.len() * 8 && tidx.len() == time_index.len() * 12;
+    Some((offset_index, time_index, exact))
 }
 
 /// Removes a segment's files; returns the bytes of log removed.

@@ -101,7 +101,10 @@ async fn read_all<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64) -> Vec<(i6
             break;
         };
         let bound = plan.max_len();
-        let bytes = plan.execute().await.unwrap();
+        let bytes = plan
+            .execute()
+            .await
+            .unwrap_or_else(|e| panic!("read at {next}: {e:?}"));
         assert!(
             !bytes.is_empty(),
             "a planned read below the high watermark returned nothing at {next}"
