@@ -263,17 +263,7 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
         }
         for (path, data, whole) in std::mem::take(&mut self.index_files) {
             if whole {
-                if sync {
-                    fs.write_file_atomic(&path, data)
-                        .await
-                        .map_err(|e| StorageError::io("write index", &path, e))?;
-                } else {
-                    let (_, tmp) = fs
-                        .write_tmp_file(&path, data)
-                        .await
-                        .map_err(|e| StorageError::io("write index", &path, e))?;
-                    self.renames.push((tmp, path));
-                }
+                self.replace_whole(fs, path, data, sync, "write index").await?;
                 continue;
             }
             // In place, without truncating first: index files only grow between checkpoints, so a
@@ -299,17 +289,8 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
         }
         if let Some(epochs) = self.write_epochs.take() {
             let path = self.dir.join(EPOCH_FILE);
-            if sync {
-                fs.write_file_atomic(&path, epochs)
-                    .await
-                    .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
-            } else {
-                let (_, tmp) = fs
-                    .write_tmp_file(&path, epochs)
-                    .await
-                    .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
-                self.renames.push((tmp, path));
-            }
+            self.replace_whole(fs, path, epochs, sync, "write leader epochs")
+                .await?;
         }
         // A file-system sync covers the directory's entries too.
         if self.sync_dir && sync {
@@ -318,6 +299,31 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                 .map_err(|e| StorageError::io("sync log directory", &self.dir, e))?;
         }
         Ok(())
+    }
+
+    /// Replaces the file at `path` with `data` so that readers see the old or the new content:
+    /// with `sync` at once and durably; without, written beside its name, for
+    /// [`CheckpointWork::rename_files`] to rename into place once the caller has synced it.
+    async fn replace_whole<F: Fs<File = Fl>>(
+        &mut self,
+        fs: &F,
+        path: PathBuf,
+        data: Vec<u8>,
+        sync: bool,
+        what: &'static str,
+    ) -> Result<(), StorageError> {
+        if sync {
+            fs.write_file_atomic(&path, data)
+                .await
+                .map_err(|e| StorageError::io(what, &path, e))
+        } else {
+            let (_, tmp) = fs
+                .write_tmp_file(&path, data)
+                .await
+                .map_err(|e| StorageError::io(what, &path, e))?;
+            self.renames.push((tmp, path));
+            Ok(())
+        }
     }
 
     /// Renames the files an unsynced [`CheckpointWork::write_files`] wrote beside their names

@@ -31,6 +31,24 @@ fn small_config() -> LogConfig {
     }
 }
 
+/// One large segment, an index entry every `index_interval_bytes`.
+fn one_segment_config(index_interval_bytes: u64) -> LogConfig {
+    LogConfig {
+        segment_bytes: 1 << 20,
+        index_interval_bytes,
+        ..small_config()
+    }
+}
+
+/// Appends batches `tags` of two records each, the first at timestamp `ts_base + tag`.
+fn append_timestamped(store: &ShardStore<MemFs>, id: LogId, tags: std::ops::Range<u64>, ts_base: i64) {
+    for i in tags {
+        store
+            .append(id, &value_batch(i, 2, ts_base + i as i64), 0, 0)
+            .unwrap();
+    }
+}
+
 fn root() -> PathBuf {
     PathBuf::from("/data")
 }
@@ -704,20 +722,14 @@ fn clean_shutdown_restarts_without_scanning() {
 fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
     block_on(async {
         let fs = MemFs::new();
-        let mut cfg = small_config();
-        cfg.segment_bytes = 1 << 20;
-        cfg.index_interval_bytes = 4096;
+        let cfg = one_segment_config(4096);
         let index = Path::new("/data/small-0/00000000000000000000.index");
         let time_index = Path::new("/data/small-0/00000000000000000000.timeindex");
         let expected;
         {
             let store = open_store(&fs, 1 << 20).await;
             let (id, _) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
-            for i in 0..5 {
-                store
-                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
-                    .unwrap();
-            }
+            append_timestamped(&store, id, 0..5, 1000);
             store.flush_round().await;
             store.shutdown().await.unwrap();
         }
@@ -740,11 +752,7 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
             assert_eq!(store.offsets(id).unwrap().high_watermark, 10);
             assert_eq!(read_all(&store, id, 0).await.len(), 5);
             // Grown past one interval: it has offset-index entries and gets its files.
-            for i in 5..80 {
-                store
-                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
-                    .unwrap();
-            }
+            append_timestamped(&store, id, 5..80, 1000);
             store.flush_round().await;
             expected = read_all(&store, id, 0).await;
             store.shutdown().await.unwrap();
@@ -807,17 +815,11 @@ fn index_files_without_their_segment_are_removed_at_open() {
 fn a_restart_keeps_each_segments_largest_timestamp() {
     block_on(async {
         let fs = MemFs::new();
-        let mut cfg = small_config();
-        cfg.segment_bytes = 1 << 20;
-        cfg.index_interval_bytes = 1024;
+        let mut cfg = one_segment_config(1024);
         {
             let store = open_store(&fs, 1 << 20).await;
             let (id, _) = store.open_log(key("maxts-0"), cfg.clone(), 0).await.unwrap();
-            for i in 0..80 {
-                store
-                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
-                    .unwrap();
-            }
+            append_timestamped(&store, id, 0..80, 1000);
             store.flush_round().await;
             store.shutdown().await.unwrap();
         }
@@ -856,23 +858,13 @@ fn a_restart_keeps_each_segments_largest_timestamp() {
 fn a_crash_keeps_the_largest_timestamp_below_the_recovery_point() {
     block_on(async {
         let fs = MemFs::new();
-        let mut cfg = small_config();
-        cfg.segment_bytes = 1 << 20;
-        cfg.index_interval_bytes = 1024;
+        let cfg = one_segment_config(1024);
         {
             let store = open_store(&fs, 1 << 20).await;
             let (id, _) = store.open_log(key("crashts-0"), cfg.clone(), 0).await.unwrap();
-            for i in 0..40 {
-                store
-                    .append(id, &value_batch(i, 2, 1000 + i as i64), 0, 0)
-                    .unwrap();
-            }
+            append_timestamped(&store, id, 0..40, 1000);
             store.flush_round().await;
-            for i in 40..80 {
-                store
-                    .append(id, &value_batch(i, 2, 2000 + i as i64), 0, 0)
-                    .unwrap();
-            }
+            append_timestamped(&store, id, 40..80, 2000);
             // Staged, not written: the checkpoint's index files cover them, its point does not.
             store.checkpoint().await.unwrap();
             fs.crash(|_| 0);
