@@ -97,12 +97,10 @@ impl OffsetIndex {
     }
 
     /// Decodes an index file, rejecting it unless every entry is plausible for a segment of
-    /// `segment_bytes` bytes: whole entries, strictly increasing, positions inside the segment.
-    /// Kafka preallocates index files, so trailing all-zero entries are ignored.
+    /// `segment_bytes` bytes: strictly increasing, positions inside the segment. A partial last
+    /// entry (a torn append) is dropped. Kafka preallocates index files, so trailing all-zero
+    /// entries are ignored.
     pub fn decode(bytes: &[u8], segment_bytes: u64) -> Option<OffsetIndex> {
-        if !bytes.len().is_multiple_of(8) {
-            return None;
-        }
         let mut index = OffsetIndex::default();
         for chunk in bytes.chunks_exact(8) {
             let (a, b) = chunk.split_at(4);
@@ -193,9 +191,6 @@ impl TimeIndex {
 
     /// Decodes a time index file; `None` if it is not plausible (see [`OffsetIndex::decode`]).
     pub fn decode(bytes: &[u8], max_relative_offset: u32) -> Option<TimeIndex> {
-        if !bytes.len().is_multiple_of(12) {
-            return None;
-        }
         let mut index = TimeIndex::default();
         for chunk in bytes.chunks_exact(12) {
             let (a, b) = chunk.split_at(8);
@@ -252,7 +247,15 @@ mod tests {
             None,
             "position past the segment end"
         );
-        assert_eq!(OffsetIndex::decode(&enc[..7], 10_000), None);
+        // A torn append: the partial last entry is dropped.
+        assert_eq!(
+            OffsetIndex::decode(&enc[..7], 10_000),
+            Some(OffsetIndex::default())
+        );
+        assert_eq!(
+            OffsetIndex::decode(&enc[..enc.len() - 1], 10_000).map(|i| i.len()),
+            Some(idx.len() - 1)
+        );
         let mut swapped = enc.clone();
         swapped.rotate_left(8);
         assert_eq!(OffsetIndex::decode(&swapped, 10_000), None);
@@ -272,6 +275,8 @@ mod tests {
         assert_eq!(t.lookup_before(201), 7);
         assert_eq!(TimeIndex::decode(&t.encode(), 7), Some(t.clone()));
         assert_eq!(TimeIndex::decode(&t.encode(), 6), None);
+        let torn = &t.encode()[..20];
+        assert_eq!(TimeIndex::decode(torn, 7).map(|t| t.len()), Some(1));
         t.truncate_to_offset(7);
         assert_eq!(t.len(), 1);
     }

@@ -596,6 +596,7 @@ impl<F: Fs> PartitionLog<F> {
                         seg.index_files_on_disk = if exact && (idx.len(), tidx.len()) == entries {
                             IndexFilesOnDisk::Durable
                         } else {
+                            seg.index_dirty = true;
                             IndexFilesOnDisk::Unknown
                         };
                         let from = if tidx.len() < entries.1 {
@@ -1407,7 +1408,10 @@ impl<F: Fs> PartitionLog<F> {
             .is_none_or(|cp| cp.offset != self.high_watermark)
             || self.dir_dirty
             || self.epochs_dirty
-            || self.segments.iter().any(|s| s.needs_sync && s.file.is_some())
+            || self.segments.iter().any(|s| {
+                (s.needs_sync && s.file.is_some())
+                    || (s.index_dirty && s.index_files_on_disk == IndexFilesOnDisk::Unknown)
+            })
     }
 
     /// Collects what a checkpoint must make durable so that recovery can trust everything below

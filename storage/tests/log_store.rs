@@ -926,6 +926,43 @@ fn timestamp_lookups_find_an_early_record_with_a_late_timestamp() {
     });
 }
 
+/// A power loss during an append to an index file leaves a partial last entry. Recovery drops
+/// it instead of rejecting the file (which would scan the whole segment), and the next
+/// checkpoint replaces the file whole.
+#[test]
+fn a_torn_index_append_is_dropped_not_rebuilt() {
+    block_on(async {
+        let fs = MemFs::new();
+        let cfg = one_segment_config(256);
+        let expected;
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("torn-idx-0"), cfg.clone(), 0).await.unwrap();
+            append_timestamped(&store, id, 0..50, 1000);
+            store.flush_round().await;
+            expected = read_all(&store, id, 0).await;
+            store.shutdown().await.unwrap();
+        }
+        let index = Path::new("/data/torn-idx-0/00000000000000000000.index");
+        let time_index = Path::new("/data/torn-idx-0/00000000000000000000.timeindex");
+        let (good_index, good_time_index) = (fs.contents(index).unwrap(), fs.contents(time_index).unwrap());
+        for (path, good, torn) in [(index, &good_index, 5), (time_index, &good_time_index, 7)] {
+            let mut bytes = good.clone();
+            bytes.extend_from_slice(&[0x7f; 12][..torn]);
+            fs.set_contents(path, bytes);
+        }
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, rec) = store.open_log(key("torn-idx-0"), cfg.clone(), 0).await.unwrap();
+            assert_eq!((rec.indexes_rebuilt, rec.bytes_scanned), (0, 0), "{rec:?}");
+            assert_eq!(read_all(&store, id, 0).await, expected);
+            store.shutdown().await.unwrap();
+        }
+        assert_eq!(fs.contents(index).unwrap(), good_index, "replaced whole");
+        assert_eq!(fs.contents(time_index).unwrap(), good_time_index);
+    });
+}
+
 #[test]
 fn damaged_index_is_rebuilt() {
     block_on(async {
