@@ -117,10 +117,11 @@ pub(crate) enum IndexFilesOnDisk {
     /// There are none: a segment within one index interval gets none until it grows (see
     /// [`Segment::needs_index_files`]), and recovery reads the segment instead.
     Absent,
-    /// They may exist with any content (a write of them failed, or recovery found them past the
-    /// recovery point or damaged): the next write replaces them whole. Once index files may
-    /// exist they are always written, so that none goes stale (an index emptied by a
-    /// truncation, say).
+    /// They may exist with content the next write must not merely append to: a write of them
+    /// failed; recovery found them past the recovery point, damaged, holding entries it cut, or
+    /// holding bytes past their entries; a truncation changed their entries. The next write
+    /// replaces them whole. Once index files may exist they are always written, so that none
+    /// goes stale (an index emptied by a truncation, say).
     Unknown,
     /// A running checkpoint replaces them whole; [`IndexFilesOnDisk::Durable`] once it is done.
     Replacing,
