@@ -1082,18 +1082,7 @@ impl<F: Fs> PartitionLog<F> {
         if let Some(file) = &seg.file {
             plan.truncate.push((file.clone(), position));
         }
-        seg.size = position;
-        seg.next_offset = hw.max(seg.base_offset);
-        seg.index
-            .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
-        seg.time_index.truncate_to_offset(relative(seg.base_offset, hw));
-        seg.index_builder.reset(position, &seg.index, &seg.time_index);
-        // The files get different entries where they had others: only an append keeps a torn
-        // rewrite in place harmless, so the next write replaces them whole.
-        if seg.index_files_on_disk != IndexFilesOnDisk::Absent {
-            seg.index_files_on_disk = IndexFilesOnDisk::Unknown;
-        }
-        seg.index_dirty = true;
+        seg.truncate_to(position, hw);
         self.next_offset = hw;
         let before = self.epochs.len();
         self.epochs.retain(|(_, start)| *start < hw);
@@ -1146,20 +1135,8 @@ impl<F: Fs> PartitionLog<F> {
                 .await
                 .map_err(|e| StorageError::io("truncate segment", &seg.log_path, e))?;
         }
-        seg.size = position;
+        seg.truncate_to(position, offset);
         seg.durable_size = seg.durable_size.min(position);
-        seg.next_offset = offset.max(seg.base_offset);
-        seg.index
-            .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
-        seg.time_index
-            .truncate_to_offset(relative(seg.base_offset, offset));
-        seg.index_builder.reset(position, &seg.index, &seg.time_index);
-        // The files get different entries where they had others: only an append keeps a torn
-        // rewrite in place harmless, so the next write replaces them whole.
-        if seg.index_files_on_disk != IndexFilesOnDisk::Absent {
-            seg.index_files_on_disk = IndexFilesOnDisk::Unknown;
-        }
-        seg.index_dirty = true;
         seg.needs_sync = true;
         self.next_offset = offset;
         self.high_watermark = self.high_watermark.min(offset);

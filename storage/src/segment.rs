@@ -191,6 +191,24 @@ impl<F: Fs> Segment<F> {
         self.size == 0
     }
 
+    /// Forgets everything at or after byte `position`, where the batch at `offset` starts (or
+    /// the end): size, next offset, index entries and the running maximum.
+    pub(crate) fn truncate_to(&mut self, position: u64, offset: i64) {
+        self.size = position;
+        self.next_offset = offset.max(self.base_offset);
+        self.index
+            .truncate_to_position(u32::try_from(position).unwrap_or(u32::MAX));
+        self.time_index
+            .truncate_to_offset(relative(self.base_offset, offset));
+        self.index_builder.reset(position, &self.index, &self.time_index);
+        // The files get different entries where they had others: only an append keeps a torn
+        // rewrite in place harmless, so the next write replaces them whole.
+        if self.index_files_on_disk != IndexFilesOnDisk::Absent {
+            self.index_files_on_disk = IndexFilesOnDisk::Unknown;
+        }
+        self.index_dirty = true;
+    }
+
     /// Whether a checkpoint must write this segment's index files. A segment that holds no more
     /// than one index interval of bytes, and so no offset-index entry, gets none until it grows:
     /// recovery scans it instead (reading it costs no more than reading its two index files
