@@ -749,12 +749,13 @@ impl QueueHost {
         let now = shard.now_ms();
         let (state_log, report) = shard
             .store
-            .open_log(
+            .open_log_as_leader(
                 LogKey {
                     dir_name,
                     incarnation: *topic.id.0.as_bytes(),
                 },
                 state_log_config(),
+                LEADER_EPOCH,
                 now,
             )
             .await

@@ -41,6 +41,16 @@ struct State {
     fsyncs: u64,
     /// Files created since their directory was last synced: a crash removes them.
     unsynced_creations: BTreeSet<PathBuf>,
+    /// Entries created, renamed or removed, per directory (see [`MemFs::dir_change_count`]).
+    dir_changes: BTreeMap<PathBuf, u64>,
+}
+
+impl State {
+    fn note_dir_change(&mut self, path: &Path) {
+        if let Some(parent) = path.parent() {
+            *self.dir_changes.entry(parent.to_path_buf()).or_default() += 1;
+        }
+    }
 }
 
 impl State {
@@ -95,6 +105,12 @@ impl MemFs {
     /// in flight.
     pub fn set_slow_io(&self, slow: bool) {
         self.state.borrow_mut().slow_io = slow;
+    }
+
+    /// Number of entries of `dir` created, renamed (either way) or removed so far: on a real
+    /// file system each is a change of the directory that a sync must write.
+    pub fn dir_change_count(&self, dir: &Path) -> u64 {
+        self.state.borrow().dir_changes.get(dir).copied().unwrap_or(0)
     }
 
     /// Number of file `fdatasync` calls so far.
@@ -153,7 +169,6 @@ impl MemFs {
         f.durable_version = f.version;
     }
 
-    /// All file paths, sorted.
     /// Whether `path` was ever written through a handle from [`Fs::open_direct`].
     pub fn written_direct(&self, path: &Path) -> bool {
         self.state
@@ -163,6 +178,7 @@ impl MemFs {
             .is_some_and(|f| f.borrow().written_direct)
     }
 
+    /// All file paths, sorted.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.state.borrow().files.keys().cloned().collect()
     }
@@ -278,6 +294,7 @@ impl Fs for MemFs {
                 let d = Rc::new(RefCell::new(FileData::default()));
                 state.files.insert(path.to_path_buf(), d.clone());
                 state.unsynced_creations.insert(path.to_path_buf());
+                state.note_dir_change(path);
                 d
             }
             None => return Err(not_found(path)),
@@ -310,11 +327,9 @@ impl Fs for MemFs {
     async fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state.borrow_mut();
         state.unsynced_creations.remove(path);
-        state
-            .files
-            .remove(path)
-            .map(|_| ())
-            .ok_or_else(|| not_found(path))
+        state.files.remove(path).ok_or_else(|| not_found(path))?;
+        state.note_dir_change(path);
+        Ok(())
     }
 
     async fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -332,6 +347,8 @@ impl Fs for MemFs {
         let mut state = self.state.borrow_mut();
         if let Some(f) = state.files.remove(from) {
             state.files.insert(to.to_path_buf(), f);
+            state.note_dir_change(from);
+            state.note_dir_change(to);
             // A file not durably named yet is not durably renamed either.
             if state.unsynced_creations.remove(from) {
                 state.unsynced_creations.insert(to.to_path_buf());

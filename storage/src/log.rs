@@ -214,6 +214,9 @@ impl<Fl: FileHandle> TimestampPlan<Fl> {
 /// Work a checkpoint must do for one log.
 pub(crate) struct CheckpointWork<Fl> {
     pub(crate) files_to_sync: Vec<Rc<Fl>>,
+    /// Files written unsynced when the log was created (see
+    /// [`PartitionLog::write_initial_files`]); `sync_dir` is set with them.
+    pub(crate) initial_files_to_sync: Vec<PathBuf>,
     /// Index files to write: path, content, and whether to replace the file whole (a temporary
     /// file renamed over it) rather than rewrite it in place (see [`IndexFilesOnDisk`]).
     pub(crate) index_files: Vec<(PathBuf, Vec<u8>, bool)>,
@@ -259,6 +262,15 @@ impl<Fl: FileHandle> CheckpointWork<Fl> {
                 f.fdatasync()
                     .await
                     .map_err(|e| StorageError::io("sync segment", &self.dir, e))?;
+            }
+            for path in &self.initial_files_to_sync {
+                let f = fs
+                    .open(path, false)
+                    .await
+                    .map_err(|e| StorageError::io("open to sync", path, e))?;
+                f.fdatasync()
+                    .await
+                    .map_err(|e| StorageError::io("sync", path, e))?;
             }
         }
         for (path, data, whole) in std::mem::take(&mut self.index_files) {
@@ -432,6 +444,12 @@ pub struct PartitionLog<F: Fs> {
     dir_changes_synced: u64,
     dir_changes_checkpointing: Option<u64>,
     last_checkpoint: Option<RecoveryPoint>,
+    /// Files written when the log was created and not yet synced, nor their directory entries
+    /// (see [`PartitionLog::write_initial_files`]): the recovery point written, and the other
+    /// files (the epoch file when the log was opened as a leader). The first checkpoint syncs
+    /// them, unless the store synced the file system first
+    /// ([`PartitionLog::initial_files_synced`]).
+    unsynced_initial_files: Option<(RecoveryPoint, Vec<PathBuf>)>,
     /// Idempotent producers' sequences (see [`crate::producer`]).
     producers: ProducerState,
     /// Retention never deletes a segment holding an offset at or above this (the queue engine's
@@ -449,6 +467,29 @@ impl<F: Fs> PartitionLog<F> {
         config: LogConfig,
         now_ms: i64,
     ) -> Result<(Self, RecoveryReport), StorageError> {
+        Self::open_inner(fs, dir, config, None, now_ms).await
+    }
+
+    /// [`PartitionLog::open`] for the partition's leader in `leader_epoch`: the epoch begins at
+    /// the log's end unless it already has, as Kafka assigns it when its leader is elected. A log
+    /// created now so gets its epoch file with it, rather than at its first checkpoint.
+    pub async fn open_as_leader(
+        fs: F,
+        dir: PathBuf,
+        config: LogConfig,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<(Self, RecoveryReport), StorageError> {
+        Self::open_inner(fs, dir, config, Some(leader_epoch), now_ms).await
+    }
+
+    async fn open_inner(
+        fs: F,
+        dir: PathBuf,
+        config: LogConfig,
+        leader_epoch: Option<i32>,
+        now_ms: i64,
+    ) -> Result<(Self, RecoveryReport), StorageError> {
         fs.create_dir_all(&dir)
             .await
             .map_err(|e| StorageError::io("create log directory", &dir, e))?;
@@ -461,6 +502,10 @@ impl<F: Fs> PartitionLog<F> {
             .filter_map(|n| segment::parse_file_name(n, "log"))
             .collect();
         bases.sort_unstable();
+        let created_now = bases.is_empty()
+            && ![RECOVERY_POINT_FILE, EPOCH_FILE, LOG_START_FILE]
+                .iter()
+                .any(|f| names.iter().any(|n| n == f));
         // Segments with index files on disk; index files whose segment is gone are removed, so
         // that a later segment with the same base never finds them (it may have none of its own:
         // see `Segment::needs_index_files`).
@@ -502,6 +547,7 @@ impl<F: Fs> PartitionLog<F> {
             dir_changes_synced: 0,
             dir_changes_checkpointing: None,
             last_checkpoint: None,
+            unsynced_initial_files: None,
             producers: ProducerState::default(),
             retention_floor: None,
         };
@@ -686,17 +732,81 @@ impl<F: Fs> PartitionLog<F> {
         log.producers.truncate(end);
         let first_base = log.segments.first().map_or(0, |s| s.base_offset);
         log.log_start_offset = log_start_file.unwrap_or(first_base).clamp(first_base, end);
-        let before = log.epochs.len();
+        // Epochs that begin past the end are gone (as Kafka's recovery truncates its epoch cache
+        // to the log end); a leader's epoch begins at the end unless it already has (as Kafka
+        // assigns it when the leader is elected).
+        let before = log.epochs.clone();
         log.epochs.retain(|(_, start)| *start < end);
-        if log.epochs.len() != before {
-            log.epochs_dirty = true;
+        if let Some(epoch) = leader_epoch {
+            note_epoch(&mut log.epochs, epoch, end, &mut false);
         }
+        // (An empty log's epoch is dropped and noted again: no change to write.)
+        log.epochs_dirty |= log.epochs != before;
         log.last_checkpoint = if report.bytes_truncated == 0 && report.problems.is_empty() {
             trusted
         } else {
             None
         };
+        if created_now {
+            log.write_initial_files().await?;
+        }
         Ok((log, report))
+    }
+
+    /// Writes a new log's recovery point (its start: nothing to trust yet) and, with a leader
+    /// epoch, its epoch file, unsynced. The log's first checkpoint then rewrites the point in
+    /// place and leaves the epoch file alone (until a new epoch), instead of creating both:
+    /// creating files in thousands of log directories made the first clean stop of that many
+    /// new logs take seconds (BENCHMARKS item 33). A crash before that checkpoint (or before
+    /// the store's file-system sync, see [`PartitionLog::initial_files_synced`]) may lose or
+    /// tear either file. That is safe: a torn point fails its CRC, and one that survived is at
+    /// the log's start, so recovery reads the whole log either way and notes the epochs of the
+    /// batches it reads.
+    async fn write_initial_files(&mut self) -> Result<(), StorageError> {
+        let start = self.next_offset;
+        let mut unsynced = Vec::new();
+        if !self.epochs.is_empty() {
+            let path = self.dir.join(EPOCH_FILE);
+            let f = self
+                .fs
+                .open(&path, true)
+                .await
+                .map_err(|e| StorageError::io("create leader epochs", &path, e))?;
+            f.write_all_at(encode_epochs(&self.epochs), 0)
+                .await
+                .map_err(|e| StorageError::io("write leader epochs", &path, e))?;
+            self.epochs_dirty = false;
+            unsynced.push(path);
+        }
+        let point = RecoveryPoint {
+            offset: start,
+            segment_base: self.active().base_offset,
+            position: 0,
+        };
+        write_recovery_point(
+            &self.fs,
+            &self.dir.join(RECOVERY_POINT_FILE),
+            point,
+            self.producers.encode_snapshot(start),
+            false,
+        )
+        .await?;
+        self.unsynced_initial_files = Some((point, unsynced));
+        Ok(())
+    }
+
+    /// Whether [`PartitionLog::open`] created the log and wrote files nothing has synced yet.
+    pub(crate) fn has_unsynced_initial_files(&self) -> bool {
+        self.unsynced_initial_files.is_some()
+    }
+
+    /// Records that the files written with the log are durable (the store synced the file
+    /// system): its recovery point is then a checkpoint, and a log nothing was appended to needs
+    /// no other.
+    pub(crate) fn initial_files_synced(&mut self) {
+        if let Some((point, _)) = self.unsynced_initial_files.take() {
+            self.last_checkpoint.get_or_insert(point);
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -1438,10 +1548,16 @@ impl<F: Fs> PartitionLog<F> {
         };
         let write_epochs = self.epochs_dirty.then(|| encode_epochs(&self.epochs));
         self.epochs_dirty = false;
-        let sync_dir = std::mem::take(&mut self.dir_dirty);
+        // The directory entries of the files written with the log are not durable yet either.
+        let sync_dir = std::mem::take(&mut self.dir_dirty) || self.unsynced_initial_files.is_some();
         self.dir_changes_checkpointing = sync_dir.then_some(self.dir_changes);
         CheckpointWork {
             files_to_sync,
+            initial_files_to_sync: self
+                .unsynced_initial_files
+                .as_ref()
+                .map(|(_, files)| files.clone())
+                .unwrap_or_default(),
             index_files,
             sync_dir,
             write_epochs,
@@ -1450,7 +1566,7 @@ impl<F: Fs> PartitionLog<F> {
             io: None,
             // `durable` producer state is exact as of the high watermark, which is `offset`.
             producers: self.producers.encode_snapshot(offset),
-            new_point_file: self.last_checkpoint.is_none(),
+            new_point_file: self.last_checkpoint.is_none() && self.unsynced_initial_files.is_none(),
             point: RecoveryPoint {
                 offset,
                 segment_base,
@@ -1467,6 +1583,7 @@ impl<F: Fs> PartitionLog<F> {
     /// Records a completed checkpoint.
     pub(crate) fn checkpoint_done(&mut self, point: RecoveryPoint) {
         self.last_checkpoint = Some(point);
+        self.unsynced_initial_files = None;
         if let Some(changes) = self.dir_changes_checkpointing.take() {
             self.dir_changes_synced = self.dir_changes_synced.max(changes);
         }

@@ -779,6 +779,179 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
 /// Index files whose segment is gone (a crash between removing a segment's files, say) are
 /// removed when the log opens, so that a later segment with the same base, which may get no
 /// index files of its own, never reads them as its own.
+/// A log opened as a leader for the first time gets its recovery point and epoch file with its
+/// directory, so that its first checkpoint changes no directory entry when its segment is within
+/// one index interval (no index files; BENCHMARKS item 33), whether the checkpoint syncs each
+/// file or the file system. That checkpoint makes both files durable: after a power loss,
+/// recovery starts at its point and the log still knows where its epoch began.
+#[test]
+fn a_new_log_gets_its_point_and_epoch_file_when_created() {
+    block_on(async {
+        // One log small enough to have no index files, one with them (recovery then reads
+        // nothing below the point, so its epochs come from the file alone).
+        let logs = [("init-0", one_segment_config(4096)), ("init-1", small_config())];
+        for syncfs_min_logs in [0, 1] {
+            let fs = MemFs::new();
+            let mut expected = Vec::new();
+            {
+                // Rounds journaled, so that the checkpoint syncs the segments.
+                let store = open_store_overlap(&fs, 1 << 20, 0, 1 << 30, 0, syncfs_min_logs).await;
+                let mut ids = Vec::new();
+                for (name, config) in &logs {
+                    let (id, _) = store
+                        .open_log_as_leader(key(name), config.clone(), 7, 0)
+                        .await
+                        .unwrap();
+                    let mut names = fs.list_dir(&root().join(name)).await.unwrap();
+                    names.sort();
+                    assert_eq!(
+                        names,
+                        ["leader-epoch-checkpoint", "partition.metadata", "recovery-point"]
+                    );
+                    assert_eq!(
+                        store.with_log(id, |l| l.end_offset_for_epoch(7)).unwrap(),
+                        Some((7, 0))
+                    );
+                    for i in 0..5 {
+                        store.append(id, &value_batch(i, 3, 0), 7, 0).unwrap();
+                    }
+                    ids.push(id);
+                }
+                assert!(!store.flush_round().await.direct);
+                let small_dir = root().join(logs[0].0);
+                let changes = fs.dir_change_count(&small_dir);
+                let stats = store.checkpoint().await.unwrap();
+                assert_eq!(stats.syncfs, syncfs_min_logs == 1, "{stats:?}");
+                assert_eq!(
+                    fs.dir_change_count(&small_dir),
+                    changes,
+                    "the first checkpoint (syncfs {}) created, renamed or removed files",
+                    stats.syncfs
+                );
+                for id in ids {
+                    expected.push(read_all(&store, id, 0).await);
+                }
+            }
+            let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
+            for ((name, config), expected) in logs.iter().zip(&expected) {
+                let (id, rec) = store
+                    .open_log_as_leader(key(name), config.clone(), 7, 0)
+                    .await
+                    .unwrap();
+                if *name == "init-1" {
+                    assert_eq!(rec.bytes_scanned, 0, "recovery starts at the checkpoint: {rec:?}");
+                }
+                assert_eq!(&read_all(&store, id, 0).await, expected);
+                assert_eq!(
+                    store.with_log(id, |l| l.end_offset_for_epoch(7)).unwrap(),
+                    Some((7, 15)),
+                    "{name}, syncfs {}",
+                    syncfs_min_logs == 1
+                );
+            }
+        }
+    });
+}
+
+/// Logs opened together (a CreateTopics request's partitions) are created with one sync of the
+/// file system and no fsync per log; a power loss right after keeps each one's metadata,
+/// recovery point and epoch file, and a log nothing was appended to needs no checkpoint. Fewer
+/// logs are synced one by one. A failed sync fails the logs it was to make durable.
+#[test]
+fn logs_created_together_are_made_durable_with_one_file_system_sync() {
+    block_on(async {
+        let fs = MemFs::new();
+        let logs: Vec<_> = (0..20)
+            .map(|i| (key(&format!("together-{i}")), small_config()))
+            .collect();
+        let open = || open_store_overlap(&fs, 1 << 20, 2, 1 << 30, 0, 16);
+        {
+            let store = open().await;
+            let fsyncs = fs.fsync_count();
+            for r in store.open_logs(logs.clone(), 2, 0).await {
+                r.unwrap();
+            }
+            assert_eq!(fs.fsync_count(), fsyncs, "no fsync per log");
+            assert!(
+                !store.has_uncheckpointed_changes(),
+                "new logs nothing was appended to need no checkpoint"
+            );
+        }
+        fs.crash(|_| 0);
+        for (k, _) in &logs {
+            let mut names = fs.list_dir(&root().join(&k.dir_name)).await.unwrap();
+            names.sort();
+            assert_eq!(
+                names,
+                ["leader-epoch-checkpoint", "partition.metadata", "recovery-point"],
+                "{}",
+                k.dir_name
+            );
+        }
+        replay_journals(&fs, &root(), |_| Some(small_config()), 0)
+            .await
+            .unwrap();
+        let store = open().await;
+        for r in store.open_logs(logs.clone(), 2, 0).await {
+            let (id, rec) = r.unwrap();
+            assert!(rec.problems.is_empty(), "{rec:?}");
+            store
+                .with_log(id, |l| {
+                    assert_eq!(l.end_offset_for_epoch(2), Some((2, 0)));
+                    assert!(l.last_checkpoint().is_some(), "the point written with the log");
+                })
+                .unwrap();
+        }
+        let fsyncs = fs.fsync_count();
+        for r in store
+            .open_logs(vec![(key("alone-0"), small_config())], 2, 0)
+            .await
+        {
+            r.unwrap();
+        }
+        assert!(fs.fsync_count() > fsyncs, "one new log is synced by itself");
+        fs.set_fail_fsync(true);
+        let failing: Vec<_> = (0..16)
+            .map(|i| (key(&format!("failing-{i}")), small_config()))
+            .collect();
+        let opened = store.open_logs(failing, 2, 0).await;
+        assert!(opened.iter().all(|r| r.is_err()), "{opened:?}");
+    });
+}
+
+/// A power loss before a new log's first checkpoint may take the files written with it; the
+/// log then recovers from the journal as any other, and notes its epochs from its batches.
+#[test]
+fn a_new_log_recovers_without_the_files_written_with_it() {
+    block_on(async {
+        let fs = MemFs::new();
+        let expected;
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store
+                .open_log_as_leader(key("init-1"), small_config(), 4, 0)
+                .await
+                .unwrap();
+            for i in 0..3 {
+                store.append(id, &value_batch(i, 2, 0), 5, 0).unwrap();
+            }
+            store.flush_round().await;
+            expected = read_all(&store, id, 0).await;
+        }
+        fs.crash(|_| 0);
+        let names = fs.list_dir(&root().join("init-1")).await.unwrap();
+        assert_eq!(names, ["partition.metadata"], "the crash took the unsynced files");
+        let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
+        let (id, _) = store
+            .open_log_as_leader(key("init-1"), small_config(), 5, 0)
+            .await
+            .unwrap();
+        assert_eq!(read_all(&store, id, 0).await, expected);
+        // Epoch 4 had no batch; epoch 5 began at offset 0.
+        assert_eq!(store.with_log(id, |l| l.latest_epoch()).unwrap(), Some((5, 0)));
+    });
+}
+
 #[test]
 fn index_files_without_their_segment_are_removed_at_open() {
     block_on(async {
@@ -1711,8 +1884,14 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
             )
             .await;
             let mut ids = Vec::new();
-            for (i, name) in logs.iter().enumerate() {
-                let (id, _) = store.open_log(key(name), small_config(), 0).await.unwrap();
+            // Every batch is appended in leader epoch 3; a new log starts it at offset 0. The
+            // logs are opened together (created with one file-system sync when there are
+            // `checkpoint_syncfs_min_logs` of them).
+            let opened = store
+                .open_logs(logs.iter().map(|n| (key(n), small_config())).collect(), 3, 0)
+                .await;
+            for (i, (name, opened)) in logs.iter().zip(opened).enumerate() {
+                let (id, _) = opened.unwrap();
                 // Check everything acknowledged so far.
                 let all = read_all(&store, id, 0).await;
                 let mut expect_next = 0;
@@ -1780,6 +1959,17 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                     );
                 }
                 let hw = store.offsets(id).unwrap().high_watermark;
+                // The log knows where its epoch began, whatever the crash left of its files.
+                let epoch_end = store.with_log(id, |l| l.end_offset_for_epoch(3)).unwrap();
+                let log_end = store.offsets(id).unwrap().log_end_offset;
+                if all.is_empty() {
+                    assert!(
+                        matches!(epoch_end, None | Some((3, 0))),
+                        "epoch 3 of empty {name}: {epoch_end:?}"
+                    );
+                } else {
+                    assert_eq!(epoch_end, Some((3, log_end)), "epoch 3 of {name}");
+                }
                 if let Some((last, bytes)) = acked[i].iter().next_back() {
                     let count = batch::BatchHeader::parse(bytes).unwrap().offset_count();
                     assert!(
