@@ -735,13 +735,15 @@ impl<F: Fs> PartitionLog<F> {
         // Epochs that begin past the end are gone (as Kafka's recovery truncates its epoch cache
         // to the log end); a leader's epoch begins at the end unless it already has (as Kafka
         // assigns it when the leader is elected).
-        let before = log.epochs.clone();
+        // The retain drops a suffix and the note adds at most one entry, so the length and the
+        // last entry tell whether anything changed. (An empty log's epoch is dropped and noted
+        // again: no change to write.)
+        let before = (log.epochs.len(), log.epochs.last().copied());
         log.epochs.retain(|(_, start)| *start < end);
         if let Some(epoch) = leader_epoch {
             note_epoch(&mut log.epochs, epoch, end, &mut false);
         }
-        // (An empty log's epoch is dropped and noted again: no change to write.)
-        log.epochs_dirty |= log.epochs != before;
+        log.epochs_dirty |= (log.epochs.len(), log.epochs.last().copied()) != before;
         log.last_checkpoint = if report.bytes_truncated == 0 && report.problems.is_empty() {
             trusted
         } else {

@@ -457,8 +457,7 @@ impl<F: Fs> ShardStore<F> {
         leader_epoch: i32,
         now_ms: i64,
     ) -> Vec<Result<(LogId, RecoveryReport), StorageError>> {
-        let min_logs = self.config.checkpoint_syncfs_min_logs;
-        let by_filesystem = min_logs > 0 && self.config.direct_min_log_bytes > 0 && logs.len() >= min_logs;
+        let by_filesystem = self.syncs_filesystem_for(logs.len());
         let mut results: Vec<Option<Result<(LogId, RecoveryReport), StorageError>>> =
             Vec::with_capacity(logs.len());
         // Logs created unsynced wait for the sync before they are registered (nothing may be
@@ -511,6 +510,14 @@ impl<F: Fs> ShardStore<F> {
             .into_iter()
             .map(|r| r.unwrap_or(Err(StorageError::UnknownLog)))
             .collect()
+    }
+
+    /// Whether the files of this many logs are made durable with syncs of the file system
+    /// rather than fsyncs per file (a checkpoint, or logs created together; see
+    /// [`StoreConfig::checkpoint_syncfs_min_logs`]).
+    fn syncs_filesystem_for(&self, logs: usize) -> bool {
+        let min_logs = self.config.checkpoint_syncfs_min_logs;
+        min_logs > 0 && self.config.direct_min_log_bytes > 0 && logs >= min_logs
     }
 
     /// Prepares a log's directory (see [`prepare_log_dir`]; `sync`: durably) and opens the log
@@ -1358,9 +1365,7 @@ impl<F: Fs> ShardStore<F> {
         // 3. Do the I/O, a bounded number of logs at a time.
         let mut failed = None;
         let mut done = Vec::with_capacity(works.len());
-        let min_logs = self.config.checkpoint_syncfs_min_logs;
-        let by_filesystem = min_logs > 0 && self.config.direct_min_log_bytes > 0 && works.len() >= min_logs;
-        if by_filesystem {
+        if self.syncs_filesystem_for(works.len()) {
             stats.syncfs = true;
             self.checkpoint_by_filesystem(works, &mut done, &mut failed).await;
         } else {
