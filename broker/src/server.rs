@@ -235,9 +235,17 @@ async fn shard_main(
 ) -> anyhow::Result<()> {
     let config = Rc::new((*config).clone());
     strand_storage::fs_glommio::set_drop_behind_bytes(config.log_drop_behind_bytes);
+    let page_cache_guard_bytes = strand_storage::fs_glommio::page_cache_guard_bytes(&config.log_dir);
+    if id.0 == 0 && config.log_direct_writes {
+        tracing::info!(
+            page_cache_guard_bytes,
+            "segments are written directly; reads this far behind a segment's end go through the page cache"
+        );
+    }
     strand_storage::fs_glommio::set_direct_segment_writes(
         config.log_direct_writes,
         config.log_direct_cache_bytes,
+        page_cache_guard_bytes,
     );
     let (router, peers) = Router::connect(chan).await;
     let router = Rc::new(router);

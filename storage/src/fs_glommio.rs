@@ -11,12 +11,13 @@ use std::io;
 use std::io::IoSliceMut;
 use std::num::NonZeroU64;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use glommio::io::{BufferedFile, DmaFile, OpenOptions};
+use glommio::sync::RwLock;
 use rustix::io::{Errno, ReadWriteFlags};
 
 use crate::fs::{direct_aligned, FileHandle, Fs, StdFs};
@@ -53,6 +54,10 @@ struct DirectSide {
     ahead: RefCell<Option<(u64, Bytes)>>,
     /// The next piece's read, running in the background (see [`DirectSide::read`]).
     next: RefCell<Option<(u64, glommio::Task<io::Result<Bytes>>)>>,
+    /// Held (shared) by every read of the file through the page cache while it runs; taken
+    /// (exclusive) before the direct descriptor is opened and before a truncation, which move
+    /// the pages direct writes will cover (see [`set_direct_segment_writes`]).
+    page_cache_reads: RwLock<()>,
 }
 
 /// Smaller segment writes go through the page cache.
@@ -106,6 +111,7 @@ impl DirectSide {
         // the rest, and a descriptor more for every segment read (a restart's recovery scans
         // them all) would double the files a broker with many partitions keeps open.
         let Some(dma) = self.dma.borrow().clone() else {
+            let _reading = self.page_cache_reads.read().await.map_err(lock_error)?;
             return buffered_read(f, pos, len).await;
         };
         let stable = self.stable_end(f).await?.saturating_sub(pos) as usize;
@@ -176,6 +182,10 @@ impl DirectSide {
         if !DIRECT_WRITES.load(Ordering::Relaxed) {
             return None;
         }
+        // Reads through the page cache may so far have taken the pages the first direct write
+        // covers; it must not start while one of them is being read (and once the descriptor
+        // is open, reads near the end go through it). The lock is only closed on drop.
+        let _no_reads = self.page_cache_reads.write().await.ok()?;
         let path = f.path().map(|p| p.to_path_buf())?;
         match OpenOptions::new().read(true).write(true).dma_open(&path).await {
             Ok(dma) if dma.alignment() <= crate::fs::DIRECT_WRITE_ALIGN => {
@@ -221,6 +231,17 @@ impl DirectSide {
         }
         self.stable_end.set(Some(size));
         Ok(size)
+    }
+
+    /// Whether `len` bytes at `pos` lie far enough behind the file's written end to be read
+    /// through the page cache: they end at least [`PAGE_CACHE_GUARD_BYTES`] before the page
+    /// the next write starts in (see [`set_direct_segment_writes`]). Call with
+    /// `page_cache_reads` held, so that no truncation moves that page meanwhile.
+    async fn behind_writes(&self, f: &BufferedFile, pos: u64, len: usize) -> io::Result<bool> {
+        let end = self.stable_end(f).await?;
+        let next_write_page = end - end % crate::fs::DIRECT_WRITE_ALIGN;
+        let guard = PAGE_CACHE_GUARD_BYTES.with(Cell::get);
+        Ok(pos.saturating_add(len as u64) <= next_write_page.saturating_sub(guard))
     }
 
     fn set_ahead(&self, at: u64, bytes: Bytes) {
@@ -366,6 +387,8 @@ thread_local! {
     static DIRECT_SEGMENT_WRITES: Cell<bool> = const { Cell::new(false) };
     /// The shard's budget for direct-written segments' recent writes (see [`Recent`]).
     static RECENT_BUDGET_BYTES: Cell<usize> = const { Cell::new(256 << 20) };
+    /// See [`set_direct_segment_writes`] and [`page_cache_guard_bytes`].
+    static PAGE_CACHE_GUARD_BYTES: Cell<u64> = const { Cell::new(PAGE_CACHE_GUARD_UNKNOWN_BYTES) };
     /// Numbers the recent writes, for [`RECENT_ORDER`].
     static RECENT_SEQ: Cell<u64> = const { Cell::new(0) };
     /// Bytes read ahead by the shard's files (see [`DirectSide::read`]).
@@ -398,11 +421,72 @@ pub fn recent_write_stats() -> (usize, u64, u64) {
 /// writes, which is where a buffered write spends its time on a VM whose fresh pages are
 /// expensive (BENCHMARKS.md items 22 and 25). The page cache then lacks what was written:
 /// reads of each file's most recent writes (a consumer following the log) come from memory, up
-/// to `recent_budget_bytes` per shard, and the rest of such a file from the disk, directly.
-/// Files not written since they were opened are read through the page cache.
-pub fn set_direct_segment_writes(on: bool, recent_budget_bytes: usize) {
+/// to `recent_budget_bytes` per shard. Reads that miss them:
+///
+/// - **ending `page_cache_guard_bytes` or more before the page the next write starts in** go
+///   through the page cache, as every read of a Kafka log does: a consumer catching up takes
+///   pages, and the next reader of the same data finds them there (BENCHMARKS.md item 35);
+/// - **nearer the end**, directly (`O_DIRECT`) once the file has been written directly.
+///
+/// The distance is what makes mixing the two safe. A direct write makes the kernel drop the
+/// cached pages it covers; if one of them is being read at that moment it stays, stale, and
+/// the kernel fails the file's next `fsync` with `EIO`. Direct writes only ever cover the page
+/// holding the written end and those after it. A read through the page cache takes at most
+/// the kernel's read-ahead window beyond what it asked for, so with a distance of several
+/// windows ([`page_cache_guard_bytes`]) no read takes a page a write will cover. Truncations,
+/// which move the end back, and the first direct write wait for running reads.
+pub fn set_direct_segment_writes(on: bool, recent_budget_bytes: usize, page_cache_guard_bytes: u64) {
     DIRECT_SEGMENT_WRITES.with(|d| d.set(on));
     RECENT_BUDGET_BYTES.with(|d| d.set(recent_budget_bytes));
+    PAGE_CACHE_GUARD_BYTES.with(|d| d.set(page_cache_guard_bytes));
+}
+
+/// The guard when the read-ahead of the disk is not known.
+const PAGE_CACHE_GUARD_UNKNOWN_BYTES: u64 = 256 << 20;
+/// The smallest guard.
+const PAGE_CACHE_GUARD_MIN_BYTES: u64 = 32 << 20;
+
+/// The distance behind a direct-written segment's end from which its reads go through the
+/// page cache (see [`set_direct_segment_writes`]), for logs in `dir`: four times the largest
+/// window the kernel reads ahead on that disk (its `read_ahead_kb`, or its `max_sectors_kb`,
+/// which a large read may use instead), and at least 32 MiB. If `dir`'s disk is not found in
+/// `/sys` (a device-mapper or overlay file system, say), the largest window of any block
+/// device counts; failing that, 256 MiB. Read once at start-up: raising a disk's read-ahead
+/// later beyond a quarter of the guard needs a restart.
+pub fn page_cache_guard_bytes(dir: &Path) -> u64 {
+    let window_kib = |queue: PathBuf| {
+        let read = |name: &str| {
+            std::fs::read_to_string(queue.join(name))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+        };
+        read("read_ahead_kb").map(|ra| ra.max(read("max_sectors_kb").unwrap_or(0)))
+    };
+    let own = std::fs::metadata(dir).ok().and_then(|m| {
+        use std::os::unix::fs::MetadataExt;
+        let dev = m.dev();
+        let base = PathBuf::from(format!(
+            "/sys/dev/block/{}:{}",
+            rustix::fs::major(dev),
+            rustix::fs::minor(dev)
+        ));
+        // A partition's queue is its disk's, one level up.
+        window_kib(base.join("queue")).or_else(|| window_kib(base.join("../queue")))
+    });
+    let any = || {
+        std::fs::read_dir("/sys/block")
+            .ok()?
+            .filter_map(|e| window_kib(e.ok()?.path().join("queue")))
+            .max()
+    };
+    match own.or_else(any) {
+        Some(kib) => PAGE_CACHE_GUARD_MIN_BYTES.max(kib.saturating_mul(4 << 10)),
+        None => PAGE_CACHE_GUARD_UNKNOWN_BYTES,
+    }
+}
+
+fn lock_error<E: std::fmt::Display>(e: E) -> io::Error {
+    io::Error::other(format!("segment read lock: {e}"))
 }
 
 /// After an `fdatasync`, a buffered file's pages lying more than `bytes` behind the end of what
@@ -538,10 +622,19 @@ impl FileHandle for GlommioFile {
                         RECENT_HIT_BYTES.with(|n| n.set(n.get() + hit.len() as u64));
                         return Ok(hit);
                     }
-                    // A file written directly is read directly too (see `DirectSide::read`):
-                    // through the page cache the read would take fresh pages for what the kernel
-                    // reads ahead, which costs what the direct writes saved. The kernel writes a
-                    // dirty last page back before such a read.
+                    // Far behind the end, through the page cache, which keeps what was read
+                    // for the next reader (see `set_direct_segment_writes`).
+                    {
+                        let _reading = side.page_cache_reads.read().await.map_err(lock_error)?;
+                        if side.behind_writes(f, pos, len).await? {
+                            let read = buffered_read(f, pos, len).await?;
+                            RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
+                            return Ok(read);
+                        }
+                    }
+                    // Near the end, directly (see `DirectSide::read`): the page cache must not
+                    // hold a page a direct write is about to cover while someone reads it. The
+                    // kernel writes a dirty last page back before such a read.
                     let read = side.read(f, pos, len).await?;
                     RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
                     return Ok(read);
@@ -578,6 +671,12 @@ impl FileHandle for GlommioFile {
     async fn truncate(&self, len: u64) -> io::Result<()> {
         match &self.0 {
             Inner::Buffered(f) => {
+                // Reads through the page cache finish first: after the cut, direct writes cover
+                // pages they could be reading (the lock is only closed on drop).
+                let _no_reads = match &self.2 {
+                    Some(side) => Some(side.page_cache_reads.write().await.map_err(lock_error)?),
+                    None => None,
+                };
                 if let Some(side) = &self.2 {
                     side.tail.replace(None);
                     side.recent.borrow_mut().truncate(len);
@@ -822,6 +921,7 @@ impl Fs for GlommioFs {
                 stable_end: Cell::new(None),
                 ahead: RefCell::new(None),
                 next: RefCell::new(None),
+                page_cache_reads: RwLock::new(()),
             });
         }
         Ok(file)
@@ -1175,7 +1275,7 @@ mod tests {
                 .sum()
         }
         // Each test runs on its own thread: the thread-locals start afresh.
-        set_direct_segment_writes(true, 1 << 20);
+        set_direct_segment_writes(true, 1 << 20, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
         let mut files: Vec<Rc<RefCell<Recent>>> = (0..5).map(|_| Rc::default()).collect();
         let mut ends = [0u64; 5];
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -1264,70 +1364,165 @@ mod tests {
         }
     }
 
+    /// Reads near the end go directly (the guard is larger than the file).
     #[test]
     fn direct_segment_writes_keep_every_byte() {
+        run(|path| Box::pin(keep_every_byte(path, PAGE_CACHE_GUARD_UNKNOWN_BYTES)));
+    }
+
+    /// Most reads go through the page cache, with direct writes after them: one task does both
+    /// one after another, so no read can be running when a write drops the pages it covers
+    /// (the guard is about concurrent reads), and the bytes must be the same.
+    #[test]
+    fn direct_segment_writes_keep_every_byte_read_through_the_page_cache() {
+        run(|path| Box::pin(keep_every_byte(path, 64 << 10)));
+    }
+
+    async fn keep_every_byte(path: PathBuf, guard_bytes: u64) {
+        // A small budget for recent writes, so that they are evicted as the test goes.
+        set_direct_segment_writes(true, 1 << 20, guard_bytes);
+        let f = GlommioFs.open_segment(&path, true).await.unwrap();
+        assert!(f.2.is_some(), "O_DIRECT must work on the test's file system");
+
+        // A large write goes past the page cache: only its last partial page is cached.
+        let big: Vec<u8> = (0..(2 << 20) + 100).map(|i| (i % 251) as u8).collect();
+        f.write_all_at(big.clone(), 0).await.unwrap();
+        f.fdatasync().await.unwrap();
+        assert_eq!(
+            resident_pages(&path, 0, 2 << 20),
+            0,
+            "the direct write was cached"
+        );
+        let mut want = big;
+
+        // Writes of every kind of size and alignment, continuing unaligned ends.
+        let sizes = [
+            1,
+            17,
+            100,
+            4095,
+            4096,
+            5000,
+            65535,
+            65536,
+            70_001,
+            200_000,
+            (1 << 20) + 13,
+        ];
+        let mut rng = 0x9e37_79b9_7f4a_7c15;
+        append_and_check(&f, &mut want, &mut rng, &sizes, 150).await;
+        synced_file_is(&f, &path, &want, "what was written").await;
+        let (held, hits, misses) = recent_write_stats();
+        assert!(
+            held <= 1 << 20,
+            "{held} bytes of recent writes held over a 1 MiB budget"
+        );
+        assert!(
+            hits > 0 && misses > 0,
+            "{hits} bytes read from memory, {misses} from the file"
+        );
+        read_through(&f, &want, 300_000).await;
+        read_through(&f, &want, 1 << 20).await;
+
+        // Another handle (as after a restart) does not know the last page: it reads it back.
+        drop(f);
+        let f = GlommioFs.open_segment(&path, false).await.unwrap();
+        append_and_check(&f, &mut want, &mut rng, &sizes, 40).await;
+
+        // Cut back to an unaligned length and written again with other bytes: nothing
+        // kept in memory from before the cut may be served.
+        let cut = want.len() - 300_007;
+        f.truncate(cut as u64).await.unwrap();
+        want.truncate(cut);
+        let mut other = 0x1234_5678_9abc_def1;
+        append_and_check(&f, &mut want, &mut other, &sizes, 40).await;
+        synced_file_is(&f, &path, &want, "after the cut").await;
+        read_through(&f, &want, 700_000).await;
+        set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
+    }
+
+    /// With the guard this machine gets: a read far behind the end takes its pages into the
+    /// page cache, where the next reader finds them; reads near the end (and the kernel's
+    /// read-ahead of the far ones) take none of the pages the next writes cover.
+    #[test]
+    fn reads_far_behind_a_direct_written_end_are_cached_and_near_it_are_not() {
         run(|path| {
             Box::pin(async move {
-                // A small budget for recent writes, so that they are evicted as the test goes.
-                set_direct_segment_writes(true, 1 << 20);
+                const MIB: u64 = 1 << 20;
+                let guard = page_cache_guard_bytes(path.parent().unwrap());
+                assert!(guard >= PAGE_CACHE_GUARD_MIN_BYTES, "guard {guard}");
+                set_direct_segment_writes(true, MIB as usize, guard);
                 let f = GlommioFs.open_segment(&path, true).await.unwrap();
-                assert!(f.2.is_some(), "O_DIRECT must work on the test's file system");
-
-                // A large write goes past the page cache: only its last partial page is cached.
-                let big: Vec<u8> = (0..(2 << 20) + 100).map(|i| (i % 251) as u8).collect();
-                f.write_all_at(big.clone(), 0).await.unwrap();
+                let mut want = Vec::new();
+                let len = guard + 16 * MIB + 100;
+                while (want.len() as u64) < len {
+                    let n = (MIB as usize).min((len - want.len() as u64) as usize);
+                    let data: Vec<u8> = (0..n).map(|i| ((i + want.len()) % 247) as u8).collect();
+                    f.write_all_at(data.clone(), want.len() as u64).await.unwrap();
+                    want.extend_from_slice(&data);
+                }
                 f.fdatasync().await.unwrap();
+                let next_write_page = len - len % 4096;
+                let near = next_write_page - guard;
                 assert_eq!(
-                    resident_pages(&path, 0, 2 << 20),
+                    resident_pages(&path, 0, next_write_page as usize),
                     0,
-                    "the direct write was cached"
+                    "direct writes were cached"
                 );
-                let mut want = big;
 
-                // Writes of every kind of size and alignment, continuing unaligned ends.
-                let sizes = [
-                    1,
-                    17,
-                    100,
-                    4095,
-                    4096,
-                    5000,
-                    65535,
-                    65536,
-                    70_001,
-                    200_000,
-                    (1 << 20) + 13,
-                ];
-                let mut rng = 0x9e37_79b9_7f4a_7c15;
-                append_and_check(&f, &mut want, &mut rng, &sizes, 150).await;
-                synced_file_is(&f, &path, &want, "what was written").await;
-                let (held, hits, misses) = recent_write_stats();
-                assert!(
-                    held <= 1 << 20,
-                    "{held} bytes of recent writes held over a 1 MiB budget"
+                // Far behind: through the page cache.
+                let got = f.read_at(0, 4 * MIB as usize).await.unwrap();
+                assert!(got[..] == want[..4 * MIB as usize]);
+                assert_eq!(
+                    resident_pages(&path, 0, 4 * MIB as usize),
+                    1024,
+                    "a far read was not cached"
                 );
-                assert!(
-                    hits > 0 && misses > 0,
-                    "{hits} bytes read from memory, {misses} from the file"
+                // Near the end, past the recent writes: directly, with what it reads ahead.
+                let at = next_write_page - 8 * MIB;
+                let got = f.read_at(at, 2 * MIB as usize).await.unwrap();
+                assert!(got[..] == want[at as usize..(at + 2 * MIB) as usize]);
+                // The last far read, right before the guard.
+                let got = f.read_at(near - MIB, MIB as usize).await.unwrap();
+                assert!(got[..] == want[(near - MIB) as usize..near as usize]);
+                assert_eq!(
+                    resident_pages(&path, near, (next_write_page - near) as usize),
+                    0,
+                    "a page within {guard} bytes of the next write was cached"
                 );
-                read_through(&f, &want, 300_000).await;
-                read_through(&f, &want, 1 << 20).await;
+                let (_, _, from_file) = recent_write_stats();
+                assert_eq!(from_file, 7 * MIB, "reads that missed the recent writes");
+                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
+            })
+        });
+    }
 
-                // Another handle (as after a restart) does not know the last page: it reads it back.
-                drop(f);
-                let f = GlommioFs.open_segment(&path, false).await.unwrap();
-                append_and_check(&f, &mut want, &mut rng, &sizes, 40).await;
-
-                // Cut back to an unaligned length and written again with other bytes: nothing
-                // kept in memory from before the cut may be served.
-                let cut = want.len() - 300_007;
-                f.truncate(cut as u64).await.unwrap();
-                want.truncate(cut);
-                let mut other = 0x1234_5678_9abc_def1;
-                append_and_check(&f, &mut want, &mut other, &sizes, 40).await;
-                synced_file_is(&f, &path, &want, "after the cut").await;
-                read_through(&f, &want, 700_000).await;
-                set_direct_segment_writes(false, 0);
+    /// A truncation moves the page the next direct write starts in back, possibly into pages
+    /// a read through the page cache is taking: it waits for such reads to finish.
+    #[test]
+    fn a_truncation_waits_for_reads_through_the_page_cache() {
+        run(|path| {
+            Box::pin(async move {
+                set_direct_segment_writes(true, 1 << 20, 64 << 10);
+                let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                let data: Vec<u8> = (0..(8 << 20) + 7).map(|i| (i % 241) as u8).collect();
+                f.write_all_at(data.clone(), 0).await.unwrap();
+                f.fdatasync().await.unwrap();
+                evict(&path);
+                let order = RefCell::new(Vec::new());
+                let read = async {
+                    let got = f.read_at(0, 4 << 20).await.unwrap();
+                    order.borrow_mut().push("read");
+                    got
+                };
+                let cut = async {
+                    f.truncate(1 << 20).await.unwrap();
+                    order.borrow_mut().push("truncate");
+                };
+                let (got, ()) = futures::join!(read, cut);
+                assert_eq!(*order.borrow(), ["read", "truncate"]);
+                assert!(got[..] == data[..4 << 20], "the read saw the truncation");
+                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
@@ -1339,7 +1534,7 @@ mod tests {
     fn a_segment_that_cannot_be_opened_directly_is_written_through_the_page_cache() {
         run(|path| {
             Box::pin(async move {
-                set_direct_segment_writes(true, 1 << 20);
+                set_direct_segment_writes(true, 1 << 20, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
                 let f = GlommioFs.open_segment(&path, true).await.unwrap();
                 std::fs::remove_file(&path).unwrap();
                 let data: Vec<u8> = (0..(1 << 20) + 5).map(|i| (i % 249) as u8).collect();
@@ -1349,7 +1544,7 @@ mod tests {
                 // From the file itself, not from the recent writes.
                 let read = buffered_read(buffered(&f), 0, data.len()).await.unwrap();
                 assert!(read[..] == data[..]);
-                set_direct_segment_writes(false, 0);
+                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
