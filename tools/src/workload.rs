@@ -1312,25 +1312,14 @@ fn read_partitions(
         last: None,
     };
     // The clock is read for the first record, when a partition is read to its end (the last
-    // one's is the last record's time) and when a poll returns nothing: reading it per record
-    // cost this thread a fifth of its time at a million records a second. A stall is a run
-    // of empty polls for `timeout_secs` after the last record.
+    // one's is the last record's time) and when a poll returns no record: reading it per
+    // record was a sizeable share of this thread's time at a million records a second
+    // (BENCHMARKS.md item 35). A stall is a run of polls without a record for `timeout_secs`
+    // after the last one.
     let mut last_progress = Instant::now();
     let mut progressed = false;
     while remaining > 0 {
         match consumer.poll(Duration::from_millis(100)) {
-            None => {
-                let now = Instant::now();
-                if std::mem::take(&mut progressed) {
-                    last_progress = now;
-                }
-                if now.duration_since(last_progress).as_secs_f64() > params.timeout_secs {
-                    bail!(
-                        "consumer {index} stalled: no record for {:.0} s, {remaining} partitions not read to the end",
-                        params.timeout_secs
-                    );
-                }
-            }
             Some(Ok(msg)) => {
                 progressed = true;
                 out.messages += 1;
@@ -1351,8 +1340,20 @@ fn read_partitions(
                         out.last = Some(now);
                     }
                 }
+                continue;
             }
             Some(Err(e)) => shared.events.push(format!("consumer: {e}")),
+            None => {}
+        }
+        let now = Instant::now();
+        if std::mem::take(&mut progressed) {
+            last_progress = now;
+        }
+        if now.duration_since(last_progress).as_secs_f64() > params.timeout_secs {
+            bail!(
+                "consumer {index} stalled: no record for {:.0} s, {remaining} partitions not read to the end",
+                params.timeout_secs
+            );
         }
     }
     Ok(out)
