@@ -175,6 +175,15 @@ pub(crate) fn describe() {
         Unit::Bytes,
         "Bytes read of direct-written segments, from the recent writes in memory (source=memory) or from the file (source=file), by shard."
     );
+    describe_counter!(
+        "strand_near_end_page_cache_read_bytes_total",
+        Unit::Bytes,
+        "Bytes read from direct-written segments' files near their written end through the page cache (no write of the segment in flight), with what was read ahead, by shard."
+    );
+    describe_counter!(
+        "strand_writes_beside_near_reads_total",
+        "Segment writes that would have been direct and went through the page cache because a read near the segment's end was running, by shard."
+    );
     describe_gauge!(
         "strand_journal_bytes",
         Unit::Bytes,
@@ -410,6 +419,8 @@ pub(crate) struct ShardMetrics {
     recent_bytes: Gauge,
     recent_hit_bytes: Counter,
     recent_miss_bytes: Counter,
+    near_read_bytes: Counter,
+    writes_beside_near_reads: Counter,
     migrations: Counter,
 }
 
@@ -458,6 +469,8 @@ impl ShardMetrics {
             recent_bytes: gauge!("strand_recent_writes_bytes", &l()),
             recent_hit_bytes: counter!("strand_recent_writes_read_bytes_total", "shard" => shard.clone(), "source" => "memory"),
             recent_miss_bytes: counter!("strand_recent_writes_read_bytes_total", "shard" => shard.clone(), "source" => "file"),
+            near_read_bytes: counter!("strand_near_end_page_cache_read_bytes_total", &l()),
+            writes_beside_near_reads: counter!("strand_writes_beside_near_reads_total", &l()),
             migrations: counter!("strand_connection_migrations_total", &l()),
         }
     }
@@ -654,6 +667,9 @@ impl ShardMetrics {
         self.recent_bytes.set(held as f64);
         self.recent_hit_bytes.absolute(hit);
         self.recent_miss_bytes.absolute(miss);
+        let (near, beside) = strand_storage::fs_glommio::near_read_stats();
+        self.near_read_bytes.absolute(near);
+        self.writes_beside_near_reads.absolute(beside);
         self.offline.set(if store.offline_reason().is_some() {
             1.0
         } else {

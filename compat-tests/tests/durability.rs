@@ -625,6 +625,18 @@ fn direct_written_segments_bypass_the_page_cache_and_read_back() {
         (m > 0.0 && f > 0.0).then_some((m, f))
     });
     eprintln!("read {memory} bytes from recent writes, {file} from the file");
+    // With no write in flight, what was read from the file went through the page cache, near
+    // the end as well: the next reader finds it in memory.
+    let near = wait_for(Duration::from_secs(10), "reads near the end counted", || {
+        let n = metric_sum(&broker.metrics(), "strand_near_end_page_cache_read_bytes_total");
+        (n > 0.0).then_some(n)
+    });
+    let cached = cached_bytes(&segment);
+    eprintln!("read {near} bytes near the end through the page cache; {cached} of {len} cached");
+    assert!(
+        cached >= len / 2,
+        "{cached} of the segment's {len} bytes cached after it was read"
+    );
     let held = metric_sum(&broker.metrics(), "strand_recent_writes_bytes");
     assert!(
         held <= (4 * MIB) as f64,

@@ -35,6 +35,8 @@ pub struct GlommioFile(Inner, Cell<Written>, Option<DirectSide>);
 /// bytes of the file's last partial page as this handle last wrote them.
 #[derive(Debug)]
 struct DirectSide {
+    /// The file's buffered descriptor (also the handle's), for reads that run on by themselves.
+    file: Rc<BufferedFile>,
     /// Opened at the first direct write: most segments of a broker with many partitions are
     /// never written again (a restart's recovery only reads them), and a descriptor each would
     /// be twice the files.
@@ -54,10 +56,33 @@ struct DirectSide {
     ahead: RefCell<Option<(u64, Bytes)>>,
     /// The next piece's read, running in the background (see [`DirectSide::read`]).
     next: RefCell<Option<(u64, glommio::Task<io::Result<Bytes>>)>>,
+    /// How many times what was read ahead has been forgotten (a truncation): a read that
+    /// finishes after that keeps nothing beyond what it was asked for, which the truncation
+    /// may have cut.
+    forgotten: Cell<u64>,
     /// Held (shared) by every read of the file through the page cache while it runs; taken
     /// (exclusive) before the direct descriptor is opened and before a truncation, which move
     /// the pages direct writes will cover (see [`set_direct_segment_writes`]).
-    page_cache_reads: RwLock<()>,
+    page_cache_reads: Rc<RwLock<()>>,
+    /// Reads through the page cache near the written end that have not finished: while there
+    /// are any, writes go through the page cache too (see [`set_direct_segment_writes`]).
+    near_reads: Rc<Cell<usize>>,
+}
+
+/// Counts one read near the end for as long as it lives.
+struct NearRead(Rc<Cell<usize>>);
+
+impl NearRead {
+    fn new(count: &Rc<Cell<usize>>) -> Self {
+        count.set(count.get() + 1);
+        NearRead(Rc::clone(count))
+    }
+}
+
+impl Drop for NearRead {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 /// Smaller segment writes go through the page cache.
@@ -69,9 +94,11 @@ const READ_AHEAD_BYTES: usize = 4 << 20;
 const READ_AHEAD_MAX_BYTES: usize = 64 << 20;
 
 impl DirectSide {
-    /// Reads `len` bytes at `pos` from the file, or from what was read ahead. A consumer
+    /// Reads `len` bytes at `pos` near the written end, from what was read ahead or from the
+    /// file: up to [`READ_AHEAD_BYTES`] at once, through the page cache while no write of the
+    /// file is in flight (see [`DirectSide::near_read`]) and directly otherwise. A consumer
     /// catching up reads on: whenever it has read into the second half of what was read ahead,
-    /// the next piece is read in the background.
+    /// the next piece is read directly in the background.
     async fn read(&self, f: &BufferedFile, pos: u64, len: usize) -> io::Result<Bytes> {
         if let Some(hit) = self.read_ahead(pos, len) {
             return Ok(hit);
@@ -86,9 +113,13 @@ impl DirectSide {
             } else {
                 None
             };
+            let forgotten = self.forgotten.get();
             if (pos >= at && pos < at + READ_AHEAD_BYTES as u64) || head.is_some() {
                 let bytes = task.await?;
-                self.set_ahead(at, bytes);
+                // A piece read before a truncation is not kept: the truncation may have cut it.
+                if self.forgotten.get() == forgotten {
+                    self.set_ahead(at, bytes);
+                }
                 match head {
                     None => {
                         if let Some(hit) = self.read_ahead(pos, len) {
@@ -114,15 +145,24 @@ impl DirectSide {
             let _reading = self.page_cache_reads.read().await.map_err(lock_error)?;
             return buffered_read(f, pos, len).await;
         };
+        let forgotten = self.forgotten.get();
         let stable = self.stable_end(f).await?.saturating_sub(pos) as usize;
         let room = READ_AHEAD_MAX_BYTES.saturating_sub(AHEAD_BYTES.with(Cell::get));
         let want = len.max(READ_AHEAD_BYTES.min(stable).min(room));
-        let read = dma.read_at(pos, want).await?;
-        let bytes = Bytes::copy_from_slice(&read);
-        drop(read);
+        // Through the page cache unless a write of the file is in flight, so that the next
+        // reader finds these bytes in memory (see `near_read`).
+        let bytes = match self.near_read(pos, want).await? {
+            Some(bytes) => {
+                NEAR_CACHED_READ_BYTES.with(|n| n.set(n.get() + bytes.len() as u64));
+                bytes
+            }
+            None => Bytes::copy_from_slice(&dma.read_at(pos, want).await?),
+        };
         if bytes.len() > len {
-            self.set_ahead(pos, bytes.clone());
-            self.prefetch(pos + bytes.len() as u64);
+            if self.forgotten.get() == forgotten {
+                self.set_ahead(pos, bytes.clone());
+                self.prefetch(pos + bytes.len() as u64);
+            }
             return Ok(bytes.slice(..len));
         }
         Ok(bytes)
@@ -233,6 +273,30 @@ impl DirectSide {
         Ok(size)
     }
 
+    /// `len` bytes at `pos` near the written end, through the page cache, so that the next
+    /// reader finds them there as it would far behind; `None` while a write of the file is in
+    /// flight (read them directly then). A direct write that starts while such a read runs
+    /// goes through the page cache instead (see [`split_write`]), so none of these reads ever
+    /// holds a page a direct write covers. The read runs to its end even if its caller stops
+    /// waiting: until it ends, the kernel may hold the pages it reads.
+    async fn near_read(&self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
+        if self.writing.get() {
+            return Ok(None);
+        }
+        let counted = NearRead::new(&self.near_reads);
+        let (file, lock) = (Rc::clone(&self.file), Rc::clone(&self.page_cache_reads));
+        let read = glommio::spawn_local(async move {
+            let _counted = counted;
+            let _reading = lock.read().await.map_err(lock_error)?;
+            buffered_read(&file, pos, len).await
+        })
+        .detach();
+        match read.await {
+            Some(read) => read.map(Some),
+            None => Err(io::Error::other("a segment read was cancelled")),
+        }
+    }
+
     /// Whether `len` bytes at `pos` lie far enough behind the file's written end to be read
     /// through the page cache: they end at least [`PAGE_CACHE_GUARD_BYTES`] before the page
     /// the next write starts in (see [`set_direct_segment_writes`]). Call with
@@ -258,6 +322,7 @@ impl DirectSide {
 
     /// Forgets everything read ahead, and cancels the read in the background.
     fn forget_reads(&self) {
+        self.forgotten.set(self.forgotten.get() + 1);
         self.drop_ahead();
         self.next.replace(None);
     }
@@ -396,6 +461,11 @@ thread_local! {
     /// Bytes read of direct-written segments from their recent writes, and otherwise.
     static RECENT_HIT_BYTES: Cell<u64> = const { Cell::new(0) };
     static RECENT_MISS_BYTES: Cell<u64> = const { Cell::new(0) };
+    /// Bytes read near direct-written ends through the page cache, with what was read ahead.
+    static NEAR_CACHED_READ_BYTES: Cell<u64> = const { Cell::new(0) };
+    /// Writes that would have been direct and went through the page cache, since a read near
+    /// the end ran.
+    static WRITES_BESIDE_NEAR_READS: Cell<u64> = const { Cell::new(0) };
     /// Every kept write of the shard's direct-written segments, oldest first: its file and
     /// sequence number (an entry whose write is gone already is skipped).
     static RECENT_ORDER: RefCell<VecDeque<(Weak<RefCell<Recent>>, u64)>> = const { RefCell::new(VecDeque::new()) };
@@ -415,26 +485,40 @@ pub fn recent_write_stats() -> (usize, u64, u64) {
     )
 }
 
+/// The calling shard's reads near direct-written segments' ends (see
+/// [`set_direct_segment_writes`]): bytes read through the page cache, and writes that went
+/// through the page cache because such a read was running.
+pub fn near_read_stats() -> (u64, u64) {
+    (
+        NEAR_CACHED_READ_BYTES.with(Cell::get),
+        WRITES_BESIDE_NEAR_READS.with(Cell::get),
+    )
+}
+
 /// Segment files opened by the calling thread (a shard) from now on write their whole pages
 /// with `O_DIRECT` and only a last partial page through the page cache
 /// (`strand.log.direct.writes`): a growing log then takes no page-cache pages for what it
 /// writes, which is where a buffered write spends its time on a VM whose fresh pages are
 /// expensive (BENCHMARKS.md items 22 and 25). The page cache then lacks what was written:
 /// reads of each file's most recent writes (a consumer following the log) come from memory, up
-/// to `recent_budget_bytes` per shard. Reads that miss them:
+/// to `recent_budget_bytes` per shard. Reads that miss them go through the page cache, as
+/// every read of a Kafka log does: a consumer catching up takes pages, and the next reader of
+/// the same data finds them there (BENCHMARKS.md items 35 and 36). Mixing those reads with
+/// direct writes is safe only if no read holds a page a direct write covers: the kernel drops
+/// the cached pages a direct write covers, and if one of them is being read at that moment it
+/// stays, stale, and the kernel fails the file's next `fsync` with `EIO`. Direct writes only
+/// ever cover the page holding the written end and those after it. So reads
 ///
-/// - **ending `page_cache_guard_bytes` or more before the page the next write starts in** go
-///   through the page cache, as every read of a Kafka log does: a consumer catching up takes
-///   pages, and the next reader of the same data finds them there (BENCHMARKS.md item 35);
-/// - **nearer the end**, directly (`O_DIRECT`) once the file has been written directly.
+/// - **ending `page_cache_guard_bytes` or more before the page the next write starts in** run
+///   whenever they come: a read through the page cache takes at most the kernel's read-ahead
+///   window beyond what it asked for, and the distance is several windows
+///   ([`page_cache_guard_bytes`]);
+/// - **nearer the end** run through the page cache only while no write of the file is in
+///   flight (otherwise directly, with `O_DIRECT`), and a write that starts while one runs
+///   goes through the page cache instead of directly. The kernel's read-ahead beyond such a
+///   read is no hazard: its pages are locked until read, and a direct write waits for them.
 ///
-/// The distance is what makes mixing the two safe. A direct write makes the kernel drop the
-/// cached pages it covers; if one of them is being read at that moment it stays, stale, and
-/// the kernel fails the file's next `fsync` with `EIO`. Direct writes only ever cover the page
-/// holding the written end and those after it. A read through the page cache takes at most
-/// the kernel's read-ahead window beyond what it asked for, so with a distance of several
-/// windows ([`page_cache_guard_bytes`]) no read takes a page a write will cover. Truncations,
-/// which move the end back, and the first direct write wait for running reads.
+/// Truncations, which move the end back, and the first direct write wait for running reads.
 pub fn set_direct_segment_writes(on: bool, recent_budget_bytes: usize, page_cache_guard_bytes: u64) {
     DIRECT_SEGMENT_WRITES.with(|d| d.set(on));
     RECENT_BUDGET_BYTES.with(|d| d.set(recent_budget_bytes));
@@ -556,7 +640,7 @@ impl GlommioFile {
 
 #[derive(Debug)]
 enum Inner {
-    Buffered(BufferedFile),
+    Buffered(Rc<BufferedFile>),
     Direct(DmaFile),
 }
 
@@ -632,9 +716,10 @@ impl FileHandle for GlommioFile {
                             return Ok(read);
                         }
                     }
-                    // Near the end, directly (see `DirectSide::read`): the page cache must not
-                    // hold a page a direct write is about to cover while someone reads it. The
-                    // kernel writes a dirty last page back before such a read.
+                    // Near the end (see `DirectSide::read`): through the page cache too while no
+                    // write of the file is in flight, directly otherwise: the page cache must
+                    // not hold a page a direct write is about to cover while someone reads it.
+                    // The kernel writes a dirty last page back before a direct read.
                     let read = side.read(f, pos, len).await?;
                     RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
                     return Ok(read);
@@ -738,6 +823,11 @@ async fn split_write(f: &BufferedFile, side: &DirectSide, buf: Vec<u8>, pos: u64
     let first = pos - pos % PAGE;
     let last = end - end % PAGE;
     let dma = if last <= first || len < DIRECT_MIN_BYTES {
+        None
+    } else if side.near_reads.get() > 0 {
+        // A read near the end is taking pages through the page cache; this write cannot drop
+        // them from under it, so it goes there too (see `DirectSide::near_read`).
+        WRITES_BESIDE_NEAR_READS.with(|n| n.set(n.get() + 1));
         None
     } else {
         side.dma(f).await
@@ -874,7 +964,7 @@ impl Fs for GlommioFs {
             .create(create)
             .buffered_open(path)
             .await?;
-        Ok(GlommioFile(Inner::Buffered(f), Cell::default(), None))
+        Ok(GlommioFile(Inner::Buffered(Rc::new(f)), Cell::default(), None))
     }
 
     /// `O_DIRECT` where the file system supports it (glommio writes tmpfs files without it); a
@@ -912,8 +1002,13 @@ impl Fs for GlommioFs {
     /// segment's whole pages (where the file system supports it).
     async fn open_segment(&self, path: &Path, create: bool) -> io::Result<GlommioFile> {
         let mut file = self.open(path, create).await?;
-        if DIRECT_SEGMENT_WRITES.with(Cell::get) && DIRECT_WRITES.load(Ordering::Relaxed) {
+        if let (true, true, Inner::Buffered(buffered)) = (
+            DIRECT_SEGMENT_WRITES.with(Cell::get),
+            DIRECT_WRITES.load(Ordering::Relaxed),
+            &file.0,
+        ) {
             file.2 = Some(DirectSide {
+                file: Rc::clone(buffered),
                 dma: RefCell::new(None),
                 writing: Cell::new(false),
                 tail: RefCell::new(None),
@@ -921,7 +1016,9 @@ impl Fs for GlommioFs {
                 stable_end: Cell::new(None),
                 ahead: RefCell::new(None),
                 next: RefCell::new(None),
-                page_cache_reads: RwLock::new(()),
+                forgotten: Cell::new(0),
+                page_cache_reads: Rc::new(RwLock::new(())),
+                near_reads: Rc::new(Cell::new(0)),
             });
         }
         Ok(file)
@@ -1442,10 +1539,11 @@ mod tests {
     }
 
     /// With the guard this machine gets: a read far behind the end takes its pages into the
-    /// page cache, where the next reader finds them; reads near the end (and the kernel's
-    /// read-ahead of the far ones) take none of the pages the next writes cover.
+    /// page cache, where the next reader finds them, and the kernel's read-ahead of far reads
+    /// takes none of the pages within the guard; a read near the end, with no write in flight,
+    /// takes its pages into the page cache too.
     #[test]
-    fn reads_far_behind_a_direct_written_end_are_cached_and_near_it_are_not() {
+    fn reads_far_behind_a_direct_written_end_and_near_it_are_cached() {
         run(|path| {
             Box::pin(async move {
                 const MIB: u64 = 1 << 20;
@@ -1478,10 +1576,6 @@ mod tests {
                     1024,
                     "a far read was not cached"
                 );
-                // Near the end, past the recent writes: directly, with what it reads ahead.
-                let at = next_write_page - 8 * MIB;
-                let got = f.read_at(at, 2 * MIB as usize).await.unwrap();
-                assert!(got[..] == want[at as usize..(at + 2 * MIB) as usize]);
                 // The last far read, right before the guard.
                 let got = f.read_at(near - MIB, MIB as usize).await.unwrap();
                 assert!(got[..] == want[(near - MIB) as usize..near as usize]);
@@ -1490,8 +1584,170 @@ mod tests {
                     0,
                     "a page within {guard} bytes of the next write was cached"
                 );
+                // Near the end, past the recent writes, no write in flight: through the page
+                // cache as well.
+                let at = next_write_page - 8 * MIB;
+                let got = f.read_at(at, 2 * MIB as usize).await.unwrap();
+                assert!(got[..] == want[at as usize..(at + 2 * MIB) as usize]);
+                assert_eq!(
+                    resident_pages(&path, at, 2 * MIB as usize),
+                    512,
+                    "a near read was not cached"
+                );
                 let (_, _, from_file) = recent_write_stats();
                 assert_eq!(from_file, 7 * MIB, "reads that missed the recent writes");
+                assert_eq!(
+                    near_read_stats().0,
+                    4 * MIB,
+                    "bytes read near the end, with what was read ahead"
+                );
+                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
+            })
+        });
+    }
+
+    /// Reads near a direct-written end go through the page cache only while no write of the
+    /// file is in flight, and a write that would be direct goes through the page cache while
+    /// such a read runs, even one whose caller stopped waiting: no page a direct write covers
+    /// is ever being read through the page cache. Every byte stays right.
+    #[test]
+    fn reads_near_the_end_and_direct_writes_never_run_together() {
+        run(|path| {
+            Box::pin(async move {
+                const MIB: usize = 1 << 20;
+                // No recent writes kept, and a file shorter than the guard: every read is near.
+                set_direct_segment_writes(true, 0, PAGE_CACHE_GUARD_MIN_BYTES);
+                let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                let chunk =
+                    |n: usize, seed: usize| -> Vec<u8> { (0..n).map(|i| ((i + seed) % 239) as u8).collect() };
+                let mut want = chunk(8 * MIB + 7, 0);
+                f.write_all_at(want.clone(), 0).await.unwrap();
+                f.fdatasync().await.unwrap();
+                assert!(
+                    f.2.as_ref().unwrap().dma.borrow().is_some(),
+                    "the first write was not direct"
+                );
+                let beside = || near_read_stats().1;
+                // Cached pages of the file's whole pages from the one holding `pos` to `end`.
+                let resident_from = |pos: usize, end: usize| {
+                    let page = pos - pos % 4096;
+                    resident_pages(&path, page as u64, end - end % 4096 - page)
+                };
+
+                // A read first: the write that starts while it runs goes through the page cache.
+                let before = beside();
+                let more = chunk(MIB, 1);
+                let at = want.len();
+                let (got, ()) =
+                    futures::join!(async { f.read_at(MIB as u64, 4 * MIB).await.unwrap() }, async {
+                        f.write_all_at(more.clone(), at as u64).await.unwrap()
+                    },);
+                want.extend_from_slice(&more);
+                assert!(got[..] == want[MIB..5 * MIB]);
+                assert_eq!(beside(), before + 1, "the write beside a near read was direct");
+                assert!(
+                    resident_from(at, want.len()) > 0,
+                    "the write beside a near read left no cached page"
+                );
+                f.fdatasync().await.unwrap();
+
+                // A write first (directly): the read that starts meanwhile reads directly.
+                evict(&path);
+                let more = chunk(MIB, 2);
+                let at = want.len();
+                let ((), got) = futures::join!(
+                    async { f.write_all_at(more.clone(), at as u64).await.unwrap() },
+                    async { f.read_at(0, MIB).await.unwrap() },
+                );
+                want.extend_from_slice(&more);
+                assert!(got[..] == want[..MIB]);
+                assert_eq!(
+                    beside(),
+                    before + 1,
+                    "a write with no near read beside it was not direct"
+                );
+                assert_eq!(
+                    resident_pages(&path, 0, MIB),
+                    0,
+                    "a read beside a direct write was cached"
+                );
+                f.fdatasync().await.unwrap();
+
+                // A near read whose caller stops waiting still keeps writes out of the direct path
+                // until it ends.
+                // (Past what the last read took ahead.)
+                let mut read = Box::pin(f.read_at(9 * MIB as u64, MIB / 2));
+                assert!(futures::poll!(read.as_mut()).is_pending());
+                drop(read);
+                let more = chunk(MIB, 3);
+                let at = want.len();
+                f.write_all_at(more.clone(), at as u64).await.unwrap();
+                want.extend_from_slice(&more);
+                assert_eq!(
+                    beside(),
+                    before + 2,
+                    "a write beside an abandoned near read was direct"
+                );
+                f.fdatasync().await.unwrap();
+
+                assert!(std::fs::read(&path).unwrap() == want, "the file's bytes");
+                let got = f.read_at(0, want.len()).await.unwrap();
+                assert!(got[..] == want[..]);
+                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
+            })
+        });
+    }
+
+    /// A read whose bytes arrive after a truncation keeps nothing beyond what it was asked
+    /// for: the truncation may have cut it, and what is written after the cut must be read
+    /// back, not the bytes read before it.
+    #[test]
+    fn a_read_finishing_after_a_truncation_keeps_nothing_ahead() {
+        run(|path| {
+            Box::pin(async move {
+                const MIB: usize = 1 << 20;
+                set_direct_segment_writes(true, 0, PAGE_CACHE_GUARD_MIN_BYTES);
+                let f = Rc::new(GlommioFs.open_segment(&path, true).await.unwrap());
+                let old: Vec<u8> = (0..4 * MIB).map(|i| (i % 233) as u8).collect();
+                f.write_all_at(old.clone(), 0).await.unwrap();
+                f.fdatasync().await.unwrap();
+                let running = Rc::clone(&f.2.as_ref().unwrap().near_reads);
+                let order = Rc::new(RefCell::new(Vec::new()));
+                // The first MiB; the rest of the file is read with it (near the end: through
+                // the page cache, in a task of its own).
+                let reader = glommio::spawn_local({
+                    let (f, order) = (Rc::clone(&f), Rc::clone(&order));
+                    async move {
+                        let got = f.read_at(0, MIB).await.unwrap();
+                        order.borrow_mut().push("read");
+                        got
+                    }
+                });
+                // Cuts the file once that read is done, before the reader resumes.
+                let cutter = glommio::spawn_local({
+                    let (f, order) = (Rc::clone(&f), Rc::clone(&order));
+                    async move {
+                        while running.get() == 0 {
+                            futures_lite::future::yield_now().await;
+                        }
+                        while running.get() > 0 {
+                            futures_lite::future::yield_now().await;
+                        }
+                        order.borrow_mut().push("truncate");
+                        f.truncate(MIB as u64).await.unwrap();
+                    }
+                });
+                let got = reader.await;
+                cutter.await;
+                assert!(got[..] == old[..MIB]);
+                assert_eq!(*order.borrow(), ["truncate", "read"], "the race was not set up");
+                let new: Vec<u8> = (0..MIB).map(|i| (i % 227) as u8 ^ 0x5A).collect();
+                f.write_all_at(new.clone(), MIB as u64).await.unwrap();
+                let got = f.read_at(MIB as u64, MIB / 2).await.unwrap();
+                assert!(
+                    got[..] == new[..MIB / 2],
+                    "bytes read before the truncation came back"
+                );
                 set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
