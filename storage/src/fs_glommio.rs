@@ -94,7 +94,8 @@ const READ_AHEAD_BYTES: usize = 4 << 20;
 const READ_AHEAD_MAX_BYTES: usize = 64 << 20;
 
 impl DirectSide {
-    /// Reads `len` bytes at `pos` near the written end, from what was read ahead or from the
+    /// Reads `len` bytes at `pos` near the written end (anywhere in a file not yet written
+    /// directly, which is read through the page cache), from what was read ahead or from the
     /// file: up to [`READ_AHEAD_BYTES`] at once, through the page cache while no write of the
     /// file is in flight (see [`DirectSide::near_read`]) and directly otherwise. A consumer
     /// catching up reads on: whenever it has read into the second half of what was read ahead,
