@@ -93,6 +93,111 @@ impl CpuMark {
     }
 }
 
+/// One thread's CPU time at an instant: thread id, name, user + system ticks.
+pub type ThreadTicks = (u32, String, u64);
+
+/// Every thread of a process (this one if `pid` is `None`) with the CPU ticks it has used so
+/// far; empty if /proc cannot tell.
+pub fn thread_ticks(pid: Option<u32>) -> Vec<ThreadTicks> {
+    let dir = pid.map_or_else(|| "/proc/self/task".to_string(), |p| format!("/proc/{p}/task"));
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let tid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            let name = stat
+                .find('(')
+                .zip(stat.rfind(')'))
+                .and_then(|(a, b)| stat.get(a + 1..b))
+                .unwrap_or_default()
+                .to_string();
+            Some((tid, name, parse_stat_cpu_ticks(&stat)?))
+        })
+        .collect()
+}
+
+/// The CPU one thread used during a phase.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ThreadCpu {
+    /// Its name (`comm`): librdkafka's `rdk:broker1`, a broker's `strand-shard-0-…`, …
+    pub name: String,
+    /// CPU seconds per wall second; 1.0 = a core busy all the time.
+    pub cores: f64,
+}
+
+/// The thread that used the most CPU between two [`thread_ticks`] lists taken `wall_secs`
+/// apart. A thread missing from `start` started in between and counts from zero; one missing
+/// from `end` ended in between and is not counted (its last ticks are unknown).
+pub fn busiest_thread(start: &[ThreadTicks], end: &[ThreadTicks], wall_secs: f64) -> Option<ThreadCpu> {
+    if wall_secs <= 0.0 {
+        return None;
+    }
+    end.iter()
+        .map(|(tid, name, after)| {
+            let before = start
+                .iter()
+                .find(|(t, n, _)| t == tid && n == name)
+                .map_or(0, |(_, _, b)| *b);
+            (name, after.saturating_sub(before))
+        })
+        .max_by_key(|(_, used)| *used)
+        .map(|(name, used)| ThreadCpu {
+            name: name.clone(),
+            cores: used as f64 / USER_HZ / wall_secs,
+        })
+}
+
+/// Per-thread CPU counters at one instant, of this process and (given its pid) the broker's:
+/// whether one thread was the bottleneck while the process as a whole was not.
+#[derive(Debug, Clone)]
+pub struct ThreadMark {
+    pub at: Instant,
+    pub client: Vec<ThreadTicks>,
+    pub broker: Vec<ThreadTicks>,
+}
+
+impl ThreadMark {
+    pub fn now(broker_pid: Option<u32>) -> Self {
+        Self {
+            at: Instant::now(),
+            client: thread_ticks(None),
+            broker: broker_pid.map(|p| thread_ticks(Some(p))).unwrap_or_default(),
+        }
+    }
+
+    /// Takes a new sample into this mark: threads seen before keep their highest count, new
+    /// ones are added, and ended ones keep what they had used when last seen. Sampling a
+    /// phase's end mark this way while the phase runs counts the threads it starts and ends
+    /// (a read-back's consumers) up to the last sample.
+    pub fn observe(&mut self, broker_pid: Option<u32>) {
+        let now = ThreadMark::now(broker_pid);
+        merge_ticks(&mut self.client, now.client);
+        merge_ticks(&mut self.broker, now.broker);
+        self.at = now.at;
+    }
+
+    /// The busiest client thread and the busiest broker thread from this mark until `end`.
+    pub fn busiest_until(&self, end: &ThreadMark) -> (Option<ThreadCpu>, Option<ThreadCpu>) {
+        let wall = end.at.saturating_duration_since(self.at).as_secs_f64();
+        (
+            busiest_thread(&self.client, &end.client, wall),
+            busiest_thread(&self.broker, &end.broker, wall),
+        )
+    }
+}
+
+fn merge_ticks(into: &mut Vec<ThreadTicks>, sample: Vec<ThreadTicks>) {
+    for (tid, name, ticks) in sample {
+        match into.iter_mut().find(|(t, n, _)| *t == tid && *n == name) {
+            Some(seen) => seen.2 = seen.2.max(ticks),
+            None => into.push((tid, name, ticks)),
+        }
+    }
+}
+
 /// utime + stime from a /proc/<pid>/stat line (fields 14 and 15; the command name in field 2
 /// may contain spaces and parentheses, so counting starts after its last ')').
 fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
@@ -276,6 +381,43 @@ fn rfc3339_from_unix(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_busiest_thread_counts_new_threads_from_zero_and_skips_ended_ones() {
+        let t = |tid: u32, name: &str, ticks: u64| (tid, name.to_string(), ticks);
+        let start = [t(1, "main", 100), t(2, "rdk:broker1", 1_000), t(3, "gone", 0)];
+        let end = [t(1, "main", 150), t(2, "rdk:broker1", 1_180), t(4, "reader", 120)];
+        // Two seconds: rdk:broker1 used 180 ticks = 1.8 s = 0.9 cores; the new thread 0.6.
+        let b = busiest_thread(&start, &end, 2.0).unwrap();
+        assert_eq!(b.name, "rdk:broker1");
+        assert!((b.cores - 0.9).abs() < 1e-9, "{b:?}");
+        // A reused thread id with another name starts from zero.
+        let end = [t(2, "reader", 150)];
+        let b = busiest_thread(&start, &end, 1.0).unwrap();
+        assert_eq!((b.name.as_str(), b.cores), ("reader", 1.5));
+        assert_eq!(busiest_thread(&start, &[], 1.0), None);
+        assert_eq!(busiest_thread(&start, &end, 0.0), None);
+    }
+
+    #[test]
+    fn a_thread_that_ends_during_a_phase_counts_up_to_its_last_sample() {
+        let t = |tid: u32, name: &str, ticks: u64| (tid, name.to_string(), ticks);
+        let mut seen = vec![t(1, "main", 10)];
+        merge_ticks(&mut seen, vec![t(1, "main", 20), t(7, "rdk:broker1", 90)]);
+        // Thread 7 has ended by the next sample; thread 1 goes on.
+        merge_ticks(&mut seen, vec![t(1, "main", 30)]);
+        assert_eq!(seen, vec![t(1, "main", 30), t(7, "rdk:broker1", 90)]);
+        let b = busiest_thread(&[t(1, "main", 10)], &seen, 1.0).unwrap();
+        assert_eq!((b.name.as_str(), b.cores), ("rdk:broker1", 0.9));
+    }
+
+    #[test]
+    fn this_process_has_named_threads() {
+        let here = thread_ticks(None);
+        assert!(!here.is_empty(), "no thread found in /proc/self/task");
+        assert!(here.iter().all(|(tid, _, _)| *tid > 0));
+        assert!(here.iter().any(|(_, name, _)| !name.is_empty()));
+    }
 
     #[test]
     fn dates() {

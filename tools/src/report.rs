@@ -510,6 +510,9 @@ pub fn render_text(r: &Report) -> String {
     row("CPU client / broker", &|b| {
         b.result.as_ref().map(|w| cores(&w.produce.cpu))
     });
+    row("  busiest thread of each", &|b| {
+        b.result.as_ref().map(|w| busiest(&w.produce.cpu))
+    });
     row("end-to-end p50 / p99", &|b| {
         b.result
             .as_ref()
@@ -540,11 +543,17 @@ pub fn render_text(r: &Report) -> String {
     row("  CPU client / broker", &|b| {
         Some(cores(&b.result.as_ref()?.paced.as_ref()?.cpu))
     });
+    row("  busiest thread of each", &|b| {
+        Some(busiest(&b.result.as_ref()?.paced.as_ref()?.cpu))
+    });
     row("first read MB/s", &|b| {
         Some(format!("{:.1}", b.result.as_ref()?.first_read.as_ref()?.mb_per_s))
     });
     row("  CPU client / broker", &|b| {
         Some(cores(&b.result.as_ref()?.first_read.as_ref()?.cpu))
+    });
+    row("  busiest thread of each", &|b| {
+        Some(busiest(&b.result.as_ref()?.first_read.as_ref()?.cpu))
     });
     row("consume msgs/s", &|b| {
         Some(format!("{:.0}", b.result.as_ref()?.consume.as_ref()?.msgs_per_s))
@@ -554,6 +563,9 @@ pub fn render_text(r: &Report) -> String {
     });
     row("  CPU client / broker", &|b| {
         Some(cores(&b.result.as_ref()?.consume.as_ref()?.cpu))
+    });
+    row("  busiest thread of each", &|b| {
+        Some(busiest(&b.result.as_ref()?.consume.as_ref()?.cpu))
     });
     row("read back", &|b| {
         let c = b.result.as_ref()?.consume.as_ref()?;
@@ -645,6 +657,18 @@ fn mib(kib: u64) -> String {
 fn cores(c: &CpuUsage) -> String {
     let f = |x: Option<f64>| x.map_or("?".to_string(), |x| format!("{x:.2}"));
     format!("{} / {} cores", f(c.client_cores), f(c.broker_cores))
+}
+
+/// The busiest client and broker threads' cores (their names are in the JSON).
+fn busiest(c: &CpuUsage) -> String {
+    let f = |t: &Option<crate::host::ThreadCpu>| {
+        t.as_ref().map_or("?".to_string(), |t| format!("{:.2}", t.cores))
+    };
+    format!(
+        "{} / {} cores",
+        f(&c.client_busiest_thread),
+        f(&c.broker_busiest_thread)
+    )
 }
 
 fn pair(l: &LatencySummary) -> String {

@@ -45,7 +45,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Serialize;
 
-use crate::host::CpuMark;
+use crate::host::{CpuMark, ThreadCpu, ThreadMark};
 use crate::latency::{self, LatencySummary};
 use crate::raw::pseudo_random_bytes;
 
@@ -329,22 +329,32 @@ pub struct ConsumeResult {
 
 /// CPU used during a phase, in cores (CPU seconds per wall second; 2.0 = two cores busy).
 /// On a small machine this shows whether the client or the broker was the bottleneck.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct CpuUsage {
     /// This process: the benchmark's clients (librdkafka threads included).
     pub client_cores: Option<f64>,
     /// The broker process, when its pid is known (spawned, or `--broker-pid`).
     pub broker_cores: Option<f64>,
+    /// This process's busiest thread: a client that is not busy as a whole may still be held
+    /// back by one thread (librdkafka parses a broker's answers on one thread per broker).
+    pub client_busiest_thread: Option<ThreadCpu>,
+    /// The broker's busiest thread (a shard, say), when its pid is known.
+    pub broker_busiest_thread: Option<ThreadCpu>,
 }
 
 impl CpuUsage {
-    /// Cores used from `start` until now.
-    fn since(start: &CpuMark, broker_pid: Option<u32>) -> Self {
+    /// Cores used from `start` until now; per thread from `threads` until now, with `seen`
+    /// (sampled during the phase, see [`ThreadMark::observe`]) for the threads that ended.
+    fn since(start: &CpuMark, threads: &ThreadMark, mut seen: ThreadMark, broker_pid: Option<u32>) -> Self {
         let (wall, client, broker) = start.until(&CpuMark::now(broker_pid));
+        seen.observe(broker_pid);
+        let (client_busiest_thread, broker_busiest_thread) = threads.busiest_until(&seen);
         let cores = |x: Option<f64>| x.filter(|_| wall > 0.0).map(|x| x / wall);
         CpuUsage {
             client_cores: cores(client),
             broker_cores: cores(broker),
+            client_busiest_thread,
+            broker_busiest_thread,
         }
     }
 }
@@ -851,6 +861,8 @@ fn produce_phase(
     let started = Instant::now();
     let started_ns = shared.now_ns();
     let cpu = CpuMark::now(shared.broker_pid);
+    let threads = ThreadMark::now(shared.broker_pid);
+    let mut seen = threads.clone();
     let (len, by_time) = match (plan.messages, plan.until) {
         (Some(n), _) => (n, false),
         (None, Some(until)) => (until.saturating_duration_since(started).as_millis() as u64, true),
@@ -874,6 +886,7 @@ fn produce_phase(
             .collect();
         while !handles.iter().all(|h| h.is_finished()) {
             thread::sleep(Duration::from_millis(100));
+            seen.observe(shared.broker_pid);
             let n = sent.load(Ordering::Relaxed);
             let secs = started.elapsed().as_secs_f64();
             bar.set_position(if by_time {
@@ -895,7 +908,7 @@ fn produce_phase(
             .with_context(|| format!("{phase_name}: not every message was acknowledged in time"))?;
     }
     bar.finish_and_clear();
-    let cpu = CpuUsage::since(&cpu, shared.broker_pid);
+    let cpu = CpuUsage::since(&cpu, &threads, seen, shared.broker_pid);
     let ended_ns = shared.now_ns();
     let (sent, queue_full_waits) = outcomes.iter().fold((0, 0), |(a, b), (s, q)| (a + s, b + q));
     let counters = producers.iter().map(|p| p.context().take()).collect();
@@ -1198,6 +1211,8 @@ fn read_log(
     let read = AtomicU64::new(0);
     let started = Instant::now();
     let cpu = CpuMark::now(shared.broker_pid);
+    let threads = ThreadMark::now(shared.broker_pid);
+    let mut seen = threads.clone();
     let assignments = split_partitions(params.partitions, params.consumers);
     let outcomes = thread::scope(|s| {
         let handles: Vec<_> = assignments
@@ -1211,6 +1226,7 @@ fn read_log(
             .collect();
         while !handles.iter().all(|h| h.is_finished()) {
             thread::sleep(Duration::from_millis(100));
+            seen.observe(shared.broker_pid);
             let n = read.load(Ordering::Relaxed);
             bar.set_position(n);
             bar.set_message(format!(
@@ -1224,7 +1240,7 @@ fn read_log(
             .collect::<Result<Vec<ReadOutcome>>>()
     })?;
     bar.finish_and_clear();
-    let cpu = CpuUsage::since(&cpu, shared.broker_pid);
+    let cpu = CpuUsage::since(&cpu, &threads, seen, shared.broker_pid);
     let messages: u64 = outcomes.iter().map(|o| o.messages).sum();
     let bytes: u64 = outcomes.iter().map(|o| o.bytes).sum();
     let first = outcomes.iter().filter_map(|o| o.first).min();
