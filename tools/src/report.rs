@@ -36,7 +36,9 @@ pub const METHODOLOGY: &[&str] = &[
      burst faster than it sustains, so the short per-size figures overstate it; the ratio to the \
      2 s burst figure is reported beside it. Latency ratios use the burst run's fdatasync p99.",
     "CPU is in cores (CPU seconds per wall second) for this process (all client threads) and for the \
-     broker process when its pid is known, over each phase including its flush.",
+     broker process when its pid is known, over each phase including its flush. The busiest thread \
+     of each is the one with the most CPU time over the phase (/proc/<pid>/task, sampled every \
+     0.1 s; a thread that ends during the phase counts up to its last sample).",
     "Raw disk: a new file in the data directory, sequential write() of N bytes then fdatasync, \
      3 warm-up rounds excluded. Loopback: 1 MiB write()s over 127.0.0.1 TCP to a reader thread.",
 ];
