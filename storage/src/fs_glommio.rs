@@ -100,7 +100,8 @@ impl DirectSide {
     /// file is in flight (see [`DirectSide::near_read`]) and directly otherwise. A consumer
     /// catching up reads on: whenever it has read into the second half of what was read ahead,
     /// the next piece is read directly in the background.
-    async fn read(&self, f: &BufferedFile, pos: u64, len: usize) -> io::Result<Bytes> {
+    async fn read(&self, pos: u64, len: usize) -> io::Result<Bytes> {
+        let f = &*self.file;
         if let Some(hit) = self.read_ahead(pos, len) {
             return Ok(hit);
         }
@@ -147,7 +148,7 @@ impl DirectSide {
             return buffered_read(f, pos, len).await;
         };
         let forgotten = self.forgotten.get();
-        let stable = self.stable_end(f).await?.saturating_sub(pos) as usize;
+        let stable = self.stable_end().await?.saturating_sub(pos) as usize;
         let room = READ_AHEAD_MAX_BYTES.saturating_sub(AHEAD_BYTES.with(Cell::get));
         let want = len.max(READ_AHEAD_BYTES.min(stable).min(room));
         // Through the page cache unless a write of the file is in flight, so that the next
@@ -216,7 +217,7 @@ impl DirectSide {
     /// The direct descriptor, opened now if it is not yet (by the first direct write); `None`
     /// where `O_DIRECT` is refused or the open failed (the write then goes through the page
     /// cache).
-    async fn dma(&self, f: &BufferedFile) -> Option<Rc<DmaFile>> {
+    async fn dma(&self) -> Option<Rc<DmaFile>> {
         if let Some(dma) = self.dma.borrow().clone() {
             return Some(dma);
         }
@@ -227,7 +228,7 @@ impl DirectSide {
         // covers; it must not start while one of them is being read (and once the descriptor
         // is open, reads near the end go through it). The lock is only closed on drop.
         let _no_reads = self.page_cache_reads.write().await.ok()?;
-        let path = f.path().map(|p| p.to_path_buf())?;
+        let path = self.file.path().map(|p| p.to_path_buf())?;
         match OpenOptions::new().read(true).write(true).dma_open(&path).await {
             Ok(dma) if dma.alignment() <= crate::fs::DIRECT_WRITE_ALIGN => {
                 let dma = Rc::new(dma);
@@ -259,14 +260,14 @@ impl DirectSide {
 
     /// See [`DirectSide::stable_end`]: the file's size, the first time no write is in flight,
     /// until a write of this handle moves it; 0 (read nothing ahead) while it is not known.
-    async fn stable_end(&self, f: &BufferedFile) -> io::Result<u64> {
+    async fn stable_end(&self) -> io::Result<u64> {
         if let Some(end) = self.stable_end.get() {
             return Ok(end);
         }
         if self.writing.get() {
             return Ok(0);
         }
-        let size = f.file_size().await?;
+        let size = self.file.file_size().await?;
         if self.writing.get() {
             return Ok(0);
         }
@@ -302,8 +303,8 @@ impl DirectSide {
     /// through the page cache: they end at least [`PAGE_CACHE_GUARD_BYTES`] before the page
     /// the next write starts in (see [`set_direct_segment_writes`]). Call with
     /// `page_cache_reads` held, so that no truncation moves that page meanwhile.
-    async fn behind_writes(&self, f: &BufferedFile, pos: u64, len: usize) -> io::Result<bool> {
-        let end = self.stable_end(f).await?;
+    async fn behind_writes(&self, pos: u64, len: usize) -> io::Result<bool> {
+        let end = self.stable_end().await?;
         let next_write_page = end - end % crate::fs::DIRECT_WRITE_ALIGN;
         let guard = PAGE_CACHE_GUARD_BYTES.with(Cell::get);
         Ok(pos.saturating_add(len as u64) <= next_write_page.saturating_sub(guard))
@@ -668,7 +669,7 @@ impl FileHandle for GlommioFile {
             Inner::Buffered(f) => {
                 if let Some(side) = &self.2 {
                     side.writing.set(true);
-                    let out = split_write(f, side, buf, pos).await;
+                    let out = split_write(side, buf, pos).await;
                     side.writing.set(false);
                     if out.is_err() {
                         side.tail.replace(None);
@@ -711,7 +712,7 @@ impl FileHandle for GlommioFile {
                     // for the next reader (see `set_direct_segment_writes`).
                     {
                         let _reading = side.page_cache_reads.read().await.map_err(lock_error)?;
-                        if side.behind_writes(f, pos, len).await? {
+                        if side.behind_writes(pos, len).await? {
                             let read = buffered_read(f, pos, len).await?;
                             RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
                             return Ok(read);
@@ -721,7 +722,7 @@ impl FileHandle for GlommioFile {
                     // write of the file is in flight, directly otherwise: the page cache must
                     // not hold a page a direct write is about to cover while someone reads it.
                     // The kernel writes a dirty last page back before a direct read.
-                    let read = side.read(f, pos, len).await?;
+                    let read = side.read(pos, len).await?;
                     RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
                     return Ok(read);
                 }
@@ -817,7 +818,8 @@ async fn direct_write<P: AsRef<[u8]>>(f: &DmaFile, pieces: Vec<P>, pos: u64) -> 
 /// already holds (rewritten unchanged, as the page cache's writeback would), go out directly;
 /// the bytes in the last partial page go through the page cache (a direct write would pad the
 /// file). The kernel writes back and drops any cached pages a direct write covers.
-async fn split_write(f: &BufferedFile, side: &DirectSide, buf: Vec<u8>, pos: u64) -> io::Result<()> {
+async fn split_write(side: &DirectSide, buf: Vec<u8>, pos: u64) -> io::Result<()> {
+    let f = &*side.file;
     const PAGE: u64 = crate::fs::DIRECT_WRITE_ALIGN;
     let len = buf.len();
     let end = pos + len as u64;
@@ -831,7 +833,7 @@ async fn split_write(f: &BufferedFile, side: &DirectSide, buf: Vec<u8>, pos: u64
         WRITES_BESIDE_NEAR_READS.with(|n| n.set(n.get() + 1));
         None
     } else {
-        side.dma(f).await
+        side.dma().await
     };
     let Some(dma) = dma else {
         // Within one page, or small: through the page cache, the page's known bytes extended.
