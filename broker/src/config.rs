@@ -351,7 +351,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("log.retention.check.interval.ms", Long, Text("300000"), "How often retention is enforced."),
     key("message.max.bytes", Int, Text("1048588"), "Largest record batch accepted."),
     key("socket.request.max.bytes", Int, Text("104857600"), "Largest request accepted."),
-    key("fetch.max.bytes", Int, Text("57671680"), "Largest fetch response returned."),
+    key(
+        "fetch.max.bytes",
+        Int,
+        Text("31457280"),
+        "Largest fetch response returned (Kafka's default is 57671680; see BENCHMARKS.md item 37).",
+    ),
     key("max.connections", Int, Text("2147483647"), "Maximum client connections in total."),
     key("strand.max.connections.per.shard", Int, Text("10000"), "Maximum client connections per shard."),
     key("strand.max.inflight.requests.per.connection", Int, Text("256"), "Requests in flight per socket."),
