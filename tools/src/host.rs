@@ -57,28 +57,57 @@ pub fn proc_kib_field(text: &str, name: &str) -> Option<u64> {
 /// Clock ticks per second in /proc/<pid>/stat (USER_HZ, 100 on every mainstream Linux port).
 const USER_HZ: f64 = 100.0;
 
+/// A process's /proc stat line: this process if `pid` is `None`.
+fn proc_stat(pid: Option<u32>) -> Option<String> {
+    let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+    fs::read_to_string(path).ok()
+}
+
 /// CPU time (user + system, all threads) a process has used so far, in seconds: this process
 /// if `pid` is `None`. `None` if /proc cannot tell.
 pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
-    let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
-    parse_stat_cpu_ticks(&fs::read_to_string(path).ok()?).map(|t| t as f64 / USER_HZ)
+    parse_stat_cpu_ticks(&proc_stat(pid)?).map(|t| t as f64 / USER_HZ)
 }
 
-/// CPU counters at one instant: this process's and, given its pid, the broker's.
+/// CPU counters at one instant: this process's and, given its pid, the broker's: CPU seconds,
+/// and minor page faults (pages the kernel mapped in without the disk, such as memory touched
+/// for the first time).
 #[derive(Debug, Clone, Copy)]
 pub struct CpuMark {
     pub at: Instant,
     pub client: Option<f64>,
     pub broker: Option<f64>,
+    pub client_faults: Option<u64>,
+    pub broker_faults: Option<u64>,
 }
 
 impl CpuMark {
     pub fn now(broker_pid: Option<u32>) -> Self {
+        let client = proc_stat(None);
+        let broker = broker_pid.and_then(|p| proc_stat(Some(p)));
+        let seconds = |s: &Option<String>| {
+            s.as_deref()
+                .and_then(parse_stat_cpu_ticks)
+                .map(|t| t as f64 / USER_HZ)
+        };
         Self {
             at: Instant::now(),
-            client: cpu_seconds(None),
-            broker: broker_pid.and_then(|p| cpu_seconds(Some(p))),
+            client: seconds(&client),
+            broker: seconds(&broker),
+            client_faults: client.as_deref().and_then(parse_stat_minor_faults),
+            broker_faults: broker.as_deref().and_then(parse_stat_minor_faults),
         }
+    }
+
+    /// Minor page faults the client and the broker took from this mark to `end` (each `None`
+    /// if either mark lacks it).
+    pub fn faults_until(&self, end: &CpuMark) -> (Option<u64>, Option<u64>) {
+        let taken =
+            |before: Option<u64>, after: Option<u64>| before.zip(after).map(|(b, a)| a.saturating_sub(b));
+        (
+            taken(self.client_faults, end.client_faults),
+            taken(self.broker_faults, end.broker_faults),
+        )
     }
 
     /// From this mark to `end`: wall seconds, and the CPU seconds the client and the broker
@@ -201,11 +230,20 @@ fn merge_ticks(into: &mut Vec<ThreadTicks>, sample: Vec<ThreadTicks>) {
 /// utime + stime from a /proc/<pid>/stat line (fields 14 and 15; the command name in field 2
 /// may contain spaces and parentheses, so counting starts after its last ')').
 fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(stat)?;
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// `minflt` of a /proc stat line.
+fn parse_stat_minor_faults(stat: &str) -> Option<u64> {
+    stat_fields(stat)?.get(7)?.parse().ok()
+}
+
+/// The fields of a /proc stat line after the command name, from the state on.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect())
 }
 
 /// A fresh run directory `<prefix>XXXX` under `data_dir` (the disk under test; created if
@@ -456,6 +494,23 @@ mod tests {
         assert_eq!(parse_stat_cpu_ticks(line), Some(325));
         assert_eq!(parse_stat_cpu_ticks("garbage"), None);
         assert!(cpu_seconds(None).is_some());
+        assert_eq!(parse_stat_minor_faults(line), Some(100));
+        assert_eq!(parse_stat_minor_faults("garbage"), None);
+    }
+
+    #[test]
+    fn touching_fresh_memory_counts_minor_faults() {
+        let before = CpuMark::now(None);
+        // Far above glibc's mmap threshold: a mapping of its own, whose pages fault in as
+        // they are first written.
+        let fresh = vec![1u8; 64 << 20];
+        std::hint::black_box(&fresh);
+        let (client, broker) = before.faults_until(&CpuMark::now(None));
+        assert!(
+            client.is_some_and(|n| n > 0),
+            "no minor faults counted: {client:?}"
+        );
+        assert_eq!(broker, None, "no broker pid was given");
     }
 
     #[test]

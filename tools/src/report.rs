@@ -38,7 +38,9 @@ pub const METHODOLOGY: &[&str] = &[
     "CPU is in cores (CPU seconds per wall second) for this process (all client threads) and for the \
      broker process when its pid is known, over each phase including its flush. The busiest thread \
      of each is the one with the most CPU time over the phase (/proc/<pid>/task, sampled every \
-     0.1 s; a thread that ends during the phase counts up to its last sample).",
+     0.1 s; a thread that ends during the phase counts up to its last sample). Minor page faults \
+     per second of each process over the phase come from /proc/<pid>/stat (minflt): pages mapped \
+     in without the disk, mostly memory touched for the first time.",
     "Raw disk: a new file in the data directory, sequential write() of N bytes then fdatasync, \
      3 warm-up rounds excluded. Loopback: 1 MiB write()s over 127.0.0.1 TCP to a reader thread.",
 ];
@@ -515,6 +517,9 @@ pub fn render_text(r: &Report) -> String {
     row("  busiest thread of each", &|b| {
         b.result.as_ref().map(|w| busiest(&w.produce.cpu))
     });
+    row("  minor page faults/s", &|b| {
+        b.result.as_ref().map(|w| faults(&w.produce.cpu))
+    });
     row("end-to-end p50 / p99", &|b| {
         b.result
             .as_ref()
@@ -548,6 +553,9 @@ pub fn render_text(r: &Report) -> String {
     row("  busiest thread of each", &|b| {
         Some(busiest(&b.result.as_ref()?.paced.as_ref()?.cpu))
     });
+    row("  minor page faults/s", &|b| {
+        Some(faults(&b.result.as_ref()?.paced.as_ref()?.cpu))
+    });
     row("first read MB/s", &|b| {
         Some(format!("{:.1}", b.result.as_ref()?.first_read.as_ref()?.mb_per_s))
     });
@@ -556,6 +564,9 @@ pub fn render_text(r: &Report) -> String {
     });
     row("  busiest thread of each", &|b| {
         Some(busiest(&b.result.as_ref()?.first_read.as_ref()?.cpu))
+    });
+    row("  minor page faults/s", &|b| {
+        Some(faults(&b.result.as_ref()?.first_read.as_ref()?.cpu))
     });
     row("consume msgs/s", &|b| {
         Some(format!("{:.0}", b.result.as_ref()?.consume.as_ref()?.msgs_per_s))
@@ -568,6 +579,9 @@ pub fn render_text(r: &Report) -> String {
     });
     row("  busiest thread of each", &|b| {
         Some(busiest(&b.result.as_ref()?.consume.as_ref()?.cpu))
+    });
+    row("  minor page faults/s", &|b| {
+        Some(faults(&b.result.as_ref()?.consume.as_ref()?.cpu))
     });
     row("read back", &|b| {
         let c = b.result.as_ref()?.consume.as_ref()?;
@@ -670,6 +684,16 @@ fn busiest(c: &CpuUsage) -> String {
         "{} / {} cores",
         f(&c.client_busiest_thread),
         f(&c.broker_busiest_thread)
+    )
+}
+
+/// The client's and the broker's minor page faults per second, in thousands.
+fn faults(c: &CpuUsage) -> String {
+    let f = |x: Option<f64>| x.map_or("?".to_string(), |x| format!("{:.1}k", x / 1000.0));
+    format!(
+        "{} / {}",
+        f(c.client_minor_faults_per_s),
+        f(c.broker_minor_faults_per_s)
     )
 }
 

@@ -2188,15 +2188,20 @@ fn confluent_drain(
     };
     let n = accepted.len() as u64;
     let secs = t1.saturating_duration_since(t0).as_secs_f64();
+    // The confluent-kafka clients are other processes: their page faults are not counted.
     let start = CpuMark {
         at: t0,
         client: c0,
         broker: b0,
+        client_faults: None,
+        broker_faults: None,
     };
     let end = CpuMark {
         at: t1,
         client: c1,
         broker: b1,
+        client_faults: None,
+        broker_faults: None,
     };
     let cpu = PhaseCpu::between(&start, Some(end), None, n);
     let result = ConfluentDrainResult {

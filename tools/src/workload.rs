@@ -340,21 +340,31 @@ pub struct CpuUsage {
     pub client_busiest_thread: Option<ThreadCpu>,
     /// The broker's busiest thread (a shard, say), when its pid is known.
     pub broker_busiest_thread: Option<ThreadCpu>,
+    /// Minor page faults per second of this process: memory it touched for the first time (a
+    /// client that maps a fresh buffer for every Fetch answer takes one per 4 KiB it reads).
+    pub client_minor_faults_per_s: Option<f64>,
+    /// The same for the broker, when its pid is known.
+    pub broker_minor_faults_per_s: Option<f64>,
 }
 
 impl CpuUsage {
     /// Cores used from `start` until now; per thread from `threads` until now, with `seen`
     /// (sampled during the phase, see [`ThreadMark::observe`]) for the threads that ended.
     fn since(start: &CpuMark, threads: &ThreadMark, mut seen: ThreadMark, broker_pid: Option<u32>) -> Self {
-        let (wall, client, broker) = start.until(&CpuMark::now(broker_pid));
+        let end = CpuMark::now(broker_pid);
+        let (wall, client, broker) = start.until(&end);
+        let (client_faults, broker_faults) = start.faults_until(&end);
         seen.observe(broker_pid);
         let (client_busiest_thread, broker_busiest_thread) = threads.busiest_until(&seen);
         let cores = |x: Option<f64>| x.filter(|_| wall > 0.0).map(|x| x / wall);
+        let per_s = |n: Option<u64>| n.filter(|_| wall > 0.0).map(|n| n as f64 / wall);
         CpuUsage {
             client_cores: cores(client),
             broker_cores: cores(broker),
             client_busiest_thread,
             broker_busiest_thread,
+            client_minor_faults_per_s: per_s(client_faults),
+            broker_minor_faults_per_s: per_s(broker_faults),
         }
     }
 }
