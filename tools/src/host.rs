@@ -66,7 +66,12 @@ fn proc_stat(pid: Option<u32>) -> Option<String> {
 /// CPU time (user + system, all threads) a process has used so far, in seconds: this process
 /// if `pid` is `None`. `None` if /proc cannot tell.
 pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
-    parse_stat_cpu_ticks(&proc_stat(pid)?).map(|t| t as f64 / USER_HZ)
+    stat_cpu_seconds(&proc_stat(pid)?)
+}
+
+/// utime + stime of a /proc stat line, in seconds.
+fn stat_cpu_seconds(stat: &str) -> Option<f64> {
+    parse_stat_cpu_ticks(stat).map(|t| t as f64 / USER_HZ)
 }
 
 /// CPU counters at one instant: this process's and, given its pid, the broker's: CPU seconds,
@@ -85,15 +90,10 @@ impl CpuMark {
     pub fn now(broker_pid: Option<u32>) -> Self {
         let client = proc_stat(None);
         let broker = broker_pid.and_then(|p| proc_stat(Some(p)));
-        let seconds = |s: &Option<String>| {
-            s.as_deref()
-                .and_then(parse_stat_cpu_ticks)
-                .map(|t| t as f64 / USER_HZ)
-        };
         Self {
             at: Instant::now(),
-            client: seconds(&client),
-            broker: seconds(&broker),
+            client: client.as_deref().and_then(stat_cpu_seconds),
+            broker: broker.as_deref().and_then(stat_cpu_seconds),
             client_faults: client.as_deref().and_then(parse_stat_minor_faults),
             broker_faults: broker.as_deref().and_then(parse_stat_minor_faults),
         }
