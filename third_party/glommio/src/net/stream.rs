@@ -330,6 +330,23 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         Poll::Pending
     }
 
+    /// Ready once the socket has room to write (Strand patch, see STRAND-PATCHES.md): for
+    /// writes made outside glommio, such as `sendfile(2)`, that found it full. A readiness a
+    /// write already consumed may be reported once more; the caller's write then finds the
+    /// socket full again and asks anew.
+    pub(crate) fn poll_writable(&mut self, cx: &Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(result) = self.source_tx.as_ref().and_then(|src| src.result()) {
+            self.source_tx.take();
+            return Poll::Ready(result.map(|_| ()));
+        }
+        let reactor = self.reactor.upgrade().unwrap();
+        let source = self
+            .source_tx
+            .get_or_insert_with(|| reactor.poll_write_ready(self.stream.as_raw_fd()));
+        source.add_waiter_single(cx.waker());
+        Poll::Pending
+    }
+
     pub(crate) fn poll_close(&mut self, _: &Context<'_>) -> Poll<io::Result<()>> {
         self.source_tx.take();
         Poll::Ready(sys::shutdown(self.stream.as_raw_fd(), Shutdown::Write))
@@ -463,6 +480,10 @@ impl<S: AsRawFd, B: RxBuf> GlommioStream<S, B> {
 
     pub(crate) fn poll_flush(&self, _cx: &Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+
+    pub(crate) fn poll_writable(&mut self, cx: &Context<'_>) -> Poll<io::Result<()>> {
+        self.stream.poll_writable(cx)
     }
 
     pub(crate) fn poll_close(&mut self, cx: &Context<'_>) -> Poll<io::Result<()>> {

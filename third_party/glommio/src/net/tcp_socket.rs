@@ -380,6 +380,15 @@ impl From<socket2::Socket> for TcpStream {
     }
 }
 
+impl<B: RxBuf> TcpStream<B> {
+    /// Ready once the socket has room to write (Strand patch, see STRAND-PATCHES.md), for
+    /// writes made outside glommio on its descriptor, such as `sendfile(2)` on a socket set
+    /// non-blocking, that found it full.
+    pub fn poll_writable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream.poll_writable(cx)
+    }
+}
+
 impl<B: RxBuf> AsRawFd for TcpStream<B> {
     fn as_raw_fd(&self) -> RawFd {
         self.stream.stream().as_raw_fd()
