@@ -10,6 +10,7 @@
 #![allow(async_fn_in_trait)]
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -28,6 +29,14 @@ pub trait FileHandle: 'static {
     async fn fdatasync(&self) -> io::Result<()>;
     async fn truncate(&self, len: u64) -> io::Result<()>;
     async fn size(&self) -> io::Result<u64>;
+    /// A descriptor of this file (its own, to be closed by the caller) from which the `len`
+    /// bytes at `pos` may be sent as they are (`sendfile`), from any thread, for as long as
+    /// the caller holds it; `None` where they must be read with [`FileHandle::read_at`]
+    /// instead, as in every implementation but the broker's. Ask only for bytes below the high
+    /// watermark: they are never rewritten.
+    async fn sendable(&self, _pos: u64, _len: usize) -> io::Result<Option<OwnedFd>> {
+        Ok(None)
+    }
 }
 
 /// [`FileHandle::write_pieces_at`] as one write per piece, in order.

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::io::IoSliceMut;
 use std::num::NonZeroU64;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -399,6 +399,14 @@ impl Recent {
         }
     }
 
+    /// Whether all `len` bytes at `pos` are here.
+    fn holds(&self, pos: u64, len: usize) -> bool {
+        let (Some((_, first, _)), Some(end)) = (self.chunks.front(), self.end()) else {
+            return false;
+        };
+        pos >= *first && pos.saturating_add(len as u64) <= end
+    }
+
     /// `len` bytes at `pos` if they are all here: a slice of one write, or a copy of several.
     fn read(&self, pos: u64, len: usize) -> Option<Bytes> {
         let (_, first, _) = self.chunks.front()?;
@@ -779,6 +787,26 @@ impl FileHandle for GlommioFile {
             }
             Inner::Direct(f) => Ok(f.truncate(len).await?),
         }
+    }
+
+    /// Far behind a direct-written segment's end (see [`DirectSide::behind_writes`]), where
+    /// reads go through the page cache and no direct write ever comes, or anywhere in a segment
+    /// written through the page cache; not what the shard's memory of recent writes holds
+    /// (copying that beats reading the file), nor near the end of a direct-written segment.
+    async fn sendable(&self, pos: u64, len: usize) -> io::Result<Option<OwnedFd>> {
+        let Inner::Buffered(f) = &self.0 else {
+            return Ok(None);
+        };
+        if let Some(side) = &self.2 {
+            if side.recent.borrow().holds(pos, len) {
+                return Ok(None);
+            }
+            let _reading = side.page_cache_reads.read().await.map_err(lock_error)?;
+            if !side.behind_writes(pos, len).await? {
+                return Ok(None);
+            }
+        }
+        Ok(Some(rustix::io::fcntl_dupfd_cloexec(borrow_fd(f), 0)?))
     }
 
     async fn size(&self) -> io::Result<u64> {
@@ -1781,6 +1809,58 @@ mod tests {
                 let (got, ()) = futures::join!(read, cut);
                 assert_eq!(*order.borrow(), ["read", "truncate"]);
                 assert!(got[..] == data[..4 << 20], "the read saw the truncation");
+                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
+            })
+        });
+    }
+
+    /// Only bytes far behind a direct-written end may be sent from the file (and its own
+    /// descriptor then reads them): not those within the guard of the end, nor those the
+    /// shard's memory of recent writes holds, which are cheaper to copy than to read.
+    #[test]
+    fn only_bytes_far_behind_a_direct_written_end_and_not_in_memory_are_sendable() {
+        run(|path| {
+            Box::pin(async move {
+                use std::os::unix::fs::FileExt;
+                const MIB: u64 = 1 << 20;
+                let guard = 4 * MIB;
+                let len = 12 * MIB + 100;
+                let far_end = (len - len % 4096 - guard) as usize;
+                let write = |path: PathBuf| async move {
+                    let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                    let mut want = Vec::new();
+                    while (want.len() as u64) < len {
+                        let n = (MIB as usize).min((len - want.len() as u64) as usize);
+                        let data: Vec<u8> = (0..n).map(|i| ((i + want.len()) % 241) as u8).collect();
+                        f.write_all_at(data.clone(), want.len() as u64).await.unwrap();
+                        want.extend_from_slice(&data);
+                    }
+                    f.fdatasync().await.unwrap();
+                    (f, want)
+                };
+
+                // 1 MiB of recent writes kept: the far bytes come from the file.
+                set_direct_segment_writes(true, MIB as usize, guard);
+                let (f, want) = write(path.clone()).await;
+                let fd = f.sendable(0, far_end).await.unwrap().expect("far bytes not sendable");
+                let mut got = vec![0u8; far_end];
+                std::fs::File::from(fd).read_exact_at(&mut got, 0).unwrap();
+                assert!(got[..] == want[..far_end], "the descriptor reads other bytes");
+                let from = 3 * MIB as usize + 17;
+                assert!(f.sendable(from as u64, far_end - from).await.unwrap().is_some());
+                assert!(
+                    f.sendable(0, far_end + 1).await.unwrap().is_none(),
+                    "a byte within the guard of the end is sendable"
+                );
+                assert!(f.sendable((len - 100) as u64, 50).await.unwrap().is_none());
+
+                // All of it kept in memory: nothing is sent from the file.
+                set_direct_segment_writes(true, 64 * MIB as usize, guard);
+                let (g, _) = write(path.with_extension("kept")).await;
+                assert!(
+                    g.sendable(0, MIB as usize).await.unwrap().is_none(),
+                    "bytes held in memory are sendable"
+                );
                 set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });

@@ -10,7 +10,8 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -38,6 +39,8 @@ struct State {
     /// This many `fdatasync` calls still to complete fail (see [`MemFs::fail_next_fsyncs`]).
     fail_next_fsyncs: u32,
     slow_io: bool,
+    /// See [`MemFs::set_sendable`].
+    sendable: bool,
     fsyncs: u64,
     /// Files created since their directory was last synced: a crash removes them.
     unsynced_creations: BTreeSet<PathBuf>,
@@ -105,6 +108,13 @@ impl MemFs {
     /// in flight.
     pub fn set_slow_io(&self, slow: bool) {
         self.state.borrow_mut().slow_io = slow;
+    }
+
+    /// Lets every file's bytes be sent as they are ([`FileHandle::sendable`]): each call
+    /// returns a memory file holding a copy of the file as it is then, so that what a caller
+    /// sends from it can be checked against what [`FileHandle::read_at`] returns.
+    pub fn set_sendable(&self, sendable: bool) {
+        self.state.borrow_mut().sendable = sendable;
     }
 
     /// Number of entries of `dir` created, renamed (either way) or removed so far: on a real
@@ -275,6 +285,20 @@ impl FileHandle for MemFile {
 
     async fn size(&self) -> io::Result<u64> {
         Ok(self.data.borrow().data.len() as u64)
+    }
+
+    async fn sendable(&self, pos: u64, len: usize) -> io::Result<Option<OwnedFd>> {
+        let f = self.data.borrow();
+        let end = pos
+            .checked_add(len as u64)
+            .ok_or_else(|| io::Error::other("position too large"))?;
+        if !self.state.borrow().sendable || end > f.data.len() as u64 {
+            return Ok(None);
+        }
+        let fd = rustix::fs::memfd_create("strand-sendable", rustix::fs::MemfdFlags::CLOEXEC)?;
+        let mut copy = std::fs::File::from(fd);
+        copy.write_all(&f.data)?;
+        Ok(Some(OwnedFd::from(copy)))
     }
 }
 

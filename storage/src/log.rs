@@ -14,6 +14,7 @@
 //! (a Raft follower's, later), or above it when a flush round fails before anything was
 //! acknowledged.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Instant;
@@ -157,6 +158,42 @@ pub struct ReadPlan<Fl> {
     max_bytes: usize,
     index_interval_bytes: u64,
 }
+
+/// Bytes of a segment file to send to a client as they are (`sendfile`), from the file's own
+/// descriptor: whole batches, below the high watermark, so never rewritten. Holding the
+/// descriptor keeps the bytes readable even if retention deletes the segment meanwhile.
+#[derive(Debug)]
+pub struct FileRegion {
+    pub fd: OwnedFd,
+    pub pos: u64,
+    pub len: usize,
+}
+
+/// What a read returns: the bytes, or a region of the file to send (see
+/// [`ReadPlan::execute_sendable`]).
+#[derive(Debug)]
+pub enum ReadData {
+    Bytes(Bytes),
+    Region(FileRegion),
+}
+
+impl ReadData {
+    pub fn len(&self) -> usize {
+        match self {
+            ReadData::Bytes(b) => b.len(),
+            ReadData::Region(r) => r.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Smallest average batch size [`ReadPlan::execute_sendable`] finds batch ends for by reading
+/// their headers alone; runs of smaller batches are read and copied, which costs less than a
+/// header read each.
+pub const SENDABLE_MIN_BATCH_BYTES: usize = 16 << 10;
 
 /// One segment a timestamp lookup scans.
 struct SegmentScan<Fl> {
@@ -1745,6 +1782,92 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
                 }
             }
         }
+    }
+}
+
+impl<Fl: FileHandle> ReadPlan<Fl> {
+    /// As [`ReadPlan::execute`], but batches of at least `min_len` bytes together, of at least
+    /// [`SENDABLE_MIN_BATCH_BYTES`] on average, that the file lets be sent as they are
+    /// ([`FileHandle::sendable`]) come back as a [`FileRegion`] instead of being read. Only
+    /// the batches' headers are read to find where they end; the same batches either way.
+    pub async fn execute_sendable(self, min_len: usize) -> Result<ReadData, StorageError> {
+        if self.max_len() >= min_len.max(1) {
+            if let Some(region) = self.sendable_region(min_len).await? {
+                return Ok(ReadData::Region(region));
+            }
+        }
+        self.execute().await.map(ReadData::Bytes)
+    }
+
+    async fn sendable_region(&self, min_len: usize) -> Result<Option<FileRegion>, StorageError> {
+        let path = &*self.path;
+        // Batches before the target (the index points at most one interval before it), then
+        // the answer's: more headers than that means small batches.
+        let most_headers = 4 + self.max_bytes / SENDABLE_MIN_BATCH_BYTES;
+        let mut pos = self.start_position;
+        // Asked first for the bytes the answer can span, so that reads the file does not let
+        // be sent (near a direct-written end, say) never read headers on their own.
+        let window = (self.end_position - pos)
+            .min((self.max_bytes as u64).saturating_add(2 * self.index_interval_bytes + 4096));
+        let Some(mut fd) = self.sendable_fd(pos, window).await? else {
+            return Ok(None);
+        };
+        let mut first: Option<u64> = None;
+        let mut end = pos;
+        // Whether the batches found are all the answer holds; not if small batches used up
+        // the header reads first (copy those).
+        let mut complete = false;
+        for _ in 0..most_headers {
+            if pos + BATCH_HEADER_BYTES as u64 > self.end_position {
+                complete = true;
+                break;
+            }
+            let head = read_io(&*self.file, pos, BATCH_HEADER_BYTES, path).await?;
+            let h = BatchHeader::parse(&head).map_err(StorageError::InvalidBatch)?;
+            let next = pos + h.total_bytes() as u64;
+            if next > self.end_position {
+                complete = true;
+                break;
+            }
+            match first {
+                None if h.next_offset() <= self.target_offset => {}
+                None => {
+                    first = Some(pos);
+                    end = next;
+                }
+                Some(start) => {
+                    if next - start > self.max_bytes as u64 {
+                        complete = true;
+                        break;
+                    }
+                    end = next;
+                }
+            }
+            pos = next;
+        }
+        let (Some(start), true) = (first, complete) else {
+            return Ok(None);
+        };
+        let len = usize::try_from(end - start).unwrap_or(0);
+        if len < min_len.max(1) {
+            return Ok(None);
+        }
+        if end > self.start_position + window {
+            // A first batch larger than the answer may be: ask again for all of it.
+            match self.sendable_fd(start, end - start).await? {
+                Some(whole) => fd = whole,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(FileRegion { fd, pos: start, len }))
+    }
+
+    async fn sendable_fd(&self, pos: u64, len: u64) -> Result<Option<OwnedFd>, StorageError> {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        self.file
+            .sendable(pos, len)
+            .await
+            .map_err(|e| StorageError::io("send segment", &self.path, e))
     }
 }
 

@@ -2534,3 +2534,97 @@ fn a_log_opened_again_while_its_removal_waits_keeps_its_directory() {
         );
     });
 }
+
+/// One record of `value_bytes` bytes (a pattern set by `tag`).
+fn large_batch(tag: u64, value_bytes: usize) -> Vec<u8> {
+    let value: Vec<u8> = (0..value_bytes).map(|i| (i as u64 * 31 + tag) as u8).collect();
+    let rec = build::TestRecord {
+        key: Some(b"k"),
+        value: Some(&value),
+        headers: vec![],
+        timestamp_delta: 0,
+    };
+    build::batch(&[rec], 0)
+}
+
+/// `execute_sendable` finds, from the batches' headers alone, the very batches `execute` reads:
+/// a region of the file when they are large enough, the bytes themselves otherwise (small
+/// batches, short answers, a file that does not let its bytes be sent).
+#[test]
+fn sendable_reads_find_the_same_batches_as_reads() {
+    use std::os::unix::fs::FileExt;
+    use strand_storage::ReadData;
+    const MIN_LEN: usize = 64 << 10;
+    block_on(async {
+        let fs = MemFs::new();
+        let store = open_store(&fs, 64 << 20).await;
+        let cfg = LogConfig {
+            segment_bytes: 4 << 20,
+            index_interval_bytes: 4096,
+            ..small_config()
+        };
+        let (id, _) = store.open_log(key("send-0"), cfg, 0).await.unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut next = 0i64;
+        let append = |b: Vec<u8>, records: i64, next: &mut i64| {
+            store.append(id, &b, 0, 0).unwrap();
+            *next += records;
+        };
+        // Large batches, then a run of small ones, then large ones again; the segment rolls
+        // somewhere in between.
+        for t in 0..60 {
+            append(large_batch(t, rng.gen_range(17_000..90_000)), 1, &mut next);
+        }
+        let small_from = next;
+        for t in 0..150 {
+            append(value_batch(t, 2, 0), 2, &mut next);
+        }
+        let small_to = next;
+        for t in 60..120 {
+            append(large_batch(t, rng.gen_range(17_000..90_000)), 1, &mut next);
+        }
+        store.flush_round().await;
+
+        let mut regions = 0;
+        let mut copied = 0;
+        for sendable in [false, true] {
+            fs.set_sendable(sendable);
+            for offset in (0..next).step_by(3) {
+                for max_bytes in [1, 50_000, 200_000, 700_000, 3 << 20] {
+                    let plan = |o| store.plan_read(id, o, max_bytes).unwrap().unwrap();
+                    let want = plan(offset).execute().await.unwrap();
+                    let got = plan(offset).execute_sendable(MIN_LEN).await.unwrap();
+                    let what = format!("offset {offset}, max_bytes {max_bytes}, sendable {sendable}");
+                    match got {
+                        ReadData::Bytes(b) => {
+                            assert!(b == want, "{what}: bytes differ from a read");
+                            copied += 1;
+                        }
+                        ReadData::Region(r) => {
+                            assert!(sendable, "{what}: a region from a file that sends nothing");
+                            assert!(r.len >= MIN_LEN, "{what}: region of {} bytes", r.len);
+                            let mut buf = vec![0u8; r.len];
+                            std::fs::File::from(r.fd).read_exact_at(&mut buf, r.pos).unwrap();
+                            assert!(
+                                buf == want[..],
+                                "{what}: the region holds other batches than a read"
+                            );
+                            regions += 1;
+                        }
+                    }
+                }
+            }
+        }
+        // From the start of the small batches, the headers run out before the answer is
+        // full: read and copied.
+        let plan = store.plan_read(id, small_from, 200_000).unwrap().unwrap();
+        let got = plan.execute_sendable(MIN_LEN).await.unwrap();
+        assert!(
+            matches!(got, ReadData::Bytes(_)),
+            "small batches sent as a region"
+        );
+        assert!(small_to > small_from);
+        eprintln!("{regions} regions, {copied} reads copied");
+        assert!(regions > 100, "large batches were not sent as regions: {regions}");
+    });
+}
