@@ -184,6 +184,9 @@ pub struct Config {
     pub socket_request_max_bytes: u32,
     /// `fetch.max.bytes`: broker-side cap on a fetch response.
     pub fetch_max_bytes: u32,
+    /// `strand.fetch.sendfile`: Fetch answers send large runs of records far behind a segment's
+    /// end straight from the file (`sendfile`).
+    pub fetch_sendfile: bool,
     /// `max.connections`: total client connections.
     pub max_connections: u32,
     /// `strand.max.connections.per.shard`.
@@ -356,6 +359,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
         Int,
         Text("31457280"),
         "Largest fetch response returned (Kafka's default is 57671680; see BENCHMARKS.md item 37).",
+    ),
+    key(
+        "strand.fetch.sendfile",
+        Boolean,
+        Text("true"),
+        "Fetch answers send runs of records of at least 64 KiB that lie far behind a segment's written end straight from the file with sendfile(2), as Kafka does, instead of copying them through the broker.",
     ),
     key("max.connections", Int, Text("2147483647"), "Maximum client connections in total."),
     key("strand.max.connections.per.shard", Int, Text("10000"), "Maximum client connections per shard."),
@@ -970,6 +979,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let message_max_bytes = r.int("message.max.bytes", 0, I32_MAX)?;
     let socket_request_max_bytes = r.int("socket.request.max.bytes", 1, I32_MAX)?;
     let fetch_max_bytes = r.int("fetch.max.bytes", 1024, I32_MAX)?;
+    let fetch_sendfile = r.boolean("strand.fetch.sendfile")?;
     let max_connections = r.int("max.connections", 0, I32_MAX)?;
     let max_connections_per_shard = r.int("strand.max.connections.per.shard", 1, I32_MAX)?;
     let http_max_body_bytes = r.int("strand.http.max.body.bytes", 1024, I32_MAX)?;
@@ -1136,6 +1146,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         message_max_bytes,
         socket_request_max_bytes,
         fetch_max_bytes,
+        fetch_sendfile,
         max_connections,
         max_connections_per_shard,
         http_max_body_bytes,

@@ -28,6 +28,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -36,8 +37,10 @@ use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::{Semaphore, StaticPermit};
 use kafka_protocol::messages::ApiKey;
+use strand_protocol::fetch_frame::Piece;
 use strand_protocol::frame::{peek_frame_size, split_received_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
+use strand_storage::FileRegion;
 
 use crate::fetch_session::MovedSession;
 use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
@@ -321,7 +324,7 @@ async fn serve(
     drop(received);
     loop {
         let (tx, rx) = local_channel::new_bounded::<Pending>(inflight);
-        let writer = glommio::spawn_local(write_loop(Half(stream.clone()), rx));
+        let writer = glommio::spawn_local(write_loop(shard.clone(), Half(stream.clone()), rx));
         let end = read_loop(&shard, Half(stream.clone()), &conn, &tx, &mut input).await;
         drop(tx);
         // Every pending response is written before the connection closes or moves.
@@ -601,20 +604,125 @@ async fn start_request(
 }
 
 /// Writes responses in request order; `true` if every one was written.
-async fn write_loop(mut writer: Half, rx: local_channel::LocalReceiver<Pending>) -> bool {
+async fn write_loop(shard: Rc<Shard>, mut writer: Half, rx: local_channel::LocalReceiver<Pending>) -> bool {
+    let mut socket: Option<Arc<OwnedFd>> = None;
     while let Some(pending) = rx.recv().await {
         let Some(Some(frame)) = pending.response.await else {
             // Encoding failed (logged): the client cannot be answered correctly any more.
             let _ = writer.close().await;
             return false;
         };
-        for segment in &frame {
-            if writer.write_all(segment).await.is_err() {
+        for piece in frame {
+            let written = match piece {
+                Piece::Bytes(bytes) => writer.write_all(&bytes).await,
+                Piece::External(region) => send_region(&shard, &mut writer, &mut socket, region).await,
+            };
+            if written.is_err() {
                 return false;
             }
         }
     }
     writer.flush().await.is_ok()
+}
+
+/// Waits for room on the socket this many times before a region's rest is copied instead.
+const SENDFILE_TRIES: u32 = 64;
+
+/// Sends a region of a segment file with `sendfile(2)`, run on the shard's blocking thread, so
+/// that the shard never waits if the file's pages must come from the disk. The socket is
+/// non-blocking for it (glommio's own writes and reads pass `MSG_DONTWAIT` and poll, so they
+/// behave the same), so that the thread never waits for the client: when the socket is full
+/// the shard waits for room, then sends on. A region the socket keeps refusing, or a
+/// connection whose descriptor cannot be duplicated, gets the rest read and written like any
+/// other bytes.
+async fn send_region(
+    shard: &Shard,
+    writer: &mut Half,
+    socket: &mut Option<Arc<OwnedFd>>,
+    region: Arc<FileRegion>,
+) -> io::Result<()> {
+    if socket.is_none() {
+        let raw = writer.0.borrow().as_raw_fd();
+        *socket = duplicate(raw)
+            .ok()
+            .and_then(|fd| non_blocking(fd).ok())
+            .map(Arc::new);
+    }
+    let mut sent = 0usize;
+    let mut waits = 0;
+    if let Some(socket) = socket.as_ref() {
+        for _ in 0..SENDFILE_TRIES {
+            let (s, r) = (Arc::clone(socket), Arc::clone(&region));
+            sent += glommio::executor()
+                .spawn_blocking(move || sendfile_from(&s, &r, sent))
+                .await?;
+            if sent == region.len {
+                break;
+            }
+            let half = &writer.0;
+            futures::future::poll_fn(|cx| half.borrow_mut().poll_writable(cx)).await?;
+            waits += 1;
+        }
+    }
+    let rest = region.len - sent;
+    shard.metrics.region_sent(sent, rest, waits);
+    if rest > 0 {
+        let r = Arc::clone(&region);
+        let bytes = glommio::executor()
+            .spawn_blocking(move || read_region(&r, sent))
+            .await?;
+        writer.write_all(&bytes).await?;
+    }
+    Ok(())
+}
+
+fn non_blocking(fd: OwnedFd) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    fcntl_setfl(&fd, fcntl_getfl(&fd)? | OFlags::NONBLOCK)?;
+    Ok(fd)
+}
+
+/// Sends `region` from byte `from` on until the socket is full or it is all sent; returns the
+/// bytes sent.
+fn sendfile_from(socket: &OwnedFd, region: &FileRegion, from: usize) -> io::Result<usize> {
+    let end = region.pos + region.len as u64;
+    let mut at = region.pos + from as u64;
+    while at < end {
+        let want = usize::try_from(end - at).unwrap_or(usize::MAX);
+        match rustix::fs::sendfile(socket, &region.fd, Some(&mut at), want) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "segment file ends before its region",
+                ))
+            }
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(usize::try_from(at - region.pos).unwrap_or(0) - from)
+}
+
+/// The bytes of `region` from byte `from` on.
+fn read_region(region: &FileRegion, from: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; region.len - from];
+    let mut filled = 0;
+    while filled < buf.len() {
+        let Some(rest) = buf.get_mut(filled..) else { break };
+        match rustix::io::pread(&region.fd, rest, region.pos + (from + filled) as u64) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "segment file ends before its region",
+                ))
+            }
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(buf)
 }
 
 #[cfg(test)]
@@ -623,6 +731,56 @@ mod tests {
 
     const HERE: ShardId = ShardId(0);
     const THERE: ShardId = ShardId(1);
+
+    /// sendfile sends a region until the socket is full and then nothing more; reading the rest
+    /// from the file completes it, byte for byte.
+    #[test]
+    fn a_region_goes_out_by_sendfile_until_the_socket_is_full_and_the_rest_is_read() {
+        use std::io::{Read, Write};
+        let data: Vec<u8> = (0..8usize << 20).map(|i| (i * 7 % 251) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&data).unwrap();
+        let (pos, len) = (1000, data.len() - 5000);
+        let region = FileRegion {
+            fd: OwnedFd::from(file),
+            pos: pos as u64,
+            len,
+        };
+        let (tx, mut rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx.set_nonblocking(true).unwrap();
+        let tx = OwnedFd::from(tx);
+        let sent = sendfile_from(&tx, &region, 0).unwrap();
+        assert!(
+            sent > 0 && sent < len,
+            "sent {sent} of {len} into a socket that holds less"
+        );
+        assert_eq!(
+            sendfile_from(&tx, &region, sent).unwrap(),
+            0,
+            "a full socket took more"
+        );
+        let mut got = vec![0u8; sent];
+        rx.read_exact(&mut got).unwrap();
+        let more = sendfile_from(&tx, &region, sent).unwrap();
+        assert!(more > 0, "room again, nothing sent");
+        let mut next = vec![0u8; more];
+        rx.read_exact(&mut next).unwrap();
+        got.extend_from_slice(&next);
+        got.extend_from_slice(&read_region(&region, sent + more).unwrap());
+        assert!(
+            got[..] == data[pos..pos + len],
+            "the region's bytes differ from the file's"
+        );
+        let past_the_end = FileRegion {
+            fd: region.fd.try_clone().unwrap(),
+            pos: (data.len() - 10) as u64,
+            len: 20,
+        };
+        assert!(
+            read_region(&past_the_end, 0).is_err(),
+            "a region past the file's end read"
+        );
+    }
 
     #[test]
     fn a_run_of_produce_requests_for_one_other_shard_moves_the_connection() {

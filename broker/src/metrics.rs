@@ -181,6 +181,20 @@ pub(crate) fn describe() {
         "Bytes read from direct-written segments' files near their written end through the page cache (no write of the segment in flight), with what was read ahead, by shard."
     );
     describe_counter!(
+        "strand_fetch_sendfile_bytes_total",
+        Unit::Bytes,
+        "Record bytes Fetch answers sent straight from segment files with sendfile(2), by shard (strand.fetch.sendfile)."
+    );
+    describe_counter!(
+        "strand_fetch_sendfile_waits_total",
+        "Times a file region's sendfile found the client's socket full and waited for room, by shard."
+    );
+    describe_counter!(
+        "strand_fetch_sendfile_copied_bytes_total",
+        Unit::Bytes,
+        "Bytes of such file regions read and written like other bytes instead, because the client's socket was full and the region was not sent within a few tries, by shard."
+    );
+    describe_counter!(
         "strand_writes_beside_near_reads_total",
         "Segment writes that would have been direct and went through the page cache because a read near the segment's end was running, by shard."
     );
@@ -422,6 +436,9 @@ pub(crate) struct ShardMetrics {
     near_read_bytes: Counter,
     writes_beside_near_reads: Counter,
     migrations: Counter,
+    sendfile_bytes: Counter,
+    sendfile_copied_bytes: Counter,
+    sendfile_waits: Counter,
 }
 
 impl ShardMetrics {
@@ -472,6 +489,9 @@ impl ShardMetrics {
             near_read_bytes: counter!("strand_near_end_page_cache_read_bytes_total", &l()),
             writes_beside_near_reads: counter!("strand_writes_beside_near_reads_total", &l()),
             migrations: counter!("strand_connection_migrations_total", &l()),
+            sendfile_bytes: counter!("strand_fetch_sendfile_bytes_total", &l()),
+            sendfile_copied_bytes: counter!("strand_fetch_sendfile_copied_bytes_total", &l()),
+            sendfile_waits: counter!("strand_fetch_sendfile_waits_total", &l()),
         }
     }
 
@@ -561,6 +581,14 @@ impl ShardMetrics {
 
     pub(crate) fn bytes_out(&self, n: usize) {
         self.bytes_out.increment(n as u64);
+    }
+
+    /// A file region's bytes went out: `sent` by sendfile, `copied` read and written instead,
+    /// after `waits` waits for room on the socket.
+    pub(crate) fn region_sent(&self, sent: usize, copied: usize, waits: u32) {
+        self.sendfile_bytes.increment(sent as u64);
+        self.sendfile_copied_bytes.increment(copied as u64);
+        self.sendfile_waits.increment(u64::from(waits));
     }
 
     pub(crate) fn connection_opened(&self) {

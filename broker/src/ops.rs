@@ -1,8 +1,11 @@
 //! The requests one shard makes of another (or of itself): the partition-level domain operations
 //! behind the Kafka handlers. Everything here is `Send`: it crosses shards.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use kafka_protocol::ResponseError;
+use strand_storage::FileRegion;
 
 use crate::controller::{ControllerOp, ControllerReply};
 use crate::metadata::MetadataDelta;
@@ -57,7 +60,7 @@ pub(crate) struct FetchOutcome {
     pub(crate) high_watermark: i64,
     pub(crate) last_stable_offset: i64,
     pub(crate) log_start_offset: i64,
-    pub(crate) records: Option<Bytes>,
+    pub(crate) records: Option<Records>,
     /// The partition had data past its fetch offset, but the request's shared byte budget
     /// left it less than its own `max_bytes` (or nothing).
     pub(crate) cut: bool,
@@ -76,7 +79,24 @@ impl FetchOutcome {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.records.as_ref().map_or(0, Bytes::len)
+        self.records.as_ref().map_or(0, Records::len)
+    }
+}
+
+/// A partition's fetched records: read into memory, or a region of a segment file the
+/// connection sends as it is (`sendfile`).
+#[derive(Debug, Clone)]
+pub(crate) enum Records {
+    Bytes(Bytes),
+    Region(Arc<FileRegion>),
+}
+
+impl Records {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Records::Bytes(b) => b.len(),
+            Records::Region(r) => r.len,
+        }
     }
 }
 
@@ -122,6 +142,9 @@ pub(crate) enum ShardRequest {
     Fetch {
         parts: Vec<FetchPart>,
         max_bytes: usize,
+        /// Records may come back as file regions (a Kafka Fetch answer sends them as they are,
+        /// with `strand.fetch.sendfile`); otherwise always as bytes.
+        regions: bool,
     },
     /// Answer once any of the partitions has data at or past its offset, or after the timeout.
     WaitForData {

@@ -21,7 +21,7 @@ use crate::http::{
     SettleOutcome, SettleRequest, Settled, SettledState,
 };
 use crate::metadata::{NewTopic, TopicMeta};
-use crate::ops::{FetchPart, ListOffsetsPart, PartRef, ShardRequest, ShardResponse};
+use crate::ops::{FetchPart, ListOffsetsPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::queue::dead_letter::{HEADER_MESSAGE_ID, HEADER_SOURCE_TOPIC};
 use crate::queue::{ExternalMessageId, Fence, MessageRef, Outcome, QueueError, SettleItem, SettleOp};
 use crate::queue_host::{create_dead_letter_topic, OutMessage, QueueAnswer, QueueFailure, QueueOp};
@@ -364,6 +364,7 @@ impl ShardQueues {
                             current_leader_epoch: -1,
                         }],
                         max_bytes: REDRIVE_READ_BYTES,
+                        regions: false,
                     },
                 )
                 .await
@@ -373,8 +374,10 @@ impl ShardQueues {
             let ShardResponse::Fetch(outcomes) = answer else {
                 return Err(unexpected());
             };
-            let Some(bytes) = outcomes.into_iter().next().and_then(|o| o.records) else {
-                return Ok(done);
+            let bytes = match outcomes.into_iter().next().and_then(|o| o.records) {
+                None => return Ok(done),
+                Some(Records::Bytes(bytes)) => bytes,
+                Some(Records::Region(_)) => return Err(unexpected()),
             };
             // Dead letters of this queue from `start` on, up to the first foreign record.
             let mut picked: Vec<(i64, ExternalMessageId, OutMessage)> = Vec::new();

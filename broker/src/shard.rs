@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::{join_all, LocalBoxFuture};
@@ -15,7 +16,7 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 use strand_storage::fs_glommio::GlommioFs;
 use strand_storage::producer::ProducerError;
-use strand_storage::{LogConfig, LogId, LogKey, ShardStore, StorageError};
+use strand_storage::{LogConfig, LogId, LogKey, ReadData, ShardStore, StorageError};
 
 use crate::clock::Clock;
 use crate::config::{Config, LogSettings, TimestampType};
@@ -25,9 +26,14 @@ use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta, TopicMeta};
 use crate::metrics::ShardMetrics;
 use crate::ops::{
     EpochAnswer, EpochQuery, FetchOutcome, FetchPart, ListOffsetsOutcome, ListOffsetsPart, PartRef,
-    ProduceOutcome, ProducePart, ShardRequest, ShardResponse,
+    ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse,
 };
 use crate::router::{Router, RouterError};
+
+/// Smallest run of a partition's records a Fetch answer sends straight from the segment file
+/// (`strand.fetch.sendfile`); shorter ones are copied, which costs less than a system call
+/// more.
+pub(crate) const SENDFILE_MIN_BYTES: usize = 64 << 10;
 
 /// Segment reads of one Fetch a shard runs at once (see [`Shard::read_partitions`]).
 const FETCH_READS_IN_FLIGHT: usize = 8;
@@ -230,9 +236,14 @@ impl Shard {
     pub(crate) fn start(self: &Rc<Self>, req: ShardRequest) -> LocalBoxFuture<'static, ShardResponse> {
         match req {
             ShardRequest::Produce { parts, wait, arrived } => self.start_produce(parts, wait, arrived),
-            ShardRequest::Fetch { parts, max_bytes } => {
+            ShardRequest::Fetch {
+                parts,
+                max_bytes,
+                regions,
+            } => {
                 let me = self.clone();
-                async move { ShardResponse::Fetch(me.read_partitions(&parts, max_bytes).await) }.boxed_local()
+                async move { ShardResponse::Fetch(me.read_partitions(&parts, max_bytes, regions).await) }
+                    .boxed_local()
             }
             ShardRequest::WaitForData { parts, timeout_ms } => {
                 let me = self.clone();
@@ -420,7 +431,12 @@ impl Shard {
     /// many partitions whose data is on the disk keeps several reads in flight instead of
     /// waiting for each in turn. A partition whose reservation was cut short is marked `cut`,
     /// as before, so the caller can read it again with what the others left.
-    pub(crate) async fn read_partitions(&self, parts: &[FetchPart], max_bytes: usize) -> Vec<FetchOutcome> {
+    pub(crate) async fn read_partitions(
+        &self,
+        parts: &[FetchPart],
+        max_bytes: usize,
+        regions: bool,
+    ) -> Vec<FetchOutcome> {
         let mut remaining = max_bytes;
         let mut out = Vec::with_capacity(parts.len());
         let mut plans = Vec::new();
@@ -465,19 +481,24 @@ impl Shard {
             }
             out.push(outcome);
         }
-        let reads = futures::stream::iter(
-            plans
-                .into_iter()
-                .map(|(i, plan)| async move { (i, plan.execute().await) }),
-        )
+        let sendfile = regions && self.config.fetch_sendfile;
+        let reads = futures::stream::iter(plans.into_iter().map(|(i, plan)| async move {
+            let read = if sendfile {
+                plan.execute_sendable(SENDFILE_MIN_BYTES).await
+            } else {
+                plan.execute().await.map(ReadData::Bytes)
+            };
+            (i, read)
+        }))
         .buffer_unordered(FETCH_READS_IN_FLIGHT)
         .collect::<Vec<_>>()
         .await;
         for (i, read) in reads {
             let Some(outcome) = out.get_mut(i) else { continue };
             match read {
-                Ok(bytes) if bytes.is_empty() => {}
-                Ok(bytes) => outcome.records = Some(bytes),
+                Ok(read) if read.is_empty() => {}
+                Ok(ReadData::Bytes(bytes)) => outcome.records = Some(Records::Bytes(bytes)),
+                Ok(ReadData::Region(region)) => outcome.records = Some(Records::Region(Arc::new(region))),
                 Err(e) => {
                     if let Some(p) = parts.get(i) {
                         tracing::error!(topic = %p.part.topic, partition = p.part.partition, error = %e, "read failed");

@@ -77,6 +77,7 @@ fn defaults() {
     assert_eq!(c.message_max_bytes, 1_048_588);
     assert_eq!(c.socket_request_max_bytes, 104_857_600);
     assert_eq!(c.fetch_max_bytes, 31_457_280);
+    assert!(c.fetch_sendfile);
     assert_eq!(c.max_connections, 2_147_483_647);
     assert_eq!(c.max_connections_per_shard, 10_000);
     assert_eq!(c.max_inflight_requests_per_connection, 256);

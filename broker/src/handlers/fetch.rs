@@ -4,23 +4,69 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::{join_all, select_all};
 use futures::FutureExt;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::protocol::buf::ByteBufMut;
+use kafka_protocol::protocol::{Encodable, Message, VersionRange};
 use kafka_protocol::ResponseError;
-use strand_protocol::fetch_frame::encode_fetch_response;
+use strand_protocol::fetch_frame::{encode_fetch_response_with, ExternalRecords};
 use strand_protocol::header::EncodeError;
 use strand_protocol::types::{ShardId, TopicId};
+use strand_storage::FileRegion;
 
 use super::{str_bytes, Frame, Handler, Reply, RequestCtx};
 use crate::fetch_session::{Observed, SessionMode, SessionPartition};
-use crate::ops::{FetchOutcome, FetchPart, PartRef, ShardRequest, ShardResponse};
+use crate::ops::{FetchOutcome, FetchPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::shard::Shard;
 
 pub(crate) struct Fetch;
+
+/// A Fetch answer: the response, and the partitions whose records are regions of segment files
+/// the connection sends as they are (their records in `resp` are empty until then; see
+/// [`encode_fetch_response_with`]).
+pub(crate) struct FetchAnswer {
+    resp: FetchResponse,
+    regions: Vec<ExternalRecords<Arc<FileRegion>>>,
+}
+
+impl From<FetchResponse> for FetchAnswer {
+    fn from(resp: FetchResponse) -> Self {
+        FetchAnswer {
+            resp,
+            regions: Vec::new(),
+        }
+    }
+}
+
+impl Message for FetchAnswer {
+    const VERSIONS: VersionRange = FetchResponse::VERSIONS;
+    const DEPRECATED_VERSIONS: Option<VersionRange> = FetchResponse::DEPRECATED_VERSIONS;
+}
+
+/// Only [`Fetch::encode`] can encode file regions; this encodes answers without any.
+impl Encodable for FetchAnswer {
+    fn encode<B: ByteBufMut>(&self, buf: &mut B, version: i16) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.regions.is_empty(),
+            "a Fetch answer with file regions encoded whole"
+        );
+        self.resp.encode(buf, version)
+    }
+
+    fn compute_size(&self, version: i16) -> anyhow::Result<usize> {
+        anyhow::ensure!(
+            self.regions.is_empty(),
+            "a Fetch answer with file regions sized whole"
+        );
+        self.resp.compute_size(version)
+    }
+}
 
 /// Longest long-poll honoured, whatever the client asks.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
@@ -111,6 +157,7 @@ async fn read_into(
                 ShardRequest::Fetch {
                     parts: fparts,
                     max_bytes: share,
+                    regions: true,
                 },
             )
             .await;
@@ -189,9 +236,9 @@ impl Handler for Fetch {
     const MIN: i16 = 4;
     const MAX: i16 = 18;
     type Request = FetchRequest;
-    type Response = FetchResponse;
+    type Response = FetchAnswer;
 
-    async fn handle(ctx: Rc<RequestCtx>, req: FetchRequest) -> Reply<FetchResponse> {
+    async fn handle(ctx: Rc<RequestCtx>, req: FetchRequest) -> Reply<FetchAnswer> {
         let shard = ctx.shard.clone();
         let version = ctx.version;
         let md = shard.metadata();
@@ -260,11 +307,11 @@ impl Handler for Fetch {
         let (mode, parts) = match begun {
             Ok(x) => x,
             Err(code) => {
-                return Reply::Now(
+                return Reply::Now(FetchAnswer::from(
                     FetchResponse::default()
                         .with_error_code(code.code())
                         .with_session_id(0),
-                );
+                ));
             }
         };
         shard.metrics.fetch_sessions(shard.fetch_sessions.borrow().len());
@@ -329,7 +376,9 @@ impl Handler for Fetch {
                 };
 
                 let mut topics: Vec<FetchableTopicResponse> = Vec::new();
-                let mut push = |name: &str, id: TopicId, data: PartitionData| {
+                let mut regions = Vec::new();
+                // Adds a partition's answer; returns its (topic, partition) indices.
+                let mut push = |name: &str, id: TopicId, data: PartitionData| -> (usize, usize) {
                     let same = topics.last().is_some_and(|t| {
                         if by_id {
                             t.topic_id == id.0
@@ -346,8 +395,13 @@ impl Handler for Fetch {
                         }
                         topics.push(t);
                     }
-                    if let Some(t) = topics.last_mut() {
-                        t.partitions.push(data);
+                    let topic = topics.len().saturating_sub(1);
+                    match topics.last_mut() {
+                        Some(t) => {
+                            t.partitions.push(data);
+                            (topic, t.partitions.len() - 1)
+                        }
+                        None => (0, 0),
                     }
                 };
                 for ((p, r), inc) in parts.iter().zip(results).zip(include) {
@@ -360,31 +414,57 @@ impl Handler for Fetch {
                         .with_high_watermark(r.high_watermark)
                         .with_last_stable_offset(r.last_stable_offset)
                         .with_log_start_offset(if version >= 5 { r.log_start_offset } else { -1 })
-                        .with_aborted_transactions(if read_committed { Some(vec![]) } else { None })
-                        .with_records(Some(r.records.unwrap_or_default()));
-                    push(&p.topic, p.topic_id, data);
+                        .with_aborted_transactions(if read_committed { Some(vec![]) } else { None });
+                    match r.records {
+                        Some(Records::Region(region)) => {
+                            let (topic, partition) =
+                                push(&p.topic, p.topic_id, data.with_records(Some(Bytes::new())));
+                            regions.push(ExternalRecords {
+                                topic,
+                                partition,
+                                len: region.len,
+                                item: region,
+                            });
+                        }
+                        Some(Records::Bytes(bytes)) => {
+                            push(&p.topic, p.topic_id, data.with_records(Some(bytes)));
+                        }
+                        None => {
+                            push(&p.topic, p.topic_id, data.with_records(Some(Bytes::new())));
+                        }
+                    }
                 }
                 for u in unknown {
                     let data = PartitionData::default()
                         .with_partition_index(u.partition)
                         .with_error_code(u.code.code())
                         .with_high_watermark(-1)
-                        .with_records(Some(bytes::Bytes::new()));
+                        .with_records(Some(Bytes::new()));
                     push(&u.name, u.id, data);
                 }
-                FetchResponse::default()
-                    .with_session_id(session_id)
-                    .with_responses(topics)
+                FetchAnswer {
+                    resp: FetchResponse::default()
+                        .with_session_id(session_id)
+                        .with_responses(topics),
+                    regions,
+                }
             }
             .boxed_local(),
         )
     }
 
-    fn encode(correlation_id: i32, version: i16, resp: FetchResponse) -> Result<Frame, EncodeError> {
-        encode_fetch_response(correlation_id, version, resp, SHARED_RECORDS_MIN_BYTES)
+    fn encode(correlation_id: i32, version: i16, answer: FetchAnswer) -> Result<Frame, EncodeError> {
+        encode_fetch_response_with(
+            correlation_id,
+            version,
+            answer.resp,
+            SHARED_RECORDS_MIN_BYTES,
+            answer.regions,
+        )
     }
 
-    fn error_codes(resp: &FetchResponse, out: &mut Vec<i16>) {
+    fn error_codes(answer: &FetchAnswer, out: &mut Vec<i16>) {
+        let resp = &answer.resp;
         out.push(resp.error_code);
         for t in &resp.responses {
             for p in &t.partitions {

@@ -41,6 +41,7 @@ mod sync_group;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -48,7 +49,9 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use kafka_protocol::messages::ApiKey;
 use kafka_protocol::protocol::{Decodable, Encodable, Message};
+use strand_protocol::fetch_frame::Piece;
 use strand_protocol::header::{decode_body, encode_response, EncodeError};
+use strand_storage::FileRegion;
 
 use crate::shard::{AdvertisedListener, Shard};
 
@@ -140,12 +143,13 @@ pub(crate) trait Handler {
 
     /// Encodes the response frame, as segments to be written one after the other.
     fn encode(correlation_id: i32, version: i16, resp: Self::Response) -> Result<Frame, EncodeError> {
-        encode_response(correlation_id, Self::KEY, version, &resp).map(|b| vec![b])
+        encode_response(correlation_id, Self::KEY, version, &resp).map(|b| vec![Piece::Bytes(b)])
     }
 }
 
-/// An encoded response frame: segments written in order, one after the other.
-pub(crate) type Frame = Vec<Bytes>;
+/// An encoded response frame: pieces written in order, one after the other; a Fetch answer's
+/// records may be a region of a segment file the connection sends as it is.
+pub(crate) type Frame = Vec<Piece<Arc<FileRegion>>>;
 
 /// The outcome of dispatching one request.
 pub(crate) enum Dispatched {
@@ -266,7 +270,7 @@ registry![
 /// The ApiVersions answer for a request with a version this broker does not know: v0 format,
 /// UNSUPPORTED_VERSION, and the supported APIs, so the client can pick a version (KIP-511).
 pub(crate) fn api_versions_fallback(correlation_id: i32) -> Option<Frame> {
-    api_versions::fallback(correlation_id).map(|b| vec![b])
+    api_versions::fallback(correlation_id).map(|b| vec![Piece::Bytes(b)])
 }
 
 /// The highest ApiVersions version served.
