@@ -1842,7 +1842,11 @@ mod tests {
                 // 1 MiB of recent writes kept: the far bytes come from the file.
                 set_direct_segment_writes(true, MIB as usize, guard);
                 let (f, want) = write(path.clone()).await;
-                let fd = f.sendable(0, far_end).await.unwrap().expect("far bytes not sendable");
+                let fd = f
+                    .sendable(0, far_end)
+                    .await
+                    .unwrap()
+                    .expect("far bytes not sendable");
                 let mut got = vec![0u8; far_end];
                 std::fs::File::from(fd).read_exact_at(&mut got, 0).unwrap();
                 assert!(got[..] == want[..far_end], "the descriptor reads other bytes");
@@ -1852,7 +1856,7 @@ mod tests {
                     f.sendable(0, far_end + 1).await.unwrap().is_none(),
                     "a byte within the guard of the end is sendable"
                 );
-                assert!(f.sendable((len - 100) as u64, 50).await.unwrap().is_none());
+                assert!(f.sendable(len - 100, 50).await.unwrap().is_none());
 
                 // All of it kept in memory: nothing is sent from the file.
                 set_direct_segment_writes(true, 64 * MIB as usize, guard);

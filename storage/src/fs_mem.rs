@@ -41,6 +41,8 @@ struct State {
     slow_io: bool,
     /// See [`MemFs::set_sendable`].
     sendable: bool,
+    /// Handles opened with [`Fs::open_segment`], per path.
+    segment_opens: BTreeMap<PathBuf, u64>,
     fsyncs: u64,
     /// Files created since their directory was last synced: a crash removes them.
     unsynced_creations: BTreeSet<PathBuf>,
@@ -121,6 +123,11 @@ impl MemFs {
     /// file system each is a change of the directory that a sync must write.
     pub fn dir_change_count(&self, dir: &Path) -> u64 {
         self.state.borrow().dir_changes.get(dir).copied().unwrap_or(0)
+    }
+
+    /// Handles opened with [`Fs::open_segment`] so far, per path.
+    pub fn segment_opens(&self) -> BTreeMap<PathBuf, u64> {
+        self.state.borrow().segment_opens.clone()
     }
 
     /// Number of file `fdatasync` calls so far.
@@ -328,6 +335,16 @@ impl Fs for MemFs {
             state: self.state.clone(),
             direct: false,
         })
+    }
+
+    async fn open_segment(&self, path: &Path, create: bool) -> io::Result<MemFile> {
+        *self
+            .state
+            .borrow_mut()
+            .segment_opens
+            .entry(path.to_path_buf())
+            .or_default() += 1;
+        self.open(path, create).await
     }
 
     async fn open_direct(&self, path: &Path, create: bool) -> io::Result<MemFile> {

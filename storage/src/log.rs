@@ -14,6 +14,7 @@
 //! (a Raft follower's, later), or above it when a flush round fails before anything was
 //! acknowledged.
 
+use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -112,8 +113,11 @@ pub(crate) const STAGE_CHUNK_MAX_BYTES: usize = 1 << 20;
 
 /// Batches of one segment waiting to be written to its file.
 pub(crate) struct StagedChunk<Fl> {
-    /// The segment's file, or `None` if the round must create it.
+    /// The segment's file, or `None` if the round must create it (or take it from `created`,
+    /// if an earlier round created it and has not completed).
     pub(crate) file: Option<Rc<Fl>>,
+    /// The segment's [`crate::segment::Segment::created`].
+    pub(crate) created: Rc<RefCell<Option<Rc<Fl>>>>,
     pub(crate) path: Rc<Path>,
     pub(crate) segment_base: i64,
     pub(crate) position: u64,
@@ -1029,6 +1033,7 @@ impl<F: Fs> PartitionLog<F> {
         seg.index_dirty = true;
         seg.needs_sync = true;
         let file = seg.file.clone();
+        let created = seg.created.clone();
         let path = seg.log_path.clone();
         let segment_base = seg.base_offset;
 
@@ -1043,6 +1048,7 @@ impl<F: Fs> PartitionLog<F> {
         if !fits {
             self.staged.push(StagedChunk {
                 file,
+                created,
                 path,
                 segment_base,
                 position,
@@ -1669,42 +1675,38 @@ pub(crate) async fn write_chunks<F: Fs>(
     chunks: Vec<StagedChunk<F::File>>,
 ) -> Result<Vec<WrittenChunk<F::File>>, StorageError> {
     let mut done: Vec<WrittenChunk<F::File>> = Vec::with_capacity(chunks.len());
-    for mut chunk in chunks {
-        if chunk.file.is_none() {
-            // Later chunks of a segment this round creates use the file its first chunk made.
-            chunk.file = done
-                .iter()
-                .rev()
-                .find(|w| w.segment_base == chunk.segment_base)
-                .map(|w| w.file.clone());
-        }
+    for chunk in chunks {
         done.push(write_chunk(fs, chunk).await?);
     }
     Ok(done)
 }
 
-/// Writes one staged chunk, creating its segment file first if the segment is new.
+/// Writes one staged chunk, creating its segment file first if the segment is new: once, for
+/// every chunk of this round and of rounds taken before it completes (`created`).
 async fn write_chunk<F: Fs>(
     fs: &F,
     chunk: StagedChunk<F::File>,
 ) -> Result<WrittenChunk<F::File>, StorageError> {
     let path = chunk.path;
-    let file = match chunk.file {
+    let known = chunk.file.or_else(|| chunk.created.borrow().clone());
+    let file = match known {
         Some(f) => f,
         None => {
-            let f = fs
-                .open_segment(&path, true)
-                .await
-                .map_err(|e| StorageError::io("create segment", &path, e))?;
-            if chunk.position == 0 {
-                // A leftover file of a discarded round must not keep stale bytes past our data.
-                f.truncate(0)
+            let f = Rc::new(
+                fs.open_segment(&path, true)
                     .await
-                    .map_err(|e| StorageError::io("create segment", &path, e))?;
-            }
-            Rc::new(f)
+                    .map_err(|e| StorageError::io("create segment", &path, e))?,
+            );
+            chunk.created.replace(Some(Rc::clone(&f)));
+            f
         }
     };
+    if chunk.position == 0 {
+        // A leftover file of a discarded round must not keep stale bytes past our data.
+        file.truncate(0)
+            .await
+            .map_err(|e| StorageError::io("create segment", &path, e))?;
+    }
     let end_position = chunk.position + chunk.data.len() as u64;
     file.write_all_at(chunk.data, chunk.position)
         .await

@@ -1,6 +1,7 @@
 //! One segment of a partition log: a `.log` file of record batches with its offset and time
 //! indexes, and the scan that validates a segment's bytes after a crash.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -135,6 +136,11 @@ pub(crate) struct Segment<F: Fs> {
     /// `None` until the first flush round that writes to this segment creates the file, so that
     /// rolling a segment never waits for the disk.
     pub(crate) file: Option<Rc<F::File>>,
+    /// The file as the first round that writes this segment created it, shared with the chunks
+    /// staged before that round completes (for them `file` was still `None`), so that every
+    /// round writes through one handle: a handle's rule that direct writes and reads near the
+    /// end never run together sees only its own writes and reads.
+    pub(crate) created: Rc<RefCell<Option<Rc<F::File>>>>,
     pub(crate) log_path: Rc<Path>,
     /// Logical size: every batch appended, written or not.
     pub(crate) size: u64,
@@ -164,6 +170,7 @@ impl<F: Fs> Segment<F> {
         Segment {
             base_offset,
             file: None,
+            created: Rc::default(),
             log_path: Rc::from(dir.join(file_name(base_offset, "log"))),
             size: 0,
             durable_size: 0,

@@ -2628,3 +2628,60 @@ fn sendable_reads_find_the_same_batches_as_reads() {
         assert!(regions > 100, "large batches were not sent as regions: {regions}");
     });
 }
+
+/// Rounds taken while the round that creates a segment's file is still in flight write through
+/// the file that round created: one handle per segment file, so that a handle's rule that direct
+/// writes and reads near the end never run together sees every write of the file.
+#[test]
+fn rounds_overlapping_a_segment_file_s_creation_write_through_its_one_handle() {
+    block_on(async {
+        let fs = MemFs::new();
+        fs.set_slow_io(true);
+        let store = open_store_overlap(&fs, 1 << 20, 2, 0, 1, 0).await;
+        let config = LogConfig {
+            segment_bytes: 1 << 20,
+            ..small_config()
+        };
+        let (id, _) = store.open_log(key("c-0"), config.clone(), 0).await.unwrap();
+        store.sync_changed_dirs().await;
+        let mut tickets = vec![store.append(id, &big_batch(1, 2, 300), 0, 0).unwrap()];
+        let (rounds, ended) = flush_until(
+            &store,
+            6,
+            |step| {
+                if step < 4 {
+                    tickets.push(
+                        store
+                            .append(id, &big_batch(2 + step as u8, 2, 300), 0, 0)
+                            .unwrap(),
+                    );
+                }
+            },
+            || false,
+        );
+        assert!(ended, "the flusher returns once nothing is staged");
+        assert!(
+            rounds.iter().any(|r| r.overlapped),
+            "no round overlapped the one creating the segment file: {rounds:?}"
+        );
+        for t in &tickets {
+            store.wait_durable(t).await.unwrap();
+        }
+        let opens: Vec<_> = fs
+            .segment_opens()
+            .into_iter()
+            .filter(|(p, _)| p.to_string_lossy().contains("c-0"))
+            .collect();
+        assert_eq!(opens.len(), 1, "{opens:?}");
+        assert_eq!(
+            opens[0].1, 1,
+            "the segment file was opened more than once: {opens:?}"
+        );
+        let all = read_all(&store, id, 0).await;
+        assert_eq!(all.len(), tickets.len());
+        drop(store);
+        let store = crash_and_reopen(&fs, &config, 1 << 20).await;
+        let (id, _) = store.open_log(key("c-0"), config, 0).await.unwrap();
+        assert_eq!(read_all(&store, id, 0).await, all);
+    });
+}
