@@ -741,11 +741,7 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&data).unwrap();
         let (pos, len) = (1000, data.len() - 5000);
-        let region = FileRegion {
-            fd: OwnedFd::from(file),
-            pos: pos as u64,
-            len,
-        };
+        let region = FileRegion::new(OwnedFd::from(file), pos as u64, len).unwrap();
         let (tx, mut rx) = std::os::unix::net::UnixStream::pair().unwrap();
         tx.set_nonblocking(true).unwrap();
         let tx = OwnedFd::from(tx);
@@ -771,11 +767,8 @@ mod tests {
             got[..] == data[pos..pos + len],
             "the region's bytes differ from the file's"
         );
-        let past_the_end = FileRegion {
-            fd: region.fd.try_clone().unwrap(),
-            pos: (data.len() - 10) as u64,
-            len: 20,
-        };
+        let past_the_end =
+            FileRegion::new(region.fd.try_clone().unwrap(), (data.len() - 10) as u64, 20).unwrap();
         assert!(
             read_region(&past_the_end, 0).is_err(),
             "a region past the file's end read"

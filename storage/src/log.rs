@@ -18,6 +18,8 @@ use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -165,12 +167,67 @@ pub struct ReadPlan<Fl> {
 
 /// Bytes of a segment file to send to a client as they are (`sendfile`), from the file's own
 /// descriptor: whole batches, below the high watermark, so never rewritten. Holding the
-/// descriptor keeps the bytes readable even if retention deletes the segment meanwhile.
+/// descriptor keeps the bytes readable even if retention deletes the segment meanwhile. Regions
+/// alive at once are bounded process-wide ([`FileRegion::slots`]), so that they never take the
+/// descriptors segments and connections need.
 #[derive(Debug)]
 pub struct FileRegion {
     pub fd: OwnedFd,
     pub pos: u64,
     pub len: usize,
+    _slot: RegionSlot,
+}
+
+/// Regions alive now, process-wide.
+static REGIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// One region's place within [`FileRegion::slots`], given back on drop.
+#[derive(Debug)]
+struct RegionSlot(());
+
+impl RegionSlot {
+    fn take() -> Option<RegionSlot> {
+        let max = FileRegion::slots();
+        REGIONS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| RegionSlot(()))
+    }
+}
+
+impl Drop for RegionSlot {
+    fn drop(&mut self) {
+        REGIONS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl FileRegion {
+    /// A region of `len` bytes at `pos` of `fd`, if fewer than [`FileRegion::slots`] are alive.
+    pub fn new(fd: OwnedFd, pos: u64, len: usize) -> Option<FileRegion> {
+        RegionSlot::take().map(|slot| FileRegion {
+            fd,
+            pos,
+            len,
+            _slot: slot,
+        })
+    }
+
+    /// Most regions alive at once: a sixteenth of the open-files limit, between 16 and 4,096.
+    /// Past it, reads copy their bytes as before.
+    pub fn slots() -> usize {
+        static SLOTS: OnceLock<usize> = OnceLock::new();
+        *SLOTS.get_or_init(|| {
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+            limit.map_or(4096, |n| usize::try_from(n / 16).unwrap_or(4096).clamp(16, 4096))
+        })
+    }
+
+    /// Regions alive now, process-wide.
+    pub fn alive() -> usize {
+        REGIONS.load(Ordering::Acquire)
+    }
 }
 
 /// What a read returns: the bytes, or a region of the file to send (see
@@ -1811,6 +1868,10 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
         // be sent (near a direct-written end, say) never read headers on their own.
         let window = (self.end_position - pos)
             .min((self.max_bytes as u64).saturating_add(2 * self.index_interval_bytes + 4096));
+        // Taken first: at the bound, nothing is duplicated and the batches are read.
+        let Some(slot) = RegionSlot::take() else {
+            return Ok(None);
+        };
         let Some(mut fd) = self.sendable_fd(pos, window).await? else {
             return Ok(None);
         };
@@ -1861,7 +1922,12 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
                 None => return Ok(None),
             }
         }
-        Ok(Some(FileRegion { fd, pos: start, len }))
+        Ok(Some(FileRegion {
+            fd,
+            pos: start,
+            len,
+            _slot: slot,
+        }))
     }
 
     async fn sendable_fd(&self, pos: u64, len: u64) -> Result<Option<OwnedFd>, StorageError> {
