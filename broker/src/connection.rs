@@ -701,7 +701,7 @@ fn sendfile_from(socket: &OwnedFd, region: &FileRegion, from: usize) -> io::Resu
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(usize::try_from(at - region.pos).unwrap_or(0) - from)
+    Ok(usize::try_from(at - region.pos).unwrap_or(0).saturating_sub(from))
 }
 
 /// The bytes of `region` from byte `from` on.

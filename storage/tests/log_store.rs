@@ -2685,3 +2685,48 @@ fn rounds_overlapping_a_segment_file_s_creation_write_through_its_one_handle() {
         assert_eq!(read_all(&store, id, 0).await, all);
     });
 }
+
+/// A damaged batch header on the way: the sendable read answers exactly as a plain read does
+/// (here: the batches before it), never a region over the damage.
+#[test]
+fn a_damaged_header_makes_a_sendable_read_answer_as_a_plain_read() {
+    use strand_storage::ReadData;
+    block_on(async {
+        let fs = MemFs::new();
+        fs.set_sendable(true);
+        let store = open_store(&fs, 64 << 20).await;
+        let cfg = LogConfig {
+            segment_bytes: 4 << 20,
+            index_interval_bytes: 4096,
+            ..small_config()
+        };
+        let (id, _) = store.open_log(key("damaged-0"), cfg, 0).await.unwrap();
+        let sizes = [40_000, 50_000, 60_000, 45_000];
+        let mut starts = Vec::new();
+        let mut at = 0usize;
+        for (t, n) in sizes.iter().enumerate() {
+            let b = large_batch(t as u64, *n);
+            starts.push(at);
+            at += b.len();
+            store.append(id, &b, 0, 0).unwrap();
+        }
+        store.flush_round().await;
+        let segment = fs
+            .paths()
+            .into_iter()
+            .find(|p| p.to_string_lossy().contains("damaged-0") && p.extension().is_some_and(|e| e == "log"))
+            .unwrap();
+        let mut data = fs.contents(&segment).unwrap();
+        // The third batch's magic byte (offset 16 in the header).
+        data[starts[2] + 16] = 9;
+        fs.set_contents(&segment, data);
+        let plan = || store.plan_read(id, 0, 1 << 20).unwrap().unwrap();
+        let want = plan().execute().await;
+        let got = plan().execute_sendable(64 << 10).await;
+        match (want, got) {
+            (Ok(w), Ok(ReadData::Bytes(g))) => assert!(w == g, "bytes differ from a plain read"),
+            (Err(_), Err(_)) => {}
+            (w, g) => panic!("a plain read gave {w:?}, the sendable read {g:?}"),
+        }
+    });
+}
