@@ -409,9 +409,7 @@ impl Recent {
 
     /// `len` bytes at `pos` if they are all here: a slice of one write, or a copy of several.
     fn read(&self, pos: u64, len: usize) -> Option<Bytes> {
-        let (_, first, _) = self.chunks.front()?;
-        let end = pos.checked_add(len as u64)?;
-        if pos < *first || end > self.end()? {
+        if !self.holds(pos, len) {
             return None;
         }
         let i = self.chunks.partition_point(|(_, p, b)| p + b.len() as u64 <= pos);
@@ -1570,6 +1568,21 @@ mod tests {
         set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
     }
 
+    /// A new segment at `path` with `len` bytes (byte `i` is `i % modulo`), written 1 MiB at a
+    /// time and synced; the handle and the bytes.
+    async fn write_segment_by_mib(path: &Path, len: u64, modulo: usize) -> (GlommioFile, Vec<u8>) {
+        let f = GlommioFs.open_segment(path, true).await.unwrap();
+        let mut want = Vec::new();
+        while (want.len() as u64) < len {
+            let n = (1usize << 20).min((len - want.len() as u64) as usize);
+            let data: Vec<u8> = (0..n).map(|i| ((i + want.len()) % modulo) as u8).collect();
+            f.write_all_at(data.clone(), want.len() as u64).await.unwrap();
+            want.extend_from_slice(&data);
+        }
+        f.fdatasync().await.unwrap();
+        (f, want)
+    }
+
     /// With the guard this machine gets: a read far behind the end takes its pages into the
     /// page cache, where the next reader finds them, and the kernel's read-ahead of far reads
     /// takes none of the pages within the guard; a read near the end, with no write in flight,
@@ -1582,16 +1595,8 @@ mod tests {
                 let guard = page_cache_guard_bytes(path.parent().unwrap());
                 assert!(guard >= PAGE_CACHE_GUARD_MIN_BYTES, "guard {guard}");
                 set_direct_segment_writes(true, MIB as usize, guard);
-                let f = GlommioFs.open_segment(&path, true).await.unwrap();
-                let mut want = Vec::new();
                 let len = guard + 16 * MIB + 100;
-                while (want.len() as u64) < len {
-                    let n = (MIB as usize).min((len - want.len() as u64) as usize);
-                    let data: Vec<u8> = (0..n).map(|i| ((i + want.len()) % 247) as u8).collect();
-                    f.write_all_at(data.clone(), want.len() as u64).await.unwrap();
-                    want.extend_from_slice(&data);
-                }
-                f.fdatasync().await.unwrap();
+                let (f, want) = write_segment_by_mib(&path, len, 247).await;
                 let next_write_page = len - len % 4096;
                 let near = next_write_page - guard;
                 assert_eq!(
@@ -1827,22 +1832,10 @@ mod tests {
                 let guard = 4 * MIB;
                 let len = 12 * MIB + 100;
                 let far_end = (len - len % 4096 - guard) as usize;
-                let write = |path: PathBuf| async move {
-                    let f = GlommioFs.open_segment(&path, true).await.unwrap();
-                    let mut want = Vec::new();
-                    while (want.len() as u64) < len {
-                        let n = (MIB as usize).min((len - want.len() as u64) as usize);
-                        let data: Vec<u8> = (0..n).map(|i| ((i + want.len()) % 241) as u8).collect();
-                        f.write_all_at(data.clone(), want.len() as u64).await.unwrap();
-                        want.extend_from_slice(&data);
-                    }
-                    f.fdatasync().await.unwrap();
-                    (f, want)
-                };
 
                 // 1 MiB of recent writes kept: the far bytes come from the file.
                 set_direct_segment_writes(true, MIB as usize, guard);
-                let (f, want) = write(path.clone()).await;
+                let (f, want) = write_segment_by_mib(&path, len, 241).await;
                 let fd = f
                     .sendable(0, far_end)
                     .await
@@ -1861,7 +1854,7 @@ mod tests {
 
                 // All of it kept in memory: nothing is sent from the file.
                 set_direct_segment_writes(true, 64 * MIB as usize, guard);
-                let (g, _) = write(path.with_extension("kept")).await;
+                let (g, _) = write_segment_by_mib(&path.with_extension("kept"), len, 241).await;
                 assert!(
                     g.sendable(0, MIB as usize).await.unwrap().is_none(),
                     "bytes held in memory are sendable"

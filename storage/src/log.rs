@@ -1786,6 +1786,15 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
         usize::try_from(visible).map_or(self.max_bytes, |v| v.min(self.max_bytes))
     }
 
+    /// The bytes from `pos` a read takes to find the answer's batches: `max_bytes`, plus what
+    /// lies between the index entry and the target (two intervals, a page), within the
+    /// visible bytes.
+    fn window_from(&self, pos: u64) -> u64 {
+        self.end_position
+            .saturating_sub(pos)
+            .min((self.max_bytes as u64).saturating_add(2 * self.index_interval_bytes + 4096))
+    }
+
     /// Reads the planned batches: whole batches only, starting with the one holding the target
     /// offset, at most `max_bytes` unless the first batch alone is larger.
     pub async fn execute(self) -> Result<Bytes, StorageError> {
@@ -1795,9 +1804,7 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
             if pos >= self.end_position {
                 return Ok(Bytes::new());
             }
-            let window = (self.end_position - pos)
-                .min((self.max_bytes as u64).saturating_add(2 * self.index_interval_bytes + 4096))
-                as usize;
+            let window = self.window_from(pos) as usize;
             let buf = read_io(&*self.file, pos, window, path).await?;
             let mut first: Option<usize> = None;
             let mut end = 0usize;
@@ -1866,8 +1873,7 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
         let mut pos = self.start_position;
         // Asked first for the bytes the answer can span, so that reads the file does not let
         // be sent (near a direct-written end, say) never read headers on their own.
-        let window = (self.end_position.saturating_sub(pos))
-            .min((self.max_bytes as u64).saturating_add(2 * self.index_interval_bytes + 4096));
+        let window = self.window_from(pos);
         // Taken first: at the bound, nothing is duplicated and the batches are read.
         let Some(slot) = RegionSlot::take() else {
             return Ok(None);
