@@ -12,6 +12,8 @@
 //!   the compatibility tests).
 //! * [`queue_workload`]: the HTTP queue load of `strand-queue-bench` (publish, lease + batch ack,
 //!   steady state).
+//! * [`null_broker`]: a Kafka broker that does the least any broker could (stores no records,
+//!   serves fetches from per-shape templates), run as a peer to measure the client's ceiling.
 //! * [`share_workload`]: the Kafka share-group (KIP-932) load of `strand-queue-bench` (the same
 //!   backlog drained by native share consumers: ShareGroupHeartbeat, ShareFetch with piggy-backed
 //!   acknowledgements, ShareAcknowledge).
@@ -23,6 +25,7 @@ pub mod broker;
 pub mod faultproxy;
 pub mod host;
 pub mod latency;
+pub mod null_broker;
 pub mod queue_client;
 pub mod queue_workload;
 pub mod raw;

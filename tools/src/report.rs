@@ -43,6 +43,13 @@ pub const METHODOLOGY: &[&str] = &[
      in without the disk, mostly memory touched for the first time.",
     "Raw disk: a new file in the data directory, sequential write() of N bytes then fdatasync, \
      3 warm-up rounds excluded. Loopback: 1 MiB write()s over 127.0.0.1 TCP to a reader thread.",
+    "Client ceiling (--peer-null): the same workload against strand-null-broker, which stores no \
+     records (produce only advances offsets) and serves fetches by copying, per batch, the first \
+     batch produced with the same record count and size, its base offset patched (the most \
+     recent batches, 256 MiB, are served as produced, so tail consumers read real timestamps). \
+     The first broker's produce, first read and consume throughput are divided by the null \
+     broker's, and its paced produce p99 by the null broker's (each paced at its own fraction of \
+     its own peak unless --paced-rate is given).",
 ];
 
 /// The whole report.
@@ -277,6 +284,14 @@ pub struct Ratios {
     pub produce_p99_vs_fdatasync_p99: Option<f64>,
     /// produce p99 (paced phase) ÷ raw fdatasync p99 at the reference size.
     pub paced_p99_vs_fdatasync_p99: Option<f64>,
+    /// produce MB/s ÷ the null broker's (`--peer-null`): the client's ceiling on this machine.
+    pub produce_vs_client_ceiling: Option<f64>,
+    /// consume MB/s (the second, warm read) ÷ the null broker's.
+    pub consume_vs_client_ceiling: Option<f64>,
+    /// first-read MB/s ÷ the null broker's.
+    pub first_read_vs_client_ceiling: Option<f64>,
+    /// produce p99 (paced phase) ÷ the null broker's: the client's latency floor.
+    pub paced_p99_vs_client_floor: Option<f64>,
 }
 
 impl Ratios {
@@ -304,7 +319,34 @@ impl Ratios {
             consume_vs_loopback: result.consume.as_ref().and_then(|c| div(c.mb_per_s, loopback)),
             produce_p99_vs_fdatasync_p99: p99_ratio(&result.produce.latency),
             paced_p99_vs_fdatasync_p99: result.paced.as_ref().and_then(|p| p99_ratio(&p.latency)),
+            produce_vs_client_ceiling: None,
+            consume_vs_client_ceiling: None,
+            first_read_vs_client_ceiling: None,
+            paced_p99_vs_client_floor: None,
         }
+    }
+
+    /// Fills the client-ceiling ratios: `result` divided by `ceiling`, the same workload's
+    /// figures against the null broker. A figure missing on either side (or a zero denominator)
+    /// leaves its ratio `None`.
+    pub fn add_client_ceiling(&mut self, result: &WorkloadResult, ceiling: &WorkloadResult) {
+        let div = |a: Option<f64>, b: Option<f64>| a.zip(b.filter(|b| *b > 0.0)).map(|(a, b)| a / b);
+        let paced_p99 = |w: &WorkloadResult| {
+            w.paced
+                .as_ref()
+                .filter(|p| p.latency.samples > 0)
+                .map(|p| p.latency.p99_us as f64)
+        };
+        self.produce_vs_client_ceiling = div(Some(result.produce.mb_per_s), Some(ceiling.produce.mb_per_s));
+        self.consume_vs_client_ceiling = div(
+            result.consume.as_ref().map(|c| c.mb_per_s),
+            ceiling.consume.as_ref().map(|c| c.mb_per_s),
+        );
+        self.first_read_vs_client_ceiling = div(
+            result.first_read.as_ref().map(|c| c.mb_per_s),
+            ceiling.first_read.as_ref().map(|c| c.mb_per_s),
+        );
+        self.paced_p99_vs_client_floor = div(paced_p99(result), paced_p99(ceiling));
     }
 }
 
@@ -627,6 +669,32 @@ pub fn render_text(r: &Report) -> String {
             .produce_p99_vs_fdatasync_p99
             .map(|x| format!("{x:.2}x"))
     });
+    // Only when a null broker (--peer-null) ran against a broker under test.
+    let ceiling = |b: &BrokerReport| {
+        b.ratios.as_ref().is_some_and(|r| {
+            r.produce_vs_client_ceiling.is_some()
+                || r.consume_vs_client_ceiling.is_some()
+                || r.first_read_vs_client_ceiling.is_some()
+                || r.paced_p99_vs_client_floor.is_some()
+        })
+    };
+    if r.brokers.iter().any(ceiling) {
+        row("produce / client ceiling", &|b| {
+            b.ratios.as_ref()?.produce_vs_client_ceiling.map(pct)
+        });
+        row("first read / client ceiling", &|b| {
+            b.ratios.as_ref()?.first_read_vs_client_ceiling.map(pct)
+        });
+        row("consume / client ceiling", &|b| {
+            b.ratios.as_ref()?.consume_vs_client_ceiling.map(pct)
+        });
+        row("paced p99 / client floor", &|b| {
+            b.ratios
+                .as_ref()?
+                .paced_p99_vs_client_floor
+                .map(|x| format!("{x:.2}x"))
+        });
+    }
     row("client warnings", &|b| {
         b.result.as_ref().map(|w| w.client_events.count.to_string())
     });
@@ -811,6 +879,178 @@ mod tests {
         }
         .drift(0.25)
         .is_empty());
+    }
+
+    fn produce_result(mb_per_s: f64, p99_us: u64) -> crate::workload::ProduceResult {
+        crate::workload::ProduceResult {
+            target_rate: None,
+            sent: 1,
+            acked: 1,
+            failed: 0,
+            first_error: None,
+            bytes: 1,
+            secs: 1.0,
+            msgs_per_s: 1.0,
+            mb_per_s,
+            latency: LatencySummary {
+                samples: 10,
+                p99_us,
+                ..Default::default()
+            },
+            end_to_end: None,
+            queue_full_waits: 0,
+            cpu: CpuUsage::default(),
+            avg_batch_bytes: None,
+            avg_batch_messages: None,
+        }
+    }
+
+    fn consume_result(mb_per_s: f64) -> crate::workload::ConsumeResult {
+        crate::workload::ConsumeResult {
+            expected_messages: 1,
+            messages: 1,
+            bytes: 1,
+            secs: 1.0,
+            wall_secs: 1.0,
+            msgs_per_s: 1.0,
+            mb_per_s,
+            cpu: CpuUsage::default(),
+            offsets_from_watermarks: false,
+            high_watermark_below_acked: 0,
+            high_watermark_examples: Vec::new(),
+        }
+    }
+
+    /// A run's figures: produce MB/s, paced p99, first read MB/s, consume MB/s.
+    fn workload(produce: f64, paced_p99: u64, first_read: f64, consume: f64) -> WorkloadResult {
+        WorkloadResult {
+            topic: "t".into(),
+            topic_ready_secs: 0.1,
+            warmup: crate::workload::WarmupResult { acked: 1, secs: 1.0 },
+            produce: produce_result(produce, 5_000),
+            paced: Some(produce_result(produce / 2.0, paced_p99)),
+            consume: Some(consume_result(consume)),
+            first_read: Some(consume_result(first_read)),
+            client_events: Default::default(),
+        }
+    }
+
+    #[test]
+    fn client_ceiling_ratios_divide_by_the_null_broker() {
+        let strand = workload(300.0, 3_000, 450.0, 600.0);
+        let null = workload(600.0, 1_000, 900.0, 800.0);
+        let mut r = Ratios::compute(&strand, &RawLimitsPair::default(), 1_000_000);
+        assert_eq!(r.produce_vs_client_ceiling, None, "not measured until added");
+        r.add_client_ceiling(&strand, &null);
+        assert_eq!(r.produce_vs_client_ceiling, Some(0.5));
+        assert_eq!(r.first_read_vs_client_ceiling, Some(0.5));
+        assert_eq!(r.consume_vs_client_ceiling, Some(0.75));
+        assert_eq!(r.paced_p99_vs_client_floor, Some(3.0));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["consume_vs_client_ceiling"], 0.75);
+        // A figure missing on either side, or a zero denominator: no ratio (null in JSON).
+        let mut partial = null.clone();
+        partial.consume = None;
+        partial.paced = None;
+        partial.first_read.as_mut().unwrap().mb_per_s = 0.0;
+        r.add_client_ceiling(&strand, &partial);
+        assert_eq!(r.produce_vs_client_ceiling, Some(0.5));
+        assert_eq!(
+            (
+                r.consume_vs_client_ceiling,
+                r.first_read_vs_client_ceiling,
+                r.paced_p99_vs_client_floor
+            ),
+            (None, None, None)
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["paced_p99_vs_client_floor"].is_null());
+        assert!(json
+            .as_object()
+            .unwrap()
+            .contains_key("paced_p99_vs_client_floor"));
+    }
+
+    #[test]
+    fn the_table_shows_client_ceiling_rows_only_when_measured() {
+        let params = WorkloadParams {
+            topic: "t".into(),
+            message_bytes: 1024,
+            amount: Amount::DurationSecs(1.0),
+            warmup_secs: 1.0,
+            partitions: 1,
+            producers: 1,
+            consumers: 1,
+            acks: "all".into(),
+            compression: "none".into(),
+            linger_ms: None,
+            batch_size: None,
+            rate: None,
+            paced_fraction: 0.5,
+            paced_rate: None,
+            paced_secs: 1.0,
+            end_to_end: true,
+            client_stats: false,
+            producer_props: Vec::new(),
+            consumer_props: Vec::new(),
+            timeout_secs: 60.0,
+        };
+        let mut strand = BrokerReport::new("strand", "spawned");
+        strand.result = Some(workload(300.0, 3_000, 450.0, 600.0));
+        let mut null = BrokerReport::new("null (client ceiling)", "command");
+        null.result = Some(workload(600.0, 1_000, 900.0, 800.0));
+        let mut report = Report {
+            tool: ToolInfo {
+                name: "strand-bench".into(),
+                version: "0".into(),
+            },
+            date_utc: "now".into(),
+            client: ClientInfo {
+                library: "librdkafka".into(),
+                version: "2".into(),
+                version_hex: "0x0".into(),
+                binding: "rdkafka".into(),
+            },
+            host: HostInfo::probe(),
+            data_dir: crate::host::filesystem_of(Path::new(".")).unwrap(),
+            parameters: params,
+            raw_parameters: RawParameters {
+                disk_write_sizes: vec![1_000_000],
+                reference_write_bytes: 1_000_000,
+                disk_secs_per_size: 2.0,
+                sustained_secs: 0.0,
+                loopback_secs: 2.0,
+            },
+            methodology: Vec::new(),
+            raw_limits: RawLimitsPair::default(),
+            brokers: vec![strand, null],
+            warnings: Vec::new(),
+        };
+        assert!(!render_text(&report).contains("/ client ceiling"));
+        let mut ratios = Ratios::compute(
+            report.brokers[0].result.as_ref().unwrap(),
+            &RawLimitsPair::default(),
+            1_000_000,
+        );
+        ratios.add_client_ceiling(
+            report.brokers[0].result.as_ref().unwrap(),
+            report.brokers[1].result.as_ref().unwrap(),
+        );
+        report.brokers[0].ratios = Some(ratios);
+        let text = render_text(&report);
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name:?} line in\n{text}"))
+                .split_whitespace()
+                .rev()
+                .take(2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(line("produce / client ceiling"), vec!["-", "50.0%"]);
+        assert_eq!(line("first read / client ceiling"), vec!["-", "50.0%"]);
+        assert_eq!(line("consume / client ceiling"), vec!["-", "75.0%"]);
+        assert_eq!(line("paced p99 / client floor"), vec!["-", "3.00x"]);
     }
 
     #[test]

@@ -29,6 +29,10 @@ const RAW_DISK_MAX_BYTES: u64 = 4 << 30;
 const RAW_SUSTAINED_MAX_BYTES: u64 = 16 << 30;
 /// Relative change of a raw figure between before and after that makes the run "noisy".
 const RAW_DRIFT_TOLERANCE: f64 = 0.25;
+/// The report label of the `--peer-null` target.
+const NULL_PEER_LABEL: &str = "null (client ceiling)";
+/// The binary `--peer-null` runs, looked for next to this executable.
+const NULL_BROKER_BINARY: &str = "strand-null-broker";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -40,7 +44,8 @@ const RAW_DRIFT_TOLERANCE: f64 = 0.25;
     after_help = "Examples:\n  \
       strand-bench --spawn target/release/strand --peer-tansu /path/to/tansu --output bench.json\n  \
       strand-bench --bootstrap 127.0.0.1:9092 --partitions 1000 --duration-secs 30\n  \
-      strand-bench --spawn target/release/strand --compare-bootstrap 127.0.0.1:9092 --json\n\n\
+      strand-bench --spawn target/release/strand --compare-bootstrap 127.0.0.1:9092 --json\n  \
+      strand-bench --spawn target/release/strand --peer-null   (also: the client's ceiling)\n\n\
       Durable-write figures are only meaningful if the data directory is on a real disk: the report \
       names its filesystem and warns about tmpfs."
 )]
@@ -103,6 +108,12 @@ struct Cli {
         help_heading = "Peer brokers (same workload, same run)"
     )]
     compare_bootstrap: Vec<String>,
+    /// Also run against `strand-null-broker` (from the directory of this executable), a broker
+    /// that stores nothing and serves fetches from templates: what the client reaches on this
+    /// machine against a broker that costs nothing. The first broker's figures are then also
+    /// reported as ratios to it.
+    #[arg(long, help_heading = "Peer brokers (same workload, same run)")]
+    peer_null: bool,
 
     // ---- Workload ----
     /// Payload bytes per message (at least 16; no key).
@@ -252,6 +263,11 @@ impl Target {
             Target::Command { label, .. } | Target::Bootstrap { label, .. } => label,
         }
     }
+
+    /// The `--peer-null` target.
+    fn is_null(&self) -> bool {
+        matches!(self, Target::Command { label, .. } if label == NULL_PEER_LABEL)
+    }
 }
 
 fn main() -> ExitCode {
@@ -285,7 +301,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     warnings.extend(fs.space_warning());
     if cli.skip_raw {
-        warnings.push("raw limits were not measured (--skip-raw): no ratios".into());
+        warnings.push(if cli.peer_null {
+            "raw limits were not measured (--skip-raw): no ratios to raw limits".into()
+        } else {
+            "raw limits were not measured (--skip-raw): no ratios".into()
+        });
     }
 
     let reference = cli.batch_size.unwrap_or(LIBRDKAFKA_DEFAULT_BATCH_SIZE);
@@ -357,10 +377,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             drift.join(", ")
         ));
     }
-    for b in &mut brokers {
+    // The null peer's figures, the denominators of the first broker's client-ceiling ratios.
+    let null_index = targets.iter().position(|t| t.is_null());
+    let ceiling = null_index.and_then(|i| brokers[i].result.clone());
+    for (i, b) in brokers.iter_mut().enumerate() {
         if let Some(result) = &b.result {
-            if !cli.skip_raw {
-                b.ratios = Some(Ratios::compute(result, &raw, reference));
+            let against_null = i == 0 && null_index != Some(0);
+            if !cli.skip_raw || (against_null && ceiling.is_some()) {
+                let mut ratios = Ratios::compute(result, &raw, reference);
+                if let (true, Some(c)) = (against_null, &ceiling) {
+                    ratios.add_client_ceiling(result, c);
+                }
+                b.ratios = Some(ratios);
             }
         }
     }
@@ -456,13 +484,38 @@ fn targets(cli: &Cli) -> Result<Vec<Target>> {
             pid: None,
         });
     }
+    if cli.peer_null {
+        let binary = null_broker_binary()?;
+        t.push(Target::Command {
+            label: NULL_PEER_LABEL.into(),
+            template: format!("{} --port {{port}}", shell_quote(&binary.display().to_string())),
+            version_of: Some(binary),
+        });
+    }
     if t.is_empty() {
         bail!(
-            "nothing to benchmark: pass --spawn, --bootstrap, --peer-tansu, --peer-cmd or \
-             --compare-bootstrap"
+            "nothing to benchmark: pass --spawn, --bootstrap, --peer-tansu, --peer-cmd, \
+             --compare-bootstrap or --peer-null"
         );
     }
     Ok(t)
+}
+
+/// `strand-null-broker` in the directory of the running executable (cargo builds both there).
+fn null_broker_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the strand-bench executable")?;
+    let dir = exe
+        .parent()
+        .with_context(|| format!("{} has no parent directory", exe.display()))?;
+    let binary = dir.join(NULL_BROKER_BINARY);
+    if !binary.is_file() {
+        bail!(
+            "--peer-null needs {} next to strand-bench; build it with \
+             `cargo build --release -p strand-tools`",
+            binary.display()
+        );
+    }
+    Ok(binary)
 }
 
 fn workload_params(cli: &Cli) -> Result<WorkloadParams> {
