@@ -30,6 +30,7 @@
 //! runtime. Counters ([`ProxyStats`]) say what it did, so a test can check that faults actually
 //! happened.
 
+use crate::blocking_server::{stop_accept_thread, wait_for_connection_threads};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -38,7 +39,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Kafka's Produce api key: the responses the proxy drops.
 pub const PRODUCE_API_KEY: i16 = 0;
@@ -413,23 +414,9 @@ impl FaultProxy {
     pub fn shutdown(&mut self) -> ProxyStats {
         if let Some(thread) = self.accept_thread.take() {
             self.shared.stopping.store(true, Ordering::SeqCst);
-            // Wake the blocking accept up.
-            let wake = match self.local_addr {
-                SocketAddr::V4(a) if a.ip().is_unspecified() => SocketAddr::from(([127, 0, 0, 1], a.port())),
-                SocketAddr::V6(a) if a.ip().is_unspecified() => {
-                    SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
-                }
-                a => a,
-            };
-            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-            let _ = thread.join();
+            stop_accept_thread(self.local_addr, thread);
             self.shared.close_all();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while self.shared.counters.connections_active.load(Ordering::Relaxed) > 0
-                && Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_for_connection_threads(&self.shared.counters.connections_active, Duration::from_secs(5));
         }
         self.stats()
     }
@@ -812,6 +799,7 @@ fn forward_responses(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// A Produce request frame: header v1 (v3..v8) or v2 (v9+), transactional id null.
     fn produce_frame(version: i16, correlation_id: i32, acks: i16) -> Vec<u8> {

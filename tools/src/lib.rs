@@ -21,6 +21,7 @@
 //! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
 //! its Kafka listener, which is what makes side-by-side runs against a peer honest.
 
+mod blocking_server;
 pub mod broker;
 pub mod faultproxy;
 pub mod host;

@@ -48,6 +48,7 @@
 //! I/O, the state behind one mutex, and a condition variable on which empty fetches wait (at
 //! most [`MAX_FETCH_WAIT`]) for the next produce.
 
+use crate::blocking_server::{stop_accept_thread, wait_for_connection_threads};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -91,6 +92,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 pub const MAX_FETCH_WAIT: Duration = Duration::from_millis(500);
 /// Largest response a fetch builds, whatever its `max_bytes` (the first batch excepted).
 const MAX_FETCH_RESPONSE_BYTES: usize = DEFAULT_MAX_FRAME_BYTES;
+/// Default broker-side bound on a fetch response: Strand's default `fetch.max.bytes`. librdkafka
+/// asks for 50 MiB, and an answer over 32 MiB costs it a fresh mapping (BENCHMARKS.md item 37):
+/// a ceiling that answered larger than a broker needs to would be lowered by a cost no broker
+/// has to pay.
+pub const DEFAULT_FETCH_MAX_BYTES: i32 = 30 << 20;
 /// Most partitions a topic may have: CreateTopics takes the count from the network.
 pub const MAX_PARTITIONS_PER_TOPIC: i32 = 100_000;
 /// Most partitions of all topics together (32 bytes each before any data).
@@ -162,6 +168,9 @@ pub struct NullBrokerConfig {
     pub max_frame_bytes: usize,
     /// Largest number of concurrent connections; more are closed on accept.
     pub max_connections: usize,
+    /// Broker-side bound on a fetch response's record bytes, below the request's `max_bytes`
+    /// (`fetch.max.bytes`); the first batch still goes whole (KIP-74).
+    pub fetch_max_bytes: i32,
 }
 
 impl Default for NullBrokerConfig {
@@ -173,6 +182,7 @@ impl Default for NullBrokerConfig {
             recent_bytes: DEFAULT_RECENT_BYTES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            fetch_max_bytes: DEFAULT_FETCH_MAX_BYTES,
         }
     }
 }
@@ -1125,7 +1135,10 @@ impl Shared {
         let deadline = Instant::now() + wait;
         let mut log = lock(&self.log);
         let plan = loop {
-            let plan = log.plan_fetch(&request.topics, request.max_bytes);
+            let plan = log.plan_fetch(
+                &request.topics,
+                request.max_bytes.min(self.config.fetch_max_bytes),
+            );
             let now = Instant::now();
             if plan.record_bytes > 0
                 || plan.errors
@@ -1188,23 +1201,11 @@ impl NullBroker {
         if let Some(thread) = self.accept_thread.take() {
             self.shared.stopping.store(true, Ordering::SeqCst);
             self.shared.appended.notify_all();
-            let wake = SocketAddr::from(([127, 0, 0, 1], self.local_addr.port()));
-            let wake = if self.local_addr.ip().is_unspecified() {
-                wake
-            } else {
-                self.local_addr
-            };
-            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-            let _ = thread.join();
+            stop_accept_thread(self.local_addr, thread);
             for conn in lock(&self.shared.conns).values() {
                 let _ = conn.shutdown(Shutdown::Both);
             }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while self.shared.counters.connections_active.load(Ordering::Relaxed) > 0
-                && Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_for_connection_threads(&self.shared.counters.connections_active, Duration::from_secs(5));
         }
         self.stats()
     }
@@ -1686,6 +1687,19 @@ mod tests {
         }
     }
 
+    /// Produces `records` to partition 0 of topic `t` (Produce v9, acks=1).
+    fn produce_to_t(s: &Shared, records: Vec<u8>) {
+        let produce =
+            ProduceRequest::default()
+                .with_acks(1)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_static_str("t")))
+                    .with_partition_data(vec![PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(Bytes::from(records)))])]);
+        s.produce(&produce, 9);
+    }
+
     fn shared() -> Shared {
         Shared::new(
             NullBrokerConfig {
@@ -1942,15 +1956,7 @@ mod tests {
                 s.fetch(&request).record_bytes
             })
         };
-        let produce =
-            ProduceRequest::default()
-                .with_acks(1)
-                .with_topic_data(vec![TopicProduceData::default()
-                    .with_name(TopicName(StrBytes::from_static_str("t")))
-                    .with_partition_data(vec![PartitionProduceData::default()
-                        .with_index(0)
-                        .with_records(Some(Bytes::from(batch(1, 10, 0))))])]);
-        s.produce(&produce, 9);
+        produce_to_t(&s, batch(1, 10, 0));
         assert_eq!(fetcher.join().unwrap(), 71);
         // With nothing to come, the wait is bounded.
         let request = FetchRequest::default()
@@ -1960,6 +1966,37 @@ mod tests {
         let started = Instant::now();
         assert_eq!(s.fetch(&request).record_bytes, 0);
         assert!(started.elapsed() < MAX_FETCH_WAIT * 4);
+    }
+
+    #[test]
+    fn a_fetch_answers_at_most_the_broker_s_fetch_max_bytes() {
+        let s = Shared::new(
+            NullBrokerConfig {
+                fetch_max_bytes: 150,
+                ..NullBrokerConfig::default()
+            },
+            "127.0.0.1:9999".parse().unwrap(),
+        );
+        lock(&s.log).create_topic("t", 1).unwrap();
+        for _ in 0..10 {
+            produce_to_t(&s, batch(1, 10, 0));
+        }
+        // A 71-byte batch each: the request allows 1 MiB, the broker two batches.
+        let request = FetchRequest::default()
+            .with_max_bytes(1 << 20)
+            .with_topics(fetch_topics(&[(0, 0, 1 << 20)]));
+        assert_eq!(s.fetch(&request).record_bytes, 142);
+        // Below one batch, the first still goes whole (KIP-74).
+        let s = Shared::new(
+            NullBrokerConfig {
+                fetch_max_bytes: 1,
+                ..NullBrokerConfig::default()
+            },
+            "127.0.0.1:9999".parse().unwrap(),
+        );
+        lock(&s.log).create_topic("t", 1).unwrap();
+        produce_to_t(&s, [batch(1, 10, 0), batch(1, 10, 0)].concat());
+        assert_eq!(s.fetch(&request).record_bytes, 71);
     }
 
     #[test]

@@ -290,7 +290,8 @@ pub struct Ratios {
     pub consume_vs_client_ceiling: Option<f64>,
     /// first-read MB/s ÷ the null broker's.
     pub first_read_vs_client_ceiling: Option<f64>,
-    /// produce p99 (paced phase) ÷ the null broker's: the client's latency floor.
+    /// produce p99 (paced phase) ÷ the null broker's, whose paced phase `strand-bench` runs at
+    /// this broker's paced rate: the client's latency floor at that load.
     pub paced_p99_vs_client_floor: Option<f64>,
 }
 
@@ -973,28 +974,7 @@ mod tests {
 
     #[test]
     fn the_table_shows_client_ceiling_rows_only_when_measured() {
-        let params = WorkloadParams {
-            topic: "t".into(),
-            message_bytes: 1024,
-            amount: Amount::DurationSecs(1.0),
-            warmup_secs: 1.0,
-            partitions: 1,
-            producers: 1,
-            consumers: 1,
-            acks: "all".into(),
-            compression: "none".into(),
-            linger_ms: None,
-            batch_size: None,
-            rate: None,
-            paced_fraction: 0.5,
-            paced_rate: None,
-            paced_secs: 1.0,
-            end_to_end: true,
-            client_stats: false,
-            producer_props: Vec::new(),
-            consumer_props: Vec::new(),
-            timeout_secs: 60.0,
-        };
+        let params = crate::workload::test_params();
         let mut strand = BrokerReport::new("strand", "spawned");
         strand.result = Some(workload(300.0, 3_000, 450.0, 600.0));
         let mut null = BrokerReport::new("null (client ceiling)", "command");

@@ -1395,6 +1395,33 @@ pub fn split_partitions(partitions: i32, consumers: usize) -> Vec<Vec<i32>> {
     out
 }
 
+/// The small workload the unit tests of this crate describe their runs with.
+#[cfg(test)]
+pub(crate) fn test_params() -> WorkloadParams {
+    WorkloadParams {
+        topic: "t".into(),
+        message_bytes: 1024,
+        amount: Amount::DurationSecs(1.0),
+        warmup_secs: 1.0,
+        partitions: 1,
+        producers: 1,
+        consumers: 1,
+        acks: "all".into(),
+        compression: "none".into(),
+        linger_ms: None,
+        batch_size: None,
+        rate: None,
+        paced_fraction: 0.5,
+        paced_rate: None,
+        paced_secs: 1.0,
+        end_to_end: true,
+        client_stats: false,
+        producer_props: vec![("enable.idempotence".into(), "false".into())],
+        consumer_props: vec![],
+        timeout_secs: 30.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1418,28 +1445,7 @@ mod tests {
     }
 
     fn params() -> WorkloadParams {
-        WorkloadParams {
-            topic: "t".into(),
-            message_bytes: 1024,
-            amount: Amount::DurationSecs(1.0),
-            warmup_secs: 1.0,
-            partitions: 1,
-            producers: 1,
-            consumers: 1,
-            acks: "all".into(),
-            compression: "none".into(),
-            linger_ms: None,
-            batch_size: None,
-            rate: None,
-            paced_fraction: 0.5,
-            paced_rate: None,
-            paced_secs: 1.0,
-            end_to_end: true,
-            client_stats: false,
-            producer_props: vec![("enable.idempotence".into(), "false".into())],
-            consumer_props: vec![],
-            timeout_secs: 30.0,
-        }
+        test_params()
     }
 
     #[test]

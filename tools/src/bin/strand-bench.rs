@@ -356,6 +356,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Some(t) => t.clone(),
             None => unique_topic(i),
         };
+        // The client's latency floor is taken at the first broker's paced rate: at the null
+        // broker's own half peak (a higher rate) batches fill before `linger.ms` ends, which would
+        // give a floor no broker could be held to at the lower rate.
+        if target.is_null() && i > 0 && p.paced_fraction > 0.0 && p.paced_rate.is_none() {
+            p.paced_rate = brokers
+                .first()
+                .and_then(|b: &BrokerReport| b.result.as_ref())
+                .and_then(|r| r.paced.as_ref())
+                .and_then(|paced| paced.target_rate);
+        }
         let dir = run_dir.path().join(format!("{i}-{}", sanitize(target.label())));
         brokers.push(run_target(target, &cli, &p, &dir, show_progress));
     }

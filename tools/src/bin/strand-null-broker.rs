@@ -14,8 +14,8 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use strand_tools::null_broker::{
-    NullBroker, NullBrokerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_RECENT_BYTES,
-    DEFAULT_TEMPLATE_BUDGET_BYTES,
+    NullBroker, NullBrokerConfig, DEFAULT_FETCH_MAX_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_RECENT_BYTES, DEFAULT_TEMPLATE_BUDGET_BYTES,
 };
 
 #[derive(Parser, Debug)]
@@ -53,6 +53,10 @@ struct Cli {
     /// Largest number of concurrent connections.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Bound on a fetch response's record bytes (below the request's `max_bytes`), as a broker's
+    /// `fetch.max.bytes`; the default is Strand's.
+    #[arg(long, default_value_t = DEFAULT_FETCH_MAX_BYTES)]
+    fetch_max_bytes: i32,
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -66,6 +70,7 @@ fn run(cli: Cli) -> Result<()> {
         recent_bytes: cli.recent_mib.saturating_mul(1 << 20),
         max_frame_bytes: cli.max_frame_bytes,
         max_connections: cli.max_connections,
+        fetch_max_bytes: cli.fetch_max_bytes,
     })
     .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = broker.local_addr();
