@@ -77,6 +77,8 @@ use kafka_protocol::messages::{
     TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use strand_protocol::batch::BatchHeader;
+use strand_protocol::frame::peek_frame_size;
 
 /// Largest request frame, as Kafka's `socket.request.max.bytes` (100 MiB); a larger one closes
 /// the connection.
@@ -127,28 +129,21 @@ pub const ADVERTISED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 5),
 ];
 
-/// Kafka error codes this broker answers with.
+/// Kafka error codes this broker answers with (kafka-protocol's, by name).
 pub mod error_code {
+    use kafka_protocol::ResponseError as E;
     pub const NONE: i16 = 0;
-    pub const OFFSET_OUT_OF_RANGE: i16 = 1;
-    pub const CORRUPT_MESSAGE: i16 = 2;
-    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-    pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
-    pub const UNSUPPORTED_VERSION: i16 = 35;
-    pub const TOPIC_ALREADY_EXISTS: i16 = 36;
-    pub const INVALID_PARTITIONS: i16 = 37;
-    pub const INVALID_REPLICATION_FACTOR: i16 = 38;
+    pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
+    pub const CORRUPT_MESSAGE: i16 = E::CorruptMessage.code();
+    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = E::UnknownTopicOrPartition.code();
+    pub const INVALID_TOPIC_EXCEPTION: i16 = E::InvalidTopicException.code();
+    pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
+    pub const TOPIC_ALREADY_EXISTS: i16 = E::TopicAlreadyExists.code();
+    pub const INVALID_PARTITIONS: i16 = E::InvalidPartitions.code();
+    pub const INVALID_REPLICATION_FACTOR: i16 = E::InvalidReplicationFactor.code();
 }
 use error_code as ec;
 
-// Byte offsets in a v2 record batch header (61 bytes, then the records).
-const BATCH_HEADER_BYTES: usize = 61;
-/// `batchLength` counts the bytes after itself: a batch is this many bytes plus `batchLength`.
-const BATCH_LENGTH_END: usize = 12;
-const BATCH_LENGTH_OFFSET: usize = 8;
-const MAGIC_OFFSET: usize = 16;
-const LAST_OFFSET_DELTA_OFFSET: usize = 23;
-const RECORD_COUNT_OFFSET: usize = 57;
 /// The base offset: the only bytes patched when a batch is served.
 const BASE_OFFSET_BYTES: usize = 8;
 
@@ -424,10 +419,6 @@ struct BatchSpan {
     record_count: u32,
 }
 
-fn be_i32(b: &[u8], at: usize) -> Option<i32> {
-    Some(i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
 /// Splits a Produce request's records into v2 batches, reading only their headers. `None` if
 /// anything is off: a short or overlong batch, another magic, no records, or a record count
 /// that disagrees with the last offset delta (a producer's batch has offset deltas 0..count).
@@ -436,15 +427,11 @@ fn parse_batches(records: &[u8]) -> Option<Vec<BatchSpan>> {
     let mut pos = 0;
     while pos < records.len() {
         let rest = records.get(pos..)?;
-        let header = rest.get(..BATCH_HEADER_BYTES)?;
-        let len = usize::try_from(be_i32(header, BATCH_LENGTH_OFFSET)?)
-            .ok()?
-            .checked_add(BATCH_LENGTH_END)?;
-        if len < BATCH_HEADER_BYTES || len > rest.len() || *header.get(MAGIC_OFFSET)? != 2 {
-            return None;
-        }
-        let count = be_i32(header, RECORD_COUNT_OFFSET)?;
-        if count < 1 || be_i32(header, LAST_OFFSET_DELTA_OFFSET)?.checked_add(1)? != count {
+        // Magic 2 and a length of at least a header, checked by the parse.
+        let header = BatchHeader::parse(rest).ok()?;
+        let len = header.total_bytes();
+        let count = header.records_count;
+        if len > rest.len() || count < 1 || header.last_offset_delta.checked_add(1)? != count {
             return None;
         }
         spans.push(BatchSpan {
@@ -1325,16 +1312,12 @@ fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Bytes>> {
             Err(e) => return Err(e),
         }
     }
-    let len = i32::from_be_bytes(size);
-    let len = usize::try_from(len)
-        .ok()
-        .filter(|&l| (8..=max).contains(&l))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("frame size {len} outside 8..={max}"),
-            )
-        })?;
+    // The broker's own checks: negative, over `max`, or too short for a request header.
+    let len = match peek_frame_size(&size, max) {
+        Ok(Some(len)) => len,
+        Ok(None) => return Err(io::Error::other("a 4-byte size prefix was not read whole")),
+        Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+    };
     let mut frame = Vec::with_capacity(len);
     // `take` + `read_to_end` fills the buffer without zeroing it first.
     (&mut *stream).take(len as u64).read_to_end(&mut frame)?;
@@ -1353,6 +1336,13 @@ mod tests {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::messages::FetchResponse;
+    use strand_protocol::batch::{BATCH_HEADER_BYTES, LOG_OVERHEAD_BYTES as BATCH_LENGTH_END};
+
+    // Byte offsets in a v2 record batch header, to build and damage batches by hand.
+    const BATCH_LENGTH_OFFSET: usize = 8;
+    const MAGIC_OFFSET: usize = 16;
+    const LAST_OFFSET_DELTA_OFFSET: usize = 23;
+    const RECORD_COUNT_OFFSET: usize = 57;
 
     /// A v2 batch header with `count` records and `filler` bytes of (fake) records, each byte
     /// `fill`; the base offset is 0, as a producer sends it.

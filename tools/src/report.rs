@@ -47,9 +47,9 @@ pub const METHODOLOGY: &[&str] = &[
      records (produce only advances offsets) and serves fetches by copying, per batch, the first \
      batch produced with the same record count and size, its base offset patched (the most \
      recent batches, 256 MiB, are served as produced, so tail consumers read real timestamps). \
-     The first broker's produce, first read and consume throughput are divided by the null \
-     broker's, and its paced produce p99 by the null broker's (each paced at its own fraction of \
-     its own peak unless --paced-rate is given).",
+     Its answers are bounded at 30 MiB, as Strand's fetch.max.bytes. The first broker's produce, \
+     first read and consume throughput are divided by the null broker's, and its paced produce \
+     p99 by the null broker's, whose paced phase runs at the first broker's paced rate.",
 ];
 
 /// The whole report.
