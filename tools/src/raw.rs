@@ -1,7 +1,8 @@
 //! The machine's raw limits, measured beside every benchmark result.
 //!
 //! * Sequential append + `fdatasync` to a new file in the broker's data directory, at several
-//!   write sizes: the ceiling for a broker that fsyncs every acknowledged write.
+//!   write sizes: the ceiling for a broker that fsyncs every acknowledged write. Once more at a
+//!   fixed rate (a broker's paced phase): the disk's own latency at that load.
 //! * Loopback TCP copy: one thread writes 1 MiB buffers to a 127.0.0.1 socket, another reads:
 //!   the ceiling for serving a warm log to a consumer on the same machine.
 
@@ -45,6 +46,52 @@ pub fn disk_append_fdatasync(
     duration: Duration,
     max_bytes: u64,
 ) -> Result<DiskResult> {
+    append_rounds(dir, write_bytes, duration, max_bytes, None).map(|(d, _)| d)
+}
+
+/// The append + fdatasync test at a fixed rate instead of back to back.
+#[derive(Debug, Clone, Serialize)]
+pub struct PacedDiskResult {
+    /// The rate asked for, in MB (10^6 bytes) per second; `disk.mb_per_s` is the rate reached.
+    pub target_mb_per_s: f64,
+    pub disk: DiskResult,
+    /// Latency of each round's `write` and `fdatasync` together: what a durable append waits
+    /// for at this load, at the least.
+    pub write_and_fdatasync: LatencySummary,
+}
+
+/// As [`disk_append_fdatasync`], but each round starts on a fixed schedule, `write_bytes`
+/// every `write_bytes / bytes_per_s` seconds (at once when behind it), as a broker's flush
+/// rounds do under a steady load: the disk's own latency at that load, which back-to-back
+/// rounds do not show (a disk may keep its latency low only while it is kept busy, or only
+/// while it is idle in between).
+pub fn disk_append_fdatasync_paced(
+    dir: &Path,
+    write_bytes: usize,
+    bytes_per_s: f64,
+    duration: Duration,
+    max_bytes: u64,
+) -> Result<PacedDiskResult> {
+    if !(bytes_per_s.is_finite() && bytes_per_s > 0.0) {
+        return Err(anyhow!("the paced rate must be positive, not {bytes_per_s}"));
+    }
+    let (disk, rounds) = append_rounds(dir, write_bytes, duration, max_bytes, Some(bytes_per_s))?;
+    Ok(PacedDiskResult {
+        target_mb_per_s: bytes_per_s / 1e6,
+        disk,
+        write_and_fdatasync: rounds,
+    })
+}
+
+/// The rounds of both tests: back to back, or paced at `pace` bytes per second. Returns the
+/// result and the latency of whole rounds (write and fdatasync).
+fn append_rounds(
+    dir: &Path,
+    write_bytes: usize,
+    duration: Duration,
+    max_bytes: u64,
+    pace: Option<f64>,
+) -> Result<(DiskResult, LatencySummary)> {
     if write_bytes == 0 {
         return Err(anyhow!("write size must be positive"));
     }
@@ -59,11 +106,21 @@ pub fn disk_append_fdatasync(
     for _ in 0..DISK_WARMUP_WRITES {
         append_and_sync(file, &buf, &path)?;
     }
+    let interval = pace.map(|rate| Duration::from_secs_f64(write_bytes as f64 / rate));
     let mut hist = latency::histogram();
+    let mut round_hist = latency::histogram();
     let mut rounds = 0u64;
     let start = Instant::now();
     loop {
+        if let Some(interval) = interval {
+            let due = start + interval.mul_f64(rounds as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                thread::sleep(wait);
+            }
+        }
+        let round_start = Instant::now();
         let sync_ns = append_and_sync(file, &buf, &path)?;
+        latency::record_ns(&mut round_hist, round_start.elapsed().as_nanos() as u64);
         latency::record_ns(&mut hist, sync_ns);
         rounds += 1;
         let written = rounds * write_bytes as u64;
@@ -73,13 +130,14 @@ pub fn disk_append_fdatasync(
     }
     let secs = start.elapsed().as_secs_f64();
     tmp.close().context("removing the raw-write test file")?;
-    Ok(DiskResult {
+    let result = DiskResult {
         write_bytes: write_bytes as u64,
         rounds,
         secs,
         mb_per_s: (rounds * write_bytes as u64) as f64 / secs / 1e6,
         fdatasync: LatencySummary::of(&hist),
-    })
+    };
+    Ok((result, LatencySummary::of(&round_hist)))
 }
 
 /// One `write` + `fdatasync`; returns the fdatasync time in ns.
@@ -182,6 +240,38 @@ mod tests {
         assert!(r.mb_per_s > 0.0);
         assert_eq!(r.fdatasync.samples, r.rounds);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// Paced rounds keep to their schedule (never faster than asked), and a round's latency
+    /// includes its fdatasync's.
+    #[test]
+    fn paced_rounds_keep_their_rate() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let rate = 4096.0 * 200.0;
+        let r =
+            disk_append_fdatasync_paced(dir.path(), 4096, rate, Duration::from_millis(100), 1 << 20).unwrap();
+        let d = &r.disk;
+        assert!(d.rounds >= 10);
+        // Round n starts no earlier than n intervals after the first.
+        assert!(
+            d.secs >= (d.rounds - 1) as f64 / 200.0,
+            "{} rounds in {} s",
+            d.rounds,
+            d.secs
+        );
+        assert!(
+            d.mb_per_s <= r.target_mb_per_s * 1.1,
+            "{} MB/s against {}",
+            d.mb_per_s,
+            r.target_mb_per_s
+        );
+        assert_eq!(r.write_and_fdatasync.samples, d.rounds);
+        assert!(r.write_and_fdatasync.p99_us >= d.fdatasync.p99_us);
+        assert!(r.write_and_fdatasync.max_us >= d.fdatasync.max_us);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(disk_append_fdatasync_paced(dir.path(), 4096, bad, Duration::ZERO, 1).is_err());
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::broker::Memory;
 use crate::host::{FsInfo, HostInfo};
 use crate::latency::{human_us, LatencySummary};
-use crate::raw::{DiskResult, LoopbackResult};
+use crate::raw::{DiskResult, LoopbackResult, PacedDiskResult};
 use crate::workload::{Amount, CpuUsage, WorkloadParams, WorkloadResult};
 
 /// How the figures were taken; copied into every report so that a JSON file explains itself.
@@ -50,6 +50,11 @@ pub const METHODOLOGY: &[&str] = &[
      Its answers are bounded at 30 MiB, as Strand's fetch.max.bytes. The first broker's produce, \
      first read and consume throughput are divided by the null broker's, and its paced produce \
      p99 by the null broker's, whose paced phase runs at the first broker's paced rate.",
+    "Disk at the paced rate: right after the first broker, append+fdatasync at the reference size again, \
+     each round starting on a fixed schedule at the first broker's paced rate (payload bytes; a \
+     broker writes ~7% more with 1 KiB records' framing), for as long as a paced phase. The first \
+     broker's paced produce p99 is divided by that run's write+fdatasync p99: the disk's own \
+     latency at the same load, which back-to-back rounds need not show.",
 ];
 
 /// The whole report.
@@ -97,6 +102,9 @@ pub struct RawParameters {
 pub struct RawLimitsPair {
     pub before: Option<RawLimits>,
     pub after: Option<RawLimits>,
+    /// Append+fdatasync at the reference size, paced at the first broker's paced rate (payload
+    /// bytes per second), run once right after that broker: the disk's own latency at that load.
+    pub paced: Option<PacedDiskResult>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -284,6 +292,12 @@ pub struct Ratios {
     pub produce_p99_vs_fdatasync_p99: Option<f64>,
     /// produce p99 (paced phase) ÷ raw fdatasync p99 at the reference size.
     pub paced_p99_vs_fdatasync_p99: Option<f64>,
+    /// p99 of a raw write+fdatasync round paced at this broker's paced rate (the first broker
+    /// only: the rate the paced raw run used).
+    pub raw_paced_round_p99_us: Option<u64>,
+    /// produce p99 (paced phase) ÷ `raw_paced_round_p99_us`: how far above the disk's own
+    /// latency at the same load.
+    pub paced_p99_vs_disk_at_paced_rate: Option<f64>,
     /// produce MB/s ÷ the null broker's (`--peer-null`): the client's ceiling on this machine.
     pub produce_vs_client_ceiling: Option<f64>,
     /// consume MB/s (the second, warm read) ÷ the null broker's.
@@ -320,11 +334,27 @@ impl Ratios {
             consume_vs_loopback: result.consume.as_ref().and_then(|c| div(c.mb_per_s, loopback)),
             produce_p99_vs_fdatasync_p99: p99_ratio(&result.produce.latency),
             paced_p99_vs_fdatasync_p99: result.paced.as_ref().and_then(|p| p99_ratio(&p.latency)),
+            raw_paced_round_p99_us: None,
+            paced_p99_vs_disk_at_paced_rate: None,
             produce_vs_client_ceiling: None,
             consume_vs_client_ceiling: None,
             first_read_vs_client_ceiling: None,
             paced_p99_vs_client_floor: None,
         }
+    }
+
+    /// Fills the ratio to the disk's latency at the paced rate, from `paced`, the raw run paced
+    /// at this broker's paced rate. Nothing without a paced phase or a round measured.
+    pub fn add_disk_at_paced_rate(&mut self, result: &WorkloadResult, paced: &PacedDiskResult) {
+        let round = &paced.write_and_fdatasync;
+        let Some(p) = result.paced.as_ref().filter(|p| p.latency.samples > 0) else {
+            return;
+        };
+        if round.samples == 0 || round.p99_us == 0 {
+            return;
+        }
+        self.raw_paced_round_p99_us = Some(round.p99_us);
+        self.paced_p99_vs_disk_at_paced_rate = Some(p.latency.p99_us as f64 / round.p99_us as f64);
     }
 
     /// Fills the client-ceiling ratios: `result` divided by `ceiling`, the same workload's
@@ -516,6 +546,21 @@ pub fn render_text(r: &Report) -> String {
         o,
         "   ** = as long as the produce phase: the denominator of produce / raw disk)"
     );
+    if let Some(p) = &r.raw_limits.paced {
+        let _ = writeln!(
+            o,
+            "  append+fdatasync {} paced at {:.1} MB/s (got {:.1}), the first broker's paced rate, right after it:\n    \
+             fdatasync p50 {} p99 {}; write+fdatasync p50 {} p99 {} p99.9 {}",
+            human_bytes(p.disk.write_bytes),
+            p.target_mb_per_s,
+            p.disk.mb_per_s,
+            human_us(p.disk.fdatasync.p50_us),
+            human_us(p.disk.fdatasync.p99_us),
+            human_us(p.write_and_fdatasync.p50_us),
+            human_us(p.write_and_fdatasync.p99_us),
+            human_us(p.write_and_fdatasync.p999_us),
+        );
+    }
 
     // Brokers side by side.
     let width = 26;
@@ -664,6 +709,15 @@ pub fn render_text(r: &Report) -> String {
             .paced_p99_vs_fdatasync_p99
             .map(|x| format!("{x:.2}x"))
     });
+    // Only when the disk was measured at the paced rate.
+    if r.raw_limits.paced.is_some() {
+        row("paced p99 / disk at that rate", &|b| {
+            b.ratios
+                .as_ref()?
+                .paced_p99_vs_disk_at_paced_rate
+                .map(|x| format!("{x:.2}x"))
+        });
+    }
     row("peak p99 / fdatasync p99", &|b| {
         b.ratios
             .as_ref()?
@@ -822,6 +876,7 @@ mod tests {
         let pair = RawLimitsPair {
             before: Some(raw(400.0, 2_000, 3_000.0)),
             after: Some(raw(500.0, 3_000, 2_500.0)),
+            paced: None,
         };
         assert_eq!(pair.best_disk_mb_per_s(1_000_000), Some(500.0));
         assert_eq!(pair.best_fdatasync_p99_us(1_000_000), Some(2_000));
@@ -837,6 +892,7 @@ mod tests {
         let pair = RawLimitsPair {
             before: Some(before.clone()),
             after: Some(after.clone()),
+            paced: None,
         };
         assert_eq!(
             pair.produce_reference_mb_per_s(1_000_000),
@@ -847,6 +903,7 @@ mod tests {
         let pair = RawLimitsPair {
             before: Some(before),
             after: Some(after),
+            paced: None,
         };
         assert_eq!(pair.produce_reference_mb_per_s(1_000_000), Some(312.5));
         assert_eq!(pair.best_disk_mb_per_s(1_000_000), Some(500.0));
@@ -870,13 +927,15 @@ mod tests {
         let pair = RawLimitsPair {
             before: Some(raw(400.0, 2_000, 3_000.0)),
             after: Some(raw(410.0, 3_000, 1_000.0)),
+            paced: None,
         };
         let d = pair.drift(0.25);
         assert_eq!(d.len(), 1, "{d:?}");
         assert!(d[0].starts_with("loopback"));
         assert!(RawLimitsPair {
             before: None,
-            after: Some(raw(1.0, 1, 1.0))
+            after: Some(raw(1.0, 1, 1.0)),
+            paced: None,
         }
         .drift(0.25)
         .is_empty());
@@ -973,7 +1032,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_shows_client_ceiling_rows_only_when_measured() {
+    fn the_table_shows_client_ceiling_and_paced_disk_rows_only_when_measured() {
         let params = crate::workload::test_params();
         let mut strand = BrokerReport::new("strand", "spawned");
         strand.result = Some(workload(300.0, 3_000, 450.0, 600.0));
@@ -1031,6 +1090,76 @@ mod tests {
         assert_eq!(line("first read / client ceiling"), vec!["-", "50.0%"]);
         assert_eq!(line("consume / client ceiling"), vec!["-", "75.0%"]);
         assert_eq!(line("paced p99 / client floor"), vec!["-", "3.00x"]);
+        assert!(!text.contains("disk at that rate") && !text.contains("paced at"));
+
+        // The disk at the paced rate: its line under the raw limits, and the first broker's ratio.
+        let paced = PacedDiskResult {
+            target_mb_per_s: 150.0,
+            disk: disk(1_000_000, 149.9, 900),
+            write_and_fdatasync: LatencySummary {
+                samples: 100,
+                p50_us: 1_000,
+                p99_us: 1_500,
+                ..Default::default()
+            },
+        };
+        report.raw_limits.paced = Some(paced.clone());
+        let (strand_result, null_result) = (
+            report.brokers[0].result.clone().unwrap(),
+            report.brokers[1].result.clone().unwrap(),
+        );
+        let ratios = report.brokers[0].ratios.as_mut().unwrap();
+        ratios.add_disk_at_paced_rate(&null_result, &paced);
+        assert_eq!(ratios.paced_p99_vs_disk_at_paced_rate, Some(1_000.0 / 1_500.0));
+        ratios.add_disk_at_paced_rate(&strand_result, &paced);
+        assert_eq!(ratios.raw_paced_round_p99_us, Some(1_500));
+        assert_eq!(ratios.paced_p99_vs_disk_at_paced_rate, Some(2.0));
+        let text = render_text(&report);
+        assert!(text.contains("paced at 150.0 MB/s"), "{text}");
+        assert!(text.contains("write+fdatasync p50 1.00 ms p99 1.50 ms"), "{text}");
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name:?} line in\n{text}"))
+                .split_whitespace()
+                .rev()
+                .take(2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(line("paced p99 / disk at that rate"), vec!["-", "2.00x"]);
+    }
+
+    /// No paced phase, or no round measured: no ratio.
+    #[test]
+    fn the_paced_disk_ratio_needs_both_sides() {
+        let mut strand = workload(300.0, 3_000, 450.0, 600.0);
+        let mut paced = PacedDiskResult {
+            target_mb_per_s: 150.0,
+            disk: disk(1_000_000, 149.9, 900),
+            write_and_fdatasync: LatencySummary::default(),
+        };
+        let mut r = Ratios::compute(&strand, &RawLimitsPair::default(), 1_000_000);
+        r.add_disk_at_paced_rate(&strand, &paced);
+        assert_eq!(
+            (r.raw_paced_round_p99_us, r.paced_p99_vs_disk_at_paced_rate),
+            (None, None)
+        );
+        paced.write_and_fdatasync = LatencySummary {
+            samples: 10,
+            p99_us: 1_000,
+            ..Default::default()
+        };
+        strand.paced = None;
+        r.add_disk_at_paced_rate(&strand, &paced);
+        assert_eq!(
+            (r.raw_paced_round_p99_us, r.paced_p99_vs_disk_at_paced_rate),
+            (None, None)
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json
+            .as_object()
+            .unwrap()
+            .contains_key("paced_p99_vs_disk_at_paced_rate"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
 use strand_tools::host::{filesystem_of, utc_now_rfc3339, HostInfo};
-use strand_tools::raw::{disk_append_fdatasync, loopback_tcp};
+use strand_tools::raw::{disk_append_fdatasync, disk_append_fdatasync_paced, loopback_tcp, PacedDiskResult};
 use strand_tools::report::{
     human_bytes, render_text, BrokerReport, ClientInfo, Ratios, RawLimits, RawLimitsPair, RawParameters,
     Report, ToolInfo, METHODOLOGY,
@@ -368,6 +368,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         let dir = run_dir.path().join(format!("{i}-{}", sanitize(target.label())));
         brokers.push(run_target(target, &cli, &p, &dir, show_progress));
+        if i == 0 && !cli.skip_raw {
+            raw.paced = disk_at_paced_rate(&brokers, run_dir.path(), reference, &params, show_progress)?;
+        }
     }
 
     if !cli.skip_raw {
@@ -395,6 +398,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let against_null = i == 0 && null_index != Some(0);
             if !cli.skip_raw || (against_null && ceiling.is_some()) {
                 let mut ratios = Ratios::compute(result, &raw, reference);
+                if let (0, Some(paced)) = (i, &raw.paced) {
+                    ratios.add_disk_at_paced_rate(result, paced);
+                }
                 if let (true, Some(c)) = (against_null, &ceiling) {
                     ratios.add_client_ceiling(result, c);
                 }
@@ -659,6 +665,41 @@ fn run_target(
         );
     }
     report
+}
+
+/// The disk at the first broker's paced rate: append+fdatasync at the reference size, paced at
+/// that rate's payload bytes for as long as a paced phase, run right after that broker so that
+/// both see the disk as alike as a noisy machine allows. `None` without a paced phase.
+fn disk_at_paced_rate(
+    brokers: &[BrokerReport],
+    dir: &Path,
+    reference: u64,
+    params: &WorkloadParams,
+    show_progress: bool,
+) -> Result<Option<PacedDiskResult>> {
+    let Some(msgs_per_s) = brokers
+        .first()
+        .and_then(|b| b.result.as_ref())
+        .and_then(|r| r.paced.as_ref())
+        .and_then(|p| p.target_rate)
+    else {
+        return Ok(None);
+    };
+    let s = spinner(show_progress, "raw, paced");
+    s.set_message(format!(
+        "append+fdatasync {} at the paced rate",
+        human_bytes(reference)
+    ));
+    let size = usize::try_from(reference).context("raw write size does not fit in memory")?;
+    let paced = disk_append_fdatasync_paced(
+        dir,
+        size,
+        msgs_per_s * params.message_bytes as f64,
+        Duration::from_secs_f64(params.paced_secs),
+        RAW_SUSTAINED_MAX_BYTES,
+    )?;
+    s.finish_and_clear();
+    Ok(Some(paced))
 }
 
 fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &str) -> Result<RawLimits> {
