@@ -1031,6 +1031,17 @@ mod tests {
             .contains_key("paced_p99_vs_client_floor"));
     }
 
+    /// The last two cells of the table row `name` in `text` (the last broker's first).
+    fn last_two<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name:?} line in\n{text}"))
+            .split_whitespace()
+            .rev()
+            .take(2)
+            .collect()
+    }
+
     #[test]
     fn the_table_shows_client_ceiling_and_paced_disk_rows_only_when_measured() {
         let params = crate::workload::test_params();
@@ -1077,19 +1088,10 @@ mod tests {
         );
         report.brokers[0].ratios = Some(ratios);
         let text = render_text(&report);
-        let line = |name: &str| {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name:?} line in\n{text}"))
-                .split_whitespace()
-                .rev()
-                .take(2)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(line("produce / client ceiling"), vec!["-", "50.0%"]);
-        assert_eq!(line("first read / client ceiling"), vec!["-", "50.0%"]);
-        assert_eq!(line("consume / client ceiling"), vec!["-", "75.0%"]);
-        assert_eq!(line("paced p99 / client floor"), vec!["-", "3.00x"]);
+        assert_eq!(last_two(&text, "produce / client ceiling"), vec!["-", "50.0%"]);
+        assert_eq!(last_two(&text, "first read / client ceiling"), vec!["-", "50.0%"]);
+        assert_eq!(last_two(&text, "consume / client ceiling"), vec!["-", "75.0%"]);
+        assert_eq!(last_two(&text, "paced p99 / client floor"), vec!["-", "3.00x"]);
         assert!(!text.contains("disk at that rate") && !text.contains("paced at"));
 
         // The disk at the paced rate: its line under the raw limits, and the first broker's ratio.
@@ -1117,16 +1119,10 @@ mod tests {
         let text = render_text(&report);
         assert!(text.contains("paced at 150.0 MB/s"), "{text}");
         assert!(text.contains("write+fdatasync p50 1.00 ms p99 1.50 ms"), "{text}");
-        let line = |name: &str| {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name:?} line in\n{text}"))
-                .split_whitespace()
-                .rev()
-                .take(2)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(line("paced p99 / disk at that rate"), vec!["-", "2.00x"]);
+        assert_eq!(
+            last_two(&text, "paced p99 / disk at that rate"),
+            vec!["-", "2.00x"]
+        );
     }
 
     /// No paced phase, or no round measured: no ratio.
