@@ -5,6 +5,7 @@
 //! * [`host`]: what machine this is (CPUs, kernel, the filesystem under a path).
 //! * [`raw`]: the machine's raw limits (sequential append + fdatasync, loopback TCP copy).
 //! * [`broker`]: spawning a broker (Strand via its ready file, or any command), its memory.
+//! * [`broker_metrics`]: a spawned Strand's own latency histograms over a phase (`/metrics`).
 //! * [`workload`]: the Kafka load itself, on `rdkafka` (produce, end-to-end, consume).
 //! * [`latency`]: HdrHistogram helpers and the percentile summary every report uses.
 //! * [`report`]: the JSON report and the human-readable table.
@@ -23,6 +24,7 @@
 
 mod blocking_server;
 pub mod broker;
+pub mod broker_metrics;
 pub mod faultproxy;
 pub mod host;
 pub mod latency;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::broker::Memory;
+use crate::broker_metrics::PhaseHistogram;
 use crate::host::{FsInfo, HostInfo};
 use crate::latency::{human_us, LatencySummary};
 use crate::raw::{DiskResult, LoopbackResult, PacedDiskResult};
@@ -50,6 +51,10 @@ pub const METHODOLOGY: &[&str] = &[
      Its answers are bounded at 30 MiB, as Strand's fetch.max.bytes. The first broker's produce, \
      first read and consume throughput are divided by the null broker's, and its paced produce \
      p99 by the null broker's, whose paced phase runs at the first broker's paced rate.",
+    "Broker histograms (a spawned Strand only): its /metrics scraped as the paced phase starts and \
+     as it ends, the buckets differenced: Produce requests from arrival to answer, the durable \
+     stage, flush rounds, segment and journal fsyncs (all shards added). Each quantile is shown as \
+     the upper bound of the bucket holding it.",
     "Disk at the paced rate: right after the first broker, append+fdatasync at the reference size again, \
      each round starting on a fixed schedule at the first broker's paced rate (payload bytes; a \
      broker writes ~7% more with 1 KiB records' framing), for as long as a paced phase. The first \
@@ -214,6 +219,8 @@ pub struct BrokerReport {
     pub anomalies: Vec<String>,
     /// Why the run did not finish, if it did not.
     pub error: Option<String>,
+    /// The broker's own latency histograms over the paced phase (a spawned Strand only).
+    pub paced_histograms: Vec<PhaseHistogram>,
 }
 
 impl BrokerReport {
@@ -234,6 +241,7 @@ impl BrokerReport {
             problems: Vec::new(),
             anomalies: Vec::new(),
             error: None,
+            paced_histograms: Vec::new(),
         }
     }
 }
@@ -635,6 +643,20 @@ pub fn render_text(r: &Report) -> String {
     row("  end-to-end p50 / p99", &|b| {
         Some(pair(&b.result.as_ref()?.paced.as_ref()?.end_to_end?))
     });
+    // The broker's own histograms over the paced phase, where it exported them (bucket bounds).
+    let mut measured: Vec<String> = Vec::new();
+    for h in r.brokers.iter().flat_map(|b| &b.paced_histograms) {
+        if !measured.contains(&h.label) {
+            measured.push(h.label.clone());
+        }
+    }
+    for label in measured {
+        row(&format!("  broker: {label}"), &|b| {
+            let h = b.paced_histograms.iter().find(|h| h.label == label)?;
+            let le = |us: Option<u64>| us.map_or("> last".to_string(), |us| format!("≤{}", human_us(us)));
+            Some(format!("p50 {} p99 {}", le(h.p50_le_us), le(h.p99_le_us)))
+        });
+    }
     row("  CPU client / broker", &|b| {
         Some(cores(&b.result.as_ref()?.paced.as_ref()?.cpu))
     });
@@ -1123,6 +1145,25 @@ mod tests {
             last_two(&text, "paced p99 / disk at that rate"),
             vec!["-", "2.00x"]
         );
+
+        // The broker's own histograms over the paced phase: a row each, for the brokers that
+        // exported them.
+        assert!(!text.contains("  broker: "), "{text}");
+        report.brokers[0].paced_histograms = vec![PhaseHistogram {
+            name: "strand_kafka_request_duration_seconds".into(),
+            label: "Produce request".into(),
+            samples: 100,
+            p50_le_us: Some(2_000),
+            p99_le_us: None,
+            p999_le_us: None,
+        }];
+        let text = render_text(&report);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("  broker: Produce request"))
+            .unwrap_or_else(|| panic!("no broker row in\n{text}"));
+        assert!(row.contains("p50 ≤2.00 ms p99 > last"), "{row}");
+        assert!(row.trim_end().ends_with('-'), "{row}");
     }
 
     /// No paced phase, or no round measured: no ratio.

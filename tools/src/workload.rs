@@ -198,6 +198,8 @@ impl WorkloadParams {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Checkpoint {
     TopicReady,
+    /// The paced phase is about to start (only if it runs).
+    PacedStart,
     Produced,
     Consumed,
 }
@@ -707,6 +709,7 @@ pub fn run(
             Some(r) => format!("paced {r:.0}/s"),
             None => format!("paced {:.0}%", params.paced_fraction * 100.0),
         };
+        checkpoint(Checkpoint::PacedStart);
         let mut result = summarize_phase(produce_phase(
             &producers, params, &shared, &pool, plan, &bar, &name,
         )?);

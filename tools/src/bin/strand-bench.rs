@@ -13,6 +13,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
+use strand_tools::broker_metrics::{phase_histograms, Scrape};
 use strand_tools::host::{filesystem_of, utc_now_rfc3339, HostInfo};
 use strand_tools::raw::{disk_append_fdatasync, disk_append_fdatasync_paced, loopback_tcp, PacedDiskResult};
 use strand_tools::report::{
@@ -634,9 +635,31 @@ fn run_target(
     report.memory.after_start = mem();
     let bootstrap = report.bootstrap.clone().unwrap_or_default();
     let mut memory = report.memory.clone();
+    // A spawned Strand's own histograms over the paced phase.
+    let admin = process.as_ref().and_then(|p| p.admin.clone());
+    let scrape = |admin: &str| Scrape::fetch(admin, Duration::from_secs(5));
+    let mut paced_start: Option<Scrape> = None;
+    let mut paced_histograms = Vec::new();
+    let mut scrape_errors = Vec::new();
     let mut checkpoint = |c: Checkpoint| match c {
         Checkpoint::TopicReady => memory.topic_ready = mem(),
-        Checkpoint::Produced => memory.after_produce = mem(),
+        Checkpoint::PacedStart => {
+            if let Some(admin) = &admin {
+                match scrape(admin) {
+                    Ok(s) => paced_start = Some(s),
+                    Err(e) => scrape_errors.push(format!("{e:#}")),
+                }
+            }
+        }
+        Checkpoint::Produced => {
+            memory.after_produce = mem();
+            if let (Some(admin), Some(start)) = (&admin, paced_start.take()) {
+                match scrape(admin) {
+                    Ok(end) => paced_histograms = phase_histograms(&start, &end),
+                    Err(e) => scrape_errors.push(format!("{e:#}")),
+                }
+            }
+        }
         Checkpoint::Consumed => memory.after_consume = mem(),
     };
     match workload::run(&bootstrap, pid, params, &label, show_progress, &mut checkpoint) {
@@ -652,6 +675,12 @@ fn run_target(
     }
     memory.idle_kib_per_partition = memory.compute_idle_kib_per_partition(params.partitions);
     report.memory = memory;
+    report.paced_histograms = paced_histograms;
+    report.anomalies.extend(
+        scrape_errors
+            .into_iter()
+            .map(|e| format!("the broker's /metrics could not be read for the paced phase: {e}")),
+    );
     if let Some(mut p) = process {
         if !p.is_running() {
             report.problems.push(format!(
