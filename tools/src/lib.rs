@@ -20,7 +20,9 @@
 //!   acknowledgements, ShareAcknowledge).
 //!
 //! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
-//! its Kafka listener, which is what makes side-by-side runs against a peer honest.
+//! its Kafka listener, which is what makes side-by-side runs against a peer honest. The one
+//! exception, [`broker_metrics`], reads a spawned Strand's own histograms beside the figures,
+//! never into them.
 
 mod blocking_server;
 pub mod broker;

@@ -699,6 +699,8 @@ pub fn run(
         let target = params
             .paced_rate
             .unwrap_or(produce.msgs_per_s * params.paced_fraction);
+        // Before the phase's clock starts: whatever the caller does here is not timed.
+        checkpoint(Checkpoint::PacedStart);
         let plan = SendPlan {
             phase: PHASE_PACED,
             messages: None,
@@ -709,7 +711,6 @@ pub fn run(
             Some(r) => format!("paced {r:.0}/s"),
             None => format!("paced {:.0}%", params.paced_fraction * 100.0),
         };
-        checkpoint(Checkpoint::PacedStart);
         let mut result = summarize_phase(produce_phase(
             &producers, params, &shared, &pool, plan, &bar, &name,
         )?);
