@@ -653,8 +653,8 @@ pub fn render_text(r: &Report) -> String {
     for label in measured {
         row(&format!("  broker: {label}"), &|b| {
             let h = b.paced_histograms.iter().find(|h| h.label == label)?;
-            let le = |us: Option<u64>| us.map_or("> last".to_string(), |us| format!("≤{}", human_us(us)));
-            Some(format!("p50 {} p99 {}", le(h.p50_le_us), le(h.p99_le_us)))
+            let le = |us: Option<u64>| us.map_or(">last".to_string(), |us| format!("≤{}", bucket_bound(us)));
+            Some(format!("p50{} p99{}", le(h.p50_le_us), le(h.p99_le_us)))
         });
     }
     row("  CPU client / broker", &|b| {
@@ -848,6 +848,18 @@ fn pair(l: &LatencySummary) -> String {
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
+}
+
+/// A histogram bucket's bound, short enough for two in a table cell: `250µs`, `7.5ms`, `75ms`.
+fn bucket_bound(us: u64) -> String {
+    if us < 1_000 {
+        format!("{us}µs")
+    } else if us < 1_000_000 {
+        let ms = format!("{:.1}", us as f64 / 1e3);
+        format!("{}ms", ms.strip_suffix(".0").unwrap_or(&ms))
+    } else {
+        format!("{:.1}s", us as f64 / 1e6)
+    }
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -1162,7 +1174,7 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("  broker: Produce request"))
             .unwrap_or_else(|| panic!("no broker row in\n{text}"));
-        assert!(row.contains("p50 ≤2.00 ms p99 > last"), "{row}");
+        assert!(row.contains("p50≤2ms p99>last"), "{row}");
         assert!(row.trim_end().ends_with('-'), "{row}");
     }
 
@@ -1204,6 +1216,10 @@ mod tests {
         assert_eq!(human_bytes(4096), "4 KiB");
         assert_eq!(human_bytes(1 << 20), "1 MiB");
         assert_eq!(human_bytes(1_000_000), "1000000 B");
+        assert_eq!(
+            [250, 1_500, 7_500, 75_000, 2_500_000].map(bucket_bound),
+            ["250µs", "1.5ms", "7.5ms", "75ms", "2.5s"]
+        );
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("abc", 4), "abc");
     }
