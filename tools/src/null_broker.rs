@@ -1691,13 +1691,14 @@ mod tests {
     }
 
     fn shared() -> Shared {
-        Shared::new(
-            NullBrokerConfig {
-                node_id: 3,
-                ..NullBrokerConfig::default()
-            },
-            "127.0.0.1:9999".parse().unwrap(),
-        )
+        shared_with(NullBrokerConfig {
+            node_id: 3,
+            ..NullBrokerConfig::default()
+        })
+    }
+
+    fn shared_with(config: NullBrokerConfig) -> Shared {
+        Shared::new(config, "127.0.0.1:9999".parse().unwrap())
     }
 
     /// Encodes a request frame body (no size prefix) the way a client would.
@@ -1960,13 +1961,10 @@ mod tests {
 
     #[test]
     fn a_fetch_answers_at_most_the_broker_s_fetch_max_bytes() {
-        let s = Shared::new(
-            NullBrokerConfig {
-                fetch_max_bytes: 150,
-                ..NullBrokerConfig::default()
-            },
-            "127.0.0.1:9999".parse().unwrap(),
-        );
+        let s = shared_with(NullBrokerConfig {
+            fetch_max_bytes: 150,
+            ..NullBrokerConfig::default()
+        });
         lock(&s.log).create_topic("t", 1).unwrap();
         for _ in 0..10 {
             produce_to_t(&s, batch(1, 10, 0));
@@ -1977,13 +1975,10 @@ mod tests {
             .with_topics(fetch_topics(&[(0, 0, 1 << 20)]));
         assert_eq!(s.fetch(&request).record_bytes, 142);
         // Below one batch, the first still goes whole (KIP-74).
-        let s = Shared::new(
-            NullBrokerConfig {
-                fetch_max_bytes: 1,
-                ..NullBrokerConfig::default()
-            },
-            "127.0.0.1:9999".parse().unwrap(),
-        );
+        let s = shared_with(NullBrokerConfig {
+            fetch_max_bytes: 1,
+            ..NullBrokerConfig::default()
+        });
         lock(&s.log).create_topic("t", 1).unwrap();
         produce_to_t(&s, [batch(1, 10, 0), batch(1, 10, 0)].concat());
         assert_eq!(s.fetch(&request).record_bytes, 71);
