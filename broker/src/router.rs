@@ -165,3 +165,65 @@ pub(crate) async fn serve_peer<S, Fut>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use glommio::channels::shared_channel;
+    use glommio::{LocalExecutorBuilder, Placement};
+
+    /// The router relies on a glommio executor waking for every message another shard sends it,
+    /// and for every completion of its blocking thread, however often it goes to sleep in
+    /// between. The vendored glommio orders that hand-over with a fence on each side instead of
+    /// `membarrier(2)` (third_party/glommio/STRAND-PATCHES.md); a flaw there lets an executor
+    /// sleep through a message, and with nothing else to wake it (no timers here) the ping-pong
+    /// stops and the watchdog fails the test. Every exchange finds the peer asleep or about to
+    /// sleep, so the race window is crossed tens of thousands of times per run.
+    #[test]
+    fn executors_wake_for_every_message_and_blocking_completion() {
+        const ROUND_TRIPS: u64 = 20_000;
+        let (ping_tx, ping_rx) = shared_channel::new_bounded::<u64>(1);
+        let (pong_tx, pong_rx) = shared_channel::new_bounded::<u64>(1);
+        let (done_tx, done_rx) = mpsc::channel();
+        let pong = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("wake-pong")
+            .spawn(move || async move {
+                let rx = ping_rx.connect().await;
+                let tx = pong_tx.connect().await;
+                while let Some(n) = rx.recv().await {
+                    // Every other message also waits for the blocking thread.
+                    let n = if n % 2 == 0 {
+                        glommio::executor().spawn_blocking(move || n + 1).await
+                    } else {
+                        n + 1
+                    };
+                    if tx.send(n).await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("pong executor");
+        let ping = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("wake-ping")
+            .spawn(move || async move {
+                let tx = ping_tx.connect().await;
+                let rx = pong_rx.connect().await;
+                let mut n = 0;
+                for _ in 0..ROUND_TRIPS {
+                    tx.send(n).await.expect("pong is gone");
+                    n = rx.recv().await.expect("pong is gone");
+                }
+                tx.close();
+                let _ = done_tx.send(n);
+            })
+            .expect("ping executor");
+        match done_rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(n) => assert_eq!(n, ROUND_TRIPS, "every message answered once"),
+            Err(e) => panic!("the ping-pong stopped ({e}): an executor slept through a notification"),
+        }
+        ping.join().expect("ping executor");
+        pong.join().expect("pong executor");
+    }
+}

@@ -306,9 +306,14 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // Strand patch: the sleeper publishes `should_notify` and then looks at its queues with
+        // a `SeqCst` fence between (`Reactor::wait`); the notifier has pushed to a queue and
+        // now reads the flag, with a fence between too. Of the two, at least one sees the
+        // other's write: the item is found, or the eventfd is written.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self
             .should_notify
-            .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
             || force
         {
@@ -343,7 +348,7 @@ impl SleepNotifier {
         // This will allow this `eventfd` to be notified. This should not happen
         // for the placeholder (disconnected) case.
         assert_ne!(self.id, usize::MAX);
-        self.should_notify.store(true, Ordering::Relaxed);
+        self.should_notify.store(true, Ordering::SeqCst);
     }
 
     pub(super) fn wake_up(&self) {
