@@ -28,9 +28,13 @@ const PHASE_HISTOGRAMS: &[(&str, &str, &str)] = &[
         "stage=\"durable\"",
         "durable stage",
     ),
+    ("strand_flush_wait_seconds", "", "round wait"),
     ("strand_flush_duration_seconds", "", "flush round"),
     ("strand_direct_fsync_seconds", "", "segment fsync"),
     ("strand_journal_fsync_seconds", "", "journal fsync"),
+    // A timer's lateness, probed every 10 ms per shard: a stall that holds up every request
+    // (a blocking call, the thread not scheduled) is one sample, so only the maximum shows it.
+    ("strand_shard_stall_seconds", "", "shard stall"),
 ];
 
 /// One scrape: per histogram series (name and labels other than `le`), its cumulative bucket
@@ -47,11 +51,12 @@ pub struct PhaseHistogram {
     /// What it measures, in the report's words.
     pub label: String,
     pub samples: u64,
-    /// Upper bounds (µs) of the buckets holding the p50, p99 and p99.9 samples: the quantile is
-    /// at most this. `None` when it falls in the last, unbounded bucket.
+    /// Upper bounds (µs) of the buckets holding the p50, p99 and p99.9 samples and the largest
+    /// one: the quantile is at most this. `None` when it falls in the last, unbounded bucket.
     pub p50_le_us: Option<u64>,
     pub p99_le_us: Option<u64>,
     pub p999_le_us: Option<u64>,
+    pub max_le_us: Option<u64>,
 }
 
 impl Scrape {
@@ -152,6 +157,7 @@ pub fn phase_histograms(before: &Scrape, after: &Scrape) -> Vec<PhaseHistogram> 
             p50_le_us: quantile(0.50),
             p99_le_us: quantile(0.99),
             p999_le_us: quantile(0.999),
+            max_le_us: quantile(1.0),
         });
     }
     out
@@ -206,13 +212,14 @@ mod tests {
                 p50_le_us: Some(1_000),
                 p99_le_us: Some(100_000),
                 p999_le_us: None,
+                max_le_us: None,
             }
         );
         assert_eq!(h[1].label, "segment fsync");
         assert_eq!(h[1].samples, 100);
         assert_eq!(
-            (h[1].p50_le_us, h[1].p99_le_us, h[1].p999_le_us),
-            (Some(1_000), Some(10_000), Some(10_000))
+            (h[1].p50_le_us, h[1].p99_le_us, h[1].p999_le_us, h[1].max_le_us),
+            (Some(1_000), Some(10_000), Some(10_000), Some(10_000))
         );
     }
 

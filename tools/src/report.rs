@@ -650,11 +650,21 @@ pub fn render_text(r: &Report) -> String {
             measured.push(h.label.clone());
         }
     }
+    if !measured.is_empty() {
+        row("  broker: p50 p99 max", &|b| {
+            (!b.paced_histograms.is_empty()).then(String::new)
+        });
+    }
     for label in measured {
-        row(&format!("  broker: {label}"), &|b| {
+        row(&format!("    {label}"), &|b| {
             let h = b.paced_histograms.iter().find(|h| h.label == label)?;
             let le = |us: Option<u64>| us.map_or(">last".to_string(), |us| format!("≤{}", bucket_bound(us)));
-            Some(format!("p50{} p99{}", le(h.p50_le_us), le(h.p99_le_us)))
+            Some(format!(
+                "{} {} {}",
+                le(h.p50_le_us),
+                le(h.p99_le_us),
+                le(h.max_le_us)
+            ))
         });
     }
     row("  CPU client / broker", &|b| {
@@ -1161,20 +1171,24 @@ mod tests {
         // The broker's own histograms over the paced phase: a row each, for the brokers that
         // exported them.
         assert!(!text.contains("  broker: "), "{text}");
+        assert!(!text.contains("    Produce request"), "{text}");
         report.brokers[0].paced_histograms = vec![PhaseHistogram {
             name: "strand_kafka_request_duration_seconds".into(),
             label: "Produce request".into(),
             samples: 100,
             p50_le_us: Some(2_000),
-            p99_le_us: None,
+            p99_le_us: Some(250_000),
             p999_le_us: None,
+            max_le_us: None,
         }];
         let text = render_text(&report);
+        // A heading row, blank for the broker that has the rows and "-" for the other.
+        assert_eq!(last_two(&text, "  broker: p50 p99 max"), vec!["-", "max"]);
         let row = text
             .lines()
-            .find(|l| l.starts_with("  broker: Produce request"))
+            .find(|l| l.starts_with("    Produce request"))
             .unwrap_or_else(|| panic!("no broker row in\n{text}"));
-        assert!(row.contains("p50≤2ms p99>last"), "{row}");
+        assert!(row.contains(" ≤2ms ≤250ms >last "), "{row}");
         assert!(row.trim_end().ends_with('-'), "{row}");
     }
 
