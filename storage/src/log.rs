@@ -1169,6 +1169,29 @@ impl<F: Fs> PartitionLog<F> {
         })
     }
 
+    /// After a direct round made `files` durable: segments behind the active one among them
+    /// need no sync any more. Without this only a checkpoint cleared the mark, so every direct
+    /// round until the next one (up to a minute) synced every segment the log had rolled past
+    /// since the last (BENCHMARKS.md item 45), each `fdatasync` a device flush on a file system
+    /// without a journal. No write reaches a segment after the roll, except from a round taken
+    /// before it; such a round syncs the files it wrote itself and marks them again when it
+    /// completes (`complete_round`), so clearing the mark here loses nothing. The active segment
+    /// keeps its mark: an overlapping round may have written to it after this round's sync
+    /// began, and every direct round syncs the files it writes anyway.
+    pub(crate) fn rolled_segments_synced(&mut self, files: &[Rc<F::File>]) {
+        let last = self.segments.len().saturating_sub(1);
+        for seg in self.segments.iter_mut().take(last) {
+            if seg.needs_sync
+                && seg
+                    .file
+                    .as_ref()
+                    .is_some_and(|f| files.iter().any(|g| Rc::ptr_eq(f, g)))
+            {
+                seg.needs_sync = false;
+            }
+        }
+    }
+
     /// Directory changes counted so far (see [`PartitionLog::direct_sync`]).
     pub(crate) fn dir_changes(&self) -> u64 {
         self.dir_changes

@@ -202,6 +202,9 @@ struct WrittenRound<F: Fs> {
     /// Logs whose directory the round synced after creating segment files, with their
     /// directory-change count when the round took its writes.
     dir_synced: Vec<(LogId, u64)>,
+    /// A direct round's syncs once done: per log, the files made durable (by `fdatasync`, or by
+    /// the file-system sync that covered them).
+    synced: Vec<(LogId, Vec<Rc<F::File>>)>,
     journal_bytes: u64,
     failure: Option<StorageError>,
     /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
@@ -234,6 +237,7 @@ impl<F: Fs> WrittenRound<F> {
     /// Neither is synced yet, and `later`, an overlapping take, creates no segment file.
     fn absorb(&mut self, later: WrittenRound<F>) {
         debug_assert!(self.dir_synced.is_empty() && later.dir_synced.is_empty());
+        debug_assert!(self.synced.is_empty() && later.synced.is_empty());
         debug_assert!(later.syncs.iter().all(|s| s.dir_at.is_none()));
         self.stats.segment_bytes += later.stats.segment_bytes;
         self.parts.extend(later.parts);
@@ -1081,6 +1085,7 @@ impl<F: Fs> ShardStore<F> {
             parts,
             syncs,
             dir_synced: Vec::new(),
+            synced: Vec::new(),
             journal_bytes,
             failure,
             takes: 1,
@@ -1125,20 +1130,22 @@ impl<F: Fs> ShardStore<F> {
             }
             // A segment file this round created is named durably only once its directory is
             // synced, after the creation.
+            let mut dir_synced = None;
             if let Some(at) = sync.dir_at {
                 fs.sync_dir(&sync.dir)
                     .await
                     .map_err(|e| StorageError::io("sync log directory", &sync.dir, e))?;
-                return Ok::<_, StorageError>((t.elapsed().as_micros() as u64, Some((sync.id, at))));
+                dir_synced = Some((sync.id, at));
             }
-            Ok((t.elapsed().as_micros() as u64, None))
+            Ok::<_, StorageError>((t.elapsed().as_micros() as u64, dir_synced, (sync.id, sync.files)))
         }))
         .await;
         for r in results {
             match r {
-                Ok((us, dir_synced)) => {
+                Ok((us, dir_synced, synced)) => {
                     round.stats.fsync_us = round.stats.fsync_us.max(us);
                     round.dir_synced.extend(dir_synced);
+                    round.synced.push(synced);
                 }
                 Err(e) => {
                     round.failure.get_or_insert(e);
@@ -1165,6 +1172,7 @@ impl<F: Fs> ShardStore<F> {
             mut failure,
             takes,
             dir_synced,
+            synced,
             ..
         } = round;
         let mut discards = Vec::new();
@@ -1210,6 +1218,12 @@ impl<F: Fs> ShardStore<F> {
                 for (id, end, chunks) in parts {
                     if let Some(entry) = entry_mut(&mut inner.slots, id) {
                         entry.log.complete_round(end, chunks);
+                    }
+                }
+                // After `complete_round`, which marks every file it wrote as needing a sync.
+                for (id, files) in synced {
+                    if let Some(entry) = entry_mut(&mut inner.slots, id) {
+                        entry.log.rolled_segments_synced(&files);
                     }
                 }
                 for id in covered {

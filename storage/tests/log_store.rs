@@ -2730,3 +2730,43 @@ fn a_damaged_header_makes_a_sendable_read_answer_as_a_plain_read() {
         }
     });
 }
+
+/// A direct round syncs the segments the log rolled past only once: later rounds sync the
+/// active segment alone, not every segment written since the last checkpoint.
+#[test]
+fn direct_rounds_stop_syncing_segments_behind_a_roll_once_synced() {
+    block_on(async {
+        let fs = MemFs::new();
+        let store = open_store_direct(&fs, 1 << 30, 2).await;
+        let (id, _) = store.open_log(key("rolls"), small_config(), 0).await.unwrap();
+        // Rolls: 2 KiB segments, a round per batch, no checkpoint.
+        let mut tickets = Vec::new();
+        for tag in 0..40 {
+            tickets.push(store.append(id, &value_batch(tag, 40, 5), 0, 0).unwrap());
+            let round = store.flush_round().await;
+            assert!(round.direct && round.error.is_none(), "{round:?}");
+        }
+        for t in &tickets {
+            store.wait_durable(t).await.unwrap();
+        }
+        let segments = store.with_log(id, |l| l.segment_count()).unwrap();
+        assert!(segments >= 5, "{segments} segments: the test needs rolls");
+        // One more batch that fits the active segment: one file to sync.
+        let before = fs.fsync_count();
+        let t = store.append(id, &value_batch(99, 1, 5), 0, 0).unwrap();
+        let round = store.flush_round().await;
+        assert!(round.direct && round.error.is_none(), "{round:?}");
+        store.wait_durable(&t).await.unwrap();
+        assert_eq!(
+            fs.fsync_count() - before,
+            1,
+            "the active segment only, not the {segments} segments behind it"
+        );
+        // Everything acknowledged survives a power loss right after.
+        drop(store);
+        let store = crash_and_reopen(&fs, &small_config(), 1 << 30).await;
+        let (id, _) = store.open_log(key("rolls"), small_config(), 0).await.unwrap();
+        assert_eq!(store.offsets(id).unwrap().high_watermark, t.info.last_offset + 1);
+        assert_eq!(store.with_log(id, |l| l.segment_count()).unwrap(), segments);
+    });
+}
