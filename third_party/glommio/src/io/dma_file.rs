@@ -372,6 +372,36 @@ impl DmaFile {
         enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
     }
 
+    /// Strand patch: like [`DmaFile::write_at`], from memory the caller allocated (a `Vec`
+    /// aligned by hand, a `bytes::Bytes` slice of one), so that data assembled in place needs
+    /// no copy into a [`DmaBuffer`]. The buffer's address, its length and `pos` must all be
+    /// multiples of [`DmaFile::alignment`]; otherwise the write fails with `InvalidInput`
+    /// before anything is submitted. The buffer is kept until the kernel completes the write
+    /// (even if this future is dropped first), then dropped. It is not a registered buffer, so
+    /// the kernel pins its pages for each write.
+    pub async fn write_foreign_at<B: AsRef<[u8]> + 'static>(&self, buf: B, pos: u64) -> Result<usize> {
+        let (addr, len) = {
+            let bytes = buf.as_ref();
+            (bytes.as_ptr() as u64, bytes.len() as u64)
+        };
+        let align = self.alignment();
+        if align == 0 || addr % align != 0 || len % align != 0 || pos % align != 0 {
+            return Err(crate::GlommioError::IoError(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "unaligned direct write: {len} bytes at position {pos} from address {addr:#x} (alignment {align})"
+                ),
+            )));
+        }
+        let source = self.file.reactor.upgrade().unwrap().write_dma(
+            self.as_raw_fd(),
+            DmaSource::Foreign(sys::ForeignBuffer(Box::new(buf))),
+            pos,
+            self.pollable,
+        );
+        enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
+    }
+
     /// Reads from a specific position in the file and returns the buffer.
     ///
     /// The position must be aligned to for Direct I/O. In most platforms
@@ -938,6 +968,55 @@ pub(crate) mod test {
 
         assert_eq!(*new_file.path().unwrap(), path.join("testfile"));
         new_file.close().await.expect("failed to close file");
+    });
+
+    // Strand patch: `write_foreign_at`.
+    dma_file_test!(file_write_foreign, path, _k, {
+        let file = DmaFile::create(path.join("testfile"))
+            .await
+            .expect("failed to create file");
+        let align = file.alignment() as usize;
+        // A Vec aligned by hand: the bytes from the first aligned address on.
+        let mut vec: Vec<u8> = vec![0; 3 * align + align];
+        let skip = vec.as_ptr().align_offset(align);
+        for (i, b) in vec.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let want = vec[skip..skip + 3 * align].to_vec();
+        struct Part(Vec<u8>, usize, usize);
+        impl AsRef<[u8]> for Part {
+            fn as_ref(&self) -> &[u8] {
+                &self.0[self.1..self.2]
+            }
+        }
+        // Misaligned address, length or position: refused, nothing written.
+        for (from, to, pos) in [
+            (skip + 1, skip + 1 + align, 0),
+            (skip, skip + align - 1, 0),
+            (skip, skip + align, 1),
+        ] {
+            let err = file
+                .write_foreign_at(Part(vec.clone(), from, to), pos)
+                .await
+                .expect_err("an unaligned write");
+            assert!(matches!(err, crate::GlommioError::IoError(ref e) if e.kind() == io::ErrorKind::InvalidInput));
+        }
+        assert_eq!(file.file_size().await.unwrap(), 0);
+        let n = file
+            .write_foreign_at(Part(vec, skip, skip + 3 * align), align as u64)
+            .await
+            .expect("failed to write");
+        assert_eq!(n, 3 * align);
+        file.close().await.expect("failed to close file");
+        let file = DmaFile::open(path.join("testfile"))
+            .await
+            .expect("failed to open file");
+        let read = file
+            .read_at_aligned(align as u64, 3 * align)
+            .await
+            .expect("failed to read");
+        assert_eq!(&read[..], &want[..]);
+        file.close().await.expect("failed to close file");
     });
 
     dma_file_test!(file_simple_readwrite, path, _k, {

@@ -371,6 +371,20 @@ impl Drop for SleepNotifier {
 pub(crate) enum DmaSource {
     Owned(DmaBuffer),
     Shared(Rc<DmaBuffer>),
+    /// Strand patch: memory the caller allocated and aligned itself (see
+    /// `DmaFile::write_foreign_at`), kept alive until the kernel is done with it.
+    Foreign(ForeignBuffer),
+}
+
+/// Strand patch: a caller's buffer for a direct write, owned until the write completes.
+pub(crate) struct ForeignBuffer(pub(crate) Box<dyn AsRef<[u8]>>);
+
+impl std::fmt::Debug for ForeignBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignBuffer")
+            .field("len", &(*self.0).as_ref().len())
+            .finish()
+    }
 }
 
 impl DmaSource {
@@ -378,6 +392,7 @@ impl DmaSource {
         match self {
             DmaSource::Owned(buffer) => buffer.uring_buffer_id(),
             DmaSource::Shared(buffer) => buffer.uring_buffer_id(),
+            DmaSource::Foreign(_) => None,
         }
     }
 }
@@ -389,6 +404,7 @@ impl Deref for DmaSource {
         match &self {
             Self::Owned(buffer) => buffer.as_bytes(),
             Self::Shared(buffer) => buffer.as_bytes(),
+            Self::Foreign(buffer) => (*buffer.0).as_ref(),
         }
     }
 }
