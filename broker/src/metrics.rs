@@ -195,6 +195,11 @@ pub(crate) fn describe() {
         "Bytes of such file regions read and written like other bytes instead, because the client's socket was full and the region was not sent within a few tries, by shard."
     );
     describe_counter!(
+        "strand_direct_write_bytes_total",
+        Unit::Bytes,
+        "Segment bytes written with O_DIRECT, by shard and by how: from where the log staged them (staged), or copied into an aligned buffer first (copied)."
+    );
+    describe_counter!(
         "strand_writes_beside_near_reads_total",
         "Segment writes that would have been direct and went through the page cache because a read near the segment's end was running, by shard."
     );
@@ -435,6 +440,8 @@ pub(crate) struct ShardMetrics {
     recent_miss_bytes: Counter,
     near_read_bytes: Counter,
     writes_beside_near_reads: Counter,
+    direct_uncopied_bytes: Counter,
+    direct_copied_bytes: Counter,
     migrations: Counter,
     sendfile_bytes: Counter,
     sendfile_copied_bytes: Counter,
@@ -488,6 +495,8 @@ impl ShardMetrics {
             recent_miss_bytes: counter!("strand_recent_writes_read_bytes_total", "shard" => shard.clone(), "source" => "file"),
             near_read_bytes: counter!("strand_near_end_page_cache_read_bytes_total", &l()),
             writes_beside_near_reads: counter!("strand_writes_beside_near_reads_total", &l()),
+            direct_uncopied_bytes: counter!("strand_direct_write_bytes_total", "shard" => shard.clone(), "how" => "staged"),
+            direct_copied_bytes: counter!("strand_direct_write_bytes_total", "shard" => shard.clone(), "how" => "copied"),
             migrations: counter!("strand_connection_migrations_total", &l()),
             sendfile_bytes: counter!("strand_fetch_sendfile_bytes_total", &l()),
             sendfile_copied_bytes: counter!("strand_fetch_sendfile_copied_bytes_total", &l()),
@@ -698,6 +707,9 @@ impl ShardMetrics {
         let (near, beside) = strand_storage::fs_glommio::near_read_stats();
         self.near_read_bytes.absolute(near);
         self.writes_beside_near_reads.absolute(beside);
+        let (uncopied, copied) = strand_storage::fs_glommio::direct_write_stats();
+        self.direct_uncopied_bytes.absolute(uncopied);
+        self.direct_copied_bytes.absolute(copied);
         self.offline.set(if store.offline_reason().is_some() {
             1.0
         } else {

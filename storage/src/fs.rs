@@ -23,6 +23,10 @@ pub trait FileHandle: 'static {
     async fn write_pieces_at(&self, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
         write_each(self, pieces, pos).await
     }
+    /// Writes the staged bytes at `pos` (a segment write).
+    async fn write_staged(&self, buf: StageBuf, pos: u64) -> io::Result<()> {
+        self.write_all_at(buf.into_vec(), pos).await
+    }
     /// Reads up to `len` bytes at `pos`; fewer only at the end of the file.
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes>;
     /// Makes every completed write durable.
@@ -54,6 +58,119 @@ pub(crate) async fn write_each<F: FileHandle + ?Sized>(
     Ok(at - pos)
 }
 
+/// A segment write's bytes as a log stages them, laid out (for a file whose whole pages are
+/// written with `O_DIRECT`) so that the write needs no copy: in front of the data sits room for
+/// the bytes the file already holds in the page the write starts in, and that page's first
+/// byte falls on an address aligned to [`DIRECT_WRITE_ALIGN`]. The writer fills the room and
+/// writes the whole pages from this memory. A plain layout is just the data.
+#[derive(Debug)]
+pub struct StageBuf {
+    vec: Vec<u8>,
+    /// Index in `vec` of the data's first byte.
+    start: usize,
+    /// Set for the direct layout: the bytes before `start` kept for the file's page.
+    lead: Option<usize>,
+}
+
+impl StageBuf {
+    /// The data alone, with room for `capacity` bytes.
+    pub fn plain(capacity: usize) -> StageBuf {
+        StageBuf {
+            vec: Vec::with_capacity(capacity),
+            start: 0,
+            lead: None,
+        }
+    }
+
+    /// The direct layout for data to be written at file position `pos`, with room for
+    /// `capacity` bytes.
+    pub fn direct(capacity: usize, pos: u64) -> StageBuf {
+        let align = DIRECT_WRITE_ALIGN as usize;
+        let lead = (pos % DIRECT_WRITE_ALIGN) as usize;
+        let mut vec: Vec<u8> = Vec::with_capacity(capacity + lead + align - 1);
+        let skip = vec.as_ptr().align_offset(align);
+        if skip >= align {
+            return StageBuf::plain(capacity);
+        }
+        vec.resize(skip + lead, 0);
+        StageBuf {
+            start: vec.len(),
+            vec,
+            lead: Some(lead),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.vec.len() - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held, data and layout together.
+    pub fn capacity(&self) -> usize {
+        self.vec.capacity()
+    }
+
+    pub fn data(&self) -> &[u8] {
+        self.vec.get(self.start..).unwrap_or_default()
+    }
+
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        self.vec.get_mut(self.start..).unwrap_or_default()
+    }
+
+    /// Appends `bytes`; growing keeps the layout (the data is then moved once, as a `Vec`'s
+    /// growth would).
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        if self.vec.capacity() - self.vec.len() < bytes.len() {
+            let capacity = (2 * self.len()).max(self.len() + bytes.len());
+            let mut grown = match self.lead {
+                Some(lead) => StageBuf::direct(capacity, lead as u64),
+                None => StageBuf::plain(capacity),
+            };
+            grown.vec.extend_from_slice(self.data());
+            *self = grown;
+        }
+        self.vec.extend_from_slice(bytes);
+    }
+
+    /// The data as `Bytes`, without a copy.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        let start = self.start;
+        Bytes::from(self.vec).slice(start..)
+    }
+
+    /// The data as a `Vec`, moved only if a layout lies in front of it.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        if self.start > 0 {
+            self.vec.drain(..self.start);
+        }
+        self.vec
+    }
+
+    /// The direct layout's parts: the bytes from the first page's aligned start (the room
+    /// first, then the data), and the room's length; `None` for a plain layout.
+    pub(crate) fn into_direct(self) -> Result<(Vec<u8>, usize, usize), StageBuf> {
+        match self.lead {
+            Some(lead) => Ok((self.vec, self.start - lead, lead)),
+            None => Err(self),
+        }
+    }
+}
+
+impl From<Vec<u8>> for StageBuf {
+    /// A plain layout of `data`.
+    fn from(data: Vec<u8>) -> StageBuf {
+        StageBuf {
+            vec: data,
+            start: 0,
+            lead: None,
+        }
+    }
+}
+
 /// Alignment of every write position and length on a file opened with [`Fs::open_direct`]: the
 /// largest logical block size of the disks Linux supports for `O_DIRECT`.
 pub const DIRECT_WRITE_ALIGN: u64 = 4096;
@@ -81,6 +198,12 @@ pub trait Fs: Clone + 'static {
     /// pages may bypass the page cache; by default it is an ordinary file.
     async fn open_segment(&self, path: &Path, create: bool) -> io::Result<Self::File> {
         self.open(path, create).await
+    }
+    /// A buffer to stage a segment write of about `capacity` bytes at `pos` in: laid out for a
+    /// write without a copy where [`Fs::open_segment`]'s files write whole pages directly and a
+    /// write that large would (see [`StageBuf`]); by default plain.
+    fn stage_buf(&self, capacity: usize, _pos: u64) -> StageBuf {
+        StageBuf::plain(capacity)
     }
     async fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     async fn remove_file(&self, path: &Path) -> io::Result<()>;
@@ -241,4 +364,57 @@ fn std_list_dir(path: &Path) -> io::Result<Vec<String>> {
 /// is ready on first poll, so this never waits.
 pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
     futures_lite::future::block_on(fut)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(i: usize) -> Vec<u8> {
+        (0..(i * 37 % 500 + 1)).map(|j| (i * 7 + j) as u8).collect()
+    }
+
+    /// Whatever the position and however often the buffer grows, the page the data starts in
+    /// begins at an aligned address, and the data is what was appended.
+    #[test]
+    fn the_direct_layout_stays_aligned_as_it_grows() {
+        let align = DIRECT_WRITE_ALIGN as usize;
+        for pos in [0u64, 1, 511, 4095, 4096, 10_000, (1 << 30) + 17] {
+            let lead = (pos % DIRECT_WRITE_ALIGN) as usize;
+            let mut buf = StageBuf::direct(100, pos);
+            let mut want = Vec::new();
+            for i in 0..60 {
+                buf.extend_from_slice(&piece(i));
+                want.extend_from_slice(&piece(i));
+                assert_eq!(buf.data(), &want[..], "position {pos}, after piece {i}");
+                assert_eq!(buf.len(), want.len());
+                let page = buf.data().as_ptr() as usize - lead;
+                assert_eq!(page % align, 0, "position {pos}, after piece {i}");
+            }
+            assert!(buf.capacity() >= want.len() + lead);
+            let (vec, at, got_lead) = buf.into_direct().expect("the direct layout");
+            assert_eq!(got_lead, lead);
+            assert_eq!((vec.as_ptr() as usize + at) % align, 0);
+            assert_eq!(&vec[at + lead..], &want[..]);
+        }
+    }
+
+    #[test]
+    fn a_plain_layout_is_the_data_and_gives_it_back_without_a_move() {
+        let mut buf = StageBuf::plain(1000);
+        buf.extend_from_slice(b"abc");
+        buf.data_mut()[0] = b'x';
+        let at = buf.data().as_ptr();
+        let buf = buf.into_direct().expect_err("a plain layout");
+        let vec = buf.into_vec();
+        assert_eq!((vec.as_ptr(), &vec[..]), (at, &b"xbc"[..]));
+
+        let mut direct = StageBuf::direct(10, 4000);
+        direct.extend_from_slice(b"data");
+        assert_eq!(direct.into_vec(), b"data");
+        let mut direct = StageBuf::direct(10, 4000);
+        direct.extend_from_slice(b"data");
+        assert_eq!(&direct.into_bytes()[..], b"data");
+        assert_eq!(StageBuf::from(b"vec".to_vec()).into_vec(), b"vec");
+    }
 }

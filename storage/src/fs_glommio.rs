@@ -20,7 +20,7 @@ use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 use glommio::sync::RwLock;
 use rustix::io::{Errno, ReadWriteFlags};
 
-use crate::fs::{direct_aligned, FileHandle, Fs, StdFs};
+use crate::fs::{direct_aligned, FileHandle, Fs, StageBuf, StdFs};
 
 /// The glommio-backed file system; usable only inside a glommio executor.
 #[derive(Clone, Copy, Debug, Default)]
@@ -479,6 +479,10 @@ thread_local! {
     static RECENT_ORDER: RefCell<VecDeque<(Weak<RefCell<Recent>>, u64)>> = const { RefCell::new(VecDeque::new()) };
     /// Bytes the recent writes of the shard's files hold.
     static RECENT_BYTES: Cell<usize> = const { Cell::new(0) };
+    /// Bytes of direct segment writes written from where they were staged, and copied into an
+    /// aligned buffer first (see [`split_write`]).
+    static DIRECT_UNCOPIED_BYTES: Cell<u64> = const { Cell::new(0) };
+    static DIRECT_COPIED_BYTES: Cell<u64> = const { Cell::new(0) };
     /// A directory per file system (by device number) the shard has synced with `syncfs`.
     static FILESYSTEMS: RefCell<Vec<(u64, std::sync::Arc<std::fs::File>)>> = const { RefCell::new(Vec::new()) };
 }
@@ -490,6 +494,15 @@ pub fn recent_write_stats() -> (usize, u64, u64) {
         RECENT_BYTES.with(Cell::get),
         RECENT_HIT_BYTES.with(Cell::get),
         RECENT_MISS_BYTES.with(Cell::get),
+    )
+}
+
+/// The calling shard's direct segment writes: bytes written from where they were staged, and
+/// bytes copied into an aligned buffer first (data not staged in the direct layout).
+pub fn direct_write_stats() -> (u64, u64) {
+    (
+        DIRECT_UNCOPIED_BYTES.with(Cell::get),
+        DIRECT_COPIED_BYTES.with(Cell::get),
     )
 }
 
@@ -610,6 +623,22 @@ fn borrow_fd(file: &BufferedFile) -> BorrowedFd<'_> {
 }
 
 impl GlommioFile {
+    /// A segment write, its whole pages direct (see [`split_write`]).
+    async fn side_write(&self, side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<()> {
+        let len = buf.len();
+        side.writing.set(true);
+        let out = split_write(side, buf, pos).await;
+        side.writing.set(false);
+        if out.is_err() {
+            side.tail.replace(None);
+        } else {
+            self.wrote(pos, len);
+            // The handle is the file's only writer, and writes append.
+            side.stable_end.set(Some(pos + len as u64));
+        }
+        out
+    }
+
     fn wrote(&self, pos: u64, len: usize) {
         let mut w = self.1.get();
         w.end = w.end.max(pos + len as u64);
@@ -674,17 +703,7 @@ impl FileHandle for GlommioFile {
         let n = match &self.0 {
             Inner::Buffered(f) => {
                 if let Some(side) = &self.2 {
-                    side.writing.set(true);
-                    let out = split_write(side, buf, pos).await;
-                    side.writing.set(false);
-                    if out.is_err() {
-                        side.tail.replace(None);
-                    } else {
-                        self.wrote(pos, len);
-                        // The handle is the file's only writer, and writes append.
-                        side.stable_end.set(Some(pos + len as u64));
-                    }
-                    return out;
+                    return self.side_write(side, StageBuf::from(buf), pos).await;
                 }
                 let n = f.write_at(buf, pos).await?;
                 self.wrote(pos, n);
@@ -696,6 +715,13 @@ impl FileHandle for GlommioFile {
             return Err(short_write(n, len, pos));
         }
         Ok(())
+    }
+
+    async fn write_staged(&self, buf: StageBuf, pos: u64) -> io::Result<()> {
+        match (&self.0, &self.2) {
+            (Inner::Buffered(_), Some(side)) => self.side_write(side, buf, pos).await,
+            _ => self.write_all_at(buf.into_vec(), pos).await,
+        }
     }
 
     /// On a direct file, one write (see [`direct_write`]).
@@ -844,8 +870,10 @@ async fn direct_write<P: AsRef<[u8]>>(f: &DmaFile, pieces: Vec<P>, pos: u64) -> 
 /// the one holding the end, the first completed with the bytes before `pos` that the file
 /// already holds (rewritten unchanged, as the page cache's writeback would), go out directly;
 /// the bytes in the last partial page go through the page cache (a direct write would pad the
-/// file). The kernel writes back and drops any cached pages a direct write covers.
-async fn split_write(side: &DirectSide, buf: Vec<u8>, pos: u64) -> io::Result<()> {
+/// file). The kernel writes back and drops any cached pages a direct write covers. Data staged
+/// in the direct layout ([`StageBuf::direct`]) is written from where it was staged, the known
+/// bytes copied into the room in front of it; otherwise it is copied into an aligned buffer.
+async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<()> {
     let f = &*side.file;
     const PAGE: u64 = crate::fs::DIRECT_WRITE_ALIGN;
     let len = buf.len();
@@ -866,7 +894,7 @@ async fn split_write(side: &DirectSide, buf: Vec<u8>, pos: u64) -> io::Result<()
         // Within one page, or small: through the page cache, the page's known bytes extended.
         // (A small write direct would cost a device write, and rewrite its partial page, for
         // little; the many partitions of a journaled round write such pieces.)
-        let data = Bytes::from(buf.clone());
+        let data = buf.into_bytes();
         let known = side.tail.borrow_mut().take();
         let tail = match known {
             // The write ends in a later page than it starts, or starts a page: the new last
@@ -880,7 +908,7 @@ async fn split_write(side: &DirectSide, buf: Vec<u8>, pos: u64) -> io::Result<()
             }
             _ => None,
         };
-        let n = f.write_at(buf, pos).await?;
+        let n = f.write_at(data.to_vec(), pos).await?;
         if n < len {
             return Err(short_write(n, len, pos));
         }
@@ -909,17 +937,42 @@ async fn split_write(side: &DirectSide, buf: Vec<u8>, pos: u64) -> io::Result<()
             p.to_vec()
         }
     };
-    let (head, rest) = buf.split_at((last - pos) as usize);
-    direct_write(&dma, vec![prefix.as_slice(), head], first).await?;
-    let rest = rest.to_vec();
+    // The whole pages: from `first` to `last`; `head` of them are the write's own bytes.
+    let pages = (last - first) as usize;
+    let head = pages - prefix_len;
+    let data = match buf.into_direct() {
+        Ok((mut vec, at, lead)) if lead == prefix_len => {
+            let room = vec
+                .get_mut(at..at + lead)
+                .ok_or_else(|| io::Error::other("staged write without its room"))?;
+            room.copy_from_slice(&prefix);
+            let whole = Bytes::from(vec).slice(at..);
+            let n = dma.write_foreign_at(whole.slice(..pages), first).await?;
+            if n < pages {
+                return Err(short_write(n, pages, first));
+            }
+            DIRECT_UNCOPIED_BYTES.with(|b| b.set(b.get() + head as u64));
+            whole.slice(lead..)
+        }
+        staged => {
+            let data = match staged {
+                Ok((vec, at, lead)) => Bytes::from(vec).slice(at + lead..),
+                Err(plain) => Bytes::from(plain.into_vec()),
+            };
+            direct_write(&dma, vec![prefix.as_slice(), &data[..head]], first).await?;
+            DIRECT_COPIED_BYTES.with(|b| b.set(b.get() + head as u64));
+            data
+        }
+    };
+    let rest = data.slice(head..);
     if !rest.is_empty() {
-        let n = f.write_at(rest.clone(), last).await?;
+        let n = f.write_at(rest.to_vec(), last).await?;
         if n < rest.len() {
             return Err(short_write(n, rest.len(), last));
         }
     }
-    side.tail.replace(Some((last, rest)));
-    Recent::push(&side.recent, pos, Bytes::from(buf));
+    side.tail.replace(Some((last, rest.to_vec())));
+    Recent::push(&side.recent, pos, data);
     Ok(())
 }
 
@@ -1052,6 +1105,18 @@ impl Fs for GlommioFs {
             });
         }
         Ok(file)
+    }
+
+    /// The direct layout for a write large enough to go out directly (see [`split_write`]).
+    fn stage_buf(&self, capacity: usize, pos: u64) -> StageBuf {
+        if capacity >= DIRECT_MIN_BYTES
+            && DIRECT_SEGMENT_WRITES.with(Cell::get)
+            && DIRECT_WRITES.load(Ordering::Relaxed)
+        {
+            StageBuf::direct(capacity, pos)
+        } else {
+            StageBuf::plain(capacity)
+        }
     }
 
     // Other directory operations are rare or fast (segment roll, retention, a journal file
@@ -1462,7 +1527,18 @@ mod tests {
             let data: Vec<u8> = (0..size)
                 .map(|j| (j as u64 ^ next(rng) >> 3 ^ i as u64) as u8)
                 .collect();
-            f.write_all_at(data.clone(), want.len() as u64).await.unwrap();
+            let pos = want.len() as u64;
+            if i % 2 == 0 {
+                f.write_all_at(data.clone(), pos).await.unwrap();
+            } else {
+                // Staged as a log stages, batch by batch, at times into a buffer that grows.
+                let capacity = if i % 4 == 1 { size } else { size / 2 };
+                let mut staged = GlommioFs.stage_buf(capacity, pos);
+                for batch in data.chunks(7919) {
+                    staged.extend_from_slice(batch);
+                }
+                f.write_staged(staged, pos).await.unwrap();
+            }
             want.extend_from_slice(&data);
             if i % 3 == 0 {
                 let pos = next(rng) as usize % want.len();
@@ -1537,8 +1613,14 @@ mod tests {
             (1 << 20) + 13,
         ];
         let mut rng = 0x9e37_79b9_7f4a_7c15;
+        let before = direct_write_stats();
         append_and_check(&f, &mut want, &mut rng, &sizes, 150).await;
         synced_file_is(&f, &path, &want, "what was written").await;
+        let after = direct_write_stats();
+        assert!(
+            after.0 > before.0 && after.1 > before.1,
+            "direct writes from where they were staged and copied: {before:?} then {after:?}"
+        );
         let (held, hits, misses) = recent_write_stats();
         assert!(
             held <= 1 << 20,

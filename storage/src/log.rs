@@ -26,7 +26,7 @@ use bytes::Bytes;
 use strand_protocol::batch::{self, BatchHeader, BatchScanner, BATCH_HEADER_BYTES};
 use strand_protocol::records::record_metas;
 
-use crate::fs::{FileHandle, Fs};
+use crate::fs::{FileHandle, Fs, StageBuf};
 use crate::index::{OffsetIndex, TimeIndex};
 use crate::producer::{ProducerCheck, ProducerState};
 use crate::segment::{self, relative, IndexFilesOnDisk, Segment};
@@ -123,7 +123,7 @@ pub(crate) struct StagedChunk<Fl> {
     pub(crate) path: Rc<Path>,
     pub(crate) segment_base: i64,
     pub(crate) position: u64,
-    pub(crate) data: Vec<u8>,
+    pub(crate) data: StageBuf,
 }
 
 /// What a direct flush round must sync for one log (see [`PartitionLog::direct_sync`]).
@@ -1109,7 +1109,7 @@ impl<F: Fs> PartitionLog<F> {
                 path,
                 segment_base,
                 position,
-                data: Vec::with_capacity(total.max(self.stage_hint_bytes)),
+                data: self.fs.stage_buf(total.max(self.stage_hint_bytes), position),
             });
         }
         let chunk = self
@@ -1118,7 +1118,7 @@ impl<F: Fs> PartitionLog<F> {
             .unwrap_or_else(|| unreachable!("pushed above"));
         let start = chunk.data.len();
         chunk.data.extend_from_slice(data);
-        if let Some(stored) = chunk.data.get_mut(start..) {
+        if let Some(stored) = chunk.data.data_mut().get_mut(start..) {
             batch::patch_batch(stored, base_offset, leader_epoch);
         }
         self.next_offset = last_offset + 1;
@@ -1131,7 +1131,7 @@ impl<F: Fs> PartitionLog<F> {
         let stored: &[u8] = self
             .staged
             .last()
-            .and_then(|c| c.data.get(start..))
+            .and_then(|c| c.data.data().get(start..))
             .unwrap_or_default();
         Ok((info, stored))
     }
@@ -1788,7 +1788,7 @@ async fn write_chunk<F: Fs>(
             .map_err(|e| StorageError::io("create segment", &path, e))?;
     }
     let end_position = chunk.position + chunk.data.len() as u64;
-    file.write_all_at(chunk.data, chunk.position)
+    file.write_staged(chunk.data, chunk.position)
         .await
         .map_err(|e| StorageError::io("write segment", &path, e))?;
     Ok(WrittenChunk {

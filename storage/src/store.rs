@@ -956,7 +956,7 @@ impl<F: Fs> ShardStore<F> {
                         })
                     } else {
                         for chunk in &w.chunks {
-                            inner.journal.stage_batches(&entry.key, &chunk.data);
+                            inner.journal.stage_batches(&entry.key, chunk.data.data());
                         }
                         None
                     };
