@@ -13,6 +13,40 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use strand_broker::config;
 use strand_broker::server::{self, ServerOptions};
 
+/// The environment variable that tells mimalloc how long freed memory waits before it goes
+/// back to the kernel; it is read once, as the process starts.
+const PURGE_DELAY_VAR: &str = "MIMALLOC_PURGE_DELAY";
+/// The broker's purge delay, in milliseconds.
+const PURGE_DELAY_MS: &str = "10000";
+
+/// Makes mimalloc keep the memory the broker frees for 10 s instead of 1 s (its default)
+/// before returning it to the kernel: the produce path stages every byte in fresh buffers,
+/// kept as recent writes and freed a fraction of a second later, and memory taken back from
+/// the kernel comes as new pages it must zero (a fault per page, and a VM exit where the host
+/// backs them lazily), which cost ~7 % of the broker's CPU at one partition's peak
+/// (BENCHMARKS.md item 47). 10 s gains as much as never returning memory, and a burst's memory
+/// still goes back once the load is gone. mimalloc reads the setting before `main`, so the
+/// process runs itself again, once, with `MIMALLOC_PURGE_DELAY=10000` (same process id,
+/// arguments and environment otherwise); a value the caller set is left alone, and if the new
+/// image cannot be started the broker runs on with mimalloc's default.
+fn keep_freed_memory() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(PURGE_DELAY_VAR).is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let mut again = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        again.arg0(arg0);
+    }
+    // `exec` returns only if it failed.
+    let error = again.args(args).env(PURGE_DELAY_VAR, PURGE_DELAY_MS).exec();
+    eprintln!("strand: could not restart itself with {PURGE_DELAY_VAR}={PURGE_DELAY_MS} ({error}); going on");
+}
+
 /// Strand: a Kafka-compatible broker and durable work queue.
 ///
 /// Configuration comes, highest precedence first, from --override/flags, KAFKA_* and STRAND_*
@@ -58,6 +92,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     let filter = cli
         .log_level

@@ -759,6 +759,42 @@ fn configuration_from_kafka_environment_variables() {
     assert_eq!(topic_error(&mut c, &topic), errors::UNKNOWN_TOPIC_OR_PARTITION);
 }
 
+/// The value of `name` in the environment of the broker's process.
+fn process_env(broker: &Broker, name: &str) -> Option<String> {
+    let pid = broker.pid().expect("a running broker");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("read the broker's environment");
+    let prefix = format!("{name}=");
+    environ
+        .split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The broker process runs itself again, under the same process id, with mimalloc told to keep
+/// freed memory for 10 s (`MIMALLOC_PURGE_DELAY=10000`), unless that variable is set already.
+#[test]
+fn the_broker_keeps_freed_memory_unless_told_otherwise() {
+    let broker = Broker::builder()
+        .needs_spawned("reads the broker's environment")
+        .start();
+    let inherited = std::env::var("MIMALLOC_PURGE_DELAY").ok();
+    assert_eq!(
+        process_env(&broker, "MIMALLOC_PURGE_DELAY"),
+        Some(inherited.unwrap_or_else(|| "10000".to_owned())),
+        "the ready broker (the harness's child process) must run with MIMALLOC_PURGE_DELAY=10000 \
+         or the value it inherited"
+    );
+    let set = Broker::builder()
+        .needs_spawned("sets the broker's environment")
+        .env("MIMALLOC_PURGE_DELAY", 250)
+        .start();
+    assert_eq!(
+        process_env(&set, "MIMALLOC_PURGE_DELAY").as_deref(),
+        Some("250"),
+        "a value set by the caller is kept"
+    );
+}
+
 #[test]
 fn invalid_configuration_fails_start_up_with_a_clear_message() {
     let (status, log) = Broker::builder()
