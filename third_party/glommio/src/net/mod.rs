@@ -53,12 +53,12 @@ fn yolo_peek(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
 }
 
 fn yolo_recv(fd: RawFd, buf: &mut [u8]) -> Option<io::Result<usize>> {
-    match sys::recv_syscall(
-        fd,
-        buf.as_mut_ptr(),
-        buf.len(),
-        MsgFlags::MSG_DONTWAIT.bits(),
-    ) {
+    yolo_recv_ptr(fd, buf.as_mut_ptr(), buf.len())
+}
+
+/// `yolo_recv` into `len` bytes at `ptr`, valid for writes, initialized or not (Strand patch).
+fn yolo_recv_ptr(fd: RawFd, ptr: *mut u8, len: usize) -> Option<io::Result<usize>> {
+    match sys::recv_syscall(fd, ptr, len, MsgFlags::MSG_DONTWAIT.bits()) {
         Ok(x) => Some(Ok(x)),
         Err(err) => match err.kind() {
             io::ErrorKind::WouldBlock => None,

@@ -12,6 +12,7 @@ use nix::sys::socket::MsgFlags;
 use std::{
     cell::Cell,
     io,
+    mem::MaybeUninit,
     net::Shutdown,
     os::unix::io::{AsRawFd, FromRawFd, RawFd},
     rc::{Rc, Weak},
@@ -258,6 +259,28 @@ impl<S: AsRawFd> NonBufferedStream<S> {
         cx: &Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        self.poll_read_ptr(cx, buf.as_mut_ptr(), buf.len())
+    }
+
+    /// `poll_read` into memory that need not be initialized (Strand patch, see
+    /// STRAND-PATCHES.md): once it returns `Ready(Ok(n))`, the first `n` bytes of `buf` are.
+    pub(crate) fn poll_read_uninit(
+        &mut self,
+        cx: &Context<'_>,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_read_ptr(cx, buf.as_mut_ptr().cast(), buf.len())
+    }
+
+    /// `recv(2)` into the `len` bytes at `ptr`, which the caller's exclusive borrow keeps
+    /// valid for writes during this call; the kernel only writes bytes there, so the memory
+    /// may start uninitialized.
+    fn poll_read_ptr(
+        &mut self,
+        cx: &Context<'_>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
         let reactor = self.reactor.upgrade().unwrap();
         let reactor = reactor.as_ref();
 
@@ -268,14 +291,14 @@ impl<S: AsRawFd> NonBufferedStream<S> {
             .unwrap_or(true);
 
         if no_pending_poll {
-            if let Some(result) = super::yolo_recv(self.stream.as_raw_fd(), buf) {
+            if let Some(result) = super::yolo_recv_ptr(self.stream.as_raw_fd(), ptr, len) {
                 self.source_rx.take();
                 self.read_timeout.cancel_timer(reactor);
                 let result = poll_err!(result);
                 // Start an early poll if the buffer is not fully filled. So when
                 // the next time `poll_read` is called, it will be known immediately
                 // whether the underlying stream is ready for reading.
-                if result > 0 && result < buf.len() {
+                if result > 0 && result < len {
                     self.source_rx = Some(reactor.poll_read_ready(self.stream.as_raw_fd()));
                     // The `rush_dispatch`s here and after could be removed to
                     // improve performance if #458 is handled appropriately.
@@ -408,6 +431,17 @@ where
     unsafe fn from_raw_fd(fd: RawFd) -> Self {
         let socket = socket2::Socket::from_raw_fd(fd);
         GlommioStream::from(socket)
+    }
+}
+
+impl<S: AsRawFd> GlommioStream<S, NonBuffered> {
+    /// See `NonBufferedStream::poll_read_uninit` (Strand patch).
+    pub(crate) fn poll_read_uninit(
+        &mut self,
+        cx: &Context<'_>,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Poll<io::Result<usize>> {
+        self.stream.poll_read_uninit(cx, buf)
     }
 }
 

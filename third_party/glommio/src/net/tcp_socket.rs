@@ -389,6 +389,31 @@ impl<B: RxBuf> TcpStream<B> {
     }
 }
 
+impl TcpStream {
+    /// Reads at most `max` bytes into `buf`'s spare capacity, reserving it first, and extends
+    /// `buf` by the bytes that arrived (Strand patch, see STRAND-PATCHES.md). Unlike
+    /// [`AsyncRead::poll_read`], which takes initialized memory, the space is not zeroed before
+    /// the kernel overwrites it, so a reader that grows its buffer for every read does not write
+    /// each received byte twice. `Ready(Ok(0))` with `max > 0` is the end of the stream.
+    ///
+    /// [`AsyncRead::poll_read`]: https://docs.rs/futures-io/0.3/futures_io/trait.AsyncRead.html
+    pub fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut bytes::BytesMut,
+        max: usize,
+    ) -> Poll<io::Result<usize>> {
+        buf.reserve(max);
+        let spare = &mut buf.spare_capacity_mut()[..max];
+        let n = futures_lite::ready!(self.stream.poll_read_uninit(cx, spare))?;
+        assert!(n <= max, "recv(2) returned more than it was given");
+        // SAFETY: `recv(2)` wrote the first `n` bytes of the spare capacity, which follow the
+        // buffer's initialized bytes, and `n` is within the `max` bytes reserved above.
+        unsafe { buf.set_len(buf.len() + n) };
+        Poll::Ready(Ok(n))
+    }
+}
+
 impl<B: RxBuf> AsRawFd for TcpStream<B> {
     fn as_raw_fd(&self) -> RawFd {
         self.stream.stream().as_raw_fd()
@@ -754,6 +779,46 @@ mod tests {
         },
         time::{Duration, Instant},
     };
+
+    #[test]
+    fn poll_read_buf_appends_what_arrives() {
+        test_executor!(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+            let writer = crate::spawn_local(enclose! { (sent) async move {
+                let mut stream = listener.accept().await.unwrap();
+                for piece in sent.chunks(70_001) {
+                    stream.write_all(piece).await.unwrap();
+                    crate::executor().yield_task_queue_now().await;
+                }
+                stream.close().await.unwrap();
+            }})
+            .detach();
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            // Spare capacity that held other bytes: each read must overwrite what it reports.
+            let mut buf = bytes::BytesMut::with_capacity(4096);
+            buf.extend_from_slice(&[0xee; 4096]);
+            buf.clear();
+            buf.extend_from_slice(b"head");
+            let mut reads = 0;
+            loop {
+                let n = futures_lite::future::poll_fn(|cx| stream.poll_read_buf(cx, &mut buf, 65_536))
+                    .await
+                    .unwrap();
+                assert!(n <= 65_536);
+                if n == 0 {
+                    break;
+                }
+                reads += 1;
+            }
+            writer.await.unwrap();
+            assert!(reads >= 5, "{reads} reads of at most 64 KiB for 300,000 bytes");
+            assert_eq!(&buf[..4], b"head");
+            assert_eq!(buf.len(), 4 + sent.len());
+            assert!(buf[4..] == sent[..], "the bytes read differ from the bytes sent");
+        });
+    }
 
     #[test]
     fn tcp_listener_ttl() {
