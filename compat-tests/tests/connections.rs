@@ -4,14 +4,19 @@
 //! request is answered once, in order, with the right offsets, and nothing is lost or reordered.
 //! A fetch session moves with its connection. Connections that hold other per-shard state
 //! (share sessions, groups) or produce with acks=0 must stay.
+//!
+//! Also how a connection reads: frames that arrive in pieces of any size are read whole and in
+//! order.
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::ForgottenTopic;
 use kafka_protocol::messages::{FetchResponse, ProduceRequest, ProduceResponse};
+use kafka_protocol::protocol::{HeaderVersion, Request};
 use kafka_protocol::records::{Compression, RecordBatchDecoder};
 use strand_compat_tests::admin::{self, versions};
+use strand_compat_tests::data::Gen;
 use strand_compat_tests::raw::{self, RawConn};
 use strand_compat_tests::{metric_sum, unique_topic, Broker};
 
@@ -347,4 +352,120 @@ fn a_fetch_session_moves_with_its_connection() {
         "the connection moved {moved} times for {} phases alternating between two shards",
         phases.len()
     );
+}
+
+/// Requests whose frames reach the broker in pieces of every size: a piece may end inside a
+/// length prefix, inside a header, inside a batch, or hold the end of one frame and the start
+/// of the next; frames range from a few dozen bytes to nearly `message.max.bytes` (larger than
+/// the broker's 64 KiB read chunk, so its large-frame path runs). Every request is answered
+/// once, in order, and every record reads back as sent. Seeded: the seed is in the failure.
+#[test]
+fn frames_in_pieces_of_any_size_are_read_whole_and_in_order() {
+    const REQUESTS: usize = 36;
+    let seed = 0x5eed_f4a3;
+    let mut g = Gen::new(seed);
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("frames-in-pieces");
+    admin::create_topic(&bootstrap, &topic, 1, &[]);
+
+    // Requests of three sizes, interleaved: tiny (one small record), medium (a few KiB
+    // records), large (one record of 200–900 KB).
+    let mut values: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut stream = Vec::new();
+    for i in 0..REQUESTS {
+        let value = |g: &mut Gen, min: u64, spread: u64| {
+            let len = (min + g.below(spread)) as usize;
+            g.bytes(len, &[])
+        };
+        let request_values: Vec<Vec<u8>> = match i % 3 {
+            0 => vec![value(&mut g, 1, 200)],
+            1 => (0..1 + g.below(12)).map(|_| value(&mut g, 1, 8 << 10)).collect(),
+            _ => vec![value(&mut g, 200_000, 700_000)],
+        };
+        let records: Vec<_> = request_values
+            .iter()
+            .map(|v| raw::record(None, Some(v.as_slice()), admin::now_ms()))
+            .collect();
+        let req: ProduceRequest = admin::produce_request(
+            &topic,
+            -1,
+            vec![(0, raw::encode_batch(&records, Compression::None))],
+        );
+        let frame = RawConn::encode_frame(
+            <ProduceRequest as Request>::KEY,
+            versions::PRODUCE,
+            <ProduceRequest as HeaderVersion>::header_version(versions::PRODUCE),
+            i as i32 + 1,
+            &req,
+        )
+        .expect("encode a produce request");
+        stream.extend_from_slice(&frame);
+        values.push(request_values);
+    }
+
+    // Written in pieces: a quarter of them 1–5 bytes, each followed by a pause so that the
+    // broker reads it alone; the others up to 100 KB, now and then followed by a pause.
+    let mut c = admin::connect(&bootstrap);
+    let mut at = 0;
+    let mut pieces = 0;
+    while at < stream.len() {
+        let tiny = g.below(4) == 0;
+        let len = if tiny {
+            1 + g.below(5)
+        } else {
+            1 + g.below(100_000)
+        } as usize;
+        let end = (at + len).min(stream.len());
+        c.send_bytes(&stream[at..end])
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: write of bytes {at}..{end}: {e}"));
+        at = end;
+        pieces += 1;
+        if tiny || g.below(4) == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    assert!(
+        pieces > 2 * REQUESTS,
+        "seed {seed:#x}: only {pieces} pieces for {REQUESTS} frames"
+    );
+
+    let mut next_offset = 0;
+    for (i, request_values) in values.iter().enumerate() {
+        let resp = c
+            .read_response()
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: answer {i}: {e}"));
+        assert_eq!(
+            resp.correlation_id,
+            i as i32 + 1,
+            "seed {seed:#x}: answers out of order"
+        );
+        let resp: ProduceResponse = resp
+            .decode(versions::PRODUCE)
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: decode answer {i}: {e}"));
+        let p = admin::produce_answer(&resp, 0);
+        assert_eq!(p.error_code, 0, "seed {seed:#x}: request {i} failed: {p:?}");
+        assert_eq!(p.base_offset, next_offset, "seed {seed:#x}: request {i}'s offset");
+        next_offset += request_values.len() as i64;
+    }
+
+    let want: Vec<&Vec<u8>> = values.iter().flatten().collect();
+    let mut offset = 0;
+    while (offset as usize) < want.len() {
+        let got = admin::fetch(&mut c, &topic, 0, offset, 2 << 20);
+        assert_eq!(got.error_code, 0, "fetch at {offset}");
+        assert!(
+            !got.records.is_empty(),
+            "seed {seed:#x}: no records at offset {offset}"
+        );
+        for (o, _, v, _) in got.records {
+            assert_eq!(o, offset, "offsets must be dense");
+            assert!(
+                v.as_deref() == Some(want[o as usize].as_slice()),
+                "seed {seed:#x}: record {o} differs from what was sent"
+            );
+            offset = o + 1;
+        }
+    }
+    admin::assert_broker_serves(&bootstrap);
 }
