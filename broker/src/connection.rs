@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use futures::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use futures::{AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::{Semaphore, StaticPermit};
@@ -51,12 +51,6 @@ use strand_protocol::types::ShardId;
 /// Half of a TCP stream shared by the connection's reader and writer tasks. Both run on one
 /// thread and borrow the stream only inside a poll call, so the `RefCell` never conflicts.
 struct Half(Rc<RefCell<TcpStream>>);
-
-impl AsyncRead for Half {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
-    }
-}
 
 impl Half {
     /// Reads at most `max` bytes onto the end of `buf` without zeroing the space first (a
