@@ -38,7 +38,7 @@ use glommio::net::TcpStream;
 use glommio::sync::{Semaphore, StaticPermit};
 use kafka_protocol::messages::ApiKey;
 use strand_protocol::fetch_frame::Piece;
-use strand_protocol::frame::{peek_frame_size, split_received_frame, FrameError};
+use strand_protocol::frame::{peek_frame_size, split_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
 use strand_storage::FileRegion;
 
@@ -231,21 +231,17 @@ pub(crate) struct Migrating {
     sessions: Vec<MovedSession>,
 }
 
-/// Received bytes: `buf` holds the bytes read from the socket but not yet taken as frames
-/// (`filled` of them: `buf.len()`); reads append to it, into its spare capacity.
+/// Received bytes: `buf` holds the bytes read from the socket but not yet taken as frames;
+/// reads append to it, into its spare capacity.
 struct Input {
     buf: BytesMut,
-    filled: usize,
 }
 
 impl Input {
     fn new(received: &[u8]) -> Self {
         let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES.max(received.len()));
         buf.extend_from_slice(received);
-        Input {
-            buf,
-            filled: received.len(),
-        }
+        Input { buf }
     }
 }
 
@@ -409,7 +405,7 @@ async fn hand_over(
         Ok(fd) => fd,
         Err(e) => return Handover::Stays(e),
     };
-    let received = input.buf.get(..input.filled).unwrap_or_default().to_vec();
+    let received = input.buf.to_vec();
     // Its fetch sessions go with it. Should the other shard refuse the connection, they are
     // lost: the client is told its session is unknown and opens a new one.
     let sessions = {
@@ -452,7 +448,7 @@ async fn read_loop(
 ) -> ReadEnd {
     let max_frame = shard.config.socket_request_max_bytes as usize;
     let request_memory = &shard.connections.request_memory;
-    let Input { buf, filled } = input;
+    let Input { buf } = input;
     let fetch_slot = Rc::new(Semaphore::new(1));
     // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
     let mut reserved: Option<StaticPermit> = None;
@@ -461,7 +457,7 @@ async fn read_loop(
             if let Some(to) = conn.affinity.move_to(shard.id) {
                 return ReadEnd::Move(to);
             }
-            let frame = match split_received_frame(buf, filled, max_frame) {
+            let frame = match split_frame(buf, max_frame) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => return ReadEnd::Close(Some(frame_error(shard, conn, e))),
@@ -484,7 +480,7 @@ async fn read_loop(
             }
         }
         // Read more: as much as the frame at the front needs, in bounded chunks.
-        let need = match peek_frame_size(buf.get(..*filled).unwrap_or_default(), max_frame) {
+        let need = match peek_frame_size(buf, max_frame) {
             Ok(Some(size)) => {
                 if reserved.is_none() && size > READ_CHUNK_BYTES {
                     // A large frame: hold its memory before reading its body, so the bytes all
@@ -494,13 +490,12 @@ async fn read_loop(
                         Err(_) => return ReadEnd::Close(Some("shutting down")),
                     }
                 }
-                (4 + size).saturating_sub(*filled)
+                (4 + size).saturating_sub(buf.len())
             }
             Ok(None) => READ_CHUNK_BYTES,
             Err(e) => return ReadEnd::Close(Some(frame_error(shard, conn, e))),
         };
         let chunk = need.clamp(READ_CHUNK_BYTES, 4 << 20);
-        debug_assert_eq!(buf.len(), *filled);
         let n = match reader.read_buf(buf, chunk).await {
             Ok(n) => n,
             Err(_) => return ReadEnd::Close(Some("read error")),
@@ -508,7 +503,6 @@ async fn read_loop(
         if n == 0 {
             return ReadEnd::Close(None);
         }
-        *filled += n;
     }
 }
 
@@ -858,8 +852,7 @@ mod tests {
     #[test]
     fn received_bytes_carry_over() {
         let input = Input::new(b"\0\0\0\x02hi\0\0");
-        assert_eq!(input.filled, 8);
-        assert_eq!(input.buf.get(..input.filled), Some(&b"\0\0\0\x02hi\0\0"[..]));
-        assert_eq!(Input::new(&[]).filled, 0);
+        assert_eq!(&input.buf[..], &b"\0\0\0\x02hi\0\0"[..]);
+        assert!(Input::new(&[]).buf.is_empty());
     }
 }

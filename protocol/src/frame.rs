@@ -1,5 +1,5 @@
 //! Request framing: every Kafka request and response is an `int32` size followed by that many
-//! bytes. Sans-I/O: the connection code reads into a `BytesMut` and calls [`split_received_frame`].
+//! bytes. Sans-I/O: the connection code reads into a `BytesMut` and calls [`split_frame`].
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -22,27 +22,13 @@ pub enum FrameError {
 /// `max_frame_bytes` as soon as the 4-byte prefix is in, before waiting for (or allocating) the
 /// body, so an oversized frame is refused without being buffered.
 pub fn split_frame(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Bytes>, FrameError> {
-    let mut filled = buf.len();
-    split_received_frame(buf, &mut filled, max_frame_bytes)
-}
-
-/// [`split_frame`] for a buffer whose first `filled` bytes are received data and the rest is
-/// space for the next reads: the space is kept (not re-zeroed for every read of a large frame)
-/// and `filled` shrinks by the frame split off.
-pub fn split_received_frame(
-    buf: &mut BytesMut,
-    filled: &mut usize,
-    max_frame_bytes: usize,
-) -> Result<Option<Bytes>, FrameError> {
-    let received = buf.get(..*filled).unwrap_or_default();
-    let Some(size) = peek_frame_size(received, max_frame_bytes)? else {
+    let Some(size) = peek_frame_size(buf, max_frame_bytes)? else {
         return Ok(None);
     };
-    if received.len() < 4 + size {
+    if buf.len() < 4 + size {
         return Ok(None);
     }
     buf.advance(4);
-    *filled -= 4 + size;
     Ok(Some(buf.split_to(size).freeze()))
 }
 
@@ -90,27 +76,6 @@ mod tests {
         buf.extend_from_slice(&[0; 6]);
         assert_eq!(split_frame(&mut buf, 100).unwrap().unwrap().len(), 8);
         assert!(buf.is_empty());
-    }
-
-    #[test]
-    fn received_frames_leave_the_read_space_alone() {
-        let mut buf = framed(&[7; 9]);
-        buf.extend_from_slice(&framed(&[5; 8])[..6]);
-        let mut filled = buf.len();
-        buf.resize(filled + 100, 0);
-        assert_eq!(
-            &split_received_frame(&mut buf, &mut filled, 100).unwrap().unwrap()[..],
-            &[7; 9]
-        );
-        assert_eq!((filled, buf.len()), (6, 106));
-        assert_eq!(split_received_frame(&mut buf, &mut filled, 100).unwrap(), None);
-        buf[6..12].copy_from_slice(&[5; 6]);
-        filled += 6;
-        assert_eq!(
-            &split_received_frame(&mut buf, &mut filled, 100).unwrap().unwrap()[..],
-            &[5; 8]
-        );
-        assert_eq!((filled, buf.len()), (0, 94));
     }
 
     #[test]
