@@ -168,7 +168,7 @@ pub(crate) fn describe() {
     describe_gauge!(
         "strand_recent_writes_bytes",
         Unit::Bytes,
-        "Bytes of direct-written segments' recent writes held in memory to serve reads (strand.log.direct.writes), by shard."
+        "Memory holding direct-written segments' recent writes to serve reads (strand.log.direct.writes): the buffers kept, not only their data, by shard."
     );
     describe_counter!(
         "strand_recent_writes_read_bytes_total",

@@ -333,25 +333,41 @@ impl DirectSide {
 /// At most this many writes are kept (of every file together), whatever their size.
 const RECENT_MAX_WRITES: usize = 1 << 16;
 
-/// A direct-written segment's most recent writes: (sequence number, position, bytes),
-/// contiguous and in order. The page cache does not hold what the direct writes wrote, so
+/// A direct-written segment's most recent writes: (sequence number, position, bytes, memory
+/// held), contiguous and in order. The page cache does not hold what the direct writes wrote, so
 /// without these a consumer following the log's end would read every record back from the
 /// disk. The shard keeps them within one budget, oldest write evicted first whichever file it
 /// belongs to (see [`set_direct_segment_writes`] and [`RECENT_ORDER`]).
 #[derive(Debug, Default)]
 struct Recent {
-    chunks: VecDeque<(u64, u64, Bytes)>,
+    chunks: VecDeque<(u64, u64, Bytes, usize)>,
+    /// Memory the chunks hold: their buffers' sizes, which the budget bounds (see [`kept`]).
     bytes: usize,
+}
+
+/// What a write's bytes keep in memory once kept as a recent write: `data` was staged in a
+/// buffer of `held` bytes, and a slice keeps all of it alive. A buffer more than twice the size
+/// of its data (a few KiB staged with room for a busy log's chunk) is dropped for an exact
+/// copy, so that the budget counts memory and holds as many writes as it can.
+fn kept(data: Bytes, held: usize) -> (Bytes, usize) {
+    if held > 2 * data.len() {
+        let len = data.len();
+        (Bytes::copy_from_slice(&data), len)
+    } else {
+        let held = held.max(data.len());
+        (data, held)
+    }
 }
 
 impl Recent {
     fn end(&self) -> Option<u64> {
-        self.chunks.back().map(|(_, pos, b)| pos + b.len() as u64)
+        self.chunks.back().map(|(_, pos, b, _)| pos + b.len() as u64)
     }
 
     /// Adds a write at `pos` to `this`; a write that does not continue the last one starts
     /// afresh. Then evicts the shard's oldest writes while it holds more than its budget.
-    fn push(this: &Rc<RefCell<Recent>>, pos: u64, data: Bytes) {
+    fn push(this: &Rc<RefCell<Recent>>, pos: u64, data: Bytes, held: usize) {
+        let (data, held) = kept(data, held);
         let seq = RECENT_SEQ.with(|n| {
             n.set(n.get() + 1);
             n.get()
@@ -361,9 +377,9 @@ impl Recent {
             if me.end() != Some(pos) {
                 me.clear();
             }
-            me.bytes += data.len();
-            RECENT_BYTES.with(|b| b.set(b.get() + data.len()));
-            me.chunks.push_back((seq, pos, data));
+            me.bytes += held;
+            RECENT_BYTES.with(|b| b.set(b.get() + held));
+            me.chunks.push_back((seq, pos, data, held));
         }
         RECENT_ORDER.with(|order| {
             let mut order = order.borrow_mut();
@@ -375,10 +391,10 @@ impl Recent {
                 };
                 if let Some(file) = file.upgrade() {
                     let mut file = file.borrow_mut();
-                    if file.chunks.front().is_some_and(|(s, _, _)| *s == seq) {
-                        if let Some((_, _, old)) = file.chunks.pop_front() {
-                            file.bytes -= old.len();
-                            RECENT_BYTES.with(|b| b.set(b.get().saturating_sub(old.len())));
+                    if file.chunks.front().is_some_and(|(s, _, _, _)| *s == seq) {
+                        if let Some((_, _, _, held)) = file.chunks.pop_front() {
+                            file.bytes -= held;
+                            RECENT_BYTES.with(|b| b.set(b.get().saturating_sub(held)));
                         }
                     }
                 }
@@ -401,7 +417,7 @@ impl Recent {
 
     /// Whether all `len` bytes at `pos` are here.
     fn holds(&self, pos: u64, len: usize) -> bool {
-        let (Some((_, first, _)), Some(end)) = (self.chunks.front(), self.end()) else {
+        let (Some((_, first, _, _)), Some(end)) = (self.chunks.front(), self.end()) else {
             return false;
         };
         pos >= *first && pos.saturating_add(len as u64) <= end
@@ -412,14 +428,16 @@ impl Recent {
         if !self.holds(pos, len) {
             return None;
         }
-        let i = self.chunks.partition_point(|(_, p, b)| p + b.len() as u64 <= pos);
-        let (_, p, b) = self.chunks.get(i)?;
+        let i = self
+            .chunks
+            .partition_point(|(_, p, b, _)| p + b.len() as u64 <= pos);
+        let (_, p, b, _) = self.chunks.get(i)?;
         let off = (pos - p) as usize;
         if off + len <= b.len() {
             return Some(b.slice(off..off + len));
         }
         let mut out = Vec::with_capacity(len);
-        for (_, p, b) in self.chunks.range(i..) {
+        for (_, p, b, _) in self.chunks.range(i..) {
             let from = pos.saturating_sub(*p) as usize;
             let want = len - out.len();
             let take = b.len().saturating_sub(from).min(want);
@@ -894,6 +912,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
         // Within one page, or small: through the page cache, the page's known bytes extended.
         // (A small write direct would cost a device write, and rewrite its partial page, for
         // little; the many partitions of a journaled round write such pieces.)
+        let held = buf.capacity();
         let data = buf.into_bytes();
         let known = side.tail.borrow_mut().take();
         let tail = match known {
@@ -913,7 +932,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
             return Err(short_write(n, len, pos));
         }
         side.tail.replace(tail);
-        Recent::push(&side.recent, pos, data);
+        Recent::push(&side.recent, pos, data, held);
         return Ok(());
     };
     let prefix_len = (pos - first) as usize;
@@ -940,6 +959,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
     // The whole pages: from `first` to `last`; `head` of them are the write's own bytes.
     let pages = (last - first) as usize;
     let head = pages - prefix_len;
+    let held = buf.capacity();
     let data = match buf.into_direct() {
         Ok((mut vec, at, lead)) if lead == prefix_len => {
             let room = vec
@@ -972,7 +992,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
         }
     }
     side.tail.replace(Some((last, rest.to_vec())));
-    Recent::push(&side.recent, pos, data);
+    Recent::push(&side.recent, pos, data, held);
     Ok(())
 }
 
@@ -1456,12 +1476,20 @@ mod tests {
     /// order writes to several files come in.
     #[test]
     fn recent_writes_are_counted_exactly_across_files() {
+        // A small write staged in a large buffer keeps an exact copy, not the buffer.
+        let (small, small_held) = kept(Bytes::from(vec![7u8; 64 << 10]).slice(..1000), 64 << 10);
+        assert_eq!((small.len(), small_held), (1000, 1000));
+        let (big, big_held) = kept(Bytes::from(vec![7u8; 96 << 10]).slice(..64 << 10), 96 << 10);
+        assert_eq!((big.len(), big_held), (64 << 10, 96 << 10));
         fn held(files: &[Rc<RefCell<Recent>>]) -> usize {
             files
                 .iter()
                 .map(|f| {
                     let f = f.borrow();
-                    assert_eq!(f.bytes, f.chunks.iter().map(|(_, _, b)| b.len()).sum::<usize>());
+                    assert_eq!(
+                        f.bytes,
+                        f.chunks.iter().map(|(_, _, _, held)| held).sum::<usize>()
+                    );
                     f.bytes
                 })
                 .sum()
@@ -1490,7 +1518,11 @@ mod tests {
                 }
                 _ => {}
             }
-            Recent::push(&files[f], ends[f], Bytes::from(vec![i as u8; len]));
+            // Staged in a buffer of its size, of half again, or of three times it: the last
+            // is kept as an exact copy, the others whole.
+            let buffer = len * [2, 3, 6][next(&mut rng) as usize % 3] / 2;
+            let kept_held = if buffer > 2 * len { len } else { buffer };
+            Recent::push(&files[f], ends[f], Bytes::from(vec![i as u8; len]), buffer);
             ends[f] += len as u64;
             let total = held(&files);
             assert_eq!(RECENT_BYTES.with(Cell::get), total, "after write {i}");
@@ -1498,11 +1530,15 @@ mod tests {
                 total <= 1 << 20,
                 "{total} bytes held over a 1 MiB budget after write {i}"
             );
-            // The newest write is kept whenever it fits the budget by itself.
+            // The newest write is kept whenever the memory it keeps fits the budget by itself.
             assert_eq!(
                 files[f].borrow().end(),
-                (len <= 1 << 20).then_some(ends[f]),
+                (kept_held <= 1 << 20).then_some(ends[f]),
                 "write {i}"
+            );
+            assert_eq!(
+                files[f].borrow().chunks.back().map(|c| c.3),
+                (kept_held <= 1 << 20).then_some(kept_held)
             );
         }
         for f in &files {
