@@ -200,6 +200,11 @@ pub(crate) fn describe() {
         "Segment bytes written with O_DIRECT, by shard and by how: from where the log staged them (staged), or copied into an aligned buffer first (copied)."
     );
     describe_counter!(
+        "strand_segment_reserved_bytes_total",
+        Unit::Bytes,
+        "Segment space reserved (fallocate) ahead of direct writes, so that they neither extend their file nor allocate blocks, by shard; a sealed segment gives back what it did not use."
+    );
+    describe_counter!(
         "strand_writes_beside_near_reads_total",
         "Segment writes that would have been direct and went through the page cache because a read near the segment's end was running, by shard."
     );
@@ -442,6 +447,7 @@ pub(crate) struct ShardMetrics {
     writes_beside_near_reads: Counter,
     direct_uncopied_bytes: Counter,
     direct_copied_bytes: Counter,
+    segment_reserved_bytes: Counter,
     migrations: Counter,
     sendfile_bytes: Counter,
     sendfile_copied_bytes: Counter,
@@ -497,6 +503,7 @@ impl ShardMetrics {
             writes_beside_near_reads: counter!("strand_writes_beside_near_reads_total", &l()),
             direct_uncopied_bytes: counter!("strand_direct_write_bytes_total", "shard" => shard.clone(), "how" => "staged"),
             direct_copied_bytes: counter!("strand_direct_write_bytes_total", "shard" => shard.clone(), "how" => "copied"),
+            segment_reserved_bytes: counter!("strand_segment_reserved_bytes_total", "shard" => shard.clone()),
             migrations: counter!("strand_connection_migrations_total", &l()),
             sendfile_bytes: counter!("strand_fetch_sendfile_bytes_total", &l()),
             sendfile_copied_bytes: counter!("strand_fetch_sendfile_copied_bytes_total", &l()),
@@ -710,6 +717,8 @@ impl ShardMetrics {
         let (uncopied, copied) = strand_storage::fs_glommio::direct_write_stats();
         self.direct_uncopied_bytes.absolute(uncopied);
         self.direct_copied_bytes.absolute(copied);
+        self.segment_reserved_bytes
+            .absolute(strand_storage::fs_glommio::reserved_bytes());
         self.offline.set(if store.offline_reason().is_some() {
             1.0
         } else {

@@ -32,7 +32,17 @@ pub trait FileHandle: 'static {
     /// Makes every completed write durable.
     async fn fdatasync(&self) -> io::Result<()>;
     async fn truncate(&self, len: u64) -> io::Result<()>;
+    /// The file's size: its data, plus any space a segment file reserves for writes to come,
+    /// which reads as zeros (see [`FileHandle::seal`]).
     async fn size(&self) -> io::Result<u64>;
+    /// A segment file is sealed (the log rolled past it): once the writes in flight finish it
+    /// is written no more, and any space reserved past its data is given back, so that the
+    /// file ends where its data ends (recovery trusts the size of a sealed segment). Returns
+    /// whether the file's size changed or will, which its next `fdatasync` makes durable. The
+    /// broker's segment files reserve space ahead of their direct writes; others never do.
+    fn seal(&self) -> bool {
+        false
+    }
     /// A descriptor of this file (its own, to be closed by the caller) from which the `len`
     /// bytes at `pos` may be sent as they are (`sendfile`), from any thread, for as long as
     /// the caller holds it; `None` where they must be read with [`FileHandle::read_at`]
@@ -87,7 +97,8 @@ impl StageBuf {
     pub fn direct(capacity: usize, pos: u64) -> StageBuf {
         let align = DIRECT_WRITE_ALIGN as usize;
         let lead = (pos % DIRECT_WRITE_ALIGN) as usize;
-        let mut vec: Vec<u8> = Vec::with_capacity(capacity + lead + align - 1);
+        // Room for the aligned start, and for the zeros that pad the last page.
+        let mut vec: Vec<u8> = Vec::with_capacity(capacity + lead + 2 * align);
         let skip = vec.as_ptr().align_offset(align);
         if skip >= align {
             return StageBuf::plain(capacity);

@@ -67,6 +67,12 @@ struct DirectSide {
     /// Reads through the page cache near the written end that have not finished: while there
     /// are any, writes go through the page cache too (see [`set_direct_segment_writes`]).
     near_reads: Rc<Cell<usize>>,
+    /// The file's size as this handle last set it beyond the written end (space reserved for
+    /// the writes to come, and the zeros padding the last direct write), `None` while the file
+    /// ends where its data ends (see [`DirectSide::reserve`]).
+    reserved: Cell<Option<u64>>,
+    /// No write extends the file any more (see [`FileHandle::seal`]).
+    sealed: Cell<bool>,
 }
 
 /// Counts one read near the end for as long as it lives.
@@ -87,6 +93,15 @@ impl Drop for NearRead {
 
 /// Smaller segment writes go through the page cache.
 const DIRECT_MIN_BYTES: usize = 64 << 10;
+
+/// A direct-written segment reserves space ahead of its writes in steps of at least this
+/// much, and four times the write that needed it, up to [`RESERVE_MAX_BYTES`] (see
+/// [`DirectSide::reserve`]).
+const RESERVE_MIN_BYTES: u64 = 1 << 20;
+const RESERVE_MAX_BYTES: u64 = 16 << 20;
+
+/// Cleared for good when the file system cannot reserve space (`fallocate`).
+static RESERVE_SPACE: AtomicBool = AtomicBool::new(true);
 
 /// A read of a direct-written segment that misses its recent writes reads at least this much.
 const READ_AHEAD_BYTES: usize = 4 << 20;
@@ -328,6 +343,59 @@ impl DirectSide {
         self.drop_ahead();
         self.next.replace(None);
     }
+
+    /// Makes the file at least `padded_end` long before a direct write ending there, with room
+    /// ahead for the writes to come: blocks allocated (`fallocate`, unwritten: they read as
+    /// zeros) and the size set. A direct write that neither extends the file nor allocates
+    /// blocks is one ext4 takes without blocking, so io_uring issues it from the shard's own
+    /// thread instead of handing it to a worker thread, and its `fdatasync` has no file size
+    /// to write (BENCHMARKS.md item 51). A sealed file reserves nothing more; where the file
+    /// system cannot, writes extend the file as before.
+    async fn reserve(&self, padded_end: u64, len: usize) {
+        if self.sealed.get() || !RESERVE_SPACE.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.reserved.get().is_some_and(|r| r >= padded_end) {
+            return;
+        }
+        let ahead = (4 * len as u64).clamp(RESERVE_MIN_BYTES, RESERVE_MAX_BYTES);
+        let target = (padded_end + ahead).next_multiple_of(RESERVE_MIN_BYTES);
+        let before = self.reserved.get().or(self.stable_end.get()).unwrap_or(0);
+        match self.file.pre_allocate(target, false).await {
+            Ok(()) => {
+                self.reserved.set(Some(target));
+                RESERVED_BYTES.with(|n| n.set(n.get() + target.saturating_sub(before)));
+            }
+            Err(e) => {
+                // The size may have moved part of the way: trimmed like a reservation.
+                self.reserved.set(Some(self.reserved.get().unwrap_or(0)));
+                if matches!(e.raw_os_error(), Some(code) if code == Errno::OPNOTSUPP.raw_os_error())
+                    && RESERVE_SPACE.swap(false, Ordering::Relaxed)
+                {
+                    tracing::info!(path = ?self.file.path(), "fallocate unsupported here; direct segment writes extend their files");
+                } else {
+                    tracing::debug!(path = ?self.file.path(), error = %e, "could not reserve segment space");
+                }
+            }
+        }
+    }
+
+    /// Cuts the file back to its data once it is sealed and no write is in flight: a sealed
+    /// segment must end where its data ends, since recovery trusts the size of every segment
+    /// behind the recovery point. Synchronous (`ftruncate` on the shard's thread, once per
+    /// sealed segment), so that no write can start in between. Returns whether the size
+    /// changed (the file then needs a sync for the cut to last).
+    fn trim(&self) -> io::Result<bool> {
+        if !self.sealed.get() || self.writing.get() || self.reserved.get().is_none() {
+            return Ok(false);
+        }
+        let Some(end) = self.stable_end.get() else {
+            return Ok(false);
+        };
+        rustix::fs::ftruncate(borrow_fd(&self.file), end)?;
+        self.reserved.set(None);
+        Ok(true)
+    }
 }
 
 /// At most this many writes are kept (of every file together), whatever their size.
@@ -501,6 +569,8 @@ thread_local! {
     /// aligned buffer first (see [`split_write`]).
     static DIRECT_UNCOPIED_BYTES: Cell<u64> = const { Cell::new(0) };
     static DIRECT_COPIED_BYTES: Cell<u64> = const { Cell::new(0) };
+    /// Bytes of segment space the shard reserved ahead of its direct writes.
+    static RESERVED_BYTES: Cell<u64> = const { Cell::new(0) };
     /// A directory per file system (by device number) the shard has synced with `syncfs`.
     static FILESYSTEMS: RefCell<Vec<(u64, std::sync::Arc<std::fs::File>)>> = const { RefCell::new(Vec::new()) };
 }
@@ -524,6 +594,12 @@ pub fn direct_write_stats() -> (u64, u64) {
     )
 }
 
+/// Bytes of segment space the calling shard has reserved ahead of its direct writes (see
+/// [`DirectSide::reserve`]).
+pub fn reserved_bytes() -> u64 {
+    RESERVED_BYTES.with(Cell::get)
+}
+
 /// The calling shard's reads near direct-written segments' ends (see
 /// [`set_direct_segment_writes`]): bytes read through the page cache, and writes that went
 /// through the page cache because such a read was running.
@@ -534,9 +610,9 @@ pub fn near_read_stats() -> (u64, u64) {
     )
 }
 
-/// Segment files opened by the calling thread (a shard) from now on write their whole pages
-/// with `O_DIRECT` and only a last partial page through the page cache
-/// (`strand.log.direct.writes`): a growing log then takes no page-cache pages for what it
+/// Segment files opened by the calling thread (a shard) from now on write their writes of
+/// [`DIRECT_MIN_BYTES`] or more with `O_DIRECT`, the last partial page padded with zeros, into
+/// space reserved ahead (see [`split_write`]; `strand.log.direct.writes`): a growing log then takes no page-cache pages for what it
 /// writes, which is where a buffered write spends its time on a VM whose fresh pages are
 /// expensive (BENCHMARKS.md items 22 and 25). The page cache then lacks what was written:
 /// reads of each file's most recent writes (a consumer following the log) come from memory, up
@@ -653,6 +729,11 @@ impl GlommioFile {
             self.wrote(pos, len);
             // The handle is the file's only writer, and writes append.
             side.stable_end.set(Some(pos + len as u64));
+            // The last write of a sealed segment: its own round syncs the cut with the data
+            // (a failure here is met again, and reported, by that sync).
+            if let Err(e) = side.trim() {
+                tracing::warn!(path = ?side.file.path(), error = %e, "could not trim a sealed segment");
+            }
         }
         out
     }
@@ -796,6 +877,11 @@ impl FileHandle for GlommioFile {
     async fn fdatasync(&self) -> io::Result<()> {
         match &self.0 {
             Inner::Buffered(f) => {
+                if let Some(side) = &self.2 {
+                    // A sealed segment is synced only as long as its data: recovery trusts its
+                    // size once the recovery point is past it.
+                    side.trim()?;
+                }
                 let synced_end = self.1.get().end;
                 f.fdatasync().await?;
                 self.drop_behind(f, synced_end);
@@ -819,6 +905,7 @@ impl FileHandle for GlommioFile {
                     side.recent.borrow_mut().truncate(len);
                     side.forget_reads();
                     side.stable_end.set(Some(len));
+                    side.reserved.set(None);
                 }
                 f.truncate(len).await?;
                 let mut w = self.1.get();
@@ -850,6 +937,24 @@ impl FileHandle for GlommioFile {
         }
         // Out of descriptors, say: the bytes are read instead.
         Ok(rustix::io::fcntl_dupfd_cloexec(borrow_fd(f), 0).ok())
+    }
+
+    /// Stops reserving space, and gives back what is reserved once no write is in flight (at
+    /// once, or when the last write completes; the file's next `fdatasync` makes sure).
+    fn seal(&self) -> bool {
+        let Some(side) = &self.2 else {
+            return false;
+        };
+        side.sealed.set(true);
+        // A write in flight may pad the file; it is cut when the write completes.
+        let cut = side.reserved.get().is_some() || side.writing.get();
+        match side.trim() {
+            Ok(_) => cut,
+            Err(e) => {
+                tracing::warn!(path = ?side.file.path(), error = %e, "could not trim a sealed segment");
+                true
+            }
+        }
     }
 
     async fn size(&self) -> io::Result<u64> {
@@ -884,11 +989,42 @@ async fn direct_write<P: AsRef<[u8]>>(f: &DmaFile, pieces: Vec<P>, pos: u64) -> 
     Ok(len as u64)
 }
 
-/// A segment write with `O_DIRECT` for its whole pages: the pages from the one holding `pos` to
-/// the one holding the end, the first completed with the bytes before `pos` that the file
-/// already holds (rewritten unchanged, as the page cache's writeback would), go out directly;
-/// the bytes in the last partial page go through the page cache (a direct write would pad the
-/// file). The kernel writes back and drops any cached pages a direct write covers. Data staged
+/// Zeros padding a direct write's last partial page.
+static ZERO_PAGE: [u8; crate::fs::DIRECT_WRITE_ALIGN as usize] = [0; crate::fs::DIRECT_WRITE_ALIGN as usize];
+
+/// Writes `pages` (aligned memory the caller staged) at `first`. When the first page is one the
+/// file already holds (`rewrites_first`), it goes as a write of its own: the rest lies in
+/// reserved, not yet written blocks, and ext4 takes a direct write without blocking only within
+/// one kind of block, so one write across both would be handed to an io_uring worker.
+async fn write_pages(dma: &DmaFile, pages: Bytes, first: u64, rewrites_first: bool) -> io::Result<()> {
+    const PAGE: usize = crate::fs::DIRECT_WRITE_ALIGN as usize;
+    let len = pages.len();
+    let n = if rewrites_first && len > PAGE {
+        let (a, b) = futures::join!(
+            dma.write_foreign_at(pages.slice(..PAGE), first),
+            dma.write_foreign_at(pages.slice(PAGE..), first + PAGE as u64)
+        );
+        let (a, b) = (a?, b?);
+        if a < PAGE {
+            return Err(short_write(a, PAGE, first));
+        }
+        a + b
+    } else {
+        dma.write_foreign_at(pages, first).await?
+    };
+    if n < len {
+        return Err(short_write(n, len, first));
+    }
+    Ok(())
+}
+
+/// A segment write with `O_DIRECT`: the pages from the one holding `pos` to the one holding the
+/// end, the first completed with the bytes before `pos` that the file already holds (rewritten
+/// unchanged, as the page cache's writeback would) and the last padded with zeros (the next
+/// write rewrites them), go out directly, into space the file reserved ahead
+/// ([`DirectSide::reserve`]), the first page as a write of its own when the file holds it
+/// ([`write_pages`]). Small writes, and writes beside a read near the end, go through the page
+/// cache instead. The kernel writes back and drops any cached pages a direct write covers. Data staged
 /// in the direct layout ([`StageBuf::direct`]) is written from where it was staged, the known
 /// bytes copied into the room in front of it; otherwise it is copied into an aligned buffer.
 async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<()> {
@@ -935,6 +1071,11 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
         Recent::push(&side.recent, pos, data, held);
         return Ok(());
     };
+    // The last partial page goes out too, padded with zeros (the next write rewrites it with
+    // its own bytes), into space reserved ahead: the write then neither extends the file nor
+    // allocates blocks (see `DirectSide::reserve`).
+    let padded_end = end.next_multiple_of(PAGE);
+    side.reserve(padded_end, len).await;
     let prefix_len = (pos - first) as usize;
     let known = side
         .tail
@@ -958,34 +1099,55 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
     };
     // The whole pages: from `first` to `last`; `head` of them are the write's own bytes.
     let pages = (last - first) as usize;
+    let padded = (padded_end - first) as usize;
     let head = pages - prefix_len;
     let held = buf.capacity();
+    let mut tail_written = false;
     let data = match buf.into_direct() {
         Ok((mut vec, at, lead)) if lead == prefix_len => {
             let room = vec
                 .get_mut(at..at + lead)
                 .ok_or_else(|| io::Error::other("staged write without its room"))?;
             room.copy_from_slice(&prefix);
+            let data_end = vec.len() - at;
+            // A buffer staged within its capacity has room for the zeros (`StageBuf::direct`).
+            let out = if padded > pages && vec.capacity() >= at + padded {
+                vec.resize(at + padded, 0);
+                tail_written = true;
+                padded
+            } else {
+                pages
+            };
             let whole = Bytes::from(vec).slice(at..);
-            let n = dma.write_foreign_at(whole.slice(..pages), first).await?;
-            if n < pages {
-                return Err(short_write(n, pages, first));
-            }
-            DIRECT_UNCOPIED_BYTES.with(|b| b.set(b.get() + head as u64));
-            whole.slice(lead..)
+            write_pages(&dma, whole.slice(..out), first, lead > 0).await?;
+            let own = if tail_written { len } else { head };
+            DIRECT_UNCOPIED_BYTES.with(|b| b.set(b.get() + own as u64));
+            whole.slice(lead..data_end)
         }
         staged => {
             let data = match staged {
                 Ok((vec, at, lead)) => Bytes::from(vec).slice(at + lead..),
                 Err(plain) => Bytes::from(plain.into_vec()),
             };
-            direct_write(&dma, vec![prefix.as_slice(), &data[..head]], first).await?;
-            DIRECT_COPIED_BYTES.with(|b| b.set(b.get() + head as u64));
+            let zeros = padded - prefix_len - data.len();
+            direct_write(
+                &dma,
+                vec![prefix.as_slice(), &data[..], &ZERO_PAGE[..zeros]],
+                first,
+            )
+            .await?;
+            tail_written = true;
+            DIRECT_COPIED_BYTES.with(|b| b.set(b.get() + len as u64));
             data
         }
     };
     let rest = data.slice(head..);
-    if !rest.is_empty() {
+    if tail_written {
+        if padded_end > end {
+            let size = side.reserved.get().map_or(padded_end, |r| r.max(padded_end));
+            side.reserved.set(Some(size));
+        }
+    } else if !rest.is_empty() {
         let n = f.write_at(rest.to_vec(), last).await?;
         if n < rest.len() {
             return Err(short_write(n, rest.len(), last));
@@ -1122,6 +1284,8 @@ impl Fs for GlommioFs {
                 forgotten: Cell::new(0),
                 page_cache_reads: Rc::new(RwLock::new(())),
                 near_reads: Rc::new(Cell::new(0)),
+                reserved: Cell::new(None),
+                sealed: Cell::new(false),
             });
         }
         Ok(file)
@@ -1585,10 +1749,23 @@ mod tests {
         }
     }
 
-    /// Syncs `f` and checks that the file at `path` holds exactly `want`.
+    /// Syncs `f` and checks that the file at `path` holds `want`, then nothing but zeros (space
+    /// reserved for the writes to come).
     async fn synced_file_is(f: &GlommioFile, path: &Path, want: &[u8], what: &str) {
         f.fdatasync().await.unwrap();
-        assert!(std::fs::read(path).unwrap() == want, "the file differs: {what}");
+        file_holds(path, want, what);
+    }
+
+    fn file_holds(path: &Path, want: &[u8], what: &str) {
+        let got = std::fs::read(path).unwrap();
+        assert!(
+            got.len() >= want.len() && got[..want.len()] == *want,
+            "the file differs: {what}"
+        );
+        assert!(
+            got[want.len()..].iter().all(|b| *b == 0),
+            "the file holds more than zeros past its data: {what}"
+        );
     }
 
     /// Reads the whole file through the handle in windows of `window` bytes, as a consumer
@@ -1683,6 +1860,34 @@ mod tests {
         append_and_check(&f, &mut want, &mut other, &sizes, 40).await;
         synced_file_is(&f, &path, &want, "after the cut").await;
         read_through(&f, &want, 700_000).await;
+
+        // Space was reserved ahead of the direct writes; sealed, the file gives it back, and a
+        // write still in flight at the seal (a round taken before the roll) is cut too.
+        let reserved = std::fs::metadata(&path).unwrap().len();
+        assert!(
+            reserved > want.len() as u64 && reserved_bytes() > 0,
+            "no space reserved: the file is {reserved} bytes for {} of data",
+            want.len()
+        );
+        let last: Vec<u8> = (0..300_001u32).map(|i| (i % 7) as u8).collect();
+        let at = want.len() as u64;
+        let mut write = std::pin::pin!(f.write_all_at(last.clone(), at));
+        assert!(
+            futures::poll!(write.as_mut()).is_pending(),
+            "the write did not wait"
+        );
+        assert!(
+            f.seal(),
+            "a file holding reserved space was sealed without a cut to come"
+        );
+        write.await.unwrap();
+        want.extend_from_slice(&last);
+        f.fdatasync().await.unwrap();
+        assert!(
+            std::fs::read(&path).unwrap() == want,
+            "the sealed file is not exactly its data"
+        );
+        read_through(&f, &want, 1 << 20).await;
         set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
     }
 
@@ -1845,7 +2050,7 @@ mod tests {
                 );
                 f.fdatasync().await.unwrap();
 
-                assert!(std::fs::read(&path).unwrap() == want, "the file's bytes");
+                file_holds(&path, &want, "the file's bytes");
                 let got = f.read_at(0, want.len()).await.unwrap();
                 assert!(got[..] == want[..]);
                 set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);

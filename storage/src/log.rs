@@ -553,6 +553,9 @@ pub struct PartitionLog<F: Fs> {
     /// Retention never deletes a segment holding an offset at or above this (the queue engine's
     /// undelivered messages). `None`: no floor.
     retention_floor: Option<i64>,
+    /// Segments behind the active one and based below this are sealed (see
+    /// [`PartitionLog::seal_behind`]).
+    sealed_below: i64,
 }
 
 impl<F: Fs> PartitionLog<F> {
@@ -648,6 +651,7 @@ impl<F: Fs> PartitionLog<F> {
             unsynced_initial_files: None,
             producers: ProducerState::default(),
             retention_floor: None,
+            sealed_below: 0,
         };
 
         // A recovery point is usable only if its segment still exists and is at least that long
@@ -807,6 +811,18 @@ impl<F: Fs> PartitionLog<F> {
                     seg.size = out.valid_size;
                     seg.durable_size = out.valid_size;
                     drop_rest = true;
+                } else if out.zero_tail {
+                    // Space reserved past the data: cut, and durably so, since once the
+                    // recovery point is past this segment its size is trusted. Later
+                    // segments stay (their base offsets are checked against this one's end).
+                    file.truncate(out.valid_size)
+                        .await
+                        .map_err(|e| StorageError::io("trim segment", &path, e))?;
+                    file.fdatasync()
+                        .await
+                        .map_err(|e| StorageError::io("sync trimmed segment", &path, e))?;
+                    seg.size = out.valid_size;
+                    seg.durable_size = out.valid_size;
                 }
             }
             expected = Some(seg.next_offset);
@@ -992,11 +1008,48 @@ impl<F: Fs> PartitionLog<F> {
             || self.next_offset - seg.base_offset > i64::from(u32::MAX) / 2
     }
 
+    /// The active segment's file is written no more: it gives back the space it reserved, and
+    /// the next sync of it makes that last (see `FileHandle::seal`). Before a roll, and at a
+    /// clean stop.
+    pub(crate) fn seal_active(&mut self) {
+        if let Some(seg) = self.segments.last_mut() {
+            if seg.file.as_ref().is_some_and(|f| f.seal()) {
+                seg.needs_sync = true;
+            }
+        }
+    }
+
+    /// Seals the files of the segments behind the active one not sealed yet: a segment rolled
+    /// past before its file existed (the round that first writes a segment creates it) gets it
+    /// here. Called as a direct round or a checkpoint collects its syncs, so that the cut is
+    /// among them; a checkpoint moves the recovery point past a segment only after that.
+    fn seal_behind(&mut self) {
+        let Some((active, behind)) = self.segments.split_last_mut() else {
+            return;
+        };
+        let mut below = active.base_offset;
+        for seg in behind.iter_mut().rev() {
+            if seg.base_offset < self.sealed_below {
+                break;
+            }
+            match &seg.file {
+                Some(f) => {
+                    if f.seal() {
+                        seg.needs_sync = true;
+                    }
+                }
+                None => below = seg.base_offset,
+            }
+        }
+        self.sealed_below = below;
+    }
+
     /// Seals the active segment and starts a new, empty one at the log end offset. Never waits
     /// for the disk: the new file is created by the flush round that first writes to it, which
     /// also counts the directory change (see `complete_round`), and the sealed segment's
     /// indexes are left to the next checkpoint.
     fn roll(&mut self, now_ms: i64) {
+        self.seal_active();
         let base = self.next_offset;
         let new = Segment::new_lazy(&self.dir, base, now_ms);
         self.segments.push(new);
@@ -1150,10 +1203,11 @@ impl<F: Fs> PartitionLog<F> {
     /// created or removed and no checkpoint or directory sync
     /// ([`crate::ShardStore::sync_changed_dirs`]) has synced the directory since. Call before
     /// taking the staged writes.
-    pub(crate) fn direct_sync(&self) -> Option<DirectSync<F::File>> {
+    pub(crate) fn direct_sync(&mut self) -> Option<DirectSync<F::File>> {
         if self.dir_changes > self.dir_changes_synced {
             return None;
         }
+        self.seal_behind();
         Some(DirectSync {
             files: self
                 .segments
@@ -1629,6 +1683,9 @@ impl<F: Fs> PartitionLog<F> {
     /// Collects what a checkpoint must make durable so that recovery can trust everything below
     /// the current high watermark. Call only between flush rounds (nothing in flight).
     pub(crate) fn checkpoint_work(&mut self) -> CheckpointWork<F::File> {
+        // The recovery point may move past a segment sealed since the last checkpoint: its
+        // file must end where its data ends, durably, first.
+        self.seal_behind();
         let hw = self.high_watermark;
         let mut files_to_sync = Vec::new();
         let mut index_files = Vec::new();

@@ -258,8 +258,12 @@ pub(crate) struct ScanOutcome {
     pub(crate) next_offset: i64,
     /// Leader epochs seen, with the first offset of each change.
     pub(crate) epoch_starts: Vec<(i32, i64)>,
-    /// Why the scan stopped, when it stopped before the end of the file.
+    /// Why the scan stopped, when it stopped before the end of the file at something other
+    /// than zeros.
     pub(crate) problem: Option<String>,
+    /// The scan stopped at zeros: space the segment reserved past its data (see
+    /// [`crate::fs::FileHandle::seal`]), not a torn write. The file should be cut there.
+    pub(crate) zero_tail: bool,
 }
 
 const SCAN_CHUNK_BYTES: usize = 1 << 20;
@@ -355,13 +359,28 @@ pub(crate) async fn scan<Fl: FileHandle>(
             }
         }
     }
+    // Where the data ends before space a segment reserved (and a crash left unused), what
+    // follows reads as zeros: no batch starts with a zero length.
+    let mut zero_tail = false;
+    if problem.is_some() && pos < file_size {
+        let probe = (file_size - pos).min(ZERO_PROBE_BYTES as u64) as usize;
+        let head = file.read_at(pos, probe).await?;
+        if !head.is_empty() && head.iter().all(|b| *b == 0) {
+            problem = None;
+            zero_tail = true;
+        }
+    }
     Ok(ScanOutcome {
         valid_size: pos.min(file_size),
         next_offset: expected_offset,
         epoch_starts,
         problem,
+        zero_tail,
     })
 }
+
+/// A batch's base offset and length: zeros there mean no batch was written.
+const ZERO_PROBE_BYTES: usize = 12;
 
 #[cfg(test)]
 mod tests {

@@ -1629,6 +1629,13 @@ impl<F: Fs> ShardStore<F> {
         if self.offline_reason().is_none() {
             self.rotate_journal().await?;
         }
+        // Active segments give back the space they reserved, which the next start would
+        // otherwise read through to find where their data ends; the checkpoint syncs the cut.
+        for slot in self.inner.borrow_mut().slots.iter_mut() {
+            if let Some(entry) = slot.entry.as_mut() {
+                entry.log.seal_active();
+            }
+        }
         let stats = self.checkpoint().await?;
         let path = self.inner.borrow().journal.path().to_path_buf();
         if self.offline_reason().is_none() {

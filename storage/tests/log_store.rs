@@ -1204,6 +1204,71 @@ fn torn_segment_without_journal_is_cut_to_last_whole_batch() {
     });
 }
 
+/// Space a segment reserved past its data reads as zeros (the broker's segment files reserve it
+/// ahead of their direct writes, and give it back when sealed or at a clean stop; a crash leaves
+/// it). Recovery cuts it without calling it damage: nothing reported, nothing else dropped, and
+/// the cut is durable (a sealed segment's size is trusted once the recovery point is past it).
+#[test]
+fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
+    block_on(async {
+        let fs = MemFs::new();
+        let dir = Path::new("/data/zero-0");
+        let segments = || -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = fs
+                .paths()
+                .into_iter()
+                .filter(|p| p.parent() == Some(dir) && p.extension().is_some_and(|e| e == "log"))
+                .collect();
+            v.sort();
+            v
+        };
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
+            store.append(id, &value_batch(0, 2, 0), 0, 0).unwrap();
+            store.flush_round().await;
+            store.shutdown().await.unwrap();
+        }
+        let expected;
+        {
+            // The recovery point stays in the first segment: the later ones are scanned.
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
+            for i in 1..120 {
+                store.append(id, &value_batch(i, 2, 0), 0, 0).unwrap();
+                store.flush_round().await;
+            }
+            expected = read_all(&store, id, 0).await;
+            // A process crash: the files keep what was written.
+        }
+        let segs = segments();
+        assert!(segs.len() >= 4, "{segs:?}");
+        let originals: Vec<Vec<u8>> = segs.iter().map(|p| fs.contents(p).unwrap()).collect();
+        for (at, zeros) in [(1, 5000), (segs.len() - 2, 7), (segs.len() - 1, 4096)] {
+            let mut data = originals[at].clone();
+            data.resize(data.len() + zeros, 0);
+            fs.set_contents(&segs[at], data);
+        }
+        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
+            .await
+            .unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+        fs.crash(|_| 0);
+        assert_eq!(segments(), segs, "a segment was dropped");
+        for (path, original) in segs.iter().zip(&originals) {
+            assert!(
+                fs.contents(path).as_ref() == Some(original),
+                "{} is not cut back to its data, durably",
+                path.display()
+            );
+        }
+        let store = open_store(&fs, 1 << 20).await;
+        let (id, rec) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
+        assert!(rec.problems.is_empty() && rec.bytes_truncated == 0, "{rec:?}");
+        assert_eq!(read_all(&store, id, 0).await, expected);
+    });
+}
+
 /// The same damage after a crash, while the journal still holds the batch: replay restores it.
 #[test]
 fn torn_segment_is_restored_from_the_journal() {
