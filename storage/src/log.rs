@@ -1366,6 +1366,8 @@ impl<F: Fs> PartitionLog<F> {
                 self.mark_dir_changed();
             }
         }
+        // Segments rolled past later may be based below where sealing had got to.
+        self.sealed_below = self.sealed_below.min(self.active().base_offset);
         let seg = self.active_mut();
         let position = seg.durable_size;
         if let Some(file) = &seg.file {
@@ -1409,6 +1411,8 @@ impl<F: Fs> PartitionLog<F> {
                 self.delete_segment_files(&seg).await;
             }
         }
+        // Segments rolled past later may be based below where sealing had got to.
+        self.sealed_below = self.sealed_below.min(self.active().base_offset);
         let seg = self.active();
         let position = if offset >= seg.next_offset {
             seg.size
