@@ -302,10 +302,24 @@ impl DirectSide {
         }
         let counted = NearRead::new(&self.near_reads);
         let (file, lock) = (Rc::clone(&self.file), Rc::clone(&self.page_cache_reads));
+        // The kernel's read-ahead stops at the file's size, which lies past the data while
+        // space is reserved: near the end it would fill the page cache with the reserved
+        // blocks' zeros (up to the disk's read-ahead window, 8 MiB here, per partition), and
+        // evict what readers need (BENCHMARKS.md item 51). Reads near the end read ahead
+        // themselves (`DirectSide::read`), so the kernel's is switched off while they run.
+        let reserved = self.reserved.get().is_some();
         let read = glommio::spawn_local(async move {
-            let _counted = counted;
+            let counted = counted;
             let _reading = lock.read().await.map_err(lock_error)?;
-            buffered_read(&file, pos, len).await
+            if reserved {
+                // Only a hint: a failure costs the read-ahead, as before.
+                let _ = rustix::fs::fadvise(borrow_fd(&file), 0, None, rustix::fs::Advice::Random);
+            }
+            let out = buffered_read(&file, pos, len).await;
+            if reserved && counted.0.get() == 1 {
+                let _ = rustix::fs::fadvise(borrow_fd(&file), 0, None, rustix::fs::Advice::Normal);
+            }
+            out
         })
         .detach();
         match read.await {
