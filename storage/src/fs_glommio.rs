@@ -303,11 +303,18 @@ impl DirectSide {
         let counted = NearRead::new(&self.near_reads);
         let (file, lock) = (Rc::clone(&self.file), Rc::clone(&self.page_cache_reads));
         // The kernel's read-ahead stops at the file's size, which lies past the data while
-        // space is reserved: near the end it would fill the page cache with the reserved
-        // blocks' zeros (up to the disk's read-ahead window, 8 MiB here, per partition), and
-        // evict what readers need (BENCHMARKS.md item 51). Reads near the end read ahead
-        // themselves (`DirectSide::read`), so the kernel's is switched off while they run.
-        let reserved = self.reserved.get().is_some();
+        // space is reserved: a read within its window of the data's end would fill the page
+        // cache with the reserved blocks' zeros (up to the disk's read-ahead window, 8 MiB
+        // here, per partition), and evict what readers need (BENCHMARKS.md item 51). Such
+        // reads switch the kernel's read-ahead off while they run; reads near the end read
+        // ahead themselves (`DirectSide::read`). The window is a quarter of the guard (see
+        // [`page_cache_guard_bytes`]), or less.
+        let window = PAGE_CACHE_GUARD_BYTES.with(Cell::get) / 4;
+        let reaches_zeros = match self.stable_end.get() {
+            Some(end) => pos + len as u64 + window > end,
+            None => true,
+        };
+        let reserved = self.reserved.get().is_some() && reaches_zeros;
         let read = glommio::spawn_local(async move {
             let counted = counted;
             let _reading = lock.read().await.map_err(lock_error)?;
