@@ -799,28 +799,22 @@ impl<F: Fs> PartitionLog<F> {
                 }
                 seg.next_offset = out.next_offset;
                 seg.index_dirty = true;
-                if let Some(problem) = out.problem {
-                    report.problems.push(format!("{}: {problem}", path.display()));
-                    report.bytes_truncated += file_size - out.valid_size;
+                // A torn or corrupt tail, or zeros past the data (space the segment reserved):
+                // cut, and durably so, since once the recovery point is past this segment its
+                // size is trusted. Only damage drops the later segments; after zeros they stay
+                // (their base offsets are checked against this one's end).
+                if out.problem.is_some() || out.zero_tail {
+                    if let Some(problem) = out.problem {
+                        report.problems.push(format!("{}: {problem}", path.display()));
+                        report.bytes_truncated += file_size - out.valid_size;
+                        drop_rest = true;
+                    }
                     file.truncate(out.valid_size)
                         .await
-                        .map_err(|e| StorageError::io("truncate torn segment", &path, e))?;
+                        .map_err(|e| StorageError::io("cut segment", &path, e))?;
                     file.fdatasync()
                         .await
-                        .map_err(|e| StorageError::io("sync truncated segment", &path, e))?;
-                    seg.size = out.valid_size;
-                    seg.durable_size = out.valid_size;
-                    drop_rest = true;
-                } else if out.zero_tail {
-                    // Space reserved past the data: cut, and durably so, since once the
-                    // recovery point is past this segment its size is trusted. Later
-                    // segments stay (their base offsets are checked against this one's end).
-                    file.truncate(out.valid_size)
-                        .await
-                        .map_err(|e| StorageError::io("trim segment", &path, e))?;
-                    file.fdatasync()
-                        .await
-                        .map_err(|e| StorageError::io("sync trimmed segment", &path, e))?;
+                        .map_err(|e| StorageError::io("sync cut segment", &path, e))?;
                     seg.size = out.valid_size;
                     seg.durable_size = out.valid_size;
                 }
