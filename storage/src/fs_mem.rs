@@ -7,6 +7,8 @@
 //! directory entry may on a real file system. Renames and removals are treated as immediately
 //! durable, which is kinder than a real file system.
 //! [`MemFs::set_capacity`] makes writes fail with `ENOSPC` once the total size would exceed it.
+//! [`MemFs::set_reserve_bytes`] makes segment files hold zeros past their data until sealed, as
+//! the broker's do.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,6 +30,9 @@ struct FileData {
     durable_version: u64,
     /// Written through a handle from [`Fs::open_direct`].
     written_direct: bool,
+    /// Zeros at the end of `data` that a segment handle reserved past the data (see
+    /// [`MemFs::set_reserve_bytes`]); 0 when the file's size is its data.
+    reserved: usize,
 }
 
 #[derive(Default, Debug)]
@@ -41,6 +46,8 @@ struct State {
     slow_io: bool,
     /// See [`MemFs::set_sendable`].
     sendable: bool,
+    /// See [`MemFs::set_reserve_bytes`].
+    reserve_bytes: usize,
     /// Handles opened with [`Fs::open_segment`], per path.
     segment_opens: BTreeMap<PathBuf, u64>,
     fsyncs: u64,
@@ -77,6 +84,10 @@ pub struct MemFile {
     state: Rc<RefCell<State>>,
     /// Opened with [`Fs::open_direct`]: unaligned writes fail, as `O_DIRECT` ones do.
     direct: bool,
+    /// Opened with [`Fs::open_segment`]: reserves space when the file system does.
+    segment: bool,
+    /// [`FileHandle::seal`] was called: reserves nothing more.
+    sealed: std::cell::Cell<bool>,
 }
 
 fn not_found(path: &Path) -> io::Error {
@@ -117,6 +128,15 @@ impl MemFs {
     /// sends from it can be checked against what [`FileHandle::read_at`] returns.
     pub fn set_sendable(&self, sendable: bool) {
         self.state.borrow_mut().sendable = sendable;
+    }
+
+    /// Segment handles keep `bytes` zeros past their data after each write (0: none, the
+    /// default), as the broker's segment files reserve space ahead of their writes, until
+    /// sealed ([`FileHandle::seal`]), which cuts the file back to its data. A truncation
+    /// drops the reservation. The zeros are part of the file: its size, reads, syncs and
+    /// crashes see them, so recovery must tell them from data.
+    pub fn set_reserve_bytes(&self, bytes: usize) {
+        self.state.borrow_mut().reserve_bytes = bytes;
     }
 
     /// Number of entries of `dir` created, renamed (either way) or removed so far: on a real
@@ -163,6 +183,8 @@ impl MemFs {
             f.durable.clone_from(&f.data);
             f.version += 1;
             f.durable_version = f.version;
+            // Whatever zeros survived are the file's bytes now, for recovery to find.
+            f.reserved = 0;
         }
     }
 
@@ -184,6 +206,7 @@ impl MemFs {
         f.data = data;
         f.version += 1;
         f.durable_version = f.version;
+        f.reserved = 0;
     }
 
     /// Whether `path` was ever written through a handle from [`Fs::open_direct`].
@@ -226,12 +249,18 @@ impl FileHandle for MemFile {
                 return Err(io::Error::from_raw_os_error(28));
             }
         }
+        let data_end = (f.data.len() - f.reserved).max(end);
         if f.data.len() < end {
             f.data.resize(end, 0);
         }
         if let Some(dst) = f.data.get_mut(pos..end) {
             dst.copy_from_slice(&buf);
         }
+        if self.segment && state.reserve_bytes > 0 && !self.sealed.get() {
+            let reserved_end = f.data.len().max(data_end + state.reserve_bytes);
+            f.data.resize(reserved_end, 0);
+        }
+        f.reserved = f.data.len() - data_end;
         f.version += 1;
         f.written_direct |= self.direct;
         Ok(())
@@ -286,8 +315,25 @@ impl FileHandle for MemFile {
         let len = usize::try_from(len).map_err(|_| io::Error::other("length too large"))?;
         let mut f = self.data.borrow_mut();
         f.data.resize(len, 0);
+        f.reserved = 0;
         f.version += 1;
         Ok(())
+    }
+
+    fn seal(&self) -> bool {
+        if !self.segment {
+            return false;
+        }
+        self.sealed.set(true);
+        let mut f = self.data.borrow_mut();
+        if f.reserved == 0 {
+            return false;
+        }
+        let data_end = f.data.len() - f.reserved;
+        f.data.truncate(data_end);
+        f.reserved = 0;
+        f.version += 1;
+        true
     }
 
     async fn size(&self) -> io::Result<u64> {
@@ -334,6 +380,8 @@ impl Fs for MemFs {
             data,
             state: self.state.clone(),
             direct: false,
+            segment: false,
+            sealed: std::cell::Cell::new(false),
         })
     }
 
@@ -344,7 +392,9 @@ impl Fs for MemFs {
             .segment_opens
             .entry(path.to_path_buf())
             .or_default() += 1;
-        self.open(path, create).await
+        let mut f = self.open(path, create).await?;
+        f.segment = true;
+        Ok(f)
     }
 
     async fn open_direct(&self, path: &Path, create: bool) -> io::Result<MemFile> {

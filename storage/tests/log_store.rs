@@ -1502,6 +1502,134 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
     });
 }
 
+/// Where a segment file's batches end: the first position that holds no whole batch.
+fn batches_end(data: &[u8]) -> usize {
+    let mut pos = 0;
+    while let Some(len) = data.get(pos + 8..pos + 12) {
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        let Ok(len) = usize::try_from(len) else { break };
+        if len == 0 || pos + 12 + len > data.len() {
+            break;
+        }
+        pos += 12 + len;
+    }
+    pos
+}
+
+/// Checks what recovery trusts in log directory `dir`: each segment file below the segment its
+/// recovery point lies in ends where its batches end.
+fn segments_behind_the_recovery_point_end_at_their_data(fs: &MemFs, dir: &Path) {
+    let Some(rp) = fs.contents(&dir.join("recovery-point")) else {
+        return;
+    };
+    let Some((body, crc)) = rp.split_at_checked(rp.len().saturating_sub(4)) else {
+        return;
+    };
+    let Some(fields) = body.strip_prefix(b"STRNDRP2") else {
+        return;
+    };
+    if crc.len() != 4 || crc32c::crc32c(body) != u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return;
+    }
+    let segment_base = i64::from_be_bytes(fields[8..16].try_into().unwrap());
+    for path in fs.paths() {
+        if path.parent() != Some(dir) || path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let base: i64 = path.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+        if base < segment_base {
+            let data = fs.contents(&path).unwrap();
+            assert_eq!(
+                batches_end(&data),
+                data.len(),
+                "{} lies behind the recovery point (segment {segment_base}) and holds more than its data",
+                path.display()
+            );
+        }
+    }
+}
+
+/// With segment files that reserve space past their data (as the broker's do), every segment
+/// a log has rolled past ends at its data: those sealed at the roll, and those rolled past before
+/// the round that first writes them created their files, once the next direct round or a
+/// checkpoint has seen them (before a recovery point passes them). A crash then loses nothing
+/// acknowledged, and recovery cuts the active segment's zeros without calling them damage.
+#[test]
+fn segments_rolled_past_end_at_their_data_with_space_reserved() {
+    block_on(async {
+        let fs = MemFs::new();
+        fs.set_reserve_bytes(3000);
+        let dir = root().join("seal-0");
+        let rolled_past_end_at_their_data = |what: &str| {
+            let mut segs: Vec<PathBuf> = fs
+                .paths()
+                .into_iter()
+                .filter(|p| p.parent() == Some(dir.as_path()) && p.extension().is_some_and(|e| e == "log"))
+                .collect();
+            segs.sort();
+            assert!(segs.len() >= 3, "the test must roll segments: {segs:?}");
+            let active = segs.pop().unwrap();
+            let data = fs.contents(&active).unwrap();
+            assert!(
+                data.len() > batches_end(&data),
+                "the active segment reserves no space: {what}"
+            );
+            for p in segs {
+                let data = fs.contents(&p).unwrap();
+                assert_eq!(
+                    batches_end(&data),
+                    data.len(),
+                    "{} holds more than its data: {what}",
+                    p.display()
+                );
+            }
+        };
+        let expected;
+        {
+            let store = open_store_direct(&fs, 1 << 20, 1).await;
+            let (id, _) = store.open_log(key("seal-0"), small_config(), 0).await.unwrap();
+            // Each append written by a round of its own: sealed as the log rolls past them.
+            for i in 0..40 {
+                store.append(id, &value_batch(i, 20, 0), 0, 0).unwrap();
+                let stats = store.flush_round().await;
+                assert!(stats.direct, "round {i}: {stats:?}");
+            }
+            rolled_past_end_at_their_data("after rounds of one append");
+            // Several segments rolled past before the round that creates their files.
+            let segments_before = fs.paths().len();
+            for i in 40..80 {
+                store.append(id, &value_batch(i, 20, 0), 0, 0).unwrap();
+            }
+            let stats = store.flush_round().await;
+            assert!(stats.direct, "{stats:?}");
+            assert!(
+                fs.paths().len() >= segments_before + 3,
+                "the round must create several segment files"
+            );
+            // The round took its writes before their files existed: the next one seals them.
+            store.append(id, &value_batch(80, 20, 0), 0, 0).unwrap();
+            store.flush_round().await;
+            rolled_past_end_at_their_data("after the round that created several segments");
+            // And a checkpoint, before its recovery point passes them.
+            for i in 81..120 {
+                store.append(id, &value_batch(i, 20, 0), 0, 0).unwrap();
+            }
+            store.flush_round().await;
+            store.checkpoint().await.unwrap();
+            rolled_past_end_at_their_data("after a checkpoint");
+            for i in 120..130 {
+                store.append(id, &value_batch(i, 20, 0), 0, 0).unwrap();
+                store.flush_round().await;
+            }
+            expected = read_all(&store, id, 0).await;
+        }
+        let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
+        let (id, rec) = store.open_log(key("seal-0"), small_config(), 0).await.unwrap();
+        assert!(rec.problems.is_empty(), "{rec:?}");
+        assert_eq!(read_all(&store, id, 0).await, expected);
+    });
+}
+
 /// Rounds of more logs than `direct_sync_max_logs` skip the journal too when their logs carry
 /// `direct_min_log_bytes` each on average, and are journaled when they carry less; a crash that
 /// drops every unsynced byte loses nothing either kind acknowledged.
@@ -1921,6 +2049,11 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
         let mut prod: Vec<(i32, Vec<u8>, Option<i64>)> = Vec::new();
         let mut prod_pending: Vec<(usize, strand_storage::AppendTicket)> = Vec::new();
         for _life in 0..4 {
+            // What the last life left on disk: every segment behind a log's recovery point
+            // ends at its data (recovery trusts their sizes), reserved space or not.
+            for name in logs {
+                segments_behind_the_recovery_point_end_at_their_data(&fs, &root().join(name));
+            }
             let rep = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
                 .await
                 .unwrap();
@@ -1938,7 +2071,11 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
             // Most appends made while rounds are in flight go to one log, so rounds stay direct.
             let hot = rng.gen_range(0..logs.len());
             fs.set_slow_io(slow_io);
-            t!("direct rounds up to {direct_max_logs} logs or from {direct_min_log_bytes} B per log, overlap from {overlap_min_bytes} B, slow I/O {slow_io}");
+            // And whether segment files hold zeros past their data until sealed, as the
+            // broker's reserve space: crashes then leave zeros for recovery to cut.
+            let reserve_bytes = [0, 0, 40, 3000][rng.gen_range(0..4)];
+            fs.set_reserve_bytes(reserve_bytes);
+            t!("direct rounds up to {direct_max_logs} logs or from {direct_min_log_bytes} B per log, overlap from {overlap_min_bytes} B, slow I/O {slow_io}, {reserve_bytes} B reserved");
             let store = open_store_overlap(
                 &fs,
                 1024 + rng.gen_range(0..4096),
