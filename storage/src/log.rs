@@ -556,6 +556,8 @@ pub struct PartitionLog<F: Fs> {
     /// Segments behind the active one and based below this are sealed (see
     /// [`PartitionLog::seal_behind`]).
     sealed_below: i64,
+    /// Segment files cut back to their data by sealing so far (see `Segment::cut_seq`).
+    cuts: u64,
 }
 
 impl<F: Fs> PartitionLog<F> {
@@ -652,6 +654,7 @@ impl<F: Fs> PartitionLog<F> {
             producers: ProducerState::default(),
             retention_floor: None,
             sealed_below: 0,
+            cuts: 0,
         };
 
         // A recovery point is usable only if its segment still exists and is at least that long
@@ -1008,6 +1011,8 @@ impl<F: Fs> PartitionLog<F> {
     pub(crate) fn seal_active(&mut self) {
         if let Some(seg) = self.segments.last_mut() {
             if seg.file.as_ref().is_some_and(|f| f.seal()) {
+                self.cuts += 1;
+                seg.cut_seq = self.cuts;
                 seg.needs_sync = true;
             }
         }
@@ -1029,6 +1034,8 @@ impl<F: Fs> PartitionLog<F> {
             match &seg.file {
                 Some(f) => {
                     if f.seal() {
+                        self.cuts += 1;
+                        seg.cut_seq = self.cuts;
                         seg.needs_sync = true;
                     }
                 }
@@ -1226,10 +1233,16 @@ impl<F: Fs> PartitionLog<F> {
     /// completes (`complete_round`), so clearing the mark here loses nothing. The active segment
     /// keeps its mark: an overlapping round may have written to it after this round's sync
     /// began, and every direct round syncs the files it writes anyway.
-    pub(crate) fn rolled_segments_synced(&mut self, files: &[Rc<F::File>]) {
+    ///
+    /// `cuts_at` is [`PartitionLog::cuts`] when the round took its writes: a segment sealing cut
+    /// back after that keeps its mark, since the round's sync may have begun before the cut
+    /// and not cover it (the next round or checkpoint syncs it; a recovery point must not pass
+    /// a segment whose file may still end in reserved space after a crash).
+    pub(crate) fn rolled_segments_synced(&mut self, files: &[Rc<F::File>], cuts_at: u64) {
         let last = self.segments.len().saturating_sub(1);
         for seg in self.segments.iter_mut().take(last) {
             if seg.needs_sync
+                && seg.cut_seq <= cuts_at
                 && seg
                     .file
                     .as_ref()
@@ -1238,6 +1251,11 @@ impl<F: Fs> PartitionLog<F> {
                 seg.needs_sync = false;
             }
         }
+    }
+
+    /// Segment files sealing has cut back so far (see [`PartitionLog::rolled_segments_synced`]).
+    pub(crate) fn cuts(&self) -> u64 {
+        self.cuts
     }
 
     /// Directory changes counted so far (see [`PartitionLog::direct_sync`]).

@@ -162,6 +162,9 @@ pub(crate) struct Segment<F: Fs> {
     /// A running checkpoint took this segment's `needs_sync` mark and has not finished its
     /// fsync: a direct round must still sync the file itself.
     pub(crate) checkpoint_syncing: bool,
+    /// The log's count of cuts (`PartitionLog::cuts`) when sealing last cut this segment's file
+    /// back to its data: a sync that began before that does not cover the cut.
+    pub(crate) cut_seq: u64,
 }
 
 impl<F: Fs> Segment<F> {
@@ -183,6 +186,7 @@ impl<F: Fs> Segment<F> {
             index_files_on_disk: IndexFilesOnDisk::Absent,
             needs_sync: true,
             checkpoint_syncing: false,
+            cut_seq: 0,
         }
     }
 

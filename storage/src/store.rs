@@ -166,6 +166,17 @@ struct LogSyncs<F: Fs> {
     /// The round creates a segment file: sync the directory after the files. The log's
     /// directory-change count when the round took its writes.
     dir_at: Option<u64>,
+    /// The log's count of sealing cuts when the round took its writes (see
+    /// `PartitionLog::rolled_segments_synced`).
+    cuts_at: u64,
+}
+
+/// One log's files a direct round made durable, with the log's count of sealing cuts when the
+/// round took its writes (see `PartitionLog::rolled_segments_synced`).
+struct SyncedLog<F: Fs> {
+    id: LogId,
+    files: Vec<Rc<F::File>>,
+    cuts_at: u64,
 }
 
 /// A round taken by [`ShardStore::take_round`], not yet written.
@@ -204,7 +215,7 @@ struct WrittenRound<F: Fs> {
     dir_synced: Vec<(LogId, u64)>,
     /// A direct round's syncs once done: per log, the files made durable (by `fdatasync`, or by
     /// the file-system sync that covered them).
-    synced: Vec<(LogId, Vec<Rc<F::File>>)>,
+    synced: Vec<SyncedLog<F>>,
     journal_bytes: u64,
     failure: Option<StorageError>,
     /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
@@ -953,6 +964,7 @@ impl<F: Fs> ShardStore<F> {
                             files,
                             dir: entry.log.dir().to_path_buf(),
                             dir_at,
+                            cuts_at: entry.log.cuts(),
                         })
                     } else {
                         for chunk in &w.chunks {
@@ -1137,7 +1149,15 @@ impl<F: Fs> ShardStore<F> {
                     .map_err(|e| StorageError::io("sync log directory", &sync.dir, e))?;
                 dir_synced = Some((sync.id, at));
             }
-            Ok::<_, StorageError>((t.elapsed().as_micros() as u64, dir_synced, (sync.id, sync.files)))
+            Ok::<_, StorageError>((
+                t.elapsed().as_micros() as u64,
+                dir_synced,
+                SyncedLog {
+                    id: sync.id,
+                    files: sync.files,
+                    cuts_at: sync.cuts_at,
+                },
+            ))
         }))
         .await;
         for r in results {
@@ -1221,9 +1241,9 @@ impl<F: Fs> ShardStore<F> {
                     }
                 }
                 // After `complete_round`, which marks every file it wrote as needing a sync.
-                for (id, files) in synced {
+                for SyncedLog { id, files, cuts_at } in synced {
                     if let Some(entry) = entry_mut(&mut inner.slots, id) {
-                        entry.log.rolled_segments_synced(&files);
+                        entry.log.rolled_segments_synced(&files, cuts_at);
                     }
                 }
                 for id in covered {

@@ -1857,6 +1857,59 @@ fn appends_staged_during_a_round_s_fsyncs_are_written_under_them() {
     });
 }
 
+/// A segment sealed (cut back to its data) while a round's `fdatasync` of it is in flight: that
+/// sync may not cover the cut, so the segment keeps its mark and a later sync covers it before a
+/// recovery point passes it. A power loss then finds it ending at its data. The roll is made at
+/// every step of the round in turn.
+#[test]
+fn a_segment_cut_during_a_round_s_sync_is_synced_again_before_a_checkpoint_passes_it() {
+    for roll_at in 0.. {
+        let rolled = block_on(async {
+            let fs = MemFs::new();
+            fs.set_slow_io(true);
+            fs.set_reserve_bytes(3000);
+            let store = open_store_overlap(&fs, 1 << 20, 2, 0, usize::MAX, 0).await;
+            let config = small_config();
+            let (id, _) = store.open_log(key("cut-0"), config.clone(), 0).await.unwrap();
+            store.append(id, &value_batch(0, 2, 0), 0, 0).unwrap();
+            store.flush_round().await;
+            store.sync_changed_dirs().await;
+            store.append(id, &value_batch(1, 20, 0), 0, 0).unwrap();
+            let mut rolled = false;
+            flush_until(
+                &store,
+                4,
+                |step| {
+                    if step == roll_at {
+                        // Big enough to roll the 2 KiB segment: the roll seals it.
+                        store.append(id, &value_batch(2, 120, 0), 0, 0).unwrap();
+                        rolled = true;
+                    }
+                },
+                || false,
+            );
+            if !rolled {
+                return false;
+            }
+            store.flush_round().await;
+            store.checkpoint().await.unwrap();
+            let all = read_all(&store, id, 0).await;
+            drop(store);
+            fs.crash(|_| 0);
+            segments_behind_the_recovery_point_end_at_their_data(&fs, &root().join("cut-0"));
+            let store = crash_and_reopen(&fs, &config, 1 << 20).await;
+            let (id, rec) = store.open_log(key("cut-0"), config.clone(), 0).await.unwrap();
+            assert!(rec.problems.is_empty(), "roll at step {roll_at}: {rec:?}");
+            assert_eq!(read_all(&store, id, 0).await, all, "roll at step {roll_at}");
+            true
+        });
+        if !rolled {
+            assert!(roll_at >= 3, "the round took only {roll_at} steps");
+            break;
+        }
+    }
+}
+
 #[test]
 fn a_round_overlapping_a_failed_one_fails_too() {
     block_on(async {
