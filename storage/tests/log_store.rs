@@ -1993,9 +1993,10 @@ fn disk_full_fails_the_round_and_keeps_acknowledged_data() {
 
 /// Seeded simulation: random appends over several logs, flush rounds, journal rotations,
 /// checkpoints, retention of nothing, and crashes that tear unsynced writes (including mid-round
-/// ones, made by failing the journal fsync). After each crash: every acknowledged batch is back,
-/// byte for byte, at its offset; offsets are contiguous; appends continue above every
-/// acknowledged offset.
+/// ones, made by failing the journal fsync), with segment files that reserve space past their
+/// data or not. Before each recovery: every segment below a log's recovery point ends at its
+/// data. After each crash: every acknowledged batch is back, byte for byte, at its offset;
+/// offsets are contiguous; appends continue above every acknowledged offset.
 #[test]
 fn simulated_crashes_lose_nothing_acknowledged() {
     let seeds: u64 = std::env::var("STRAND_SIM_SEEDS")
