@@ -171,14 +171,6 @@ struct LogSyncs<F: Fs> {
     cuts_at: u64,
 }
 
-/// One log's files a direct round made durable, with the log's count of sealing cuts when the
-/// round took its writes (see `PartitionLog::rolled_segments_synced`).
-struct SyncedLog<F: Fs> {
-    id: LogId,
-    files: Vec<Rc<F::File>>,
-    cuts_at: u64,
-}
-
 /// A round taken by [`ShardStore::take_round`], not yet written.
 struct TakenRound<F: Fs> {
     started: Instant,
@@ -214,8 +206,8 @@ struct WrittenRound<F: Fs> {
     /// directory-change count when the round took its writes.
     dir_synced: Vec<(LogId, u64)>,
     /// A direct round's syncs once done: per log, the files made durable (by `fdatasync`, or by
-    /// the file-system sync that covered them).
-    synced: Vec<SyncedLog<F>>,
+    /// the file-system sync that covered them), with the log's cut count when it was taken.
+    synced: Vec<LogSyncs<F>>,
     journal_bytes: u64,
     failure: Option<StorageError>,
     /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
@@ -1149,15 +1141,7 @@ impl<F: Fs> ShardStore<F> {
                     .map_err(|e| StorageError::io("sync log directory", &sync.dir, e))?;
                 dir_synced = Some((sync.id, at));
             }
-            Ok::<_, StorageError>((
-                t.elapsed().as_micros() as u64,
-                dir_synced,
-                SyncedLog {
-                    id: sync.id,
-                    files: sync.files,
-                    cuts_at: sync.cuts_at,
-                },
-            ))
+            Ok::<_, StorageError>((t.elapsed().as_micros() as u64, dir_synced, sync))
         }))
         .await;
         for r in results {
@@ -1241,9 +1225,9 @@ impl<F: Fs> ShardStore<F> {
                     }
                 }
                 // After `complete_round`, which marks every file it wrote as needing a sync.
-                for SyncedLog { id, files, cuts_at } in synced {
-                    if let Some(entry) = entry_mut(&mut inner.slots, id) {
-                        entry.log.rolled_segments_synced(&files, cuts_at);
+                for sync in synced {
+                    if let Some(entry) = entry_mut(&mut inner.slots, sync.id) {
+                        entry.log.rolled_segments_synced(&sync.files, sync.cuts_at);
                     }
                 }
                 for id in covered {

@@ -1504,16 +1504,9 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
 
 /// Where a segment file's batches end: the first position that holds no whole batch.
 fn batches_end(data: &[u8]) -> usize {
-    let mut pos = 0;
-    while let Some(len) = data.get(pos + 8..pos + 12) {
-        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
-        let Ok(len) = usize::try_from(len) else { break };
-        if len == 0 || pos + 12 + len > data.len() {
-            break;
-        }
-        pos += 12 + len;
-    }
-    pos
+    let mut scanner = BatchScanner::new(data, true);
+    scanner.by_ref().for_each(drop);
+    scanner.position()
 }
 
 /// Checks what recovery trusts in log directory `dir`: each segment file below the segment its
