@@ -9,6 +9,7 @@
 //! after any session loss. The cache is bounded; the least recently used session is evicted.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
@@ -16,7 +17,8 @@ use strand_protocol::types::{ShardId, TopicId};
 /// A partition in a session, with what the client was last told about it.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionPartition {
-    pub(crate) topic: String,
+    /// Shared by the request's partitions of this topic.
+    pub(crate) topic: Arc<str>,
     pub(crate) topic_id: TopicId,
     pub(crate) partition: i32,
     pub(crate) fetch_offset: i64,
@@ -29,7 +31,7 @@ pub(crate) struct SessionPartition {
 
 impl SessionPartition {
     pub(crate) fn new(
-        topic: String,
+        topic: impl Into<Arc<str>>,
         topic_id: TopicId,
         partition: i32,
         fetch_offset: i64,
@@ -37,7 +39,7 @@ impl SessionPartition {
         current_leader_epoch: i32,
     ) -> Self {
         SessionPartition {
-            topic,
+            topic: topic.into(),
             topic_id,
             partition,
             fetch_offset,
@@ -195,9 +197,11 @@ impl FetchSessionCache {
                         None => session.partitions.push(r),
                     }
                 }
-                session
-                    .partitions
-                    .retain(|p| !forgotten.iter().any(|(t, n)| *t == p.topic && *n == p.partition));
+                session.partitions.retain(|p| {
+                    !forgotten
+                        .iter()
+                        .any(|(t, n)| t.as_str() == &*p.topic && *n == p.partition)
+                });
                 Ok((
                     SessionMode::Incremental { session_id: id },
                     session.partitions.clone(),
@@ -299,7 +303,7 @@ mod tests {
     use super::*;
 
     fn part(t: &str, p: i32, offset: i64) -> SessionPartition {
-        SessionPartition::new(t.into(), TopicId::ZERO, p, offset, 1 << 20, -1)
+        SessionPartition::new(t, TopicId::ZERO, p, offset, 1 << 20, -1)
     }
 
     fn obs(hw: i64, records: bool) -> Observed {

@@ -441,13 +441,33 @@ struct TopicRecord {
 /// The shard that owns a partition: deterministic, spreads a topic's partitions over shards
 /// round-robin from a per-topic starting point (FNV-1a of the name).
 pub fn owner_shard(topic: &str, partition: i32, shards: u16) -> ShardId {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in topic.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+    TopicOwners::new(topic, shards).of(partition)
+}
+
+/// [`owner_shard`] for the partitions of one topic, with the name hashed once.
+#[derive(Debug, Clone, Copy)]
+pub struct TopicOwners {
+    start: u64,
+    shards: u64,
+}
+
+impl TopicOwners {
+    pub fn new(topic: &str, shards: u16) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in topic.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        let shards = u64::from(shards.max(1));
+        TopicOwners {
+            start: h % shards,
+            shards,
+        }
     }
-    let n = u64::from(shards.max(1));
-    ShardId(((h % n + partition.max(0) as u64) % n) as u16)
+
+    pub fn of(&self, partition: i32) -> ShardId {
+        ShardId(((self.start + partition.max(0) as u64) % self.shards) as u16)
+    }
 }
 
 #[cfg(test)]

@@ -46,12 +46,27 @@ impl ProduceOutcome {
     }
 }
 
+/// The topics of a shard request that lists partitions, each named once: a Fetch names up to
+/// every partition of a topic, on every request. Its partitions refer to it by index.
+pub(crate) type TopicTable = Vec<Arc<str>>;
+
+/// One partition of a shard's Fetch; `topic` indexes the request's [`TopicTable`].
 #[derive(Debug, Clone)]
 pub(crate) struct FetchPart {
-    pub(crate) part: PartRef,
+    pub(crate) topic: u32,
+    pub(crate) partition: i32,
     pub(crate) fetch_offset: i64,
     pub(crate) max_bytes: usize,
     pub(crate) current_leader_epoch: i32,
+}
+
+/// A partition a Fetch waits on: data at or past `offset` ends the wait. `topic` indexes the
+/// request's [`TopicTable`].
+#[derive(Debug, Clone)]
+pub(crate) struct WaitPart {
+    pub(crate) topic: u32,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -140,6 +155,7 @@ pub(crate) enum ShardRequest {
     },
     /// Read from partitions; `max_bytes` bounds the total.
     Fetch {
+        topics: TopicTable,
         parts: Vec<FetchPart>,
         max_bytes: usize,
         /// Records may come back as file regions (a Kafka Fetch answer sends them as they are,
@@ -148,7 +164,8 @@ pub(crate) enum ShardRequest {
     },
     /// Answer once any of the partitions has data at or past its offset, or after the timeout.
     WaitForData {
-        parts: Vec<(PartRef, i64)>,
+        topics: TopicTable,
+        parts: Vec<WaitPart>,
         timeout_ms: u64,
     },
     ListOffsets(Vec<ListOffsetsPart>),

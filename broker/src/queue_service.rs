@@ -357,8 +357,10 @@ impl ShardQueues {
                 .dispatch(
                     owner,
                     ShardRequest::Fetch {
+                        topics: vec![part.topic.as_str().into()],
                         parts: vec![FetchPart {
-                            part: part.clone(),
+                            topic: 0,
+                            partition: part.partition,
                             fetch_offset: start,
                             max_bytes: REDRIVE_READ_BYTES,
                             current_leader_epoch: -1,

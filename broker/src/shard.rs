@@ -26,7 +26,7 @@ use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta, TopicMeta};
 use crate::metrics::ShardMetrics;
 use crate::ops::{
     EpochAnswer, EpochQuery, FetchOutcome, FetchPart, ListOffsetsOutcome, ListOffsetsPart, PartRef,
-    ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse,
+    ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse, WaitPart,
 };
 use crate::router::{Router, RouterError};
 
@@ -65,6 +65,16 @@ pub(crate) struct AdvertisedListener {
     pub(crate) port: u16,
 }
 
+/// The name at `index` of a request's [`crate::ops::TopicTable`] ("" if out of range, which
+/// no partition has).
+fn topic_name(topics: &[Arc<str>], index: u32) -> &str {
+    topics.get(index as usize).map_or("", |t| t)
+}
+
+/// A map for lookups on the data path (a Fetch looks up every partition it names, on every
+/// request): foldhash, seeded per map, instead of SipHash.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 pub(crate) struct Shard {
     pub(crate) id: ShardId,
     pub(crate) shards: u16,
@@ -73,7 +83,7 @@ pub(crate) struct Shard {
     pub(crate) store: ShardStore<GlommioFs>,
     metadata: RefCell<Rc<ClusterMetadata>>,
     topic_runtime: RefCell<HashMap<String, TopicRuntime>>,
-    partitions: RefCell<HashMap<String, HashMap<i32, LocalPartition>>>,
+    partitions: RefCell<FastMap<String, FastMap<i32, LocalPartition>>>,
     pub(crate) router: Rc<Router>,
     pub(crate) fetch_sessions: RefCell<FetchSessionCache>,
     pub(crate) metrics: ShardMetrics,
@@ -139,7 +149,7 @@ impl Shard {
             store,
             metadata: RefCell::new(Rc::new(metadata)),
             topic_runtime: RefCell::new(runtime),
-            partitions: RefCell::new(HashMap::new()),
+            partitions: RefCell::new(FastMap::default()),
             router,
             controller,
             listeners,
@@ -170,6 +180,28 @@ impl Shard {
             .get(part.topic.as_str())
             .and_then(|m| m.get(&part.partition))
             .map(|p| p.log)
+    }
+
+    /// The logs of `parts` (an index into `topics`, a partition), in order: `None` for a
+    /// partition this shard does not own. Consecutive partitions of one topic look the topic
+    /// up once: a Fetch names a topic's partitions together, up to all of them, on every
+    /// request.
+    fn logs_of(&self, topics: &[Arc<str>], parts: impl Iterator<Item = (u32, i32)>) -> Vec<Option<LogId>> {
+        let map = self.partitions.borrow();
+        let mut last: Option<(u32, Option<&FastMap<i32, LocalPartition>>)> = None;
+        parts
+            .map(|(topic, partition)| {
+                let of_topic = match last {
+                    Some((t, of_topic)) if t == topic => of_topic,
+                    _ => {
+                        let of_topic = map.get(topic_name(topics, topic));
+                        last = Some((topic, of_topic));
+                        of_topic
+                    }
+                };
+                of_topic.and_then(|m| m.get(&partition)).map(|p| p.log)
+            })
+            .collect()
     }
 
     /// The log of a partition this shard owns.
@@ -212,7 +244,7 @@ impl Shard {
 
     /// Number of partitions this shard owns.
     pub(crate) fn partition_count(&self) -> usize {
-        self.partitions.borrow().values().map(HashMap::len).sum()
+        self.partitions.borrow().values().map(|m| m.len()).sum()
     }
 
     /// Sends `req` to the owner shard (or starts it here) and returns the answer's future. Calls
@@ -237,18 +269,26 @@ impl Shard {
         match req {
             ShardRequest::Produce { parts, wait, arrived } => self.start_produce(parts, wait, arrived),
             ShardRequest::Fetch {
+                topics,
                 parts,
                 max_bytes,
                 regions,
             } => {
                 let me = self.clone();
-                async move { ShardResponse::Fetch(me.read_partitions(&parts, max_bytes, regions).await) }
-                    .boxed_local()
+                async move {
+                    ShardResponse::Fetch(me.read_partitions(&topics, &parts, max_bytes, regions).await)
+                }
+                .boxed_local()
             }
-            ShardRequest::WaitForData { parts, timeout_ms } => {
+            ShardRequest::WaitForData {
+                topics,
+                parts,
+                timeout_ms,
+            } => {
                 let me = self.clone();
                 async move {
-                    me.wait_for_data(&parts, Duration::from_millis(timeout_ms)).await;
+                    me.wait_for_data(&topics, &parts, Duration::from_millis(timeout_ms))
+                        .await;
                     ShardResponse::DataReady
                 }
                 .boxed_local()
@@ -433,6 +473,7 @@ impl Shard {
     /// as before, so the caller can read it again with what the others left.
     pub(crate) async fn read_partitions(
         &self,
+        topics: &[Arc<str>],
         parts: &[FetchPart],
         max_bytes: usize,
         regions: bool,
@@ -440,8 +481,9 @@ impl Shard {
         let mut remaining = max_bytes;
         let mut out = Vec::with_capacity(parts.len());
         let mut plans = Vec::new();
-        for p in parts {
-            let Some(log) = self.log_of(&p.part) else {
+        let logs = self.logs_of(topics, parts.iter().map(|p| (p.topic, p.partition)));
+        for (p, log) in parts.iter().zip(logs) {
+            let Some(log) = log else {
                 out.push(FetchOutcome::error(ResponseError::UnknownTopicOrPartition));
                 continue;
             };
@@ -501,7 +543,7 @@ impl Shard {
                 Ok(ReadData::Region(region)) => outcome.records = Some(Records::Region(Arc::new(region))),
                 Err(e) => {
                     if let Some(p) = parts.get(i) {
-                        tracing::error!(topic = %p.part.topic, partition = p.part.partition, error = %e, "read failed");
+                        tracing::error!(topic = topic_name(topics, p.topic), partition = p.partition, error = %e, "read failed");
                     }
                     *outcome = FetchOutcome::error(ResponseError::KafkaStorageError);
                 }
@@ -510,13 +552,19 @@ impl Shard {
         out
     }
 
-    /// Waits until one of the partitions has data at or past its offset, or the timeout.
-    pub(crate) async fn wait_for_data(&self, parts: &[(PartRef, i64)], timeout: Duration) {
+    /// Waits until one of the partitions has data at or past its offset, or the timeout. A
+    /// partition this shard does not own (or whose log has closed) ends the wait at once: the
+    /// Fetch's next read reports it.
+    pub(crate) async fn wait_for_data(&self, topics: &[Arc<str>], parts: &[WaitPart], timeout: Duration) {
         let deadline = Instant::now() + timeout;
+        let logs = self.logs_of(topics, parts.iter().map(|p| (p.topic, p.partition)));
         loop {
             let wait = self.store.durable_notify().wait();
-            let ready = parts.iter().any(|(p, offset)| match self.log_of(p) {
-                Some(log) => self.store.offsets(log).is_ok_and(|o| o.high_watermark > *offset),
+            let ready = parts.iter().zip(&logs).any(|(p, log)| match log {
+                Some(log) => self
+                    .store
+                    .offsets(*log)
+                    .map_or(true, |o| o.high_watermark > p.offset),
                 None => true,
             });
             if ready || self.shutting_down.get() {

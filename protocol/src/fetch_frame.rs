@@ -24,7 +24,9 @@
 use std::convert::Infallible;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    EpochEndOffset, FetchableTopicResponse, LeaderIdAndEpoch, PartitionData, SnapshotId,
+};
 use kafka_protocol::messages::{ApiKey, FetchResponse, ResponseHeader};
 use kafka_protocol::protocol::Encodable;
 
@@ -57,15 +59,21 @@ fn err(msg: String) -> EncodeError {
 
 /// Whether every level's tagged fields are absent (then each level ends in its last field).
 fn splittable(resp: &FetchResponse) -> bool {
+    // Built once, not once per partition.
+    let (epoch, leader, snapshot) = (
+        EpochEndOffset::default(),
+        LeaderIdAndEpoch::default(),
+        SnapshotId::default(),
+    );
     resp.node_endpoints.is_empty()
         && resp.unknown_tagged_fields.is_empty()
         && resp.responses.iter().all(|t| {
             t.unknown_tagged_fields.is_empty()
                 && t.partitions.iter().all(|p| {
                     p.unknown_tagged_fields.is_empty()
-                        && p.diverging_epoch == Default::default()
-                        && p.current_leader == Default::default()
-                        && p.snapshot_id == Default::default()
+                        && p.diverging_epoch == epoch
+                        && p.current_leader == leader
+                        && p.snapshot_id == snapshot
                 })
         })
 }

@@ -625,7 +625,10 @@ impl<F: Fs> ShardStore<F> {
 
     fn with_entry<R>(&self, id: LogId, f: impl FnOnce(&mut Entry<F>) -> R) -> Result<R, StorageError> {
         let mut inner = self.inner.borrow_mut();
-        let entry = entry_mut(&mut inner.slots, id).ok_or(StorageError::UnknownLog)?;
+        // Not `ok_or`: it builds (and drops) the error on every lookup, a Fetch's per-partition path.
+        let Some(entry) = entry_mut(&mut inner.slots, id) else {
+            return Err(StorageError::UnknownLog);
+        };
         Ok(f(entry))
     }
 
@@ -666,7 +669,10 @@ impl<F: Fs> ShardStore<F> {
             return Err(StorageError::Offline(reason.clone()));
         }
         let inner = &mut *inner;
-        let entry = entry_mut(&mut inner.slots, id).ok_or(StorageError::UnknownLog)?;
+        // Not `ok_or`: it builds (and drops) the error on every append.
+        let Some(entry) = entry_mut(&mut inner.slots, id) else {
+            return Err(StorageError::UnknownLog);
+        };
         // The journal entry is encoded by the flush round, which knows whether it needs one.
         let info = match entry.log.append(batch, leader_epoch, now_ms)? {
             crate::log::Appended::New(info, _stored) => info,

@@ -22,7 +22,8 @@ use strand_storage::FileRegion;
 
 use super::{str_bytes, Frame, Handler, Reply, RequestCtx};
 use crate::fetch_session::{Observed, SessionMode, SessionPartition};
-use crate::ops::{FetchOutcome, FetchPart, PartRef, Records, ShardRequest, ShardResponse};
+use crate::metadata::TopicOwners;
+use crate::ops::{FetchOutcome, FetchPart, Records, ShardRequest, ShardResponse, TopicTable, WaitPart};
 use crate::shard::Shard;
 
 pub(crate) struct Fetch;
@@ -84,16 +85,58 @@ struct Unknown {
     code: ResponseError,
 }
 
+/// The partitions of a request for one owner shard: their topics named once each (consecutive
+/// partitions of a topic share its entry), and each partition's index in the Fetch.
+struct ForOwner<P> {
+    topics: TopicTable,
+    idx: Vec<usize>,
+    parts: Vec<P>,
+}
+
+impl<P> Default for ForOwner<P> {
+    fn default() -> Self {
+        ForOwner {
+            topics: Vec::new(),
+            idx: Vec::new(),
+            parts: Vec::new(),
+        }
+    }
+}
+
+impl<P> ForOwner<P> {
+    /// The index of `topic` in the table, added if it is not the last one.
+    fn topic(&mut self, topic: &Arc<str>) -> u32 {
+        if !self
+            .topics
+            .last()
+            .is_some_and(|t| Arc::ptr_eq(t, topic) || t == topic)
+        {
+            self.topics.push(topic.clone());
+        }
+        u32::try_from(self.topics.len().saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    fn push(&mut self, i: usize, part: P) {
+        self.idx.push(i);
+        self.parts.push(part);
+    }
+}
+
 /// Reads every partition once, from their owners, in parallel, within `max_bytes` in total.
 ///
 /// With partitions on several shards, each owner gets a share of `max_bytes` in proportion to
 /// its partitions (each owner reading up to the whole of it would read bytes the answer then
 /// drops). If the shares left room that an owner could not use, partitions another owner
 /// skipped for lack of budget are read in a second round with what is left.
-async fn read_once(shard: &Rc<Shard>, parts: &[SessionPartition], max_bytes: usize) -> Vec<FetchOutcome> {
+async fn read_once(
+    shard: &Rc<Shard>,
+    parts: &[SessionPartition],
+    owners: &[ShardId],
+    max_bytes: usize,
+) -> Vec<FetchOutcome> {
     let mut out = vec![FetchOutcome::error(ResponseError::UnknownServerError); parts.len()];
     let all: Vec<usize> = (0..parts.len()).collect();
-    read_into(shard, parts, &all, max_bytes, &mut out).await;
+    read_into(shard, parts, owners, &all, max_bytes, &mut out).await;
     let used: usize = out.iter().map(FetchOutcome::bytes).sum();
     let left = max_bytes.saturating_sub(used);
     let skipped: Vec<usize> = all
@@ -110,52 +153,54 @@ async fn read_once(shard: &Rc<Shard>, parts: &[SessionPartition], max_bytes: usi
         .min()
         .is_some_and(|smallest| left >= smallest.max(1));
     if room_for_one {
-        read_into(shard, parts, &skipped, left, &mut out).await;
+        read_into(shard, parts, owners, &skipped, left, &mut out).await;
     }
     out
 }
 
-/// Reads `parts[i]` for each `i` in `which` into `out[i]`, sharing `max_bytes` between owners.
+/// Reads `parts[i]` (owned by `owners[i]`) for each `i` in `which` into `out[i]`, sharing
+/// `max_bytes` between owners.
 async fn read_into(
     shard: &Rc<Shard>,
     parts: &[SessionPartition],
+    owners: &[ShardId],
     which: &[usize],
     max_bytes: usize,
     out: &mut [FetchOutcome],
 ) {
-    let mut by_owner: BTreeMap<ShardId, Vec<(usize, FetchPart)>> = BTreeMap::new();
+    let mut by_owner: BTreeMap<ShardId, ForOwner<FetchPart>> = BTreeMap::new();
     for &i in which {
-        let Some(p) = parts.get(i) else { continue };
-        by_owner
-            .entry(shard.owner(&p.topic, p.partition))
-            .or_default()
-            .push((
-                i,
-                FetchPart {
-                    part: PartRef {
-                        topic: p.topic.clone(),
-                        partition: p.partition,
-                    },
-                    fetch_offset: p.fetch_offset,
-                    max_bytes: usize::try_from(p.max_bytes).unwrap_or(0),
-                    current_leader_epoch: p.current_leader_epoch,
-                },
-            ));
+        let (Some(p), Some(owner)) = (parts.get(i), owners.get(i)) else {
+            continue;
+        };
+        let list = by_owner.entry(*owner).or_default();
+        let topic = list.topic(&p.topic);
+        list.push(
+            i,
+            FetchPart {
+                topic,
+                partition: p.partition,
+                fetch_offset: p.fetch_offset,
+                max_bytes: usize::try_from(p.max_bytes).unwrap_or(0),
+                current_leader_epoch: p.current_leader_epoch,
+            },
+        );
     }
     let total = which.len().max(1);
     let mut calls = Vec::new();
     for (owner, list) in by_owner {
-        let share = if list.len() == total {
+        let share = if list.parts.len() == total {
             max_bytes
         } else {
-            (max_bytes / total).saturating_mul(list.len()).max(1)
+            (max_bytes / total).saturating_mul(list.parts.len()).max(1)
         };
-        let (idx, fparts): (Vec<usize>, Vec<FetchPart>) = list.into_iter().unzip();
+        let ForOwner { topics, idx, parts } = list;
         let fut = shard
             .dispatch(
                 owner,
                 ShardRequest::Fetch {
-                    parts: fparts,
+                    topics,
+                    parts,
                     max_bytes: share,
                     regions: true,
                 },
@@ -191,22 +236,23 @@ async fn read_into(
 async fn wait_any(
     shard: &Rc<Shard>,
     parts: &[SessionPartition],
+    owners: &[ShardId],
     results: &[FetchOutcome],
     timeout: Duration,
 ) {
-    let mut by_owner: BTreeMap<ShardId, Vec<(PartRef, i64)>> = BTreeMap::new();
-    for (i, p) in parts.iter().enumerate() {
+    let mut by_owner: BTreeMap<ShardId, ForOwner<WaitPart>> = BTreeMap::new();
+    for (i, (p, owner)) in parts.iter().zip(owners).enumerate() {
         let seen = results.get(i).map_or(-1, |r| r.high_watermark);
-        by_owner
-            .entry(shard.owner(&p.topic, p.partition))
-            .or_default()
-            .push((
-                PartRef {
-                    topic: p.topic.clone(),
-                    partition: p.partition,
-                },
-                p.fetch_offset.max(seen),
-            ));
+        let list = by_owner.entry(*owner).or_default();
+        let topic = list.topic(&p.topic);
+        list.push(
+            i,
+            WaitPart {
+                topic,
+                partition: p.partition,
+                offset: p.fetch_offset.max(seen),
+            },
+        );
     }
     let timeout_ms = timeout.as_millis() as u64;
     let mut waits = Vec::new();
@@ -215,7 +261,8 @@ async fn wait_any(
             .dispatch(
                 owner,
                 ShardRequest::WaitForData {
-                    parts: list,
+                    topics: list.topics,
+                    parts: list.parts,
                     timeout_ms,
                 },
             )
@@ -229,6 +276,25 @@ async fn wait_any(
     } else {
         let _ = select_all(waits).await;
     }
+}
+
+/// The owner shard of each partition, hashing each run of one topic's name once.
+fn owners_of(shard: &Shard, parts: &[SessionPartition]) -> Vec<ShardId> {
+    let mut last: Option<(&Arc<str>, TopicOwners)> = None;
+    parts
+        .iter()
+        .map(|p| {
+            let owners = match last {
+                Some((t, owners)) if Arc::ptr_eq(t, &p.topic) || **t == *p.topic => owners,
+                _ => {
+                    let owners = TopicOwners::new(&p.topic, shard.shards);
+                    last = Some((&p.topic, owners));
+                    owners
+                }
+            };
+            owners.of(p.partition)
+        })
+        .collect()
 }
 
 impl Handler for Fetch {
@@ -251,25 +317,26 @@ impl Handler for Fetch {
             } else {
                 md.topic(t.topic.0.as_str())
             };
+            // One name for all of this topic's partitions in the request.
+            let name: Option<Arc<str>> = meta.map(|m| Arc::from(m.name.as_str()));
             for p in &t.partitions {
-                match meta {
-                    Some(m) if p.partition >= 0 && p.partition < m.partitions => {
-                        requested.push(SessionPartition::new(
-                            m.name.clone(),
+                match (meta, &name) {
+                    (Some(m), Some(name)) if p.partition >= 0 && p.partition < m.partitions => requested
+                        .push(SessionPartition::new(
+                            name.clone(),
                             m.id,
                             p.partition,
                             p.fetch_offset,
                             p.partition_max_bytes,
                             p.current_leader_epoch,
-                        ))
-                    }
-                    Some(m) => unknown.push(Unknown {
+                        )),
+                    (Some(m), _) => unknown.push(Unknown {
                         name: m.name.clone(),
                         id: m.id,
                         partition: p.partition,
                         code: ResponseError::UnknownTopicOrPartition,
                     }),
-                    None => unknown.push(Unknown {
+                    (None, _) => unknown.push(Unknown {
                         name: t.topic.0.as_str().to_owned(),
                         id: TopicId(t.topic_id),
                         partition: p.partition,
@@ -315,9 +382,11 @@ impl Handler for Fetch {
             }
         };
         shard.metrics.fetch_sessions(shard.fetch_sessions.borrow().len());
-        let owners: std::collections::BTreeSet<ShardId> =
-            parts.iter().map(|p| shard.owner(&p.topic, p.partition)).collect();
-        ctx.conn.affinity.fetched(owners);
+        let owners = owners_of(&shard, &parts);
+        // The shards read: the first owner, and another if there is one.
+        let first = owners.first().copied();
+        let other = owners.iter().copied().find(|o| Some(*o) != first);
+        ctx.conn.affinity.fetched(first.into_iter().chain(other));
         if let SessionMode::Full { session_id } | SessionMode::Incremental { session_id } = mode {
             ctx.conn.used_session(session_id);
         }
@@ -330,7 +399,7 @@ impl Handler for Fetch {
         Reply::Later(
             async move {
                 let deadline = Instant::now() + max_wait;
-                let mut results = read_once(&shard, &parts, max_bytes).await;
+                let mut results = read_once(&shard, &parts, &owners, max_bytes).await;
                 loop {
                     let total: usize = results.iter().map(FetchOutcome::bytes).sum();
                     let errors = results.iter().any(|r| r.error != 0);
@@ -343,8 +412,8 @@ impl Handler for Fetch {
                     {
                         break;
                     }
-                    wait_any(&shard, &parts, &results, left).await;
-                    results = read_once(&shard, &parts, max_bytes).await;
+                    wait_any(&shard, &parts, &owners, &results, left).await;
+                    results = read_once(&shard, &parts, &owners, max_bytes).await;
                 }
                 // Bound the whole answer: whole partitions' data only, the first one always.
                 let mut total = 0usize;
@@ -408,30 +477,37 @@ impl Handler for Fetch {
                     if !inc {
                         continue;
                     }
-                    let data = PartitionData::default()
-                        .with_partition_index(p.partition)
-                        .with_error_code(r.error)
-                        .with_high_watermark(r.high_watermark)
-                        .with_last_stable_offset(r.last_stable_offset)
-                        .with_log_start_offset(if version >= 5 { r.log_start_offset } else { -1 })
-                        .with_aborted_transactions(if read_committed { Some(vec![]) } else { None });
-                    match r.records {
+                    // Filled in place: the builder methods move the whole struct once per
+                    // field, for every partition of every answer.
+                    let mut data = PartitionData::default();
+                    data.partition_index = p.partition;
+                    data.error_code = r.error;
+                    data.high_watermark = r.high_watermark;
+                    data.last_stable_offset = r.last_stable_offset;
+                    data.log_start_offset = if version >= 5 { r.log_start_offset } else { -1 };
+                    data.aborted_transactions = read_committed.then(Vec::new);
+                    let region = match r.records {
                         Some(Records::Region(region)) => {
-                            let (topic, partition) =
-                                push(&p.topic, p.topic_id, data.with_records(Some(Bytes::new())));
-                            regions.push(ExternalRecords {
-                                topic,
-                                partition,
-                                len: region.len,
-                                item: region,
-                            });
+                            data.records = Some(Bytes::new());
+                            Some(region)
                         }
                         Some(Records::Bytes(bytes)) => {
-                            push(&p.topic, p.topic_id, data.with_records(Some(bytes)));
+                            data.records = Some(bytes);
+                            None
                         }
                         None => {
-                            push(&p.topic, p.topic_id, data.with_records(Some(Bytes::new())));
+                            data.records = Some(Bytes::new());
+                            None
                         }
+                    };
+                    let (topic, partition) = push(&p.topic, p.topic_id, data);
+                    if let Some(region) = region {
+                        regions.push(ExternalRecords {
+                            topic,
+                            partition,
+                            len: region.len,
+                            item: region,
+                        });
                     }
                 }
                 for u in unknown {
