@@ -112,10 +112,20 @@ async fn crash_and_reopen(fs: &MemFs, config: &LogConfig, journal_bytes: u64) ->
 
 /// Reads the whole visible log from `from`, returning (base offset, record count, bytes) per batch.
 async fn read_all<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64) -> Vec<(i64, i64, Vec<u8>)> {
+    read_all_by(store, id, from, 700).await
+}
+
+/// [`read_all`] with reads of up to `max_bytes` each.
+async fn read_all_by<F: Fs>(
+    store: &ShardStore<F>,
+    id: LogId,
+    from: i64,
+    max_bytes: usize,
+) -> Vec<(i64, i64, Vec<u8>)> {
     let mut out = Vec::new();
     let mut next = from;
     loop {
-        let Some(plan) = store.plan_read(id, next, 700).unwrap() else {
+        let Some(plan) = store.plan_read(id, next, max_bytes).unwrap() else {
             break;
         };
         let bound = plan.max_len();
@@ -3018,5 +3028,69 @@ fn direct_rounds_stop_syncing_segments_behind_a_roll_once_synced() {
         let (id, _) = store.open_log(key("rolls"), small_config(), 0).await.unwrap();
         assert_eq!(store.offsets(id).unwrap().high_watermark, t.info.last_offset + 1);
         assert_eq!(store.with_log(id, |l| l.segment_count()).unwrap(), segments);
+    });
+}
+
+/// Zeros behind the recovery point (the sealing rule broken, as before `dbf048b`'s fix, or by
+/// a file system that kept the reserved tail): recovery trusts the segment's size and does not
+/// read it, so the zeros stay, counted in the log's size. Reads must still return exactly the
+/// records, whatever their size bound and wherever they start in the damaged segment.
+#[test]
+fn zeros_behind_the_recovery_point_do_not_change_what_reads_return() {
+    block_on(async {
+        let fs = MemFs::new();
+        let dir = Path::new("/data/zrp-0");
+        let segments = || -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = fs
+                .paths()
+                .into_iter()
+                .filter(|p| p.parent() == Some(dir) && p.extension().is_some_and(|e| e == "log"))
+                .collect();
+            v.sort();
+            v
+        };
+        let expected;
+        {
+            let store = open_store(&fs, 1 << 20).await;
+            let (id, _) = store.open_log(key("zrp-0"), small_config(), 0).await.unwrap();
+            for i in 0..120 {
+                store.append(id, &value_batch(i, 2, 0), 0, 0).unwrap();
+                store.flush_round().await;
+            }
+            expected = read_all(&store, id, 0).await;
+            // A clean stop: the recovery point moves to the last segment.
+            store.shutdown().await.unwrap();
+        }
+        let segs = segments();
+        assert!(segs.len() >= 4, "{segs:?}");
+        let mut data = fs.contents(&segs[1]).unwrap();
+        data.resize(data.len() + 5000, 0);
+        fs.set_contents(&segs[1], data);
+        let store = open_store(&fs, 1 << 20).await;
+        let (id, rec) = store.open_log(key("zrp-0"), small_config(), 0).await.unwrap();
+        assert!(
+            rec.problems.is_empty() && rec.bytes_scanned < 4096,
+            "the damaged segment lies behind the recovery point and is not read: {rec:?}"
+        );
+        assert_eq!(read_all(&store, id, 0).await, expected);
+        assert_eq!(read_all_by(&store, id, 0, 1 << 20).await, expected);
+        let base: i64 = segs[1]
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        let next: i64 = segs[2]
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        for from in base..next {
+            let want: Vec<_> = expected
+                .iter()
+                .filter(|(b, n, _)| b + n > from)
+                .cloned()
+                .collect();
+            assert_eq!(read_all_by(&store, id, from, 1 << 20).await, want, "from {from}");
+        }
     });
 }
