@@ -159,6 +159,25 @@ async fn read_all_by<F: Fs>(
     out
 }
 
+/// The segment files of the log in `dir`, in offset order.
+fn segment_files(fs: &MemFs, dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs
+        .paths()
+        .into_iter()
+        .filter(|p| p.parent() == Some(dir) && p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A segment file's base offset, from its name.
+fn segment_base(path: &Path) -> i64 {
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{} is not a segment file", path.display()))
+}
+
 fn value_batch(tag: u64, n: usize, ts: i64) -> Vec<u8> {
     let values: Vec<Vec<u8>> = (0..n).map(|i| format!("v{tag}-{i}").into_bytes()).collect();
     let recs: Vec<build::TestRecord<'_>> = values
@@ -1223,15 +1242,7 @@ fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
     block_on(async {
         let fs = MemFs::new();
         let dir = Path::new("/data/zero-0");
-        let segments = || -> Vec<PathBuf> {
-            let mut v: Vec<PathBuf> = fs
-                .paths()
-                .into_iter()
-                .filter(|p| p.parent() == Some(dir) && p.extension().is_some_and(|e| e == "log"))
-                .collect();
-            v.sort();
-            v
-        };
+        let segments = || segment_files(&fs, dir);
         {
             let store = open_store(&fs, 1 << 20).await;
             let (id, _) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
@@ -1534,18 +1545,14 @@ fn segments_behind_the_recovery_point_end_at_their_data(fs: &MemFs, dir: &Path) 
     if crc.len() != 4 || crc32c::crc32c(body) != u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]) {
         return;
     }
-    let segment_base = i64::from_be_bytes(fields[8..16].try_into().unwrap());
-    for path in fs.paths() {
-        if path.parent() != Some(dir) || path.extension().is_none_or(|e| e != "log") {
-            continue;
-        }
-        let base: i64 = path.file_stem().unwrap().to_str().unwrap().parse().unwrap();
-        if base < segment_base {
+    let point_segment = i64::from_be_bytes(fields[8..16].try_into().unwrap());
+    for path in segment_files(fs, dir) {
+        if segment_base(&path) < point_segment {
             let data = fs.contents(&path).unwrap();
             assert_eq!(
                 batches_end(&data),
                 data.len(),
-                "{} lies behind the recovery point (segment {segment_base}) and holds more than its data",
+                "{} lies behind the recovery point (segment {point_segment}) and holds more than its data",
                 path.display()
             );
         }
@@ -3040,15 +3047,7 @@ fn zeros_behind_the_recovery_point_do_not_change_what_reads_return() {
     block_on(async {
         let fs = MemFs::new();
         let dir = Path::new("/data/zrp-0");
-        let segments = || -> Vec<PathBuf> {
-            let mut v: Vec<PathBuf> = fs
-                .paths()
-                .into_iter()
-                .filter(|p| p.parent() == Some(dir) && p.extension().is_some_and(|e| e == "log"))
-                .collect();
-            v.sort();
-            v
-        };
+        let segments = || segment_files(&fs, dir);
         let expected;
         {
             let store = open_store(&fs, 1 << 20).await;
@@ -3074,17 +3073,7 @@ fn zeros_behind_the_recovery_point_do_not_change_what_reads_return() {
         );
         assert_eq!(read_all(&store, id, 0).await, expected);
         assert_eq!(read_all_by(&store, id, 0, 1 << 20).await, expected);
-        let base: i64 = segs[1]
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.parse().ok())
-            .unwrap();
-        let next: i64 = segs[2]
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.parse().ok())
-            .unwrap();
-        for from in base..next {
+        for from in segment_base(&segs[1])..segment_base(&segs[2]) {
             let want: Vec<_> = expected
                 .iter()
                 .filter(|(b, n, _)| b + n > from)

@@ -115,11 +115,27 @@ impl<P> ForOwner<P> {
         }
         u32::try_from(self.topics.len().saturating_sub(1)).unwrap_or(u32::MAX)
     }
+}
 
-    fn push(&mut self, i: usize, part: P) {
-        self.idx.push(i);
-        self.parts.push(part);
+/// Groups `parts[i]` (owned by `owners[i]`) for each `i` in `which` by owner, each made by
+/// `make(i, part, its topic's index in the owner's table)`.
+fn group_by_owner<P>(
+    parts: &[SessionPartition],
+    owners: &[ShardId],
+    which: impl Iterator<Item = usize>,
+    make: impl Fn(usize, &SessionPartition, u32) -> P,
+) -> BTreeMap<ShardId, ForOwner<P>> {
+    let mut out: BTreeMap<ShardId, ForOwner<P>> = BTreeMap::new();
+    for i in which {
+        let (Some(p), Some(owner)) = (parts.get(i), owners.get(i)) else {
+            continue;
+        };
+        let list = out.entry(*owner).or_default();
+        let topic = list.topic(&p.topic);
+        list.idx.push(i);
+        list.parts.push(make(i, p, topic));
     }
+    out
 }
 
 /// Reads every partition once, from their owners, in parallel, within `max_bytes` in total.
@@ -168,24 +184,13 @@ async fn read_into(
     max_bytes: usize,
     out: &mut [FetchOutcome],
 ) {
-    let mut by_owner: BTreeMap<ShardId, ForOwner<FetchPart>> = BTreeMap::new();
-    for &i in which {
-        let (Some(p), Some(owner)) = (parts.get(i), owners.get(i)) else {
-            continue;
-        };
-        let list = by_owner.entry(*owner).or_default();
-        let topic = list.topic(&p.topic);
-        list.push(
-            i,
-            FetchPart {
-                topic,
-                partition: p.partition,
-                fetch_offset: p.fetch_offset,
-                max_bytes: usize::try_from(p.max_bytes).unwrap_or(0),
-                current_leader_epoch: p.current_leader_epoch,
-            },
-        );
-    }
+    let by_owner = group_by_owner(parts, owners, which.iter().copied(), |_, p, topic| FetchPart {
+        topic,
+        partition: p.partition,
+        fetch_offset: p.fetch_offset,
+        max_bytes: usize::try_from(p.max_bytes).unwrap_or(0),
+        current_leader_epoch: p.current_leader_epoch,
+    });
     let total = which.len().max(1);
     let mut calls = Vec::new();
     for (owner, list) in by_owner {
@@ -240,20 +245,13 @@ async fn wait_any(
     results: &[FetchOutcome],
     timeout: Duration,
 ) {
-    let mut by_owner: BTreeMap<ShardId, ForOwner<WaitPart>> = BTreeMap::new();
-    for (i, (p, owner)) in parts.iter().zip(owners).enumerate() {
-        let seen = results.get(i).map_or(-1, |r| r.high_watermark);
-        let list = by_owner.entry(*owner).or_default();
-        let topic = list.topic(&p.topic);
-        list.push(
-            i,
-            WaitPart {
-                topic,
-                partition: p.partition,
-                offset: p.fetch_offset.max(seen),
-            },
-        );
-    }
+    let by_owner = group_by_owner(parts, owners, 0..parts.len(), |i, p, topic| WaitPart {
+        topic,
+        partition: p.partition,
+        offset: p
+            .fetch_offset
+            .max(results.get(i).map_or(-1, |r| r.high_watermark)),
+    });
     let timeout_ms = timeout.as_millis() as u64;
     let mut waits = Vec::new();
     for (owner, list) in by_owner {
