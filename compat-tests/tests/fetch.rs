@@ -6,10 +6,12 @@
 //! A connection has one fetch at a time: one pipelined behind a long poll starts after its answer.
 //! A fetch that cannot gather `min_bytes` waits for new data without keeping its shard busy.
 //! An incremental fetch session serves its partitions in turn (those that answered go last).
+//! A Fetch naming several topics' partitions in turn answers each with its own records, and
+//! its long poll wakes for any of them.
 
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
-use kafka_protocol::records::Compression;
+use kafka_protocol::records::{Compression, RecordBatchDecoder};
 use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::raw::{self, RawConn};
 use strand_compat_tests::{metric_sum, unique_topic, Broker};
@@ -374,4 +376,151 @@ fn an_incremental_fetch_session_serves_the_partitions_in_turn() {
         PARTITIONS as usize,
         "every partition answered within three fetches, answers: {rounds:?}"
     );
+}
+
+/// A Fetch whose topics come in turn (a, b, then a and b again), as a client may list them:
+/// the broker names each topic once per run in what it sends its shards, so this checks that
+/// every partition is answered under its own topic, in the request's order, with its own
+/// records, and that a long poll over all of them ends when a partition in a topic's second
+/// run gets data.
+#[test]
+fn a_fetch_naming_topics_in_turn_answers_each_partition_with_its_own_records() {
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let a = unique_topic("fetch-turn-a");
+    let b = unique_topic("fetch-turn-b");
+    admin::create_topic(&bootstrap, &a, 4, &[]);
+    admin::create_topic(&bootstrap, &b, 4, &[]);
+    let mut c = admin::connect(&bootstrap);
+    // Partition p of topic a holds p + 1 records, of b p + 11; each value names its partition.
+    let count = |t: &str, p: i32| (p + 1 + if t == b.as_str() { 10 } else { 0 }) as usize;
+    let produce = |c: &mut RawConn, t: &str, p: i32, values: &[Vec<u8>]| {
+        let batch: Vec<_> = values
+            .iter()
+            .map(|v| raw::record(None, Some(v), admin::now_ms()))
+            .collect();
+        let req = admin::produce_request(t, -1, vec![(p, raw::encode_batch(&batch, Compression::None))]);
+        let resp = c.request(versions::PRODUCE, &req).expect("produce");
+        assert_eq!(
+            admin::produce_answer(&resp, p).error_code,
+            0,
+            "produce to {t}/{p}"
+        );
+    };
+    for t in [&a, &b] {
+        for p in 0..4 {
+            let values = vec![format!("{t}/{p}").into_bytes(); count(t, p)];
+            produce(&mut c, t, p, &values);
+        }
+    }
+    let runs: [(&str, &[i32]); 4] = [(&a, &[0, 1]), (&b, &[0, 1, 2]), (&a, &[2, 3]), (&b, &[3])];
+    let request = |offset: &dyn Fn(&str, i32) -> i64, max_wait_ms: i32| {
+        FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(max_wait_ms)
+            .with_min_bytes(1)
+            .with_max_bytes(1 << 20)
+            .with_session_id(0)
+            .with_session_epoch(-1)
+            .with_topics(
+                runs.iter()
+                    .map(|(t, parts)| {
+                        FetchTopic::default()
+                            .with_topic(admin::topic_name(t))
+                            .with_partitions(
+                                parts
+                                    .iter()
+                                    .map(|&p| {
+                                        FetchPartition::default()
+                                            .with_partition(p)
+                                            .with_current_leader_epoch(-1)
+                                            .with_fetch_offset(offset(t, p))
+                                            .with_last_fetched_epoch(-1)
+                                            .with_log_start_offset(-1)
+                                            .with_partition_max_bytes(PARTITION_MAX_BYTES)
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            )
+    };
+    // Each answered partition's values, in the answer's order, under its topic.
+    let answered = |resp: &FetchResponse| -> Vec<(String, i32, Vec<Vec<u8>>)> {
+        assert_eq!(resp.error_code, 0, "top-level error");
+        let mut out = Vec::new();
+        for t in &resp.responses {
+            for p in &t.partitions {
+                let name = t.topic.0.to_string();
+                assert_eq!(p.error_code, 0, "{name}/{}: error", p.partition_index);
+                let mut bytes = p.records.clone().unwrap_or_default();
+                let (_, complete) = raw::walk_batches(&bytes);
+                assert_eq!(
+                    complete as usize,
+                    bytes.len(),
+                    "{name}/{}: not whole batches",
+                    p.partition_index
+                );
+                let mut values = Vec::new();
+                if !bytes.is_empty() {
+                    for set in RecordBatchDecoder::decode_all(&mut bytes).expect("decode") {
+                        values.extend(
+                            set.records
+                                .into_iter()
+                                .map(|r| r.value.unwrap_or_default().to_vec()),
+                        );
+                    }
+                }
+                out.push((name, p.partition_index, values));
+            }
+        }
+        out
+    };
+    let resp = c
+        .request(versions::FETCH, &request(&|_, _| 0, 0))
+        .expect("Fetch from the start");
+    let expected: Vec<(String, i32, Vec<Vec<u8>>)> = runs
+        .iter()
+        .flat_map(|(t, parts)| {
+            parts.iter().map(move |&p| {
+                (
+                    t.to_string(),
+                    p,
+                    vec![format!("{t}/{p}").into_bytes(); count(t, p)],
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        answered(&resp),
+        expected,
+        "every partition under its topic, in order, with its records"
+    );
+
+    // Everything at its end; a record arrives in a/3 (the third run) while the Fetch waits.
+    let end = |t: &str, p: i32| count(t, p) as i64;
+    let late = std::thread::spawn({
+        let bootstrap = bootstrap.clone();
+        let a = a.clone();
+        move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let mut c = admin::connect(&bootstrap);
+            produce(&mut c, &a, 3, &[b"late".to_vec()]);
+        }
+    });
+    let started = std::time::Instant::now();
+    let resp = c
+        .request(versions::FETCH, &request(&end, 10_000))
+        .expect("long poll");
+    let waited = started.elapsed();
+    late.join().expect("late producer");
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "the long poll ended after {waited:?}, not when a/3 got its record"
+    );
+    let with_data: Vec<_> = answered(&resp)
+        .into_iter()
+        .filter(|(_, _, v)| !v.is_empty())
+        .collect();
+    assert_eq!(with_data, vec![(a.clone(), 3, vec![b"late".to_vec()])]);
 }
