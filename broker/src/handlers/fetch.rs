@@ -106,11 +106,8 @@ impl<P> Default for ForOwner<P> {
 impl<P> ForOwner<P> {
     /// The index of `topic` in the table, added if it is not the last one.
     fn topic(&mut self, topic: &Arc<str>) -> u32 {
-        if !self
-            .topics
-            .last()
-            .is_some_and(|t| Arc::ptr_eq(t, topic) || t == topic)
-        {
+        // `Arc<str>`'s `==` compares pointers before contents.
+        if self.topics.last() != Some(topic) {
             self.topics.push(topic.clone());
         }
         u32::try_from(self.topics.len().saturating_sub(1)).unwrap_or(u32::MAX)
@@ -283,7 +280,7 @@ fn owners_of(shard: &Shard, parts: &[SessionPartition]) -> Vec<ShardId> {
         .iter()
         .map(|p| {
             let owners = match last {
-                Some((t, owners)) if Arc::ptr_eq(t, &p.topic) || **t == *p.topic => owners,
+                Some((t, owners)) if *t == p.topic => owners,
                 _ => {
                     let owners = TopicOwners::new(&p.topic, shard.shards);
                     last = Some((&p.topic, owners));
