@@ -44,7 +44,7 @@ use strand_storage::FileRegion;
 
 use crate::fetch_session::MovedSession;
 use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
-use crate::ops::{ShardRequest, ShardResponse};
+use crate::shard::ops::{ShardRequest, ShardResponse};
 use crate::shard::Shard;
 use strand_protocol::types::ShardId;
 

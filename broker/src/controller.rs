@@ -484,7 +484,7 @@ pub(crate) async fn call(shard: &Rc<Shard>, op: ControllerOp) -> ControllerReply
     let reply = match shard
         .dispatch(
             strand_protocol::types::ShardId(0),
-            crate::ops::ShardRequest::Controller(op),
+            crate::shard::ops::ShardRequest::Controller(op),
         )
         .await
     {
@@ -492,7 +492,7 @@ pub(crate) async fn call(shard: &Rc<Shard>, op: ControllerOp) -> ControllerReply
         Err(e) => Err(e),
     };
     match reply {
-        Ok(crate::ops::ShardResponse::Controller(r)) => r,
+        Ok(crate::shard::ops::ShardResponse::Controller(r)) => r,
         _ => ControllerReply::not_controller(),
     }
 }

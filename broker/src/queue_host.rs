@@ -38,13 +38,13 @@ use strand_storage::{LogConfig, LogId, LogKey, StorageError};
 
 use crate::config::{LogSettings, QueueSettings};
 use crate::metadata::TopicMeta;
-use crate::ops::{PartRef, ProducePart, ShardRequest, ShardResponse};
 use crate::queue::dead_letter::{HEADER_DEDUP_TOKEN, HEADER_DELIVER_AT, HEADER_MESSAGE_ID};
 use crate::queue::{
     Action, Admission, AppendedMessage, Backoff, ConsumerId, DeadLetterRequest, ExternalMessageId,
     LoadRequest, MessageId, Ordering, PartitionMetrics, PublishRequest, QueueConfig, QueueError,
     QueuePartition, Reply, RequestId, SettleItem, Settled, StateRecord, WriteId,
 };
+use crate::shard::ops::{PartRef, ProducePart, ShardRequest, ShardResponse};
 use crate::shard::{Shard, LEADER_EPOCH};
 
 /// The group that HTTP requests use when they name none, and whose engine admits publishes

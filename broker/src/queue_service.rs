@@ -21,10 +21,10 @@ use crate::http::{
     SettleOutcome, SettleRequest, Settled, SettledState,
 };
 use crate::metadata::{NewTopic, TopicMeta};
-use crate::ops::{FetchPart, ListOffsetsPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::queue::dead_letter::{HEADER_MESSAGE_ID, HEADER_SOURCE_TOPIC};
 use crate::queue::{ExternalMessageId, Fence, MessageRef, Outcome, QueueError, SettleItem, SettleOp};
 use crate::queue_host::{create_dead_letter_topic, OutMessage, QueueAnswer, QueueFailure, QueueOp};
+use crate::shard::ops::{FetchPart, ListOffsetsPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::shard::Shard;
 
 /// Bytes of the dead-letter topic read per step of a redrive.

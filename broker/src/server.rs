@@ -29,7 +29,7 @@ use crate::connection;
 use crate::controller::{Controller, METADATA_FILE};
 use crate::metadata::ClusterMetadata;
 use crate::metrics;
-use crate::router::{self, serve_peer, Router};
+use crate::shard::router::{self, serve_peer, Router};
 use crate::shard::{AdvertisedListener, Shard};
 
 /// Options that are not Kafka configuration.

@@ -12,10 +12,10 @@ use futures::future::{join_all, select_all};
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 
-use crate::ops::{PartRef, ShardRequest, ShardResponse};
 use crate::queue_host::{
     QueueAnswer, QueueOp, ShareAcks, SharePart, SharePartResult, ShareSettings, StartAt,
 };
+use crate::shard::ops::{PartRef, ShardRequest, ShardResponse};
 use crate::shard::Shard;
 use crate::share_session::SharePartition;
 

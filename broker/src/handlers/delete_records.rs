@@ -10,7 +10,7 @@ use kafka_protocol::messages::{ApiKey, DeleteRecordsRequest, DeleteRecordsRespon
 use kafka_protocol::ResponseError;
 
 use super::{per_partition, Handler, Reply, RequestCtx};
-use crate::ops::{ShardRequest, ShardResponse};
+use crate::shard::ops::{ShardRequest, ShardResponse};
 
 pub(crate) struct DeleteRecords;
 

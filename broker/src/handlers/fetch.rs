@@ -23,7 +23,9 @@ use strand_storage::FileRegion;
 use super::{str_bytes, Frame, Handler, Reply, RequestCtx};
 use crate::fetch_session::{Observed, SessionMode, SessionPartition};
 use crate::metadata::TopicOwners;
-use crate::ops::{FetchOutcome, FetchPart, Records, ShardRequest, ShardResponse, TopicTable, WaitPart};
+use crate::shard::ops::{
+    FetchOutcome, FetchPart, Records, ShardRequest, ShardResponse, TopicTable, WaitPart,
+};
 use crate::shard::Shard;
 
 pub(crate) struct Fetch;

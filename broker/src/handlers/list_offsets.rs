@@ -10,7 +10,7 @@ use kafka_protocol::messages::{ApiKey, ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::ResponseError;
 
 use super::{per_partition, Handler, Reply, RequestCtx};
-use crate::ops::{ListOffsetsOutcome, ListOffsetsPart, ShardRequest, ShardResponse};
+use crate::shard::ops::{ListOffsetsOutcome, ListOffsetsPart, ShardRequest, ShardResponse};
 
 pub(crate) struct ListOffsets;
 

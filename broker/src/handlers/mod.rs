@@ -284,8 +284,8 @@ pub(crate) async fn per_partition<T, R: Clone>(
     ctx: &RequestCtx,
     requested: Vec<(&str, i32, T)>,
     unknown: R,
-    make: impl Fn(Vec<(crate::ops::PartRef, T)>) -> crate::ops::ShardRequest,
-    take: impl Fn(crate::ops::ShardResponse) -> Option<Vec<R>>,
+    make: impl Fn(Vec<(crate::shard::ops::PartRef, T)>) -> crate::shard::ops::ShardRequest,
+    take: impl Fn(crate::shard::ops::ShardResponse) -> Option<Vec<R>>,
     fallback: R,
 ) -> Vec<R> {
     let md = ctx.shard.metadata();
@@ -296,7 +296,7 @@ pub(crate) async fn per_partition<T, R: Clone>(
             Some(m) if partition >= 0 && partition < m.partitions => {
                 slots.push(Some(known.len()));
                 known.push((
-                    crate::ops::PartRef {
+                    crate::shard::ops::PartRef {
                         topic: m.name.clone(),
                         partition,
                     },
@@ -334,7 +334,7 @@ pub(crate) async fn group_call(
     match shard
         .dispatch(
             owner,
-            crate::ops::ShardRequest::Group {
+            crate::shard::ops::ShardRequest::Group {
                 meta,
                 req: Box::new(req),
             },
@@ -343,7 +343,7 @@ pub(crate) async fn group_call(
     {
         Ok(fut) => async move {
             match fut.await {
-                Ok(crate::ops::ShardResponse::Group(r)) => r.map(|b| *b),
+                Ok(crate::shard::ops::ShardResponse::Group(r)) => r.map(|b| *b),
                 _ => None,
             }
         }
@@ -383,7 +383,7 @@ pub(crate) async fn group_scatter(
         let fut = shard
             .dispatch(
                 owner,
-                crate::ops::ShardRequest::Group {
+                crate::shard::ops::ShardRequest::Group {
                     meta,
                     req: Box::new(req),
                 },
@@ -392,7 +392,7 @@ pub(crate) async fn group_scatter(
         calls.push(async move {
             let answer = match fut {
                 Ok(f) => match f.await {
-                    Ok(crate::ops::ShardResponse::Group(r)) => r.map(|b| *b),
+                    Ok(crate::shard::ops::ShardResponse::Group(r)) => r.map(|b| *b),
                     _ => None,
                 },
                 Err(_) => None,

@@ -10,7 +10,7 @@ use kafka_protocol::messages::{ApiKey, OffsetForLeaderEpochRequest, OffsetForLea
 use kafka_protocol::ResponseError;
 
 use super::{per_partition, Handler, Reply, RequestCtx};
-use crate::ops::{EpochAnswer, EpochQuery, ShardRequest, ShardResponse};
+use crate::shard::ops::{EpochAnswer, EpochQuery, ShardRequest, ShardResponse};
 
 pub(crate) struct OffsetForLeaderEpoch;
 

@@ -15,7 +15,7 @@ use strand_protocol::types::{ShardId, TopicId};
 
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
 use crate::config::{LogSettings, TimestampType};
-use crate::ops::{PartRef, ProduceOutcome, ProducePart, ShardRequest, ShardResponse};
+use crate::shard::ops::{PartRef, ProduceOutcome, ProducePart, ShardRequest, ShardResponse};
 
 pub(crate) struct Produce;
 

@@ -24,7 +24,7 @@
 //! A share group lives on the shard [`crate::group_host::coordinator_shard`] names for its id,
 //! the same shard as a consumer group of that id would, so one group id names one thing and the
 //! group-type checks are local calls. Requests about a group are routed there
-//! ([`crate::ops::ShardRequest::Share`]).
+//! ([`crate::shard::ops::ShardRequest::Share`]).
 //!
 //! ## The protocol (ShareGroupHeartbeat v1)
 //!
@@ -88,7 +88,7 @@ pub(crate) use host::ShareHost;
 
 use crate::config::Config;
 use crate::metadata::ClusterMetadata;
-use crate::ops::{ShardRequest, ShardResponse};
+use crate::shard::ops::{ShardRequest, ShardResponse};
 use crate::shard::Shard;
 
 /// A share-group operation for the coordinator shard of `group`

@@ -4,6 +4,9 @@
 //! ([`crate::metadata::owner_shard`]). Other shards reach it through [`ShardRequest`]s over the
 //! router. Per-shard state is deliberately not `Send` (`Rc`, `RefCell`).
 
+pub(crate) mod ops;
+pub(crate) mod router;
+
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -18,17 +21,17 @@ use strand_storage::fs_glommio::GlommioFs;
 use strand_storage::producer::ProducerError;
 use strand_storage::{LogConfig, LogId, LogKey, ReadData, ShardStore, StorageError};
 
+use self::ops::{
+    EpochAnswer, EpochQuery, FetchOutcome, FetchPart, ListOffsetsOutcome, ListOffsetsPart, PartRef,
+    ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse, WaitPart,
+};
+use self::router::{Router, RouterError};
 use crate::clock::Clock;
 use crate::config::{Config, LogSettings, TimestampType};
 use crate::controller::Controller;
 use crate::fetch_session::FetchSessionCache;
 use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta, TopicMeta};
 use crate::metrics::ShardMetrics;
-use crate::ops::{
-    EpochAnswer, EpochQuery, FetchOutcome, FetchPart, ListOffsetsOutcome, ListOffsetsPart, PartRef,
-    ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse, WaitPart,
-};
-use crate::router::{Router, RouterError};
 
 /// Smallest run of a partition's records a Fetch answer sends straight from the segment file
 /// (`strand.fetch.sendfile`); shorter ones are copied, which costs less than a system call
@@ -65,7 +68,7 @@ pub(crate) struct AdvertisedListener {
     pub(crate) port: u16,
 }
 
-/// The name at `index` of a request's [`crate::ops::TopicTable`] ("" if out of range, which
+/// The name at `index` of a request's [`crate::shard::ops::TopicTable`] ("" if out of range, which
 /// no partition has).
 fn topic_name(topics: &[Arc<str>], index: u32) -> &str {
     topics.get(index as usize).map_or("", |t| t)

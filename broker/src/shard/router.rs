@@ -21,7 +21,7 @@ use glommio::channels::shared_channel::{
 };
 use strand_protocol::types::ShardId;
 
-use crate::ops::{ShardRequest, ShardResponse};
+use crate::shard::ops::{ShardRequest, ShardResponse};
 
 /// What travels between shards.
 pub(crate) enum ShardMsg {
