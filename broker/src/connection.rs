@@ -42,11 +42,15 @@ use strand_protocol::frame::{peek_frame_size, split_frame, FrameError};
 use strand_protocol::header::{decode_request_header, RawHeader};
 use strand_storage::FileRegion;
 
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use strand_protocol::types::ShardId;
+
 use crate::fetch_session::MovedSession;
 use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
-use crate::shard::ops::{ShardRequest, ShardResponse};
+use crate::shard::service::Service;
 use crate::shard::Shard;
-use strand_protocol::types::ShardId;
+use crate::subsystems::Subsystems;
 
 /// Half of a TCP stream shared by the connection's reader and writer tasks. Both run on one
 /// thread and borrow the stream only inside a poll call, so the `RefCell` never conflicts.
@@ -101,15 +105,18 @@ fn needs_fetch_slot(api: ApiKey) -> bool {
     matches!(api, ApiKey::Fetch | ApiKey::ShareFetch)
 }
 
-/// A shard's Kafka connections: how many are open, and the memory their requests may hold.
+/// A shard's Kafka connections: how many are open, the memory their requests may hold, and the
+/// subsystems their requests reach. Its service takes over connections other shards hand over.
 pub(crate) struct Connections {
+    subsystems: Rc<Subsystems>,
     live: Cell<usize>,
     max: usize,
     request_memory: Rc<Semaphore>,
 }
 
 impl Connections {
-    pub(crate) fn new(config: &crate::config::Config) -> Self {
+    pub(crate) fn new(subsystems: Rc<Subsystems>) -> Self {
+        let config = &subsystems.core.config;
         Connections {
             live: Cell::new(0),
             max: config.max_connections_per_shard as usize,
@@ -118,7 +125,12 @@ impl Connections {
                     .max(u64::from(config.socket_request_max_bytes))
                     .max(u64::from(config.http_max_body_bytes)),
             )),
+            subsystems,
         }
+    }
+
+    fn core(&self) -> &Rc<Shard> {
+        &self.subsystems.core
     }
 
     /// The shard's request memory, which HTTP bodies share.
@@ -254,23 +266,35 @@ enum ReadEnd {
 }
 
 /// Serves one accepted connection until the peer closes it or sends something unacceptable.
-pub(crate) async fn accepted(shard: Rc<Shard>, stream: TcpStream, listener: usize) {
-    if shard.connections.live.get() >= shard.connections.max {
+pub(crate) async fn accepted(conns: Rc<Connections>, stream: TcpStream, listener: usize) {
+    if conns.live.get() >= conns.max {
         tracing::warn!(
-            limit = shard.connections.max,
+            limit = conns.max,
             "connection limit reached; refusing a connection"
         );
-        shard.metrics.bad_request("connection limit");
+        conns.core().metrics.bad_request("connection limit");
         return;
     }
     let _ = stream.set_nodelay(true);
-    serve(shard, stream, listener, Vec::new(), 0, Vec::new()).await;
+    serve(conns, stream, listener, Vec::new(), 0, Vec::new()).await;
+}
+
+impl Service for Connections {
+    type Request = Box<Migrating>;
+    /// Whether the connection was taken over.
+    type Response = bool;
+
+    fn start(self: Rc<Self>, m: Box<Migrating>) -> LocalBoxFuture<'static, bool> {
+        let adopted = adopt(&self, *m);
+        async move { adopted }.boxed_local()
+    }
 }
 
 /// Takes over a connection another shard handed over (see the module docs); `false` if this
 /// shard cannot (connection limit, shutting down), and the other shard keeps serving it.
-pub(crate) fn adopt(shard: &Rc<Shard>, m: Migrating) -> bool {
-    if shard.shutting_down.get() || shard.connections.live.get() >= shard.connections.max {
+fn adopt(conns: &Rc<Connections>, m: Migrating) -> bool {
+    let shard = conns.core();
+    if shard.shutting_down.get() || conns.live.get() >= conns.max {
         return false;
     }
     let Migrating {
@@ -283,7 +307,7 @@ pub(crate) fn adopt(shard: &Rc<Shard>, m: Migrating) -> bool {
     let stream = TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(fd)));
     let mut ids = Vec::with_capacity(sessions.len());
     {
-        let mut cache = shard.fetch_sessions.borrow_mut();
+        let mut cache = conns.subsystems.fetch_sessions.cache.borrow_mut();
         for s in sessions {
             let id = s.id();
             if cache.adopt(s) {
@@ -292,12 +316,12 @@ pub(crate) fn adopt(shard: &Rc<Shard>, m: Migrating) -> bool {
         }
         shard.metrics.fetch_sessions(cache.len());
     }
-    glommio::spawn_local(serve(shard.clone(), stream, listener, received, moves, ids)).detach();
+    glommio::spawn_local(serve(conns.clone(), stream, listener, received, moves, ids)).detach();
     true
 }
 
 async fn serve(
-    shard: Rc<Shard>,
+    conns: Rc<Connections>,
     stream: TcpStream,
     listener: usize,
     received: Vec<u8>,
@@ -305,8 +329,9 @@ async fn serve(
     sessions: Vec<i32>,
 ) {
     let peer = stream.peer_addr().ok();
+    let shard = conns.core();
     shard.metrics.connection_opened();
-    let connections = &shard.connections;
+    let connections = &conns;
     connections.live.set(connections.live.get() + 1);
     let stream = Rc::new(RefCell::new(stream));
     let conn = Rc::new(ConnInfo {
@@ -323,7 +348,7 @@ async fn serve(
     loop {
         let (tx, rx) = local_channel::new_bounded::<Pending>(inflight);
         let writer = glommio::spawn_local(write_loop(shard.clone(), Half(stream.clone()), rx));
-        let end = read_loop(&shard, Half(stream.clone()), &conn, &tx, &mut input).await;
+        let end = read_loop(&conns, Half(stream.clone()), &conn, &tx, &mut input).await;
         drop(tx);
         // Every pending response is written before the connection closes or moves.
         let written = writer.await;
@@ -335,7 +360,7 @@ async fn serve(
                 break;
             }
             ReadEnd::Move(_) if !written => break,
-            ReadEnd::Move(to) => match hand_over(&shard, &stream, to, listener, &conn, &input).await {
+            ReadEnd::Move(to) => match hand_over(&conns, &stream, to, listener, &conn, &input).await {
                 Handover::Moved => {
                     tracing::debug!(?peer, from = shard.id.0, to = to.0, "connection moved");
                     shard.metrics.connection_migrated();
@@ -394,13 +419,14 @@ fn duplicate(raw: i32) -> Result<OwnedFd, String> {
 /// Gives the connection to shard `to`: a duplicate of the socket's descriptor and the bytes read
 /// but not served. Sent through the router, behind every request this shard sent there before.
 async fn hand_over(
-    shard: &Rc<Shard>,
+    conns: &Rc<Connections>,
     stream: &Rc<RefCell<TcpStream>>,
     to: ShardId,
     listener: usize,
     conn: &ConnInfo,
     input: &Input,
 ) -> Handover {
+    let shard = conns.core();
     let fd = match duplicate(stream.borrow().as_raw_fd()) {
         Ok(fd) => fd,
         Err(e) => return Handover::Stays(e),
@@ -409,7 +435,7 @@ async fn hand_over(
     // Its fetch sessions go with it. Should the other shard refuse the connection, they are
     // lost: the client is told its session is unknown and opens a new one.
     let sessions = {
-        let mut cache = shard.fetch_sessions.borrow_mut();
+        let mut cache = conns.subsystems.fetch_sessions.cache.borrow_mut();
         let taken = conn
             .sessions
             .take()
@@ -427,27 +453,28 @@ async fn hand_over(
         sessions,
     });
     // A failed send drops the message, and with it the duplicate: nobody else has the socket.
-    let answer = match shard.dispatch(to, ShardRequest::AdoptConnection(m)).await {
+    let answer = match shard.call::<Connections>(to, m).await {
         Ok(fut) => fut.await,
         Err(e) => return Handover::Stays(format!("{e:?}")),
     };
     match answer {
-        Ok(ShardResponse::Adopted(true)) => Handover::Moved,
-        Ok(_) => Handover::Stays("the shard refused it".into()),
+        Ok(true) => Handover::Moved,
+        Ok(false) => Handover::Stays("the shard refused it".into()),
         Err(e) => Handover::Unknown(format!("{e:?}")),
     }
 }
 
 /// Reads and starts requests until the connection closes or should move.
 async fn read_loop(
-    shard: &Rc<Shard>,
+    conns: &Rc<Connections>,
     mut reader: Half,
     conn: &Rc<ConnInfo>,
     tx: &local_channel::LocalSender<Pending>,
     input: &mut Input,
 ) -> ReadEnd {
+    let shard = conns.core();
     let max_frame = shard.config.socket_request_max_bytes as usize;
-    let request_memory = &shard.connections.request_memory;
+    let request_memory = &conns.request_memory;
     let Input { buf } = input;
     let fetch_slot = Rc::new(Semaphore::new(1));
     // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
@@ -469,7 +496,7 @@ async fn read_loop(
                     Err(_) => return ReadEnd::Close(Some("shutting down")),
                 },
             };
-            match start_request(shard, conn, frame, permit, &fetch_slot).await {
+            match start_request(conns, conn, frame, permit, &fetch_slot).await {
                 Ok(Some(pending)) => {
                     if tx.send(pending).await.is_err() {
                         return ReadEnd::Close(Some("writer gone"));
@@ -519,12 +546,13 @@ fn frame_error(shard: &Shard, conn: &ConnInfo, e: FrameError) -> &'static str {
 
 /// Decodes a frame's header and starts its request. `Ok(None)`: no response is due.
 async fn start_request(
-    shard: &Rc<Shard>,
+    conns: &Rc<Connections>,
     conn: &Rc<ConnInfo>,
     frame: Bytes,
     permit: StaticPermit,
     fetch_slot: &Rc<Semaphore>,
 ) -> Result<Option<Pending>, &'static str> {
+    let shard = conns.core();
     let arrived = std::time::Instant::now();
     let Some(raw) = RawHeader::peek(&frame) else {
         shard.metrics.bad_request("short header");
@@ -569,6 +597,7 @@ async fn start_request(
     };
     let ctx = Rc::new(RequestCtx {
         shard: shard.clone(),
+        subsystems: conns.subsystems.clone(),
         conn: conn.clone(),
         api,
         version: header.request_api_version,

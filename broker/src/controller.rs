@@ -1,6 +1,7 @@
 //! The controller: validates and applies topic administration (create, delete, add partitions,
 //! config changes) one operation at a time, persists the metadata, and broadcasts the change to
-//! every shard. It lives on shard 0; other shards forward admin requests to it.
+//! every shard. It lives on shard 0, as a service of the shard core
+//! ([`crate::shard::service`]); [`call`] sends it an operation from any shard.
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -12,7 +13,12 @@ use strand_storage::fs::Fs;
 use strand_storage::fs_glommio::GlommioFs;
 
 use crate::metadata::{AdminError, ClusterMetadata, MetadataDelta, NewTopic, TopicMeta};
+use crate::shard::service::Service;
 use crate::shard::{broadcast_metadata, Shard};
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use strand_protocol::types::ShardId;
 
 /// Name of the metadata file in the log directory.
 pub(crate) const METADATA_FILE: &str = "strand-metadata.json";
@@ -205,6 +211,7 @@ impl ControllerReply {
 const PRODUCER_ID_BLOCK: i64 = 1000;
 
 pub(crate) struct Controller {
+    core: Rc<Shard>,
     lock: glommio::sync::Semaphore,
     state: RefCell<ClusterMetadata>,
     path: PathBuf,
@@ -214,8 +221,10 @@ pub(crate) struct Controller {
 }
 
 impl Controller {
-    pub(crate) fn new(state: ClusterMetadata, log_dir: PathBuf, node_id: i32) -> Self {
+    /// The controller of shard 0 (`core`), with the metadata as loaded at start-up.
+    pub(crate) fn new(core: Rc<Shard>, state: ClusterMetadata, log_dir: PathBuf, node_id: i32) -> Self {
         Controller {
+            core,
             lock: glommio::sync::Semaphore::new(1),
             // Ids of a block reserved before a restart may have been used: start after it.
             next_producer_id: std::cell::Cell::new(state.producer_id_block_end),
@@ -226,7 +235,8 @@ impl Controller {
     }
 
     /// Runs one admin operation to completion; operations never interleave.
-    pub(crate) async fn run(&self, shard: &Rc<Shard>, op: ControllerOp) -> ControllerReply {
+    async fn run(&self, op: ControllerOp) -> ControllerReply {
+        let shard = &self.core;
         let Ok(_permit) = self.lock.acquire_permit(1).await else {
             return ControllerReply::not_controller();
         };
@@ -479,22 +489,24 @@ impl Controller {
     }
 }
 
-/// Sends an admin operation to the controller (shard 0) and waits for its result.
-pub(crate) async fn call(shard: &Rc<Shard>, op: ControllerOp) -> ControllerReply {
-    let reply = match shard
-        .dispatch(
-            strand_protocol::types::ShardId(0),
-            crate::shard::ops::ShardRequest::Controller(op),
-        )
-        .await
-    {
-        Ok(fut) => fut.await,
-        Err(e) => Err(e),
-    };
-    match reply {
-        Ok(crate::shard::ops::ShardResponse::Controller(r)) => r,
-        _ => ControllerReply::not_controller(),
+impl Service for Controller {
+    type Request = ControllerOp;
+    type Response = ControllerReply;
+
+    fn start(self: Rc<Self>, op: ControllerOp) -> LocalBoxFuture<'static, ControllerReply> {
+        async move { self.run(op).await }.boxed_local()
     }
+}
+
+/// The shard the controller lives on.
+pub(crate) const CONTROLLER_SHARD: ShardId = ShardId(0);
+
+/// Sends an admin operation to the controller and waits for its result.
+pub(crate) async fn call(shard: &Rc<Shard>, op: ControllerOp) -> ControllerReply {
+    shard
+        .ask::<Controller>(CONTROLLER_SHARD, op)
+        .await
+        .unwrap_or_else(ControllerReply::not_controller)
 }
 
 #[cfg(test)]

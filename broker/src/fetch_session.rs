@@ -8,11 +8,18 @@
 //! another shard gets FETCH_SESSION_ID_NOT_FOUND and starts a new session, as Kafka clients do
 //! after any session loss. The cache is bounded; the least recently used session is evicted.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
+
+use crate::metadata::MetadataDelta;
+use crate::shard::service::ShardHooks;
 
 /// A partition in a session, with what the client was last told about it.
 #[derive(Debug, Clone)]
@@ -295,6 +302,30 @@ impl FetchSessionCache {
         if let Some((&id, _)) = self.sessions.iter().min_by_key(|(_, s)| s.last_used) {
             self.sessions.remove(&id);
         }
+    }
+}
+
+/// A shard's fetch sessions: the cache, kept in step with topic deletions.
+pub(crate) struct FetchSessions {
+    pub(crate) cache: RefCell<FetchSessionCache>,
+}
+
+impl FetchSessions {
+    /// The sessions of shard `shard` of `shards`: 1,000 per broker, at least 16 per shard.
+    pub(crate) fn new(shard: ShardId, shards: u16) -> Self {
+        let max_sessions = (1000 / usize::from(shards.max(1))).max(16);
+        FetchSessions {
+            cache: RefCell::new(FetchSessionCache::new(shard, max_sessions)),
+        }
+    }
+}
+
+impl ShardHooks for FetchSessions {
+    fn metadata_preparing<'a>(&'a self, delta: &'a MetadataDelta) -> LocalBoxFuture<'a, ()> {
+        if let MetadataDelta::DeleteTopic { id, .. } = delta {
+            self.cache.borrow_mut().forget_topic(*id);
+        }
+        async {}.boxed_local()
     }
 }
 

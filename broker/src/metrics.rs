@@ -289,7 +289,7 @@ pub(crate) struct QueueMetrics {
     dead_lettered: Counter,
     lease_to_ack: Histogram,
     /// Counter values already added.
-    last: crate::queue::Counters,
+    last: crate::queue::engine::Counters,
 }
 
 impl QueueMetrics {
@@ -318,7 +318,7 @@ impl QueueMetrics {
     }
 
     /// Publishes gauges and the counters' growth since the last call.
-    pub(crate) fn update(&mut self, m: &crate::queue::PartitionMetrics, lease_to_ack_ms: &[u64]) {
+    pub(crate) fn update(&mut self, m: &crate::queue::engine::PartitionMetrics, lease_to_ack_ms: &[u64]) {
         self.available.set(m.available as f64);
         self.leased.set(m.leased as f64);
         self.delayed.set(m.delayed as f64);

@@ -25,12 +25,13 @@ use strand_storage::{replay_journals, LogConfig, LogKey, ShardStore, StoreConfig
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::connection;
-use crate::controller::{Controller, METADATA_FILE};
+use crate::connection::{self, Connections};
+use crate::controller::METADATA_FILE;
 use crate::metadata::ClusterMetadata;
 use crate::metrics;
 use crate::shard::router::{self, serve_peer, Router};
-use crate::shard::{AdvertisedListener, Shard};
+use crate::shard::{tasks, AdvertisedListener, Shard};
+use crate::subsystems::Subsystems;
 
 /// Options that are not Kafka configuration.
 #[derive(Debug, Default, Clone)]
@@ -41,11 +42,6 @@ pub struct ServerOptions {
 
 /// Messages per cross-shard channel.
 const MESH_CHANNEL_CAPACITY: usize = 1024;
-/// How often a checkpoint runs when the journal has not filled up (Kafka's
-/// `log.flush.offset.checkpoint.interval.ms` default).
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
-/// How often idle idempotent-producer state is expired.
-const PRODUCER_EXPIRY_CHECK: Duration = Duration::from_secs(60);
 struct Ready {
     shard: u16,
     problems: Vec<String>,
@@ -79,7 +75,7 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
     let metadata = ensure_internal_topics(&log_dir, load_metadata(&log_dir)?, &config)?;
     // Groups map to the partitions of __consumer_offsets as it exists, whatever the setting says now.
     config.offsets_topic_num_partitions =
-        crate::group_host::offsets_partitions_in_use(&metadata, config.offsets_topic_num_partitions);
+        crate::group::host::offsets_partitions_in_use(&metadata, config.offsets_topic_num_partitions);
     let clock = SystemClock;
     // Crash recovery of acknowledged-but-unflushed batches, before anything else reads the logs.
     let report = block_on(replay_journals(
@@ -331,30 +327,29 @@ async fn shard_main(
         })
         .collect();
 
-    let controller =
-        (id.0 == 0).then(|| Controller::new(metadata.clone(), config.log_dir.clone(), config.node_id.0));
     let shard = Rc::new(Shard::new(
         id,
         shards,
         config.clone(),
         Rc::new(SystemClock),
         store,
-        metadata,
+        metadata.clone(),
         router.clone(),
-        controller,
         Rc::new(advertised),
     ));
+    let subsystems = Subsystems::new(&shard, metadata, config.log_dir.clone());
+    let connections = Rc::new(Connections::new(subsystems.clone()));
+    shard.serve(&connections);
     for (peer, rx) in peers {
         let s = shard.clone();
         glommio::spawn_local(serve_peer(router.clone(), peer, rx, move |req| s.start(req))).detach();
     }
     let problems = shard.open_all().await;
-    crate::group_host::GroupHost::start(&shard).await;
-    crate::queue_host::QueueHost::start(&shard).await;
+    subsystems.start().await;
     shard.update_partition_gauges();
-    glommio::spawn_local(flusher(shard.clone())).detach();
-    glommio::spawn_local(stall_probe(shard.clone())).detach();
-    glommio::spawn_local(housekeeping(shard.clone())).detach();
+    glommio::spawn_local(tasks::flusher(shard.clone())).detach();
+    glommio::spawn_local(tasks::stall_probe(shard.clone())).detach();
+    glommio::spawn_local(tasks::housekeeping(shard.clone())).detach();
     let _ = ready_tx.send(Ready {
         shard: id.0,
         problems,
@@ -368,12 +363,12 @@ async fn shard_main(
 
     let mut accepts = Vec::new();
     for (i, socket) in sockets.into_iter().enumerate() {
-        let shard = shard.clone();
+        let connections = connections.clone();
         accepts.push(glommio::spawn_local(async move {
             loop {
                 match socket.accept().await {
                     Ok(stream) => {
-                        glommio::spawn_local(connection::accepted(shard.clone(), stream, i)).detach();
+                        glommio::spawn_local(connection::accepted(connections.clone(), stream, i)).detach();
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
@@ -384,14 +379,18 @@ async fn shard_main(
         }));
     }
 
-    accepts.push(glommio::spawn_local(serve_http(shard.clone(), http_socket)));
+    accepts.push(glommio::spawn_local(serve_http(
+        shard.clone(),
+        connections.request_memory(),
+        http_socket,
+    )));
 
     while !shutdown.load(Ordering::Acquire) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
     }
     shard.shutting_down.set(true);
     drop(accepts);
-    shard.connections.close();
+    connections.close();
     // Let in-flight produce requests reach the journal, then flush and checkpoint everything.
     glommio::timer::sleep(Duration::from_millis(20)).await;
     let closing = Instant::now();
@@ -411,10 +410,17 @@ async fn shard_main(
     Ok(())
 }
 
-/// Accepts HTTP queue API connections on this shard.
-async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
-    let api = Rc::new(crate::queue_service::ShardQueues { shard: shard.clone() });
-    let limits = crate::http::HttpLimits {
+/// Accepts HTTP queue API connections on this shard; their bodies share `body_memory` with
+/// the shard's Kafka requests.
+async fn serve_http(
+    shard: Rc<Shard>,
+    body_memory: Rc<glommio::sync::Semaphore>,
+    socket: glommio::net::TcpListener,
+) {
+    let api = Rc::new(crate::queue::doors::http::service::ShardQueues::new(
+        shard.clone(),
+    ));
+    let limits = crate::queue::doors::http::HttpLimits {
         max_body_bytes: shard.config.http_max_body_bytes as usize,
         ..Default::default()
     };
@@ -436,10 +442,11 @@ async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
                 let live = live.clone();
                 let api = api.clone();
                 let limits = limits.clone();
-                let body_memory = shard.connections.request_memory();
+                let body_memory = body_memory.clone();
                 let shard = shard.clone();
                 glommio::spawn_local(async move {
-                    let closed = crate::http::serve_connection(api, stream, limits, body_memory).await;
+                    let closed =
+                        crate::queue::doors::http::serve_connection(api, stream, limits, body_memory).await;
                     live.set(live.get() - 1);
                     shard
                         .metrics
@@ -455,126 +462,12 @@ async fn serve_http(shard: Rc<Shard>, socket: glommio::net::TcpListener) {
     }
 }
 
-/// How often the stall probe checks the executor.
-const STALL_PROBE_PERIOD: Duration = Duration::from_millis(10);
-/// A stall this long is logged.
-const STALL_WARN: Duration = Duration::from_millis(50);
-
-/// Measures how late the shard's executor runs a timer: the time in which it could serve
-/// nothing (a blocking call, a long computation between awaits, the thread not scheduled).
-/// Produce latency tails that flush rounds do not explain show up here.
-async fn stall_probe(shard: Rc<Shard>) {
-    loop {
-        let asked = Instant::now();
-        glommio::timer::sleep(STALL_PROBE_PERIOD).await;
-        let lag = asked.elapsed().saturating_sub(STALL_PROBE_PERIOD);
-        shard.metrics.stall(lag);
-        if lag >= STALL_WARN {
-            tracing::warn!(
-                shard = shard.id.0,
-                stall_ms = lag.as_millis() as u64,
-                "shard executor stalled"
-            );
-        }
-        if shard.shutting_down.get() {
-            return;
-        }
-    }
-}
-
-/// Flush rounds the flusher runs before it looks at checkpoints again.
-const ROUNDS_PER_FLUSH_PASS: usize = 32;
-
-/// The group-commit loop: flush rounds whenever something is staged; directory syncs, journal
-/// rotation and checkpoints between them.
-async fn flusher(shard: Rc<Shard>) {
-    let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
-    loop {
-        {
-            let work = shard.store.wait_for_work();
-            let tick = glommio::timer::sleep(next_checkpoint.saturating_duration_since(Instant::now()));
-            futures::pin_mut!(work);
-            futures::pin_mut!(tick);
-            futures::future::select(work, tick).await;
-        }
-        if shard.store.is_closing() {
-            // `shutdown` flushes what is left; staying would spin on work we may not take.
-            return;
-        }
-        let mut progressed = true;
-        if shard.store.has_pending() {
-            let rounds = std::cell::Cell::new(0usize);
-            shard
-                .store
-                .flush_pending(ROUNDS_PER_FLUSH_PASS, |stats| {
-                    rounds.set(rounds.get() + 1);
-                    shard.metrics.round(stats)
-                })
-                .await;
-            // A new topic or a segment roll: sync the directory now rather than journal every
-            // byte of the log until the next checkpoint.
-            let synced = shard.store.sync_changed_dirs().await;
-            shard.metrics.dir_syncs(synced);
-            progressed = rounds.get() > 0 || synced > 0;
-        }
-        let due = Instant::now() >= next_checkpoint;
-        if shard.store.wants_checkpoint() || (due && shard.store.has_uncheckpointed_changes()) {
-            progressed = true;
-            next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
-            if let Err(e) = shard.store.rotate_journal().await {
-                tracing::error!(error = %e, "journal rotation failed");
-                continue;
-            }
-            let s = shard.clone();
-            glommio::spawn_local(async move {
-                match s.store.checkpoint().await {
-                    Ok(stats) => s.metrics.checkpoint(&stats),
-                    Err(e) => tracing::error!(error = %e, "checkpoint failed; the journal is kept"),
-                }
-            })
-            .detach();
-        } else if due {
-            next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
-        }
-        if !progressed {
-            // Work is staged but nothing may be flushed yet (the store waits for something
-            // else, such as a running checkpoint): back off instead of looping without ever
-            // yielding, which would starve that very checkpoint and the whole shard.
-            tracing::debug!("flusher made no progress; backing off");
-            glommio::timer::sleep(FLUSHER_BACKOFF).await;
-        }
-    }
-}
-
-/// How long the flusher waits when a pass could flush nothing although work is staged.
-const FLUSHER_BACKOFF: Duration = Duration::from_millis(1);
-
-/// Retention passes and gauges.
-async fn housekeeping(shard: Rc<Shard>) {
-    let retention_every =
-        Duration::from_millis(u64::try_from(shard.config.retention_check_interval_ms).unwrap_or(300_000));
-    let mut next_retention = Instant::now() + retention_every;
-    let mut next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
-    loop {
-        glommio::timer::sleep(Duration::from_millis(1000).min(retention_every)).await;
-        if Instant::now() >= next_retention {
-            shard.retention_pass().await;
-            next_retention = Instant::now() + retention_every;
-        }
-        if Instant::now() >= next_producer_expiry {
-            shard.expire_producers();
-            next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
-        }
-        shard.update_partition_gauges();
-    }
-}
-
 /// The storage configuration of a log found in a journal, if it still belongs to a live topic.
 fn log_config_for(md: &ClusterMetadata, config: &Config, key: &LogKey) -> Option<LogConfig> {
-    if let Some((topic, partition, _)) = crate::queue_host::parse_state_log_dir_name(&key.dir_name) {
+    if let Some((topic, partition, _)) = crate::queue::host::parse_state_log_dir_name(&key.dir_name) {
         let t = md.topic(topic)?;
         let live = *t.id.0.as_bytes() == key.incarnation && partition < t.partitions;
-        return live.then(crate::queue_host::state_log_config);
+        return live.then(crate::queue::host::state_log_config);
     }
     let (topic, partition) = parse_dir_name(&key.dir_name)?;
     let t = md.topic(topic)?;
@@ -628,7 +521,7 @@ fn remove_stray_logs(log_dir: &Path, md: &ClusterMetadata) {
     }
     // Queue state of deleted topics (or partitions); group directories of a re-created topic
     // are recognised by their incarnation when opened.
-    crate::queue_host::remove_state_dirs(log_dir, |topic, partition| {
+    crate::queue::host::remove_state_dirs(log_dir, |topic, partition| {
         md.topic(topic).is_none_or(|t| partition >= t.partitions)
     });
 }
@@ -640,7 +533,7 @@ fn ensure_internal_topics(
     mut md: ClusterMetadata,
     config: &Config,
 ) -> anyhow::Result<ClusterMetadata> {
-    use crate::group_host::OFFSETS_TOPIC;
+    use crate::group::host::OFFSETS_TOPIC;
     if md.topic(OFFSETS_TOPIC).is_some() {
         return Ok(md);
     }

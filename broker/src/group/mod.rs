@@ -71,9 +71,11 @@ mod admin;
 mod assignor;
 mod classic;
 mod consumer;
+pub(crate) mod host;
 mod offsets;
 pub(crate) mod records;
 mod regex;
+pub(crate) mod route;
 mod timers;
 
 #[cfg(test)]
@@ -195,6 +197,46 @@ pub(crate) enum GroupResponse {
     DeleteGroups(DeleteGroupsResponse),
     ConsumerGroupHeartbeat(ConsumerGroupHeartbeatResponse),
     ConsumerGroupDescribe(ConsumerGroupDescribeResponse),
+}
+
+/// A Kafka request that goes whole to the coordinator of the one group it names.
+pub(crate) trait ForCoordinator: Sized {
+    type Response;
+    fn group_id(&self) -> &str;
+    fn into_group_request(self) -> GroupRequest;
+    /// The answer, if `r` answers this kind of request.
+    fn from_group_response(r: GroupResponse) -> Option<Self::Response>;
+}
+
+macro_rules! for_coordinator {
+    ($($variant:ident: $req:ty => $resp:ty, $group:ident;)*) => {$(
+        impl ForCoordinator for $req {
+            type Response = $resp;
+            fn group_id(&self) -> &str {
+                self.$group.as_str()
+            }
+            fn into_group_request(self) -> GroupRequest {
+                GroupRequest::$variant(self)
+            }
+            fn from_group_response(r: GroupResponse) -> Option<$resp> {
+                match r {
+                    GroupResponse::$variant(r) => Some(r),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+for_coordinator! {
+    JoinGroup: JoinGroupRequest => JoinGroupResponse, group_id;
+    SyncGroup: SyncGroupRequest => SyncGroupResponse, group_id;
+    Heartbeat: HeartbeatRequest => HeartbeatResponse, group_id;
+    LeaveGroup: LeaveGroupRequest => LeaveGroupResponse, group_id;
+    OffsetCommit: OffsetCommitRequest => OffsetCommitResponse, group_id;
+    OffsetDelete: OffsetDeleteRequest => OffsetDeleteResponse, group_id;
+    ConsumerGroupHeartbeat: ConsumerGroupHeartbeatRequest => ConsumerGroupHeartbeatResponse, group_id;
+    OffsetFetch: OffsetFetchRequest => OffsetFetchResponse, group_id;
 }
 
 /// One `__consumer_offsets` record: key and value (`None`: a tombstone).

@@ -16,7 +16,7 @@ use kafka_protocol::ResponseError;
 
 use super::describe_share_group_offsets::require_empty_share_group;
 use super::{msg, Handler, Reply, RequestCtx};
-use crate::queue_host::{QueueAnswer, QueueOp};
+use crate::queue::host::{QueueAnswer, QueueOp};
 
 pub(crate) struct AlterShareGroupOffsets;
 
@@ -76,7 +76,7 @@ impl Handler for AlterShareGroupOffsets {
                             partition: p.partition_index,
                             start_offset: p.start_offset,
                         };
-                        match crate::share_door::call(shard, owner, op).await {
+                        match crate::queue::doors::kafka_share::call(shard, owner, op).await {
                             Some(QueueAnswer::ShareAltered(Ok(()))) => None,
                             Some(QueueAnswer::ShareAltered(Err(e))) => Some(e),
                             _ => Some((

@@ -2,12 +2,10 @@
 
 use std::rc::Rc;
 
-use futures::FutureExt;
 use kafka_protocol::messages::{ApiKey, ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_call, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
+use super::{to_coordinator, Handler, Reply, RequestCtx};
 
 pub(crate) struct ConsumerGroupHeartbeat;
 
@@ -22,19 +20,9 @@ impl Handler for ConsumerGroupHeartbeat {
         ctx: Rc<RequestCtx>,
         req: ConsumerGroupHeartbeatRequest,
     ) -> Reply<ConsumerGroupHeartbeatResponse> {
-        let group = req.group_id.0.as_str().to_owned();
         let fallback = ConsumerGroupHeartbeatResponse::default()
             .with_error_code(ResponseError::CoordinatorNotAvailable.code());
-        let answer = group_call(&ctx, &group, GroupRequest::ConsumerGroupHeartbeat(req)).await;
-        Reply::Later(
-            async move {
-                match answer.await {
-                    Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
-                    _ => fallback,
-                }
-            }
-            .boxed_local(),
-        )
+        to_coordinator(&ctx, req, fallback).await
     }
 
     fn error_codes(resp: &ConsumerGroupHeartbeatResponse, out: &mut Vec<i16>) {

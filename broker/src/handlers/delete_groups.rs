@@ -5,15 +5,14 @@
 
 use std::rc::Rc;
 
-use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
-use kafka_protocol::messages::{ApiKey, DeleteGroupsRequest, DeleteGroupsResponse, GroupId};
+use kafka_protocol::messages::{ApiKey, DeleteGroupsRequest, DeleteGroupsResponse};
 use kafka_protocol::ResponseError;
 
 use super::describe_share_group_offsets::on_every_shard;
-use super::{group_scatter, str_bytes, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
-use crate::queue_host::QueueOp;
-use crate::share::{ShareAnswer, ShareOp};
+use super::{Handler, Reply, RequestCtx};
+use crate::group::route::per_group;
+use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
+use crate::queue::host::QueueOp;
 
 pub(crate) struct DeleteGroups;
 
@@ -25,33 +24,7 @@ impl Handler for DeleteGroups {
     type Response = DeleteGroupsResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: DeleteGroupsRequest) -> Reply<DeleteGroupsResponse> {
-        let order: Vec<String> = req.groups_names.iter().map(|g| g.0.as_str().to_owned()).collect();
-        let parts = group_scatter(&ctx, order.clone(), false, |subset| {
-            let mut sub = req.clone();
-            sub.groups_names = subset.iter().map(|g| GroupId(str_bytes(g))).collect();
-            GroupRequest::DeleteGroups(sub)
-        })
-        .await;
-        let mut answered: Vec<DeletableGroupResult> = Vec::new();
-        for (subset, answer) in parts {
-            match answer {
-                Some(GroupResponse::DeleteGroups(r)) => answered.extend(r.results),
-                _ => answered.extend(subset.into_iter().map(|g| {
-                    DeletableGroupResult::default()
-                        .with_group_id(GroupId(str_bytes(&g)))
-                        .with_error_code(ResponseError::CoordinatorNotAvailable.code())
-                })),
-            }
-        }
-        let mut results: Vec<DeletableGroupResult> = order
-            .iter()
-            .filter_map(|g| {
-                answered
-                    .iter()
-                    .position(|a| a.group_id.0.as_str() == g)
-                    .map(|i| answered.swap_remove(i))
-            })
-            .collect();
+        let mut results = per_group(&ctx.shard, &ctx.group_meta(), &req).await;
         // Not a classic or consumer group: perhaps a share group.
         for r in results
             .iter_mut()
@@ -71,11 +44,14 @@ impl Handler for DeleteGroups {
 /// (GROUP_ID_NOT_FOUND if there is no share group of that id either).
 async fn delete_share_group(ctx: &RequestCtx, group: &str) -> i16 {
     let shard = &ctx.shard;
-    let owner = crate::share::coordinator_of(shard, group);
+    let owner = crate::queue::doors::kafka_share::group::coordinator_of(shard, group);
     let op = ShareOp::Delete {
         group: group.to_owned(),
     };
-    match crate::share::call(shard, owner, op).await.await {
+    match crate::queue::doors::kafka_share::group::call(shard, owner, op)
+        .await
+        .await
+    {
         Some(ShareAnswer::Deleted(Ok(()))) => {}
         Some(ShareAnswer::Deleted(Err(e))) => return e.code(),
         _ => return ResponseError::CoordinatorNotAvailable.code(),

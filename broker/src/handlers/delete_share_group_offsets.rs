@@ -13,7 +13,7 @@ use kafka_protocol::ResponseError;
 
 use super::describe_share_group_offsets::{on_every_shard, require_empty_share_group};
 use super::{msg, Handler, Reply, RequestCtx};
-use crate::queue_host::QueueOp;
+use crate::queue::host::QueueOp;
 
 pub(crate) struct DeleteShareGroupOffsets;
 

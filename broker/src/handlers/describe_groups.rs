@@ -5,12 +5,12 @@
 use std::rc::Rc;
 
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
-use kafka_protocol::messages::{ApiKey, DescribeGroupsRequest, DescribeGroupsResponse, GroupId};
+use kafka_protocol::messages::{ApiKey, DescribeGroupsRequest, DescribeGroupsResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_scatter, str_bytes, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
-use crate::share::{ShareAnswer, ShareOp};
+use super::{str_bytes, Handler, Reply, RequestCtx};
+use crate::group::route::per_group;
+use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
 
 pub(crate) struct DescribeGroups;
 
@@ -22,33 +22,7 @@ impl Handler for DescribeGroups {
     type Response = DescribeGroupsResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: DescribeGroupsRequest) -> Reply<DescribeGroupsResponse> {
-        let order: Vec<String> = req.groups.iter().map(|g| g.0.as_str().to_owned()).collect();
-        let parts = group_scatter(&ctx, order.clone(), false, |subset| {
-            let mut sub = req.clone();
-            sub.groups = subset.iter().map(|g| GroupId(str_bytes(g))).collect();
-            GroupRequest::DescribeGroups(sub)
-        })
-        .await;
-        let mut answered: Vec<DescribedGroup> = Vec::new();
-        for (subset, answer) in parts {
-            match answer {
-                Some(GroupResponse::DescribeGroups(r)) => answered.extend(r.groups),
-                _ => answered.extend(subset.into_iter().map(|g| {
-                    DescribedGroup::default()
-                        .with_group_id(GroupId(str_bytes(&g)))
-                        .with_error_code(ResponseError::CoordinatorNotAvailable.code())
-                })),
-            }
-        }
-        let mut groups: Vec<DescribedGroup> = order
-            .iter()
-            .filter_map(|g| {
-                answered
-                    .iter()
-                    .position(|a| a.group_id.0.as_str() == g)
-                    .map(|i| answered.swap_remove(i))
-            })
-            .collect();
+        let mut groups = per_group(&ctx.shard, &ctx.group_meta(), &req).await;
         if ctx.version >= 6 {
             not_classic_messages(&ctx, &mut groups).await;
         }
@@ -71,13 +45,22 @@ async fn not_classic_messages(ctx: &RequestCtx, groups: &mut [DescribedGroup]) {
     {
         let id = g.group_id.0.as_str().to_owned();
         by_owner
-            .entry(crate::share::coordinator_of(&ctx.shard, &id))
+            .entry(crate::queue::doors::kafka_share::group::coordinator_of(
+                &ctx.shard, &id,
+            ))
             .or_default()
             .push(id);
     }
     let mut calls = Vec::new();
     for (owner, ids) in by_owner {
-        calls.push(crate::share::call(&ctx.shard, owner, ShareOp::ShareGroups { groups: ids }).await);
+        calls.push(
+            crate::queue::doors::kafka_share::group::call(
+                &ctx.shard,
+                owner,
+                ShareOp::ShareGroups { groups: ids },
+            )
+            .await,
+        );
     }
     for answer in futures::future::join_all(calls).await {
         let Some(ShareAnswer::ShareGroups(share)) = answer else {

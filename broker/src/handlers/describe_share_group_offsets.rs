@@ -19,9 +19,9 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::ShardId;
 
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
-use crate::queue_host::{QueueAnswer, QueueOp};
+use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
+use crate::queue::host::{QueueAnswer, QueueOp};
 use crate::shard::{Shard, LEADER_EPOCH};
-use crate::share::{ShareAnswer, ShareOp};
 
 pub(crate) struct DescribeShareGroupOffsets;
 
@@ -68,9 +68,13 @@ pub(crate) async fn share_group_members(shard: &Rc<Shard>, group: &str) -> Resul
         groups: vec![group.to_owned()],
         include_authorized_operations: false,
     };
-    let answer = crate::share::call(shard, crate::share::coordinator_of(shard, group), op)
-        .await
-        .await;
+    let answer = crate::queue::doors::kafka_share::group::call(
+        shard,
+        crate::queue::doors::kafka_share::group::coordinator_of(shard, group),
+        op,
+    )
+    .await
+    .await;
     match answer {
         Some(ShareAnswer::Describe(groups)) => match groups.into_iter().next() {
             Some(g) if g.error_code == 0 => Ok(g.members.len()),
@@ -100,7 +104,7 @@ pub(crate) async fn on_every_shard(
     shard: &Rc<Shard>,
     make: impl Fn() -> QueueOp,
 ) -> Option<Vec<QueueAnswer>> {
-    let calls = (0..shard.shards).map(|s| crate::share_door::call(shard, ShardId(s), make()));
+    let calls = (0..shard.shards).map(|s| crate::queue::doors::kafka_share::call(shard, ShardId(s), make()));
     join_all(calls).await.into_iter().collect()
 }
 

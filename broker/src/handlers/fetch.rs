@@ -361,10 +361,12 @@ impl Handler for Fetch {
             })
             .collect();
         let begun = if version >= 7 {
-            shard
-                .fetch_sessions
-                .borrow_mut()
-                .begin(req.session_id, req.session_epoch, requested, &forgotten)
+            ctx.subsystems.fetch_sessions.cache.borrow_mut().begin(
+                req.session_id,
+                req.session_epoch,
+                requested,
+                &forgotten,
+            )
         } else {
             Ok((SessionMode::Sessionless, requested))
         };
@@ -378,7 +380,9 @@ impl Handler for Fetch {
                 ));
             }
         };
-        shard.metrics.fetch_sessions(shard.fetch_sessions.borrow().len());
+        shard
+            .metrics
+            .fetch_sessions(ctx.subsystems.fetch_sessions.cache.borrow().len());
         let owners = owners_of(&shard, &parts);
         // The shards read: the first owner, and another if there is one.
         let first = owners.first().copied();
@@ -435,7 +439,12 @@ impl Handler for Fetch {
                         has_records: r.records.is_some(),
                     })
                     .collect();
-                let include = shard.fetch_sessions.borrow_mut().finish(&mode, &observed);
+                let include = ctx
+                    .subsystems
+                    .fetch_sessions
+                    .cache
+                    .borrow_mut()
+                    .finish(&mode, &observed);
                 let session_id = match mode {
                     SessionMode::Sessionless => 0,
                     SessionMode::Full { session_id } | SessionMode::Incremental { session_id } => session_id,

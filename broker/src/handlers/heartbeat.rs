@@ -2,12 +2,10 @@
 
 use std::rc::Rc;
 
-use futures::FutureExt;
 use kafka_protocol::messages::{ApiKey, HeartbeatRequest, HeartbeatResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_call, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
+use super::{to_coordinator, Handler, Reply, RequestCtx};
 
 pub(crate) struct Heartbeat;
 
@@ -19,19 +17,9 @@ impl Handler for Heartbeat {
     type Response = HeartbeatResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: HeartbeatRequest) -> Reply<HeartbeatResponse> {
-        let group = req.group_id.0.as_str().to_owned();
         let fallback =
             HeartbeatResponse::default().with_error_code(ResponseError::CoordinatorNotAvailable.code());
-        let answer = group_call(&ctx, &group, GroupRequest::Heartbeat(req)).await;
-        Reply::Later(
-            async move {
-                match answer.await {
-                    Some(GroupResponse::Heartbeat(r)) => r,
-                    _ => fallback,
-                }
-            }
-            .boxed_local(),
-        )
+        to_coordinator(&ctx, req, fallback).await
     }
 
     fn error_codes(resp: &HeartbeatResponse, out: &mut Vec<i16>) {

@@ -2,12 +2,10 @@
 
 use std::rc::Rc;
 
-use futures::FutureExt;
 use kafka_protocol::messages::{ApiKey, JoinGroupRequest, JoinGroupResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_call, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
+use super::{to_coordinator, Handler, Reply, RequestCtx};
 
 pub(crate) struct JoinGroup;
 
@@ -19,20 +17,10 @@ impl Handler for JoinGroup {
     type Response = JoinGroupResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: JoinGroupRequest) -> Reply<JoinGroupResponse> {
-        let group = req.group_id.0.as_str().to_owned();
         let fallback = JoinGroupResponse::default()
             .with_error_code(ResponseError::CoordinatorNotAvailable.code())
             .with_generation_id(-1);
-        let answer = group_call(&ctx, &group, GroupRequest::JoinGroup(req)).await;
-        Reply::Later(
-            async move {
-                match answer.await {
-                    Some(GroupResponse::JoinGroup(r)) => r,
-                    _ => fallback,
-                }
-            }
-            .boxed_local(),
-        )
+        to_coordinator(&ctx, req, fallback).await
     }
 
     fn error_codes(resp: &JoinGroupResponse, out: &mut Vec<i16>) {

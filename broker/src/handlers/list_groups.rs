@@ -7,9 +7,9 @@ use std::rc::Rc;
 use kafka_protocol::messages::{ApiKey, ListGroupsRequest, ListGroupsResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_scatter, Handler, Reply, RequestCtx};
+use super::{Handler, Reply, RequestCtx};
 use crate::group::{GroupRequest, GroupResponse};
-use crate::share::{ShareAnswer, ShareOp};
+use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
 use strand_protocol::types::ShardId;
 
 pub(crate) struct ListGroups;
@@ -39,9 +39,12 @@ impl Handler for ListGroups {
                 types: types.clone(),
                 version: ctx.version,
             };
-            share_calls.push(crate::share::call(&ctx.shard, ShardId(s), op).await);
+            share_calls.push(crate::queue::doors::kafka_share::group::call(&ctx.shard, ShardId(s), op).await);
         }
-        let parts = group_scatter(&ctx, Vec::new(), true, |_| GroupRequest::ListGroups(req.clone())).await;
+        let parts = crate::group::route::scatter(&ctx.shard, &ctx.group_meta(), Vec::new(), true, |_| {
+            GroupRequest::ListGroups(req.clone())
+        })
+        .await;
         let mut resp = ListGroupsResponse::default();
         for answer in futures::future::join_all(share_calls).await {
             match answer {

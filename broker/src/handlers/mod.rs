@@ -53,6 +53,7 @@ use strand_protocol::fetch_frame::Piece;
 use strand_protocol::header::{decode_body, encode_response, EncodeError};
 use strand_storage::FileRegion;
 
+use crate::group::ForCoordinator;
 use crate::shard::{AdvertisedListener, Shard};
 
 /// The connection a request arrived on.
@@ -87,7 +88,10 @@ impl ConnInfo {
 
 /// Everything a handler knows about its request.
 pub(crate) struct RequestCtx {
+    /// The shard core of the connection's shard.
     pub(crate) shard: Rc<Shard>,
+    /// Its subsystems.
+    pub(crate) subsystems: Rc<crate::subsystems::Subsystems>,
     pub(crate) conn: Rc<ConnInfo>,
     pub(crate) api: ApiKey,
     pub(crate) version: i16,
@@ -98,6 +102,15 @@ pub(crate) struct RequestCtx {
 }
 
 impl RequestCtx {
+    /// What the group coordinator knows of the request beyond its body.
+    pub(crate) fn group_meta(&self) -> crate::group::RequestMeta {
+        crate::group::RequestMeta {
+            version: self.version,
+            client_id: self.client_id.clone().unwrap_or_default(),
+            client_host: self.conn.peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
+        }
+    }
+
     /// The address this connection's listener advertises.
     pub(crate) fn advertised(&self) -> AdvertisedListener {
         self.shard
@@ -316,91 +329,29 @@ pub(crate) async fn per_partition<T, R: Clone>(
         .collect()
 }
 
-/// Forwards a group request to the coordinator of `group_id` (the shard owning the group's
-/// `__consumer_offsets` partition). Sending happens now; the returned future waits for the answer
-/// (a JoinGroup's answer comes when its rebalance completes). `None`: no answer could be had.
-pub(crate) async fn group_call(
+/// Forwards a request to the coordinator of the group it names; `unavailable` is the answer
+/// when none comes. Sending happens now, in request order; the answer may come later (a
+/// JoinGroup's when its rebalance completes).
+pub(crate) async fn to_coordinator<R: ForCoordinator>(
     ctx: &RequestCtx,
-    group_id: &str,
-    req: crate::group::GroupRequest,
-) -> futures::future::LocalBoxFuture<'static, Option<crate::group::GroupResponse>> {
-    let shard = &ctx.shard;
-    let owner = crate::group_host::coordinator_shard(group_id, &shard.config, shard.shards);
-    let meta = crate::group::RequestMeta {
-        version: ctx.version,
-        client_id: ctx.client_id.clone().unwrap_or_default(),
-        client_host: ctx.conn.peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
-    };
-    match shard
-        .dispatch(
-            owner,
-            crate::shard::ops::ShardRequest::Group {
-                meta,
-                req: Box::new(req),
-            },
-        )
-        .await
-    {
-        Ok(fut) => async move {
-            match fut.await {
-                Ok(crate::shard::ops::ShardResponse::Group(r)) => r.map(|b| *b),
-                _ => None,
-            }
+    req: R,
+    unavailable: R::Response,
+) -> Reply<R::Response>
+where
+    R::Response: 'static,
+{
+    let group = req.group_id().to_owned();
+    let answer =
+        crate::group::route::forward(&ctx.shard, ctx.group_meta(), &group, req.into_group_request()).await;
+    Reply::Later(
+        async move {
+            answer
+                .await
+                .and_then(R::from_group_response)
+                .unwrap_or(unavailable)
         }
         .boxed_local(),
-        Err(_) => async { None }.boxed_local(),
-    }
-}
-
-/// Splits a request naming several groups by coordinator shard: `make` builds the request for a
-/// subset; returns each subset with its answer. ListGroups passes every shard an empty subset.
-pub(crate) async fn group_scatter(
-    ctx: &RequestCtx,
-    groups: Vec<String>,
-    all_shards: bool,
-    make: impl Fn(&[String]) -> crate::group::GroupRequest,
-) -> Vec<(Vec<String>, Option<crate::group::GroupResponse>)> {
-    let shard = &ctx.shard;
-    let mut by_owner: std::collections::BTreeMap<strand_protocol::types::ShardId, Vec<String>> =
-        Default::default();
-    if all_shards {
-        for s in 0..shard.shards {
-            by_owner.insert(strand_protocol::types::ShardId(s), Vec::new());
-        }
-    }
-    for g in groups {
-        let owner = crate::group_host::coordinator_shard(&g, &shard.config, shard.shards);
-        by_owner.entry(owner).or_default().push(g);
-    }
-    let mut calls = Vec::new();
-    for (owner, subset) in by_owner {
-        let meta = crate::group::RequestMeta {
-            version: ctx.version,
-            client_id: ctx.client_id.clone().unwrap_or_default(),
-            client_host: ctx.conn.peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
-        };
-        let req = make(&subset);
-        let fut = shard
-            .dispatch(
-                owner,
-                crate::shard::ops::ShardRequest::Group {
-                    meta,
-                    req: Box::new(req),
-                },
-            )
-            .await;
-        calls.push(async move {
-            let answer = match fut {
-                Ok(f) => match f.await {
-                    Ok(crate::shard::ops::ShardResponse::Group(r)) => r.map(|b| *b),
-                    _ => None,
-                },
-                Err(_) => None,
-            };
-            (subset, answer)
-        });
-    }
-    futures::future::join_all(calls).await
+    )
 }
 
 /// Wraps an error message for responses.

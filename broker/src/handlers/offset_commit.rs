@@ -3,15 +3,13 @@
 
 use std::rc::Rc;
 
-use futures::FutureExt;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::{ApiKey, OffsetCommitRequest, OffsetCommitResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_call, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
+use super::{to_coordinator, Handler, Reply, RequestCtx};
 
 pub(crate) struct OffsetCommit;
 
@@ -23,7 +21,6 @@ impl Handler for OffsetCommit {
     type Response = OffsetCommitResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: OffsetCommitRequest) -> Reply<OffsetCommitResponse> {
-        let group = req.group_id.0.as_str().to_owned();
         // Without a coordinator answer every partition gets COORDINATOR_NOT_AVAILABLE.
         let fallback = OffsetCommitResponse::default().with_topics(
             req.topics
@@ -44,16 +41,7 @@ impl Handler for OffsetCommit {
                 })
                 .collect(),
         );
-        let answer = group_call(&ctx, &group, GroupRequest::OffsetCommit(req)).await;
-        Reply::Later(
-            async move {
-                match answer.await {
-                    Some(GroupResponse::OffsetCommit(r)) => r,
-                    _ => fallback,
-                }
-            }
-            .boxed_local(),
-        )
+        to_coordinator(&ctx, req, fallback).await
     }
 
     fn error_codes(resp: &OffsetCommitResponse, out: &mut Vec<i16>) {

@@ -3,15 +3,14 @@
 
 use std::rc::Rc;
 
-use futures::FutureExt;
 use kafka_protocol::messages::offset_fetch_response::{
-    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
 };
 use kafka_protocol::messages::{ApiKey, OffsetFetchRequest, OffsetFetchResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_call, group_scatter, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
+use super::{to_coordinator, Handler, Reply, RequestCtx};
+use crate::group::route::per_group;
 
 pub(crate) struct OffsetFetch;
 
@@ -25,7 +24,6 @@ impl Handler for OffsetFetch {
     async fn handle(ctx: Rc<RequestCtx>, req: OffsetFetchRequest) -> Reply<OffsetFetchResponse> {
         let unavailable = ResponseError::CoordinatorNotAvailable.code();
         if ctx.version < 8 {
-            let group = req.group_id.0.as_str().to_owned();
             // v1 has no top-level error code: the fallback names each requested partition.
             let fallback = if ctx.version >= 2 {
                 OffsetFetchResponse::default().with_error_code(unavailable)
@@ -52,49 +50,9 @@ impl Handler for OffsetFetch {
                         .collect(),
                 )
             };
-            let answer = group_call(&ctx, &group, GroupRequest::OffsetFetch(req)).await;
-            return Reply::Later(
-                async move {
-                    match answer.await {
-                        Some(GroupResponse::OffsetFetch(r)) => r,
-                        _ => fallback,
-                    }
-                }
-                .boxed_local(),
-            );
+            return to_coordinator(&ctx, req, fallback).await;
         }
-        let order: Vec<String> = req
-            .groups
-            .iter()
-            .map(|g| g.group_id.0.as_str().to_owned())
-            .collect();
-        let parts = group_scatter(&ctx, order.clone(), false, |subset| {
-            let mut sub = req.clone();
-            sub.groups
-                .retain(|g| subset.iter().any(|s| s.as_str() == g.group_id.0.as_str()));
-            GroupRequest::OffsetFetch(sub)
-        })
-        .await;
-        let mut answered: Vec<OffsetFetchResponseGroup> = Vec::new();
-        for (subset, answer) in parts {
-            match answer {
-                Some(GroupResponse::OffsetFetch(r)) => answered.extend(r.groups),
-                _ => answered.extend(subset.into_iter().map(|g| {
-                    OffsetFetchResponseGroup::default()
-                        .with_group_id(kafka_protocol::messages::GroupId(super::str_bytes(&g)))
-                        .with_error_code(unavailable)
-                })),
-            }
-        }
-        let groups = order
-            .iter()
-            .filter_map(|g| {
-                answered
-                    .iter()
-                    .position(|a| a.group_id.0.as_str() == g)
-                    .map(|i| answered.swap_remove(i))
-            })
-            .collect();
+        let groups = per_group(&ctx.shard, &ctx.group_meta(), &req).await;
         Reply::Now(OffsetFetchResponse::default().with_groups(groups))
     }
 

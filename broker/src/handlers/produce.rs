@@ -35,7 +35,7 @@ enum Slot {
 /// admin client's id (`__admin_client`), which any client can claim; Strand refuses them all.
 /// The coordinator appends through the store, not through Produce.
 const INTERNAL_TOPICS: [&str; 3] = [
-    crate::group_host::OFFSETS_TOPIC,
+    crate::group::host::OFFSETS_TOPIC,
     "__transaction_state",
     "__share_group_state",
 ];

@@ -13,8 +13,8 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::TopicId;
 
 use super::{str_bytes, Handler, Reply, RequestCtx};
+use crate::queue::doors::kafka_share::{self, Named};
 use crate::shard::LEADER_EPOCH;
-use crate::share_door::{self, Named};
 
 pub(crate) struct ShareAcknowledge;
 
@@ -42,7 +42,7 @@ impl Handler for ShareAcknowledge {
         let (group, member) = (group.0.as_str().to_owned(), member.as_str().to_owned());
         // ShareAcknowledge never opens a session (epoch 0 is INVALID_SHARE_SESSION_EPOCH), so the
         // session vouches for the member: it goes when the member is fenced.
-        let release = match shard.share_sessions.borrow_mut().acknowledge(
+        let release = match ctx.subsystems.share_sessions.sessions.borrow_mut().acknowledge(
             &group,
             &member,
             req.share_session_epoch,
@@ -58,7 +58,7 @@ impl Handler for ShareAcknowledge {
                 t.partitions.iter().map(move |p| Named {
                     topic_id: TopicId(t.topic_id),
                     partition: p.partition_index,
-                    acks: share_door::acks(
+                    acks: kafka_share::acks(
                         p.acknowledgement_batches
                             .iter()
                             .map(|b| (b.first_offset, b.last_offset, &b.acknowledge_types[..])),
@@ -70,8 +70,8 @@ impl Handler for ShareAcknowledge {
         let advertised = ctx.advertised();
         Reply::Later(
             async move {
-                let outcomes = share_door::run(&shard, &group, &member, &named, &[], false, 0, 0, 0).await;
-                share_door::release(&shard, &group, &member, &release).await;
+                let outcomes = kafka_share::run(&shard, &group, &member, &named, &[], false, 0, 0, 0).await;
+                kafka_share::release(&shard, &group, &member, &release).await;
                 let mut topics: Vec<ShareAcknowledgeTopicResponse> = Vec::new();
                 for o in outcomes {
                     if topics.last().is_none_or(|t| t.topic_id != o.topic_id.0) {

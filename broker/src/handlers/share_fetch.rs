@@ -14,8 +14,8 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::TopicId;
 
 use super::{str_bytes, Handler, Reply, RequestCtx};
+use crate::queue::doors::kafka_share::{self, Named};
 use crate::shard::LEADER_EPOCH;
-use crate::share_door::{self, Named};
 
 pub(crate) struct ShareFetch;
 
@@ -44,7 +44,7 @@ impl Handler for ShareFetch {
         // Opening a session needs a member of the group; later requests are vouched for by the
         // session, which goes when the member leaves or is fenced.
         if req.share_session_epoch == 0 {
-            if let Err(code) = crate::share_door::check_member(&shard, &group, &member).await {
+            if let Err(code) = crate::queue::doors::kafka_share::check_member(&shard, &group, &member).await {
                 return Reply::Now(refuse(code, "not a member of the share group"));
             }
         }
@@ -55,7 +55,7 @@ impl Handler for ShareFetch {
                 t.partitions.iter().map(move |p| Named {
                     topic_id: TopicId(t.topic_id),
                     partition: p.partition_index,
-                    acks: share_door::acks(
+                    acks: kafka_share::acks(
                         p.acknowledgement_batches
                             .iter()
                             .map(|b| (b.first_offset, b.last_offset, &b.acknowledge_types[..])),
@@ -76,7 +76,7 @@ impl Handler for ShareFetch {
             .iter()
             .flat_map(|f| f.partitions.iter().map(move |p| (TopicId(f.topic_id), *p)))
             .collect();
-        let update = shard.share_sessions.borrow_mut().fetch(
+        let update = ctx.subsystems.share_sessions.sessions.borrow_mut().fetch(
             &group,
             &member,
             req.share_session_epoch,
@@ -89,12 +89,12 @@ impl Handler for ShareFetch {
             Ok(u) => u,
             Err(code) => return Reply::Now(refuse(code, "share session refused")),
         };
-        let lock_ms = share_door::settings(&shard, &group).record_lock_duration_ms;
+        let lock_ms = kafka_share::settings(&shard, &group).record_lock_duration_ms;
         let node = shard.config.node_id.0;
         let advertised = ctx.advertised();
         Reply::Later(
             async move {
-                let outcomes = share_door::run(
+                let outcomes = kafka_share::run(
                     &shard,
                     &group,
                     &member,
@@ -108,7 +108,7 @@ impl Handler for ShareFetch {
                 .await;
                 // Closed session or forgotten partitions: what the member still holds there goes
                 // back (after its acknowledgements above).
-                share_door::release(&shard, &group, &member, &update.release).await;
+                kafka_share::release(&shard, &group, &member, &update.release).await;
                 let mut topics: Vec<ShareFetchableTopicResponse> = Vec::new();
                 for o in outcomes {
                     if topics.last().is_none_or(|t| t.topic_id != o.topic_id.0) {
@@ -135,7 +135,7 @@ impl Handler for ShareFetch {
                                 })
                                 .collect(),
                         )
-                        .with_records(share_door::records_or_empty(r.records));
+                        .with_records(kafka_share::records_or_empty(r.records));
                     if let Some(t) = topics.last_mut() {
                         t.partitions.push(data);
                     }

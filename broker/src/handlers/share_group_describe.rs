@@ -11,7 +11,7 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::ShardId;
 
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
-use crate::share::{ShareAnswer, ShareOp};
+use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
 
 pub(crate) struct ShareGroupDescribe;
 
@@ -30,7 +30,9 @@ impl Handler for ShareGroupDescribe {
         let mut by_owner: BTreeMap<ShardId, Vec<String>> = BTreeMap::new();
         for g in order.iter().filter(|g| !g.is_empty()) {
             by_owner
-                .entry(crate::share::coordinator_of(&ctx.shard, g))
+                .entry(crate::queue::doors::kafka_share::group::coordinator_of(
+                    &ctx.shard, g,
+                ))
                 .or_default()
                 .push(g.clone());
         }
@@ -40,7 +42,7 @@ impl Handler for ShareGroupDescribe {
                 groups: groups.clone(),
                 include_authorized_operations: req.include_authorized_operations,
             };
-            let fut = crate::share::call(&ctx.shard, owner, op).await;
+            let fut = crate::queue::doors::kafka_share::group::call(&ctx.shard, owner, op).await;
             calls.push(async move { (groups, fut.await) });
         }
         let mut answered: Vec<DescribedGroup> = Vec::new();

@@ -1,5 +1,5 @@
 //! ShareGroupHeartbeat (76): KIP-932 share group membership, answered by the group's share
-//! coordinator ([`crate::share`]).
+//! coordinator ([`crate::queue::doors::kafka_share::group`]).
 
 use std::rc::Rc;
 
@@ -8,7 +8,7 @@ use kafka_protocol::messages::{ApiKey, ShareGroupHeartbeatRequest, ShareGroupHea
 use kafka_protocol::ResponseError;
 
 use super::{Handler, Reply, RequestCtx};
-use crate::share::{ShareAnswer, ShareMeta, ShareOp};
+use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareMeta, ShareOp};
 
 pub(crate) struct ShareGroupHeartbeat;
 
@@ -23,7 +23,8 @@ impl Handler for ShareGroupHeartbeat {
         ctx: Rc<RequestCtx>,
         req: ShareGroupHeartbeatRequest,
     ) -> Reply<ShareGroupHeartbeatResponse> {
-        let owner = crate::share::coordinator_of(&ctx.shard, req.group_id.as_str());
+        let owner =
+            crate::queue::doors::kafka_share::group::coordinator_of(&ctx.shard, req.group_id.as_str());
         let meta = ShareMeta {
             client_id: ctx.client_id.clone().unwrap_or_default(),
             client_host: ctx.conn.peer.map(|p| format!("/{}", p.ip())).unwrap_or_default(),
@@ -32,7 +33,7 @@ impl Handler for ShareGroupHeartbeat {
             meta,
             req: Box::new(req),
         };
-        let answer = crate::share::call(&ctx.shard, owner, op).await;
+        let answer = crate::queue::doors::kafka_share::group::call(&ctx.shard, owner, op).await;
         Reply::Later(
             async move {
                 match answer.await {

@@ -2,12 +2,10 @@
 
 use std::rc::Rc;
 
-use futures::FutureExt;
 use kafka_protocol::messages::{ApiKey, SyncGroupRequest, SyncGroupResponse};
 use kafka_protocol::ResponseError;
 
-use super::{group_call, Handler, Reply, RequestCtx};
-use crate::group::{GroupRequest, GroupResponse};
+use super::{to_coordinator, Handler, Reply, RequestCtx};
 
 pub(crate) struct SyncGroup;
 
@@ -19,19 +17,9 @@ impl Handler for SyncGroup {
     type Response = SyncGroupResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: SyncGroupRequest) -> Reply<SyncGroupResponse> {
-        let group = req.group_id.0.as_str().to_owned();
         let fallback =
             SyncGroupResponse::default().with_error_code(ResponseError::CoordinatorNotAvailable.code());
-        let answer = group_call(&ctx, &group, GroupRequest::SyncGroup(req)).await;
-        Reply::Later(
-            async move {
-                match answer.await {
-                    Some(GroupResponse::SyncGroup(r)) => r,
-                    _ => fallback,
-                }
-            }
-            .boxed_local(),
-        )
+        to_coordinator(&ctx, req, fallback).await
     }
 
     fn error_codes(resp: &SyncGroupResponse, out: &mut Vec<i16>) {

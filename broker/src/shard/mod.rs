@@ -6,6 +6,8 @@
 
 pub(crate) mod ops;
 pub(crate) mod router;
+pub(crate) mod service;
+pub(crate) mod tasks;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -26,10 +28,9 @@ use self::ops::{
     ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse, WaitPart,
 };
 use self::router::{Router, RouterError};
+use self::service::Registry;
 use crate::clock::Clock;
 use crate::config::{Config, LogSettings, TimestampType};
-use crate::controller::Controller;
-use crate::fetch_session::FetchSessionCache;
 use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta, TopicMeta};
 use crate::metrics::ShardMetrics;
 
@@ -40,11 +41,6 @@ pub(crate) const SENDFILE_MIN_BYTES: usize = 64 << 10;
 
 /// Segment reads of one Fetch a shard runs at once (see [`Shard::read_partitions`]).
 const FETCH_READS_IN_FLIGHT: usize = 8;
-
-/// Share sessions one shard keeps (KIP-932 `group.share.max.share.sessions` is per broker).
-const SHARE_SESSIONS_PER_SHARD: usize = 2_000;
-/// A share session unused this long may be evicted to make room for a new one.
-const SHARE_SESSION_IDLE_MS: i64 = 120_000;
 
 /// The leader epoch of every partition on a single node. Raft terms replace it later.
 pub(crate) const LEADER_EPOCH: i32 = 0;
@@ -88,21 +84,11 @@ pub(crate) struct Shard {
     topic_runtime: RefCell<HashMap<String, TopicRuntime>>,
     partitions: RefCell<FastMap<String, FastMap<i32, LocalPartition>>>,
     pub(crate) router: Rc<Router>,
-    pub(crate) fetch_sessions: RefCell<FetchSessionCache>,
     pub(crate) metrics: ShardMetrics,
-    pub(crate) controller: Option<Controller>,
     pub(crate) listeners: Rc<Vec<AdvertisedListener>>,
     pub(crate) shutting_down: Cell<bool>,
-    /// The coordinator of the groups of this shard's `__consumer_offsets` partitions.
-    pub(crate) groups: Option<crate::group_host::GroupHost>,
-    /// The queue engines of this shard's partitions.
-    pub(crate) queues: crate::queue_host::QueueHost,
-    /// The coordinator of the share groups whose coordinator shard this is.
-    pub(crate) shares: crate::share::ShareHost,
-    /// KIP-932 share sessions of the connections on this shard.
-    pub(crate) share_sessions: RefCell<crate::share_session::ShareSessions>,
-    /// The Kafka connections served here.
-    pub(crate) connections: crate::connection::Connections,
+    /// The subsystems' services and hooks on this shard (see [`service`]).
+    registry: Registry,
 }
 
 impl Shard {
@@ -115,10 +101,8 @@ impl Shard {
         store: ShardStore<GlommioFs>,
         metadata: ClusterMetadata,
         router: Rc<Router>,
-        controller: Option<Controller>,
         listeners: Rc<Vec<AdvertisedListener>>,
     ) -> Self {
-        let sessions = (1000 / usize::from(shards.max(1))).max(16);
         let runtime = metadata
             .topics()
             .map(|t| {
@@ -130,23 +114,10 @@ impl Shard {
                 )
             })
             .collect();
-        let groups = Some(crate::group_host::GroupHost::new(
-            &config,
-            u64::from(id.0) ^ 0x5eed_0000,
-        ));
         Shard {
-            groups,
-            queues: crate::queue_host::QueueHost::new(),
-            shares: crate::share::ShareHost::new(&config),
-            share_sessions: RefCell::new(crate::share_session::ShareSessions::new(
-                SHARE_SESSIONS_PER_SHARD,
-                SHARE_SESSION_IDLE_MS,
-            )),
-            connections: crate::connection::Connections::new(&config),
             id,
             shards,
             metrics: ShardMetrics::new(id),
-            fetch_sessions: RefCell::new(FetchSessionCache::new(id, sessions)),
             config,
             clock,
             store,
@@ -154,9 +125,9 @@ impl Shard {
             topic_runtime: RefCell::new(runtime),
             partitions: RefCell::new(FastMap::default()),
             router,
-            controller,
             listeners,
             shutting_down: Cell::new(false),
+            registry: Registry::default(),
         }
     }
 
@@ -308,83 +279,18 @@ impl Shard {
                 let answers = self.epoch_end_offsets(qs);
                 async move { ShardResponse::EpochEndOffsets(answers) }.boxed_local()
             }
-            ShardRequest::Controller(op) => {
-                let me = self.clone();
-                async move {
-                    match &me.controller {
-                        Some(c) => ShardResponse::Controller(c.run(&me, op).await),
-                        None => {
-                            ShardResponse::Controller(crate::controller::ControllerReply::not_controller())
-                        }
-                    }
-                }
-                .boxed_local()
-            }
             ShardRequest::PrepareMetadata(deltas) => {
                 let me = self.clone();
                 async move { ShardResponse::Applied(me.prepare_metadata(&deltas).await) }.boxed_local()
             }
             ShardRequest::CommitMetadata(deltas) => {
                 self.commit_metadata(&deltas);
-                if let Some(groups) = &self.groups {
-                    groups.metadata_committed(self, &deltas);
+                for h in self.registry.hooks() {
+                    h.metadata_committed(&deltas);
                 }
                 async move { ShardResponse::Applied(Vec::new()) }.boxed_local()
             }
-            ShardRequest::Group { meta, req } => {
-                // One group id names one group: a share group's id is not a consumer group's.
-                if let Some(refused) = self.refuse_share_group_id(&req) {
-                    return async move { ShardResponse::Group(Some(Box::new(refused))) }.boxed_local();
-                }
-                let answer = self.groups.as_ref().map(|g| g.submit(meta, *req));
-                async move {
-                    match answer {
-                        Some(rx) => ShardResponse::Group(rx.await.ok().map(Box::new)),
-                        None => ShardResponse::Group(None),
-                    }
-                }
-                .boxed_local()
-            }
-            ShardRequest::Queue(op) => {
-                let fut = self.queues.run_op(self, op);
-                async move { ShardResponse::Queue(fut.await) }.boxed_local()
-            }
-            ShardRequest::Share(op) => {
-                let fut = self.shares.run_op(self, op);
-                async move { ShardResponse::Share(fut.await) }.boxed_local()
-            }
-            ShardRequest::AdoptConnection(m) => {
-                let adopted = crate::connection::adopt(self, *m);
-                async move { ShardResponse::Adopted(adopted) }.boxed_local()
-            }
-        }
-    }
-
-    /// The answer to a classic or consumer group request naming an existing share group, as
-    /// Kafka gives it (INCONSISTENT_GROUP_PROTOCOL to JoinGroup, GROUP_ID_NOT_FOUND to the
-    /// KIP-848 heartbeat); `None` for anything else.
-    fn refuse_share_group_id(&self, req: &crate::group::GroupRequest) -> Option<crate::group::GroupResponse> {
-        use crate::group::{GroupRequest, GroupResponse};
-        use kafka_protocol::messages::{ConsumerGroupHeartbeatResponse, JoinGroupResponse};
-        match req {
-            GroupRequest::JoinGroup(r) if self.shares.is_share_group(r.group_id.as_str()) => {
-                Some(GroupResponse::JoinGroup(
-                    JoinGroupResponse::default()
-                        .with_error_code(ResponseError::InconsistentGroupProtocol.code())
-                        .with_generation_id(-1),
-                ))
-            }
-            GroupRequest::ConsumerGroupHeartbeat(r) if self.shares.is_share_group(r.group_id.as_str()) => {
-                Some(GroupResponse::ConsumerGroupHeartbeat(
-                    ConsumerGroupHeartbeatResponse::default()
-                        .with_error_code(ResponseError::GroupIdNotFound.code())
-                        .with_error_message(Some(crate::handlers::str_bytes(&format!(
-                            "Group {} is not a consumer group.",
-                            r.group_id.as_str()
-                        )))),
-                ))
-            }
-            _ => None,
+            ShardRequest::Service(call) => self.start_service(call),
         }
     }
 
@@ -785,9 +691,12 @@ impl Shard {
         }
     }
 
-    /// Phase 1 of a metadata change: open new logs, remove deleted ones, apply configs.
+    /// Phase 1 of a metadata change: open new logs, remove deleted ones, apply configs. The
+    /// subsystems' hooks see each delta once the core has taken it into its tables, before the
+    /// logs of a deleted topic are removed.
     async fn prepare_metadata(&self, deltas: &[MetadataDelta]) -> Vec<String> {
         let mut problems = Vec::new();
+        let hooks = self.registry.hooks();
         // New partitions of consecutive deltas are opened together (one CreateTopics request's
         // topics), before any other delta.
         let mut to_open = Vec::new();
@@ -800,6 +709,7 @@ impl Shard {
                 self.open_partitions(&std::mem::take(&mut to_open), &mut problems)
                     .await;
             }
+            let mut removed_logs = Vec::new();
             match d {
                 MetadataDelta::CreateTopic(_) | MetadataDelta::SetPartitionCount { .. } => {}
                 MetadataDelta::DeleteTopic { name, id } => {
@@ -810,16 +720,7 @@ impl Shard {
                             _ => None,
                         }
                     };
-                    if let Some(me) = self.queues_shard() {
-                        self.queues.forget_topic(&me, name).await;
-                    }
-                    for (p, lp) in removed.into_iter().flatten() {
-                        if let Err(e) = self.store.remove_log(lp.log).await {
-                            problems.push(format!("{name}-{p}: {e}"));
-                        }
-                        self.metrics.forget_partition(name, p);
-                    }
-                    self.fetch_sessions.borrow_mut().forget_topic(*id);
+                    removed_logs = removed.into_iter().flatten().collect();
                 }
                 MetadataDelta::SetTopicConfig { name, config } => {
                     let settings = config.log_settings(&self.config);
@@ -833,14 +734,20 @@ impl Shard {
                     for log in logs {
                         let _ = self.store.set_config(log, log_config.clone());
                     }
-                    if let Some(t) = self.metadata().topic(name) {
-                        let mut t = t.clone();
-                        t.config = config.clone();
-                        self.queues.reconfigure_topic(self, &t);
-                    }
                 }
                 // Group configs are read from the metadata replica when used.
                 MetadataDelta::SetGroupConfig { .. } => {}
+            }
+            for h in &hooks {
+                h.metadata_preparing(d).await;
+            }
+            if let MetadataDelta::DeleteTopic { name, .. } = d {
+                for (p, lp) in removed_logs {
+                    if let Err(e) = self.store.remove_log(lp.log).await {
+                        problems.push(format!("{name}-{p}: {e}"));
+                    }
+                    self.metrics.forget_partition(name, p);
+                }
             }
         }
         if !to_open.is_empty() {
@@ -868,14 +775,11 @@ impl Shard {
         *self.metadata.borrow_mut() = Rc::new(md);
     }
 
-    /// This shard as an `Rc` (the queue host keeps a weak reference once started).
-    fn queues_shard(&self) -> Option<Rc<Shard>> {
-        self.queues.shard_rc()
-    }
-
-    /// Runs retention on this shard's logs; updates gauges.
+    /// Runs retention on this shard's logs.
     pub(crate) async fn retention_pass(&self) {
-        self.queues.update_retention_floors(self);
+        for h in self.registry.hooks() {
+            h.before_retention();
+        }
         let deleted = self.store.retention_pass(self.now_ms()).await;
         for (_, outcome) in &deleted {
             self.metrics
@@ -907,7 +811,10 @@ impl Shard {
             }
         }
         self.metrics.store_gauges(&self.store, self.partition_count());
-        self.queues.publish_metrics();
+        drop(parts);
+        for h in self.registry.hooks() {
+            h.publish_gauges();
+        }
     }
 }
 

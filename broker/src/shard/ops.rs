@@ -7,7 +7,7 @@ use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use strand_storage::FileRegion;
 
-use crate::controller::{ControllerOp, ControllerReply};
+use super::service::{ServiceAnswer, ServiceCall};
 use crate::metadata::MetadataDelta;
 
 /// A partition named by topic and index.
@@ -172,23 +172,12 @@ pub(crate) enum ShardRequest {
     /// Move log start offsets (DeleteRecords); -1 means the high watermark.
     DeleteRecords(Vec<(PartRef, i64)>),
     EpochEndOffsets(Vec<EpochQuery>),
-    /// An admin operation for the controller (shard 0).
-    Controller(ControllerOp),
     /// Phase 1 of a metadata change: open or remove this shard's logs.
     PrepareMetadata(Vec<MetadataDelta>),
     /// Phase 2: update this shard's metadata replica.
     CommitMetadata(Vec<MetadataDelta>),
-    /// A request for the group coordinator of this shard.
-    Group {
-        meta: crate::group::RequestMeta,
-        req: Box<crate::group::GroupRequest>,
-    },
-    /// A queue operation on partitions this shard owns.
-    Queue(crate::queue_host::QueueOp),
-    /// A share group operation for this shard's share group coordinator.
-    Share(crate::share::ShareOp),
-    /// Take over a Kafka connection (see `connection`).
-    AdoptConnection(Box<crate::connection::Migrating>),
+    /// A request for a subsystem's service on this shard (see [`super::service`]).
+    Service(ServiceCall),
 }
 
 /// A shard's answer.
@@ -199,13 +188,8 @@ pub(crate) enum ShardResponse {
     ListOffsets(Vec<ListOffsetsOutcome>),
     DeleteRecords(Vec<(i16, i64)>),
     EpochEndOffsets(Vec<EpochAnswer>),
-    Controller(ControllerReply),
     /// Metadata applied; per-partition problems (logged by the shard too).
     Applied(Vec<String>),
-    /// The group coordinator's answer (`None`: it could not answer).
-    Group(Option<Box<crate::group::GroupResponse>>),
-    Queue(crate::queue_host::QueueAnswer),
-    Share(crate::share::ShareAnswer),
-    /// Whether the connection was taken over.
-    Adopted(bool),
+    /// A subsystem's answer.
+    Service(ServiceAnswer),
 }

@@ -61,6 +61,8 @@ pub(crate) fn mesh(n: usize, capacity: usize) -> Vec<ShardChannels> {
 pub(crate) enum RouterError {
     #[error("shard {0} is gone")]
     PeerGone(u16),
+    #[error("shard {0} has no such service")]
+    NoService(u16),
 }
 
 /// The calling side of a shard's mesh.

@@ -2,7 +2,7 @@
 //! and group epochs, server-side assignment — and the group configs of share groups.
 //!
 //! Records of a share group are delivered by the queue engine ([`crate::queue`], run by
-//! [`crate::queue_host`]): ShareFetch acquires records under a lock, ShareAcknowledge settles
+//! [`crate::queue::host`]): ShareFetch acquires records under a lock, ShareAcknowledge settles
 //! them. This module decides who is a member and which partitions each member fetches from.
 //!
 //! ## Pieces
@@ -21,7 +21,7 @@
 //!
 //! ## Ownership
 //!
-//! A share group lives on the shard [`crate::group_host::coordinator_shard`] names for its id,
+//! A share group lives on the shard [`crate::group::host::coordinator_shard`] names for its id,
 //! the same shard as a consumer group of that id would, so one group id names one thing and the
 //! group-type checks are local calls. Requests about a group are routed there
 //! ([`crate::shard::ops::ShardRequest::Share`]).
@@ -88,11 +88,10 @@ pub(crate) use host::ShareHost;
 
 use crate::config::Config;
 use crate::metadata::ClusterMetadata;
-use crate::shard::ops::{ShardRequest, ShardResponse};
 use crate::shard::Shard;
 
 /// A share-group operation for the coordinator shard of `group`
-/// ([`crate::group_host::coordinator_shard`]); [`ShareAnswer`] carries the answer. Everything
+/// ([`crate::group::host::coordinator_shard`]); [`ShareAnswer`] carries the answer. Everything
 /// here is `Send`: it crosses shards.
 #[derive(Debug)]
 pub(crate) enum ShareOp {
@@ -159,7 +158,7 @@ pub(crate) fn coordinator_config(config: &Config) -> coordinator::ShareCoordinat
 
 /// The shard coordinating share group `group` (the same as for a consumer group of that id).
 pub(crate) fn coordinator_of(shard: &Shard, group: &str) -> ShardId {
-    crate::group_host::coordinator_shard(group, &shard.config, shard.shards)
+    crate::group::host::coordinator_shard(group, &shard.config, shard.shards)
 }
 
 /// Sends `op` to the share coordinator of shard `owner`. Sending happens now; the returned
@@ -169,14 +168,8 @@ pub(crate) async fn call(
     owner: ShardId,
     op: ShareOp,
 ) -> LocalBoxFuture<'static, Option<ShareAnswer>> {
-    match shard.dispatch(owner, ShardRequest::Share(op)).await {
-        Ok(fut) => async move {
-            match fut.await {
-                Ok(ShardResponse::Share(a)) => Some(a),
-                _ => None,
-            }
-        }
-        .boxed_local(),
+    match shard.call::<ShareHost>(owner, op).await {
+        Ok(answer) => async move { answer.await.ok() }.boxed_local(),
         Err(_) => async { None }.boxed_local(),
     }
 }

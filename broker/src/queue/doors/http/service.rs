@@ -1,6 +1,6 @@
-//! The queue service behind the HTTP API ([`crate::http::QueueApi`]), on the connection's
+//! The queue service behind the HTTP API ([`crate::queue::doors::http::QueueApi`]), on the connection's
 //! shard: it resolves queues (topics) and message ids, picks partitions, and sends
-//! [`QueueOp`]s to the shards that own the partitions, where [`crate::queue_host`] runs the
+//! [`QueueOp`]s to the shards that own the partitions, where [`crate::queue::host`] runs the
 //! engines. Queue administration goes through the controller like Kafka's topic admin.
 
 use std::collections::BTreeMap;
@@ -14,16 +14,18 @@ use strand_protocol::types::{Offset, PartitionId, ShardId};
 
 use crate::config::QUEUE_KEYS;
 use crate::controller::{self, ConfigEdit, ControllerOp, PartitionIncrease};
-use crate::http::types::SettleActionKind;
-use crate::http::{
+use crate::metadata::{NewTopic, TopicMeta};
+use crate::queue::doors::http::types::SettleActionKind;
+use crate::queue::doors::http::{
     ApiError, GroupStats, LeaseRequest, LeasedMessage, PeerGone, PublishMessage, Published, PutQueue,
     QueueApi, QueueInfo, QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleBatch,
     SettleOutcome, SettleRequest, Settled, SettledState,
 };
-use crate::metadata::{NewTopic, TopicMeta};
-use crate::queue::dead_letter::{HEADER_MESSAGE_ID, HEADER_SOURCE_TOPIC};
-use crate::queue::{ExternalMessageId, Fence, MessageRef, Outcome, QueueError, SettleItem, SettleOp};
-use crate::queue_host::{create_dead_letter_topic, OutMessage, QueueAnswer, QueueFailure, QueueOp};
+use crate::queue::engine::dead_letter::{HEADER_MESSAGE_ID, HEADER_SOURCE_TOPIC};
+use crate::queue::engine::{ExternalMessageId, Fence, MessageRef, Outcome, QueueError, SettleItem, SettleOp};
+use crate::queue::host::{
+    create_dead_letter_topic, OutMessage, QueueAnswer, QueueFailure, QueueHost, QueueOp,
+};
 use crate::shard::ops::{FetchPart, ListOffsetsPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::shard::Shard;
 
@@ -38,7 +40,17 @@ const DEAD_LETTER_HEADER_PREFIX: &str = "strand-dlq-";
 
 /// The queue service of one shard.
 pub(crate) struct ShardQueues {
-    pub(crate) shard: Rc<Shard>,
+    shard: Rc<Shard>,
+    round_robin: std::cell::Cell<u64>,
+}
+
+impl ShardQueues {
+    pub(crate) fn new(shard: Rc<Shard>) -> Self {
+        ShardQueues {
+            shard,
+            round_robin: std::cell::Cell::new(0),
+        }
+    }
 }
 
 fn failure(e: QueueFailure) -> ApiError {
@@ -68,7 +80,7 @@ impl ShardQueues {
             .topic_by_id(id.topic)
             .filter(|t| id.id.partition.0 < t.partitions)
             .ok_or_else(|| ApiError::message_not_found(message_id))?;
-        crate::queue_host::group_dir_name(&req.group).map_err(failure)?;
+        crate::queue::host::group_dir_name(&req.group).map_err(failure)?;
         let (op, reason) = match &req.action {
             SettleAction::Ack => (SettleOp::Ack, None),
             SettleAction::Nack { delay_ms, reason } => {
@@ -87,7 +99,7 @@ impl ShardQueues {
         };
         let item = SettleItem {
             target: MessageRef::Id(id.id),
-            fence: Fence::Generation(crate::queue::Generation(req.generation)),
+            fence: Fence::Generation(crate::queue::engine::Generation(req.generation)),
             op,
             reason,
         };
@@ -99,7 +111,7 @@ impl ShardQueues {
         &self,
         message_id: &str,
         kind: SettleActionKind,
-        result: Result<crate::queue::Settled, QueueError>,
+        result: Result<crate::queue::engine::Settled, QueueError>,
     ) -> Result<Settled, ApiError> {
         let settled = result.map_err(|e| match e {
             QueueError::NotFound => ApiError::message_not_found(message_id),
@@ -145,21 +157,25 @@ impl ShardQueues {
 
     /// Sends one operation to a shard and waits for its answer.
     async fn call(&self, owner: ShardId, op: QueueOp) -> Result<QueueAnswer, ApiError> {
-        let fut = self
+        let answer = self
             .shard
-            .dispatch(owner, ShardRequest::Queue(op))
+            .call::<QueueHost>(owner, op)
             .await
             .map_err(|e| ApiError::unavailable(e.to_string()))?;
-        match fut.await.map_err(|e| ApiError::unavailable(e.to_string()))? {
-            ShardResponse::Queue(a) => Ok(a),
-            _ => Err(unexpected()),
-        }
+        answer.await.map_err(|e| ApiError::unavailable(e.to_string()))
+    }
+
+    /// A rotating number (spreads publishes and leases over partitions).
+    fn next_round_robin(&self) -> u64 {
+        let n = self.round_robin.get();
+        self.round_robin.set(n.wrapping_add(1));
+        n
     }
 
     /// The partitions of a topic grouped by owning shard, starting at a rotating partition.
     fn parts_by_owner(&self, topic: &TopicMeta) -> Vec<(ShardId, Vec<PartRef>)> {
         let n = topic.partitions.max(1);
-        let first = (self.shard.queues.next_round_robin() % n as u64) as i32;
+        let first = (self.next_round_robin() % n as u64) as i32;
         let mut by_owner: Vec<(ShardId, Vec<PartRef>)> = Vec::new();
         for i in 0..n {
             let p = (first + i) % n;
@@ -645,7 +661,7 @@ impl QueueApi for ShardQueues {
             let p = match (&m.key, &m.dedup_token) {
                 (Some(k), _) => partition_for_key(k, n),
                 (None, Some(tok)) => partition_for_key(tok.as_bytes(), n),
-                (None, None) => (self.shard.queues.next_round_robin() % n as u64) as i32,
+                (None, None) => (self.next_round_robin() % n as u64) as i32,
             };
             by_partition.entry(p).or_default().push((
                 i,
@@ -723,7 +739,7 @@ impl QueueApi for ShardQueues {
         gone: &PeerGone,
     ) -> Result<Vec<LeasedMessage>, ApiError> {
         let t = self.topic(queue)?;
-        crate::queue_host::group_dir_name(&req.group).map_err(failure)?;
+        crate::queue::host::group_dir_name(&req.group).map_err(failure)?;
         let consumer = req.consumer_or(connection_consumer).to_owned();
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(req.wait_ms);
         loop {
@@ -878,7 +894,7 @@ impl QueueApi for ShardQueues {
             }
         }
         for (chunk, answer) in join_all(calls).await {
-            let results: Vec<Option<Result<crate::queue::Settled, QueueError>>> = match answer {
+            let results: Vec<Option<Result<crate::queue::engine::Settled, QueueError>>> = match answer {
                 Ok(QueueAnswer::Settled(Ok(r))) => r.into_iter().map(Some).collect(),
                 Ok(QueueAnswer::Settled(Err(e))) => {
                     let e = failure(e);

@@ -1,6 +1,6 @@
 //! The share group coordinator of one shard: membership, epochs and assignments of the share
 //! groups it coordinates, as a sans-I/O state machine (see the module documentation of
-//! [`crate::share`] for the protocol and where Strand differs from Kafka).
+//! [`crate::queue::doors::kafka_share::group`] for the protocol and where Strand differs from Kafka).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -102,7 +102,7 @@ pub(crate) enum OtherGroup {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Action {
     /// A member left, or was removed when its session expired: its acquired records are to be
-    /// released ([`crate::share::events::member_gone`]).
+    /// released ([`crate::queue::doors::kafka_share::group::events::member_gone`]).
     MemberGone { group: String, member: String },
     /// Call `tick` no later than this.
     WakeAt(i64),

@@ -53,6 +53,7 @@ pub(crate) mod io;
 pub(crate) mod parse;
 pub(crate) mod response;
 pub(crate) mod route;
+pub(crate) mod service;
 pub(crate) mod session;
 pub(crate) mod types;
 

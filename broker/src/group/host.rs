@@ -4,7 +4,8 @@
 //!
 //! The coordinator is a sans-I/O state machine; everything that waits (the disk, the clock)
 //! happens here. A group lives on the shard owning its `__consumer_offsets` partition, so its
-//! records are appended to a local log and its state is touched by one thread.
+//! records are appended to a local log and its state is touched by one thread. Requests reach
+//! it as [`GroupCall`]s, the group host's service on every shard ([`forward`] sends one).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
@@ -12,15 +13,18 @@ use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use futures::channel::oneshot;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 use strand_protocol::types::{ShardId, TopicId};
 
-use crate::config::Config;
-use crate::group::records::{batch_records, build_batch};
-use crate::group::{
+use super::records::{batch_records, build_batch};
+use super::{
     Action, GroupConfig, GroupCoordinator, GroupRequest, GroupResponse, RequestMeta, RequestToken,
     TopicMetadata,
 };
+use crate::config::Config;
 use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta};
+use crate::shard::service::{Service, ShardHooks};
 use crate::shard::Shard;
 
 /// The internal topic of committed offsets and group state.
@@ -104,36 +108,57 @@ pub(crate) fn coordinator_shard(group_id: &str, config: &Config, shards: u16) ->
     )
 }
 
+/// Group ids that name another kind of group on this shard (share groups, whose coordinator
+/// lives on the same shard): a classic or consumer group request naming one is refused.
+pub(crate) trait OtherGroups {
+    fn is_other_group(&self, group_id: &str) -> bool;
+}
+
+/// A group request for the coordinator shard of its group.
+pub(crate) struct GroupCall {
+    pub(crate) meta: RequestMeta,
+    pub(crate) req: Box<GroupRequest>,
+}
+
 pub(crate) struct GroupHost {
+    /// Itself, for the tasks it spawns.
+    me: Weak<GroupHost>,
+    core: Rc<Shard>,
     coordinator: RefCell<GroupCoordinator>,
     waiters: RefCell<HashMap<RequestToken, oneshot::Sender<GroupResponse>>>,
     next_token: Cell<u64>,
     /// Wakes the timer task when the coordinator asks for an earlier tick.
     wake: strand_storage::notify::Notify,
-    shard: RefCell<Weak<Shard>>,
+    other_groups: RefCell<Option<Weak<dyn OtherGroups>>>,
 }
 
 impl GroupHost {
-    pub(crate) fn new(config: &Config, seed: u64) -> Self {
-        GroupHost {
-            coordinator: RefCell::new(GroupCoordinator::new(group_config(config), seed)),
+    pub(crate) fn new(core: Rc<Shard>) -> Rc<Self> {
+        let seed = u64::from(core.id.0) ^ 0x5eed_0000;
+        Rc::new_cyclic(|me| GroupHost {
+            me: me.clone(),
+            coordinator: RefCell::new(GroupCoordinator::new(group_config(&core.config), seed)),
+            core,
             waiters: RefCell::new(HashMap::new()),
             next_token: Cell::new(1),
             wake: strand_storage::notify::Notify::new(),
-            shard: RefCell::new(Weak::new()),
-        }
+            other_groups: RefCell::new(None),
+        })
     }
 
-    fn shard(&self) -> Option<Rc<Shard>> {
-        self.shard.borrow().upgrade()
+    /// Tells the coordinator which group ids name other kinds of groups.
+    pub(crate) fn set_other_groups(&self, other: Weak<dyn OtherGroups>) {
+        *self.other_groups.borrow_mut() = Some(other);
     }
 
     /// Handles a group request; the answer may come later (a JoinGroup waits for its rebalance).
     pub(crate) fn submit(&self, meta: RequestMeta, req: GroupRequest) -> oneshot::Receiver<GroupResponse> {
         let (tx, rx) = oneshot::channel();
-        let Some(shard) = self.shard() else {
+        if let Some(refused) = self.refuse_other_group_id(&req) {
+            let _ = tx.send(refused);
             return rx;
-        };
+        }
+        let shard = &self.core;
         let token = RequestToken(self.next_token.get());
         self.next_token.set(token.0 + 1);
         self.waiters.borrow_mut().insert(token, tx);
@@ -142,12 +167,41 @@ impl GroupHost {
             .coordinator
             .borrow_mut()
             .handle(shard.now_ms(), token, &meta, req, &topics);
-        self.run(&shard, actions);
+        self.run(actions);
         rx
     }
 
+    /// The answer to a classic or consumer group request naming a group of another kind, as
+    /// Kafka gives it (INCONSISTENT_GROUP_PROTOCOL to JoinGroup, GROUP_ID_NOT_FOUND to the
+    /// KIP-848 heartbeat); `None` for anything else.
+    fn refuse_other_group_id(&self, req: &GroupRequest) -> Option<GroupResponse> {
+        use kafka_protocol::messages::{ConsumerGroupHeartbeatResponse, JoinGroupResponse};
+        use kafka_protocol::ResponseError;
+        let other = self.other_groups.borrow().as_ref().and_then(Weak::upgrade)?;
+        match req {
+            GroupRequest::JoinGroup(r) if other.is_other_group(r.group_id.as_str()) => {
+                Some(GroupResponse::JoinGroup(
+                    JoinGroupResponse::default()
+                        .with_error_code(ResponseError::InconsistentGroupProtocol.code())
+                        .with_generation_id(-1),
+                ))
+            }
+            GroupRequest::ConsumerGroupHeartbeat(r) if other.is_other_group(r.group_id.as_str()) => {
+                Some(GroupResponse::ConsumerGroupHeartbeat(
+                    ConsumerGroupHeartbeatResponse::default()
+                        .with_error_code(ResponseError::GroupIdNotFound.code())
+                        .with_error_message(Some(kafka_protocol::protocol::StrBytes::from_string(format!(
+                            "Group {} is not a consumer group.",
+                            r.group_id.as_str()
+                        )))),
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// Carries out the coordinator's actions.
-    fn run(&self, shard: &Rc<Shard>, actions: Vec<Action>) {
+    fn run(&self, actions: Vec<Action>) {
         for action in actions {
             match action {
                 Action::Respond { token, response } => {
@@ -159,7 +213,7 @@ impl GroupHost {
                     write_id,
                     partition,
                     records,
-                } => self.persist(shard, write_id, partition, &records),
+                } => self.persist(write_id, partition, &records),
                 Action::WakeAt(_) => self.wake.notify_all(),
             }
         }
@@ -167,7 +221,8 @@ impl GroupHost {
 
     /// Appends one batch to a local `__consumer_offsets` partition and reports to the
     /// coordinator once it is durable (or failed).
-    fn persist(&self, shard: &Rc<Shard>, write_id: u64, partition: i32, records: &[crate::group::Record]) {
+    fn persist(&self, write_id: u64, partition: i32, records: &[super::Record]) {
+        let shard = &self.core;
         let now = shard.now_ms();
         let batch = build_batch(records, now);
         let appended = match shard.log_for(OFFSETS_TOPIC, partition) {
@@ -177,8 +232,9 @@ impl GroupHost {
                 .map_err(|e| e.to_string()),
             None => Err(format!("{OFFSETS_TOPIC}-{partition} is not on this shard")),
         };
-        let shard = shard.clone();
+        let Some(host) = self.me.upgrade() else { return };
         glommio::spawn_local(async move {
+            let shard = &host.core;
             let result = match appended {
                 Ok(ticket) => shard.store.wait_durable(&ticket).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e),
@@ -187,35 +243,33 @@ impl GroupHost {
             if let Err(e) = &result {
                 tracing::error!(partition, error = %e, "cannot persist group state; reloading the partition");
             }
-            let Some(host) = shard.groups.as_ref() else { return };
             let actions = host
                 .coordinator
                 .borrow_mut()
                 .persisted(shard.now_ms(), write_id, result);
-            host.run(&shard, actions);
+            host.run(actions);
             if failed {
                 // The coordinator dropped the partition's state (it may hold changes the log
                 // does not): rebuild it from what is durable.
                 let actions = host.coordinator.borrow_mut().unload(partition);
-                host.run(&shard, actions);
-                host.load_partition(&shard, partition).await;
+                host.run(actions);
+                host.load_partition(partition).await;
             }
         })
         .detach();
     }
 
     /// Loads this shard's partitions of `__consumer_offsets` and starts the timer task.
-    pub(crate) async fn start(shard: &Rc<Shard>) {
-        let Some(host) = shard.groups.as_ref() else { return };
-        *host.shard.borrow_mut() = Rc::downgrade(shard);
-        for p in 0..offsets_partitions(&shard.config) {
-            host.load_partition(shard, p).await;
+    pub(crate) async fn start(&self) {
+        for p in 0..offsets_partitions(&self.core.config) {
+            self.load_partition(p).await;
         }
-        glommio::spawn_local(timer_loop(Rc::downgrade(shard))).detach();
+        glommio::spawn_local(timer_loop(self.me.clone())).detach();
     }
 
     /// Loads the groups of one `__consumer_offsets` partition from its log (if this shard owns it).
-    async fn load_partition(&self, shard: &Rc<Shard>, p: i32) {
+    async fn load_partition(&self, p: i32) {
+        let shard = &self.core;
         let Some(log) = shard.log_for(OFFSETS_TOPIC, p) else {
             return;
         };
@@ -242,7 +296,7 @@ impl GroupHost {
                 "loaded groups"
             );
         }
-        self.run(shard, actions);
+        self.run(actions);
         // Offsets of topics that no longer exist: a deletion whose tombstones were lost (a crash
         // before they were durable, a failed write).
         let topics = Topics(shard.metadata());
@@ -253,12 +307,26 @@ impl GroupHost {
         if !gone.is_empty() {
             tracing::info!(partition = p, topics = ?gone, "removed committed offsets of deleted topics");
         }
-        self.run(shard, actions);
+        self.run(actions);
     }
+}
 
-    /// A metadata change was published on this shard: the committed offsets of deleted topics go
-    /// (on every shard, since every shard coordinates some `__consumer_offsets` partitions).
-    pub(crate) fn metadata_committed(&self, shard: &Rc<Shard>, deltas: &[MetadataDelta]) {
+impl Service for GroupHost {
+    type Request = GroupCall;
+    type Response = Option<GroupResponse>;
+
+    fn start(self: Rc<Self>, call: GroupCall) -> LocalBoxFuture<'static, Option<GroupResponse>> {
+        let answer = self.submit(call.meta, *call.req);
+        async move { answer.await.ok() }.boxed_local()
+    }
+}
+
+impl ShardHooks for GroupHost {
+    /// The committed offsets of deleted topics go (on every shard, since every shard coordinates
+    /// some `__consumer_offsets` partitions).
+    fn metadata_committed(&self, deltas: &[MetadataDelta]) {
+        let host = self;
+        let shard = &host.core;
         let deleted: BTreeSet<String> = deltas
             .iter()
             .filter_map(|d| match d {
@@ -269,19 +337,19 @@ impl GroupHost {
         if deleted.is_empty() {
             return;
         }
-        let actions = self
+        let actions = host
             .coordinator
             .borrow_mut()
             .topics_deleted(shard.now_ms(), &deleted);
-        self.run(shard, actions);
+        host.run(actions);
     }
 }
 
 /// Calls `tick` when the coordinator asked to be woken (and at least every second).
-async fn timer_loop(shard: Weak<Shard>) {
+async fn timer_loop(host: Weak<GroupHost>) {
     loop {
-        let Some(s) = shard.upgrade() else { return };
-        let Some(host) = s.groups.as_ref() else { return };
+        let Some(host) = host.upgrade() else { return };
+        let s = &host.core;
         let now = s.now_ms();
         let next = host.coordinator.borrow().next_wake().unwrap_or(now + 1000);
         let wait = Duration::from_millis(u64::try_from(next.saturating_sub(now)).unwrap_or(0).min(1000));
@@ -298,7 +366,7 @@ async fn timer_loop(shard: Weak<Shard>) {
         let now = s.now_ms();
         if host.coordinator.borrow().next_wake().is_some_and(|t| t <= now) {
             let actions = host.coordinator.borrow_mut().tick(now);
-            host.run(&s, actions);
+            host.run(actions);
         }
     }
 }

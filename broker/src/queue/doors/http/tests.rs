@@ -1578,9 +1578,9 @@ fn default_consumer_names_are_unique() {
 
 #[test]
 fn limits_agree_with_the_engine() {
-    assert_eq!(MAX_DEDUP_TOKEN_BYTES, crate::queue::MAX_DEDUP_TOKEN_BYTES);
-    assert_eq!(MAX_CONSUMER_BYTES, crate::queue::MAX_CONSUMER_ID_BYTES);
-    assert_eq!(MAX_REASON_BYTES, crate::queue::MAX_REASON_BYTES);
+    assert_eq!(MAX_DEDUP_TOKEN_BYTES, crate::queue::engine::MAX_DEDUP_TOKEN_BYTES);
+    assert_eq!(MAX_CONSUMER_BYTES, crate::queue::engine::MAX_CONSUMER_ID_BYTES);
+    assert_eq!(MAX_REASON_BYTES, crate::queue::engine::MAX_REASON_BYTES);
 }
 
 // ------------------------------------------------------------------------------------------

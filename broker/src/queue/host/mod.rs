@@ -1,4 +1,4 @@
-//! Runs the queue engines ([`crate::queue::QueuePartition`]) of one shard: one engine per
+//! Runs the queue engines ([`crate::queue::engine::QueuePartition`]) of one shard: one engine per
 //! (topic, partition, consumer group) for the partitions the shard owns. Everything that waits
 //! happens here: the message log (payload reads, loading the window), the state log (one per
 //! engine, appended through the shard's journal), the dead-letter topic, and the clock.
@@ -37,14 +37,16 @@ use strand_storage::notify::Notify;
 use strand_storage::{LogConfig, LogId, LogKey, StorageError};
 
 use crate::config::{LogSettings, QueueSettings};
+use crate::metadata::MetadataDelta;
 use crate::metadata::TopicMeta;
-use crate::queue::dead_letter::{HEADER_DEDUP_TOKEN, HEADER_DELIVER_AT, HEADER_MESSAGE_ID};
-use crate::queue::{
+use crate::queue::engine::dead_letter::{HEADER_DEDUP_TOKEN, HEADER_DELIVER_AT, HEADER_MESSAGE_ID};
+use crate::queue::engine::{
     Action, Admission, AppendedMessage, Backoff, ConsumerId, DeadLetterRequest, ExternalMessageId,
     LoadRequest, MessageId, Ordering, PartitionMetrics, PublishRequest, QueueConfig, QueueError,
     QueuePartition, Reply, RequestId, SettleItem, Settled, StateRecord, WriteId,
 };
 use crate::shard::ops::{PartRef, ProducePart, ShardRequest, ShardResponse};
+use crate::shard::service::{Service, ShardHooks};
 use crate::shard::{Shard, LEADER_EPOCH};
 
 /// The group that HTTP requests use when they name none, and whose engine admits publishes
@@ -94,7 +96,7 @@ impl ShareSettings {
     fn engine_config(&self, log: &LogSettings) -> QueueConfig {
         QueueConfig {
             max_message_bytes: log.max_message_bytes.saturating_sub(BATCH_OVERHEAD_BYTES).max(1),
-            ..QueueConfig::share_group(crate::queue::ShareGroupSettings {
+            ..QueueConfig::share_group(crate::queue::engine::ShareGroupSettings {
                 delivery_count_limit: self.delivery_count_limit,
                 record_lock_duration_ms: self.record_lock_duration_ms,
                 max_record_locks: self.max_record_locks,
@@ -290,8 +292,7 @@ pub(crate) enum QueueOp {
         parts: Vec<SharePart>,
         max_records: u32,
     },
-    /// Releases a share member's acquired records (session closed, member gone). `parts` empty:
-    /// every engine of the group on this shard.
+    /// Releases a share member's acquired records in these partitions (its session closed).
     ShareRelease {
         group: String,
         member: String,
@@ -515,37 +516,32 @@ pub(crate) struct QueueHost {
     opening: RefCell<HashMap<EngineKey, Rc<Notify>>>,
     /// Signalled when any engine may have become leasable (long-polls re-check).
     changed: Notify,
-    shard: RefCell<Weak<Shard>>,
-    round_robin: Cell<u64>,
+    /// Itself, for the tasks it spawns.
+    me: Weak<QueueHost>,
+    core: Rc<Shard>,
 }
 
 impl QueueHost {
-    pub(crate) fn new() -> Self {
-        QueueHost {
+    pub(crate) fn new(core: Rc<Shard>) -> Rc<Self> {
+        Rc::new_cyclic(|me| QueueHost {
             engines: RefCell::new(HashMap::new()),
             opening: RefCell::new(HashMap::new()),
             changed: Notify::new(),
-            shard: RefCell::new(Weak::new()),
-            round_robin: Cell::new(0),
-        }
+            me: me.clone(),
+            core,
+        })
     }
 
-    pub(crate) fn shard_rc(&self) -> Option<Rc<Shard>> {
-        self.shard.borrow().upgrade()
-    }
-
-    /// A rotating number (spreads lease requests over partitions).
-    pub(crate) fn next_round_robin(&self) -> u64 {
-        let n = self.round_robin.get();
-        self.round_robin.set(n.wrapping_add(1));
-        n
+    /// Itself (alive as long as a caller holds it).
+    fn rc(&self) -> Option<Rc<QueueHost>> {
+        self.me.upgrade()
     }
 
     /// Recovers the engines whose state logs this shard owns (start-up, after the partition logs
     /// are open).
-    pub(crate) async fn start(shard: &Rc<Shard>) {
-        let host = &shard.queues;
-        *host.shard.borrow_mut() = Rc::downgrade(shard);
+    pub(crate) async fn start(&self) {
+        let shard = &self.core;
+        let host = self;
         let root = shard.config.log_dir.join(STATE_DIR);
         let mut found = Vec::new();
         if let Ok(parts) = std::fs::read_dir(&root) {
@@ -583,7 +579,7 @@ impl QueueHost {
         }
         let mut recovered = 0usize;
         for (topic, partition, group) in found {
-            match host.engine(shard, &topic, partition, &group).await {
+            match host.engine(&topic, partition, &group).await {
                 Ok(_) => recovered += 1,
                 Err(e) => {
                     tracing::error!(topic, partition, group, error = %e, "cannot recover a queue engine")
@@ -596,16 +592,15 @@ impl QueueHost {
     }
 
     /// Starts a queue operation on this shard.
-    pub(crate) fn run_op(&self, shard: &Rc<Shard>, op: QueueOp) -> LocalBoxFuture<'static, QueueAnswer> {
-        let shard = shard.clone();
+    fn run_op(self: Rc<Self>, op: QueueOp) -> LocalBoxFuture<'static, QueueAnswer> {
         async move {
-            let host = &shard.queues;
+            let host = &self;
             match op {
                 QueueOp::Publish {
                     topic,
                     partition,
                     messages,
-                } => QueueAnswer::Published(host.publish(&shard, &topic, partition, messages).await),
+                } => QueueAnswer::Published(host.publish(&topic, partition, messages).await),
                 QueueOp::Lease {
                     group,
                     consumer,
@@ -613,7 +608,7 @@ impl QueueHost {
                     max_messages,
                     visibility_ms,
                 } => QueueAnswer::Leased(
-                    host.lease(&shard, &group, &consumer, &parts, max_messages, visibility_ms)
+                    host.lease(&group, &consumer, &parts, max_messages, visibility_ms)
                         .await,
                 ),
                 QueueOp::WaitLeasable {
@@ -621,7 +616,7 @@ impl QueueHost {
                     parts,
                     timeout_ms,
                 } => {
-                    host.wait_leasable(&shard, &group, &parts, timeout_ms).await;
+                    host.wait_leasable(&group, &parts, timeout_ms).await;
                     QueueAnswer::Ready
                 }
                 QueueOp::Settle {
@@ -629,7 +624,7 @@ impl QueueHost {
                     partition,
                     group,
                     items,
-                } => QueueAnswer::Settled(host.settle(&shard, &topic, partition, &group, items).await),
+                } => QueueAnswer::Settled(host.settle(&topic, partition, &group, items).await),
                 QueueOp::Stats { topic } => QueueAnswer::Stats(host.stats(&topic)),
                 QueueOp::Share {
                     group,
@@ -637,19 +632,16 @@ impl QueueHost {
                     settings,
                     parts,
                     max_records,
-                } => QueueAnswer::Share(
-                    host.share(&shard, &group, &member, &settings, parts, max_records)
-                        .await,
-                ),
+                } => QueueAnswer::Share(host.share(&group, &member, &settings, parts, max_records).await),
                 QueueOp::ShareRelease { group, member, parts } => {
-                    host.share_release(&shard, &group, &member, &parts);
+                    host.share_release(&group, &member, &parts);
                     QueueAnswer::Ready
                 }
                 QueueOp::ShareOffsets { group, topics } => {
                     QueueAnswer::ShareOffsets(host.share_offsets(&group, topics.as_deref()))
                 }
                 QueueOp::ShareDeleteState { group, topics } => {
-                    host.share_delete_state(&shard, &group, &topics).await;
+                    host.share_delete_state(&group, &topics).await;
                     QueueAnswer::Ready
                 }
                 QueueOp::ShareAlter {
@@ -657,10 +649,9 @@ impl QueueHost {
                     topic,
                     partition,
                     start_offset,
-                } => QueueAnswer::ShareAltered(
-                    host.share_alter(&shard, &group, &topic, partition, start_offset)
-                        .await,
-                ),
+                } => {
+                    QueueAnswer::ShareAltered(host.share_alter(&group, &topic, partition, start_offset).await)
+                }
             }
         }
         .boxed_local()
@@ -669,21 +660,13 @@ impl QueueHost {
     // ----- engines --------------------------------------------------------------------------
 
     /// The engine of (topic, partition, group), opened (recovered or created) if needed.
-    async fn engine(
-        &self,
-        shard: &Rc<Shard>,
-        topic: &str,
-        partition: i32,
-        group: &str,
-    ) -> Result<Rc<Engine>, QueueFailure> {
-        self.engine_from(shard, topic, partition, group, StartAt::Earliest)
-            .await
+    async fn engine(&self, topic: &str, partition: i32, group: &str) -> Result<Rc<Engine>, QueueFailure> {
+        self.engine_from(topic, partition, group, StartAt::Earliest).await
     }
 
     /// The engine of (topic, partition, group); a new one starts at `start` of the log.
     async fn engine_from(
         &self,
-        shard: &Rc<Shard>,
         topic: &str,
         partition: i32,
         group: &str,
@@ -717,24 +700,20 @@ impl QueueHost {
         }
         let done = Rc::new(Notify::new());
         self.opening.borrow_mut().insert(key.clone(), done.clone());
-        let opened = self.open_engine(shard, &key, start).await;
+        let opened = self.open_engine(&key, start).await;
         self.opening.borrow_mut().remove(&key);
         done.notify_all();
         let engine = Rc::new(opened?);
         self.engines.borrow_mut().insert(key, engine.clone());
-        glommio::spawn_local(timer_loop(Rc::downgrade(shard), engine.clone())).detach();
+        glommio::spawn_local(timer_loop(self.me.clone(), engine.clone())).detach();
         // Recovery may have queued actions (dead letters to re-send, the corrected state).
-        self.drain(shard, &engine);
-        self.kick_load(shard, &engine);
+        self.drain(&engine);
+        self.kick_load(&engine);
         Ok(engine)
     }
 
-    async fn open_engine(
-        &self,
-        shard: &Rc<Shard>,
-        key: &EngineKey,
-        start: StartAt,
-    ) -> Result<Engine, QueueFailure> {
+    async fn open_engine(&self, key: &EngineKey, start: StartAt) -> Result<Engine, QueueFailure> {
+        let shard = &self.core;
         let md = shard.metadata();
         let topic = md
             .topic(&key.topic)
@@ -744,7 +723,7 @@ impl QueueHost {
         let log = shard.log_for(&key.topic, key.partition).ok_or_else(|| {
             QueueFailure::Unavailable(format!("{}-{} is not open", key.topic, key.partition))
         })?;
-        let config = self.config_for(shard, &topic, &key.group);
+        let config = self.config_for(&topic, &key.group);
         let dir_name = state_log_dir_name(&key.topic, key.partition, &key.group)?;
         let now = shard.now_ms();
         let (state_log, report) = shard
@@ -837,13 +816,14 @@ impl QueueHost {
             )),
         };
         if recovering && key.group == PRIMARY_GROUP {
-            self.restore_dedup_tail(shard, &engine).await;
+            self.restore_dedup_tail(&engine).await;
         }
         tracing::debug!(topic = %key.topic, partition = key.partition, group = %key.group, recovering, "queue engine open");
         Ok(engine)
     }
 
-    fn config_for(&self, shard: &Shard, topic: &TopicMeta, group: &str) -> QueueConfig {
+    fn config_for(&self, topic: &TopicMeta, group: &str) -> QueueConfig {
+        let shard = &self.core;
         engine_config(
             &topic.config.queue_settings(),
             &topic.config.log_settings(&shard.config),
@@ -853,7 +833,8 @@ impl QueueHost {
 
     /// Recovery step 3: feeds the messages of the last dedup window to the engine, restoring
     /// the tokens whose `Dedup` records were not yet durable at the crash.
-    async fn restore_dedup_tail(&self, shard: &Rc<Shard>, engine: &Engine) {
+    async fn restore_dedup_tail(&self, engine: &Engine) {
+        let shard = &self.core;
         let window = engine.q.borrow().config().dedup_window_ms;
         if window == 0 {
             return;
@@ -888,7 +869,7 @@ impl QueueHost {
     }
 
     /// Carries out the engine's actions.
-    fn drain(&self, shard: &Rc<Shard>, engine: &Rc<Engine>) {
+    fn drain(&self, engine: &Rc<Engine>) {
         let actions = engine.q.borrow_mut().poll_actions();
         let mut became_leasable = false;
         for action in actions {
@@ -897,14 +878,16 @@ impl QueueHost {
                     write_id,
                     records,
                     snapshot,
-                } => self.persist(shard, engine, write_id, &records, snapshot),
+                } => self.persist(engine, write_id, &records, snapshot),
                 Action::Reply { request, reply } => {
                     if let Some(tx) = engine.waiters.borrow_mut().remove(&request) {
                         let _ = tx.send(reply);
                     }
                 }
                 Action::DeadLetter(req) => {
-                    glommio::spawn_local(dead_letter(shard.clone(), engine.clone(), req)).detach();
+                    if let Some(host) = self.rc() {
+                        glommio::spawn_local(dead_letter(host, engine.clone(), req)).detach();
+                    }
                 }
                 Action::WakeAt(_) => engine.timer.notify_all(),
             }
@@ -916,14 +899,8 @@ impl QueueHost {
     }
 
     /// Appends one state write to the engine's state log; reports it durable (or failed).
-    fn persist(
-        &self,
-        shard: &Rc<Shard>,
-        engine: &Rc<Engine>,
-        write_id: WriteId,
-        records: &[StateRecord],
-        snapshot: bool,
-    ) {
+    fn persist(&self, engine: &Rc<Engine>, write_id: WriteId, records: &[StateRecord], snapshot: bool) {
+        let shard = &self.core;
         let now = shard.now_ms();
         let values: Vec<Vec<u8>> = records.iter().map(StateRecord::to_bytes).collect();
         let recs: Vec<strand_protocol::batch::build::TestRecord<'_>> = values
@@ -940,14 +917,13 @@ impl QueueHost {
         if let (Ok(t), true) = (&appended, snapshot) {
             engine.snapshot.set(Some((write_id, t.info.base_offset)));
         }
-        let shard = shard.clone();
+        let Some(host) = self.rc() else { return };
         let engine = engine.clone();
         glommio::spawn_local(async move {
             let result = match appended {
-                Ok(ticket) => shard.store.wait_durable(&ticket).await,
+                Ok(ticket) => host.core.store.wait_durable(&ticket).await,
                 Err(e) => Err(e),
             };
-            let host = &shard.queues;
             match result {
                 Ok(()) => {
                     engine.q.borrow_mut().persisted(write_id);
@@ -955,7 +931,7 @@ impl QueueHost {
                         if w <= write_id {
                             engine.snapshot.set(None);
                             // Everything before the snapshot is superseded by it.
-                            if let Err(e) = shard.store.delete_records(engine.state_log, base).await {
+                            if let Err(e) = host.core.store.delete_records(engine.state_log, base).await {
                                 tracing::warn!(error = %e, "cannot trim a queue state log");
                             }
                         }
@@ -963,12 +939,12 @@ impl QueueHost {
                     if engine.snapshot.get().is_none() && engine.q.borrow().wants_snapshot() {
                         engine.q.borrow_mut().snapshot();
                     }
-                    host.drain(&shard, &engine);
+                    host.drain(&engine);
                 }
                 Err(e) => {
                     tracing::error!(topic = %engine.key.topic, partition = engine.key.partition, group = %engine.key.group, error = %e, "cannot persist queue state; the engine is rebuilt from its log");
                     engine.q.borrow_mut().persist_failed(write_id);
-                    host.drain(&shard, &engine);
+                    host.drain(&engine);
                     host.close(&engine);
                 }
             }
@@ -996,24 +972,25 @@ impl QueueHost {
     }
 
     /// Starts loading the window from the log if the engine wants it and no load runs.
-    fn kick_load(&self, shard: &Rc<Shard>, engine: &Rc<Engine>) {
+    fn kick_load(&self, engine: &Rc<Engine>) {
         if engine.q.borrow().wants_load().is_none() {
             return;
         }
         let Some(guard) = LoadGuard::begin(&engine.loading) else {
             return;
         };
-        let shard = shard.clone();
+        let Some(host) = self.rc() else { return };
         let engine = engine.clone();
         glommio::spawn_local(async move {
-            shard.queues.load(&shard, &engine).await;
+            host.load(&engine).await;
             drop(guard);
         })
         .detach();
     }
 
     /// Feeds the log to the engine while it wants more and the log has durable messages.
-    async fn load(&self, shard: &Rc<Shard>, engine: &Rc<Engine>) {
+    async fn load(&self, engine: &Rc<Engine>) {
+        let shard = &self.core;
         loop {
             if engine.closed.get() {
                 return;
@@ -1031,7 +1008,7 @@ impl QueueHost {
                     .q
                     .borrow_mut()
                     .log_gap(from, Offset(offsets.log_start_offset));
-                self.drain(shard, engine);
+                self.drain(engine);
                 continue;
             }
             if from.0 >= offsets.high_watermark {
@@ -1076,7 +1053,7 @@ impl QueueHost {
                     q.log_gap(from, Offset(end.min(offsets.high_watermark)));
                 }
             }
-            self.drain(shard, engine);
+            self.drain(engine);
             // Feeding the window need not produce actions, so `drain` may not have woken the
             // long polls that found nothing while this load was running.
             if fed > 0 && engine.q.borrow().has_leasable() {
@@ -1086,7 +1063,7 @@ impl QueueHost {
     }
 
     /// Tells the engines of a partition that the log grew to `log_end`, and loads.
-    fn log_grew(&self, shard: &Rc<Shard>, topic: &str, partition: i32, log_end: i64) {
+    fn log_grew(&self, topic: &str, partition: i32, log_end: i64) {
         let engines: Vec<Rc<Engine>> = self
             .engines
             .borrow()
@@ -1096,19 +1073,20 @@ impl QueueHost {
             .collect();
         for e in engines {
             e.q.borrow_mut().set_log_end(Offset(log_end));
-            self.kick_load(shard, &e);
+            self.kick_load(&e);
         }
         self.changed.notify_all();
     }
 
     /// Brings an engine up to the log's durable end before a lease.
-    async fn refresh(&self, shard: &Rc<Shard>, engine: &Rc<Engine>) {
+    async fn refresh(&self, engine: &Rc<Engine>) {
+        let shard = &self.core;
         if let Ok(o) = shard.store.offsets(engine.log) {
             engine.q.borrow_mut().set_log_end(Offset(o.high_watermark));
         }
         if engine.q.borrow().wants_load().is_some() {
             if let Some(_guard) = LoadGuard::begin(&engine.loading) {
-                self.load(shard, engine).await;
+                self.load(engine).await;
             }
         }
     }
@@ -1117,13 +1095,13 @@ impl QueueHost {
 
     async fn publish(
         &self,
-        shard: &Rc<Shard>,
         topic: &str,
         partition: i32,
         messages: Vec<OutMessage>,
     ) -> Vec<Result<PublishedMessage, QueueFailure>> {
+        let shard = &self.core;
         let n = messages.len();
-        let engine = match self.engine(shard, topic, partition, PRIMARY_GROUP).await {
+        let engine = match self.engine(topic, partition, PRIMARY_GROUP).await {
             Ok(e) => e,
             Err(e) => return vec![Err(e); n],
         };
@@ -1221,7 +1199,7 @@ impl QueueHost {
             }
             start = end;
         }
-        self.drain(shard, &engine);
+        self.drain(&engine);
         let mut durable: Result<(), QueueFailure> = Ok(());
         for t in &tickets {
             if let Err(e) = shard.store.wait_durable(t).await {
@@ -1233,7 +1211,7 @@ impl QueueHost {
             .offsets(engine.log)
             .map(|o| o.high_watermark)
             .unwrap_or(0);
-        self.log_grew(shard, topic, partition, hw);
+        self.log_grew(topic, partition, hw);
         // Duplicates of messages not yet durable (published concurrently) wait for them.
         let dup_max = slots
             .iter()
@@ -1278,13 +1256,13 @@ impl QueueHost {
 
     async fn lease(
         &self,
-        shard: &Rc<Shard>,
         group: &str,
         consumer: &str,
         parts: &[PartRef],
         max_messages: u32,
         visibility_ms: Option<u64>,
     ) -> Result<Vec<LeasedMessage>, QueueFailure> {
+        let shard = &self.core;
         let consumer = ConsumerId::new(consumer);
         let mut out = Vec::new();
         let mut first_error = None;
@@ -1294,14 +1272,14 @@ impl QueueHost {
             if want == 0 || budget == 0 {
                 break;
             }
-            let engine = match self.engine(shard, &part.topic, part.partition, group).await {
+            let engine = match self.engine(&part.topic, part.partition, group).await {
                 Ok(e) => e,
                 Err(e) => {
                     first_error.get_or_insert(e);
                     continue;
                 }
             };
-            self.refresh(shard, &engine).await;
+            self.refresh(&engine).await;
             let (visibility, want) = {
                 let q = engine.q.borrow();
                 let c = q.config();
@@ -1325,7 +1303,7 @@ impl QueueHost {
                 .lease(request, &consumer, want, visibility, shard.now_ms());
             if let Err(e) = started {
                 engine.waiters.borrow_mut().remove(&request);
-                self.drain(shard, &engine);
+                self.drain(&engine);
                 // Refusals of the request itself are the caller's error.
                 if matches!(
                     e,
@@ -1339,7 +1317,7 @@ impl QueueHost {
                 first_error.get_or_insert(e.into());
                 continue;
             }
-            self.drain(shard, &engine);
+            self.drain(&engine);
             let leases = match rx.await {
                 Ok(Ok(Reply::Leases(l))) => l,
                 Ok(Ok(_)) => Vec::new(),
@@ -1363,7 +1341,7 @@ impl QueueHost {
                 let Some(r) = records.get(&l.offset.0) else {
                     // The message is gone from the log (DeleteRecords): nothing to deliver.
                     tracing::warn!(topic = %part.topic, partition = part.partition, offset = l.offset.0, "leased message no longer in the log; acknowledging it");
-                    self.settle_quietly(shard, &engine, l.offset, l.generation);
+                    self.settle_quietly(&engine, l.offset, l.generation);
                     continue;
                 };
                 let size = r.value.as_ref().map_or(0, Bytes::len)
@@ -1396,23 +1374,24 @@ impl QueueHost {
     /// Acknowledges a leased message the host cannot deliver (its record was deleted).
     fn settle_quietly(
         &self,
-        shard: &Rc<Shard>,
         engine: &Rc<Engine>,
         offset: Offset,
-        generation: crate::queue::Generation,
+        generation: crate::queue::engine::Generation,
     ) {
+        let shard = &self.core;
         let request = engine.request_id();
         let item = SettleItem {
-            target: crate::queue::MessageRef::Offset(offset),
-            fence: crate::queue::Fence::Generation(generation),
-            op: crate::queue::SettleOp::Ack,
+            target: crate::queue::engine::MessageRef::Offset(offset),
+            fence: crate::queue::engine::Fence::Generation(generation),
+            op: crate::queue::engine::SettleOp::Ack,
             reason: Some("message deleted from the log".into()),
         };
         let _ = engine.q.borrow_mut().settle(request, &[item], shard.now_ms());
-        self.drain(shard, engine);
+        self.drain(engine);
     }
 
-    async fn wait_leasable(&self, shard: &Rc<Shard>, group: &str, parts: &[PartRef], timeout_ms: u64) {
+    async fn wait_leasable(&self, group: &str, parts: &[PartRef], timeout_ms: u64) {
+        let shard = &self.core;
         let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms);
         loop {
             let changed = self.changed.wait();
@@ -1426,7 +1405,7 @@ impl QueueHost {
                 let Some(engine) = self.engines.borrow().get(&key).cloned() else {
                     continue;
                 };
-                self.refresh(shard, &engine).await;
+                self.refresh(&engine).await;
                 if engine.q.borrow().has_leasable() {
                     return;
                 }
@@ -1448,23 +1427,23 @@ impl QueueHost {
 
     async fn settle(
         &self,
-        shard: &Rc<Shard>,
         topic: &str,
         partition: i32,
         group: &str,
         items: Vec<SettleItem>,
     ) -> Result<Vec<Result<Settled, QueueError>>, QueueFailure> {
-        let engine = self.engine(shard, topic, partition, group).await?;
+        let shard = &self.core;
+        let engine = self.engine(topic, partition, group).await?;
         let request = engine.request_id();
         let (tx, rx) = oneshot::channel();
         engine.waiters.borrow_mut().insert(request, tx);
         let started = engine.q.borrow_mut().settle(request, &items, shard.now_ms());
         if let Err(e) = started {
             engine.waiters.borrow_mut().remove(&request);
-            self.drain(shard, &engine);
+            self.drain(&engine);
             return Err(e.into());
         }
-        self.drain(shard, &engine);
+        self.drain(&engine);
         match rx.await {
             Ok(Ok(Reply::Settled(results))) => Ok(results),
             Ok(Ok(_)) => Err(QueueFailure::Unavailable("unexpected engine reply".into())),
@@ -1494,19 +1473,13 @@ impl QueueHost {
     /// The engine of a share group's partition, configured with the group's settings.
     async fn share_engine(
         &self,
-        shard: &Rc<Shard>,
         part: &PartRef,
         group: &str,
         settings: &ShareSettings,
     ) -> Result<Rc<Engine>, QueueFailure> {
+        let shard = &self.core;
         let engine = self
-            .engine_from(
-                shard,
-                &part.topic,
-                part.partition,
-                group,
-                settings.auto_offset_reset,
-            )
+            .engine_from(&part.topic, part.partition, group, settings.auto_offset_reset)
             .await?;
         if engine.share.borrow().as_ref() != Some(settings) {
             let log = shard
@@ -1526,19 +1499,19 @@ impl QueueHost {
     /// acquisition (for parts with `fetch`), at most `max_records` records over all parts.
     async fn share(
         &self,
-        shard: &Rc<Shard>,
         group: &str,
         member: &str,
         settings: &ShareSettings,
         parts: Vec<SharePart>,
         max_records: u32,
     ) -> Vec<SharePartResult> {
+        let shard = &self.core;
         use kafka_protocol::ResponseError as E;
         let owner = ConsumerId::new(member);
         let mut out = vec![SharePartResult::default(); parts.len()];
         let mut engines = Vec::with_capacity(parts.len());
         for (i, p) in parts.iter().enumerate() {
-            match self.share_engine(shard, &p.part, group, settings).await {
+            match self.share_engine(&p.part, group, settings).await {
                 Ok(e) => engines.push(Some(e)),
                 Err(e) => {
                     if let Some(r) = out.get_mut(i) {
@@ -1561,7 +1534,7 @@ impl QueueHost {
             let code = match share_ack_items(&p.acks, &owner) {
                 Err(e) => e.code(),
                 Ok(items) if items.is_empty() => 0,
-                Ok(items) => self.share_settle(shard, engine, items).await,
+                Ok(items) => self.share_settle(engine, items).await,
             };
             if let Some(r) = out.get_mut(i) {
                 r.ack_error = code;
@@ -1574,7 +1547,7 @@ impl QueueHost {
             if !p.fetch || left == 0 {
                 continue;
             }
-            self.refresh(shard, engine).await;
+            self.refresh(engine).await;
             let want = left.min(engine.q.borrow().config().max_lease_batch);
             let request = engine.request_id();
             let (tx, rx) = oneshot::channel();
@@ -1588,7 +1561,7 @@ impl QueueHost {
             );
             if let Err(e) = started {
                 engine.waiters.borrow_mut().remove(&request);
-                self.drain(shard, engine);
+                self.drain(engine);
                 // Lock limits mean "nothing more for you now", not an error.
                 if !matches!(
                     e,
@@ -1600,7 +1573,7 @@ impl QueueHost {
                 }
                 continue;
             }
-            self.drain(shard, engine);
+            self.drain(engine);
             let leases = match rx.await {
                 Ok(Ok(Reply::Leases(l))) => l,
                 Ok(Ok(_)) => Vec::new(),
@@ -1623,7 +1596,7 @@ impl QueueHost {
             wait_high_watermark(shard, engine.log, last + 1).await;
             let records = read_range(shard, engine.log, first, last, p.max_bytes).await;
             if let Some(r) = out.get_mut(i) {
-                r.acquired = crate::queue::Lease::acquired_ranges(&leases)
+                r.acquired = crate::queue::engine::Lease::acquired_ranges(&leases)
                     .into_iter()
                     .map(|(a, b, n)| (a.0, b.0, i16::try_from(n).unwrap_or(i16::MAX)))
                     .collect();
@@ -1635,7 +1608,8 @@ impl QueueHost {
 
     /// Settles share acknowledgements; the partition's acknowledge error code (0 when all
     /// went through).
-    async fn share_settle(&self, shard: &Rc<Shard>, engine: &Rc<Engine>, items: Vec<SettleItem>) -> i16 {
+    async fn share_settle(&self, engine: &Rc<Engine>, items: Vec<SettleItem>) -> i16 {
+        let shard = &self.core;
         let max = engine.q.borrow().config().max_lease_batch.max(1) as usize;
         let mut code = 0i16;
         for chunk in items.chunks(max) {
@@ -1645,10 +1619,10 @@ impl QueueHost {
             let started = engine.q.borrow_mut().settle(request, chunk, shard.now_ms());
             if let Err(e) = started {
                 engine.waiters.borrow_mut().remove(&request);
-                self.drain(shard, engine);
+                self.drain(engine);
                 return e.kafka_error().code();
             }
-            self.drain(shard, engine);
+            self.drain(engine);
             match rx.await {
                 Ok(Ok(Reply::Settled(results))) => {
                     if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
@@ -1665,15 +1639,9 @@ impl QueueHost {
     }
 
     /// Releases what `member` holds in these partitions: the records are available again at
-    /// once (a closed session, forgotten partitions). With `parts` empty the member left its
-    /// group (or was fenced): its sessions here may no longer acquire, but what it holds stays
-    /// acquired until its last acknowledgements arrive (a closing consumer leaves the group
-    /// first and acknowledges after) or its locks time out.
-    fn share_release(&self, shard: &Rc<Shard>, group: &str, member: &str, parts: &[PartRef]) {
-        if parts.is_empty() {
-            shard.share_sessions.borrow_mut().member_gone(group, member);
-            return;
-        }
+    /// once (a closed session, forgotten partitions).
+    fn share_release(&self, group: &str, member: &str, parts: &[PartRef]) {
+        let shard = &self.core;
         let engines: Vec<Rc<Engine>> = self
             .engines
             .borrow()
@@ -1692,7 +1660,7 @@ impl QueueHost {
             if n > 0 {
                 tracing::debug!(group, member, released = n, topic = %e.key.topic, partition = e.key.partition, "released share records");
             }
-            self.drain(shard, &e);
+            self.drain(&e);
         }
         self.changed.notify_all();
     }
@@ -1714,7 +1682,8 @@ impl QueueHost {
     /// Removes `group`'s engines of `topics` on this shard and their state logs (the caller
     /// checked that the share group has no members). A directory left by an engine that did
     /// not open goes too.
-    async fn share_delete_state(&self, shard: &Rc<Shard>, group: &str, topics: &[String]) {
+    async fn share_delete_state(&self, group: &str, topics: &[String]) {
+        let shard = &self.core;
         let engines: Vec<Rc<Engine>> = self
             .engines
             .borrow()
@@ -1754,15 +1723,15 @@ impl QueueHost {
     /// group has no members; leases still held go with the old state (as in Kafka).
     async fn share_alter(
         &self,
-        shard: &Rc<Shard>,
         group: &str,
         topic: &str,
         partition: i32,
         start_offset: i64,
     ) -> Result<(), (kafka_protocol::ResponseError, String)> {
+        let shard = &self.core;
         use kafka_protocol::ResponseError;
         let engine = self
-            .engine_from(shard, topic, partition, group, StartAt::Earliest)
+            .engine_from(topic, partition, group, StartAt::Earliest)
             .await
             .map_err(|e| (ResponseError::UnknownTopicOrPartition, e.to_string()))?;
         let log_start = shard
@@ -1782,7 +1751,7 @@ impl QueueHost {
             };
             return Err((code, e.to_string()));
         }
-        self.drain(shard, &engine);
+        self.drain(&engine);
         let written = shard
             .store
             .offsets(engine.state_log)
@@ -1799,7 +1768,7 @@ impl QueueHost {
                 "the new start offset could not be made durable".into(),
             ));
         }
-        self.kick_load(shard, &engine);
+        self.kick_load(&engine);
         self.changed.notify_all();
         tracing::info!(group, topic, partition, start, "share group start offset altered");
         Ok(())
@@ -1808,14 +1777,16 @@ impl QueueHost {
     // ----- shard events ----------------------------------------------------------------------
 
     /// A timer fired or time passed: runs what is due.
-    fn tick(&self, shard: &Rc<Shard>, engine: &Rc<Engine>) {
+    fn tick(&self, engine: &Rc<Engine>) {
+        let shard = &self.core;
         engine.q.borrow_mut().tick(shard.now_ms());
-        self.drain(shard, engine);
+        self.drain(engine);
         self.changed.notify_all();
     }
 
     /// A topic was deleted: its engines and state logs go.
-    pub(crate) async fn forget_topic(&self, shard: &Rc<Shard>, topic: &str) {
+    async fn forget_topic(&self, topic: &str) {
+        let shard = &self.core;
         let engines: Vec<Rc<Engine>> = self
             .engines
             .borrow()
@@ -1835,7 +1806,7 @@ impl QueueHost {
     }
 
     /// Topic configs changed: engines take the new queue settings.
-    pub(crate) fn reconfigure_topic(&self, shard: &Shard, topic: &TopicMeta) {
+    fn reconfigure_topic(&self, topic: &TopicMeta) {
         let engines: Vec<Rc<Engine>> = self
             .engines
             .borrow()
@@ -1844,7 +1815,7 @@ impl QueueHost {
             .cloned()
             .collect();
         for e in engines {
-            let config = self.config_for(shard, topic, &e.key.group);
+            let config = self.config_for(topic, &e.key.group);
             if let Err(err) = e.q.borrow_mut().reconfigure(config) {
                 tracing::warn!(topic = %topic.name, error = %err, "queue settings not applied");
             }
@@ -1852,7 +1823,8 @@ impl QueueHost {
     }
 
     /// Holds retention of each partition with engines at the lowest offset they still need.
-    pub(crate) fn update_retention_floors(&self, shard: &Shard) {
+    fn update_retention_floors(&self) {
+        let shard = &self.core;
         let mut floors: HashMap<LogId, i64> = HashMap::new();
         for e in self.engines.borrow().values() {
             let f = e.q.borrow().retention_floor().0;
@@ -1864,7 +1836,7 @@ impl QueueHost {
     }
 
     /// Publishes per-queue gauges and counters.
-    pub(crate) fn publish_metrics(&self) {
+    fn publish_metrics(&self) {
         for e in self.engines.borrow().values() {
             let (m, samples) = {
                 let mut q = e.q.borrow_mut();
@@ -1875,25 +1847,62 @@ impl QueueHost {
     }
 }
 
-/// Sleeps until the engine's next deadline and ticks it. Ends when the engine is closed.
-async fn timer_loop(shard: Weak<Shard>, engine: Rc<Engine>) {
-    loop {
-        let Some(s) = shard.upgrade() else { return };
-        if engine.closed.get() || s.shutting_down.get() {
-            return;
+impl Service for QueueHost {
+    type Request = QueueOp;
+    type Response = QueueAnswer;
+
+    fn start(self: Rc<Self>, op: QueueOp) -> LocalBoxFuture<'static, QueueAnswer> {
+        self.run_op(op)
+    }
+}
+
+impl ShardHooks for QueueHost {
+    fn metadata_preparing<'a>(&'a self, delta: &'a MetadataDelta) -> LocalBoxFuture<'a, ()> {
+        match delta {
+            MetadataDelta::DeleteTopic { name, .. } => self.forget_topic(name).boxed_local(),
+            MetadataDelta::SetTopicConfig { name, config } => {
+                if let Some(t) = self.core.metadata().topic(name) {
+                    let mut t = t.clone();
+                    t.config = config.clone();
+                    self.reconfigure_topic(&t);
+                }
+                async {}.boxed_local()
+            }
+            _ => async {}.boxed_local(),
         }
+    }
+
+    fn before_retention(&self) {
+        self.update_retention_floors();
+    }
+
+    fn publish_gauges(&self) {
+        self.publish_metrics();
+    }
+}
+
+/// Sleeps until the engine's next deadline and ticks it. Ends when the engine is closed.
+async fn timer_loop(host: Weak<QueueHost>, engine: Rc<Engine>) {
+    loop {
         let woken = engine.timer.wait();
-        let now = s.now_ms();
-        let next = engine.q.borrow().next_deadline();
-        let wait_ms = next.map_or(60_000, |t| t.saturating_sub(now).clamp(0, 60_000));
+        let wait_ms = {
+            let Some(h) = host.upgrade() else { return };
+            if engine.closed.get() || h.core.shutting_down.get() {
+                return;
+            }
+            let now = h.core.now_ms();
+            let next = engine.q.borrow().next_deadline();
+            let wait_ms = next.map_or(60_000, |t| t.saturating_sub(now).clamp(0, 60_000));
+            if wait_ms == 0 {
+                h.tick(&engine);
+            }
+            wait_ms
+        };
         if wait_ms == 0 {
-            s.queues.tick(&s, &engine);
-            drop(s);
             // A deadline that does not move must not spin the shard.
             glommio::timer::sleep(Duration::from_millis(1)).await;
             continue;
         }
-        drop(s);
         let timer = glommio::timer::sleep(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)));
         futures::pin_mut!(timer);
         futures::pin_mut!(woken);
@@ -1903,8 +1912,9 @@ async fn timer_loop(shard: Weak<Shard>, engine: Rc<Engine>) {
 
 /// Dead-letters one message: reads it, appends it with its failure context to the queue's
 /// dead-letter topic, then tells the engine (or that it failed, to retry later).
-async fn dead_letter(shard: Rc<Shard>, engine: Rc<Engine>, req: DeadLetterRequest) {
-    let result = dead_letter_append(&shard, &engine, &req).await;
+async fn dead_letter(host: Rc<QueueHost>, engine: Rc<Engine>, req: DeadLetterRequest) {
+    let shard = &host.core;
+    let result = dead_letter_append(shard, &engine, &req).await;
     let now = shard.now_ms();
     match result {
         Ok(()) => engine.q.borrow_mut().dead_letter_appended(req.offset, now),
@@ -1914,7 +1924,7 @@ async fn dead_letter(shard: Rc<Shard>, engine: Rc<Engine>, req: DeadLetterReques
         }
     }
     if !engine.closed.get() {
-        shard.queues.drain(&shard, &engine);
+        host.drain(&engine);
     }
 }
 
@@ -2209,7 +2219,7 @@ fn share_ack_items(
     batches: &[ShareAcks],
     owner: &ConsumerId,
 ) -> Result<Vec<SettleItem>, kafka_protocol::ResponseError> {
-    use crate::queue::{Fence, MessageRef, SettleOp};
+    use crate::queue::engine::{Fence, MessageRef, SettleOp};
     use kafka_protocol::ResponseError as E;
     let mut items = Vec::new();
     let mut prev_last: Option<i64> = None;
@@ -2403,7 +2413,7 @@ mod tests {
 
     #[test]
     fn share_acknowledgements_are_checked_and_expanded() {
-        use crate::queue::{Fence, MessageRef, SettleOp};
+        use crate::queue::engine::{Fence, MessageRef, SettleOp};
         use kafka_protocol::ResponseError as E;
         let owner = ConsumerId::new("m");
         let acks = |v: &[(i64, i64, &[i8])]| -> Vec<ShareAcks> {

@@ -15,11 +15,16 @@ use kafka_protocol::ResponseError;
 
 use super::coordinator::{Action, OtherGroup, ShareCoordinator};
 use super::{events, ShareAnswer, ShareOp};
-use crate::config::Config;
+use crate::group::host::{GroupHost, OtherGroups};
 use crate::group::{GroupRequest, GroupResponse, RequestMeta};
+use crate::shard::service::Service;
 use crate::shard::Shard;
 
 pub(crate) struct ShareHost {
+    me: Weak<ShareHost>,
+    core: Rc<Shard>,
+    /// This shard's group coordinator, asked whether a classic or consumer group has an id.
+    groups: Rc<GroupHost>,
     coordinator: RefCell<ShareCoordinator>,
     /// Wakes the timer task when the coordinator asks for an earlier tick.
     wake: strand_storage::notify::Notify,
@@ -28,12 +33,15 @@ pub(crate) struct ShareHost {
 }
 
 impl ShareHost {
-    pub(crate) fn new(config: &Config) -> Self {
-        ShareHost {
-            coordinator: RefCell::new(ShareCoordinator::new(super::coordinator_config(config))),
+    pub(crate) fn new(core: Rc<Shard>, groups: Rc<GroupHost>) -> Rc<Self> {
+        Rc::new_cyclic(|me| ShareHost {
+            me: me.clone(),
+            coordinator: RefCell::new(ShareCoordinator::new(super::coordinator_config(&core.config))),
+            core,
+            groups,
             wake: strand_storage::notify::Notify::new(),
             started: Cell::new(false),
-        }
+        })
     }
 
     /// Whether share group `group` exists on this shard (which must be its coordinator shard).
@@ -45,30 +53,26 @@ impl ShareHost {
     }
 
     /// Runs one operation on this shard (the coordinator shard of the groups it names).
-    pub(crate) fn run_op(&self, shard: &Rc<Shard>, op: ShareOp) -> LocalBoxFuture<'static, ShareAnswer> {
+    fn run_op(self: Rc<Self>, op: ShareOp) -> LocalBoxFuture<'static, ShareAnswer> {
         if !self.started.replace(true) {
-            glommio::spawn_local(timer_loop(Rc::downgrade(shard))).detach();
+            glommio::spawn_local(timer_loop(self.me.clone())).detach();
         }
-        let md = shard.metadata();
+        let md = self.core.metadata();
         match op {
             ShareOp::Heartbeat { meta, req } => {
                 let needs_check = self.coordinator.borrow().needs_other_group_check(&req);
-                let shard = shard.clone();
                 async move {
                     let other = if needs_check {
-                        other_group(&shard, req.group_id.as_str()).await
+                        other_group(&self.groups, req.group_id.as_str()).await
                     } else {
                         OtherGroup::None
                     };
-                    let md = shard.metadata();
-                    let (resp, actions) = shard.shares.coordinator.borrow_mut().heartbeat(
-                        shard.now_ms(),
-                        &meta,
-                        &req,
-                        &*md,
-                        other,
-                    );
-                    shard.shares.run(&shard, actions);
+                    let md = self.core.metadata();
+                    let (resp, actions) =
+                        self.coordinator
+                            .borrow_mut()
+                            .heartbeat(self.core.now_ms(), &meta, &req, &*md, other);
+                    self.run(actions);
                     ShareAnswer::Heartbeat(Box::new(resp))
                 }
                 .boxed_local()
@@ -108,23 +112,35 @@ impl ShareHost {
     }
 
     /// Carries out the coordinator's actions.
-    fn run(&self, shard: &Rc<Shard>, actions: Vec<Action>) {
+    fn run(&self, actions: Vec<Action>) {
         for action in actions {
             match action {
-                Action::MemberGone { group, member } => events::member_gone(shard, &group, &member),
+                Action::MemberGone { group, member } => events::member_gone(&self.core, &group, &member),
                 Action::WakeAt(_) => self.wake.notify_all(),
             }
         }
     }
 }
 
+impl Service for ShareHost {
+    type Request = ShareOp;
+    type Response = ShareAnswer;
+
+    fn start(self: Rc<Self>, op: ShareOp) -> LocalBoxFuture<'static, ShareAnswer> {
+        self.run_op(op)
+    }
+}
+
+impl OtherGroups for ShareHost {
+    fn is_other_group(&self, group_id: &str) -> bool {
+        self.is_share_group(group_id)
+    }
+}
+
 /// Asks the shard's group coordinator whether a classic or consumer group has id `group`
 /// (DescribeGroups v5 shows a classic group in a state other than Dead; ConsumerGroupDescribe
 /// finds a consumer group). Read-only.
-async fn other_group(shard: &Rc<Shard>, group: &str) -> OtherGroup {
-    let Some(groups) = shard.groups.as_ref() else {
-        return OtherGroup::None;
-    };
+async fn other_group(groups: &GroupHost, group: &str) -> OtherGroup {
     let id = GroupId(StrBytes::from_string(group.to_owned()));
     let meta = |version| RequestMeta {
         version,
@@ -168,10 +184,10 @@ async fn other_group(shard: &Rc<Shard>, group: &str) -> OtherGroup {
 }
 
 /// Calls `tick` when the coordinator asked to be woken (and at least every second).
-async fn timer_loop(shard: Weak<Shard>) {
+async fn timer_loop(host: Weak<ShareHost>) {
     loop {
-        let Some(s) = shard.upgrade() else { return };
-        let host = &s.shares;
+        let Some(host) = host.upgrade() else { return };
+        let s = &host.core;
         let now = s.now_ms();
         let next = host.coordinator.borrow().next_wake().unwrap_or(now + 1000);
         let wait = Duration::from_millis(u64::try_from(next.saturating_sub(now)).unwrap_or(0).min(1000));
@@ -188,7 +204,7 @@ async fn timer_loop(shard: Weak<Shard>) {
         let now = s.now_ms();
         if host.coordinator.borrow().next_wake().is_some_and(|t| t <= now) {
             let actions = host.coordinator.borrow_mut().tick(now);
-            host.run(&s, actions);
+            host.run(actions);
         }
     }
 }

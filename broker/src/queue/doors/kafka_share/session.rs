@@ -13,12 +13,18 @@
 //!
 //! Sessions live on the shard whose connection opened them (a consumer keeps one connection to
 //! the broker), at most `max_sessions` per shard (SHARE_SESSION_LIMIT_REACHED beyond; idle
-//! sessions are evicted after `idle_timeout_ms`).
+//! sessions are evicted after `idle_timeout_ms`). [`SessionsHost`] keeps a shard's sessions.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
 
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 use kafka_protocol::ResponseError;
 use strand_protocol::types::TopicId;
+
+use crate::shard::service::Service;
 
 /// A partition of a share session.
 pub(crate) type SharePartition = (TopicId, i32);
@@ -210,6 +216,44 @@ impl ShareSessions {
         let timeout = self.idle_timeout_ms;
         self.sessions
             .retain(|_, s| now_ms.saturating_sub(s.last_used_ms) <= timeout);
+    }
+}
+
+/// Share sessions one shard keeps (KIP-932 `group.share.max.share.sessions` is per broker).
+const SHARE_SESSIONS_PER_SHARD: usize = 2_000;
+/// A share session unused this long may be evicted to make room for a new one.
+const SHARE_SESSION_IDLE_MS: i64 = 120_000;
+
+/// The share sessions of the connections on one shard, and their service: a member gone from
+/// its group ([`MemberGone`], sent to every shard by its group's coordinator).
+pub(crate) struct SessionsHost {
+    pub(crate) sessions: RefCell<ShareSessions>,
+}
+
+impl SessionsHost {
+    pub(crate) fn new() -> Self {
+        SessionsHost {
+            sessions: RefCell::new(ShareSessions::new(
+                SHARE_SESSIONS_PER_SHARD,
+                SHARE_SESSION_IDLE_MS,
+            )),
+        }
+    }
+}
+
+/// Member `member` of share group `group` is gone: its sessions acquire nothing more.
+pub(crate) struct MemberGone {
+    pub(crate) group: String,
+    pub(crate) member: String,
+}
+
+impl Service for SessionsHost {
+    type Request = MemberGone;
+    type Response = ();
+
+    fn start(self: Rc<Self>, gone: MemberGone) -> LocalBoxFuture<'static, ()> {
+        self.sessions.borrow_mut().member_gone(&gone.group, &gone.member);
+        async {}.boxed_local()
     }
 }
 

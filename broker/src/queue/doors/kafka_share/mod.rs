@@ -1,7 +1,15 @@
-//! The Kafka door of the queue engine (KIP-932 share groups): what ShareFetch and
-//! ShareAcknowledge have in common — resolving topic ids, the share session, splitting the work
-//! over the shards that own the partitions ([`QueueOp::Share`]), long polling, and releasing a
-//! member's records when its session closes or it leaves the group. The handlers stay thin.
+//! The Kafka door of the queue engine (KIP-932 share groups).
+//!
+//! - [`group`]: the share group coordinator (membership, epochs, assignment), on the
+//!   coordinator shard of each group id.
+//! - [`session`]: share sessions, kept by the shard whose connection opened them.
+//! - This module: what ShareFetch and ShareAcknowledge have in common — resolving topic ids,
+//!   splitting the work over the shards that own the partitions ([`QueueOp::Share`], run by
+//!   [`crate::queue::host`]), long polling, and releasing a member's records when its session
+//!   closes. The handlers stay thin.
+
+pub(crate) mod group;
+pub(crate) mod session;
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -12,12 +20,13 @@ use futures::future::{join_all, select_all};
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 
-use crate::queue_host::{
+use crate::queue::doors::kafka_share::session::SharePartition;
+use crate::queue::host::QueueHost;
+use crate::queue::host::{
     QueueAnswer, QueueOp, ShareAcks, SharePart, SharePartResult, ShareSettings, StartAt,
 };
-use crate::shard::ops::{PartRef, ShardRequest, ShardResponse};
+use crate::shard::ops::PartRef;
 use crate::shard::Shard;
-use crate::share_session::SharePartition;
 
 /// Longest long poll honoured.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
@@ -44,7 +53,11 @@ pub(crate) struct PartOutcome {
 /// `group.share.*` defaults.
 pub(crate) fn settings(shard: &Shard, group: &str) -> ShareSettings {
     use crate::config::AutoOffsetReset;
-    let s = crate::share::share_group_settings(&shard.metadata(), &shard.config, group);
+    let s = crate::queue::doors::kafka_share::group::share_group_settings(
+        &shard.metadata(),
+        &shard.config,
+        group,
+    );
     ShareSettings {
         record_lock_duration_ms: u64::from(s.record_lock_duration_ms),
         delivery_count_limit: s.delivery_count_limit,
@@ -61,7 +74,9 @@ pub(crate) fn settings(shard: &Shard, group: &str) -> ShareSettings {
 /// Whether `member` belongs to the share group (asks the group's coordinator shard):
 /// UNKNOWN_MEMBER_ID, GROUP_ID_NOT_FOUND otherwise.
 pub(crate) async fn check_member(shard: &Rc<Shard>, group: &str, member: &str) -> Result<(), ResponseError> {
-    crate::share::check_member(shard, group, member).await.map(|_| ())
+    crate::queue::doors::kafka_share::group::check_member(shard, group, member)
+        .await
+        .map(|_| ())
 }
 
 /// What a share request asks of one shard.
@@ -267,30 +282,9 @@ pub(crate) async fn release(shard: &Rc<Shard>, group: &str, member: &str, parts:
     join_all(calls).await;
 }
 
-/// A member left its share group (or was fenced): its records are released on every shard
-/// and its sessions are dropped.
-pub(crate) async fn member_gone(shard: &Rc<Shard>, group: &str, member: &str) {
-    let calls = (0..shard.shards).map(|s| {
-        call(
-            shard,
-            ShardId(s),
-            QueueOp::ShareRelease {
-                group: group.to_owned(),
-                member: member.to_owned(),
-                parts: Vec::new(),
-            },
-        )
-    });
-    join_all(calls).await;
-}
-
 /// Runs a queue operation on shard `owner`; `None`: no answer could be had.
 pub(crate) async fn call(shard: &Rc<Shard>, owner: ShardId, op: QueueOp) -> Option<QueueAnswer> {
-    let fut = shard.dispatch(owner, ShardRequest::Queue(op)).await.ok()?;
-    match fut.await.ok()? {
-        ShardResponse::Queue(a) => Some(a),
-        _ => None,
-    }
+    shard.ask::<QueueHost>(owner, op).await
 }
 
 /// The acknowledgement batches of a request partition, as the engine host takes them.

@@ -1,0 +1,186 @@
+//! How subsystems plug into the shard core.
+//!
+//! The core carries requests between shards and keeps a shard's partitions; it knows no
+//! subsystem. A subsystem that answers requests from other shards (the group coordinator, the
+//! queue engines, the controller, connection hand-over, ...) implements [`Service`]: its request
+//! and response types are its own, and the core carries them as opaque boxes
+//! ([`ServiceCall`]). Each shard registers its instance once at start-up ([`Shard::serve`]);
+//! [`Shard::call`] sends a request to the instance on another shard, or starts it here, in
+//! order with every other request this shard sends to that shard.
+//!
+//! A subsystem that reacts to what the core does (a metadata change, a retention pass, the
+//! gauges' refresh) implements [`ShardHooks`] and registers with [`Shard::hook`].
+//!
+//! The core holds registered subsystems weakly: they hold the core, and the server keeps them
+//! alive (in `crate::subsystems::Subsystems`) for as long as the shard runs.
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use strand_protocol::types::ShardId;
+
+use super::ops::{ShardRequest, ShardResponse};
+use super::router::RouterError;
+use super::Shard;
+use crate::metadata::MetadataDelta;
+
+/// A subsystem's endpoint on each shard.
+pub(crate) trait Service: 'static {
+    /// What other shards send it. Crosses threads, hence `Send`.
+    type Request: Send + 'static;
+    /// What it answers.
+    type Response: Send + 'static;
+
+    /// Starts `req` on this shard. Side effects that must follow arrival order happen before
+    /// this returns; the future finishes the work.
+    fn start(self: Rc<Self>, req: Self::Request) -> LocalBoxFuture<'static, Self::Response>;
+}
+
+/// A request for a subsystem, as the router carries it.
+pub(crate) struct ServiceCall {
+    service: TypeId,
+    body: Box<dyn Any + Send>,
+}
+
+/// A subsystem's answer, as the router carries it (`None`: the shard has no such service, or
+/// it is gone).
+pub(crate) struct ServiceAnswer(Option<Box<dyn Any + Send>>);
+
+/// A registered service, its types erased.
+trait Endpoint {
+    fn start(&self, body: Box<dyn Any + Send>) -> LocalBoxFuture<'static, ServiceAnswer>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+struct Registered<S: Service>(Weak<S>);
+
+impl<S: Service> Endpoint for Registered<S> {
+    fn start(&self, body: Box<dyn Any + Send>) -> LocalBoxFuture<'static, ServiceAnswer> {
+        let (Some(service), Ok(req)) = (self.0.upgrade(), body.downcast::<S::Request>()) else {
+            return async { ServiceAnswer(None) }.boxed_local();
+        };
+        let answer = service.start(*req);
+        async move { ServiceAnswer(Some(Box::new(answer.await))) }.boxed_local()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// What a subsystem may do when the core does something. Every method has a default that does
+/// nothing.
+pub(crate) trait ShardHooks {
+    /// Phase 1 of a metadata change, once per delta, after the core has taken it into its own
+    /// tables and before it removes the logs of a deleted topic.
+    fn metadata_preparing<'a>(&'a self, _delta: &'a MetadataDelta) -> LocalBoxFuture<'a, ()> {
+        async {}.boxed_local()
+    }
+
+    /// Phase 2 of a metadata change: this shard's metadata replica has taken `deltas`.
+    fn metadata_committed(&self, _deltas: &[MetadataDelta]) {}
+
+    /// A retention pass is about to run over this shard's logs (retention floors).
+    fn before_retention(&self) {}
+
+    /// The shard refreshes its gauges.
+    fn publish_gauges(&self) {}
+}
+
+/// The services and hooks registered on one shard.
+#[derive(Default)]
+pub(crate) struct Registry {
+    services: RefCell<HashMap<TypeId, Rc<dyn Endpoint>>>,
+    hooks: RefCell<Vec<Weak<dyn ShardHooks>>>,
+}
+
+impl Registry {
+    /// The live hooks, in registration order.
+    pub(crate) fn hooks(&self) -> Vec<Rc<dyn ShardHooks>> {
+        self.hooks.borrow().iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+impl Shard {
+    /// Registers this shard's instance of a service (once per service type).
+    pub(crate) fn serve<S: Service>(&self, service: &Rc<S>) {
+        let previous = self
+            .registry
+            .services
+            .borrow_mut()
+            .insert(TypeId::of::<S>(), Rc::new(Registered(Rc::downgrade(service))));
+        debug_assert!(previous.is_none(), "a service registered twice on one shard");
+    }
+
+    /// Registers a subsystem's hooks.
+    pub(crate) fn hook(&self, hooks: Rc<dyn ShardHooks>) {
+        self.registry.hooks.borrow_mut().push(Rc::downgrade(&hooks));
+    }
+
+    /// This shard's instance of service `S`, if registered and alive.
+    fn local_service<S: Service>(&self) -> Option<Rc<S>> {
+        let services = self.registry.services.borrow();
+        let endpoint = services.get(&TypeId::of::<S>())?;
+        endpoint.as_any().downcast_ref::<Registered<S>>()?.0.upgrade()
+    }
+
+    /// Sends `req` to service `S` on shard `owner` (or starts it here) and returns the answer's
+    /// future. Calls made one after another reach each shard in that order, whatever service
+    /// or core operation they are for.
+    pub(crate) async fn call<S: Service>(
+        self: &Rc<Self>,
+        owner: ShardId,
+        req: S::Request,
+    ) -> Result<LocalBoxFuture<'static, Result<S::Response, RouterError>>, RouterError> {
+        if owner == self.id {
+            let Some(service) = self.local_service::<S>() else {
+                return Err(RouterError::NoService(owner.0));
+            };
+            let answer = service.start(req);
+            return Ok(async move { Ok(answer.await) }.boxed_local());
+        }
+        let call = ServiceCall {
+            service: TypeId::of::<S>(),
+            body: Box::new(req),
+        };
+        let answer = self.router.start_call(owner, ShardRequest::Service(call)).await?;
+        Ok(async move {
+            match answer.await? {
+                ShardResponse::Service(ServiceAnswer(Some(body))) => body
+                    .downcast::<S::Response>()
+                    .map(|b| *b)
+                    .map_err(|_| RouterError::NoService(owner.0)),
+                _ => Err(RouterError::NoService(owner.0)),
+            }
+        }
+        .boxed_local())
+    }
+
+    /// Sends `req` to service `S` on shard `owner` and waits for the answer; `None` if none came.
+    pub(crate) async fn ask<S: Service>(
+        self: &Rc<Self>,
+        owner: ShardId,
+        req: S::Request,
+    ) -> Option<S::Response> {
+        match self.call::<S>(owner, req).await {
+            Ok(answer) => answer.await.ok(),
+            Err(_) => None,
+        }
+    }
+
+    /// Starts a service call that arrived from another shard.
+    pub(crate) fn start_service(&self, call: ServiceCall) -> LocalBoxFuture<'static, ShardResponse> {
+        let endpoint = self.registry.services.borrow().get(&call.service).cloned();
+        match endpoint {
+            Some(e) => {
+                let answer = e.start(call.body);
+                async move { ShardResponse::Service(answer.await) }.boxed_local()
+            }
+            None => async { ShardResponse::Service(ServiceAnswer(None)) }.boxed_local(),
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The shard core's own tasks: the group-commit flusher, the stall probe, and housekeeping
+//! (retention, idle producers, gauges). The server spawns them on each shard.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::Shard;
+
+/// How often a checkpoint runs when the journal has not filled up (Kafka's
+/// `log.flush.offset.checkpoint.interval.ms` default).
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
+/// How often idle idempotent-producer state is expired.
+const PRODUCER_EXPIRY_CHECK: Duration = Duration::from_secs(60);
+
+/// How often the stall probe checks the executor.
+const STALL_PROBE_PERIOD: Duration = Duration::from_millis(10);
+/// A stall this long is logged.
+const STALL_WARN: Duration = Duration::from_millis(50);
+
+/// Measures how late the shard's executor runs a timer: the time in which it could serve
+/// nothing (a blocking call, a long computation between awaits, the thread not scheduled).
+/// Produce latency tails that flush rounds do not explain show up here.
+pub(crate) async fn stall_probe(shard: Rc<Shard>) {
+    loop {
+        let asked = Instant::now();
+        glommio::timer::sleep(STALL_PROBE_PERIOD).await;
+        let lag = asked.elapsed().saturating_sub(STALL_PROBE_PERIOD);
+        shard.metrics.stall(lag);
+        if lag >= STALL_WARN {
+            tracing::warn!(
+                shard = shard.id.0,
+                stall_ms = lag.as_millis() as u64,
+                "shard executor stalled"
+            );
+        }
+        if shard.shutting_down.get() {
+            return;
+        }
+    }
+}
+
+/// Flush rounds the flusher runs before it looks at checkpoints again.
+const ROUNDS_PER_FLUSH_PASS: usize = 32;
+
+/// The group-commit loop: flush rounds whenever something is staged; directory syncs, journal
+/// rotation and checkpoints between them.
+pub(crate) async fn flusher(shard: Rc<Shard>) {
+    let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+    loop {
+        {
+            let work = shard.store.wait_for_work();
+            let tick = glommio::timer::sleep(next_checkpoint.saturating_duration_since(Instant::now()));
+            futures::pin_mut!(work);
+            futures::pin_mut!(tick);
+            futures::future::select(work, tick).await;
+        }
+        if shard.store.is_closing() {
+            // `shutdown` flushes what is left; staying would spin on work we may not take.
+            return;
+        }
+        let mut progressed = true;
+        if shard.store.has_pending() {
+            let rounds = std::cell::Cell::new(0usize);
+            shard
+                .store
+                .flush_pending(ROUNDS_PER_FLUSH_PASS, |stats| {
+                    rounds.set(rounds.get() + 1);
+                    shard.metrics.round(stats)
+                })
+                .await;
+            // A new topic or a segment roll: sync the directory now rather than journal every
+            // byte of the log until the next checkpoint.
+            let synced = shard.store.sync_changed_dirs().await;
+            shard.metrics.dir_syncs(synced);
+            progressed = rounds.get() > 0 || synced > 0;
+        }
+        let due = Instant::now() >= next_checkpoint;
+        if shard.store.wants_checkpoint() || (due && shard.store.has_uncheckpointed_changes()) {
+            progressed = true;
+            next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+            if let Err(e) = shard.store.rotate_journal().await {
+                tracing::error!(error = %e, "journal rotation failed");
+                continue;
+            }
+            let s = shard.clone();
+            glommio::spawn_local(async move {
+                match s.store.checkpoint().await {
+                    Ok(stats) => s.metrics.checkpoint(&stats),
+                    Err(e) => tracing::error!(error = %e, "checkpoint failed; the journal is kept"),
+                }
+            })
+            .detach();
+        } else if due {
+            next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
+        }
+        if !progressed {
+            // Work is staged but nothing may be flushed yet (the store waits for something
+            // else, such as a running checkpoint): back off instead of looping without ever
+            // yielding, which would starve that very checkpoint and the whole shard.
+            tracing::debug!("flusher made no progress; backing off");
+            glommio::timer::sleep(FLUSHER_BACKOFF).await;
+        }
+    }
+}
+
+/// How long the flusher waits when a pass could flush nothing although work is staged.
+const FLUSHER_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Retention passes and gauges.
+pub(crate) async fn housekeeping(shard: Rc<Shard>) {
+    let retention_every =
+        Duration::from_millis(u64::try_from(shard.config.retention_check_interval_ms).unwrap_or(300_000));
+    let mut next_retention = Instant::now() + retention_every;
+    let mut next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
+    loop {
+        glommio::timer::sleep(Duration::from_millis(1000).min(retention_every)).await;
+        if Instant::now() >= next_retention {
+            shard.retention_pass().await;
+            next_retention = Instant::now() + retention_every;
+        }
+        if Instant::now() >= next_producer_expiry {
+            shard.expire_producers();
+            next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
+        }
+        shard.update_partition_gauges();
+    }
+}
