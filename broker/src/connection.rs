@@ -47,7 +47,8 @@ use futures::FutureExt;
 use strand_protocol::types::ShardId;
 
 use crate::fetch_session::MovedSession;
-use crate::handlers::{self, ConnInfo, Dispatched, RequestCtx};
+use crate::handlers::conn_info::{Affinity, ConnInfo};
+use crate::handlers::{self, Dispatched, RequestCtx};
 use crate::shard::service::Service;
 use crate::shard::Shard;
 use crate::subsystems::Subsystems;
@@ -84,10 +85,6 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Request bytes all connections of a shard may hold, Kafka frames and HTTP bodies together (at
 /// least one largest request of either).
 const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
-
-/// Moves one connection may make in its life: each needs a full run of requests for the new
-/// shard, so this only bounds a producer that keeps switching partitions.
-const MAX_MOVES: u32 = 16;
 
 /// A response slot: the task computing the encoded response frame, and for a fetch the
 /// connection's fetch slot, held until the response is written.
@@ -141,95 +138,6 @@ impl Connections {
     /// Refuses further request memory (shutdown): waiting readers end.
     pub(crate) fn close(&self) {
         self.request_memory.close();
-    }
-}
-
-/// Which shard a connection's work goes to, and whether it may move there (module docs).
-pub(crate) struct Affinity {
-    /// Requests in a row for partitions of `target` needed to move (0: never move).
-    after: u32,
-    /// It used an API whose state stays on this shard, or an acks=0 produce.
-    pinned: Cell<bool>,
-    target: Cell<Option<ShardId>>,
-    streak: Cell<u32>,
-    /// Moves this connection made before (it came from another shard).
-    moves: u32,
-}
-
-impl Affinity {
-    fn new(after: u32, moves: u32) -> Self {
-        Affinity {
-            after,
-            pinned: Cell::new(false),
-            target: Cell::new(None),
-            streak: Cell::new(0),
-            moves,
-        }
-    }
-
-    /// A request of `api` arrived. Produce and fetch requests report their shards with
-    /// [`Self::produced`] and [`Self::fetched`]; the other APIs allowed here keep no state on the
-    /// connection's shard. Anything else pins the connection.
-    fn request(&self, api: ApiKey) {
-        match api {
-            ApiKey::Produce
-            | ApiKey::Fetch
-            | ApiKey::ApiVersions
-            | ApiKey::Metadata
-            | ApiKey::InitProducerId
-            | ApiKey::ListOffsets
-            | ApiKey::OffsetForLeaderEpoch
-            | ApiKey::FindCoordinator
-            | ApiKey::DescribeCluster => {}
-            _ => self.pinned.set(true),
-        }
-    }
-
-    /// A produce request with `acks` went to partitions of these shards.
-    pub(crate) fn produced(&self, shards: impl IntoIterator<Item = ShardId>, acks: i16) {
-        if acks == 0 {
-            self.pinned.set(true);
-            return;
-        }
-        self.worked_on(shards);
-    }
-
-    /// A fetch request read partitions of these shards. A fetch session (KIP-227) the
-    /// connection uses moves with it ([`ConnInfo::used_session`]).
-    pub(crate) fn fetched(&self, shards: impl IntoIterator<Item = ShardId>) {
-        self.worked_on(shards);
-    }
-
-    fn worked_on(&self, shards: impl IntoIterator<Item = ShardId>) {
-        let mut shards = shards.into_iter();
-        let (Some(first), None) = (shards.next(), shards.next()) else {
-            // None (every partition refused) or several shards: no single place to be.
-            self.streak.set(0);
-            return;
-        };
-        if self.target.get() == Some(first) {
-            self.streak.set(self.streak.get().saturating_add(1));
-        } else {
-            self.target.set(Some(first));
-            self.streak.set(1);
-        }
-    }
-
-    /// The shard this connection should move to now, if any.
-    fn move_to(&self, here: ShardId) -> Option<ShardId> {
-        let target = self.target.get()?;
-        (self.after > 0
-            && !self.pinned.get()
-            && !MOVES_UNAVAILABLE.load(Ordering::Relaxed)
-            && target != here
-            && self.streak.get() >= self.after
-            && self.moves < MAX_MOVES)
-            .then_some(target)
-    }
-
-    /// Stay on this shard for good (a move failed).
-    fn pin(&self) {
-        self.pinned.set(true);
     }
 }
 
@@ -481,7 +389,10 @@ async fn read_loop(
     let mut reserved: Option<StaticPermit> = None;
     loop {
         loop {
-            if let Some(to) = conn.affinity.move_to(shard.id) {
+            if let Some(to) = conn
+                .affinity
+                .move_to(shard.id, !MOVES_UNAVAILABLE.load(Ordering::Relaxed))
+            {
                 return ReadEnd::Move(to);
             }
             let frame = match split_frame(buf, max_frame) {
@@ -749,9 +660,6 @@ fn read_region(region: &FileRegion, from: usize) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
 
-    const HERE: ShardId = ShardId(0);
-    const THERE: ShardId = ShardId(1);
-
     /// sendfile sends a region until the socket is full and then nothing more; reading the rest
     /// from the file completes it, byte for byte.
     #[test]
@@ -792,89 +700,6 @@ mod tests {
         assert!(
             read_region(&past_the_end, 0).is_err(),
             "a region past the file's end read"
-        );
-    }
-
-    #[test]
-    fn a_run_of_produce_requests_for_one_other_shard_moves_the_connection() {
-        let a = Affinity::new(3, 0);
-        a.request(ApiKey::ApiVersions);
-        a.request(ApiKey::Metadata);
-        a.request(ApiKey::InitProducerId);
-        for _ in 0..2 {
-            a.request(ApiKey::Produce);
-            a.produced([THERE], -1);
-            assert_eq!(a.move_to(HERE), None, "not before the run is long enough");
-        }
-        a.produced([THERE], 1);
-        assert_eq!(a.move_to(HERE), Some(THERE));
-        // Already on the owner: nowhere to go.
-        assert_eq!(a.move_to(THERE), None);
-    }
-
-    #[test]
-    fn fetches_count_like_produce_requests() {
-        let a = Affinity::new(3, 0);
-        a.request(ApiKey::ListOffsets);
-        a.request(ApiKey::Fetch);
-        a.fetched([THERE]);
-        a.produced([THERE], 1);
-        assert_eq!(a.move_to(HERE), None);
-        a.request(ApiKey::Fetch);
-        a.fetched([THERE]);
-        assert_eq!(a.move_to(HERE), Some(THERE));
-    }
-
-    #[test]
-    fn mixed_or_changing_shards_restart_the_run() {
-        let a = Affinity::new(2, 0);
-        a.produced([THERE], -1);
-        a.produced([HERE, THERE], -1);
-        a.produced([THERE], -1);
-        assert_eq!(a.move_to(HERE), None, "a request for two shards broke the run");
-        a.produced([ShardId(2)], -1);
-        a.produced([THERE], -1);
-        assert_eq!(a.move_to(HERE), None, "a request for a third shard broke the run");
-        a.produced([THERE], -1);
-        assert_eq!(a.move_to(HERE), Some(THERE));
-        a.produced(std::iter::empty(), -1);
-        assert_eq!(
-            a.move_to(HERE),
-            None,
-            "a request whose partitions were all refused"
-        );
-    }
-
-    #[test]
-    fn state_on_this_shard_acks_0_or_a_failed_move_keep_the_connection() {
-        for api in [
-            ApiKey::OffsetCommit,
-            ApiKey::ShareFetch,
-            ApiKey::ShareAcknowledge,
-            ApiKey::JoinGroup,
-        ] {
-            let a = Affinity::new(1, 0);
-            a.request(api);
-            a.produced([THERE], -1);
-            assert_eq!(a.move_to(HERE), None, "{api:?} pins the connection");
-        }
-        let a = Affinity::new(1, 0);
-        a.produced([THERE], 0);
-        a.produced([THERE], -1);
-        assert_eq!(a.move_to(HERE), None, "acks=0 pins the connection");
-        let a = Affinity::new(1, 0);
-        a.produced([THERE], -1);
-        a.pin();
-        assert_eq!(a.move_to(HERE), None, "a failed move pins the connection");
-        let a = Affinity::new(0, 0);
-        a.produced([THERE], -1);
-        assert_eq!(a.move_to(HERE), None, "0 turns moves off");
-        let a = Affinity::new(1, MAX_MOVES);
-        a.produced([THERE], -1);
-        assert_eq!(
-            a.move_to(HERE),
-            None,
-            "a connection moves at most MAX_MOVES times"
         );
     }
 

@@ -16,6 +16,7 @@ use kafka_protocol::ResponseError;
 
 use super::describe_share_group_offsets::require_empty_share_group;
 use super::{msg, Handler, Reply, RequestCtx};
+use crate::queue::doors::kafka_share::errors::alter_error;
 use crate::queue::host::{QueueAnswer, QueueOp};
 
 pub(crate) struct AlterShareGroupOffsets;
@@ -78,7 +79,7 @@ impl Handler for AlterShareGroupOffsets {
                         };
                         match crate::queue::doors::kafka_share::call(shard, owner, op).await {
                             Some(QueueAnswer::ShareAltered(Ok(()))) => None,
-                            Some(QueueAnswer::ShareAltered(Err(e))) => Some(e),
+                            Some(QueueAnswer::ShareAltered(Err(e))) => Some((alter_error(&e), e.to_string())),
                             _ => Some((
                                 ResponseError::CoordinatorNotAvailable,
                                 "The partition's shard did not answer.".into(),

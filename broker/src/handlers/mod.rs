@@ -6,6 +6,7 @@
 mod alter_configs;
 mod alter_share_group_offsets;
 mod api_versions;
+pub(crate) mod conn_info;
 mod consumer_group_describe;
 mod consumer_group_heartbeat;
 mod create_partitions;
@@ -39,7 +40,6 @@ mod share_group_heartbeat;
 mod sync_group;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,43 +56,13 @@ use strand_storage::FileRegion;
 use crate::group::ForCoordinator;
 use crate::shard::{AdvertisedListener, Shard};
 
-/// The connection a request arrived on.
-pub(crate) struct ConnInfo {
-    /// Index of the listener in `Shard::listeners`.
-    pub(crate) listener: usize,
-    pub(crate) peer: Option<SocketAddr>,
-    /// Where its work goes, and whether it may move to that shard.
-    pub(crate) affinity: crate::connection::Affinity,
-    /// Ids of the fetch sessions it used (most recent last, at most [`MAX_CONN_SESSIONS`]):
-    /// they move with it to another shard.
-    pub(crate) sessions: std::cell::RefCell<Vec<i32>>,
-}
-
-/// Fetch sessions a connection carries along when it moves; clients use one per connection.
-pub(crate) const MAX_CONN_SESSIONS: usize = 4;
-
-impl ConnInfo {
-    /// The connection's fetch used session `id`.
-    pub(crate) fn used_session(&self, id: i32) {
-        let mut ids = self.sessions.borrow_mut();
-        if ids.last() == Some(&id) {
-            return;
-        }
-        ids.retain(|&i| i != id);
-        if ids.len() >= MAX_CONN_SESSIONS {
-            ids.remove(0);
-        }
-        ids.push(id);
-    }
-}
-
 /// Everything a handler knows about its request.
 pub(crate) struct RequestCtx {
     /// The shard core of the connection's shard.
     pub(crate) shard: Rc<Shard>,
     /// Its subsystems.
     pub(crate) subsystems: Rc<crate::subsystems::Subsystems>,
-    pub(crate) conn: Rc<ConnInfo>,
+    pub(crate) conn: Rc<conn_info::ConnInfo>,
     pub(crate) api: ApiKey,
     pub(crate) version: i16,
     pub(crate) correlation_id: i32,

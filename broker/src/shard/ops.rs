@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use std::any::{Any, TypeId};
+
 use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use strand_storage::FileRegion;
 
-use super::service::{ServiceAnswer, ServiceCall};
 use crate::metadata::MetadataDelta;
 
 /// A partition named by topic and index.
@@ -142,6 +143,39 @@ pub(crate) struct EpochAnswer {
     pub(crate) error: i16,
     pub(crate) leader_epoch: i32,
     pub(crate) end_offset: i64,
+}
+
+/// A request for a subsystem's service (see [`super::service`]), as the router carries it: the
+/// service's type and its request, boxed.
+pub(crate) struct ServiceCall {
+    service: TypeId,
+    body: Box<dyn Any + Send>,
+}
+
+impl ServiceCall {
+    pub(crate) fn new(service: TypeId, body: Box<dyn Any + Send>) -> Self {
+        ServiceCall { service, body }
+    }
+
+    pub(crate) fn into_parts(self) -> (TypeId, Box<dyn Any + Send>) {
+        (self.service, self.body)
+    }
+}
+
+/// A service's answer, as the router carries it (no body: the shard has no such service, or it
+/// is gone).
+pub(crate) struct ServiceAnswer(Option<Box<dyn Any + Send>>);
+
+impl ServiceAnswer {
+    pub(crate) const NONE: ServiceAnswer = ServiceAnswer(None);
+
+    pub(crate) fn new(body: Box<dyn Any + Send>) -> Self {
+        ServiceAnswer(Some(body))
+    }
+
+    pub(crate) fn into_body(self) -> Option<Box<dyn Any + Send>> {
+        self.0
+    }
 }
 
 /// A request to a shard.

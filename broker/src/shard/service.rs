@@ -23,7 +23,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use strand_protocol::types::ShardId;
 
-use super::ops::{ShardRequest, ShardResponse};
+use super::ops::{ServiceAnswer, ServiceCall, ShardRequest, ShardResponse};
 use super::router::RouterError;
 use super::Shard;
 use crate::metadata::MetadataDelta;
@@ -40,16 +40,6 @@ pub(crate) trait Service: 'static {
     fn start(self: Rc<Self>, req: Self::Request) -> LocalBoxFuture<'static, Self::Response>;
 }
 
-/// A request for a subsystem, as the router carries it.
-pub(crate) struct ServiceCall {
-    service: TypeId,
-    body: Box<dyn Any + Send>,
-}
-
-/// A subsystem's answer, as the router carries it (`None`: the shard has no such service, or
-/// it is gone).
-pub(crate) struct ServiceAnswer(Option<Box<dyn Any + Send>>);
-
 /// A registered service, its types erased.
 trait Endpoint {
     fn start(&self, body: Box<dyn Any + Send>) -> LocalBoxFuture<'static, ServiceAnswer>;
@@ -61,10 +51,10 @@ struct Registered<S: Service>(Weak<S>);
 impl<S: Service> Endpoint for Registered<S> {
     fn start(&self, body: Box<dyn Any + Send>) -> LocalBoxFuture<'static, ServiceAnswer> {
         let (Some(service), Ok(req)) = (self.0.upgrade(), body.downcast::<S::Request>()) else {
-            return async { ServiceAnswer(None) }.boxed_local();
+            return async { ServiceAnswer::NONE }.boxed_local();
         };
         let answer = service.start(*req);
-        async move { ServiceAnswer(Some(Box::new(answer.await))) }.boxed_local()
+        async move { ServiceAnswer::new(Box::new(answer.await)) }.boxed_local()
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -143,14 +133,13 @@ impl Shard {
             let answer = service.start(req);
             return Ok(async move { Ok(answer.await) }.boxed_local());
         }
-        let call = ServiceCall {
-            service: TypeId::of::<S>(),
-            body: Box::new(req),
-        };
+        let call = ServiceCall::new(TypeId::of::<S>(), Box::new(req));
         let answer = self.router.start_call(owner, ShardRequest::Service(call)).await?;
         Ok(async move {
             match answer.await? {
-                ShardResponse::Service(ServiceAnswer(Some(body))) => body
+                ShardResponse::Service(answer) => answer
+                    .into_body()
+                    .ok_or(RouterError::NoService(owner.0))?
                     .downcast::<S::Response>()
                     .map(|b| *b)
                     .map_err(|_| RouterError::NoService(owner.0)),
@@ -174,13 +163,14 @@ impl Shard {
 
     /// Starts a service call that arrived from another shard.
     pub(crate) fn start_service(&self, call: ServiceCall) -> LocalBoxFuture<'static, ShardResponse> {
-        let endpoint = self.registry.services.borrow().get(&call.service).cloned();
+        let (service, body) = call.into_parts();
+        let endpoint = self.registry.services.borrow().get(&service).cloned();
         match endpoint {
             Some(e) => {
-                let answer = e.start(call.body);
+                let answer = e.start(body);
                 async move { ShardResponse::Service(answer.await) }.boxed_local()
             }
-            None => async { ShardResponse::Service(ServiceAnswer(None)) }.boxed_local(),
+            None => async { ShardResponse::Service(ServiceAnswer::NONE) }.boxed_local(),
         }
     }
 }

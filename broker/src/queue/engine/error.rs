@@ -1,7 +1,5 @@
 //! Operating errors of the queue engine. A refused command changes nothing.
 
-use kafka_protocol::ResponseError;
-
 use super::types::{Generation, MessageId};
 
 /// Why a command (or one item of a settle batch) was refused.
@@ -64,44 +62,6 @@ pub(crate) enum QueueError {
 }
 
 impl QueueError {
-    /// The HTTP status of the queue API.
-    pub(crate) fn http_status(&self) -> u16 {
-        use QueueError::*;
-        match self {
-            NotFound => 404,
-            StaleGeneration { .. } | NotOwner | NotLeased { .. } | AlreadyDone | AlreadyLive(_) | Busy => 409,
-            WrongPartition(_)
-            | EmptyBatch
-            | BatchTooLarge { .. }
-            | VisibilityOutOfRange { .. }
-            | DelayOutOfRange { .. }
-            | LeaseLifetimeExceeded { .. }
-            | BadConsumerId { .. }
-            | ReasonTooLong { .. }
-            | BadDedupToken { .. } => 400,
-            MessageTooLarge { .. } => 413,
-            ConsumerLeaseLimit { .. }
-            | PartitionLeaseLimit { .. }
-            | TooManyDelayed { .. }
-            | DedupTableFull { .. } => 429,
-            Unavailable => 503,
-        }
-    }
-
-    /// The Kafka error of a share-group acknowledgement or fetch refused with this error.
-    pub(crate) fn kafka_error(&self) -> ResponseError {
-        use QueueError::*;
-        match self {
-            StaleGeneration { .. } | NotOwner | NotLeased { .. } | AlreadyDone | AlreadyLive(_) | Busy => {
-                ResponseError::InvalidRecordState
-            }
-            NotFound | WrongPartition(_) | EmptyBatch | BatchTooLarge { .. } => ResponseError::InvalidRequest,
-            MessageTooLarge { .. } => ResponseError::MessageTooLarge,
-            Unavailable => ResponseError::CoordinatorLoadInProgress,
-            _ => ResponseError::InvalidRequest,
-        }
-    }
-
     pub(crate) fn stale(given: Generation, current: Generation) -> QueueError {
         QueueError::StaleGeneration {
             given: given.0,

@@ -49,6 +49,7 @@
 // The futures of `QueueApi` are neither `Send` nor meant to be (thread-per-core).
 #![allow(async_fn_in_trait)]
 
+pub(crate) mod errors;
 pub(crate) mod io;
 pub(crate) mod parse;
 pub(crate) mod response;

@@ -54,7 +54,7 @@ impl ShardQueues {
 }
 
 fn failure(e: QueueFailure) -> ApiError {
-    ApiError::new(e.http_status(), e.code(), e.to_string())
+    super::errors::api_error(e)
 }
 
 fn engine_error(e: QueueError) -> ApiError {
@@ -784,7 +784,7 @@ impl QueueApi for ShardQueues {
                     }
                     QueueAnswer::Leased(Err(e)) => {
                         // A request-level refusal (bad visibility, ...) is the same everywhere.
-                        if e.http_status() == 400 {
+                        if super::errors::status(&e) == 400 {
                             return Err(failure(e));
                         }
                         first_error.get_or_insert(e);
@@ -796,14 +796,14 @@ impl QueueApi for ShardQueues {
                 return Ok(out);
             }
             // A lease limit does not go away by waiting for messages.
-            if let Some(e) = first_error.as_ref().filter(|e| e.http_status() == 429) {
+            if let Some(e) = first_error.as_ref().filter(|e| super::errors::status(e) == 429) {
                 return Err(failure(e.clone()));
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 // Limits (429) and unavailability are worth telling; "nothing there" is not.
                 return match first_error {
-                    Some(e) if e.http_status() != 404 => Err(failure(e)),
+                    Some(e) if super::errors::status(&e) != 404 => Err(failure(e)),
                     _ => Ok(out),
                 };
             }

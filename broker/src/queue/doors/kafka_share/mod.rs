@@ -8,6 +8,8 @@
 //!   [`crate::queue::host`]), long polling, and releasing a member's records when its session
 //!   closes. The handlers stay thin.
 
+mod acks;
+pub(crate) mod errors;
 pub(crate) mod group;
 pub(crate) mod session;
 
@@ -20,11 +22,13 @@ use futures::future::{join_all, select_all};
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 
+use self::acks::settle_items;
+pub(crate) use self::acks::ShareAcks;
+use self::errors::share_error;
 use crate::queue::doors::kafka_share::session::SharePartition;
-use crate::queue::host::QueueHost;
-use crate::queue::host::{
-    QueueAnswer, QueueOp, ShareAcks, SharePart, SharePartResult, ShareSettings, StartAt,
-};
+use crate::queue::engine::ConsumerId;
+use crate::queue::host::{QueueAnswer, QueueOp, SharePart, SharePartResult, ShareSettings, StartAt};
+use crate::queue::host::{QueueFailure, QueueHost};
 use crate::shard::ops::PartRef;
 use crate::shard::Shard;
 
@@ -46,7 +50,37 @@ pub(crate) struct Named {
 pub(crate) struct PartOutcome {
     pub(crate) topic_id: TopicId,
     pub(crate) partition: i32,
-    pub(crate) result: SharePartResult,
+    pub(crate) result: PartResult,
+}
+
+/// What a response says of one partition: Kafka error codes, and what was acquired.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PartResult {
+    pub(crate) error: i16,
+    pub(crate) ack_error: i16,
+    /// (first offset, last offset, delivery count).
+    pub(crate) acquired: Vec<(i64, i64, i16)>,
+    /// Whole stored batches covering the acquired offsets.
+    pub(crate) records: Option<Bytes>,
+}
+
+impl PartResult {
+    /// A shard's answer for the partition; `bad_acks`: its acknowledgements were malformed and
+    /// not sent.
+    fn from_host(r: SharePartResult, bad_acks: bool) -> Self {
+        let code = |f: Option<QueueFailure>| f.map_or(0, |f| share_error(&f).code());
+        let served = r.error.is_none();
+        PartResult {
+            error: code(r.error),
+            ack_error: if bad_acks && served {
+                ResponseError::InvalidRequest.code()
+            } else {
+                code(r.ack_error)
+            },
+            acquired: r.acquired,
+            records: r.records,
+        }
+    }
 }
 
 /// The settings of a share group, from its group configs (KIP-932, KIP-1191) over the broker's
@@ -84,6 +118,8 @@ struct ShardWork {
     /// Index into the outcome list, per part.
     idx: Vec<usize>,
     parts: Vec<SharePart>,
+    /// Per part: its acknowledgements were malformed (INVALID_REQUEST) and not sent.
+    bad_acks: Vec<bool>,
 }
 
 /// Runs acknowledgements (`acks` per named partition) and, when `fetch`, acquisition from
@@ -103,6 +139,7 @@ pub(crate) async fn run(
 ) -> Vec<PartOutcome> {
     let md = shard.metadata();
     let settings = settings(shard, group);
+    let owner = ConsumerId::new(member);
     // Every partition to answer about, in order: those named, then the rest of the session.
     let mut order: Vec<SharePartition> = named.iter().map(|n| (n.topic_id, n.partition)).collect();
     if fetch {
@@ -117,7 +154,7 @@ pub(crate) async fn run(
         .map(|(t, p)| PartOutcome {
             topic_id: *t,
             partition: *p,
-            result: SharePartResult::default(),
+            result: PartResult::default(),
         })
         .collect();
     let per_part_bytes = usize::try_from(max_bytes).unwrap_or(0).clamp(64 << 10, 8 << 20);
@@ -135,8 +172,8 @@ pub(crate) async fn run(
         let acks = named
             .iter()
             .find(|n| n.topic_id == *topic_id && n.partition == *partition)
-            .map(|n| n.acks.clone())
-            .unwrap_or_default();
+            .map(|n| settle_items(&n.acks, &owner))
+            .unwrap_or(Ok(Vec::new()));
         let part = PartRef {
             topic: t.name.clone(),
             partition: *partition,
@@ -146,11 +183,13 @@ pub(crate) async fn run(
             .or_insert_with(|| ShardWork {
                 idx: Vec::new(),
                 parts: Vec::new(),
+                bad_acks: Vec::new(),
             });
         w.idx.push(i);
+        w.bad_acks.push(acks.is_err());
         w.parts.push(SharePart {
             part,
-            acks,
+            settle: acks.unwrap_or_default(),
             fetch: fetch && session.contains(&(*topic_id, *partition)),
             max_bytes: per_part_bytes,
         });
@@ -170,7 +209,7 @@ pub(crate) async fn run(
                 .parts
                 .iter()
                 .map(|p| SharePart {
-                    acks: if first_round { p.acks.clone() } else { Vec::new() },
+                    settle: if first_round { p.settle.clone() } else { Vec::new() },
                     fetch: p.fetch && left > 0,
                     ..p.clone()
                 })
@@ -185,10 +224,14 @@ pub(crate) async fn run(
                 parts,
                 max_records: left.max(1),
             };
-            let results = match call(shard, *owner, op).await {
-                Some(QueueAnswer::Share(r)) => r,
+            let results: Vec<PartResult> = match call(shard, *owner, op).await {
+                Some(QueueAnswer::Share(r)) => r
+                    .into_iter()
+                    .zip(&work.bad_acks)
+                    .map(|(r, bad)| PartResult::from_host(r, first_round && *bad))
+                    .collect(),
                 _ => vec![
-                    SharePartResult {
+                    PartResult {
                         error: ResponseError::UnknownServerError.code(),
                         ..Default::default()
                     };
