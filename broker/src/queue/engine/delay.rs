@@ -76,13 +76,9 @@ impl DelayIndex {
             .and_then(|(_, v)| v.iter().map(|&(nb, _)| nb).min())
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.buckets.clear();
-        self.len = 0;
     }
 }
 

@@ -189,10 +189,6 @@
 //! No cross-partition state: per-consumer limits are per partition. The engine is not `Send`
 //! by design (one shard owns a partition).
 
-// The HTTP queue API drives the engine through `queue_host`; the parts for Kafka share groups
-// (owner fences, offsets reset, archive mode, record states) wait for that door.
-#![allow(dead_code, unused_imports)]
-
 mod config;
 pub(crate) mod dead_letter;
 mod dedup;
@@ -208,16 +204,27 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use config::{
-    Backoff, ConfigError, DeadLetterMode, LeaseDurability, Ordering, QueueConfig, ShareGroupSettings,
-    MAX_CONSUMER_ID_BYTES, MAX_DEDUP_TOKEN_BYTES, MAX_REASON_BYTES,
-};
-pub(crate) use dead_letter::{DeadLetterCause, DeadLetterRequest};
+pub(crate) use config::{Backoff, Ordering, QueueConfig, ShareGroupSettings};
+pub(crate) use dead_letter::DeadLetterRequest;
 pub(crate) use error::QueueError;
 pub(crate) use metrics::{Counters, PartitionMetrics};
 pub(crate) use partition::{
-    Action, Admission, AppendedMessage, DeliveryState, DeliveryView, Fence, Lease, LoadRequest, MessageRef,
-    Outcome, PublishRequest, QueuePartition, Reply, SettleItem, SettleOp, Settled,
+    Action, Admission, AppendedMessage, Fence, Lease, LoadRequest, MessageRef, Outcome, PublishRequest,
+    QueuePartition, Reply, SettleItem, SettleOp, Settled,
 };
-pub(crate) use record::{DecodeError, DoneOutcome, StateRecord};
-pub(crate) use types::{ConsumerId, ExternalMessageId, Generation, KeyHash, MessageId, RequestId, WriteId};
+pub(crate) use record::StateRecord;
+pub(crate) use types::{ConsumerId, ExternalMessageId, Generation, MessageId, RequestId, WriteId};
+
+// What the unit tests and the simulation look at beyond the host's needs.
+#[cfg(test)]
+pub(crate) use config::{
+    DeadLetterMode, LeaseDurability, MAX_CONSUMER_ID_BYTES, MAX_DEDUP_TOKEN_BYTES, MAX_REASON_BYTES,
+};
+#[cfg(test)]
+pub(crate) use dead_letter::DeadLetterCause;
+#[cfg(test)]
+pub(crate) use partition::DeliveryState;
+#[cfg(test)]
+pub(crate) use record::DoneOutcome;
+#[cfg(test)]
+pub(crate) use types::KeyHash;

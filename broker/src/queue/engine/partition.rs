@@ -223,6 +223,7 @@ impl DeliveryState {
         }
     }
 
+    #[cfg(test)]
     /// KIP-932 record state: available 0, acquired 1, acknowledged 2, archived 4.
     pub(crate) fn kafka_record_state(&self) -> i8 {
         match self {
@@ -234,6 +235,7 @@ impl DeliveryState {
     }
 }
 
+#[cfg(test)]
 /// A message's delivery record, as [`QueuePartition::inspect`] shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DeliveryView {
@@ -683,13 +685,10 @@ impl QueuePartition {
         self.start
     }
 
+    #[cfg(test)]
     /// Every offset below has been fed (Kafka's share-partition end offset + 1).
     pub(crate) fn loaded_end(&self) -> Offset {
         self.loaded_end
-    }
-
-    pub(crate) fn log_end(&self) -> Offset {
-        self.log_end
     }
 
     /// Lowest offset whose message the engine may still need from the log (delivery or
@@ -1693,6 +1692,7 @@ impl QueuePartition {
         self.latency_samples.push_back(ms);
     }
 
+    #[cfg(test)]
     /// Forgets every delivery record and starts over at `start` (AlterShareGroupOffsets, or a
     /// queue purge). Refused while messages are leased or being dead-lettered. Dedup entries
     /// stay (they belong to the publish side).
@@ -1735,6 +1735,7 @@ impl QueuePartition {
 
     // ----- observation -----------------------------------------------------------------------
 
+    #[cfg(test)]
     /// The delivery record at `offset`, if the engine holds one.
     pub(crate) fn inspect(&self, offset: Offset) -> Option<DeliveryView> {
         let d = self.records.get(&offset)?;
@@ -1752,6 +1753,7 @@ impl QueuePartition {
         })
     }
 
+    #[cfg(test)]
     /// Where the message with `id` currently lives in this partition.
     pub(crate) fn locate(&self, id: MessageId) -> Option<Offset> {
         let off = self.resolve(&MessageRef::Id(id)).ok()?;
@@ -1791,6 +1793,7 @@ impl QueuePartition {
         self.latency_samples.drain(..).collect()
     }
 
+    #[cfg(test)]
     /// Checks every derived structure against the records (tests and debug tooling; O(state)).
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         macro_rules! ensure {
