@@ -14,9 +14,9 @@ use kafka_protocol::messages::{AlterShareGroupOffsetsRequest, AlterShareGroupOff
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use super::describe_share_group_offsets::require_empty_share_group;
 use super::{msg, Handler, Reply, RequestCtx};
 use crate::queue::doors::kafka_share::errors::alter_error;
+use crate::queue::doors::kafka_share::group::require_empty_share_group;
 use crate::queue::host::{QueueAnswer, QueueOp};
 
 pub(crate) struct AlterShareGroupOffsets;

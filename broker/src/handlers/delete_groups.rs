@@ -8,11 +8,9 @@ use std::rc::Rc;
 use kafka_protocol::messages::{ApiKey, DeleteGroupsRequest, DeleteGroupsResponse};
 use kafka_protocol::ResponseError;
 
-use super::describe_share_group_offsets::on_every_shard;
 use super::{Handler, Reply, RequestCtx};
 use crate::group::route::per_group;
-use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
-use crate::queue::host::QueueOp;
+use crate::queue::doors::kafka_share::delete_group;
 
 pub(crate) struct DeleteGroups;
 
@@ -30,43 +28,12 @@ impl Handler for DeleteGroups {
             .iter_mut()
             .filter(|r| r.error_code == ResponseError::GroupIdNotFound.code())
         {
-            r.error_code = delete_share_group(&ctx, r.group_id.0.as_str()).await;
+            r.error_code = delete_group(&ctx.shard, r.group_id.0.as_str()).await;
         }
         Reply::Now(DeleteGroupsResponse::default().with_results(results))
     }
 
     fn error_codes(resp: &DeleteGroupsResponse, out: &mut Vec<i16>) {
         out.extend(resp.results.iter().map(|g| g.error_code));
-    }
-}
-
-/// Deletes share group `group` and its share state; the error code of its result
-/// (GROUP_ID_NOT_FOUND if there is no share group of that id either).
-async fn delete_share_group(ctx: &RequestCtx, group: &str) -> i16 {
-    let shard = &ctx.shard;
-    let owner = crate::queue::doors::kafka_share::group::coordinator_of(shard, group);
-    let op = ShareOp::Delete {
-        group: group.to_owned(),
-    };
-    match crate::queue::doors::kafka_share::group::call(shard, owner, op)
-        .await
-        .await
-    {
-        Some(ShareAnswer::Deleted(Ok(()))) => {}
-        Some(ShareAnswer::Deleted(Err(e))) => return e.code(),
-        _ => return ResponseError::CoordinatorNotAvailable.code(),
-    }
-    let topics: Vec<String> = shard.metadata().topics().map(|t| t.name.clone()).collect();
-    let done = on_every_shard(shard, || QueueOp::ShareDeleteState {
-        group: group.to_owned(),
-        topics: topics.clone(),
-    })
-    .await;
-    tracing::info!(group, "share group deleted");
-    match done {
-        Some(_) => 0,
-        // The group is gone; some state may be left (a retry answers GROUP_ID_NOT_FOUND, and
-        // DeleteShareGroupOffsets needs a group): say so rather than claim success.
-        None => ResponseError::CoordinatorNotAvailable.code(),
     }
 }

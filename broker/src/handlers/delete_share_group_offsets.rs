@@ -11,8 +11,9 @@ use kafka_protocol::messages::{ApiKey, DeleteShareGroupOffsetsRequest, DeleteSha
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use super::describe_share_group_offsets::{on_every_shard, require_empty_share_group};
 use super::{msg, Handler, Reply, RequestCtx};
+use crate::queue::doors::kafka_share::group::require_empty_share_group;
+use crate::queue::doors::kafka_share::on_every_shard;
 use crate::queue::host::QueueOp;
 
 pub(crate) struct DeleteShareGroupOffsets;

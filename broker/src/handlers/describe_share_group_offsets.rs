@@ -16,10 +16,10 @@ use kafka_protocol::messages::{
     ApiKey, DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse, GroupId, TopicName,
 };
 use kafka_protocol::ResponseError;
-use strand_protocol::types::ShardId;
 
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
-use crate::queue::doors::kafka_share::group::{ShareAnswer, ShareOp};
+use crate::queue::doors::kafka_share::group::{share_group_members, GroupError};
+use crate::queue::doors::kafka_share::on_every_shard;
 use crate::queue::host::{QueueAnswer, QueueOp};
 use crate::shard::{Shard, LEADER_EPOCH};
 
@@ -48,64 +48,6 @@ impl Handler for DescribeShareGroupOffsets {
             }
         }
     }
-}
-
-/// A group-level refusal: the error and its message.
-pub(crate) type GroupError = (ResponseError, Option<String>);
-
-/// How many members share group `group` has, asked of its coordinator shard (ShareGroupDescribe
-/// there). `Err`: INVALID_GROUP_ID for an empty id, GROUP_ID_NOT_FOUND for an id that is not a
-/// share group (unknown, or a classic or consumer group), COORDINATOR_NOT_AVAILABLE when the
-/// coordinator shard did not answer.
-pub(crate) async fn share_group_members(shard: &Rc<Shard>, group: &str) -> Result<usize, GroupError> {
-    if group.is_empty() {
-        return Err((
-            ResponseError::InvalidGroupId,
-            Some("The group id is empty.".into()),
-        ));
-    }
-    let op = ShareOp::Describe {
-        groups: vec![group.to_owned()],
-        include_authorized_operations: false,
-    };
-    let answer = crate::queue::doors::kafka_share::group::call(
-        shard,
-        crate::queue::doors::kafka_share::group::coordinator_of(shard, group),
-        op,
-    )
-    .await
-    .await;
-    match answer {
-        Some(ShareAnswer::Describe(groups)) => match groups.into_iter().next() {
-            Some(g) if g.error_code == 0 => Ok(g.members.len()),
-            Some(g) => Err((
-                ResponseError::try_from_code(g.error_code).unwrap_or(ResponseError::CoordinatorNotAvailable),
-                g.error_message.map(|m| m.to_string()),
-            )),
-            None => Err((ResponseError::CoordinatorNotAvailable, None)),
-        },
-        _ => Err((ResponseError::CoordinatorNotAvailable, None)),
-    }
-}
-
-/// For Alter and Delete: the group must exist and have no members (NON_EMPTY_GROUP otherwise).
-pub(crate) async fn require_empty_share_group(shard: &Rc<Shard>, group: &str) -> Result<(), GroupError> {
-    match share_group_members(shard, group).await? {
-        0 => Ok(()),
-        n => Err((
-            ResponseError::NonEmptyGroup,
-            Some(format!("The group {group} is not empty (it has {n} members).")),
-        )),
-    }
-}
-
-/// Runs `make()` on every shard; `None` if one did not answer.
-pub(crate) async fn on_every_shard(
-    shard: &Rc<Shard>,
-    make: impl Fn() -> QueueOp,
-) -> Option<Vec<QueueAnswer>> {
-    let calls = (0..shard.shards).map(|s| crate::queue::doors::kafka_share::call(shard, ShardId(s), make()));
-    join_all(calls).await.into_iter().collect()
 }
 
 async fn describe_group(

@@ -1,5 +1,5 @@
 //! [`QueuePartition`]: the delivery state of one queue (or share group) on one partition.
-//! See the module documentation (`queue/mod.rs`) for the model, the protocol with the caller
+//! See the module documentation (`queue/engine/mod.rs`) for the model, the protocol with the caller
 //! and the persistence rules.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

@@ -25,6 +25,7 @@ use strand_protocol::types::{ShardId, TopicId};
 use self::acks::settle_items;
 pub(crate) use self::acks::ShareAcks;
 use self::errors::share_error;
+use self::group::{ShareAnswer, ShareOp};
 use crate::queue::doors::kafka_share::session::SharePartition;
 use crate::queue::engine::ConsumerId;
 use crate::queue::host::{QueueAnswer, QueueOp, SharePart, SharePartResult, ShareSettings, StartAt};
@@ -328,6 +329,42 @@ pub(crate) async fn release(shard: &Rc<Shard>, group: &str, member: &str, parts:
 /// Runs a queue operation on shard `owner`; `None`: no answer could be had.
 pub(crate) async fn call(shard: &Rc<Shard>, owner: ShardId, op: QueueOp) -> Option<QueueAnswer> {
     shard.ask::<QueueHost>(owner, op).await
+}
+
+/// Runs `make()` on every shard; `None` if one did not answer.
+pub(crate) async fn on_every_shard(
+    shard: &Rc<Shard>,
+    make: impl Fn() -> QueueOp,
+) -> Option<Vec<QueueAnswer>> {
+    let calls = (0..shard.shards).map(|s| call(shard, ShardId(s), make()));
+    join_all(calls).await.into_iter().collect()
+}
+
+/// Deletes share group `group` and its share state; the error code of its result
+/// (GROUP_ID_NOT_FOUND if there is no share group of that id either).
+pub(crate) async fn delete_group(shard: &Rc<Shard>, group: &str) -> i16 {
+    let owner = group::coordinator_of(shard, group);
+    let op = ShareOp::Delete {
+        group: group.to_owned(),
+    };
+    match group::call(shard, owner, op).await.await {
+        Some(ShareAnswer::Deleted(Ok(()))) => {}
+        Some(ShareAnswer::Deleted(Err(e))) => return e.code(),
+        _ => return ResponseError::CoordinatorNotAvailable.code(),
+    }
+    let topics: Vec<String> = shard.metadata().topics().map(|t| t.name.clone()).collect();
+    let done = on_every_shard(shard, || QueueOp::ShareDeleteState {
+        group: group.to_owned(),
+        topics: topics.clone(),
+    })
+    .await;
+    tracing::info!(group, "share group deleted");
+    match done {
+        Some(_) => 0,
+        // The group is gone; some state may be left (a retry answers GROUP_ID_NOT_FOUND, and
+        // DeleteShareGroupOffsets needs a group): say so rather than claim success.
+        None => ResponseError::CoordinatorNotAvailable.code(),
+    }
 }
 
 /// The acknowledgement batches of a request partition, as the engine host takes them.

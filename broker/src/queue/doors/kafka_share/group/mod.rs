@@ -14,8 +14,10 @@
 //! - [`assignor`]: the "simple" assignor (every subscribed partition to at least one member,
 //!   sharing only when members outnumber partitions).
 //! - [`host`]: [`ShareHost`], which runs a shard's coordinator: timers, the group-type check
-//!   against [`crate::group`], and [`events`] for the share-fetch side.
-//! - [`events`]: what the coordinator tells the rest of the broker (a member is gone).
+//!   against [`crate::group`] (both ways: it tells the group coordinator which ids are share
+//!   groups), and [`events`] for the share sessions.
+//! - [`events`]: what the coordinator tells the rest of the broker (a member is gone), through
+//!   the share sessions' service on every shard.
 //! - Group configs live in [`crate::config::GroupConfig`], persisted cluster-wide in
 //!   [`crate::metadata::ClusterMetadata`]; [`share_group_settings`] gives their effective values.
 //!
@@ -23,8 +25,8 @@
 //!
 //! A share group lives on the shard [`crate::group::host::coordinator_shard`] names for its id,
 //! the same shard as a consumer group of that id would, so one group id names one thing and the
-//! group-type checks are local calls. Requests about a group are routed there
-//! ([`crate::shard::ops::ShardRequest::Share`]).
+//! group-type checks are local calls. Requests about a group are routed there as [`ShareOp`]s,
+//! the service of [`ShareHost`] on every shard ([`call`]).
 //!
 //! ## The protocol (ShareGroupHeartbeat v1)
 //!
@@ -189,5 +191,48 @@ pub(crate) async fn check_member(
     match call(shard, coordinator_of(shard, group), op).await.await {
         Some(ShareAnswer::Member(r)) => r,
         _ => Err(ResponseError::CoordinatorNotAvailable),
+    }
+}
+
+/// A group-level refusal: the error and its message.
+pub(crate) type GroupError = (ResponseError, Option<String>);
+
+/// How many members share group `group` has, asked of its coordinator shard (ShareGroupDescribe
+/// there). `Err`: INVALID_GROUP_ID for an empty id, GROUP_ID_NOT_FOUND for an id that is not a
+/// share group (unknown, or a classic or consumer group), COORDINATOR_NOT_AVAILABLE when the
+/// coordinator shard did not answer.
+pub(crate) async fn share_group_members(shard: &Rc<Shard>, group: &str) -> Result<usize, GroupError> {
+    if group.is_empty() {
+        return Err((
+            ResponseError::InvalidGroupId,
+            Some("The group id is empty.".into()),
+        ));
+    }
+    let op = ShareOp::Describe {
+        groups: vec![group.to_owned()],
+        include_authorized_operations: false,
+    };
+    let answer = call(shard, coordinator_of(shard, group), op).await.await;
+    match answer {
+        Some(ShareAnswer::Describe(groups)) => match groups.into_iter().next() {
+            Some(g) if g.error_code == 0 => Ok(g.members.len()),
+            Some(g) => Err((
+                ResponseError::try_from_code(g.error_code).unwrap_or(ResponseError::CoordinatorNotAvailable),
+                g.error_message.map(|m| m.to_string()),
+            )),
+            None => Err((ResponseError::CoordinatorNotAvailable, None)),
+        },
+        _ => Err((ResponseError::CoordinatorNotAvailable, None)),
+    }
+}
+
+/// For Alter and Delete: the group must exist and have no members (NON_EMPTY_GROUP otherwise).
+pub(crate) async fn require_empty_share_group(shard: &Rc<Shard>, group: &str) -> Result<(), GroupError> {
+    match share_group_members(shard, group).await? {
+        0 => Ok(()),
+        n => Err((
+            ResponseError::NonEmptyGroup,
+            Some(format!("The group {group} is not empty (it has {n} members).")),
+        )),
     }
 }
