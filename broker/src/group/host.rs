@@ -10,7 +10,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::rc::{Rc, Weak};
-use std::time::Duration;
 
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
@@ -25,6 +24,7 @@ use super::{
 use crate::config::Config;
 use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta};
 use crate::shard::service::{Service, ShardHooks};
+use crate::shard::tasks::{tick_loop, Ticked};
 use crate::shard::Shard;
 
 /// The internal topic of committed offsets and group state.
@@ -264,7 +264,7 @@ impl GroupHost {
         for p in 0..offsets_partitions(&self.core.config) {
             self.load_partition(p).await;
         }
-        glommio::spawn_local(timer_loop(self.me.clone())).detach();
+        glommio::spawn_local(tick_loop(self.me.clone())).detach();
     }
 
     /// Loads the groups of one `__consumer_offsets` partition from its log (if this shard owns it).
@@ -345,29 +345,22 @@ impl ShardHooks for GroupHost {
     }
 }
 
-/// Calls `tick` when the coordinator asked to be woken (and at least every second).
-async fn timer_loop(host: Weak<GroupHost>) {
-    loop {
-        let Some(host) = host.upgrade() else { return };
-        let s = &host.core;
-        let now = s.now_ms();
-        let next = host.coordinator.borrow().next_wake().unwrap_or(now + 1000);
-        let wait = Duration::from_millis(u64::try_from(next.saturating_sub(now)).unwrap_or(0).min(1000));
-        {
-            let woken = host.wake.wait();
-            let timer = glommio::timer::sleep(wait);
-            futures::pin_mut!(woken);
-            futures::pin_mut!(timer);
-            futures::future::select(woken, timer).await;
-        }
-        if s.shutting_down.get() {
-            return;
-        }
-        let now = s.now_ms();
-        if host.coordinator.borrow().next_wake().is_some_and(|t| t <= now) {
-            let actions = host.coordinator.borrow_mut().tick(now);
-            host.run(actions);
-        }
+impl Ticked for GroupHost {
+    fn core(&self) -> &Shard {
+        &self.core
+    }
+
+    fn next_wake_ms(&self) -> Option<i64> {
+        self.coordinator.borrow().next_wake()
+    }
+
+    fn wake(&self) -> &strand_storage::notify::Notify {
+        &self.wake
+    }
+
+    fn tick(&self, now_ms: i64) {
+        let actions = self.coordinator.borrow_mut().tick(now_ms);
+        self.run(actions);
     }
 }
 

@@ -27,10 +27,9 @@ impl Handler for DeleteRecords {
         let requested = req
             .topics
             .iter()
-            .flat_map(|t| {
-                t.partitions
-                    .iter()
-                    .map(|p| (t.name.0.as_str(), p.partition_index, p.offset))
+            .map(|t| {
+                let parts = t.partitions.iter().map(|p| (p.partition_index, p.offset));
+                (t.name.0.as_str(), parts.collect())
             })
             .collect();
         let answers = per_partition(
@@ -45,25 +44,20 @@ impl Handler for DeleteRecords {
             (ResponseError::UnknownServerError.code(), -1),
         )
         .await;
-        let mut answers = answers.into_iter();
         let topics = req
             .topics
             .iter()
-            .map(|t| {
-                let partitions = t
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        let (error, low) = answers.next().unwrap_or(unknown);
-                        DeleteRecordsPartitionResult::default()
-                            .with_partition_index(p.partition_index)
-                            .with_error_code(error)
-                            .with_low_watermark(low)
-                    })
-                    .collect();
+            .zip(answers)
+            .map(|(t, answers)| {
+                let partitions = t.partitions.iter().zip(answers).map(|(p, (error, low))| {
+                    DeleteRecordsPartitionResult::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(error)
+                        .with_low_watermark(low)
+                });
                 DeleteRecordsTopicResult::default()
                     .with_name(t.name.clone())
-                    .with_partitions(partitions)
+                    .with_partitions(partitions.collect())
             })
             .collect();
         Reply::Now(DeleteRecordsResponse::default().with_topics(topics))

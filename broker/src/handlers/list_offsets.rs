@@ -32,14 +32,10 @@ impl Handler for ListOffsets {
         let requested = req
             .topics
             .iter()
-            .flat_map(|t| {
-                t.partitions.iter().map(|p| {
-                    (
-                        t.name.0.as_str(),
-                        p.partition_index,
-                        (p.timestamp, p.current_leader_epoch),
-                    )
-                })
+            .map(|t| {
+                let parts = t.partitions.iter();
+                let parts = parts.map(|p| (p.partition_index, (p.timestamp, p.current_leader_epoch)));
+                (t.name.0.as_str(), parts.collect())
             })
             .collect();
         let answers = per_partition(
@@ -64,29 +60,22 @@ impl Handler for ListOffsets {
             fail(ResponseError::UnknownServerError),
         )
         .await;
-        let mut answers = answers.into_iter();
         let topics = req
             .topics
             .iter()
-            .map(|t| {
-                let partitions = t
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        let o = answers
-                            .next()
-                            .unwrap_or_else(|| fail(ResponseError::UnknownServerError));
-                        ListOffsetsPartitionResponse::default()
-                            .with_partition_index(p.partition_index)
-                            .with_error_code(o.error)
-                            .with_timestamp(o.timestamp)
-                            .with_offset(o.offset)
-                            .with_leader_epoch(if version >= 4 { o.leader_epoch } else { -1 })
-                    })
-                    .collect();
+            .zip(answers)
+            .map(|(t, answers)| {
+                let partitions = t.partitions.iter().zip(answers).map(|(p, o)| {
+                    ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(o.error)
+                        .with_timestamp(o.timestamp)
+                        .with_offset(o.offset)
+                        .with_leader_epoch(if version >= 4 { o.leader_epoch } else { -1 })
+                });
                 ListOffsetsTopicResponse::default()
                     .with_name(t.name.clone())
-                    .with_partitions(partitions)
+                    .with_partitions(partitions.collect())
             })
             .collect();
         Reply::Now(ListOffsetsResponse::default().with_topics(topics))

@@ -259,42 +259,52 @@ pub(crate) fn api_versions_fallback(correlation_id: i32) -> Option<Frame> {
 /// The highest ApiVersions version served.
 pub(crate) const API_VERSIONS_MAX: i16 = <api_versions::ApiVersions as Handler>::MAX;
 
-/// Runs a per-partition operation for the partitions a request names, in request order:
-/// partitions of unknown topics (or out of range) get `unknown`; the others go to their owning
-/// shards in parallel (`make` builds one shard's request, `take` extracts its answers), and an
-/// owner that does not answer yields `fallback`.
+/// Runs a per-partition operation for the partitions a request names, topic by topic, and
+/// answers in the same shape: partitions of unknown topics (or out of range) get `unknown`;
+/// the others go to their owning shards in parallel (`make` builds one shard's request, `take`
+/// extracts its answers), and an owner that does not answer yields `fallback`.
 pub(crate) async fn per_partition<T, R: Clone>(
     ctx: &RequestCtx,
-    requested: Vec<(&str, i32, T)>,
+    requested: Vec<(&str, Vec<(i32, T)>)>,
     unknown: R,
     make: impl Fn(Vec<(crate::shard::ops::PartRef, T)>) -> crate::shard::ops::ShardRequest,
     take: impl Fn(crate::shard::ops::ShardResponse) -> Option<Vec<R>>,
     fallback: R,
-) -> Vec<R> {
+) -> Vec<Vec<R>> {
     let md = ctx.shard.metadata();
     let mut known = Vec::new();
-    let mut slots: Vec<Option<usize>> = Vec::with_capacity(requested.len());
-    for (topic, partition, t) in requested {
-        match md.topic(topic) {
-            Some(m) if partition >= 0 && partition < m.partitions => {
-                slots.push(Some(known.len()));
-                known.push((
-                    crate::shard::ops::PartRef {
-                        topic: m.name.clone(),
-                        partition,
-                    },
-                    t,
-                ));
+    let mut slots: Vec<Vec<Option<usize>>> = Vec::with_capacity(requested.len());
+    for (topic, partitions) in requested {
+        let meta = md.topic(topic);
+        let mut topic_slots = Vec::with_capacity(partitions.len());
+        for (partition, t) in partitions {
+            match meta {
+                Some(m) if partition >= 0 && partition < m.partitions => {
+                    topic_slots.push(Some(known.len()));
+                    known.push((
+                        crate::shard::ops::PartRef {
+                            topic: m.name.clone(),
+                            partition,
+                        },
+                        t,
+                    ));
+                }
+                _ => topic_slots.push(None),
             }
-            _ => slots.push(None),
         }
+        slots.push(topic_slots);
     }
     let answers = crate::shard::scatter(&ctx.shard, known, make, take, fallback.clone()).await;
     slots
         .into_iter()
-        .map(|slot| match slot {
-            Some(i) => answers.get(i).cloned().unwrap_or_else(|| fallback.clone()),
-            None => unknown.clone(),
+        .map(|topic_slots| {
+            topic_slots
+                .into_iter()
+                .map(|slot| match slot {
+                    Some(i) => answers.get(i).cloned().unwrap_or_else(|| fallback.clone()),
+                    None => unknown.clone(),
+                })
+                .collect()
         })
         .collect()
 }

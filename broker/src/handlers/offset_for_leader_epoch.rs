@@ -33,14 +33,10 @@ impl Handler for OffsetForLeaderEpoch {
         let requested = req
             .topics
             .iter()
-            .flat_map(|t| {
-                t.partitions.iter().map(|p| {
-                    (
-                        t.topic.0.as_str(),
-                        p.partition,
-                        (p.current_leader_epoch, p.leader_epoch),
-                    )
-                })
+            .map(|t| {
+                let parts = t.partitions.iter();
+                let parts = parts.map(|p| (p.partition, (p.current_leader_epoch, p.leader_epoch)));
+                (t.topic.0.as_str(), parts.collect())
             })
             .collect();
         let answers = per_partition(
@@ -65,28 +61,21 @@ impl Handler for OffsetForLeaderEpoch {
             fail(ResponseError::UnknownServerError),
         )
         .await;
-        let mut answers = answers.into_iter();
         let topics = req
             .topics
             .iter()
-            .map(|t| {
-                let partitions = t
-                    .partitions
-                    .iter()
-                    .map(|p| {
-                        let a = answers
-                            .next()
-                            .unwrap_or_else(|| fail(ResponseError::UnknownServerError));
-                        EpochEndOffset::default()
-                            .with_partition(p.partition)
-                            .with_error_code(a.error)
-                            .with_leader_epoch(a.leader_epoch)
-                            .with_end_offset(a.end_offset)
-                    })
-                    .collect();
+            .zip(answers)
+            .map(|(t, answers)| {
+                let partitions = t.partitions.iter().zip(answers).map(|(p, a)| {
+                    EpochEndOffset::default()
+                        .with_partition(p.partition)
+                        .with_error_code(a.error)
+                        .with_leader_epoch(a.leader_epoch)
+                        .with_end_offset(a.end_offset)
+                });
                 OffsetForLeaderTopicResult::default()
                     .with_topic(t.topic.clone())
-                    .with_partitions(partitions)
+                    .with_partitions(partitions.collect())
             })
             .collect();
         Reply::Now(OffsetForLeaderEpochResponse::default().with_topics(topics))

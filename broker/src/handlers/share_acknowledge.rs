@@ -33,13 +33,11 @@ impl Handler for ShareAcknowledge {
 
     async fn handle(ctx: Rc<RequestCtx>, req: ShareAcknowledgeRequest) -> Reply<ShareAcknowledgeResponse> {
         let shard = ctx.shard.clone();
-        let (Some(group), Some(member)) = (req.group_id.as_ref(), req.member_id.as_ref()) else {
-            return Reply::Now(refuse(
-                ResponseError::InvalidRequest,
-                "group id and member id are required",
-            ));
-        };
-        let (group, member) = (group.0.as_str().to_owned(), member.as_str().to_owned());
+        let (group, member) =
+            match kafka_share::group_and_member(req.group_id.as_ref(), req.member_id.as_ref()) {
+                Ok(gm) => gm,
+                Err(e) => return Reply::Now(refuse(e, "group id and member id are required")),
+            };
         // ShareAcknowledge never opens a session (epoch 0 is INVALID_SHARE_SESSION_EPOCH), so the
         // session vouches for the member: it goes when the member is fenced.
         let release = match ctx.subsystems.share_sessions.sessions.borrow_mut().acknowledge(
@@ -55,14 +53,10 @@ impl Handler for ShareAcknowledge {
             .topics
             .iter()
             .flat_map(|t| {
-                t.partitions.iter().map(move |p| Named {
-                    topic_id: TopicId(t.topic_id),
-                    partition: p.partition_index,
-                    acks: kafka_share::acks(
-                        p.acknowledgement_batches
-                            .iter()
-                            .map(|b| (b.first_offset, b.last_offset, &b.acknowledge_types[..])),
-                    ),
+                t.partitions.iter().map(move |p| {
+                    let batches = p.acknowledgement_batches.iter();
+                    let acks = batches.map(|b| (b.first_offset, b.last_offset, &b.acknowledge_types[..]));
+                    Named::new(TopicId(t.topic_id), p.partition_index, acks)
                 })
             })
             .collect();

@@ -1,8 +1,11 @@
 //! The shard core's own tasks: the group-commit flusher, the stall probe, and housekeeping
-//! (retention, idle producers, gauges). The server spawns them on each shard.
+//! (retention, idle producers, gauges), which the server spawns on each shard; and the timer
+//! loop that drives a subsystem's sans-I/O state machine ([`Ticked`], [`tick_loop`]).
 
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
+
+use strand_storage::notify::Notify;
 
 use super::Shard;
 
@@ -123,5 +126,45 @@ pub(crate) async fn housekeeping(shard: Rc<Shard>) {
             next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
         }
         shard.update_partition_gauges();
+    }
+}
+
+/// A host of a sans-I/O state machine that asks to be woken at a time (the coordinators).
+pub(crate) trait Ticked {
+    fn core(&self) -> &Shard;
+    /// When the machine wants its next tick (`None`: no deadline).
+    fn next_wake_ms(&self) -> Option<i64>;
+    /// Notified when the machine asks for an earlier wake-up than the one the loop sleeps to.
+    fn wake(&self) -> &Notify;
+    /// Ticks the machine and carries out what it asks.
+    fn tick(&self, now_ms: i64);
+}
+
+/// Longest sleep of [`tick_loop`] between looks at the machine's deadline.
+const TICK_LOOP_MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Ticks `host`'s machine when it asked to be woken (and looks at least every second), until
+/// the host is gone or the shard shuts down.
+pub(crate) async fn tick_loop<T: Ticked>(host: Weak<T>) {
+    let max_ms = TICK_LOOP_MAX_SLEEP.as_millis() as i64;
+    loop {
+        let Some(host) = host.upgrade() else { return };
+        let now = host.core().now_ms();
+        let next = host.next_wake_ms().unwrap_or(now + max_ms);
+        let wait_ms = next.saturating_sub(now).clamp(0, max_ms);
+        {
+            let woken = host.wake().wait();
+            let timer = glommio::timer::sleep(Duration::from_millis(wait_ms as u64));
+            futures::pin_mut!(woken);
+            futures::pin_mut!(timer);
+            futures::future::select(woken, timer).await;
+        }
+        if host.core().shutting_down.get() {
+            return;
+        }
+        let now = host.core().now_ms();
+        if host.next_wake_ms().is_some_and(|t| t <= now) {
+            host.tick(now);
+        }
     }
 }

@@ -23,7 +23,7 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::{ShardId, TopicId};
 
 use self::acks::settle_items;
-pub(crate) use self::acks::ShareAcks;
+use self::acks::ShareAcks;
 use self::errors::share_error;
 use self::group::{ShareAnswer, ShareOp};
 use crate::queue::doors::kafka_share::session::SharePartition;
@@ -44,6 +44,26 @@ pub(crate) struct Named {
     pub(crate) topic_id: TopicId,
     pub(crate) partition: i32,
     pub(crate) acks: Vec<ShareAcks>,
+}
+
+impl Named {
+    /// A partition with its acknowledgement batches: (first offset, last offset, types).
+    pub(crate) fn new<'a>(
+        topic_id: TopicId,
+        partition: i32,
+        batches: impl IntoIterator<Item = (i64, i64, &'a [i8])>,
+    ) -> Self {
+        let acks = batches.into_iter().map(|(first, last, types)| ShareAcks {
+            first,
+            last,
+            types: types.to_vec(),
+        });
+        Named {
+            topic_id,
+            partition,
+            acks: acks.collect(),
+        }
+    }
 }
 
 /// The outcome of one partition, for the response.
@@ -367,16 +387,15 @@ pub(crate) async fn delete_group(shard: &Rc<Shard>, group: &str) -> i16 {
     }
 }
 
-/// The acknowledgement batches of a request partition, as the engine host takes them.
-pub(crate) fn acks<'a>(batches: impl IntoIterator<Item = (i64, i64, &'a [i8])>) -> Vec<ShareAcks> {
-    batches
-        .into_iter()
-        .map(|(first, last, types)| ShareAcks {
-            first,
-            last,
-            types: types.to_vec(),
-        })
-        .collect()
+/// The group and member a share request names: both are required (INVALID_REQUEST).
+pub(crate) fn group_and_member(
+    group: Option<&kafka_protocol::messages::GroupId>,
+    member: Option<&kafka_protocol::protocol::StrBytes>,
+) -> Result<(String, String), ResponseError> {
+    match (group, member) {
+        (Some(g), Some(m)) => Ok((g.as_str().to_owned(), m.as_str().to_owned())),
+        _ => Err(ResponseError::InvalidRequest),
+    }
 }
 
 /// Empty records for partitions without data (clients expect a non-null field).

@@ -5,7 +5,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
-use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
@@ -18,6 +17,7 @@ use super::{events, ShareAnswer, ShareOp};
 use crate::group::host::{GroupHost, OtherGroups};
 use crate::group::{GroupRequest, GroupResponse, RequestMeta};
 use crate::shard::service::Service;
+use crate::shard::tasks::{tick_loop, Ticked};
 use crate::shard::Shard;
 
 pub(crate) struct ShareHost {
@@ -55,7 +55,7 @@ impl ShareHost {
     /// Runs one operation on this shard (the coordinator shard of the groups it names).
     fn run_op(self: Rc<Self>, op: ShareOp) -> LocalBoxFuture<'static, ShareAnswer> {
         if !self.started.replace(true) {
-            glommio::spawn_local(timer_loop(self.me.clone())).detach();
+            glommio::spawn_local(tick_loop(self.me.clone())).detach();
         }
         let md = self.core.metadata();
         match op {
@@ -183,28 +183,21 @@ async fn other_group(groups: &GroupHost, group: &str) -> OtherGroup {
     }
 }
 
-/// Calls `tick` when the coordinator asked to be woken (and at least every second).
-async fn timer_loop(host: Weak<ShareHost>) {
-    loop {
-        let Some(host) = host.upgrade() else { return };
-        let s = &host.core;
-        let now = s.now_ms();
-        let next = host.coordinator.borrow().next_wake().unwrap_or(now + 1000);
-        let wait = Duration::from_millis(u64::try_from(next.saturating_sub(now)).unwrap_or(0).min(1000));
-        {
-            let woken = host.wake.wait();
-            let timer = glommio::timer::sleep(wait);
-            futures::pin_mut!(woken);
-            futures::pin_mut!(timer);
-            futures::future::select(woken, timer).await;
-        }
-        if s.shutting_down.get() {
-            return;
-        }
-        let now = s.now_ms();
-        if host.coordinator.borrow().next_wake().is_some_and(|t| t <= now) {
-            let actions = host.coordinator.borrow_mut().tick(now);
-            host.run(actions);
-        }
+impl Ticked for ShareHost {
+    fn core(&self) -> &Shard {
+        &self.core
+    }
+
+    fn next_wake_ms(&self) -> Option<i64> {
+        self.coordinator.borrow().next_wake()
+    }
+
+    fn wake(&self) -> &strand_storage::notify::Notify {
+        &self.wake
+    }
+
+    fn tick(&self, now_ms: i64) {
+        let actions = self.coordinator.borrow_mut().tick(now_ms);
+        self.run(actions);
     }
 }
