@@ -1,10 +1,11 @@
 //! The Strand broker: a Kafka-protocol-compatible broker, thread-per-core on glommio.
 //!
-//! Code map (see ARCHITECTURE.md): [`server`] starts everything; each shard ([`shard`]) owns a
-//! set of partitions and their storage; [`connection`] reads requests and writes responses in
-//! order; [`handlers`] has one module per Kafka API; [`router`] carries requests between shards;
-//! [`controller`] applies topic administration; [`metadata`] is the topic state; [`config`] loads
-//! Kafka-style configuration.
+//! Code map (see ARCHITECTURE.md), bottom up: [`config`], [`metadata`], metrics and the clock;
+//! the shard core ([`shard`]: the partitions a shard owns, its store, the router between shards
+//! and the registry subsystems plug into); the subsystems (controller, fetch sessions, consumer
+//! groups, queues with their HTTP and Kafka share-group doors), assembled per shard by
+//! `subsystems`; `handlers`, one module per Kafka API; `connection`, one Kafka connection; and
+//! [`server`], which starts everything.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
