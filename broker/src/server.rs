@@ -379,7 +379,7 @@ async fn shard_main(
         }));
     }
 
-    accepts.push(glommio::spawn_local(serve_http(
+    accepts.push(glommio::spawn_local(crate::queue::doors::http::accept(
         shard.clone(),
         connections.request_memory(),
         http_socket,
@@ -408,58 +408,6 @@ async fn shard_main(
         }
     }
     Ok(())
-}
-
-/// Accepts HTTP queue API connections on this shard; their bodies share `body_memory` with
-/// the shard's Kafka requests.
-async fn serve_http(
-    shard: Rc<Shard>,
-    body_memory: Rc<glommio::sync::Semaphore>,
-    socket: glommio::net::TcpListener,
-) {
-    let api = Rc::new(crate::queue::doors::http::service::ShardQueues::new(
-        shard.clone(),
-    ));
-    let limits = crate::queue::doors::http::HttpLimits {
-        max_body_bytes: shard.config.http_max_body_bytes as usize,
-        ..Default::default()
-    };
-    let max_conns = shard.config.max_connections_per_shard as usize;
-    let live = Rc::new(std::cell::Cell::new(0usize));
-    loop {
-        match socket.accept().await {
-            Ok(stream) => {
-                if live.get() >= max_conns {
-                    tracing::warn!(
-                        limit = max_conns,
-                        "HTTP connection limit reached; refusing a connection"
-                    );
-                    shard.metrics.bad_request("http connection limit");
-                    drop(stream);
-                    continue;
-                }
-                live.set(live.get() + 1);
-                let live = live.clone();
-                let api = api.clone();
-                let limits = limits.clone();
-                let body_memory = body_memory.clone();
-                let shard = shard.clone();
-                glommio::spawn_local(async move {
-                    let closed =
-                        crate::queue::doors::http::serve_connection(api, stream, limits, body_memory).await;
-                    live.set(live.get() - 1);
-                    shard
-                        .metrics
-                        .http_closed(closed.reason.as_str(), closed.client_gone);
-                })
-                .detach();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "HTTP accept failed");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
 }
 
 /// The storage configuration of a log found in a journal, if it still belongs to a live topic.

@@ -63,10 +63,13 @@ mod tests;
 
 use std::cell::Cell;
 use std::future::poll_fn;
+use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
 pub(crate) use io::serve_connection;
+
+use crate::shard::Shard;
 pub(crate) use types::{
     ApiError, GroupStats, LeaseRequest, LeasedMessage, PublishMessage, Published, PutQueue, QueueInfo,
     QueueOrdering, QueueSettings, RedriveRequest, Redriven, SettleAction, SettleBatch, SettleOutcome,
@@ -189,5 +192,54 @@ impl PeerGone {
             }
         })
         .await
+    }
+}
+
+/// Accepts HTTP queue API connections on this shard; their bodies share `body_memory` with
+/// the shard's Kafka requests.
+pub(crate) async fn accept(
+    shard: Rc<Shard>,
+    body_memory: Rc<glommio::sync::Semaphore>,
+    socket: glommio::net::TcpListener,
+) {
+    let api = Rc::new(service::ShardQueues::new(shard.clone()));
+    let limits = HttpLimits {
+        max_body_bytes: shard.config.http_max_body_bytes as usize,
+        ..Default::default()
+    };
+    let max_conns = shard.config.max_connections_per_shard as usize;
+    let live = Rc::new(std::cell::Cell::new(0usize));
+    loop {
+        match socket.accept().await {
+            Ok(stream) => {
+                if live.get() >= max_conns {
+                    tracing::warn!(
+                        limit = max_conns,
+                        "HTTP connection limit reached; refusing a connection"
+                    );
+                    shard.metrics.bad_request("http connection limit");
+                    drop(stream);
+                    continue;
+                }
+                live.set(live.get() + 1);
+                let live = live.clone();
+                let api = api.clone();
+                let limits = limits.clone();
+                let body_memory = body_memory.clone();
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    let closed = serve_connection(api, stream, limits, body_memory).await;
+                    live.set(live.get() - 1);
+                    shard
+                        .metrics
+                        .http_closed(closed.reason.as_str(), closed.client_gone);
+                })
+                .detach();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "HTTP accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 }
