@@ -96,6 +96,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use strand_protocol::types::TopicId;
 
+pub(crate) use offsets::every_partition_refused;
 pub(crate) use records::partition_for;
 
 use records::{OffsetValue, RecordKey};

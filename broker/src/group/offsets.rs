@@ -77,27 +77,7 @@ impl GroupCoordinator {
         topics: &dyn TopicMetadata,
     ) {
         let version = meta.version;
-        let all = |code: i16| {
-            OffsetCommitResponse::default().with_topics(
-                req.topics
-                    .iter()
-                    .map(|t| {
-                        OffsetCommitResponseTopic::default()
-                            .with_name(t.name.clone())
-                            .with_partitions(
-                                t.partitions
-                                    .iter()
-                                    .map(|p| {
-                                        OffsetCommitResponsePartition::default()
-                                            .with_partition_index(p.partition_index)
-                                            .with_error_code(code)
-                                    })
-                                    .collect(),
-                            )
-                    })
-                    .collect(),
-            )
-        };
+        let all = |code: i16| every_partition_refused(&req, code);
         let group_id = req.group_id.to_string();
         if group_id.is_empty() {
             let r = all(ResponseError::InvalidGroupId.code());
@@ -582,4 +562,19 @@ impl GroupCoordinator {
             Some(super::PartitionStatus::Active)
         )
     }
+}
+
+/// The answer to an OffsetCommit that fails as a whole: `code` for every partition it names.
+pub(crate) fn every_partition_refused(req: &OffsetCommitRequest, code: i16) -> OffsetCommitResponse {
+    let topics = req.topics.iter().map(|t| {
+        let partitions = t.partitions.iter().map(|p| {
+            OffsetCommitResponsePartition::default()
+                .with_partition_index(p.partition_index)
+                .with_error_code(code)
+        });
+        OffsetCommitResponseTopic::default()
+            .with_name(t.name.clone())
+            .with_partitions(partitions.collect())
+    });
+    OffsetCommitResponse::default().with_topics(topics.collect())
 }

@@ -3,13 +3,11 @@
 
 use std::rc::Rc;
 
-use kafka_protocol::messages::offset_commit_response::{
-    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
-};
 use kafka_protocol::messages::{ApiKey, OffsetCommitRequest, OffsetCommitResponse};
 use kafka_protocol::ResponseError;
 
 use super::{to_coordinator, Handler, Reply, RequestCtx};
+use crate::group::every_partition_refused;
 
 pub(crate) struct OffsetCommit;
 
@@ -22,25 +20,7 @@ impl Handler for OffsetCommit {
 
     async fn handle(ctx: Rc<RequestCtx>, req: OffsetCommitRequest) -> Reply<OffsetCommitResponse> {
         // Without a coordinator answer every partition gets COORDINATOR_NOT_AVAILABLE.
-        let fallback = OffsetCommitResponse::default().with_topics(
-            req.topics
-                .iter()
-                .map(|t| {
-                    OffsetCommitResponseTopic::default()
-                        .with_name(t.name.clone())
-                        .with_partitions(
-                            t.partitions
-                                .iter()
-                                .map(|p| {
-                                    OffsetCommitResponsePartition::default()
-                                        .with_partition_index(p.partition_index)
-                                        .with_error_code(ResponseError::CoordinatorNotAvailable.code())
-                                })
-                                .collect(),
-                        )
-                })
-                .collect(),
-        );
+        let fallback = every_partition_refused(&req, ResponseError::CoordinatorNotAvailable.code());
         to_coordinator(&ctx, req, fallback).await
     }
 
