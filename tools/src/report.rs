@@ -12,6 +12,9 @@ use crate::latency::{human_us, LatencySummary};
 use crate::raw::{DiskResult, LoopbackResult, PacedDiskResult};
 use crate::workload::{Amount, CpuUsage, WorkloadParams, WorkloadResult};
 
+/// Relative change of a raw figure between before and after that makes the run "noisy".
+pub const RAW_DRIFT_TOLERANCE: f64 = 0.25;
+
 /// How the figures were taken; copied into every report so that a JSON file explains itself.
 pub const METHODOLOGY: &[&str] = &[
     "All brokers in one report ran the identical workload (same librdkafka build, same client \
@@ -84,12 +87,35 @@ pub struct ToolInfo {
     pub version: String,
 }
 
+impl ToolInfo {
+    /// The tool `name` of this build.
+    pub fn of(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ClientInfo {
     pub library: String,
     pub version: String,
     pub version_hex: String,
     pub binding: String,
+}
+
+impl ClientInfo {
+    /// The librdkafka this process runs.
+    pub fn librdkafka() -> Self {
+        let (version_number, version) = rdkafka::util::get_rdkafka_version();
+        Self {
+            library: "librdkafka".into(),
+            version,
+            version_hex: format!("{version_number:#010x}"),
+            binding: "rdkafka 0.39 (Rust)".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -149,6 +175,20 @@ impl RawLimitsPair {
     /// Best (highest) loopback MB/s across before/after.
     pub fn best_loopback_mb_per_s(&self) -> Option<f64> {
         self.all().map(|r| r.loopback.mb_per_s).reduce(f64::max)
+    }
+
+    /// The report's warning when raw figures moved by more than [`RAW_DRIFT_TOLERANCE`] between
+    /// before and after.
+    pub fn drift_warning(&self) -> Option<String> {
+        let drift = self.drift(RAW_DRIFT_TOLERANCE);
+        (!drift.is_empty()).then(|| {
+            format!(
+                "raw limits moved by more than {:.0}% between before and after ({}): the machine was not \
+                 quiet, treat every figure of this run as noisy",
+                RAW_DRIFT_TOLERANCE * 100.0,
+                drift.join(", ")
+            )
+        })
     }
 
     /// Raw figures that moved by more than `tolerance` (relative) between before and after: a
@@ -389,7 +429,7 @@ impl Ratios {
     }
 }
 
-/// Writes a tool's report: the JSON to `output` if given, and to stdout either the text table or
+/// Writes a tool's report: the JSON/// Writes a tool's report: the JSON to `output` if given, and to stdout either the text table or
 /// (with `json`) the JSON, the table then going to stderr.
 pub fn emit_report(
     text: &str,
@@ -428,6 +468,96 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// The report's line about the machine and the run directory's file system.
+pub fn host_line(host: &HostInfo, fs: &FsInfo) -> String {
+    format!(
+        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}{}){}",
+        host.cpus_available,
+        host.cpu_model,
+        host.kernel,
+        fs.path.display(),
+        fs.fs_type,
+        fs.source,
+        fs.space_summary(),
+        if fs.volatile {
+            " — VOLATILE: fdatasync persists nothing here"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The raw limits as a table, before and after side by side. `reference` says what the
+/// reference write size (marked `*`) is.
+pub fn render_raw_limits(
+    o: &mut String,
+    p: &RawParameters,
+    raw: &RawLimitsPair,
+    fs: &FsInfo,
+    reference: &str,
+) {
+    const CELL: usize = 34;
+    let disk_cell = |d: &DiskResult| {
+        format!(
+            "{:.1} MB/s, p50 {} p99 {}",
+            d.mb_per_s,
+            human_us(d.fdatasync.p50_us),
+            human_us(d.fdatasync.p99_us)
+        )
+    };
+    let _ = writeln!(o, "\nRaw limits (data dir {}):", fs.fs_type);
+    let _ = writeln!(o, "  {:<28} {:>CELL$} {:>CELL$}", "", "before", "after");
+    let mut line = |name: String, cell: &dyn Fn(&RawLimits) -> Option<String>| {
+        let cell = |l: &Option<RawLimits>| l.as_ref().and_then(cell).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            o,
+            "  {name:<28} {:>CELL$} {:>CELL$}",
+            cell(&raw.before),
+            cell(&raw.after)
+        );
+    };
+    for &size in &p.disk_write_sizes {
+        let mark = if size == p.reference_write_bytes { " *" } else { "" };
+        line(format!("append+fdatasync {}{mark}", human_bytes(size)), &|l| {
+            l.disk.iter().find(|d| d.write_bytes == size).map(disk_cell)
+        });
+    }
+    if p.sustained_secs > 0.0 {
+        line(
+            format!("  same for {:.0} s (sustained) **", p.sustained_secs),
+            &|l| l.sustained.as_ref().map(disk_cell),
+        );
+    }
+    line("loopback TCP copy".into(), &|l| {
+        Some(format!("{:.2} GB/s", l.loopback.gb_per_s))
+    });
+    let _ = writeln!(
+        o,
+        "  (* = reference size for ratios: {reference}, {:.0} s per size{}",
+        p.disk_secs_per_size,
+        if p.sustained_secs > 0.0 {
+            ";\n   ** = as long as the produce phase: the denominator of produce / raw disk)"
+        } else {
+            ")"
+        }
+    );
+    if let Some(p) = &raw.paced {
+        let _ = writeln!(
+            o,
+            "  append+fdatasync {} paced at {:.1} MB/s (got {:.1}), the first broker's paced rate, right after it:\n    \
+             fdatasync p50 {} p99 {}; write+fdatasync p50 {} p99 {} p99.9 {}",
+            human_bytes(p.disk.write_bytes),
+            p.target_mb_per_s,
+            p.disk.mb_per_s,
+            human_us(p.disk.fdatasync.p50_us),
+            human_us(p.disk.fdatasync.p99_us),
+            human_us(p.write_and_fdatasync.p50_us),
+            human_us(p.write_and_fdatasync.p99_us),
+            human_us(p.write_and_fdatasync.p999_us),
+        );
+    }
+}
+
 /// The report as a table for people.
 pub fn render_text(r: &Report) -> String {
     let mut o = String::new();
@@ -437,22 +567,7 @@ pub fn render_text(r: &Report) -> String {
         "strand-bench {} — {} — {} {}",
         r.tool.version, r.date_utc, r.client.library, r.client.version
     );
-    let _ = writeln!(
-        o,
-        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}{}){}",
-        r.host.cpus_available,
-        r.host.cpu_model,
-        r.host.kernel,
-        r.data_dir.path.display(),
-        r.data_dir.fs_type,
-        r.data_dir.source,
-        r.data_dir.space_summary(),
-        if r.data_dir.volatile {
-            " — VOLATILE: fdatasync persists nothing here"
-        } else {
-            ""
-        }
-    );
+    let _ = writeln!(o, "{}", host_line(&r.host, &r.data_dir));
     let amount = match p.amount {
         Amount::Messages(n) => format!("{n} messages"),
         Amount::DurationSecs(s) => format!("{s} s"),
@@ -489,86 +604,13 @@ pub fn render_text(r: &Report) -> String {
         );
     }
 
-    // Raw limits.
-    let _ = writeln!(o, "\nRaw limits (data dir {}):", r.data_dir.fs_type);
-    let _ = writeln!(o, "  {:<28} {:>30} {:>30}", "", "before", "after");
-    let sizes = &r.raw_parameters.disk_write_sizes;
-    for &size in sizes {
-        let cell = |raw: &Option<RawLimits>| {
-            raw.as_ref()
-                .and_then(|raw| raw.disk.iter().find(|d| d.write_bytes == size))
-                .map_or("-".to_string(), |d| {
-                    format!("{:.1} MB/s, p99 {}", d.mb_per_s, human_us(d.fdatasync.p99_us))
-                })
-        };
-        let mark = if size == r.raw_parameters.reference_write_bytes {
-            " *"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            o,
-            "  {:<28} {:>30} {:>30}",
-            format!("append+fdatasync {}{mark}", human_bytes(size)),
-            cell(&r.raw_limits.before),
-            cell(&r.raw_limits.after)
-        );
-    }
-    if r.raw_parameters.sustained_secs > 0.0 {
-        let cell = |raw: &Option<RawLimits>| {
-            raw.as_ref()
-                .and_then(|raw| raw.sustained.as_ref())
-                .map_or("-".to_string(), |d| {
-                    format!("{:.1} MB/s, p99 {}", d.mb_per_s, human_us(d.fdatasync.p99_us))
-                })
-        };
-        let _ = writeln!(
-            o,
-            "  {:<28} {:>30} {:>30}",
-            format!(
-                "  same for {:.0} s (sustained) **",
-                r.raw_parameters.sustained_secs
-            ),
-            cell(&r.raw_limits.before),
-            cell(&r.raw_limits.after)
-        );
-    }
-    let lo = |raw: &Option<RawLimits>| {
-        raw.as_ref().map_or("-".to_string(), |raw| {
-            format!("{:.2} GB/s", raw.loopback.gb_per_s)
-        })
-    };
-    let _ = writeln!(
-        o,
-        "  {:<28} {:>30} {:>30}",
-        "loopback TCP copy",
-        lo(&r.raw_limits.before),
-        lo(&r.raw_limits.after)
+    render_raw_limits(
+        &mut o,
+        &r.raw_parameters,
+        &r.raw_limits,
+        &r.data_dir,
+        "the producer batch.size",
     );
-    let _ = writeln!(
-        o,
-        "  (* = reference size for ratios: the producer batch.size, {:.0} s per size;",
-        r.raw_parameters.disk_secs_per_size
-    );
-    let _ = writeln!(
-        o,
-        "   ** = as long as the produce phase: the denominator of produce / raw disk)"
-    );
-    if let Some(p) = &r.raw_limits.paced {
-        let _ = writeln!(
-            o,
-            "  append+fdatasync {} paced at {:.1} MB/s (got {:.1}), the first broker's paced rate, right after it:\n    \
-             fdatasync p50 {} p99 {}; write+fdatasync p50 {} p99 {} p99.9 {}",
-            human_bytes(p.disk.write_bytes),
-            p.target_mb_per_s,
-            p.disk.mb_per_s,
-            human_us(p.disk.fdatasync.p50_us),
-            human_us(p.disk.fdatasync.p99_us),
-            human_us(p.write_and_fdatasync.p50_us),
-            human_us(p.write_and_fdatasync.p99_us),
-            human_us(p.write_and_fdatasync.p999_us),
-        );
-    }
 
     // Brokers side by side.
     let width = 26;
@@ -1223,6 +1265,56 @@ mod tests {
             .as_object()
             .unwrap()
             .contains_key("paced_p99_vs_disk_at_paced_rate"));
+    }
+
+    #[test]
+    fn the_raw_limits_table_marks_the_reference_and_the_sustained_run() {
+        let fs = crate::host::filesystem_of(Path::new(".")).unwrap();
+        let mut params = RawParameters {
+            disk_write_sizes: vec![4096, 1_000_000],
+            reference_write_bytes: 1_000_000,
+            disk_secs_per_size: 2.0,
+            sustained_secs: 0.0,
+            loopback_secs: 2.0,
+        };
+        let mut before = raw(400.0, 2_000, 3_000.0);
+        let pair = RawLimitsPair {
+            before: Some(before.clone()),
+            after: None,
+            paced: None,
+        };
+        let mut o = String::new();
+        render_raw_limits(&mut o, &params, &pair, &fs, "a publish request's payload");
+        let row = |o: &str, name: &str| {
+            o.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name:?} row in\n{o}"))
+                .to_string()
+        };
+        let reference = row(&o, "append+fdatasync 1000000 B *");
+        assert!(reference.contains("400.0 MB/s, p50 0 µs p99 2.00 ms"), "{o}");
+        assert!(reference.trim_end().ends_with('-'), "no after run: {o}");
+        assert!(row(&o, "append+fdatasync 4 KiB").contains("40.0 MB/s"), "{o}");
+        assert!(row(&o, "loopback TCP copy").contains("3.00 GB/s"), "{o}");
+        assert!(
+            o.contains("reference size for ratios: a publish request's payload, 2 s per size)"),
+            "{o}"
+        );
+        assert!(!o.contains("sustained") && !o.contains("**"), "{o}");
+
+        params.sustained_secs = 13.0;
+        before.sustained = Some(disk(1_000_000, 312.5, 9_000));
+        let pair = RawLimitsPair {
+            before: Some(before),
+            ..pair
+        };
+        let mut o = String::new();
+        render_raw_limits(&mut o, &params, &pair, &fs, "the producer batch.size");
+        assert!(
+            row(&o, "same for 13 s (sustained) **").contains("312.5 MB/s"),
+            "{o}"
+        );
+        assert!(o.contains("** = as long as the produce phase"), "{o}");
     }
 
     #[test]
