@@ -54,6 +54,13 @@ pub const METHODOLOGY: &[&str] = &[
      Its answers are bounded at 30 MiB, as Strand's fetch.max.bytes. The first broker's produce, \
      first read and consume throughput are divided by the null broker's, and its paced produce \
      p99 by the null broker's, whose paced phase runs at the first broker's paced rate.",
+    "Targets (the first broker, each with its verdict, where the run measured what it needs): \
+     produce ≥ 70 % of the raw sustained append+fdatasync bandwidth (raw limits measured); produce \
+     and consume MB/s ≥ Tansu's, in memory (--peer-tansu); produce and consume (the second read) \
+     ≥ 0.95 × the null broker's, and paced produce p99 ≤ 1.5 × the null broker's paced p99 \
+     (--peer-null). The produce and consume targets hold at 1 and at 1,000 partitions; a run checks \
+     its own. Consume / loopback and paced p99 / fdatasync p99 are information, not targets: they \
+     lie beyond what the client reaches against the null broker.",
     "Broker histograms (a spawned Strand only): its /metrics scraped as the paced phase starts and \
      as it ends, the buckets differenced: Produce requests from arrival to answer, the durable \
      stage, flush rounds, segment and journal fsyncs (all shards added). Each quantile is shown as \
@@ -78,6 +85,8 @@ pub struct Report {
     pub methodology: Vec<String>,
     pub raw_limits: RawLimitsPair,
     pub brokers: Vec<BrokerReport>,
+    /// Where the first broker stands against the targets the run could check.
+    pub targets: Option<Targets>,
     pub warnings: Vec<String>,
 }
 
@@ -426,6 +435,194 @@ impl Ratios {
             ceiling.first_read.as_ref().map(|c| c.mb_per_s),
         );
         self.paced_p99_vs_client_floor = div(paced_p99(result), paced_p99(ceiling));
+    }
+}
+
+/// Produce ≥ this fraction of the raw sustained append+fdatasync bandwidth.
+pub const PRODUCE_VS_RAW_DISK_MIN: f64 = 0.70;
+/// Produce and consume ≥ this fraction of the null broker's (the client's ceiling).
+pub const CLIENT_CEILING_MIN: f64 = 0.95;
+/// Paced produce p99 ≤ this multiple of the null broker's (the client's latency floor).
+pub const CLIENT_FLOOR_MAX: f64 = 1.5;
+
+/// One target the broker under test is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// `ratios.produce_vs_raw_disk` ≥ [`PRODUCE_VS_RAW_DISK_MIN`].
+    ProduceVsRawDisk,
+    /// Produce MB/s ≥ Tansu's (in memory).
+    ProduceVsTansu,
+    /// Consume MB/s ≥ Tansu's.
+    ConsumeVsTansu,
+    /// `ratios.produce_vs_client_ceiling` ≥ [`CLIENT_CEILING_MIN`].
+    ProduceVsClientCeiling,
+    /// `ratios.consume_vs_client_ceiling` ≥ [`CLIENT_CEILING_MIN`].
+    ConsumeVsClientCeiling,
+    /// `ratios.paced_p99_vs_client_floor` ≤ [`CLIENT_FLOOR_MAX`].
+    PacedP99VsClientFloor,
+}
+
+/// Which side of its bound a target's ratio must be on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    AtLeast,
+    AtMost,
+}
+
+impl Target {
+    /// The bound, and the ratio it applies to.
+    pub fn bound(self) -> (Bound, f64) {
+        match self {
+            Target::ProduceVsRawDisk => (Bound::AtLeast, PRODUCE_VS_RAW_DISK_MIN),
+            Target::ProduceVsTansu | Target::ConsumeVsTansu => (Bound::AtLeast, 1.0),
+            Target::ProduceVsClientCeiling | Target::ConsumeVsClientCeiling => {
+                (Bound::AtLeast, CLIENT_CEILING_MIN)
+            }
+            Target::PacedP99VsClientFloor => (Bound::AtMost, CLIENT_FLOOR_MAX),
+        }
+    }
+
+    pub fn description(self) -> String {
+        match self {
+            Target::ProduceVsRawDisk => format!(
+                "produce ≥ {:.0} % of raw append+fdatasync (sustained)",
+                PRODUCE_VS_RAW_DISK_MIN * 100.0
+            ),
+            Target::ProduceVsTansu => "produce ≥ Tansu (memory)".into(),
+            Target::ConsumeVsTansu => "consume ≥ Tansu (memory)".into(),
+            Target::ProduceVsClientCeiling => format!("produce ≥ {CLIENT_CEILING_MIN} × the null broker"),
+            Target::ConsumeVsClientCeiling => format!("consume ≥ {CLIENT_CEILING_MIN} × the null broker"),
+            Target::PacedP99VsClientFloor => {
+                format!("paced p99 ≤ {CLIENT_FLOOR_MAX} × the null broker's paced p99")
+            }
+        }
+    }
+
+    /// A ratio as the table shows it: the raw-disk one in percent, the others as multiples.
+    fn show(self, ratio: f64) -> String {
+        match self {
+            Target::ProduceVsRawDisk => pct(ratio),
+            // Three decimals: a ratio just below 0.95 must not read as 0.95.
+            _ => format!("{ratio:.3}x"),
+        }
+    }
+}
+
+/// Where the broker under test stands against one target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetCheck {
+    pub target: Target,
+    pub description: String,
+    pub bound: Bound,
+    pub limit: f64,
+    /// The ratio measured in this run; `None` when a side of it was not measured.
+    pub measured: Option<f64>,
+    /// `None` when not measured.
+    pub met: Option<bool>,
+}
+
+impl TargetCheck {
+    pub fn new(target: Target, measured: Option<f64>) -> Self {
+        let (bound, limit) = target.bound();
+        Self {
+            target,
+            description: target.description(),
+            bound,
+            limit,
+            measured,
+            met: measured.map(|m| match bound {
+                Bound::AtLeast => m >= limit,
+                Bound::AtMost => m <= limit,
+            }),
+        }
+    }
+}
+
+/// The targets the first broker of a run is held to, as far as the run measured what they need:
+/// the raw disk (unless `--skip-raw`), Tansu (`--peer-tansu`), the null broker (`--peer-null`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Targets {
+    /// The broker held to them.
+    pub broker: String,
+    /// The run's partitions: the produce and consume targets hold at 1 and at 1,000.
+    pub partitions: i32,
+    pub checks: Vec<TargetCheck>,
+}
+
+impl Targets {
+    /// Checks `first` (its ratios filled in) against every target the run measured what it
+    /// needs for: `raw_measured` for the raw disk, `tansu` and `null` the peers' parts of the
+    /// report where they ran. `None` when there is none.
+    pub fn check(
+        first: &BrokerReport,
+        partitions: i32,
+        raw_measured: bool,
+        tansu: Option<&BrokerReport>,
+        null: Option<&BrokerReport>,
+    ) -> Option<Self> {
+        let ratio = |f: fn(&Ratios) -> Option<f64>| first.ratios.as_ref().and_then(f);
+        let mut checks = Vec::new();
+        if raw_measured {
+            checks.push(TargetCheck::new(
+                Target::ProduceVsRawDisk,
+                ratio(|r| r.produce_vs_raw_disk),
+            ));
+        }
+        if let Some(tansu) = tansu {
+            let of = |b: &BrokerReport, f: fn(&WorkloadResult) -> Option<f64>| b.result.as_ref().and_then(f);
+            let vs = |f: fn(&WorkloadResult) -> Option<f64>| {
+                of(first, f)
+                    .zip(of(tansu, f).filter(|t| *t > 0.0))
+                    .map(|(a, b)| a / b)
+            };
+            checks.push(TargetCheck::new(
+                Target::ProduceVsTansu,
+                vs(|w| Some(w.produce.mb_per_s)),
+            ));
+            checks.push(TargetCheck::new(
+                Target::ConsumeVsTansu,
+                vs(|w| w.consume.as_ref().map(|c| c.mb_per_s)),
+            ));
+        }
+        if null.is_some() {
+            checks.push(TargetCheck::new(
+                Target::ProduceVsClientCeiling,
+                ratio(|r| r.produce_vs_client_ceiling),
+            ));
+            checks.push(TargetCheck::new(
+                Target::ConsumeVsClientCeiling,
+                ratio(|r| r.consume_vs_client_ceiling),
+            ));
+            checks.push(TargetCheck::new(
+                Target::PacedP99VsClientFloor,
+                ratio(|r| r.paced_p99_vs_client_floor),
+            ));
+        }
+        (!checks.is_empty()).then(|| Self {
+            broker: first.label.clone(),
+            partitions,
+            checks,
+        })
+    }
+
+    fn render(&self, o: &mut String) {
+        let _ = writeln!(
+            o,
+            "\ntargets for {} at {} partition{} (the produce and consume targets hold at 1 and at 1,000)",
+            self.broker,
+            self.partitions,
+            if self.partitions == 1 { "" } else { "s" }
+        );
+        for c in &self.checks {
+            let (measured, verdict) = match (c.measured, c.met) {
+                (Some(m), Some(true)) => (c.target.show(m), "met"),
+                (Some(m), _) => (c.target.show(m), "MISSED"),
+                (None, _) => ("-".to_string(), "not measured"),
+            };
+            let _ = writeln!(o, "  {:<58} {measured:>10}  {verdict}", c.description);
+        }
     }
 }
 
@@ -841,6 +1038,9 @@ pub fn render_text(r: &Report) -> String {
         }
         let _ = writeln!(o);
     }
+    if let Some(t) = &r.targets {
+        t.render(&mut o);
+    }
     for b in &r.brokers {
         if let Some(e) = &b.error {
             let _ = writeln!(o, "\n{}: FAILED: {e}", b.label);
@@ -1160,6 +1360,7 @@ mod tests {
             methodology: Vec::new(),
             raw_limits: RawLimitsPair::default(),
             brokers: vec![strand, null],
+            targets: None,
             warnings: Vec::new(),
         };
         assert!(!render_text(&report).contains("/ client ceiling"));
@@ -1232,6 +1433,162 @@ mod tests {
             .unwrap_or_else(|| panic!("no broker row in\n{text}"));
         assert!(row.contains(" ≤2ms ≤250ms >last "), "{row}");
         assert!(row.trim_end().ends_with('-'), "{row}");
+    }
+
+    /// The first broker of a run with `strand`'s figures, its ratios to `raw` and to `null`'s.
+    fn first_broker(
+        strand: WorkloadResult,
+        raw: &RawLimitsPair,
+        null: Option<&BrokerReport>,
+    ) -> BrokerReport {
+        let mut ratios = Ratios::compute(&strand, raw, 1_000_000);
+        if let Some(c) = null.and_then(|n| n.result.as_ref()) {
+            ratios.add_client_ceiling(&strand, c);
+        }
+        let mut b = BrokerReport::new("strand", "spawned");
+        b.result = Some(strand);
+        b.ratios = Some(ratios);
+        b
+    }
+
+    fn peer(label: &str, result: WorkloadResult) -> BrokerReport {
+        let mut b = BrokerReport::new(label, "command");
+        b.result = Some(result);
+        b
+    }
+
+    /// (target, measured ratio, met) of every check.
+    fn verdicts(t: &Targets) -> Vec<(Target, Option<f64>, Option<bool>)> {
+        t.checks.iter().map(|c| (c.target, c.measured, c.met)).collect()
+    }
+
+    #[test]
+    fn targets_hold_the_first_broker_to_their_bounds() {
+        let raw = RawLimitsPair {
+            before: Some(RawLimits {
+                sustained: Some(disk(1_000_000, 400.0, 9_000)),
+                ..raw(500.0, 2_000, 3_000.0)
+            }),
+            after: None,
+            paced: None,
+        };
+        // Produce MB/s, paced p99 µs, first read MB/s, consume MB/s.
+        let null = peer("null (client ceiling)", workload(290.0, 2_000, 900.0, 800.0));
+        let tansu = peer("tansu (memory)", workload(100.0, 9_000, 300.0, 700.0));
+        let strand = first_broker(workload(280.0, 3_000, 450.0, 600.0), &raw, Some(&null));
+        let t = Targets::check(&strand, 1000, true, Some(&tansu), Some(&null)).unwrap();
+        assert_eq!((t.broker.as_str(), t.partitions), ("strand", 1000));
+        assert_eq!(
+            verdicts(&t),
+            vec![
+                // 280 ÷ 400 sustained (not the 500 burst): on the bound, met.
+                (Target::ProduceVsRawDisk, Some(0.7), Some(true)),
+                (Target::ProduceVsTansu, Some(2.8), Some(true)),
+                (Target::ConsumeVsTansu, Some(600.0 / 700.0), Some(false)),
+                (Target::ProduceVsClientCeiling, Some(280.0 / 290.0), Some(true)),
+                (Target::ConsumeVsClientCeiling, Some(0.75), Some(false)),
+                // 3 ms ÷ 2 ms: on the bound, met.
+                (Target::PacedP99VsClientFloor, Some(1.5), Some(true)),
+            ]
+        );
+
+        // Just across each bound.
+        let null = peer("null (client ceiling)", workload(290.0, 1_999, 900.0, 631.0));
+        let strand = first_broker(workload(275.0, 3_000, 450.0, 600.0), &raw, Some(&null));
+        let t = Targets::check(&strand, 1, true, None, Some(&null)).unwrap();
+        let met: Vec<_> = t.checks.iter().map(|c| (c.target, c.met)).collect();
+        assert_eq!(
+            met,
+            vec![
+                (Target::ProduceVsRawDisk, Some(false)),
+                (Target::ProduceVsClientCeiling, Some(false)),
+                (Target::ConsumeVsClientCeiling, Some(true)),
+                (Target::PacedP99VsClientFloor, Some(false)),
+            ]
+        );
+        let text = {
+            let mut o = String::new();
+            t.render(&mut o);
+            o
+        };
+        assert!(text.contains("targets for strand at 1 partition "), "{text}");
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name:?} row in\n{text}"))
+                .split_whitespace()
+                .rev()
+                .take(2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("produce ≥ 70 % of raw"), vec!["MISSED", "68.8%"]);
+        assert_eq!(row("produce ≥ 0.95 × the null broker"), vec!["MISSED", "0.948x"]);
+        assert_eq!(row("consume ≥ 0.95 × the null broker"), vec!["met", "0.951x"]);
+        assert_eq!(
+            row("paced p99 ≤ 1.5 × the null broker's"),
+            vec!["MISSED", "1.501x"]
+        );
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json["checks"][1]["target"], "produce_vs_client_ceiling");
+        assert_eq!(json["checks"][1]["bound"], "at_least");
+        assert_eq!(json["checks"][1]["limit"], 0.95);
+        assert_eq!(json["checks"][3]["bound"], "at_most");
+        assert_eq!(json["checks"][3]["met"], false);
+    }
+
+    #[test]
+    fn the_methodology_states_the_bounds_the_verdicts_use() {
+        let targets = METHODOLOGY
+            .iter()
+            .find(|m| m.starts_with("Targets"))
+            .expect("a methodology line on the targets");
+        for bound in [
+            format!("{:.0} % of the raw", PRODUCE_VS_RAW_DISK_MIN * 100.0),
+            format!("≥ {CLIENT_CEILING_MIN} × the null broker"),
+            format!("≤ {CLIENT_FLOOR_MAX} × the null broker"),
+        ] {
+            assert!(targets.contains(&bound), "{bound:?} not in {targets:?}");
+        }
+    }
+
+    #[test]
+    fn targets_are_checked_only_where_the_run_measured_them() {
+        let strand = first_broker(
+            workload(280.0, 3_000, 450.0, 600.0),
+            &RawLimitsPair::default(),
+            None,
+        );
+        assert_eq!(Targets::check(&strand, 1, false, None, None), None);
+        // A null broker that failed: its targets are there, not measured.
+        let mut null = BrokerReport::new("null (client ceiling)", "command");
+        null.error = Some("did not start".into());
+        let t = Targets::check(&strand, 1, false, None, Some(&null)).unwrap();
+        assert_eq!(
+            verdicts(&t),
+            vec![
+                (Target::ProduceVsClientCeiling, None, None),
+                (Target::ConsumeVsClientCeiling, None, None),
+                (Target::PacedP99VsClientFloor, None, None),
+            ]
+        );
+        let mut o = String::new();
+        t.render(&mut o);
+        assert_eq!(o.matches("not measured").count(), 3, "{o}");
+        // The old targets against the raw limits are no verdicts: their ratios stay information.
+        assert!(!o.contains("loopback") && !o.contains("fdatasync"), "{o}");
+        // Tansu without a consume phase: the produce target only.
+        let mut tansu = peer("tansu (memory)", workload(100.0, 9_000, 300.0, 700.0));
+        if let Some(w) = tansu.result.as_mut() {
+            w.consume = None;
+        }
+        let t = Targets::check(&strand, 1, false, Some(&tansu), None).unwrap();
+        assert_eq!(
+            verdicts(&t),
+            vec![
+                (Target::ProduceVsTansu, Some(2.8), Some(true)),
+                (Target::ConsumeVsTansu, None, None),
+            ]
+        );
     }
 
     /// No paced phase, or no round measured: no ratio.

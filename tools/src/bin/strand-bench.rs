@@ -17,7 +17,8 @@ use strand_tools::cli::{OutputArgs, ProgressArgs, RawArgs, RawDefaults, RunDirAr
 use strand_tools::host::{utc_now_rfc3339, HostInfo};
 use strand_tools::raw::{disk_append_fdatasync_paced, PacedDiskResult};
 use strand_tools::report::{
-    human_bytes, render_text, BrokerReport, ClientInfo, Ratios, RawLimitsPair, Report, ToolInfo, METHODOLOGY,
+    human_bytes, render_text, BrokerReport, ClientInfo, Ratios, RawLimitsPair, Report, Targets, ToolInfo,
+    METHODOLOGY,
 };
 use strand_tools::run::{exit_code, main_of, spinner, unique_name, RAW_SUSTAINED_MAX_BYTES};
 use strand_tools::workload::{self, Amount, Checkpoint, WorkloadParams};
@@ -107,7 +108,7 @@ struct PeerArgs {
     /// Also run against `strand-null-broker` (from the directory of this executable), a broker
     /// that stores nothing and serves fetches from templates: what the client reaches on this
     /// machine against a broker that costs nothing. The first broker's figures are then also
-    /// reported as ratios to it.
+    /// reported as ratios to it, and held to the targets set against it.
     #[arg(long)]
     peer_null: bool,
 }
@@ -226,6 +227,11 @@ impl Target {
     fn is_null(&self) -> bool {
         matches!(self, Target::Command { label, .. } if label == NULL_PEER_LABEL)
     }
+
+    /// The `--peer-tansu` target.
+    fn is_tansu(&self) -> bool {
+        matches!(self, Target::Command { label, .. } if label == TANSU_PEER_LABEL)
+    }
 }
 
 fn main() -> ExitCode {
@@ -311,6 +317,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
     }
+    // The targets are the broker under test's: none when only peers ran.
+    let under_test = cli.spawn.spawn.is_some() || cli.bootstrap.is_some();
+    let tansu = targets.iter().position(|t| t.is_tansu()).filter(|i| *i > 0);
+    let checked = brokers.first().filter(|_| under_test).and_then(|first| {
+        Targets::check(
+            first,
+            params.partitions,
+            !cli.raw.skip_raw,
+            tansu.map(|i| &brokers[i]),
+            null_index.map(|i| &brokers[i]),
+        )
+    });
 
     let failed = brokers
         .iter()
@@ -329,6 +347,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         methodology: METHODOLOGY.iter().map(|s| s.to_string()).collect(),
         raw_limits: raw,
         brokers,
+        targets: checked,
         warnings,
     };
 
