@@ -763,12 +763,12 @@ impl QueueClient {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::net::TcpListener;
 
     /// Serves one request on a local port with `answer_body` (200) and returns the request's body.
-    fn one_shot(answer_body: &'static str) -> (String, std::thread::JoinHandle<String>) {
+    pub(crate) fn one_shot(answer_body: &'static str) -> (String, std::thread::JoinHandle<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let h = std::thread::spawn(move || {

@@ -22,7 +22,7 @@ use strand_tools::cli::{OutputArgs, ProgressArgs, RawArgs, RawDefaults, RunDirAr
 use strand_tools::host::{cpu_seconds, utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::latency::{human_us, LatencySummary};
 use strand_tools::queue_workload::{
-    self, Bars, Checkpoint, PhaseCpu, PublishResult, QueueParams, QueueResult,
+    self, Backlog, Bars, Checkpoint, PhaseCpu, PublishResult, QueueParams, QueueResult,
 };
 use strand_tools::raw::DiskResult;
 use strand_tools::report::{
@@ -401,15 +401,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
         bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT");
     }
     let params = QueueParams {
-        queue: cli
-            .queue
-            .clone()
-            .unwrap_or_else(|| unique_name("strand-queue-bench")),
-        partitions: cli.partitions,
-        messages: cli.messages,
-        message_bytes: cli.message_bytes,
-        publishers: cli.publishers,
-        publish_batch: cli.publish_batch,
+        backlog: Backlog {
+            queue: cli
+                .queue
+                .clone()
+                .unwrap_or_else(|| unique_name("strand-queue-bench")),
+            partitions: cli.partitions,
+            messages: cli.messages,
+            message_bytes: cli.message_bytes,
+            publishers: cli.publishers,
+            publish_batch: cli.publish_batch,
+            timeout_secs: cli.timeout_secs,
+        },
         workers: cli.workers,
         lease_batch: cli.lease_batch,
         lease_wait_ms: cli.lease_wait_ms,
@@ -417,24 +420,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
         steady_secs: cli.steady_secs,
         steady_fraction: cli.steady_fraction,
         steady_publish_batch: cli.steady_publish_batch,
-        timeout_secs: cli.timeout_secs,
     };
     params.validate()?;
     let share_params = cli.door.share().then(|| ShareParams {
-        queue: format!("{}-share", params.queue),
-        group: format!("{}-share-group", params.queue),
-        partitions: params.partitions,
-        messages: params.messages,
-        message_bytes: params.message_bytes,
-        publishers: params.publishers,
-        publish_batch: params.publish_batch,
+        queue: format!("{}-share", params.backlog.queue),
+        group: format!("{}-share-group", params.backlog.queue),
+        partitions: params.backlog.partitions,
+        messages: params.backlog.messages,
+        message_bytes: params.backlog.message_bytes,
+        publishers: params.backlog.publishers,
+        publish_batch: params.backlog.publish_batch,
         consumers: params.workers,
         max_records: params.lease_batch,
         max_wait_ms: u32::try_from(params.lease_wait_ms).unwrap_or(u32::MAX),
         fetch_max_bytes: cli
             .share_fetch_max_bytes
             .unwrap_or(share_workload::DEFAULT_FETCH_MAX_BYTES),
-        timeout_secs: params.timeout_secs,
+        timeout_secs: params.backlog.timeout_secs,
     });
     if let Some(s) = &share_params {
         s.validate()?;
@@ -563,8 +565,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let confluent_outcome = match (&share_params, &broker.kafka) {
         (Some(sp), Some(kafka)) if !http_failed && !share_failed && cli.share_client.confluent() => {
             let cp = ShareParams {
-                queue: format!("{}-share-confluent", params.queue),
-                group: format!("{}-share-confluent-group", params.queue),
+                queue: format!("{}-share-confluent", params.backlog.queue),
+                group: format!("{}-share-confluent-group", params.backlog.queue),
                 ..sp.clone()
             };
             Some(share_workload::run_confluent(
@@ -954,12 +956,12 @@ fn render_text(r: &Report) -> String {
         o,
         "workload: queue {}, {} partitions; {} messages of {} B; {} publishers x {} per request; {} workers \
          x lease {} (wait {} ms, visibility {} ms) + one batch ack; steady {}",
-        p.queue,
-        p.partitions,
-        p.messages,
-        p.message_bytes,
-        p.publishers,
-        p.publish_batch,
+        p.backlog.queue,
+        p.backlog.partitions,
+        p.backlog.messages,
+        p.backlog.message_bytes,
+        p.backlog.publishers,
+        p.backlog.publish_batch,
         p.workers,
         p.lease_batch,
         p.lease_wait_ms,
