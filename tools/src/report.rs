@@ -846,15 +846,7 @@ pub fn render_text(r: &Report) -> String {
     row("  max", &|b| {
         b.result.as_ref().map(|w| human_us(w.produce.latency.max_us))
     });
-    row("CPU client / broker", &|b| {
-        b.result.as_ref().map(|w| cores(&w.produce.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        b.result.as_ref().map(|w| busiest(&w.produce.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        b.result.as_ref().map(|w| faults(&w.produce.cpu))
-    });
+    cpu_rows(&mut row, "CPU client / broker", |w| Some(&w.produce.cpu));
     row("end-to-end p50 / p99", &|b| {
         b.result
             .as_ref()
@@ -906,26 +898,14 @@ pub fn render_text(r: &Report) -> String {
             ))
         });
     }
-    row("  CPU client / broker", &|b| {
-        Some(cores(&b.result.as_ref()?.paced.as_ref()?.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        Some(busiest(&b.result.as_ref()?.paced.as_ref()?.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        Some(faults(&b.result.as_ref()?.paced.as_ref()?.cpu))
+    cpu_rows(&mut row, "  CPU client / broker", |w| {
+        Some(&w.paced.as_ref()?.cpu)
     });
     row("first read MB/s", &|b| {
         Some(format!("{:.1}", b.result.as_ref()?.first_read.as_ref()?.mb_per_s))
     });
-    row("  CPU client / broker", &|b| {
-        Some(cores(&b.result.as_ref()?.first_read.as_ref()?.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        Some(busiest(&b.result.as_ref()?.first_read.as_ref()?.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        Some(faults(&b.result.as_ref()?.first_read.as_ref()?.cpu))
+    cpu_rows(&mut row, "  CPU client / broker", |w| {
+        Some(&w.first_read.as_ref()?.cpu)
     });
     row("consume msgs/s", &|b| {
         Some(format!("{:.0}", b.result.as_ref()?.consume.as_ref()?.msgs_per_s))
@@ -933,14 +913,8 @@ pub fn render_text(r: &Report) -> String {
     row("consume MB/s", &|b| {
         Some(format!("{:.1}", b.result.as_ref()?.consume.as_ref()?.mb_per_s))
     });
-    row("  CPU client / broker", &|b| {
-        Some(cores(&b.result.as_ref()?.consume.as_ref()?.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        Some(busiest(&b.result.as_ref()?.consume.as_ref()?.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        Some(faults(&b.result.as_ref()?.consume.as_ref()?.cpu))
+    cpu_rows(&mut row, "  CPU client / broker", |w| {
+        Some(&w.consume.as_ref()?.cpu)
     });
     row("read back", &|b| {
         let c = b.result.as_ref()?.consume.as_ref()?;
@@ -1061,6 +1035,21 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(o, "WARNING: {w}");
     }
     o
+}
+
+/// A table row: its name, and each broker's cell (`None`: "-").
+type Row<'a> = dyn FnMut(&str, &dyn Fn(&BrokerReport) -> Option<String>) + 'a;
+
+/// The CPU rows of a phase (`cpu` picks it out of a broker's result): both processes' cores
+/// (the row `name`), their busiest threads', their minor page faults.
+fn cpu_rows(row: &mut Row<'_>, name: &str, cpu: fn(&WorkloadResult) -> Option<&CpuUsage>) {
+    row(name, &|b| Some(cores(cpu(b.result.as_ref()?)?)));
+    row("  busiest thread of each", &|b| {
+        Some(busiest(cpu(b.result.as_ref()?)?))
+    });
+    row("  minor page faults/s", &|b| {
+        Some(faults(cpu(b.result.as_ref()?)?))
+    });
 }
 
 fn mib(kib: u64) -> String {
