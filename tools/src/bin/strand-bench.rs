@@ -49,27 +49,7 @@ const NULL_BROKER_BINARY: &str = "strand-null-broker";
 )]
 struct Cli {
     #[command(flatten)]
-    spawn: SpawnArgs,
-    /// Benchmark an already running broker at this address instead of spawning one.
-    #[arg(
-        long,
-        value_name = "HOST:PORT",
-        conflicts_with = "spawn",
-        help_heading = "Broker under test"
-    )]
-    bootstrap: Option<String>,
-    /// With --bootstrap: the broker's pid, to record its resident memory and CPU use.
-    #[arg(
-        long,
-        value_name = "PID",
-        requires = "bootstrap",
-        help_heading = "Broker under test"
-    )]
-    broker_pid: Option<u32>,
-    /// Name of the broker under test in the report [default: strand, or the bootstrap address].
-    #[arg(long, value_name = "NAME", help_heading = "Broker under test")]
-    label: Option<String>,
-
+    broker: BrokerArgs,
     #[command(flatten)]
     peers: PeerArgs,
     #[command(flatten)]
@@ -88,6 +68,23 @@ struct Cli {
     output: OutputArgs,
     #[command(flatten)]
     progress: ProgressArgs,
+}
+
+/// The broker under test: spawned, or already running.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Broker under test")]
+struct BrokerArgs {
+    #[command(flatten)]
+    spawn: SpawnArgs,
+    /// Benchmark an already running broker at this address instead of spawning one.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "spawn")]
+    bootstrap: Option<String>,
+    /// With --bootstrap: the broker's pid, to record its resident memory and CPU use.
+    #[arg(long, value_name = "PID", requires = "bootstrap")]
+    broker_pid: Option<u32>,
+    /// Name of the broker under test in the report [default: strand, or the bootstrap address].
+    #[arg(long, value_name = "NAME")]
+    label: Option<String>,
 }
 
 /// The peers: the same workload against other brokers, in the same run.
@@ -318,7 +315,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     // The targets are the broker under test's: none when only peers ran.
-    let under_test = cli.spawn.spawn.is_some() || cli.bootstrap.is_some();
+    let under_test = cli.broker.spawn.spawn.is_some() || cli.broker.bootstrap.is_some();
     let tansu = targets.iter().position(|t| t.is_tansu()).filter(|i| *i > 0);
     let checked = brokers.first().filter(|_| under_test).and_then(|first| {
         Targets::check(
@@ -358,18 +355,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn targets(cli: &Cli) -> Result<Vec<Target>> {
     let mut t = Vec::new();
-    if let Some(binary) = &cli.spawn.spawn {
+    if let Some(binary) = &cli.broker.spawn.spawn {
         t.push(Target::Spawn {
             binary: binary.clone(),
-            args: cli.spawn.spawn_arg.clone(),
+            args: cli.broker.spawn.spawn_arg.clone(),
         });
     }
-    if let Some(addr) = &cli.bootstrap {
-        let label = cli.label.clone().unwrap_or_else(|| format!("broker@{addr}"));
+    if let Some(addr) = &cli.broker.bootstrap {
+        let label = cli
+            .broker
+            .label
+            .clone()
+            .unwrap_or_else(|| format!("broker@{addr}"));
         t.push(Target::Bootstrap {
             label,
             addr: addr.clone(),
-            pid: cli.broker_pid,
+            pid: cli.broker.broker_pid,
         });
     }
     let peers = &cli.peers;
@@ -490,7 +491,10 @@ fn run_target(
     let timeout = Duration::from_secs_f64(cli.workload.timeout_secs);
     let mut report = match target {
         Target::Spawn { binary, .. } => {
-            let mut r = BrokerReport::new(cli.label.clone().unwrap_or_else(|| "strand".into()), "spawned");
+            let mut r = BrokerReport::new(
+                cli.broker.label.clone().unwrap_or_else(|| "strand".into()),
+                "spawned",
+            );
             r.binary = Some(binary.clone());
             r.version = Some(binary_version(binary).unwrap_or_else(|e| format!("unknown ({e:#})")));
             r

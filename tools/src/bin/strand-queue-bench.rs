@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 use serde::Serialize;
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
@@ -144,31 +144,7 @@ impl ShareClient {
 )]
 struct Cli {
     #[command(flatten)]
-    spawn: SpawnArgs,
-    /// Use an already running broker's HTTP queue API at this address.
-    #[arg(
-        long,
-        value_name = "HOST:PORT",
-        conflicts_with = "spawn",
-        help_heading = "Broker under test"
-    )]
-    http: Option<String>,
-    /// With --http: the broker's Kafka listener (needed by the share door).
-    #[arg(
-        long,
-        value_name = "HOST:PORT",
-        requires = "http",
-        help_heading = "Broker under test"
-    )]
-    bootstrap: Option<String>,
-    /// With --http: the broker's pid, for its memory and CPU.
-    #[arg(
-        long,
-        value_name = "PID",
-        requires = "http",
-        help_heading = "Broker under test"
-    )]
-    broker_pid: Option<u32>,
+    broker: BrokerArgs,
 
     /// Which door to drive: `http` (lease + ack), `share` (KIP-932 share consumers) or both.
     #[arg(long, value_enum, default_value_t = Door::Both, help_heading = "Workload")]
@@ -259,6 +235,23 @@ impl RawDefaults for QueueRawSizes {
     const SIZES: &'static str = "4096,65536";
     const SIZES_HELP: &'static str = "Write sizes of the append+fdatasync test, comma separated; a publish \
                                       request's payload bytes (publish-batch x message-bytes) are added";
+}
+
+/// The broker under test: spawned, or already running.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Broker under test")]
+struct BrokerArgs {
+    #[command(flatten)]
+    spawn: SpawnArgs,
+    /// Use an already running broker's HTTP queue API at this address.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "spawn")]
+    http: Option<String>,
+    /// With --http: the broker's Kafka listener (needed by the share door).
+    #[arg(long, value_name = "HOST:PORT", requires = "http")]
+    bootstrap: Option<String>,
+    /// With --http: the broker's pid, for its memory and CPU.
+    #[arg(long, value_name = "PID", requires = "http")]
+    broker_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -397,7 +390,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
-    if cli.spawn.spawn.is_none() && cli.http.is_none() {
+    if cli.broker.spawn.spawn.is_none() && cli.broker.http.is_none() {
         bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT");
     }
     let params = QueueParams {
@@ -440,14 +433,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
     });
     if let Some(s) = &share_params {
         s.validate()?;
-        if cli.http.is_some() && cli.bootstrap.is_none() {
+        if cli.broker.http.is_some() && cli.broker.bootstrap.is_none() {
             bail!("the share door needs the broker's Kafka listener: pass --bootstrap HOST:PORT with --http");
         }
     }
     let show_progress = cli.progress.show();
 
     let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run_dir, "strand-queue-bench")?;
-    if cli.http.is_some() {
+    if cli.broker.http.is_some() {
         warnings.push(
             "running broker (--http): its data directory may not be the disk the raw limits measured".into(),
         );
@@ -466,13 +459,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
     let timeout = Duration::from_secs_f64(cli.timeout_secs);
     let mut process = None;
-    let mut broker = match (&cli.spawn.spawn, &cli.http) {
+    let mut broker = match (&cli.broker.spawn.spawn, &cli.broker.http) {
         (Some(binary), _) => {
             let s = spinner(show_progress, "starting strand", "");
             let p = BrokerProcess::spawn_strand(
                 binary,
                 &run_dir.path().join("broker"),
-                &cli.spawn.spawn_arg,
+                &cli.broker.spawn.spawn_arg,
                 timeout,
             );
             s.finish_and_clear();
@@ -498,11 +491,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         (None, Some(http)) => BrokerInfo {
             kind: "running".into(),
             http: http.clone(),
-            kafka: cli.bootstrap.clone(),
+            kafka: cli.broker.bootstrap.clone(),
             binary: None,
             version: None,
             command: None,
-            pid: cli.broker_pid,
+            pid: cli.broker.broker_pid,
             log: None,
             stopped: None,
         },
