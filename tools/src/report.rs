@@ -693,7 +693,8 @@ pub fn render_raw_limits(
     fs: &FsInfo,
     reference: &str,
 ) {
-    const CELL: usize = 34;
+    // Wide enough for "1234.5 MB/s, p50 12.34 ms p99 123.45 ms".
+    const CELL: usize = 40;
     let disk_cell = |d: &DiskResult| {
         format!(
             "{:.1} MB/s, p50 {} p99 {}",

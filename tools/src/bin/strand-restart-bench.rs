@@ -1190,7 +1190,7 @@ fn render_text(r: &Report) -> String {
     let _ = writeln!(o, "{}", host_line(&r.host, &r.data_dir));
     let _ = writeln!(
         o,
-        "load average: {} at the start → {} at the end",
+        "load (/proc/loadavg) at the start: {}; at the end: {}",
         r.load_average_before.as_deref().unwrap_or("?"),
         r.load_average_after.as_deref().unwrap_or("?"),
     );
