@@ -306,13 +306,8 @@ impl BrokerProcess {
     /// SIGTERM, then SIGKILL after `grace`; says how the process ended and how long it took.
     pub fn terminate(mut self, grace: Duration) -> Result<Stopped> {
         let signalled = Instant::now();
-        if let Some(status) = self.child.try_wait().context("polling the broker process")? {
-            return Ok(Stopped {
-                how: format!("had already exited: {status}"),
-                by_sigterm: false,
-                status,
-                elapsed: Duration::ZERO,
-            });
+        if let Some(exited) = self.exited_already()? {
+            return Ok(exited);
         }
         // std offers only SIGKILL; `kill` gives the broker a chance to shut down cleanly.
         let _ = Command::new("kill")
@@ -333,31 +328,41 @@ impl BrokerProcess {
             }
             thread::sleep(Duration::from_millis(5));
         }
-        self.child.kill().context("killing the broker")?;
-        let status = self.child.wait().context("waiting for the broker")?;
-        Ok(Stopped {
-            how: format!("killed after {grace:?} without exiting on SIGTERM: {status}"),
-            by_sigterm: false,
-            status,
-            elapsed: signalled.elapsed(),
+        self.kill_and_reap(signalled, |status| {
+            format!("killed after {grace:?} without exiting on SIGTERM: {status}")
         })
     }
 
     /// SIGKILL (no chance to flush or checkpoint: a crash), then reaps the process.
     pub fn kill(mut self) -> Result<Stopped> {
         let signalled = Instant::now();
-        if let Some(status) = self.child.try_wait().context("polling the broker process")? {
-            return Ok(Stopped {
-                how: format!("had already exited: {status}"),
-                by_sigterm: false,
-                status,
-                elapsed: Duration::ZERO,
-            });
+        if let Some(exited) = self.exited_already()? {
+            return Ok(exited);
         }
+        self.kill_and_reap(signalled, |status| format!("killed by SIGKILL: {status}"))
+    }
+
+    /// How the process ended, if it has already (there is nothing to stop then).
+    fn exited_already(&mut self) -> Result<Option<Stopped>> {
+        let status = self.child.try_wait().context("polling the broker process")?;
+        Ok(status.map(|status| Stopped {
+            how: format!("had already exited: {status}"),
+            by_sigterm: false,
+            status,
+            elapsed: Duration::ZERO,
+        }))
+    }
+
+    /// SIGKILL, then waits for the process; `how` words its exit status.
+    fn kill_and_reap(
+        &mut self,
+        signalled: Instant,
+        how: impl FnOnce(ExitStatus) -> String,
+    ) -> Result<Stopped> {
         self.child.kill().context("killing the broker")?;
         let status = self.child.wait().context("waiting for the broker")?;
         Ok(Stopped {
-            how: format!("killed by SIGKILL: {status}"),
+            how: how(status),
             by_sigterm: false,
             status,
             elapsed: signalled.elapsed(),

@@ -8,7 +8,12 @@
 //! * [`broker_metrics`]: a spawned Strand's own latency histograms over a phase (`/metrics`).
 //! * [`workload`]: the Kafka load itself, on `rdkafka` (produce, end-to-end, consume).
 //! * [`latency`]: HdrHistogram helpers and the percentile summary every report uses.
-//! * [`report`]: the JSON report and the human-readable table.
+//! * [`report`]: the JSON report and the human-readable table of `strand-bench`, the raw-limit
+//!   figures and tables every benchmark's report shares, and the targets a run is held to.
+//! * [`cli`]: the command-line argument groups the benchmark binaries share (spawn, run
+//!   directory, raw limits, output).
+//! * [`run`]: what every benchmark binary does around its workload (run directory, raw-limit
+//!   measurement, spinners, exit status).
 //! * [`queue_client`]: a blocking HTTP/1.1 client of Strand's queue API (the queue benchmark and
 //!   the compatibility tests).
 //! * [`queue_workload`]: the HTTP queue load of `strand-queue-bench` (publish, lease + batch ack,
@@ -27,6 +32,7 @@
 mod blocking_server;
 pub mod broker;
 pub mod broker_metrics;
+pub mod cli;
 pub mod faultproxy;
 pub mod host;
 pub mod latency;
@@ -35,5 +41,6 @@ pub mod queue_client;
 pub mod queue_workload;
 pub mod raw;
 pub mod report;
+pub mod run;
 pub mod share_workload;
 pub mod workload;

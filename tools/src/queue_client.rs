@@ -332,19 +332,28 @@ impl fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
-/// One message to publish (`POST /v1/queues/{queue}/messages`).
-#[derive(Clone, Debug, Default)]
+/// One message to publish (`POST /v1/queues/{queue}/messages`); what is absent is not sent.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct OutMessage {
     /// UTF-8 payload (`payload`).
     pub payload: String,
     /// `key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// `headers`.
+    /// `headers`, sent as one object.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "as_object")]
     pub headers: Vec<(String, String)>,
     /// `delay_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
     /// `dedup_token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dedup_token: Option<String>,
+}
+
+/// Name-value pairs as one JSON object (a name given twice: the last value).
+fn as_object<S: serde::Serializer>(pairs: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
 }
 
 impl OutMessage {
@@ -382,23 +391,7 @@ impl OutMessage {
 
     /// The JSON object of this message.
     pub fn to_json(&self) -> Value {
-        let mut m = serde_json::Map::new();
-        m.insert("payload".into(), json!(self.payload));
-        if let Some(k) = &self.key {
-            m.insert("key".into(), json!(k));
-        }
-        if !self.headers.is_empty() {
-            let h: serde_json::Map<String, Value> =
-                self.headers.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
-            m.insert("headers".into(), Value::Object(h));
-        }
-        if let Some(d) = self.delay_ms {
-            m.insert("delay_ms".into(), json!(d));
-        }
-        if let Some(t) = &self.dedup_token {
-            m.insert("dedup_token".into(), json!(t));
-        }
-        Value::Object(m)
+        json!(self)
     }
 }
 
@@ -445,41 +438,30 @@ pub struct Leased {
     pub headers: BTreeMap<String, String>,
 }
 
-/// Lease request options (`POST /v1/queues/{queue}/leases`).
-#[derive(Clone, Debug, Default)]
+/// Lease request options (`POST /v1/queues/{queue}/leases`); what is absent is not sent.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct LeaseOptions {
     /// `max_messages`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_messages: Option<u32>,
     /// `visibility_timeout_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub visibility_timeout_ms: Option<u64>,
     /// `wait_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
     /// `group`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// `consumer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub consumer: Option<String>,
 }
 
 impl LeaseOptions {
     /// The JSON body.
     pub fn to_json(&self) -> Value {
-        let mut m = serde_json::Map::new();
-        if let Some(v) = self.max_messages {
-            m.insert("max_messages".into(), json!(v));
-        }
-        if let Some(v) = self.visibility_timeout_ms {
-            m.insert("visibility_timeout_ms".into(), json!(v));
-        }
-        if let Some(v) = self.wait_ms {
-            m.insert("wait_ms".into(), json!(v));
-        }
-        if let Some(v) = &self.group {
-            m.insert("group".into(), json!(v));
-        }
-        if let Some(v) = &self.consumer {
-            m.insert("consumer".into(), json!(v));
-        }
-        Value::Object(m)
+        json!(self)
     }
 }
 
@@ -763,12 +745,12 @@ impl QueueClient {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::net::TcpListener;
 
     /// Serves one request on a local port with `answer_body` (200) and returns the request's body.
-    fn one_shot(answer_body: &'static str) -> (String, std::thread::JoinHandle<String>) {
+    pub(crate) fn one_shot(answer_body: &'static str) -> (String, std::thread::JoinHandle<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let h = std::thread::spawn(move || {
@@ -795,6 +777,36 @@ mod tests {
             String::from_utf8(body).unwrap()
         });
         (addr, h)
+    }
+
+    #[test]
+    fn request_bodies_leave_out_what_is_absent() {
+        assert_eq!(OutMessage::new("p").to_json(), json!({ "payload": "p" }));
+        let full = OutMessage::new("p")
+            .key("k")
+            .header("a", "1")
+            .header("b", "2")
+            .header("a", "3")
+            .delay_ms(5)
+            .dedup_token("t");
+        assert_eq!(
+            full.to_json(),
+            json!({
+                "payload": "p", "key": "k", "headers": { "a": "3", "b": "2" },
+                "delay_ms": 5, "dedup_token": "t"
+            })
+        );
+        assert_eq!(LeaseOptions::default().to_json(), json!({}));
+        let lease = LeaseOptions {
+            max_messages: Some(10),
+            wait_ms: Some(0),
+            group: Some("g".into()),
+            ..LeaseOptions::default()
+        };
+        assert_eq!(
+            lease.to_json(),
+            json!({ "max_messages": 10, "wait_ms": 0, "group": "g" })
+        );
     }
 
     #[test]

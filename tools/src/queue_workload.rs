@@ -40,15 +40,9 @@ pub(crate) const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabc
 /// The workload, as recorded in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueParams {
-    pub queue: String,
-    pub partitions: u32,
-    /// Messages of the publish phase, all drained in the drain phase.
-    pub messages: u64,
-    /// Payload bytes per message (random base62 text, different for every message).
-    pub message_bytes: usize,
-    pub publishers: usize,
-    /// Messages per publish request (publish phase).
-    pub publish_batch: usize,
+    /// What the publish phase publishes, all drained in the drain phase.
+    #[serde(flatten)]
+    pub backlog: Backlog,
     pub workers: usize,
     /// `max_messages` of each lease request.
     pub lease_batch: u32,
@@ -63,26 +57,15 @@ pub struct QueueParams {
     pub steady_fraction: f64,
     /// Messages per publish request in the steady phase.
     pub steady_publish_batch: usize,
-    /// Longest time without progress before the run fails.
-    pub timeout_secs: f64,
 }
 
 impl QueueParams {
     pub fn validate(&self) -> Result<()> {
-        if self.partitions == 0 {
-            bail!("--partitions must be at least 1");
-        }
-        if self.messages == 0 {
-            bail!("--messages must be at least 1");
-        }
-        if self.message_bytes == 0 || self.message_bytes > PAYLOAD_POOL_BYTES / 2 {
-            bail!("--message-bytes must be 1..={}", PAYLOAD_POOL_BYTES / 2);
-        }
-        if self.publishers == 0 || self.workers == 0 {
-            bail!("--publishers and --workers must be at least 1");
+        self.backlog.validate()?;
+        if self.workers == 0 {
+            bail!("--workers must be at least 1");
         }
         for (name, v) in [
-            ("--publish-batch", self.publish_batch),
             ("--lease-batch", self.lease_batch as usize),
             ("--steady-publish-batch", self.steady_publish_batch),
         ] {
@@ -102,14 +85,66 @@ impl QueueParams {
         if self.steady_secs > 0.0 && !(self.steady_fraction > 0.0 && self.steady_fraction.is_finite()) {
             bail!("--steady-fraction must be positive");
         }
+        Ok(())
+    }
+}
+
+/// What a publish phase puts on a queue over HTTP: the HTTP door drains it with leases, the share
+/// door with share consumers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Backlog {
+    pub queue: String,
+    pub partitions: u32,
+    pub messages: u64,
+    /// Payload bytes per message (random base62 text, different for every message).
+    pub message_bytes: usize,
+    pub publishers: usize,
+    /// Messages per publish request.
+    pub publish_batch: usize,
+    /// Longest time without progress before the run fails.
+    pub timeout_secs: f64,
+}
+
+impl Backlog {
+    /// The checks every door's parameters share.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.partitions == 0 {
+            bail!("--partitions must be at least 1");
+        }
+        if self.messages == 0 {
+            bail!("--messages must be at least 1");
+        }
+        if self.message_bytes == 0 || self.message_bytes > PAYLOAD_POOL_BYTES / 2 {
+            bail!("--message-bytes must be 1..={}", PAYLOAD_POOL_BYTES / 2);
+        }
+        if self.publishers == 0 {
+            bail!("--publishers must be at least 1");
+        }
+        if !(1..=MAX_BATCH).contains(&self.publish_batch) {
+            bail!("--publish-batch must be 1..={MAX_BATCH}");
+        }
         if !(self.timeout_secs > 0.0 && self.timeout_secs.is_finite()) {
             bail!("--timeout-secs must be positive");
         }
         Ok(())
     }
 
-    fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_secs)
+    }
+
+    /// Creates the queue with its partitions (it must not exist yet); returns the answer.
+    pub(crate) fn create_queue(&self, http: &str) -> Result<Value> {
+        let (status, created) = QueueClient::new(http)
+            .put_queue(&self.queue, &json!({ "partitions": self.partitions }))
+            .map_err(|e| anyhow!("PUT /v1/queues/{}: {e}", self.queue))?;
+        if status != 201 {
+            bail!(
+                "PUT /v1/queues/{} answered {status}, not 201: the queue existed already ({created})",
+                self.queue
+            );
+        }
+        Ok(created)
     }
 }
 
@@ -278,18 +313,23 @@ pub struct Bars {
 
 impl Bars {
     fn bar(&self, phase: &str, len: u64) -> ProgressBar {
-        if !self.show {
-            return ProgressBar::hidden();
-        }
-        let bar = ProgressBar::new(len);
-        let style = ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-        bar.set_style(style);
-        bar.set_prefix(phase.to_string());
-        bar.enable_steady_tick(Duration::from_millis(200));
-        bar
+        progress_bar(self.show, phase, len)
     }
+}
+
+/// A progress bar of `len` steps on stderr, named `phase` (hidden unless `show`).
+pub(crate) fn progress_bar(show: bool, phase: &str, len: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let style = ProgressStyle::with_template("{prefix:>13} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(phase.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
 }
 
 /// Logs a phase start on stderr (also when progress bars are off: a profiler attaches on it).
@@ -311,32 +351,26 @@ pub fn run(
     let mut problems = Vec::new();
 
     let started = Instant::now();
-    let mut admin = QueueClient::new(http);
-    let (status, created) = admin
-        .put_queue(&params.queue, &json!({ "partitions": params.partitions }))
-        .map_err(|e| anyhow!("PUT /v1/queues/{}: {e}", params.queue))?;
-    if status != 201 {
-        bail!(
-            "PUT /v1/queues/{} answered {status}, not 201: the queue existed already ({created})",
-            params.queue
-        );
-    }
+    let backlog = &params.backlog;
+    backlog.create_queue(http)?;
     let create_secs = started.elapsed().as_secs_f64();
     checkpoint(Checkpoint::Created);
 
     announce(&format!(
         "publish phase: {} messages of {} B (broker pid {})",
-        params.messages,
-        params.message_bytes,
+        params.backlog.messages,
+        params.backlog.message_bytes,
         broker_pid.map_or("unknown".into(), |p| p.to_string())
     ));
-    let (publish, published_ids) = publish_phase(http, broker_pid, params, &pool, bars)?;
+    let bar = bars.bar("publish", params.backlog.messages);
+    let (publish, published_ids) =
+        publish_phase(http, broker_pid, backlog, &pool, &bar, "publisher", |m| m.id)?;
     checkpoint(Checkpoint::Published);
 
     announce("drain phase: lease + batch ack until every message is acknowledged");
-    let shared = Shared::new(params.messages, true, broker_pid);
+    let shared = Shared::new(params.backlog.messages, true, broker_pid);
     let mark = CpuMark::now(broker_pid);
-    let bar = bars.bar("drain", params.messages);
+    let bar = bars.bar("drain", params.backlog.messages);
     let phase_start = Instant::now();
     let out = run_workers(http, params, &shared, &bar, phase_start)?.into_result();
     let cpu = PhaseCpu::between(
@@ -357,7 +391,7 @@ pub fn run(
             false
         }
     };
-    let group_after = match admin.get_queue(&params.queue) {
+    let group_after = match QueueClient::new(http).get_queue(&params.backlog.queue) {
         Ok(v) => {
             let g = v.pointer("/groups/default").cloned();
             if let Some(g) = &g {
@@ -371,14 +405,17 @@ pub fn run(
             g
         }
         Err(e) => {
-            problems.push(format!("GET /v1/queues/{} after the drain: {e}", params.queue));
+            problems.push(format!(
+                "GET /v1/queues/{} after the drain: {e}",
+                params.backlog.queue
+            ));
             None
         }
     };
     let drain = DrainResult {
         secs,
         msgs_per_s: per_s(acked, secs),
-        mb_per_s: per_s(acked * params.message_bytes as u64, secs) / 1e6,
+        mb_per_s: per_s(acked * params.backlog.message_bytes as u64, secs) / 1e6,
         workers: out.figures,
         verified,
         group_after,
@@ -547,40 +584,41 @@ fn post(client: &mut QueueClient, path: &str, body: &[u8], what: &str) -> Result
 // ------------------------------------------------------------------------------------------
 // Publish phase
 
-/// What a publisher thread measured.
-struct PublisherOut {
+/// What a publisher thread measured; `T` is what it keeps of each published message (what the
+/// drain is verified against).
+struct PublisherOut<T> {
     hist: Histogram<u64>,
     requests: u64,
     request_bytes: u64,
-    ids: Vec<String>,
+    kept: Vec<T>,
+    keep: fn(PublishedEntry) -> T,
+    /// One count per partition of the queue.
     per_partition: Vec<u64>,
     last_answer: Option<Instant>,
     late_batches: u64,
     max_lag: Duration,
 }
 
-impl PublisherOut {
-    fn new() -> Self {
+impl<T> PublisherOut<T> {
+    fn new(keep: fn(PublishedEntry) -> T, partitions: u32) -> Self {
         Self {
             hist: latency::histogram(),
             requests: 0,
             request_bytes: 0,
-            ids: Vec::new(),
-            per_partition: Vec::new(),
+            kept: Vec::new(),
+            keep,
+            per_partition: vec![0; partitions as usize],
             last_answer: None,
             late_batches: 0,
             max_lag: Duration::ZERO,
         }
     }
 
-    fn merge(&mut self, o: PublisherOut) -> Result<()> {
+    fn merge(&mut self, o: PublisherOut<T>) -> Result<()> {
         self.hist.add(&o.hist).context("merging publish histograms")?;
         self.requests += o.requests;
         self.request_bytes += o.request_bytes;
-        self.ids.extend(o.ids);
-        if self.per_partition.len() < o.per_partition.len() {
-            self.per_partition.resize(o.per_partition.len(), 0);
-        }
+        self.kept.extend(o.kept);
         for (a, b) in self.per_partition.iter_mut().zip(o.per_partition) {
             *a += b;
         }
@@ -625,23 +663,28 @@ pub(crate) fn publish_request(
 }
 
 /// Publishes `n` messages from index `first` in one request and records it.
-fn publish_one(
+fn publish_one<T>(
     client: &mut QueueClient,
     path: &str,
     buf: &mut Vec<u8>,
     pool: &[u8],
     (first, n, len): (u64, usize, usize),
-    out: &mut PublisherOut,
+    out: &mut PublisherOut<T>,
 ) -> Result<()> {
     let (entries, done) = publish_request(client, path, buf, pool, (first, n, len), &mut out.hist)?;
+    let partitions = out.per_partition.len();
     for m in entries {
-        let p = usize::try_from(m.partition)
-            .map_err(|_| anyhow!("publish answered partition {}", m.partition))?;
-        if out.per_partition.len() <= p {
-            out.per_partition.resize(p + 1, 0);
+        match usize::try_from(m.partition)
+            .ok()
+            .and_then(|p| out.per_partition.get_mut(p))
+        {
+            Some(n) => *n += 1,
+            None => bail!(
+                "publish answered partition {} of a {partitions}-partition queue",
+                m.partition
+            ),
         }
-        out.per_partition[p] += 1;
-        out.ids.push(m.id);
+        out.kept.push((out.keep)(m));
     }
     out.requests += 1;
     out.request_bytes += buf.len() as u64;
@@ -649,20 +692,24 @@ fn publish_one(
     Ok(())
 }
 
-fn publish_phase(
+/// Publishes `backlog`: its publishers (threads `{name}-{i}`) post batches until every message
+/// was published, each answer checked; `keep` turns each answered entry into what the caller
+/// verifies the drain against.
+pub(crate) fn publish_phase<T: Send + 'static>(
     http: &str,
     broker_pid: Option<u32>,
-    params: &QueueParams,
+    backlog: &Backlog,
     pool: &Arc<Vec<u8>>,
-    bars: &Bars,
-) -> Result<(PublishResult, Vec<String>)> {
+    bar: &ProgressBar,
+    name: &str,
+    keep: fn(PublishedEntry) -> T,
+) -> Result<(PublishResult, Vec<T>)> {
     let next = Arc::new(AtomicU64::new(0));
     let abort = Arc::new(AtomicBool::new(false));
-    let bar = bars.bar("publish", params.messages);
-    let path = format!("/v1/queues/{}/messages", encode_segment(&params.queue));
+    let path = format!("/v1/queues/{}/messages", encode_segment(&backlog.queue));
     let mark = CpuMark::now(broker_pid);
     let start = Instant::now();
-    let handles: Vec<_> = (0..params.publishers)
+    let handles: Vec<_> = (0..backlog.publishers)
         .map(|i| {
             let (next, abort, bar, pool, path) = (
                 Arc::clone(&next),
@@ -671,17 +718,18 @@ fn publish_phase(
                 Arc::clone(pool),
                 path.clone(),
             );
-            let (http, total, batch, len) = (
+            let (http, total, batch, len, partitions) = (
                 http.to_string(),
-                params.messages,
-                params.publish_batch as u64,
-                params.message_bytes,
+                backlog.messages,
+                backlog.publish_batch as u64,
+                backlog.message_bytes,
+                backlog.partitions,
             );
             thread::Builder::new()
-                .name(format!("publisher-{i}"))
-                .spawn(move || -> Result<PublisherOut> {
+                .name(format!("{name}-{i}"))
+                .spawn(move || -> Result<PublisherOut<T>> {
                     let mut client = QueueClient::new(&http);
-                    let mut out = PublisherOut::new();
+                    let mut out = PublisherOut::new(keep, partitions);
                     let mut buf = Vec::new();
                     while !abort.load(Ordering::Relaxed) {
                         let first = next.fetch_add(batch, Ordering::Relaxed);
@@ -702,28 +750,32 @@ fn publish_phase(
                 .context("spawning a publisher thread")
         })
         .collect::<Result<_>>()?;
-    let out = join_all(handles, PublisherOut::new(), PublisherOut::merge)?;
-    let cpu = PhaseCpu::between(&mark, None, broker_pid, out.ids.len() as u64);
+    let out = join_all(
+        handles,
+        PublisherOut::new(keep, backlog.partitions),
+        PublisherOut::merge,
+    )?;
+    let messages = out.kept.len() as u64;
+    let cpu = PhaseCpu::between(&mark, None, broker_pid, messages);
     bar.finish_and_clear();
     let secs = out
         .last_answer
         .map_or(0.0, |t| t.duration_since(start).as_secs_f64());
-    let messages = out.ids.len() as u64;
-    if messages != params.messages {
-        bail!("published {messages} messages, expected {}", params.messages);
+    if messages != backlog.messages {
+        bail!("published {messages} messages, expected {}", backlog.messages);
     }
     let result = PublishResult {
         messages,
         requests: out.requests,
         secs,
         msgs_per_s: per_s(messages, secs),
-        mb_per_s: per_s(messages * params.message_bytes as u64, secs) / 1e6,
+        mb_per_s: per_s(messages * backlog.message_bytes as u64, secs) / 1e6,
         request_bytes_per_message: out.request_bytes as f64 / messages.max(1) as f64,
         request_latency: LatencySummary::of(&out.hist),
         per_partition: out.per_partition,
         cpu,
     };
-    Ok((result, out.ids))
+    Ok((result, out.kept))
 }
 
 /// Joins threads, merging their outputs; the first error (a panicked thread is one) wins.
@@ -880,7 +932,7 @@ fn run_workers(
     phase_start: Instant,
 ) -> Result<WorkersOut> {
     shared.progress(phase_start);
-    let path = format!("/v1/queues/{}/leases", encode_segment(&params.queue));
+    let path = format!("/v1/queues/{}/leases", encode_segment(&params.backlog.queue));
     let lease_body = serde_json::to_vec(&json!({
         "max_messages": params.lease_batch,
         "visibility_timeout_ms": params.visibility_timeout_ms,
@@ -894,8 +946,8 @@ fn run_workers(
             let (http, vis, len, timeout) = (
                 http.to_string(),
                 params.visibility_timeout_ms as i64,
-                params.message_bytes,
-                params.timeout(),
+                params.backlog.message_bytes,
+                params.backlog.timeout(),
             );
             thread::Builder::new()
                 .name(format!("worker-{i}"))
@@ -1072,16 +1124,16 @@ fn steady_phase(
     let window = Duration::from_secs_f64(params.steady_secs);
     let shared = Shared::new(0, false, broker_pid);
     let bar = bars.bar("steady", (params.steady_secs * 10.0).ceil() as u64);
-    let path = format!("/v1/queues/{}/messages", encode_segment(&params.queue));
+    let path = format!("/v1/queues/{}/messages", encode_segment(&params.backlog.queue));
     let batch = params.steady_publish_batch;
-    let per_publisher = target_msgs_per_s / params.publishers as f64;
+    let per_publisher = target_msgs_per_s / params.backlog.publishers as f64;
     let interval = Duration::from_secs_f64(batch as f64 / per_publisher);
     // Message indexes continue after the publish phase's (different payloads).
-    let next = Arc::new(AtomicU64::new(params.messages));
+    let next = Arc::new(AtomicU64::new(params.backlog.messages));
     let mark = CpuMark::now(broker_pid);
     let start = Instant::now();
     let window_end = start + window;
-    let publishers: Vec<_> = (0..params.publishers)
+    let publishers: Vec<_> = (0..params.backlog.publishers)
         .map(|i| {
             let (shared, pool, path, next) = (
                 Arc::clone(&shared),
@@ -1089,12 +1141,17 @@ fn steady_phase(
                 path.clone(),
                 Arc::clone(&next),
             );
-            let (http, len, publishers) = (http.to_string(), params.message_bytes, params.publishers);
+            let (http, len, publishers, partitions) = (
+                http.to_string(),
+                params.backlog.message_bytes,
+                params.backlog.publishers,
+                params.backlog.partitions,
+            );
             thread::Builder::new()
                 .name(format!("steady-publisher-{i}"))
-                .spawn(move || -> Result<PublisherOut> {
+                .spawn(move || -> Result<PublisherOut<String>> {
                     let mut client = QueueClient::new(&http);
-                    let mut out = PublisherOut::new();
+                    let mut out = PublisherOut::new(|m| m.id, partitions);
                     let mut buf = Vec::new();
                     // Publishers are staggered over one interval.
                     let offset = interval.mul_f64(i as f64 / publishers as f64);
@@ -1129,10 +1186,10 @@ fn steady_phase(
 
     // The workers run on their own threads; this one watches the window and the publishers.
     let watcher = {
-        let (shared, bar) = (Arc::clone(&shared), bar.clone());
+        let (shared, bar, partitions) = (Arc::clone(&shared), bar.clone(), params.backlog.partitions);
         thread::Builder::new()
             .name("steady-watch".into())
-            .spawn(move || -> Result<(PublisherOut, u64)> {
+            .spawn(move || -> Result<(PublisherOut<String>, u64)> {
                 while Instant::now() < window_end && !shared.abort.load(Ordering::Relaxed) {
                     thread::sleep(Duration::from_millis(100));
                     bar.set_position((start.elapsed().as_secs_f64() * 10.0) as u64);
@@ -1143,7 +1200,11 @@ fn steady_phase(
                     ));
                 }
                 let acked_in_window = shared.acked.load(Ordering::Acquire);
-                let r = join_all(publishers, PublisherOut::new(), PublisherOut::merge);
+                let r = join_all(
+                    publishers,
+                    PublisherOut::new(|m| m.id, partitions),
+                    PublisherOut::merge,
+                );
                 shared.publishing_done.store(true, Ordering::Release);
                 if r.is_err() {
                     shared.abort.store(true, Ordering::Relaxed);
@@ -1163,16 +1224,16 @@ fn steady_phase(
         &mark,
         shared.end.get().copied(),
         broker_pid,
-        pub_out.ids.len() as u64,
+        pub_out.kept.len() as u64,
     );
     bar.finish_and_clear();
-    let published = pub_out.ids.len() as u64;
+    let published = pub_out.kept.len() as u64;
     let publish_secs = pub_out
         .last_answer
         .map_or(0.0, |t| t.duration_since(start).as_secs_f64())
         .max(window.as_secs_f64());
     let w = workers.into_result();
-    let verified = verify(&pub_out.ids, &w.ids, "steady").is_ok();
+    let verified = verify(&pub_out.kept, &w.ids, "steady").is_ok();
     let tail_secs = w
         .last_ack
         .map_or(0.0, |t| t.saturating_duration_since(window_end).as_secs_f64());
@@ -1242,14 +1303,59 @@ mod tests {
     }
 
     #[test]
+    fn the_publish_phase_counts_partitions_and_keeps_what_the_caller_verifies() {
+        let pool = Arc::new(payload_pool());
+        let backlog = Backlog {
+            queue: "q".into(),
+            partitions: 3,
+            messages: 2,
+            message_bytes: 8,
+            publishers: 1,
+            publish_batch: 2,
+            timeout_secs: 10.0,
+        };
+        let (addr, server) = crate::queue_client::tests::one_shot(
+            r#"{"messages":[{"id":"a","partition":0,"offset":7},{"id":"b","partition":2,"offset":9}]}"#,
+        );
+        let bar = ProgressBar::hidden();
+        let (result, kept) = publish_phase(&addr, None, &backlog, &pool, &bar, "p", |m| {
+            (m.partition, m.offset)
+        })
+        .unwrap();
+        assert_eq!(kept, vec![(0, 7), (2, 9)]);
+        assert_eq!((result.messages, result.requests), (2, 1));
+        assert_eq!(
+            result.per_partition,
+            vec![1, 0, 1],
+            "every partition of the queue"
+        );
+        let body = server.join().unwrap();
+        assert!(body.starts_with(r#"{"messages":[{"payload":""#), "{body}");
+
+        // A partition the queue does not have: an error, not a count.
+        let (addr, server) = crate::queue_client::tests::one_shot(
+            r#"{"messages":[{"id":"a","partition":0,"offset":7},{"id":"b","partition":3,"offset":9}]}"#,
+        );
+        let e = publish_phase(&addr, None, &backlog, &pool, &bar, "p", |m| m.id).unwrap_err();
+        assert!(
+            e.to_string().contains("partition 3 of a 3-partition queue"),
+            "{e:#}"
+        );
+        server.join().unwrap();
+    }
+
+    #[test]
     fn parameters_are_checked() {
         let ok = QueueParams {
-            queue: "q".into(),
-            partitions: 4,
-            messages: 10,
-            message_bytes: 1024,
-            publishers: 1,
-            publish_batch: 500,
+            backlog: Backlog {
+                queue: "q".into(),
+                partitions: 4,
+                messages: 10,
+                message_bytes: 1024,
+                publishers: 1,
+                publish_batch: 500,
+                timeout_secs: 60.0,
+            },
             workers: 1,
             lease_batch: 100,
             lease_wait_ms: 100,
@@ -1257,7 +1363,6 @@ mod tests {
             steady_secs: 1.0,
             steady_fraction: 0.5,
             steady_publish_batch: 100,
-            timeout_secs: 60.0,
         };
         assert!(ok.validate().is_ok());
         assert!(QueueParams {
@@ -1267,7 +1372,10 @@ mod tests {
         .validate()
         .is_err());
         assert!(QueueParams {
-            publish_batch: 0,
+            backlog: Backlog {
+                publish_batch: 0,
+                ..ok.backlog.clone()
+            },
             ..ok.clone()
         }
         .validate()

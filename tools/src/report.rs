@@ -12,6 +12,9 @@ use crate::latency::{human_us, LatencySummary};
 use crate::raw::{DiskResult, LoopbackResult, PacedDiskResult};
 use crate::workload::{Amount, CpuUsage, WorkloadParams, WorkloadResult};
 
+/// Relative change of a raw figure between before and after that makes the run "noisy".
+pub const RAW_DRIFT_TOLERANCE: f64 = 0.25;
+
 /// How the figures were taken; copied into every report so that a JSON file explains itself.
 pub const METHODOLOGY: &[&str] = &[
     "All brokers in one report ran the identical workload (same librdkafka build, same client \
@@ -51,6 +54,13 @@ pub const METHODOLOGY: &[&str] = &[
      Its answers are bounded at 30 MiB, as Strand's fetch.max.bytes. The first broker's produce, \
      first read and consume throughput are divided by the null broker's, and its paced produce \
      p99 by the null broker's, whose paced phase runs at the first broker's paced rate.",
+    "Targets (the first broker, each with its verdict, where the run measured what it needs): \
+     produce ≥ 70 % of the raw sustained append+fdatasync bandwidth (raw limits measured); produce \
+     and consume MB/s ≥ Tansu's, in memory (--peer-tansu); produce and consume (the second read) \
+     ≥ 0.95 × the null broker's, and paced produce p99 ≤ 1.5 × the null broker's paced p99 \
+     (--peer-null). The produce and consume targets hold at 1 and at 1,000 partitions; a run checks \
+     its own. Consume / loopback and paced p99 / fdatasync p99 are information, not targets: they \
+     lie beyond what the client reaches against the null broker.",
     "Broker histograms (a spawned Strand only): its /metrics scraped as the paced phase starts and \
      as it ends, the buckets differenced: Produce requests from arrival to answer, the durable \
      stage, flush rounds, segment and journal fsyncs (all shards added). Each quantile is shown as \
@@ -75,6 +85,8 @@ pub struct Report {
     pub methodology: Vec<String>,
     pub raw_limits: RawLimitsPair,
     pub brokers: Vec<BrokerReport>,
+    /// Where the first broker stands against the targets the run could check.
+    pub targets: Option<Targets>,
     pub warnings: Vec<String>,
 }
 
@@ -84,12 +96,35 @@ pub struct ToolInfo {
     pub version: String,
 }
 
+impl ToolInfo {
+    /// The tool `name` of this build.
+    pub fn of(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ClientInfo {
     pub library: String,
     pub version: String,
     pub version_hex: String,
     pub binding: String,
+}
+
+impl ClientInfo {
+    /// The librdkafka this process runs.
+    pub fn librdkafka() -> Self {
+        let (version_number, version) = rdkafka::util::get_rdkafka_version();
+        Self {
+            library: "librdkafka".into(),
+            version,
+            version_hex: format!("{version_number:#010x}"),
+            binding: "rdkafka 0.39 (Rust)".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -149,6 +184,20 @@ impl RawLimitsPair {
     /// Best (highest) loopback MB/s across before/after.
     pub fn best_loopback_mb_per_s(&self) -> Option<f64> {
         self.all().map(|r| r.loopback.mb_per_s).reduce(f64::max)
+    }
+
+    /// The report's warning when raw figures moved by more than [`RAW_DRIFT_TOLERANCE`] between
+    /// before and after.
+    pub fn drift_warning(&self) -> Option<String> {
+        let drift = self.drift(RAW_DRIFT_TOLERANCE);
+        (!drift.is_empty()).then(|| {
+            format!(
+                "raw limits moved by more than {:.0}% between before and after ({}): the machine was not \
+                 quiet, treat every figure of this run as noisy",
+                RAW_DRIFT_TOLERANCE * 100.0,
+                drift.join(", ")
+            )
+        })
     }
 
     /// Raw figures that moved by more than `tolerance` (relative) between before and after: a
@@ -389,7 +438,195 @@ impl Ratios {
     }
 }
 
-/// Writes a tool's report: the JSON to `output` if given, and to stdout either the text table or
+/// Produce ≥ this fraction of the raw sustained append+fdatasync bandwidth.
+pub const PRODUCE_VS_RAW_DISK_MIN: f64 = 0.70;
+/// Produce and consume ≥ this fraction of the null broker's (the client's ceiling).
+pub const CLIENT_CEILING_MIN: f64 = 0.95;
+/// Paced produce p99 ≤ this multiple of the null broker's (the client's latency floor).
+pub const CLIENT_FLOOR_MAX: f64 = 1.5;
+
+/// One target the broker under test is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// `ratios.produce_vs_raw_disk` ≥ [`PRODUCE_VS_RAW_DISK_MIN`].
+    ProduceVsRawDisk,
+    /// Produce MB/s ≥ Tansu's (in memory).
+    ProduceVsTansu,
+    /// Consume MB/s ≥ Tansu's.
+    ConsumeVsTansu,
+    /// `ratios.produce_vs_client_ceiling` ≥ [`CLIENT_CEILING_MIN`].
+    ProduceVsClientCeiling,
+    /// `ratios.consume_vs_client_ceiling` ≥ [`CLIENT_CEILING_MIN`].
+    ConsumeVsClientCeiling,
+    /// `ratios.paced_p99_vs_client_floor` ≤ [`CLIENT_FLOOR_MAX`].
+    PacedP99VsClientFloor,
+}
+
+/// Which side of its bound a target's ratio must be on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    AtLeast,
+    AtMost,
+}
+
+impl Target {
+    /// The bound, and the ratio it applies to.
+    pub fn bound(self) -> (Bound, f64) {
+        match self {
+            Target::ProduceVsRawDisk => (Bound::AtLeast, PRODUCE_VS_RAW_DISK_MIN),
+            Target::ProduceVsTansu | Target::ConsumeVsTansu => (Bound::AtLeast, 1.0),
+            Target::ProduceVsClientCeiling | Target::ConsumeVsClientCeiling => {
+                (Bound::AtLeast, CLIENT_CEILING_MIN)
+            }
+            Target::PacedP99VsClientFloor => (Bound::AtMost, CLIENT_FLOOR_MAX),
+        }
+    }
+
+    pub fn description(self) -> String {
+        match self {
+            Target::ProduceVsRawDisk => format!(
+                "produce ≥ {:.0} % of raw append+fdatasync (sustained)",
+                PRODUCE_VS_RAW_DISK_MIN * 100.0
+            ),
+            Target::ProduceVsTansu => "produce ≥ Tansu (memory)".into(),
+            Target::ConsumeVsTansu => "consume ≥ Tansu (memory)".into(),
+            Target::ProduceVsClientCeiling => format!("produce ≥ {CLIENT_CEILING_MIN} × the null broker"),
+            Target::ConsumeVsClientCeiling => format!("consume ≥ {CLIENT_CEILING_MIN} × the null broker"),
+            Target::PacedP99VsClientFloor => {
+                format!("paced p99 ≤ {CLIENT_FLOOR_MAX} × the null broker's paced p99")
+            }
+        }
+    }
+
+    /// A ratio as the table shows it: the raw-disk one in percent, the others as multiples.
+    fn show(self, ratio: f64) -> String {
+        match self {
+            Target::ProduceVsRawDisk => pct(ratio),
+            // Three decimals: a ratio just below 0.95 must not read as 0.95.
+            _ => format!("{ratio:.3}x"),
+        }
+    }
+}
+
+/// Where the broker under test stands against one target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetCheck {
+    pub target: Target,
+    pub description: String,
+    pub bound: Bound,
+    pub limit: f64,
+    /// The ratio measured in this run; `None` when a side of it was not measured.
+    pub measured: Option<f64>,
+    /// `None` when not measured.
+    pub met: Option<bool>,
+}
+
+impl TargetCheck {
+    pub fn new(target: Target, measured: Option<f64>) -> Self {
+        let (bound, limit) = target.bound();
+        Self {
+            target,
+            description: target.description(),
+            bound,
+            limit,
+            measured,
+            met: measured.map(|m| match bound {
+                Bound::AtLeast => m >= limit,
+                Bound::AtMost => m <= limit,
+            }),
+        }
+    }
+}
+
+/// The targets the first broker of a run is held to, as far as the run measured what they need:
+/// the raw disk (unless `--skip-raw`), Tansu (`--peer-tansu`), the null broker (`--peer-null`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Targets {
+    /// The broker held to them.
+    pub broker: String,
+    /// The run's partitions: the produce and consume targets hold at 1 and at 1,000.
+    pub partitions: i32,
+    pub checks: Vec<TargetCheck>,
+}
+
+impl Targets {
+    /// Checks `first` (its ratios filled in) against every target the run measured what it
+    /// needs for: `raw_measured` for the raw disk, `tansu` and `null` the peers' parts of the
+    /// report where they ran. `None` when there is none.
+    pub fn check(
+        first: &BrokerReport,
+        partitions: i32,
+        raw_measured: bool,
+        tansu: Option<&BrokerReport>,
+        null: Option<&BrokerReport>,
+    ) -> Option<Self> {
+        let ratio = |f: fn(&Ratios) -> Option<f64>| first.ratios.as_ref().and_then(f);
+        let mut checks = Vec::new();
+        if raw_measured {
+            checks.push(TargetCheck::new(
+                Target::ProduceVsRawDisk,
+                ratio(|r| r.produce_vs_raw_disk),
+            ));
+        }
+        if let Some(tansu) = tansu {
+            let of = |b: &BrokerReport, f: fn(&WorkloadResult) -> Option<f64>| b.result.as_ref().and_then(f);
+            let vs = |f: fn(&WorkloadResult) -> Option<f64>| {
+                of(first, f)
+                    .zip(of(tansu, f).filter(|t| *t > 0.0))
+                    .map(|(a, b)| a / b)
+            };
+            checks.push(TargetCheck::new(
+                Target::ProduceVsTansu,
+                vs(|w| Some(w.produce.mb_per_s)),
+            ));
+            checks.push(TargetCheck::new(
+                Target::ConsumeVsTansu,
+                vs(|w| w.consume.as_ref().map(|c| c.mb_per_s)),
+            ));
+        }
+        if null.is_some() {
+            checks.push(TargetCheck::new(
+                Target::ProduceVsClientCeiling,
+                ratio(|r| r.produce_vs_client_ceiling),
+            ));
+            checks.push(TargetCheck::new(
+                Target::ConsumeVsClientCeiling,
+                ratio(|r| r.consume_vs_client_ceiling),
+            ));
+            checks.push(TargetCheck::new(
+                Target::PacedP99VsClientFloor,
+                ratio(|r| r.paced_p99_vs_client_floor),
+            ));
+        }
+        (!checks.is_empty()).then(|| Self {
+            broker: first.label.clone(),
+            partitions,
+            checks,
+        })
+    }
+
+    fn render(&self, o: &mut String) {
+        let _ = writeln!(
+            o,
+            "\ntargets for {} at {} partition{} (the produce and consume targets hold at 1 and at 1,000)",
+            self.broker,
+            self.partitions,
+            if self.partitions == 1 { "" } else { "s" }
+        );
+        for c in &self.checks {
+            let (measured, verdict) = match (c.measured, c.met) {
+                (Some(m), Some(true)) => (c.target.show(m), "met"),
+                (Some(m), _) => (c.target.show(m), "MISSED"),
+                (None, _) => ("-".to_string(), "not measured"),
+            };
+            let _ = writeln!(o, "  {:<58} {measured:>10}  {verdict}", c.description);
+        }
+    }
+}
+
+/// Writes a tool's report: the JSON/// Writes a tool's report: the JSON to `output` if given, and to stdout either the text table or
 /// (with `json`) the JSON, the table then going to stderr.
 pub fn emit_report(
     text: &str,
@@ -428,6 +665,97 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// The report's line about the machine and the run directory's file system.
+pub fn host_line(host: &HostInfo, fs: &FsInfo) -> String {
+    format!(
+        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}{}){}",
+        host.cpus_available,
+        host.cpu_model,
+        host.kernel,
+        fs.path.display(),
+        fs.fs_type,
+        fs.source,
+        fs.space_summary(),
+        if fs.volatile {
+            " — VOLATILE: fdatasync persists nothing here"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The raw limits as a table, before and after side by side. `reference` says what the
+/// reference write size (marked `*`) is.
+pub fn render_raw_limits(
+    o: &mut String,
+    p: &RawParameters,
+    raw: &RawLimitsPair,
+    fs: &FsInfo,
+    reference: &str,
+) {
+    // Wide enough for "1234.5 MB/s, p50 12.34 ms p99 123.45 ms".
+    const CELL: usize = 40;
+    let disk_cell = |d: &DiskResult| {
+        format!(
+            "{:.1} MB/s, p50 {} p99 {}",
+            d.mb_per_s,
+            human_us(d.fdatasync.p50_us),
+            human_us(d.fdatasync.p99_us)
+        )
+    };
+    let _ = writeln!(o, "\nRaw limits (data dir {}):", fs.fs_type);
+    let _ = writeln!(o, "  {:<28} {:>CELL$} {:>CELL$}", "", "before", "after");
+    let mut line = |name: String, cell: &dyn Fn(&RawLimits) -> Option<String>| {
+        let cell = |l: &Option<RawLimits>| l.as_ref().and_then(cell).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            o,
+            "  {name:<28} {:>CELL$} {:>CELL$}",
+            cell(&raw.before),
+            cell(&raw.after)
+        );
+    };
+    for &size in &p.disk_write_sizes {
+        let mark = if size == p.reference_write_bytes { " *" } else { "" };
+        line(format!("append+fdatasync {}{mark}", human_bytes(size)), &|l| {
+            l.disk.iter().find(|d| d.write_bytes == size).map(disk_cell)
+        });
+    }
+    if p.sustained_secs > 0.0 {
+        line(
+            format!("  same for {:.0} s (sustained) **", p.sustained_secs),
+            &|l| l.sustained.as_ref().map(disk_cell),
+        );
+    }
+    line("loopback TCP copy".into(), &|l| {
+        Some(format!("{:.2} GB/s", l.loopback.gb_per_s))
+    });
+    let _ = writeln!(
+        o,
+        "  (* = reference size for ratios: {reference}, {:.0} s per size{}",
+        p.disk_secs_per_size,
+        if p.sustained_secs > 0.0 {
+            ";\n   ** = as long as the produce phase: the denominator of produce / raw disk)"
+        } else {
+            ")"
+        }
+    );
+    if let Some(p) = &raw.paced {
+        let _ = writeln!(
+            o,
+            "  append+fdatasync {} paced at {:.1} MB/s (got {:.1}), the first broker's paced rate, right after it:\n    \
+             fdatasync p50 {} p99 {}; write+fdatasync p50 {} p99 {} p99.9 {}",
+            human_bytes(p.disk.write_bytes),
+            p.target_mb_per_s,
+            p.disk.mb_per_s,
+            human_us(p.disk.fdatasync.p50_us),
+            human_us(p.disk.fdatasync.p99_us),
+            human_us(p.write_and_fdatasync.p50_us),
+            human_us(p.write_and_fdatasync.p99_us),
+            human_us(p.write_and_fdatasync.p999_us),
+        );
+    }
+}
+
 /// The report as a table for people.
 pub fn render_text(r: &Report) -> String {
     let mut o = String::new();
@@ -437,22 +765,7 @@ pub fn render_text(r: &Report) -> String {
         "strand-bench {} — {} — {} {}",
         r.tool.version, r.date_utc, r.client.library, r.client.version
     );
-    let _ = writeln!(
-        o,
-        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}{}){}",
-        r.host.cpus_available,
-        r.host.cpu_model,
-        r.host.kernel,
-        r.data_dir.path.display(),
-        r.data_dir.fs_type,
-        r.data_dir.source,
-        r.data_dir.space_summary(),
-        if r.data_dir.volatile {
-            " — VOLATILE: fdatasync persists nothing here"
-        } else {
-            ""
-        }
-    );
+    let _ = writeln!(o, "{}", host_line(&r.host, &r.data_dir));
     let amount = match p.amount {
         Amount::Messages(n) => format!("{n} messages"),
         Amount::DurationSecs(s) => format!("{s} s"),
@@ -489,86 +802,13 @@ pub fn render_text(r: &Report) -> String {
         );
     }
 
-    // Raw limits.
-    let _ = writeln!(o, "\nRaw limits (data dir {}):", r.data_dir.fs_type);
-    let _ = writeln!(o, "  {:<28} {:>30} {:>30}", "", "before", "after");
-    let sizes = &r.raw_parameters.disk_write_sizes;
-    for &size in sizes {
-        let cell = |raw: &Option<RawLimits>| {
-            raw.as_ref()
-                .and_then(|raw| raw.disk.iter().find(|d| d.write_bytes == size))
-                .map_or("-".to_string(), |d| {
-                    format!("{:.1} MB/s, p99 {}", d.mb_per_s, human_us(d.fdatasync.p99_us))
-                })
-        };
-        let mark = if size == r.raw_parameters.reference_write_bytes {
-            " *"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            o,
-            "  {:<28} {:>30} {:>30}",
-            format!("append+fdatasync {}{mark}", human_bytes(size)),
-            cell(&r.raw_limits.before),
-            cell(&r.raw_limits.after)
-        );
-    }
-    if r.raw_parameters.sustained_secs > 0.0 {
-        let cell = |raw: &Option<RawLimits>| {
-            raw.as_ref()
-                .and_then(|raw| raw.sustained.as_ref())
-                .map_or("-".to_string(), |d| {
-                    format!("{:.1} MB/s, p99 {}", d.mb_per_s, human_us(d.fdatasync.p99_us))
-                })
-        };
-        let _ = writeln!(
-            o,
-            "  {:<28} {:>30} {:>30}",
-            format!(
-                "  same for {:.0} s (sustained) **",
-                r.raw_parameters.sustained_secs
-            ),
-            cell(&r.raw_limits.before),
-            cell(&r.raw_limits.after)
-        );
-    }
-    let lo = |raw: &Option<RawLimits>| {
-        raw.as_ref().map_or("-".to_string(), |raw| {
-            format!("{:.2} GB/s", raw.loopback.gb_per_s)
-        })
-    };
-    let _ = writeln!(
-        o,
-        "  {:<28} {:>30} {:>30}",
-        "loopback TCP copy",
-        lo(&r.raw_limits.before),
-        lo(&r.raw_limits.after)
+    render_raw_limits(
+        &mut o,
+        &r.raw_parameters,
+        &r.raw_limits,
+        &r.data_dir,
+        "the producer batch.size",
     );
-    let _ = writeln!(
-        o,
-        "  (* = reference size for ratios: the producer batch.size, {:.0} s per size;",
-        r.raw_parameters.disk_secs_per_size
-    );
-    let _ = writeln!(
-        o,
-        "   ** = as long as the produce phase: the denominator of produce / raw disk)"
-    );
-    if let Some(p) = &r.raw_limits.paced {
-        let _ = writeln!(
-            o,
-            "  append+fdatasync {} paced at {:.1} MB/s (got {:.1}), the first broker's paced rate, right after it:\n    \
-             fdatasync p50 {} p99 {}; write+fdatasync p50 {} p99 {} p99.9 {}",
-            human_bytes(p.disk.write_bytes),
-            p.target_mb_per_s,
-            p.disk.mb_per_s,
-            human_us(p.disk.fdatasync.p50_us),
-            human_us(p.disk.fdatasync.p99_us),
-            human_us(p.write_and_fdatasync.p50_us),
-            human_us(p.write_and_fdatasync.p99_us),
-            human_us(p.write_and_fdatasync.p999_us),
-        );
-    }
 
     // Brokers side by side.
     let width = 26;
@@ -607,15 +847,7 @@ pub fn render_text(r: &Report) -> String {
     row("  max", &|b| {
         b.result.as_ref().map(|w| human_us(w.produce.latency.max_us))
     });
-    row("CPU client / broker", &|b| {
-        b.result.as_ref().map(|w| cores(&w.produce.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        b.result.as_ref().map(|w| busiest(&w.produce.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        b.result.as_ref().map(|w| faults(&w.produce.cpu))
-    });
+    cpu_rows(&mut row, "CPU client / broker", |w| Some(&w.produce.cpu));
     row("end-to-end p50 / p99", &|b| {
         b.result
             .as_ref()
@@ -667,26 +899,14 @@ pub fn render_text(r: &Report) -> String {
             ))
         });
     }
-    row("  CPU client / broker", &|b| {
-        Some(cores(&b.result.as_ref()?.paced.as_ref()?.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        Some(busiest(&b.result.as_ref()?.paced.as_ref()?.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        Some(faults(&b.result.as_ref()?.paced.as_ref()?.cpu))
+    cpu_rows(&mut row, "  CPU client / broker", |w| {
+        Some(&w.paced.as_ref()?.cpu)
     });
     row("first read MB/s", &|b| {
         Some(format!("{:.1}", b.result.as_ref()?.first_read.as_ref()?.mb_per_s))
     });
-    row("  CPU client / broker", &|b| {
-        Some(cores(&b.result.as_ref()?.first_read.as_ref()?.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        Some(busiest(&b.result.as_ref()?.first_read.as_ref()?.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        Some(faults(&b.result.as_ref()?.first_read.as_ref()?.cpu))
+    cpu_rows(&mut row, "  CPU client / broker", |w| {
+        Some(&w.first_read.as_ref()?.cpu)
     });
     row("consume msgs/s", &|b| {
         Some(format!("{:.0}", b.result.as_ref()?.consume.as_ref()?.msgs_per_s))
@@ -694,14 +914,8 @@ pub fn render_text(r: &Report) -> String {
     row("consume MB/s", &|b| {
         Some(format!("{:.1}", b.result.as_ref()?.consume.as_ref()?.mb_per_s))
     });
-    row("  CPU client / broker", &|b| {
-        Some(cores(&b.result.as_ref()?.consume.as_ref()?.cpu))
-    });
-    row("  busiest thread of each", &|b| {
-        Some(busiest(&b.result.as_ref()?.consume.as_ref()?.cpu))
-    });
-    row("  minor page faults/s", &|b| {
-        Some(faults(&b.result.as_ref()?.consume.as_ref()?.cpu))
+    cpu_rows(&mut row, "  CPU client / broker", |w| {
+        Some(&w.consume.as_ref()?.cpu)
     });
     row("read back", &|b| {
         let c = b.result.as_ref()?.consume.as_ref()?;
@@ -799,6 +1013,9 @@ pub fn render_text(r: &Report) -> String {
         }
         let _ = writeln!(o);
     }
+    if let Some(t) = &r.targets {
+        t.render(&mut o);
+    }
     for b in &r.brokers {
         if let Some(e) = &b.error {
             let _ = writeln!(o, "\n{}: FAILED: {e}", b.label);
@@ -819,6 +1036,21 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(o, "WARNING: {w}");
     }
     o
+}
+
+/// A table row: its name, and each broker's cell (`None`: "-").
+type Row<'a> = dyn FnMut(&str, &dyn Fn(&BrokerReport) -> Option<String>) + 'a;
+
+/// The CPU rows of a phase (`cpu` picks it out of a broker's result): both processes' cores
+/// (the row `name`), their busiest threads', their minor page faults.
+fn cpu_rows(row: &mut Row<'_>, name: &str, cpu: fn(&WorkloadResult) -> Option<&CpuUsage>) {
+    row(name, &|b| Some(cores(cpu(b.result.as_ref()?)?)));
+    row("  busiest thread of each", &|b| {
+        Some(busiest(cpu(b.result.as_ref()?)?))
+    });
+    row("  minor page faults/s", &|b| {
+        Some(faults(cpu(b.result.as_ref()?)?))
+    });
 }
 
 fn mib(kib: u64) -> String {
@@ -1118,6 +1350,7 @@ mod tests {
             methodology: Vec::new(),
             raw_limits: RawLimitsPair::default(),
             brokers: vec![strand, null],
+            targets: None,
             warnings: Vec::new(),
         };
         assert!(!render_text(&report).contains("/ client ceiling"));
@@ -1192,6 +1425,162 @@ mod tests {
         assert!(row.trim_end().ends_with('-'), "{row}");
     }
 
+    /// The first broker of a run with `strand`'s figures, its ratios to `raw` and to `null`'s.
+    fn first_broker(
+        strand: WorkloadResult,
+        raw: &RawLimitsPair,
+        null: Option<&BrokerReport>,
+    ) -> BrokerReport {
+        let mut ratios = Ratios::compute(&strand, raw, 1_000_000);
+        if let Some(c) = null.and_then(|n| n.result.as_ref()) {
+            ratios.add_client_ceiling(&strand, c);
+        }
+        let mut b = BrokerReport::new("strand", "spawned");
+        b.result = Some(strand);
+        b.ratios = Some(ratios);
+        b
+    }
+
+    fn peer(label: &str, result: WorkloadResult) -> BrokerReport {
+        let mut b = BrokerReport::new(label, "command");
+        b.result = Some(result);
+        b
+    }
+
+    /// (target, measured ratio, met) of every check.
+    fn verdicts(t: &Targets) -> Vec<(Target, Option<f64>, Option<bool>)> {
+        t.checks.iter().map(|c| (c.target, c.measured, c.met)).collect()
+    }
+
+    #[test]
+    fn targets_hold_the_first_broker_to_their_bounds() {
+        let raw = RawLimitsPair {
+            before: Some(RawLimits {
+                sustained: Some(disk(1_000_000, 400.0, 9_000)),
+                ..raw(500.0, 2_000, 3_000.0)
+            }),
+            after: None,
+            paced: None,
+        };
+        // Produce MB/s, paced p99 µs, first read MB/s, consume MB/s.
+        let null = peer("null (client ceiling)", workload(290.0, 2_000, 900.0, 800.0));
+        let tansu = peer("tansu (memory)", workload(100.0, 9_000, 300.0, 700.0));
+        let strand = first_broker(workload(280.0, 3_000, 450.0, 600.0), &raw, Some(&null));
+        let t = Targets::check(&strand, 1000, true, Some(&tansu), Some(&null)).unwrap();
+        assert_eq!((t.broker.as_str(), t.partitions), ("strand", 1000));
+        assert_eq!(
+            verdicts(&t),
+            vec![
+                // 280 ÷ 400 sustained (not the 500 burst): on the bound, met.
+                (Target::ProduceVsRawDisk, Some(0.7), Some(true)),
+                (Target::ProduceVsTansu, Some(2.8), Some(true)),
+                (Target::ConsumeVsTansu, Some(600.0 / 700.0), Some(false)),
+                (Target::ProduceVsClientCeiling, Some(280.0 / 290.0), Some(true)),
+                (Target::ConsumeVsClientCeiling, Some(0.75), Some(false)),
+                // 3 ms ÷ 2 ms: on the bound, met.
+                (Target::PacedP99VsClientFloor, Some(1.5), Some(true)),
+            ]
+        );
+
+        // Just across each bound.
+        let null = peer("null (client ceiling)", workload(290.0, 1_999, 900.0, 631.0));
+        let strand = first_broker(workload(275.0, 3_000, 450.0, 600.0), &raw, Some(&null));
+        let t = Targets::check(&strand, 1, true, None, Some(&null)).unwrap();
+        let met: Vec<_> = t.checks.iter().map(|c| (c.target, c.met)).collect();
+        assert_eq!(
+            met,
+            vec![
+                (Target::ProduceVsRawDisk, Some(false)),
+                (Target::ProduceVsClientCeiling, Some(false)),
+                (Target::ConsumeVsClientCeiling, Some(true)),
+                (Target::PacedP99VsClientFloor, Some(false)),
+            ]
+        );
+        let text = {
+            let mut o = String::new();
+            t.render(&mut o);
+            o
+        };
+        assert!(text.contains("targets for strand at 1 partition "), "{text}");
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name:?} row in\n{text}"))
+                .split_whitespace()
+                .rev()
+                .take(2)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("produce ≥ 70 % of raw"), vec!["MISSED", "68.8%"]);
+        assert_eq!(row("produce ≥ 0.95 × the null broker"), vec!["MISSED", "0.948x"]);
+        assert_eq!(row("consume ≥ 0.95 × the null broker"), vec!["met", "0.951x"]);
+        assert_eq!(
+            row("paced p99 ≤ 1.5 × the null broker's"),
+            vec!["MISSED", "1.501x"]
+        );
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json["checks"][1]["target"], "produce_vs_client_ceiling");
+        assert_eq!(json["checks"][1]["bound"], "at_least");
+        assert_eq!(json["checks"][1]["limit"], 0.95);
+        assert_eq!(json["checks"][3]["bound"], "at_most");
+        assert_eq!(json["checks"][3]["met"], false);
+    }
+
+    #[test]
+    fn the_methodology_states_the_bounds_the_verdicts_use() {
+        let targets = METHODOLOGY
+            .iter()
+            .find(|m| m.starts_with("Targets"))
+            .expect("a methodology line on the targets");
+        for bound in [
+            format!("{:.0} % of the raw", PRODUCE_VS_RAW_DISK_MIN * 100.0),
+            format!("≥ {CLIENT_CEILING_MIN} × the null broker"),
+            format!("≤ {CLIENT_FLOOR_MAX} × the null broker"),
+        ] {
+            assert!(targets.contains(&bound), "{bound:?} not in {targets:?}");
+        }
+    }
+
+    #[test]
+    fn targets_are_checked_only_where_the_run_measured_them() {
+        let strand = first_broker(
+            workload(280.0, 3_000, 450.0, 600.0),
+            &RawLimitsPair::default(),
+            None,
+        );
+        assert_eq!(Targets::check(&strand, 1, false, None, None), None);
+        // A null broker that failed: its targets are there, not measured.
+        let mut null = BrokerReport::new("null (client ceiling)", "command");
+        null.error = Some("did not start".into());
+        let t = Targets::check(&strand, 1, false, None, Some(&null)).unwrap();
+        assert_eq!(
+            verdicts(&t),
+            vec![
+                (Target::ProduceVsClientCeiling, None, None),
+                (Target::ConsumeVsClientCeiling, None, None),
+                (Target::PacedP99VsClientFloor, None, None),
+            ]
+        );
+        let mut o = String::new();
+        t.render(&mut o);
+        assert_eq!(o.matches("not measured").count(), 3, "{o}");
+        // The old targets against the raw limits are no verdicts: their ratios stay information.
+        assert!(!o.contains("loopback") && !o.contains("fdatasync"), "{o}");
+        // Tansu without a consume phase: the produce target only.
+        let mut tansu = peer("tansu (memory)", workload(100.0, 9_000, 300.0, 700.0));
+        if let Some(w) = tansu.result.as_mut() {
+            w.consume = None;
+        }
+        let t = Targets::check(&strand, 1, false, Some(&tansu), None).unwrap();
+        assert_eq!(
+            verdicts(&t),
+            vec![
+                (Target::ProduceVsTansu, Some(2.8), Some(true)),
+                (Target::ConsumeVsTansu, None, None),
+            ]
+        );
+    }
+
     /// No paced phase, or no round measured: no ratio.
     #[test]
     fn the_paced_disk_ratio_needs_both_sides() {
@@ -1223,6 +1612,56 @@ mod tests {
             .as_object()
             .unwrap()
             .contains_key("paced_p99_vs_disk_at_paced_rate"));
+    }
+
+    #[test]
+    fn the_raw_limits_table_marks_the_reference_and_the_sustained_run() {
+        let fs = crate::host::filesystem_of(Path::new(".")).unwrap();
+        let mut params = RawParameters {
+            disk_write_sizes: vec![4096, 1_000_000],
+            reference_write_bytes: 1_000_000,
+            disk_secs_per_size: 2.0,
+            sustained_secs: 0.0,
+            loopback_secs: 2.0,
+        };
+        let mut before = raw(400.0, 2_000, 3_000.0);
+        let pair = RawLimitsPair {
+            before: Some(before.clone()),
+            after: None,
+            paced: None,
+        };
+        let mut o = String::new();
+        render_raw_limits(&mut o, &params, &pair, &fs, "a publish request's payload");
+        let row = |o: &str, name: &str| {
+            o.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name:?} row in\n{o}"))
+                .to_string()
+        };
+        let reference = row(&o, "append+fdatasync 1000000 B *");
+        assert!(reference.contains("400.0 MB/s, p50 0 µs p99 2.00 ms"), "{o}");
+        assert!(reference.trim_end().ends_with('-'), "no after run: {o}");
+        assert!(row(&o, "append+fdatasync 4 KiB").contains("40.0 MB/s"), "{o}");
+        assert!(row(&o, "loopback TCP copy").contains("3.00 GB/s"), "{o}");
+        assert!(
+            o.contains("reference size for ratios: a publish request's payload, 2 s per size)"),
+            "{o}"
+        );
+        assert!(!o.contains("sustained") && !o.contains("**"), "{o}");
+
+        params.sustained_secs = 13.0;
+        before.sustained = Some(disk(1_000_000, 312.5, 9_000));
+        let pair = RawLimitsPair {
+            before: Some(before),
+            ..pair
+        };
+        let mut o = String::new();
+        render_raw_limits(&mut o, &params, &pair, &fs, "the producer batch.size");
+        assert!(
+            row(&o, "same for 13 s (sustained) **").contains("312.5 MB/s"),
+            "{o}"
+        );
+        assert!(o.contains("** = as long as the produce phase"), "{o}");
     }
 
     #[test]

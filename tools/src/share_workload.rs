@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::{
     share_acknowledge_request, share_fetch_request, GroupId, IncrementalAlterConfigsRequest, RequestHeader,
@@ -44,9 +44,9 @@ use uuid::Uuid;
 
 use crate::host::{cpu_seconds, CpuMark};
 use crate::latency::{self, LatencySummary};
-use crate::queue_client::{encode_segment, QueueClient};
+use crate::queue_client::QueueClient;
 use crate::queue_workload::{
-    announce, payload_pool, per_s, publish_request, PhaseCpu, PublishResult, MAX_BATCH, PAYLOAD_POOL_BYTES,
+    announce, payload_pool, per_s, progress_bar, publish_phase, Backlog, PhaseCpu, PublishResult,
 };
 
 /// Request versions (KIP-932 v1, as Kafka 4.1 and librdkafka 2.16 send them).
@@ -107,17 +107,9 @@ pub struct ShareParams {
 
 impl ShareParams {
     pub fn validate(&self) -> Result<()> {
-        if self.partitions == 0 || self.messages == 0 {
-            bail!("--partitions and --messages must be at least 1");
-        }
-        if self.message_bytes == 0 || self.message_bytes > PAYLOAD_POOL_BYTES / 2 {
-            bail!("--message-bytes must be 1..={}", PAYLOAD_POOL_BYTES / 2);
-        }
-        if self.publishers == 0 || self.consumers == 0 {
-            bail!("--publishers and --workers must be at least 1");
-        }
-        if !(1..=MAX_BATCH).contains(&self.publish_batch) {
-            bail!("--publish-batch must be 1..={MAX_BATCH}");
+        self.backlog().validate()?;
+        if self.consumers == 0 {
+            bail!("--workers must be at least 1");
         }
         if !(1..=10_000).contains(&self.max_records) {
             bail!("--lease-batch (ShareFetch max_records) must be 1..=10000");
@@ -128,14 +120,24 @@ impl ShareParams {
         if self.fetch_max_bytes < 1 {
             bail!("--share-fetch-max-bytes must be positive");
         }
-        if !(self.timeout_secs > 0.0 && self.timeout_secs.is_finite()) {
-            bail!("--timeout-secs must be positive");
-        }
         Ok(())
     }
 
+    /// The backlog the share consumers drain.
+    fn backlog(&self) -> Backlog {
+        Backlog {
+            queue: self.queue.clone(),
+            partitions: self.partitions,
+            messages: self.messages,
+            message_bytes: self.message_bytes,
+            publishers: self.publishers,
+            publish_batch: self.publish_batch,
+            timeout_secs: self.timeout_secs,
+        }
+    }
+
     fn timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.timeout_secs)
+        self.backlog().timeout()
     }
 }
 
@@ -222,20 +224,6 @@ pub enum ShareCheckpoint {
     Drained,
 }
 
-fn progress_bar(show: bool, phase: &str, len: u64) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(phase.to_string());
-    bar.enable_steady_tick(Duration::from_millis(200));
-    bar
-}
-
 /// Runs the share workload with native share consumers: `http` is the queue API, `bootstrap`
 /// the Kafka listener.
 pub fn run(
@@ -301,16 +289,7 @@ fn prepare(
     show_progress: bool,
 ) -> Result<Prepared> {
     let started = Instant::now();
-    let mut admin = QueueClient::new(http);
-    let (status, created) = admin
-        .put_queue(&params.queue, &json!({ "partitions": params.partitions }))
-        .map_err(|e| anyhow!("PUT /v1/queues/{}: {e}", params.queue))?;
-    if status != 201 {
-        bail!(
-            "PUT /v1/queues/{} answered {status}, not 201: the queue existed already ({created})",
-            params.queue
-        );
-    }
+    let created = params.backlog().create_queue(http)?;
     let topic_id_text = created
         .get("topic_id")
         .and_then(Value::as_str)
@@ -328,7 +307,16 @@ fn prepare(
         "share publish phase: {} messages of {} B to queue {}",
         params.messages, params.message_bytes, params.queue
     ));
-    let (publish, published) = publish_phase(http, broker_pid, params, show_progress)?;
+    let bar = progress_bar(show_progress, "share publish", params.messages);
+    let (publish, published) = publish_phase(
+        http,
+        broker_pid,
+        &params.backlog(),
+        &Arc::new(payload_pool()),
+        &bar,
+        "share-publisher",
+        |m| (m.partition, m.offset),
+    )?;
     Ok(Prepared {
         topic_id,
         create_secs,
@@ -815,150 +803,6 @@ fn verify(published: &[(i32, i64)], accepted: &[(i32, i64)]) -> Result<(), Strin
         ));
     }
     Ok(())
-}
-
-// ------------------------------------------------------------------------------------------
-// Publish (HTTP, as the HTTP publish phase)
-
-struct PublisherOut {
-    hist: Histogram<u64>,
-    requests: u64,
-    request_bytes: u64,
-    records: Vec<(i32, i64)>,
-    last_answer: Option<Instant>,
-}
-
-impl PublisherOut {
-    fn new() -> Self {
-        Self {
-            hist: latency::histogram(),
-            requests: 0,
-            request_bytes: 0,
-            records: Vec::new(),
-            last_answer: None,
-        }
-    }
-}
-
-fn publish_phase(
-    http: &str,
-    broker_pid: Option<u32>,
-    params: &ShareParams,
-    show_progress: bool,
-) -> Result<(PublishResult, Vec<(i32, i64)>)> {
-    let pool = Arc::new(payload_pool());
-    let next = Arc::new(AtomicU64::new(0));
-    let abort = Arc::new(AtomicBool::new(false));
-    let bar = progress_bar(show_progress, "share publish", params.messages);
-    let path = format!("/v1/queues/{}/messages", encode_segment(&params.queue));
-    let mark = CpuMark::now(broker_pid);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..params.publishers)
-        .map(|i| {
-            let (next, abort, bar, pool, path, http) = (
-                Arc::clone(&next),
-                Arc::clone(&abort),
-                bar.clone(),
-                Arc::clone(&pool),
-                path.clone(),
-                http.to_string(),
-            );
-            let (total, batch, len) = (params.messages, params.publish_batch as u64, params.message_bytes);
-            thread::Builder::new()
-                .name(format!("share-publisher-{i}"))
-                .spawn(move || -> Result<PublisherOut> {
-                    let r = publisher_loop(&http, &path, &pool, &next, &abort, &bar, (total, batch, len));
-                    if r.is_err() {
-                        abort.store(true, Ordering::Relaxed);
-                    }
-                    r
-                })
-                .context("spawning a publisher thread")
-        })
-        .collect::<Result<_>>()?;
-    let mut all = PublisherOut::new();
-    let mut first_error = None;
-    for h in handles {
-        match h.join() {
-            Ok(Ok(o)) => {
-                all.hist.add(&o.hist).context("merging publish histograms")?;
-                all.requests += o.requests;
-                all.request_bytes += o.request_bytes;
-                all.records.extend(o.records);
-                all.last_answer = all.last_answer.max(o.last_answer);
-            }
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-            }
-            Err(_) => {
-                first_error.get_or_insert(anyhow!("a publisher thread panicked"));
-            }
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let messages = all.records.len() as u64;
-    let cpu = PhaseCpu::between(&mark, None, broker_pid, messages);
-    bar.finish_and_clear();
-    if messages != params.messages {
-        bail!("published {messages} messages, expected {}", params.messages);
-    }
-    let secs = all
-        .last_answer
-        .map_or(0.0, |t| t.duration_since(start).as_secs_f64());
-    let mut per_partition = vec![0u64; params.partitions as usize];
-    for (p, _) in &all.records {
-        match usize::try_from(*p).ok().and_then(|p| per_partition.get_mut(p)) {
-            Some(n) => *n += 1,
-            None => bail!(
-                "publish answered partition {p} of a {}-partition queue",
-                params.partitions
-            ),
-        }
-    }
-    let result = PublishResult {
-        messages,
-        requests: all.requests,
-        secs,
-        msgs_per_s: per_s(messages, secs),
-        mb_per_s: per_s(messages * params.message_bytes as u64, secs) / 1e6,
-        request_bytes_per_message: all.request_bytes as f64 / messages.max(1) as f64,
-        request_latency: LatencySummary::of(&all.hist),
-        per_partition,
-        cpu,
-    };
-    Ok((result, all.records))
-}
-
-fn publisher_loop(
-    http: &str,
-    path: &str,
-    pool: &[u8],
-    next: &AtomicU64,
-    abort: &AtomicBool,
-    bar: &ProgressBar,
-    (total, batch, len): (u64, u64, usize),
-) -> Result<PublisherOut> {
-    let mut client = QueueClient::new(http);
-    let mut out = PublisherOut::new();
-    let mut buf = Vec::new();
-    while !abort.load(Ordering::Relaxed) {
-        let first = next.fetch_add(batch, Ordering::Relaxed);
-        if first >= total {
-            break;
-        }
-        let n = batch.min(total - first) as usize;
-        let (entries, done) =
-            publish_request(&mut client, path, &mut buf, pool, (first, n, len), &mut out.hist)?;
-        out.records
-            .extend(entries.into_iter().map(|m| (m.partition, m.offset)));
-        out.requests += 1;
-        out.request_bytes += buf.len() as u64;
-        out.last_answer = Some(done);
-        bar.inc(n as u64);
-    }
-    Ok(out)
 }
 
 // ------------------------------------------------------------------------------------------

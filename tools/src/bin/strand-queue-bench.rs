@@ -9,32 +9,31 @@
 //! a table and as JSON. See BENCHMARKS.md.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use clap::{Args, Parser, ValueEnum};
 use serde::Serialize;
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
-use strand_tools::host::{cpu_seconds, filesystem_of, utc_now_rfc3339, FsInfo, HostInfo};
+use strand_tools::cli::{OutputArgs, ProgressArgs, RawArgs, RawDefaults, RunDirArgs, SpawnArgs};
+use strand_tools::host::{cpu_seconds, utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::latency::{human_us, LatencySummary};
 use strand_tools::queue_workload::{
-    self, Bars, Checkpoint, PhaseCpu, PublishResult, QueueParams, QueueResult,
+    self, Backlog, Bars, Checkpoint, PhaseCpu, PublishResult, QueueParams, QueueResult,
 };
-use strand_tools::raw::{disk_append_fdatasync, loopback_tcp, DiskResult};
-use strand_tools::report::{human_bytes, RawLimits, RawLimitsPair, RawParameters, ToolInfo};
+use strand_tools::raw::DiskResult;
+use strand_tools::report::{
+    host_line, human_bytes, render_raw_limits, RawLimitsPair, RawParameters, ToolInfo,
+};
+use strand_tools::run::{exit_code, main_of, spinner, unique_name};
 use strand_tools::share_workload::{self, ConfluentResult, ShareCheckpoint, ShareParams, ShareResult};
 
 /// The issue's target: messages leased and acked per second with 8 workers in batches (HTTP);
 /// "ShareConsumer similar".
 const TARGET_MSGS_PER_S: f64 = 50_000.0;
-/// Cap on bytes written per raw-disk size.
-const RAW_DISK_MAX_BYTES: u64 = 4 << 30;
-/// Relative change of a raw figure between before and after that makes the run "noisy".
-const RAW_DRIFT_TOLERANCE: f64 = 0.25;
 
 /// How the figures are taken; copied into every report.
 const METHODOLOGY: &[&str] = &[
@@ -144,45 +143,9 @@ impl ShareClient {
       its filesystem and warns loudly about tmpfs."
 )]
 struct Cli {
-    // ---- Broker under test ----
-    /// Spawn this `strand` binary on ephemeral ports with a fresh data directory.
-    #[arg(
-        long,
-        value_name = "PATH",
-        conflicts_with = "http",
-        help_heading = "Broker under test"
-    )]
-    spawn: Option<PathBuf>,
-    /// Extra argument for the spawned strand (repeatable).
-    #[arg(
-        long,
-        value_name = "ARG",
-        allow_hyphen_values = true,
-        requires = "spawn",
-        help_heading = "Broker under test"
-    )]
-    spawn_arg: Vec<String>,
-    /// Use an already running broker's HTTP queue API at this address.
-    #[arg(long, value_name = "HOST:PORT", help_heading = "Broker under test")]
-    http: Option<String>,
-    /// With --http: the broker's Kafka listener (needed by the share door).
-    #[arg(
-        long,
-        value_name = "HOST:PORT",
-        requires = "http",
-        help_heading = "Broker under test"
-    )]
-    bootstrap: Option<String>,
-    /// With --http: the broker's pid, for its memory and CPU.
-    #[arg(
-        long,
-        value_name = "PID",
-        requires = "http",
-        help_heading = "Broker under test"
-    )]
-    broker_pid: Option<u32>,
+    #[command(flatten)]
+    broker: BrokerArgs,
 
-    // ---- Workload ----
     /// Which door to drive: `http` (lease + ack), `share` (KIP-932 share consumers) or both.
     #[arg(long, value_enum, default_value_t = Door::Both, help_heading = "Workload")]
     door: Door,
@@ -250,46 +213,45 @@ struct Cli {
     #[arg(long, default_value_t = 100, help_heading = "Workload")]
     steady_publish_batch: usize,
 
-    // ---- Raw limits ----
-    /// Where the run directory goes (spawned broker's data, raw-write files) [default: current dir].
-    #[arg(long, value_name = "DIR", help_heading = "Raw limits")]
-    data_dir: Option<PathBuf>,
-    /// Append+fdatasync sizes, comma separated; the publish request's payload bytes
-    /// (publish-batch x message-bytes) are added.
-    #[arg(
-        long,
-        value_name = "BYTES,..",
-        value_delimiter = ',',
-        default_value = "4096,65536",
-        help_heading = "Raw limits"
-    )]
-    raw_sizes: Vec<u64>,
-    /// Seconds per write size of the append+fdatasync test.
-    #[arg(long, value_name = "SECS", default_value_t = 2.0, help_heading = "Raw limits")]
-    raw_disk_secs: f64,
-    /// Seconds of the loopback TCP copy test (after 0.3 s of warm-up).
-    #[arg(long, value_name = "SECS", default_value_t = 2.0, help_heading = "Raw limits")]
-    loopback_secs: f64,
-    /// Skip the raw limits (no ratios; quick checks only).
-    #[arg(long, help_heading = "Raw limits")]
-    skip_raw: bool,
-
-    // ---- Output ----
-    /// Print the JSON report to stdout (the table then goes to stderr).
-    #[arg(long, help_heading = "Output")]
-    json: bool,
-    /// Write the JSON report to this file.
-    #[arg(long, value_name = "FILE", help_heading = "Output")]
-    output: Option<PathBuf>,
-    /// No progress bars.
-    #[arg(long, help_heading = "Output")]
-    no_progress: bool,
-    /// Keep the run directory (broker data and log).
-    #[arg(long, help_heading = "Output")]
-    keep_data: bool,
     /// Seconds to wait for the broker to start, or without any message acknowledged.
-    #[arg(long, value_name = "SECS", default_value_t = 60.0, help_heading = "Output")]
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, help_heading = "Workload")]
     timeout_secs: f64,
+
+    #[command(flatten)]
+    raw: RawArgs<QueueRawSizes>,
+    #[command(flatten)]
+    run_dir: RunDirArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+    #[command(flatten)]
+    progress: ProgressArgs,
+}
+
+/// strand-queue-bench's raw-write sizes.
+#[derive(Clone, Debug)]
+struct QueueRawSizes;
+
+impl RawDefaults for QueueRawSizes {
+    const SIZES: &'static str = "4096,65536";
+    const SIZES_HELP: &'static str = "Write sizes of the append+fdatasync test, comma separated; a publish \
+                                      request's payload bytes (publish-batch x message-bytes) are added";
+}
+
+/// The broker under test: spawned, or already running.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Broker under test")]
+struct BrokerArgs {
+    #[command(flatten)]
+    spawn: SpawnArgs,
+    /// Use an already running broker's HTTP queue API at this address.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "spawn")]
+    http: Option<String>,
+    /// With --http: the broker's Kafka listener (needed by the share door).
+    #[arg(long, value_name = "HOST:PORT", requires = "http")]
+    bootstrap: Option<String>,
+    /// With --http: the broker's pid, for its memory and CPU.
+    #[arg(long, value_name = "PID", requires = "http")]
+    broker_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -424,26 +386,26 @@ struct Report {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("strand-queue-bench: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    main_of("strand-queue-bench", || run(cli))
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
-    if cli.spawn.is_none() && cli.http.is_none() {
+    if cli.broker.spawn.spawn.is_none() && cli.broker.http.is_none() {
         bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT");
     }
     let params = QueueParams {
-        queue: cli.queue.clone().unwrap_or_else(unique_queue),
-        partitions: cli.partitions,
-        messages: cli.messages,
-        message_bytes: cli.message_bytes,
-        publishers: cli.publishers,
-        publish_batch: cli.publish_batch,
+        backlog: Backlog {
+            queue: cli
+                .queue
+                .clone()
+                .unwrap_or_else(|| unique_name("strand-queue-bench")),
+            partitions: cli.partitions,
+            messages: cli.messages,
+            message_bytes: cli.message_bytes,
+            publishers: cli.publishers,
+            publish_batch: cli.publish_batch,
+            timeout_secs: cli.timeout_secs,
+        },
         workers: cli.workers,
         lease_batch: cli.lease_batch,
         lease_wait_ms: cli.lease_wait_ms,
@@ -451,90 +413,61 @@ fn run(cli: Cli) -> Result<ExitCode> {
         steady_secs: cli.steady_secs,
         steady_fraction: cli.steady_fraction,
         steady_publish_batch: cli.steady_publish_batch,
-        timeout_secs: cli.timeout_secs,
     };
     params.validate()?;
     let share_params = cli.door.share().then(|| ShareParams {
-        queue: format!("{}-share", params.queue),
-        group: format!("{}-share-group", params.queue),
-        partitions: params.partitions,
-        messages: params.messages,
-        message_bytes: params.message_bytes,
-        publishers: params.publishers,
-        publish_batch: params.publish_batch,
+        queue: format!("{}-share", params.backlog.queue),
+        group: format!("{}-share-group", params.backlog.queue),
+        partitions: params.backlog.partitions,
+        messages: params.backlog.messages,
+        message_bytes: params.backlog.message_bytes,
+        publishers: params.backlog.publishers,
+        publish_batch: params.backlog.publish_batch,
         consumers: params.workers,
         max_records: params.lease_batch,
         max_wait_ms: u32::try_from(params.lease_wait_ms).unwrap_or(u32::MAX),
         fetch_max_bytes: cli
             .share_fetch_max_bytes
             .unwrap_or(share_workload::DEFAULT_FETCH_MAX_BYTES),
-        timeout_secs: params.timeout_secs,
+        timeout_secs: params.backlog.timeout_secs,
     });
     if let Some(s) = &share_params {
         s.validate()?;
-        if cli.http.is_some() && cli.bootstrap.is_none() {
+        if cli.broker.http.is_some() && cli.broker.bootstrap.is_none() {
             bail!("the share door needs the broker's Kafka listener: pass --bootstrap HOST:PORT with --http");
         }
     }
-    let show_progress = !cli.no_progress;
+    let show_progress = cli.progress.show();
 
-    let run_dir = strand_tools::host::run_directory(cli.data_dir.as_deref(), "strand-queue-bench-")?;
-    let fs = filesystem_of(run_dir.path())?;
-    let mut warnings = Vec::new();
-    if fs.volatile {
-        let w = format!(
-            "the data directory {} is on {}: fdatasync persists nothing, every durable figure of this run \
-             is MEANINGLESS (pass --data-dir on a real disk)",
-            fs.path.display(),
-            fs.fs_type
-        );
-        eprintln!("\n*** WARNING: {w} ***\n");
-        warnings.push(w);
-    }
-    warnings.extend(fs.space_warning());
-    if cli.skip_raw {
-        warnings.push("raw limits were not measured (--skip-raw): no ratios".into());
-    }
-    if cli.http.is_some() {
+    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run_dir, "strand-queue-bench")?;
+    if cli.broker.http.is_some() {
         warnings.push(
             "running broker (--http): its data directory may not be the disk the raw limits measured".into(),
         );
     }
 
     let publish_request_bytes = (cli.publish_batch * cli.message_bytes) as u64;
-    let mut sizes = cli.raw_sizes.clone();
-    sizes.push(publish_request_bytes);
-    sizes.sort_unstable();
-    sizes.dedup();
-    if sizes.contains(&0) {
-        bail!("--raw-sizes must be positive");
-    }
-    let raw_parameters = RawParameters {
-        disk_write_sizes: sizes,
-        reference_write_bytes: publish_request_bytes,
-        disk_secs_per_size: cli.raw_disk_secs,
-        sustained_secs: 0.0,
-        loopback_secs: cli.loopback_secs,
-    };
+    let raw_parameters = cli.raw.parameters(publish_request_bytes, 0.0)?;
 
     let date_utc = utc_now_rfc3339();
-    let mut raw = RawLimitsPair::default();
-    if !cli.skip_raw {
-        raw.before = Some(measure_raw(
-            run_dir.path(),
-            &raw_parameters,
-            show_progress,
-            "before",
-        )?);
-    }
+    let mut raw = RawLimitsPair {
+        before: cli
+            .raw
+            .measure(run_dir.path(), &raw_parameters, show_progress, "before")?,
+        ..RawLimitsPair::default()
+    };
 
     let timeout = Duration::from_secs_f64(cli.timeout_secs);
     let mut process = None;
-    let mut broker = match (&cli.spawn, &cli.http) {
+    let mut broker = match (&cli.broker.spawn.spawn, &cli.broker.http) {
         (Some(binary), _) => {
-            let s = spinner(show_progress, "starting strand");
-            let p =
-                BrokerProcess::spawn_strand(binary, &run_dir.path().join("broker"), &cli.spawn_arg, timeout);
+            let s = spinner(show_progress, "starting strand", "");
+            let p = BrokerProcess::spawn_strand(
+                binary,
+                &run_dir.path().join("broker"),
+                &cli.broker.spawn.spawn_arg,
+                timeout,
+            );
             s.finish_and_clear();
             let p = p?;
             let http = p
@@ -558,11 +491,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         (None, Some(http)) => BrokerInfo {
             kind: "running".into(),
             http: http.clone(),
-            kafka: cli.bootstrap.clone(),
+            kafka: cli.broker.bootstrap.clone(),
             binary: None,
             version: None,
             command: None,
-            pid: cli.broker_pid,
+            pid: cli.broker.broker_pid,
             log: None,
             stopped: None,
         },
@@ -625,8 +558,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let confluent_outcome = match (&share_params, &broker.kafka) {
         (Some(sp), Some(kafka)) if !http_failed && !share_failed && cli.share_client.confluent() => {
             let cp = ShareParams {
-                queue: format!("{}-share-confluent", params.queue),
-                group: format!("{}-share-confluent-group", params.queue),
+                queue: format!("{}-share-confluent", params.backlog.queue),
+                group: format!("{}-share-confluent-group", params.backlog.queue),
                 ..sp.clone()
             };
             Some(share_workload::run_confluent(
@@ -703,24 +636,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         );
     }
 
-    if !cli.skip_raw {
-        raw.after = Some(measure_raw(
-            run_dir.path(),
-            &raw_parameters,
-            show_progress,
-            "after",
-        )?);
-    }
-    let drift = raw.drift(RAW_DRIFT_TOLERANCE);
-    if !drift.is_empty() {
-        warnings.push(format!(
-            "raw limits moved by more than {:.0}% between before and after ({}): the machine was not quiet, \
-             treat every figure of this run as noisy",
-            RAW_DRIFT_TOLERANCE * 100.0,
-            drift.join(", ")
-        ));
-    }
-    let ratios = (!cli.skip_raw && (result.is_some() || share.is_some()))
+    raw.after = cli
+        .raw
+        .measure(run_dir.path(), &raw_parameters, show_progress, "after")?;
+    warnings.extend(raw.drift_warning());
+    let ratios = (!cli.raw.skip_raw && (result.is_some() || share.is_some()))
         .then(|| ratios(result.as_ref(), share.as_ref(), &raw, publish_request_bytes));
     let measured = result.as_ref().map(|r| r.drain.msgs_per_s);
     let share_target = share_params.as_ref().map(|sp| {
@@ -753,14 +673,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
     let failed = error.is_some() || !problems.is_empty();
     let report = Report {
-        tool: ToolInfo {
-            name: "strand-queue-bench".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-        },
+        tool: ToolInfo::of("strand-queue-bench"),
         date_utc,
         command_line: std::env::args().collect(),
         host: HostInfo::probe(),
-        data_dir: fs,
+        data_dir: run_dir.fs.clone(),
         broker,
         door: cli.door,
         share_client: cli.share_client,
@@ -782,19 +699,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         error,
     };
 
-    let text = render_text(&report);
-    strand_tools::report::emit_report(&text, &report, cli.output.as_deref(), cli.json)?;
-    if cli.keep_data || failed {
-        let kept = run_dir.keep();
-        eprintln!("run directory (broker data and log) kept: {}", kept.display());
-    } else {
-        run_dir.close().context("removing the run directory")?;
-    }
-    Ok(if failed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    cli.output.emit(&render_text(&report), &report)?;
+    run_dir.finish(cli.run_dir.keep_data || failed)?;
+    Ok(exit_code(false, failed))
 }
 
 fn disk_at(raw: &RawLimitsPair, bytes: u64) -> impl Iterator<Item = &DiskResult> {
@@ -854,59 +761,6 @@ fn ratios(
         share_fetch_p99_vs_fdatasync_4k_p99: share.and_then(|s| lat(&s.drain.fetch_latency, p99, sync4_p99)),
         share_drain_mb_per_s_vs_loopback: share.and_then(|s| div(s.drain.mb_per_s, loopback)),
     }
-}
-
-fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &str) -> Result<RawLimits> {
-    let measured_at_utc = utc_now_rfc3339();
-    let mut disk = Vec::new();
-    for &size in &p.disk_write_sizes {
-        let s = spinner(
-            show_progress,
-            &format!("raw {when}: append+fdatasync {}", human_bytes(size)),
-        );
-        let size_usize = usize::try_from(size).context("raw write size does not fit in memory")?;
-        disk.push(disk_append_fdatasync(
-            dir,
-            size_usize,
-            Duration::from_secs_f64(p.disk_secs_per_size),
-            RAW_DISK_MAX_BYTES,
-        )?);
-        s.finish_and_clear();
-    }
-    let s = spinner(show_progress, &format!("raw {when}: loopback TCP copy"));
-    let loopback = loopback_tcp(
-        Duration::from_millis(300),
-        Duration::from_secs_f64(p.loopback_secs),
-    )?;
-    s.finish_and_clear();
-    Ok(RawLimits {
-        measured_at_utc,
-        disk,
-        sustained: None,
-        loopback,
-    })
-}
-
-fn spinner(show: bool, msg: &str) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let s = ProgressBar::new_spinner();
-    s.set_style(
-        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    s.set_message(msg.to_string());
-    s.enable_steady_tick(Duration::from_millis(200));
-    s
-}
-
-fn unique_queue() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("strand-queue-bench-{secs}-{}", std::process::id())
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1068,21 +922,7 @@ fn render_text(r: &Report) -> String {
     let mut o = String::new();
     let p = &r.parameters;
     let _ = writeln!(o, "strand-queue-bench {} — {}", r.tool.version, r.date_utc);
-    let _ = writeln!(
-        o,
-        "host: {} CPUs ({}), kernel {}, data dir {} on {} ({}){}",
-        r.host.cpus_available,
-        r.host.cpu_model,
-        r.host.kernel,
-        r.data_dir.path.display(),
-        r.data_dir.fs_type,
-        r.data_dir.source,
-        if r.data_dir.volatile {
-            " — VOLATILE: fdatasync persists nothing here"
-        } else {
-            ""
-        }
-    );
+    let _ = writeln!(o, "{}", host_line(&r.host, &r.data_dir));
     let _ = writeln!(
         o,
         "broker: {} {} ({}), pid {}, HTTP {}, Kafka {}",
@@ -1109,12 +949,12 @@ fn render_text(r: &Report) -> String {
         o,
         "workload: queue {}, {} partitions; {} messages of {} B; {} publishers x {} per request; {} workers \
          x lease {} (wait {} ms, visibility {} ms) + one batch ack; steady {}",
-        p.queue,
-        p.partitions,
-        p.messages,
-        p.message_bytes,
-        p.publishers,
-        p.publish_batch,
+        p.backlog.queue,
+        p.backlog.partitions,
+        p.backlog.messages,
+        p.backlog.message_bytes,
+        p.backlog.publishers,
+        p.backlog.publish_batch,
         p.workers,
         p.lease_batch,
         p.lease_wait_ms,
@@ -1131,39 +971,12 @@ fn render_text(r: &Report) -> String {
         }
     );
 
-    let _ = writeln!(
-        o,
-        "\nraw limits (run directory's disk)        before                    after"
-    );
-    let before = r.raw_limits.before.as_ref();
-    let after = r.raw_limits.after.as_ref();
-    for size in &r.raw_parameters.disk_write_sizes {
-        let cell = |l: Option<&RawLimits>| {
-            l.and_then(|l| l.disk.iter().find(|d| d.write_bytes == *size))
-                .map_or("-".to_string(), |d| {
-                    format!(
-                        "{:.1} MB/s p50 {} p99 {}",
-                        d.mb_per_s,
-                        human_us(d.fdatasync.p50_us),
-                        human_us(d.fdatasync.p99_us)
-                    )
-                })
-        };
-        let _ = writeln!(
-            o,
-            "  append+fdatasync {:<12} {:>36} {:>36}",
-            human_bytes(*size),
-            cell(before),
-            cell(after)
-        );
-    }
-    let lo =
-        |l: Option<&RawLimits>| l.map_or("-".to_string(), |l| format!("{:.2} GB/s", l.loopback.gb_per_s));
-    let _ = writeln!(
-        o,
-        "  loopback TCP copy             {:>30} {:>30}",
-        lo(before),
-        lo(after)
+    render_raw_limits(
+        &mut o,
+        &r.raw_parameters,
+        &r.raw_limits,
+        &r.data_dir,
+        "a publish request's payload",
     );
 
     if let Some(res) = &r.result {

@@ -34,8 +34,10 @@ use serde::Serialize;
 use strand_tools::broker::{
     binary_version, open_files_limit, BrokerProcess, Memory, OpenFilesLimit, Stopped,
 };
-use strand_tools::host::{filesystem_of, utc_now_rfc3339, FsInfo, HostInfo};
-use strand_tools::report::{ClientInfo, ToolInfo};
+use strand_tools::cli::{OutputArgs, RunDirArgs, SpawnArgs};
+use strand_tools::host::{utc_now_rfc3339, FsInfo, HostInfo};
+use strand_tools::report::{host_line, ClientInfo, ToolInfo};
+use strand_tools::run::{exit_code, main_of, RunDir};
 
 /// Open files the broker needs besides one per non-empty partition (journal files, listeners,
 /// connections, the runtime's own descriptors), with room to spare.
@@ -93,58 +95,52 @@ const METHODOLOGY: &[&str] = &[
       strand-restart-bench --spawn target/release/strand --output restart.json\n  \
       strand-restart-bench --spawn target/release/strand --topics 10 --partitions-per-topic 100\n\n\
       The broker keeps one file open per non-empty partition: `ulimit -n` must exceed the partition \
-      count (the tool checks before starting)."
+      count (the tool checks before starting).",
+    mut_arg("spawn", |a| a.required(true))
 )]
 struct Cli {
-    /// The `strand` binary to spawn (it must support --override and --ready-file).
-    #[arg(long, value_name = "PATH")]
-    spawn: PathBuf,
-    /// Extra argument for the spawned strand (repeatable), e.g. --spawn-arg=--override
-    /// --spawn-arg=strand.shards=2. Applies to every start.
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-    spawn_arg: Vec<String>,
+    #[command(flatten)]
+    spawn: SpawnArgs,
     /// Topics to create.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
     topics: u32,
     /// Partitions of each topic (topics × partitions-per-topic partitions in all).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
     partitions_per_topic: i32,
     /// Records written to every partition per write round (one batch).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, help_heading = "Workload")]
     records_per_round: u32,
     /// Bytes per record payload (no key).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
     record_bytes: usize,
     /// After each restart, read back every N-th partition with Fetch and check its records.
-    #[arg(long, value_name = "N", default_value_t = 100)]
+    #[arg(long, value_name = "N", default_value_t = 100, help_heading = "Workload")]
     sample_every: usize,
     /// Target for ready to serve after a restart, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 3.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 3.0, help_heading = "Workload")]
     target_ready_secs: f64,
     /// Target for resident memory per idle partition, in KiB.
-    #[arg(long, value_name = "KIB", default_value_t = 16.0)]
+    #[arg(long, value_name = "KIB", default_value_t = 16.0, help_heading = "Workload")]
     target_kib_per_partition: f64,
-    /// Where the run directory (broker data and logs) goes [default: the current directory].
-    #[arg(long, value_name = "DIR")]
-    data_dir: Option<PathBuf>,
     /// Run even if `ulimit -n` looks too low for the partition count (to see what the broker does).
-    #[arg(long)]
+    #[arg(long, help_heading = "Workload")]
     ignore_open_files_limit: bool,
-    /// Print the JSON report to stdout (the table then goes to stderr).
-    #[arg(long)]
-    json: bool,
-    /// Write the JSON report to this file.
-    #[arg(long, value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// Keep the run directory (broker data and logs) instead of deleting it.
-    #[arg(long)]
-    keep_data: bool,
     /// Seconds to wait for a start, a stop, topic creation, a write round or a read-back.
-    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, help_heading = "Workload")]
     timeout_secs: f64,
+
+    #[command(flatten)]
+    run_dir: RunDirArgs,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 impl Cli {
+    /// The `strand` binary (`--spawn` is required).
+    fn binary(&self) -> Result<&Path> {
+        self.spawn.spawn.as_deref().context("--spawn is required")
+    }
+
     fn partitions(&self) -> u64 {
         u64::from(self.topics) * u64::try_from(self.partitions_per_topic).unwrap_or(0)
     }
@@ -307,13 +303,7 @@ struct Verdict {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("strand-restart-bench: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    main_of("strand-restart-bench", || run(cli))
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -330,40 +320,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let limit = open_files_limit().ok();
     check_open_files(limit, partitions, cli.ignore_open_files_limit)?;
 
-    let run_dir = strand_tools::host::run_directory(cli.data_dir.as_deref(), "strand-restart-bench-")?;
-    let fs = filesystem_of(run_dir.path())?;
-    let mut warnings = Vec::new();
-    if fs.volatile {
-        warnings.push(format!(
-            "the data directory {} is on {}: recovery reads memory, not a disk; restart figures are \
-             optimistic (pass --data-dir on a real disk)",
-            fs.path.display(),
-            fs.fs_type
-        ));
-    }
-    warnings.extend(fs.space_warning());
-    let (version_number, librdkafka) = rdkafka::util::get_rdkafka_version();
+    let binary = cli.binary()?;
+    let (run_dir, warnings) = RunDir::create(
+        &cli.run_dir,
+        "strand-restart-bench-",
+        "recovery reads memory, not a disk; restart figures are optimistic",
+    )?;
     let mut report = Report {
-        tool: ToolInfo {
-            name: "strand-restart-bench".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-        },
+        tool: ToolInfo::of("strand-restart-bench"),
         date_utc: utc_now_rfc3339(),
-        client: ClientInfo {
-            library: "librdkafka".into(),
-            version: librdkafka,
-            version_hex: format!("{version_number:#010x}"),
-            binding: "rdkafka 0.39 (Rust)".into(),
-        },
+        client: ClientInfo::librdkafka(),
         host: HostInfo::probe(),
         load_average_before: load_average(),
         load_average_after: None,
-        data_dir: fs,
+        data_dir: run_dir.fs.clone(),
         open_files_limit: limit,
         broker: BrokerInfo {
-            binary: cli.spawn.clone(),
-            version: binary_version(&cli.spawn).unwrap_or_else(|e| format!("unknown ({e:#})")),
-            spawn_args: cli.spawn_arg.clone(),
+            binary: binary.to_path_buf(),
+            version: binary_version(binary).unwrap_or_else(|e| format!("unknown ({e:#})")),
+            spawn_args: cli.spawn.spawn_arg.clone(),
             command: Vec::new(),
         },
         parameters: Parameters {
@@ -394,22 +369,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
     report.load_average_after = load_average();
     report.verdict = verdict(&cli, &report);
 
-    let text = render_text(&report);
-    strand_tools::report::emit_report(&text, &report, cli.output.as_deref(), cli.json)?;
+    cli.output.emit(&render_text(&report), &report)?;
     let failed = report.error.is_some() || !report.problems.is_empty();
-    if cli.keep_data || failed {
-        let kept = run_dir.keep();
-        eprintln!("run directory (broker data and logs) kept: {}", kept.display());
-    } else {
-        run_dir.close().context("removing the run directory")?;
-    }
-    Ok(if report.error.is_some() {
-        ExitCode::from(2)
-    } else if failed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    run_dir.finish(cli.run_dir.keep_data || failed)?;
+    Ok(exit_code(report.error.is_some(), failed))
 }
 
 /// Refuses to start when the broker would run out of file descriptors: it keeps the active
@@ -449,15 +412,13 @@ fn measure(cli: &Cli, run_dir: &Path, report: &mut Report) -> Result<()> {
     let partitions = cli.partitions();
 
     // ---- First start, on an empty data directory ----
-    progress(&format!(
-        "starting {} (empty data directory)",
-        cli.spawn.display()
-    ));
+    let binary = cli.binary()?;
+    progress(&format!("starting {} (empty data directory)", binary.display()));
     let first = BrokerProcess::spawn_strand_at(
-        &cli.spawn,
+        binary,
         &data,
         &run_dir.join("0-first-start"),
-        &cli.spawn_arg,
+        &cli.spawn.spawn_arg,
         timeout,
     )?;
     report.broker.command = first.command.clone();
@@ -519,7 +480,7 @@ fn measure(cli: &Cli, run_dir: &Path, report: &mut Report) -> Result<()> {
     });
 
     // Restarts bind the first start's port, so the probe knows where to go before the ready file.
-    let mut restart_args = cli.spawn_arg.clone();
+    let mut restart_args = cli.spawn.spawn_arg.clone();
     restart_args.push("--override".into());
     restart_args.push(format!("listeners=PLAINTEXT://127.0.0.1:{port}"));
     let ctx = RestartCtx {
@@ -622,7 +583,7 @@ impl RestartCtx<'_> {
         let probe = Probe::new(self.bootstrap)?;
         let spawn = {
             let (binary, data, dir, args) = (
-                cli.spawn.clone(),
+                cli.binary()?.to_path_buf(),
                 self.data.to_path_buf(),
                 dir.clone(),
                 self.args.to_vec(),
@@ -1226,18 +1187,12 @@ fn render_text(r: &Report) -> String {
         "strand-restart-bench {} — {} — {} — {} {}",
         r.tool.version, r.date_utc, r.broker.version, r.client.library, r.client.version
     );
+    let _ = writeln!(o, "{}", host_line(&r.host, &r.data_dir));
     let _ = writeln!(
         o,
-        "host: {} CPUs ({}), kernel {}, load {} → {}; data dir {} on {} ({}){}",
-        r.host.cpus_available,
-        r.host.cpu_model,
-        r.host.kernel,
+        "load (/proc/loadavg) at the start: {}; at the end: {}",
         r.load_average_before.as_deref().unwrap_or("?"),
         r.load_average_after.as_deref().unwrap_or("?"),
-        r.data_dir.path.display(),
-        r.data_dir.fs_type,
-        r.data_dir.source,
-        if r.data_dir.volatile { " — VOLATILE" } else { "" }
     );
     let limit = match r.open_files_limit {
         Some(OpenFilesLimit { soft, hard }) => {
