@@ -22,3 +22,5 @@ mod queue;
 pub mod server;
 mod shard;
 mod subsystems;
+#[cfg(test)]
+mod testkit;

@@ -23,6 +23,7 @@ use strand_protocol::types::TopicId;
 
 use super::records::{batch_records, build_batch, RecordKey};
 use super::*;
+use crate::testkit::{self, SplitMix64};
 
 const GROUP: &str = "g1";
 
@@ -1907,26 +1908,10 @@ fn kip848_v0_member_ids_static_members_and_regex() {
     );
 }
 
-/// Small splitmix64 for the simulation.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn simulate(seed: u64) -> Result<usize, String> {
-    std::panic::catch_unwind(|| {
+    testkit::catch(|| {
         let mut h = H::new();
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let mut sim = Sim::new(&mut h, GROUP);
         for step in 0..400 {
             let alive: Vec<usize> = (0..sim.clients.len()).filter(|i| sim.clients[*i].alive).collect();
@@ -1980,22 +1965,12 @@ fn simulate(seed: u64) -> Result<usize, String> {
         }
         sim.handovers
     })
-    .map_err(|e| {
-        e.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
-    })
 }
 
 #[test]
 fn kip848_random_interleavings_never_two_owners() {
-    let seeds: Vec<u64> = match std::env::var("STRAND_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("STRAND_SIM_SEED is a number")],
-        Err(_) => (1..=40).collect(),
-    };
     let mut handovers = 0;
-    for seed in seeds {
+    for seed in testkit::seeds("STRAND_SIM_SEED", 40) {
         match simulate(seed) {
             Ok(n) => handovers += n,
             Err(e) => panic!("simulation failed with seed {seed} (replay: STRAND_SIM_SEED={seed}): {e}"),

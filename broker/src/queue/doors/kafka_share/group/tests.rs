@@ -12,6 +12,7 @@ use strand_protocol::types::TopicId;
 use super::coordinator::{
     Action, OtherGroup, ShareCoordinator, ShareCoordinatorConfig, ShareMeta, ShareTopics,
 };
+use crate::testkit::{self, SplitMix64};
 
 const SESSION: i64 = 45_000;
 
@@ -699,23 +700,6 @@ fn member_checks_for_share_fetch() {
     assert_eq!(h.c.check_member("g", "m1"), Err(ResponseError::UnknownMemberId));
 }
 
-/// splitmix64, for the simulation.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// Members join, heartbeat, leave and go silent, topics appear, grow and vanish, time passes; a
 /// member's epoch never goes down and never passes the group epoch, and whenever every member
 /// has heartbeated since the last change, every subscribed partition has a member and every
@@ -723,19 +707,15 @@ impl Rng {
 /// `STRAND_SHARE_SIM_SEED=<seed>`.
 #[test]
 fn seeded_simulation() {
-    let seeds: Vec<u64> = match std::env::var("STRAND_SHARE_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("STRAND_SHARE_SIM_SEED must be a number")],
-        Err(_) => (1..=40).collect(),
-    };
     let mut checks = 0usize;
-    for seed in seeds {
+    for seed in testkit::seeds("STRAND_SHARE_SIM_SEED", 40) {
         checks += simulate(seed);
     }
     assert!(checks > 100, "the simulation checked too little ({checks})");
 }
 
 fn simulate(seed: u64) -> usize {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let names = ["a", "b", "c"];
     let mut h = Harness::new(&[("a", 3)]);
     let mut epochs: BTreeMap<String, i32> = BTreeMap::new();
