@@ -533,17 +533,29 @@ fn subscription_changes() {
     assert!(r.assignment.is_some());
 }
 
+/// A coordinator of topic "t" under the default configuration with one bound set by `bound`, where
+/// the (group, member)s of `joins` join, and one more join, which the bound refuses: the harness
+/// and that join's answer.
+fn filled_to_the_bound(
+    bound: impl FnOnce(&mut ShareCoordinatorConfig),
+    joins: [(&str, &str); 2],
+    (group, member): (&str, &str),
+) -> (Harness, ShareGroupHeartbeatResponse) {
+    let mut config = ShareCoordinatorConfig::default();
+    bound(&mut config);
+    let mut h = Harness::with_config(&[("t", 1)], config);
+    for (g, m) in joins {
+        h.join(g, m, &["t"]);
+    }
+    let r = h.send(req(group, member, 0, Some(&["t"])));
+    assert_eq!(code(&r), ResponseError::GroupMaxSizeReached);
+    (h, r)
+}
+
 #[test]
 fn max_size() {
-    let config = ShareCoordinatorConfig {
-        max_size: 2,
-        ..ShareCoordinatorConfig::default()
-    };
-    let mut h = Harness::with_config(&[("t", 1)], config);
-    h.join("g", "m1", &["t"]);
-    h.join("g", "m2", &["t"]);
-    let r = h.send(req("g", "m3", 0, Some(&["t"])));
-    assert_eq!(code(&r), ResponseError::GroupMaxSizeReached);
+    let max_size = |c: &mut ShareCoordinatorConfig| c.max_size = 2;
+    let (mut h, r) = filled_to_the_bound(max_size, [("g", "m1"), ("g", "m2")], ("g", "m3"));
     assert_eq!(
         r.error_message.as_deref(),
         Some("The share group has reached its maximum capacity of 2 members.")
@@ -559,15 +571,8 @@ fn max_size() {
 
 #[test]
 fn bounded_number_of_groups() {
-    let config = ShareCoordinatorConfig {
-        max_groups: 2,
-        ..ShareCoordinatorConfig::default()
-    };
-    let mut h = Harness::with_config(&[("t", 1)], config);
-    h.join("g1", "m", &["t"]);
-    h.join("g2", "m", &["t"]);
-    let r = h.send(req("g3", "m", 0, Some(&["t"])));
-    assert_eq!(code(&r), ResponseError::GroupMaxSizeReached);
+    let max_groups = |c: &mut ShareCoordinatorConfig| c.max_groups = 2;
+    let (mut h, _) = filled_to_the_bound(max_groups, [("g1", "m"), ("g2", "m")], ("g3", "m"));
     // An empty group makes room: it is forgotten.
     h.send(req("g1", "m", 1, None).with_member_epoch(-1));
     h.join("g3", "m", &["t"]);
