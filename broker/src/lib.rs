@@ -23,3 +23,5 @@ mod queue;
 pub mod server;
 mod shard;
 mod subsystems;
+#[cfg(test)]
+mod testkit;

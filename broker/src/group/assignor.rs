@@ -198,35 +198,23 @@ mod tests {
         a.values().map(|p| p.len()).sum()
     }
 
+    fn member<'a>(id: &'a str, topics: &[TopicId], previous: Option<&'a Assignment>) -> AssignMember<'a> {
+        AssignMember {
+            id,
+            topics: topics.iter().copied().collect(),
+            previous,
+        }
+    }
+
     #[test]
     fn uniform_is_balanced_and_sticky() {
         let t = tid(1);
         let parts: BTreeMap<_, _> = [(t, 6)].into_iter().collect();
-        let topics: BTreeSet<_> = [t].into_iter().collect();
-        let one = assign(
-            "uniform",
-            &[AssignMember {
-                id: "a",
-                topics: topics.clone(),
-                previous: None,
-            }],
-            &parts,
-        );
+        let one = assign("uniform", &[member("a", &[t], None)], &parts);
         assert_eq!(count(&one["a"]), 6);
         let two = assign(
             "uniform",
-            &[
-                AssignMember {
-                    id: "a",
-                    topics: topics.clone(),
-                    previous: Some(&one["a"]),
-                },
-                AssignMember {
-                    id: "b",
-                    topics: topics.clone(),
-                    previous: None,
-                },
-            ],
+            &[member("a", &[t], Some(&one["a"])), member("b", &[t], None)],
             &parts,
         );
         assert_eq!((count(&two["a"]), count(&two["b"])), (3, 3));
@@ -234,21 +222,9 @@ mod tests {
         let three = assign(
             "uniform",
             &[
-                AssignMember {
-                    id: "a",
-                    topics: topics.clone(),
-                    previous: Some(&two["a"]),
-                },
-                AssignMember {
-                    id: "b",
-                    topics: topics.clone(),
-                    previous: Some(&two["b"]),
-                },
-                AssignMember {
-                    id: "c",
-                    topics: topics.clone(),
-                    previous: None,
-                },
+                member("a", &[t], Some(&two["a"])),
+                member("b", &[t], Some(&two["b"])),
+                member("c", &[t], None),
             ],
             &parts,
         );
@@ -266,18 +242,7 @@ mod tests {
         let parts: BTreeMap<_, _> = [(t1, 3), (t2, 3)].into_iter().collect();
         let out = assign(
             "uniform",
-            &[
-                AssignMember {
-                    id: "a",
-                    topics: [t1].into_iter().collect(),
-                    previous: None,
-                },
-                AssignMember {
-                    id: "b",
-                    topics: [t1, t2].into_iter().collect(),
-                    previous: None,
-                },
-            ],
+            &[member("a", &[t1], None), member("b", &[t1, t2], None)],
             &parts,
         );
         assert!(out["a"].keys().all(|t| *t == t1));
@@ -289,21 +254,9 @@ mod tests {
     fn range_splits_per_topic() {
         let t = tid(1);
         let parts: BTreeMap<_, _> = [(t, 7)].into_iter().collect();
-        let topics: BTreeSet<_> = [t].into_iter().collect();
         let out = assign(
             "range",
-            &[
-                AssignMember {
-                    id: "b",
-                    topics: topics.clone(),
-                    previous: None,
-                },
-                AssignMember {
-                    id: "a",
-                    topics: topics.clone(),
-                    previous: None,
-                },
-            ],
+            &[member("b", &[t], None), member("a", &[t], None)],
             &parts,
         );
         assert_eq!(out["a"][&t], (0..4).collect());

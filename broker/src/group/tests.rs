@@ -23,6 +23,7 @@ use strand_protocol::types::TopicId;
 
 use super::records::{batch_records, build_batch, RecordKey};
 use super::*;
+use crate::testkit::{self, SplitMix64};
 
 const GROUP: &str = "g1";
 
@@ -166,6 +167,25 @@ impl H {
         self.responses.remove(&token)
     }
 
+    /// The answer to a request of type `R`, if it has come.
+    fn take_answer<R: ForCoordinator>(&mut self, token: u64) -> Option<R::Response> {
+        let r = self.take(token)?;
+        let expected = std::any::type_name::<R>();
+        Some(R::from_group_response(r).unwrap_or_else(|| panic!("not an answer to a {expected}")))
+    }
+
+    /// Sends `req` from `client` and returns its answer, which must come at once.
+    fn answer<R: ForCoordinator>(&mut self, api: ApiKey, version: i16, client: &str, req: R) -> R::Response {
+        let t = self.send(api, version, client, req.into_group_request());
+        self.take_answer::<R>(t)
+            .unwrap_or_else(|| panic!("{api:?}: no answer"))
+    }
+
+    /// A KIP-848 heartbeat (v1, client "c"); its answer.
+    fn consumer_heartbeat(&mut self, req: ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResponse {
+        self.answer(ApiKey::ConsumerGroupHeartbeat, 1, "c", req)
+    }
+
     fn advance(&mut self, ms: i64) {
         self.now += ms;
         let a = self.c.tick(self.now);
@@ -188,24 +208,12 @@ impl H {
             .with_member_id(sb(member_id))
             .with_group_instance_id(instance.map(sb))
             .with_protocol_type(sb("consumer"))
-            .with_protocols(
-                protocols
-                    .iter()
-                    .map(|(n, m)| {
-                        JoinGroupRequestProtocol::default()
-                            .with_name(sb(n))
-                            .with_metadata(Bytes::copy_from_slice(m))
-                    })
-                    .collect(),
-            );
+            .with_protocols(protocols.iter().map(|(n, m)| protocol(n, m)).collect());
         self.send(ApiKey::JoinGroup, version, "client", GroupRequest::JoinGroup(req))
     }
 
     fn join_resp(&mut self, token: u64) -> Option<JoinGroupResponse> {
-        match self.take(token)? {
-            GroupResponse::JoinGroup(r) => Some(r),
-            other => panic!("not a join response: {other:?}"),
-        }
+        self.take_answer::<JoinGroupRequest>(token)
     }
 
     /// A v5 member joins with a member id (or gets one with MEMBER_ID_REQUIRED first).
@@ -216,6 +224,14 @@ impl H {
         r.member_id.to_string()
     }
 
+    /// A new member gets its id and joins (v5, "range" with `metadata`): its id and the token of
+    /// its JoinGroup.
+    fn join_newcomer(&mut self, metadata: &[u8]) -> (String, u64) {
+        let id = self.join_new();
+        let t = self.join(5, &id, None, &[("range", metadata)]);
+        (id, t)
+    }
+
     fn sync(&mut self, member_id: &str, generation: i32, assignments: &[(&str, &[u8])]) -> u64 {
         let req = SyncGroupRequest::default()
             .with_group_id(GroupId(sb(GROUP)))
@@ -223,24 +239,12 @@ impl H {
             .with_member_id(sb(member_id))
             .with_protocol_type(Some(sb("consumer")))
             .with_protocol_name(Some(sb("range")))
-            .with_assignments(
-                assignments
-                    .iter()
-                    .map(|(m, a)| {
-                        SyncGroupRequestAssignment::default()
-                            .with_member_id(sb(m))
-                            .with_assignment(Bytes::copy_from_slice(a))
-                    })
-                    .collect(),
-            );
+            .with_assignments(assignments.iter().map(|(m, a)| assignment(m, a)).collect());
         self.send(ApiKey::SyncGroup, 5, "client", GroupRequest::SyncGroup(req))
     }
 
     fn sync_resp(&mut self, token: u64) -> Option<SyncGroupResponse> {
-        match self.take(token)? {
-            GroupResponse::SyncGroup(r) => Some(r),
-            other => panic!("not a sync response: {other:?}"),
-        }
+        self.take_answer::<SyncGroupRequest>(token)
     }
 
     fn heartbeat(&mut self, member_id: &str, generation: i32, instance: Option<&str>) -> i16 {
@@ -273,26 +277,26 @@ impl H {
                     .with_committed_metadata(Some(sb(m))),
             );
         }
-        let req = OffsetCommitRequest::default()
-            .with_group_id(GroupId(sb(GROUP)))
-            .with_generation_id_or_member_epoch(generation)
-            .with_member_id(sb(member_id))
-            .with_topics(
-                topics
-                    .into_iter()
-                    .map(|(t, ps)| {
-                        OffsetCommitRequestTopic::default()
-                            .with_name(TopicName(sb(t)))
-                            .with_partitions(ps)
-                    })
-                    .collect(),
-            );
+        let topics = topics.into_iter().map(|(t, ps)| commit_topic(t, ps)).collect();
+        let req = commit_request(GROUP, member_id, generation, topics);
         self.send(
             ApiKey::OffsetCommit,
             version,
             "client",
             GroupRequest::OffsetCommit(req),
         )
+    }
+
+    /// Commits `offsets` and checks that every one is accepted at once.
+    fn commit_ok(
+        &mut self,
+        version: i16,
+        member_id: &str,
+        generation: i32,
+        offsets: &[(&str, i32, i64, &str)],
+    ) {
+        let t = self.commit(version, member_id, generation, offsets);
+        assert_eq!(self.commit_errors(t), vec![0; offsets.len()]);
     }
 
     fn commit_errors(&mut self, token: u64) -> Vec<i16> {
@@ -308,31 +312,20 @@ impl H {
 
     /// OffsetFetch v7 of `topic` partitions: (offset, leader epoch, metadata, error).
     fn fetch(&mut self, topic: &str, partitions: &[i32]) -> (i16, Vec<(i64, i32, String, i16)>) {
-        let req = OffsetFetchRequest::default()
-            .with_group_id(GroupId(sb(GROUP)))
-            .with_topics(Some(vec![OffsetFetchRequestTopic::default()
-                .with_name(TopicName(sb(topic)))
-                .with_partition_indexes(partitions.to_vec())]));
-        let t = self.send(ApiKey::OffsetFetch, 7, "client", GroupRequest::OffsetFetch(req));
-        match self.take(t) {
-            Some(GroupResponse::OffsetFetch(r)) => (
-                r.error_code,
-                r.topics
-                    .iter()
-                    .flat_map(|t| {
-                        t.partitions.iter().map(|p| {
-                            (
-                                p.committed_offset,
-                                p.committed_leader_epoch,
-                                p.metadata.as_ref().map(|m| m.to_string()).unwrap_or_default(),
-                                p.error_code,
-                            )
-                        })
-                    })
-                    .collect(),
-            ),
-            other => panic!("fetch: {other:?}"),
-        }
+        let req = fetch_request(GROUP, topic, partitions);
+        let r = self.answer(ApiKey::OffsetFetch, 7, "client", req);
+        let parts = r.topics.iter().flat_map(|t| {
+            t.partitions.iter().map(|p| {
+                let metadata = p.metadata.as_ref().map(|m| m.to_string()).unwrap_or_default();
+                (
+                    p.committed_offset,
+                    p.committed_leader_epoch,
+                    metadata,
+                    p.error_code,
+                )
+            })
+        });
+        (r.error_code, parts.collect())
     }
 
     fn group_state(&self) -> Option<&'static str> {
@@ -343,42 +336,129 @@ impl H {
     }
 }
 
-fn check_encodes(api: ApiKey, version: i16, r: &GroupResponse) {
-    let mut buf = BytesMut::new();
-    let res = match r {
-        GroupResponse::JoinGroup(x) => x.encode(&mut buf, version),
-        GroupResponse::SyncGroup(x) => x.encode(&mut buf, version),
-        GroupResponse::Heartbeat(x) => x.encode(&mut buf, version),
-        GroupResponse::LeaveGroup(x) => x.encode(&mut buf, version),
-        GroupResponse::OffsetCommit(x) => x.encode(&mut buf, version),
-        GroupResponse::OffsetFetch(x) => x.encode(&mut buf, version),
-        GroupResponse::OffsetDelete(x) => x.encode(&mut buf, version),
-        GroupResponse::ListGroups(x) => x.encode(&mut buf, version),
-        GroupResponse::DescribeGroups(x) => x.encode(&mut buf, version),
-        GroupResponse::DeleteGroups(x) => x.encode(&mut buf, version),
-        GroupResponse::ConsumerGroupHeartbeat(x) => x.encode(&mut buf, version),
-        GroupResponse::ConsumerGroupDescribe(x) => x.encode(&mut buf, version),
+fn protocol(name: &str, metadata: &[u8]) -> JoinGroupRequestProtocol {
+    JoinGroupRequestProtocol::default()
+        .with_name(sb(name))
+        .with_metadata(Bytes::copy_from_slice(metadata))
+}
+
+fn assignment(member: &str, assignment: &[u8]) -> SyncGroupRequestAssignment {
+    SyncGroupRequestAssignment::default()
+        .with_member_id(sb(member))
+        .with_assignment(Bytes::copy_from_slice(assignment))
+}
+
+/// An OffsetCommit request of `group` from `member` at `generation` (or member epoch).
+fn commit_request(
+    group: &str,
+    member: &str,
+    generation: i32,
+    topics: Vec<OffsetCommitRequestTopic>,
+) -> OffsetCommitRequest {
+    OffsetCommitRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_generation_id_or_member_epoch(generation)
+        .with_member_id(sb(member))
+        .with_topics(topics)
+}
+
+fn commit_topic(name: &str, partitions: Vec<OffsetCommitRequestPartition>) -> OffsetCommitRequestTopic {
+    OffsetCommitRequestTopic::default()
+        .with_name(TopicName(sb(name)))
+        .with_partitions(partitions)
+}
+
+/// An OffsetFetch request (the single-group form) of `topic` partitions.
+fn fetch_request(group: &str, topic: &str, partitions: &[i32]) -> OffsetFetchRequest {
+    OffsetFetchRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+            .with_name(TopicName(sb(topic)))
+            .with_partition_indexes(partitions.to_vec())]))
+}
+
+/// An OffsetDelete request of partition 0 of each of `topics`.
+fn offset_delete_request(topics: &[&str]) -> OffsetDeleteRequest {
+    let topic = |name: &str| {
+        OffsetDeleteRequestTopic::default()
+            .with_name(TopicName(sb(name)))
+            .with_partitions(vec![
+                OffsetDeleteRequestPartition::default().with_partition_index(0)
+            ])
     };
+    OffsetDeleteRequest::default()
+        .with_group_id(GroupId(sb(GROUP)))
+        .with_topics(topics.iter().map(|t| topic(t)).collect())
+}
+
+fn check_encodes(api: ApiKey, version: i16, r: &GroupResponse) {
+    macro_rules! encode {
+        ($($variant:ident),*) => {
+            match r {
+                $(GroupResponse::$variant(x) => x.encode(&mut BytesMut::new(), version),)*
+            }
+        };
+    }
+    let res = encode!(
+        JoinGroup,
+        SyncGroup,
+        Heartbeat,
+        LeaveGroup,
+        OffsetCommit,
+        OffsetFetch,
+        OffsetDelete,
+        ListGroups,
+        DescribeGroups,
+        DeleteGroups,
+        ConsumerGroupHeartbeat,
+        ConsumerGroupDescribe
+    );
     if let Err(e) = res {
         panic!("{api:?} v{version} response does not encode: {e}: {r:?}");
     }
 }
 
-/// Joins `ids` together, with a 100 ms initial rebalance delay so that they all make the first
-/// generation; returns their answers.
-fn join_all(h: &mut H, ids: &[String]) -> Vec<JoinGroupResponse> {
+/// Sends `joins` (member id, instance id, "range" metadata) as v5 JoinGroups with a 100 ms initial
+/// rebalance delay, so that they all make the first generation; returns their answers. The delay
+/// stays at 100 ms.
+fn join_delayed(h: &mut H, joins: &[(&str, Option<&str>, &[u8])]) -> Vec<JoinGroupResponse> {
     h.c.config.initial_rebalance_delay_ms = 100;
-    let tokens: Vec<u64> = ids
+    let tokens: Vec<u64> = joins
         .iter()
-        .map(|id| h.join(5, id, None, &[("range", b"m")]))
+        .map(|(id, instance, metadata)| h.join(5, id, *instance, &[("range", metadata)]))
         .collect();
     h.advance(100);
     h.advance(100);
-    h.c.config.initial_rebalance_delay_ms = 0;
     tokens
         .iter()
         .map(|t| h.join_resp(*t).expect("join answered"))
         .collect()
+}
+
+/// Joins `ids` together (see [`join_delayed`]); returns their answers.
+fn join_all(h: &mut H, ids: &[String]) -> Vec<JoinGroupResponse> {
+    let joins: Vec<(&str, Option<&str>, &[u8])> =
+        ids.iter().map(|id| (id.as_str(), None, &b"m"[..])).collect();
+    let answers = join_delayed(h, &joins);
+    h.c.config.initial_rebalance_delay_ms = 0;
+    answers
+}
+
+/// Two new members join together (see [`join_all`]): their answers, the leader's id and the
+/// follower's.
+fn join_pair(h: &mut H) -> (Vec<JoinGroupResponse>, String, String) {
+    let (a, b) = (h.join_new(), h.join_new());
+    let answers = join_all(h, &[a.clone(), b.clone()]);
+    let leader = answers[0].leader.to_string();
+    let follower = if leader == a { b } else { a };
+    (answers, leader, follower)
+}
+
+/// Two static members, inst-a and inst-b, join an empty group together (see [`join_delayed`]).
+fn join_static_pair(h: &mut H) -> (JoinGroupResponse, JoinGroupResponse) {
+    let mut answers = join_delayed(h, &[("", Some("inst-a"), b"a"), ("", Some("inst-b"), b"b")]);
+    let rb = answers.pop().expect("two answers");
+    (answers.pop().expect("two answers"), rb)
 }
 
 /// Joins `n` members (v5 with MEMBER_ID_REQUIRED) and completes the rebalance: returns the
@@ -485,15 +565,10 @@ fn classic_three_members_join_sync_and_one_leaves() {
     let leave = LeaveGroupRequest::default()
         .with_group_id(GroupId(sb(GROUP)))
         .with_members(vec![MemberIdentity::default().with_member_id(sb(&m2))]);
-    let lt = h.send(ApiKey::LeaveGroup, 4, "client", GroupRequest::LeaveGroup(leave));
-    match h.take(lt) {
-        Some(GroupResponse::LeaveGroup(r)) => {
-            assert_eq!(r.error_code, 0);
-            assert_eq!(r.members.len(), 1);
-            assert_eq!(r.members[0].error_code, 0);
-        }
-        other => panic!("{other:?}"),
-    }
+    let r = h.answer(ApiKey::LeaveGroup, 4, "client", leave);
+    assert_eq!(r.error_code, 0);
+    assert_eq!(r.members.len(), 1);
+    assert_eq!(r.members[0].error_code, 0);
     assert_eq!(
         h.heartbeat(&m1, 2, None),
         ResponseError::RebalanceInProgress.code()
@@ -602,24 +677,17 @@ fn member_id_required_flow_and_pending_expiry() {
         Some(ResponseError::UnknownMemberId.code())
     );
     // Empty group id, bad session timeout.
-    let bad = JoinGroupRequest::default()
-        .with_group_id(GroupId(sb("")))
-        .with_session_timeout_ms(10_000)
-        .with_protocol_type(sb("consumer"));
-    let t = h.send(ApiKey::JoinGroup, 5, "c", GroupRequest::JoinGroup(bad));
-    assert_eq!(
-        h.join_resp(t).unwrap().error_code,
-        ResponseError::InvalidGroupId.code()
-    );
-    let bad = JoinGroupRequest::default()
-        .with_group_id(GroupId(sb("other")))
-        .with_session_timeout_ms(10)
-        .with_protocol_type(sb("consumer"));
-    let t = h.send(ApiKey::JoinGroup, 0, "c", GroupRequest::JoinGroup(bad));
-    assert_eq!(
-        h.join_resp(t).unwrap().error_code,
-        ResponseError::InvalidSessionTimeout.code()
-    );
+    for (group, session_timeout_ms, version, error) in [
+        ("", 10_000, 5, ResponseError::InvalidGroupId),
+        ("other", 10, 0, ResponseError::InvalidSessionTimeout),
+    ] {
+        let bad = JoinGroupRequest::default()
+            .with_group_id(GroupId(sb(group)))
+            .with_session_timeout_ms(session_timeout_ms)
+            .with_protocol_type(sb("consumer"));
+        let r = h.answer(ApiKey::JoinGroup, version, "c", bad);
+        assert_eq!(r.error_code, error.code(), "group {group:?}");
+    }
     // Inconsistent protocol type in a non-empty group. (The v3 member never heartbeated: its
     // session expired and the group is empty again.)
     assert_eq!(h.group_state(), Some("Empty"));
@@ -629,9 +697,8 @@ fn member_id_required_flow_and_pending_expiry() {
         .with_session_timeout_ms(10_000)
         .with_protocol_type(sb("connect"))
         .with_protocols(vec![JoinGroupRequestProtocol::default().with_name(sb("range"))]);
-    let t = h.send(ApiKey::JoinGroup, 2, "c", GroupRequest::JoinGroup(other));
     assert_eq!(
-        h.join_resp(t).unwrap().error_code,
+        h.answer(ApiKey::JoinGroup, 2, "c", other).error_code,
         ResponseError::InconsistentGroupProtocol.code()
     );
 }
@@ -640,8 +707,7 @@ fn member_id_required_flow_and_pending_expiry() {
 fn rebalance_timeout_removes_members_that_do_not_rejoin() {
     let mut h = H::new();
     let (ids, gen) = stable_group(&mut h, 3);
-    let newcomer = h.join_new();
-    let tn = h.join(5, &newcomer, None, &[("range", b"n")]);
+    let (_, tn) = h.join_newcomer(b"n");
     // Only ids[0] rejoins; the rebalance timeout (30 s) ends the join phase without the others.
     let t0 = h.join(5, &ids[0], None, &[("range", b"m")]);
     h.advance(9_000);
@@ -649,84 +715,62 @@ fn rebalance_timeout_removes_members_that_do_not_rejoin() {
     // The silent members are not in the join phase: their sessions (10 s) expire before the
     // rebalance timeout (30 s), which removes them and completes the join.
     h.advance(1_001);
-    let r0 = h.join_resp(t0);
-    let rn = h.join_resp(tn);
+    let (r0, rn) = (h.join_resp(t0), h.join_resp(tn));
     assert!(
         r0.is_some() && rn.is_some(),
         "the join completed once silent members expired"
     );
     let (r0, rn) = (r0.unwrap(), rn.unwrap());
-    assert_eq!(r0.generation_id, gen + 1);
-    assert_eq!(rn.generation_id, gen + 1);
+    assert_eq!((r0.generation_id, rn.generation_id), (gen + 1, gen + 1));
     let leader_view = if r0.members.is_empty() { &rn } else { &r0 };
     assert_eq!(
         leader_view.members.len(),
         2,
         "the two silent members were removed"
     );
-    assert_eq!(
-        h.heartbeat(&ids[1], gen, None),
-        ResponseError::UnknownMemberId.code()
-    );
+    let unknown = ResponseError::UnknownMemberId.code();
+    assert_eq!(h.heartbeat(&ids[1], gen, None), unknown);
 }
 
 #[test]
 fn rebalance_timeout_when_members_keep_heartbeating() {
     let mut h = H::new();
     let (ids, gen) = stable_group(&mut h, 2);
-    let newcomer = h.join_new();
-    let tn = h.join(5, &newcomer, None, &[("range", b"n")]);
+    let (_, tn) = h.join_newcomer(b"n");
+    let rebalancing = ResponseError::RebalanceInProgress.code();
     // ids[1] keeps heartbeating (REBALANCE_IN_PROGRESS) but never rejoins; ids[0] rejoins late.
     for _ in 0..5 {
         h.advance(5_000);
-        assert_eq!(
-            h.heartbeat(&ids[1], gen, None),
-            ResponseError::RebalanceInProgress.code()
-        );
-        assert_eq!(
-            h.heartbeat(&ids[0], gen, None),
-            ResponseError::RebalanceInProgress.code()
-        );
+        assert_eq!(h.heartbeat(&ids[1], gen, None), rebalancing);
+        assert_eq!(h.heartbeat(&ids[0], gen, None), rebalancing);
     }
     h.advance(4_000);
     let t0 = h.join(5, &ids[0], None, &[("range", b"m")]);
     assert!(h.join_resp(t0).is_none());
-    assert_eq!(
-        h.heartbeat(&ids[1], gen, None),
-        ResponseError::RebalanceInProgress.code()
-    );
+    assert_eq!(h.heartbeat(&ids[1], gen, None), rebalancing);
     h.advance(1_001); // past the 30 s rebalance timeout
     let r0 = h.join_resp(t0).expect("answered at the rebalance timeout");
     assert!(h.join_resp(tn).is_some());
     assert_eq!(r0.generation_id, gen + 1);
-    assert_eq!(
-        h.heartbeat(&ids[1], gen, None),
-        ResponseError::UnknownMemberId.code()
-    );
+    let unknown = ResponseError::UnknownMemberId.code();
+    assert_eq!(h.heartbeat(&ids[1], gen, None), unknown);
 }
 
 #[test]
 fn join_during_sync_and_heartbeat_after_session_expiry() {
     let mut h = H::new();
-    let a = h.join_new();
-    let b = h.join_new();
-    let answers = join_all(&mut h, &[a.clone(), b.clone()]);
-    let (ra, rb) = (&answers[0], &answers[1]);
-    assert_eq!((ra.generation_id, rb.generation_id), (1, 1));
-    let leader = ra.leader.to_string();
-    let follower = if leader == a { b.clone() } else { a.clone() };
-    let _ = rb;
+    let (answers, leader, follower) = join_pair(&mut h);
+    assert_eq!((answers[0].generation_id, answers[1].generation_id), (1, 1));
     // The follower waits for the leader; a new member joins meanwhile.
     let sf = h.sync(&follower, 1, &[]);
     assert!(h.sync_resp(sf).is_none());
-    let c = h.join_new();
-    let tc = h.join(5, &c, None, &[("range", b"c")]);
+    let (c, tc) = h.join_newcomer(b"c");
     assert_eq!(
         h.sync_resp(sf).unwrap().error_code,
         ResponseError::RebalanceInProgress.code(),
         "a waiting follower must rejoin"
     );
-    let sl = h.sync(&leader, 1, &[(&a, b"x"), (&b, b"y")]);
+    let sl = h.sync(&leader, 1, &[(&leader, b"x"), (&follower, b"y")]);
     assert_eq!(
         h.sync_resp(sl).unwrap().error_code,
         ResponseError::RebalanceInProgress.code()
@@ -755,13 +799,8 @@ fn join_during_sync_and_heartbeat_after_session_expiry() {
 fn static_member_replacement_and_fencing() {
     let mut h = H::new();
     // Static members join without MEMBER_ID_REQUIRED.
-    h.c.config.initial_rebalance_delay_ms = 100;
-    let ta = h.join(5, "", Some("inst-a"), &[("range", b"a")]);
-    let tb = h.join(5, "", Some("inst-b"), &[("range", b"b")]);
-    h.advance(100);
-    h.advance(100);
+    let (ra, rb) = join_static_pair(&mut h);
     h.c.config.initial_rebalance_delay_ms = 0;
-    let (ra, rb) = (h.join_resp(ta).unwrap(), h.join_resp(tb).unwrap());
     assert_eq!(ra.error_code, 0);
     let (a, b) = (ra.member_id.to_string(), rb.member_id.to_string());
     let gen = ra.generation_id;
@@ -813,18 +852,12 @@ fn static_member_replacement_and_fencing() {
 #[test]
 fn static_member_joining_during_rebalance_fences_the_old_waiting_join() {
     let mut h = H::new();
-    h.c.config.initial_rebalance_delay_ms = 100;
-    let ta = h.join(5, "", Some("inst-a"), &[("range", b"a")]);
-    let tb = h.join(5, "", Some("inst-b"), &[("range", b"b")]);
-    h.advance(100);
-    h.advance(100);
-    let (ra, _rb) = (h.join_resp(ta).unwrap(), h.join_resp(tb).unwrap());
+    let (ra, _rb) = join_static_pair(&mut h);
     let a = ra.member_id.to_string();
     // a rejoins (rebalance), then inst-a joins again with a new id: the old join is fenced.
     let sa = h.sync(&a, 1, &[]);
     let _ = sa;
-    let c = h.join_new();
-    let tc = h.join(5, &c, None, &[("range", b"c")]);
+    let (_, tc) = h.join_newcomer(b"c");
     let ta_old = h.join(5, &a, Some("inst-a"), &[("range", b"a")]);
     let ta_new = h.join(5, "", Some("inst-a"), &[("range", b"a")]);
     let old = h.join_resp(ta_old).unwrap();
@@ -836,8 +869,7 @@ fn static_member_joining_during_rebalance_fences_the_old_waiting_join() {
 fn offset_commit_generation_checks() {
     let mut h = H::new();
     let (ids, gen) = stable_group(&mut h, 2);
-    let t = h.commit(8, &ids[0], gen, &[("orders", 0, 10, "m")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(8, &ids[0], gen, &[("orders", 0, 10, "m")]);
     let t = h.commit(8, &ids[0], gen - 1, &[("orders", 0, 11, "")]);
     assert_eq!(
         h.commit_errors(t),
@@ -853,11 +885,9 @@ fn offset_commit_generation_checks() {
         "a simple commit to a non-empty group"
     );
     // During CompletingRebalance a commit with the new generation gets REBALANCE_IN_PROGRESS.
-    let c = h.join_new();
-    let tc = h.join(5, &c, None, &[("range", b"c")]);
+    let (_, tc) = h.join_newcomer(b"c");
     // While preparing, the current generation can still commit.
-    let t = h.commit(8, &ids[1], gen, &[("orders", 1, 20, "")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(8, &ids[1], gen, &[("orders", 1, 20, "")]);
     let t0 = h.join(5, &ids[0], None, &[("range", b"m")]);
     let t1 = h.join(5, &ids[1], None, &[("range", b"m")]);
     let r = h.join_resp(t0).unwrap();
@@ -878,32 +908,28 @@ fn offset_commit_generation_checks() {
     let errs = h.commit_errors(t);
     assert!(errs.iter().all(|e| *e != 0));
     // v9 to a group that does not exist with a generation: GROUP_ID_NOT_FOUND (v8: ILLEGAL_GENERATION).
-    let req = OffsetCommitRequest::default()
-        .with_group_id(GroupId(sb("missing")))
-        .with_generation_id_or_member_epoch(3)
-        .with_member_id(sb("m"))
-        .with_topics(vec![OffsetCommitRequestTopic::default()
-            .with_name(TopicName(sb("orders")))
-            .with_partitions(vec![OffsetCommitRequestPartition::default()])]);
-    let t = h.send(
-        ApiKey::OffsetCommit,
-        9,
-        "c",
-        GroupRequest::OffsetCommit(req.clone()),
-    );
-    assert_eq!(h.commit_errors(t), vec![ResponseError::GroupIdNotFound.code()]);
-    let t = h.send(ApiKey::OffsetCommit, 8, "c", GroupRequest::OffsetCommit(req));
-    assert_eq!(h.commit_errors(t), vec![ResponseError::IllegalGeneration.code()]);
+    let orders = commit_topic("orders", vec![OffsetCommitRequestPartition::default()]);
+    let req = commit_request("missing", "m", 3, vec![orders]);
+    for (version, error) in [
+        (9, ResponseError::GroupIdNotFound),
+        (8, ResponseError::IllegalGeneration),
+    ] {
+        let t = h.send(
+            ApiKey::OffsetCommit,
+            version,
+            "c",
+            GroupRequest::OffsetCommit(req.clone()),
+        );
+        assert_eq!(h.commit_errors(t), vec![error.code()], "v{version}");
+    }
 }
 
 #[test]
 fn offset_commit_fetch_round_trip_and_simple_commits() {
     let mut h = H::new();
     // An assign-only consumer commits with generation -1 and an empty member id.
-    let t = h.commit(2, "", -1, &[("orders", 0, 100, "meta-0"), ("orders", 3, 300, "")]);
-    assert_eq!(h.commit_errors(t), vec![0, 0]);
-    let t = h.commit(8, "", -1, &[("orders", 1, 150, "m1")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(2, "", -1, &[("orders", 0, 100, "meta-0"), ("orders", 3, 300, "")]);
+    h.commit_ok(8, "", -1, &[("orders", 1, 150, "m1")]);
     let (err, parts) = h.fetch("orders", &[0, 1, 2, 3]);
     assert_eq!(err, 0);
     assert_eq!(parts[0], (100, -1, "meta-0".to_string(), 0));
@@ -916,14 +942,8 @@ fn offset_commit_fetch_round_trip_and_simple_commits() {
     let req = OffsetFetchRequest::default()
         .with_group_id(GroupId(sb(GROUP)))
         .with_topics(None);
-    let t = h.send(ApiKey::OffsetFetch, 3, "c", GroupRequest::OffsetFetch(req));
-    match h.take(t) {
-        Some(GroupResponse::OffsetFetch(r)) => {
-            let n: usize = r.topics.iter().map(|t| t.partitions.len()).sum();
-            assert_eq!(n, 3);
-        }
-        other => panic!("{other:?}"),
-    }
+    let r = h.answer(ApiKey::OffsetFetch, 3, "c", req);
+    assert_eq!(r.topics.iter().map(|t| t.partitions.len()).sum::<usize>(), 3);
     let req = OffsetFetchRequest::default().with_groups(vec![
         OffsetFetchRequestGroup::default()
             .with_group_id(GroupId(sb(GROUP)))
@@ -932,26 +952,13 @@ fn offset_commit_fetch_round_trip_and_simple_commits() {
             .with_group_id(GroupId(sb("unknown-group")))
             .with_topics(None),
     ]);
-    let t = h.send(ApiKey::OffsetFetch, 8, "c", GroupRequest::OffsetFetch(req));
-    match h.take(t) {
-        Some(GroupResponse::OffsetFetch(r)) => {
-            assert_eq!(r.groups.len(), 2);
-            assert_eq!(r.groups[0].topics[0].partitions.len(), 3);
-            assert!(r.groups[1].topics.is_empty());
-            assert_eq!(r.groups[1].error_code, 0);
-        }
-        other => panic!("{other:?}"),
-    }
-    let req = OffsetFetchRequest::default()
-        .with_group_id(GroupId(sb(GROUP)))
-        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
-            .with_name(TopicName(sb("orders")))
-            .with_partition_indexes(vec![0])]));
-    let t = h.send(ApiKey::OffsetFetch, 1, "c", GroupRequest::OffsetFetch(req));
-    match h.take(t) {
-        Some(GroupResponse::OffsetFetch(r)) => assert_eq!(r.topics[0].partitions[0].committed_offset, 100),
-        other => panic!("{other:?}"),
-    }
+    let r = h.answer(ApiKey::OffsetFetch, 8, "c", req);
+    assert_eq!(r.groups.len(), 2);
+    assert_eq!(r.groups[0].topics[0].partitions.len(), 3);
+    assert!(r.groups[1].topics.is_empty());
+    assert_eq!(r.groups[1].error_code, 0);
+    let r = h.answer(ApiKey::OffsetFetch, 1, "c", fetch_request(GROUP, "orders", &[0]));
+    assert_eq!(r.topics[0].partitions[0].committed_offset, 100);
     // The records are Kafka's: OffsetCommitKey + OffsetCommitValue v3.
     let offsets = records_of(&h, |k| matches!(k, RecordKey::Offset { .. }));
     assert_eq!(offsets.len(), 3);
@@ -1042,14 +1049,11 @@ fn describe_list_delete_groups() {
     let t = h.commit(2, "", -1, &[("orders", 0, 1, "")]);
     assert_eq!(h.commit_errors(t), vec![ResponseError::UnknownMemberId.code()]);
     // A second, simple group with an offset.
-    let req = OffsetCommitRequest::default()
-        .with_group_id(GroupId(sb("simple")))
-        .with_generation_id_or_member_epoch(-1)
-        .with_topics(vec![OffsetCommitRequestTopic::default()
-            .with_name(TopicName(sb("orders")))
-            .with_partitions(vec![
-                OffsetCommitRequestPartition::default().with_committed_offset(5)
-            ])]);
+    let orders = commit_topic(
+        "orders",
+        vec![OffsetCommitRequestPartition::default().with_committed_offset(5)],
+    );
+    let req = commit_request("simple", "", -1, vec![orders]);
     let t = h.send(ApiKey::OffsetCommit, 8, "c", GroupRequest::OffsetCommit(req));
     assert_eq!(h.commit_errors(t), vec![0]);
 
@@ -1143,58 +1147,26 @@ fn describe_list_delete_groups() {
 fn offset_delete_rules() {
     let mut h = H::new();
     let (ids, gen) = stable_group(&mut h, 1);
-    let t = h.commit(8, &ids[0], gen, &[("orders", 0, 1, ""), ("audit", 0, 1, "")]);
-    assert_eq!(h.commit_errors(t), vec![0, 0]);
-    let del = |topic: &str| {
-        OffsetDeleteRequest::default()
-            .with_group_id(GroupId(sb(GROUP)))
-            .with_topics(vec![OffsetDeleteRequestTopic::default()
-                .with_name(TopicName(sb(topic)))
-                .with_partitions(vec![
-                    OffsetDeleteRequestPartition::default().with_partition_index(0)
-                ])])
-    };
+    h.commit_ok(8, &ids[0], gen, &[("orders", 0, 1, ""), ("audit", 0, 1, "")]);
+    let delete_audit = offset_delete_request(&["audit"]);
     // The members' metadata ("m") is not a consumer-protocol subscription: every topic counts as
     // subscribed.
-    let t = h.send(
-        ApiKey::OffsetDelete,
-        0,
-        "c",
-        GroupRequest::OffsetDelete(del("audit")),
-    );
-    match h.take(t) {
-        Some(GroupResponse::OffsetDelete(r)) => {
-            assert_eq!(
-                r.topics[0].partitions[0].error_code,
-                ResponseError::GroupSubscribedToTopic.code()
-            )
-        }
-        other => panic!("{other:?}"),
-    }
+    let r = h.answer(ApiKey::OffsetDelete, 0, "c", delete_audit.clone());
+    let subscribed = ResponseError::GroupSubscribedToTopic.code();
+    assert_eq!(r.topics[0].partitions[0].error_code, subscribed);
     // Once the group is empty, offsets can be deleted.
     let leave = LeaveGroupRequest::default()
         .with_group_id(GroupId(sb(GROUP)))
         .with_member_id(sb(&ids[0]));
-    let t = h.send(ApiKey::LeaveGroup, 1, "c", GroupRequest::LeaveGroup(leave));
-    assert!(matches!(h.take(t), Some(GroupResponse::LeaveGroup(r)) if r.error_code == 0));
+    assert_eq!(h.answer(ApiKey::LeaveGroup, 1, "c", leave).error_code, 0);
     assert_eq!(h.group_state(), Some("Empty"));
-    let t = h.send(
-        ApiKey::OffsetDelete,
-        0,
-        "c",
-        GroupRequest::OffsetDelete(del("audit")),
-    );
-    match h.take(t) {
-        Some(GroupResponse::OffsetDelete(r)) => assert_eq!(r.topics[0].partitions[0].error_code, 0),
-        other => panic!("{other:?}"),
-    }
+    let r = h.answer(ApiKey::OffsetDelete, 0, "c", delete_audit);
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
     let (_, parts) = h.fetch("audit", &[0]);
     assert_eq!(parts[0].0, -1);
     let req = OffsetDeleteRequest::default().with_group_id(GroupId(sb("nope")));
-    let t = h.send(ApiKey::OffsetDelete, 0, "c", GroupRequest::OffsetDelete(req));
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::OffsetDelete(r)) if r.error_code == ResponseError::GroupIdNotFound.code())
-    );
+    let r = h.answer(ApiKey::OffsetDelete, 0, "c", req);
+    assert_eq!(r.error_code, ResponseError::GroupIdNotFound.code());
 }
 
 #[test]
@@ -1203,8 +1175,7 @@ fn offsets_retention_expires_offsets_of_empty_groups() {
     cfg.offsets_retention_ms = 60_000;
     cfg.offsets_retention_check_interval_ms = 10_000;
     let mut h = H::with_config(cfg);
-    let t = h.commit(8, "", -1, &[("orders", 0, 1, "")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(8, "", -1, &[("orders", 0, 1, "")]);
     h.advance(30_000);
     assert_eq!(h.fetch("orders", &[0]).1[0].0, 1);
     for _ in 0..4 {
@@ -1220,8 +1191,7 @@ fn offsets_retention_expires_offsets_of_empty_groups() {
 
     // A stable group's offsets do not expire.
     let (ids, gen) = stable_group(&mut h, 1);
-    let t = h.commit(8, &ids[0], gen, &[("orders", 2, 9, "")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(8, &ids[0], gen, &[("orders", 2, 9, "")]);
     for _ in 0..10 {
         h.advance(5_000);
         assert_eq!(h.heartbeat(&ids[0], gen, None), 0);
@@ -1233,8 +1203,7 @@ fn offsets_retention_expires_offsets_of_empty_groups() {
 fn restart_replays_offsets_and_groups() {
     let mut h = H::new();
     let (ids, gen) = stable_group(&mut h, 2);
-    let t = h.commit(8, &ids[0], gen, &[("orders", 0, 42, "meta")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(8, &ids[0], gen, &[("orders", 0, 42, "meta")]);
     let t = h.commit(2, "", -1, &[]);
     let _ = h.take(t);
     // A KIP-848 group on the same coordinator.
@@ -1368,16 +1337,7 @@ impl Sim {
     fn heartbeat(&mut self, h: &mut H, i: usize) -> i16 {
         let req = self.request(i);
         let name = self.clients[i].name.clone();
-        let t = h.send(
-            ApiKey::ConsumerGroupHeartbeat,
-            1,
-            &name,
-            GroupRequest::ConsumerGroupHeartbeat(req),
-        );
-        let r = match h.take(t) {
-            Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
-            other => panic!("{other:?}"),
-        };
+        let r = h.answer(ApiKey::ConsumerGroupHeartbeat, 1, &name, req);
         self.apply(h, i, &r);
         r.error_code
     }
@@ -1440,16 +1400,8 @@ impl Sim {
     fn leave(&mut self, h: &mut H, i: usize) {
         let mut req = self.request(i);
         req.member_epoch = -1;
-        let t = h.send(
-            ApiKey::ConsumerGroupHeartbeat,
-            1,
-            "c",
-            GroupRequest::ConsumerGroupHeartbeat(req),
-        );
-        let r = h.take(t);
-        assert!(
-            matches!(r, Some(GroupResponse::ConsumerGroupHeartbeat(ref r)) if r.error_code == 0 && r.member_epoch == -1)
-        );
+        let r = h.consumer_heartbeat(req);
+        assert_eq!((r.error_code, r.member_epoch), (0, -1));
         let c = &mut self.clients[i];
         c.alive = false;
         c.owned.clear();
@@ -1487,6 +1439,15 @@ impl Sim {
             .map(|c| c.owned.len())
             .collect()
     }
+}
+
+/// A KIP-848 group of one member, "a", after a round of heartbeats.
+fn group_of_one() -> (H, Sim) {
+    let mut h = H::new();
+    let mut sim = Sim::new(&mut h, GROUP);
+    sim.join(&mut h, "a");
+    sim.heartbeat_all(&mut h);
+    (h, sim)
 }
 
 #[test]
@@ -1613,26 +1574,14 @@ fn kip848_revocation_before_reassignment() {
 /// member commits the revoked partitions at its unchanged epoch in between.
 #[test]
 fn kip848_heartbeats_without_owned_partitions_release_nothing() {
-    let mut h = H::new();
-    let mut sim = Sim::new(&mut h, GROUP);
-    sim.join(&mut h, "a");
-    sim.heartbeat_all(&mut h);
+    let (mut h, mut sim) = group_of_one();
     assert_eq!(sim.counts(), vec![6]);
     let epoch = sim.clients[0].epoch;
     sim.join(&mut h, "b");
     let regular = |sim: &mut Sim, h: &mut H, i: usize| {
         let mut req = sim.request(i);
         req.topic_partitions = None;
-        let t = h.send(
-            ApiKey::ConsumerGroupHeartbeat,
-            1,
-            "c",
-            GroupRequest::ConsumerGroupHeartbeat(req),
-        );
-        let r = match h.take(t) {
-            Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
-            other => panic!("{other:?}"),
-        };
+        let r = h.consumer_heartbeat(req);
         sim.apply(h, i, &r);
         r
     };
@@ -1655,8 +1604,7 @@ fn kip848_heartbeats_without_owned_partitions_release_nothing() {
     // The callback commits the revoked partitions at a's epoch.
     let id = sim.clients[0].member_id.clone();
     let offsets: Vec<(&str, i32, i64, &str)> = revoked.iter().map(|p| ("orders", *p, 7, "")).collect();
-    let t = h.commit(9, &id, epoch, &offsets);
-    assert_eq!(h.commit_errors(t), vec![0; revoked.len()]);
+    h.commit_ok(9, &id, epoch, &offsets);
     // The acknowledgement (owned partitions without the revoked ones) releases them.
     sim.finish_revocation(0);
     assert_eq!(sim.heartbeat(&mut h, 0), 0);
@@ -1677,28 +1625,19 @@ fn kip848_heartbeats_without_owned_partitions_release_nothing() {
 
 #[test]
 fn kip848_fenced_and_stale_epochs() {
-    let mut h = H::new();
-    let mut sim = Sim::new(&mut h, GROUP);
-    sim.join(&mut h, "a");
-    sim.heartbeat_all(&mut h);
+    let (mut h, mut sim) = group_of_one();
     let epoch = sim.clients[0].epoch;
     assert!(epoch > 0);
     // A greater epoch than known: fenced.
     let mut req = sim.request(0);
     req.member_epoch = epoch + 5;
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(req),
-    );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::FencedMemberEpoch.code())
+    assert_eq!(
+        h.consumer_heartbeat(req).error_code,
+        ResponseError::FencedMemberEpoch.code()
     );
     // Commit with the current epoch works (v9); a stale epoch is STALE_MEMBER_EPOCH; v8 is refused.
     let id = sim.clients[0].member_id.clone();
-    let t = h.commit(9, &id, epoch, &[("orders", 0, 5, "")]);
-    assert_eq!(h.commit_errors(t), vec![0]);
+    h.commit_ok(9, &id, epoch, &[("orders", 0, 5, "")]);
     sim.join(&mut h, "b");
     sim.heartbeat_all(&mut h);
     sim.heartbeat_all(&mut h);
@@ -1719,39 +1658,24 @@ fn kip848_fenced_and_stale_epochs() {
     // Unknown member with a positive epoch.
     let mut req = sim.request(0);
     req.member_id = sb("ghost");
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(req),
-    );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::UnknownMemberId.code())
+    assert_eq!(
+        h.consumer_heartbeat(req).error_code,
+        ResponseError::UnknownMemberId.code()
     );
     // Invalid requests.
     let mut req = sim.request(0);
     req.member_epoch = 0;
     req.topic_partitions = Some(vec![]);
     req.server_assignor = Some(sb("sticky"));
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(req),
-    );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::UnsupportedAssignor.code())
+    assert_eq!(
+        h.consumer_heartbeat(req).error_code,
+        ResponseError::UnsupportedAssignor.code()
     );
     let mut req = sim.request(0);
     req.member_id = sb("");
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(req),
-    );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::InvalidRequest.code())
+    assert_eq!(
+        h.consumer_heartbeat(req).error_code,
+        ResponseError::InvalidRequest.code()
     );
     // A classic join to a consumer group with members.
     let t = h.join(5, "", None, &[("range", b"m")]);
@@ -1775,15 +1699,20 @@ fn kip848_fenced_and_stale_epochs() {
         instance: None,
     });
     let req = sim2.request(0);
-    let t = h2.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(req),
+    assert_eq!(
+        h2.consumer_heartbeat(req).error_code,
+        ResponseError::GroupIdNotFound.code()
     );
-    assert!(
-        matches!(h2.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::GroupIdNotFound.code())
-    );
+}
+
+/// How many partitions a heartbeat's answer assigns.
+fn assigned_count(r: &ConsumerGroupHeartbeatResponse) -> usize {
+    let assignment = r.assignment.as_ref().expect("an assignment");
+    assignment
+        .topic_partitions
+        .iter()
+        .map(|t| t.partitions.len())
+        .sum()
 }
 
 #[test]
@@ -1799,134 +1728,58 @@ fn kip848_v0_member_ids_static_members_and_regex() {
         .with_topic_partitions(Some(vec![]));
     let mut with_regex = req.clone();
     with_regex.subscribed_topic_regex = Some(sb("ord.*|aud[a-z]+"));
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(with_regex.clone()),
-    );
-    let r = match h.take(t) {
-        Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
-        other => panic!("{other:?}"),
-    };
+    let r = h.consumer_heartbeat(with_regex.clone());
     assert_eq!(
         r.error_code,
         ResponseError::InvalidRequest.code(),
         "v1 needs a client member id"
     );
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        0,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(with_regex.clone()),
-    );
-    let r = match h.take(t) {
-        Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
-        other => panic!("{other:?}"),
-    };
+    let r = h.answer(ApiKey::ConsumerGroupHeartbeat, 0, "c", with_regex.clone());
     assert_eq!(r.error_code, 0);
     let member = r.member_id.clone().unwrap().to_string();
     assert_eq!(member.len(), 22, "Kafka's Uuid string");
-    let n: usize = r
-        .assignment
-        .as_ref()
-        .unwrap()
-        .topic_partitions
-        .iter()
-        .map(|t| t.partitions.len())
-        .sum();
-    assert_eq!(n, 9, "the regex matches orders (6) and audit (3)");
+    assert_eq!(
+        assigned_count(&r),
+        9,
+        "the regex matches orders (6) and audit (3)"
+    );
     // A second instance with the same instance id: UNRELEASED_INSTANCE_ID.
     let mut other = with_regex.clone();
     other.member_id = sb("other");
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(other.clone()),
-    );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::UnreleasedInstanceId.code())
+    assert_eq!(
+        h.consumer_heartbeat(other.clone()).error_code,
+        ResponseError::UnreleasedInstanceId.code()
     );
     // The static member leaves temporarily (epoch -2); the new instance takes its assignment.
     let mut leave = with_regex.clone();
     leave.member_id = sb(&member);
     leave.member_epoch = -2;
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(leave),
-    );
-    assert!(matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.member_epoch == -2));
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(other),
-    );
-    let r = match h.take(t) {
-        Some(GroupResponse::ConsumerGroupHeartbeat(r)) => r,
-        other => panic!("{other:?}"),
-    };
+    assert_eq!(h.consumer_heartbeat(leave).member_epoch, -2);
+    let r = h.consumer_heartbeat(other);
     assert_eq!(r.error_code, 0);
-    let n: usize = r
-        .assignment
-        .as_ref()
-        .unwrap()
-        .topic_partitions
-        .iter()
-        .map(|t| t.partitions.len())
-        .sum();
-    assert_eq!(n, 9, "the replacement keeps the partitions");
+    assert_eq!(assigned_count(&r), 9, "the replacement keeps the partitions");
     // The old id is fenced now.
     let mut old = with_regex;
     old.member_id = sb(&member);
     old.member_epoch = 3;
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(old),
-    );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::FencedInstanceId.code())
+    assert_eq!(
+        h.consumer_heartbeat(old).error_code,
+        ResponseError::FencedInstanceId.code()
     );
     // Bad regex.
     let mut bad = req;
     bad.member_id = sb("z");
     bad.subscribed_topic_regex = Some(sb("(unclosed"));
-    let t = h.send(
-        ApiKey::ConsumerGroupHeartbeat,
-        1,
-        "c",
-        GroupRequest::ConsumerGroupHeartbeat(bad),
+    assert_eq!(
+        h.consumer_heartbeat(bad).error_code,
+        ResponseError::InvalidRegularExpression.code()
     );
-    assert!(
-        matches!(h.take(t), Some(GroupResponse::ConsumerGroupHeartbeat(r)) if r.error_code == ResponseError::InvalidRegularExpression.code())
-    );
-}
-
-/// Small splitmix64 for the simulation.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 fn simulate(seed: u64) -> Result<usize, String> {
-    std::panic::catch_unwind(|| {
+    testkit::catch(|| {
         let mut h = H::new();
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let mut sim = Sim::new(&mut h, GROUP);
         for step in 0..400 {
             let alive: Vec<usize> = (0..sim.clients.len()).filter(|i| sim.clients[*i].alive).collect();
@@ -1980,22 +1833,12 @@ fn simulate(seed: u64) -> Result<usize, String> {
         }
         sim.handovers
     })
-    .map_err(|e| {
-        e.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default()
-    })
 }
 
 #[test]
 fn kip848_random_interleavings_never_two_owners() {
-    let seeds: Vec<u64> = match std::env::var("STRAND_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("STRAND_SIM_SEED is a number")],
-        Err(_) => (1..=40).collect(),
-    };
     let mut handovers = 0;
-    for seed in seeds {
+    for seed in testkit::seeds("STRAND_SIM_SEED", 40) {
         match simulate(seed) {
             Ok(n) => handovers += n,
             Err(e) => panic!("simulation failed with seed {seed} (replay: STRAND_SIM_SEED={seed}): {e}"),
@@ -2029,30 +1872,16 @@ fn offset_delete_of_a_stable_consumer_group_checks_its_subscriptions() {
         &[("orders", 0, 1, ""), ("audit", 0, 1, "")],
     );
     assert_eq!(h.commit_errors(t), vec![0, 0]);
-    let req = OffsetDeleteRequest::default()
-        .with_group_id(GroupId(sb(GROUP)))
-        .with_topics(
-            ["orders", "audit"]
-                .iter()
-                .map(|t| {
-                    OffsetDeleteRequestTopic::default()
-                        .with_name(TopicName(sb(t)))
-                        .with_partitions(vec![OffsetDeleteRequestPartition::default()])
-                })
-                .collect(),
-        );
-    let t = h.send(ApiKey::OffsetDelete, 0, "c", GroupRequest::OffsetDelete(req));
-    match h.take(t) {
-        Some(GroupResponse::OffsetDelete(r)) => {
-            assert_eq!(r.error_code, 0);
-            assert_eq!(
-                r.topics[0].partitions[0].error_code,
-                ResponseError::GroupSubscribedToTopic.code()
-            );
-            assert_eq!(r.topics[1].partitions[0].error_code, 0);
-        }
-        other => panic!("{other:?}"),
-    }
+    let r = h.answer(
+        ApiKey::OffsetDelete,
+        0,
+        "c",
+        offset_delete_request(&["orders", "audit"]),
+    );
+    assert_eq!(r.error_code, 0);
+    let subscribed = ResponseError::GroupSubscribedToTopic.code();
+    assert_eq!(r.topics[0].partitions[0].error_code, subscribed);
+    assert_eq!(r.topics[1].partitions[0].error_code, 0);
     assert_eq!(h.fetch("orders", &[0]).1[0].0, 1);
     assert_eq!(h.fetch("audit", &[0]).1[0].0, -1);
 }
@@ -2060,11 +1889,7 @@ fn offset_delete_of_a_stable_consumer_group_checks_its_subscriptions() {
 #[test]
 fn cancel_drops_parked_and_deferred_answers() {
     let mut h = H::new();
-    let a = h.join_new();
-    let b = h.join_new();
-    let answers = join_all(&mut h, &[a.clone(), b.clone()]);
-    let leader = answers[0].leader.to_string();
-    let follower = if leader == a { b } else { a };
+    let (_, leader, follower) = join_pair(&mut h);
     let s = h.sync(&follower, 1, &[]);
     let a = h.c.cancel(RequestToken(s));
     h.process(a);
@@ -2086,41 +1911,29 @@ fn cancel_drops_parked_and_deferred_answers() {
 
 /// OffsetCommit v9 of `offsets` (topic, partition, offset) for any group; the error codes.
 fn commit_to(h: &mut H, group: &str, member: &str, epoch: i32, offsets: &[(&str, i32, i64)]) -> Vec<i16> {
-    let req = OffsetCommitRequest::default()
-        .with_group_id(GroupId(sb(group)))
-        .with_generation_id_or_member_epoch(epoch)
-        .with_member_id(sb(member))
-        .with_topics(
-            offsets
-                .iter()
-                .map(|(t, p, o)| {
-                    OffsetCommitRequestTopic::default()
-                        .with_name(TopicName(sb(t)))
-                        .with_partitions(vec![OffsetCommitRequestPartition::default()
-                            .with_partition_index(*p)
-                            .with_committed_offset(*o)])
-                })
-                .collect(),
-        );
+    let partition = |p: i32, o: i64| {
+        OffsetCommitRequestPartition::default()
+            .with_partition_index(p)
+            .with_committed_offset(o)
+    };
+    let topics = offsets
+        .iter()
+        .map(|(t, p, o)| commit_topic(t, vec![partition(*p, *o)]));
+    let req = commit_request(group, member, epoch, topics.collect());
     let t = h.send(ApiKey::OffsetCommit, 9, "c", GroupRequest::OffsetCommit(req));
     h.commit_errors(t)
 }
 
 /// The committed offset of one partition for any group (-1: none).
 fn committed_of(h: &mut H, group: &str, topic: &str, partition: i32) -> i64 {
-    let req = OffsetFetchRequest::default()
-        .with_group_id(GroupId(sb(group)))
-        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
-            .with_name(TopicName(sb(topic)))
-            .with_partition_indexes(vec![partition])]));
-    let t = h.send(ApiKey::OffsetFetch, 7, "c", GroupRequest::OffsetFetch(req));
-    match h.take(t) {
-        Some(GroupResponse::OffsetFetch(r)) => {
-            assert_eq!(r.error_code, 0);
-            r.topics[0].partitions[0].committed_offset
-        }
-        other => panic!("fetch: {other:?}"),
-    }
+    let r = h.answer(
+        ApiKey::OffsetFetch,
+        7,
+        "c",
+        fetch_request(group, topic, &[partition]),
+    );
+    assert_eq!(r.error_code, 0);
+    r.topics[0].partitions[0].committed_offset
 }
 
 /// A restart: a fresh coordinator loads every partition from what the log holds.
@@ -2225,13 +2038,17 @@ fn deleting_a_topic_deletes_the_offsets_of_every_kind_of_group() {
     assert_eq!(committed_of(&mut h, "cg", "audit", 2), 3);
 }
 
+/// A coordinator where GROUP committed, as a simple group, offset 10 of orders-0 and 1 of audit-0.
+fn simple_offsets() -> H {
+    let mut h = H::new();
+    let offsets = [("orders", 0, 10), ("audit", 0, 1)];
+    assert_eq!(commit_to(&mut h, GROUP, "", -1, &offsets), vec![0, 0]);
+    h
+}
+
 #[test]
 fn a_topic_deleted_while_a_partition_loads_loses_its_offsets_when_the_load_ends() {
-    let mut h = H::new();
-    assert_eq!(
-        commit_to(&mut h, GROUP, "", -1, &[("orders", 0, 10), ("audit", 0, 1)]),
-        vec![0, 0]
-    );
+    let mut h = simple_offsets();
     let p = h.c.partition_of(GROUP);
     // The partition is being loaded again (after a failed write) when the topic is deleted: the
     // records read so far, and those still to come, hold the topic's offsets.
@@ -2259,11 +2076,7 @@ fn a_topic_deleted_while_a_partition_loads_loses_its_offsets_when_the_load_ends(
 
 #[test]
 fn a_load_removes_the_offsets_of_topics_deleted_before_their_tombstones_were_durable() {
-    let mut h = H::new();
-    assert_eq!(
-        commit_to(&mut h, GROUP, "", -1, &[("orders", 0, 10), ("audit", 0, 1)]),
-        vec![0, 0]
-    );
+    let mut h = simple_offsets();
     assert_eq!(commit_to(&mut h, "other", "", -1, &[("orders", 3, 7)]), vec![0]);
     // The topic is deleted and the broker crashes before the tombstones are written: the log
     // still holds the offsets.

@@ -321,127 +321,38 @@ mod tests {
 
     #[test]
     fn out_of_range_settings_are_refused() {
-        let bad: Vec<(&str, QueueConfig)> = vec![
-            (
-                "max_attempts",
-                QueueConfig {
-                    max_attempts: 0,
-                    ..Default::default()
-                },
-            ),
-            (
-                "max_attempts",
-                QueueConfig {
-                    max_attempts: 1001,
-                    ..Default::default()
-                },
-            ),
-            (
-                "visibility",
-                QueueConfig {
-                    min_visibility_ms: 0,
-                    ..Default::default()
-                },
-            ),
-            (
-                "visibility",
-                QueueConfig {
-                    default_visibility_ms: 500,
-                    ..Default::default()
-                },
-            ),
-            (
-                "visibility",
-                QueueConfig {
-                    max_visibility_ms: MAX_VISIBILITY_MS + 1,
-                    max_lease_lifetime_ms: MAX_VISIBILITY_MS + 1,
-                    ..Default::default()
-                },
-            ),
-            (
-                "lifetime",
-                QueueConfig {
-                    max_lease_lifetime_ms: 1,
-                    ..Default::default()
-                },
-            ),
-            (
-                "backoff",
-                QueueConfig {
-                    backoff: Backoff {
-                        base_ms: 10,
-                        multiplier: 0.5,
-                        max_ms: 100,
-                    },
-                    ..Default::default()
-                },
-            ),
-            (
-                "backoff",
-                QueueConfig {
-                    backoff: Backoff {
-                        base_ms: 10,
-                        multiplier: f64::NAN,
-                        max_ms: 100,
-                    },
-                    ..Default::default()
-                },
-            ),
-            (
-                "backoff",
-                QueueConfig {
-                    backoff: Backoff {
-                        base_ms: 101,
-                        multiplier: 2.0,
-                        max_ms: 100,
-                    },
-                    ..Default::default()
-                },
-            ),
-            (
-                "max_window",
-                QueueConfig {
-                    max_window: 0,
-                    ..Default::default()
-                },
-            ),
-            (
-                "max_lease_batch",
-                QueueConfig {
-                    max_lease_batch: 0,
-                    ..Default::default()
-                },
-            ),
-            (
-                "max_delay_ms",
-                QueueConfig {
-                    max_delay_ms: MAX_DELAY_MS + 1,
-                    ..Default::default()
-                },
-            ),
-            (
-                "dedup_window_ms",
-                QueueConfig {
-                    dedup_window_ms: MAX_DEDUP_WINDOW_MS + 1,
-                    ..Default::default()
-                },
-            ),
-            (
-                "max_message_bytes",
-                QueueConfig {
-                    max_message_bytes: 0,
-                    ..Default::default()
-                },
-            ),
-            (
-                "generation_block",
-                QueueConfig {
-                    generation_block: 1,
-                    ..Default::default()
-                },
-            ),
+        fn backoff(base_ms: u64, multiplier: f64, max_ms: u64) -> Backoff {
+            Backoff {
+                base_ms,
+                multiplier,
+                max_ms,
+            }
+        }
+        /// Sets a field of the defaults wrong.
+        type Breaks = fn(&mut QueueConfig);
+        let bad: [(&str, Breaks); 15] = [
+            ("max_attempts", |c| c.max_attempts = 0),
+            ("max_attempts", |c| c.max_attempts = 1001),
+            ("visibility", |c| c.min_visibility_ms = 0),
+            ("visibility", |c| c.default_visibility_ms = 500),
+            ("visibility", |c| {
+                c.max_visibility_ms = MAX_VISIBILITY_MS + 1;
+                c.max_lease_lifetime_ms = MAX_VISIBILITY_MS + 1;
+            }),
+            ("lifetime", |c| c.max_lease_lifetime_ms = 1),
+            ("backoff", |c| c.backoff = backoff(10, 0.5, 100)),
+            ("backoff", |c| c.backoff = backoff(10, f64::NAN, 100)),
+            ("backoff", |c| c.backoff = backoff(101, 2.0, 100)),
+            ("max_window", |c| c.max_window = 0),
+            ("max_lease_batch", |c| c.max_lease_batch = 0),
+            ("max_delay_ms", |c| c.max_delay_ms = MAX_DELAY_MS + 1),
+            ("dedup_window_ms", |c| c.dedup_window_ms = MAX_DEDUP_WINDOW_MS + 1),
+            ("max_message_bytes", |c| c.max_message_bytes = 0),
+            ("generation_block", |c| c.generation_block = 1),
         ];
-        for (what, c) in bad {
+        for (what, set) in bad {
+            let mut c = QueueConfig::default();
+            set(&mut c);
             assert!(c.validate().is_err(), "{what}: {c:?}");
         }
     }

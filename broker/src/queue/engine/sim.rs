@@ -35,29 +35,24 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use strand_protocol::types::{Offset, PartitionId};
 
+use super::tests::{Caller, LogEntry};
 use super::*;
+use crate::testkit::SplitMix64;
 
 const P: PartitionId = PartitionId(3);
 const CONSUMERS: usize = 4;
 const KEYS: u8 = 4;
 
-/// SplitMix64: small, seedable, good enough to drive a simulation.
-struct Rng(u64);
+/// The crate's simulation generator, with ranges and odds.
+struct Rng(SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
+    /// A number below `n`; 0, drawing nothing, when `n` is 0.
     fn below(&mut self, n: u64) -> u64 {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.0.below(n)
         }
     }
 
@@ -68,17 +63,6 @@ impl Rng {
     fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
-}
-
-#[derive(Debug, Clone)]
-struct LogEntry {
-    /// A control record: no deliverable message at this offset.
-    gap: bool,
-    key: Option<Vec<u8>>,
-    timestamp_ms: i64,
-    deliver_at_ms: i64,
-    token: Option<Vec<u8>>,
-    message_id: Option<MessageId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +106,18 @@ struct CopyView {
     ever_delayed: bool,
 }
 
+impl CopyView {
+    /// Counts an ack sent in `life` (those of an earlier life went with it).
+    fn ack_sent_in(&mut self, life: u32) {
+        if self.ack_life != life {
+            self.acks_in_flight = 0;
+        }
+        self.ack_life = life;
+        self.acks_in_flight += 1;
+        self.ack_sent = true;
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Held {
     offset: i64,
@@ -129,6 +125,29 @@ struct Held {
     gen: u64,
     attempt: u32,
     expiry: i64,
+}
+
+impl Held {
+    /// A settle of this lease, fenced by its generation.
+    fn settle(&self, op: SettleOp, reason: Option<String>) -> SettleItem {
+        SettleItem {
+            target: MessageRef::Id(self.id),
+            fence: Fence::Generation(Generation(self.gen)),
+            op,
+            reason,
+        }
+    }
+
+    /// What the oracle expects of a settle of this lease by `owner`.
+    fn spec(&self, owner: usize, op: SettleOp, by_owner: bool) -> SettleSpec {
+        SettleSpec {
+            offset: self.offset,
+            gen: self.gen,
+            owner,
+            op,
+            by_owner,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -243,7 +262,7 @@ macro_rules! check {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(SplitMix64(seed));
         let ordering = if rng.chance(40) {
             Ordering::Key
         } else {
@@ -328,48 +347,6 @@ impl Sim {
     }
 
     // ----- the caller's side: actions ------------------------------------------------------
-
-    fn pump(&mut self) {
-        loop {
-            let actions = self.q.poll_actions();
-            if actions.is_empty() {
-                break;
-            }
-            for a in actions {
-                match a {
-                    Action::Persist {
-                        write_id,
-                        records,
-                        snapshot,
-                    } => {
-                        self.t(|| {
-                            format!(
-                                "persist {write_id:?} ({} records, snapshot {snapshot})",
-                                records.len()
-                            )
-                        });
-                        self.writes.push(Write {
-                            id: write_id,
-                            records: records.iter().map(StateRecord::to_bytes).collect(),
-                            snapshot,
-                        });
-                    }
-                    Action::Reply { request, reply } => {
-                        let seq = self
-                            .request_seq
-                            .remove(&request)
-                            .expect("reply to an unknown request");
-                        let call = self.calls.get_mut(&seq).expect("reply to a forgotten call");
-                        check!(self, call.reply.is_none(), "two replies to one request");
-                        call.reply = Some(reply);
-                    }
-                    Action::DeadLetter(req) => self.on_dead_letter(req),
-                    Action::WakeAt(_) => {}
-                }
-            }
-        }
-        self.process_calls();
-    }
 
     fn on_dead_letter(&mut self, req: DeadLetterRequest) {
         self.t(|| format!("dead-letter request {req:?}"));
@@ -614,6 +591,8 @@ impl Sim {
                     v.gen == spec.gen
                 }
         });
+        // Whether the engine may take a settle that needs a valid lease.
+        let may_settle = valid_now.is_some() || self.uncertain;
         self.t(|| {
             format!(
                 "settled {off} gen {} {:?}: {r:?} (valid now {valid_now:?}, oracle {:?}, engine {:?})",
@@ -663,11 +642,7 @@ impl Sim {
                             attempts,
                         },
                     ) => {
-                        check!(
-                            self,
-                            valid_now.is_some() || self.uncertain,
-                            "nack of {off} accepted without a valid lease"
-                        );
+                        check!(self, may_settle, "nack of {off} accepted without a valid lease");
                         let attempt = valid_now.map_or(attempts, |v| v.attempt);
                         check!(
                             self,
@@ -685,11 +660,7 @@ impl Sim {
                         c.valid = None;
                     }
                     (SettleOp::Nack { .. }, Outcome::DeadLettered { cause, attempts }) => {
-                        check!(
-                            self,
-                            valid_now.is_some() || self.uncertain,
-                            "nack of {off} accepted without a valid lease"
-                        );
+                        check!(self, may_settle, "nack of {off} accepted without a valid lease");
                         let attempt = valid_now.map_or(attempts, |v| v.attempt);
                         check!(
                             self,
@@ -699,11 +670,7 @@ impl Sim {
                         self.copies.get_mut(&off).unwrap().valid = None;
                     }
                     (SettleOp::Reject, Outcome::DeadLettered { cause, .. }) => {
-                        check!(
-                            self,
-                            valid_now.is_some() || self.uncertain,
-                            "reject of {off} accepted without a valid lease"
-                        );
+                        check!(self, may_settle, "reject of {off} accepted without a valid lease");
                         check!(
                             self,
                             cause == DeadLetterCause::Rejected,
@@ -712,11 +679,7 @@ impl Sim {
                         self.copies.get_mut(&off).unwrap().valid = None;
                     }
                     (SettleOp::Extend { visibility_ms }, Outcome::Extended { expiry_ms }) => {
-                        check!(
-                            self,
-                            valid_now.is_some() || self.uncertain,
-                            "extend of {off} accepted without a valid lease"
-                        );
+                        check!(self, may_settle, "extend of {off} accepted without a valid lease");
                         check!(self, expiry_ms == at + visibility_ms as i64, "extended expiry");
                         let c = self.copies.get_mut(&off).unwrap();
                         if let Some(v) = c.valid.as_mut() {
@@ -759,34 +722,6 @@ impl Sim {
     }
 
     // ----- steps ---------------------------------------------------------------------------
-
-    fn feed(&mut self, off: i64) {
-        let e = self.log[off as usize].clone();
-        if e.gap {
-            self.q.log_gap(Offset(off), Offset(off + 1));
-            return;
-        }
-        self.q.appended(
-            &AppendedMessage {
-                offset: Offset(off),
-                key: e.key.as_deref(),
-                timestamp_ms: e.timestamp_ms,
-                deliver_at_ms: e.deliver_at_ms,
-                dedup_token: e.token.as_deref(),
-                message_id: e.message_id,
-            },
-            self.now,
-        );
-    }
-
-    fn load(&mut self) {
-        while let Some(l) = self.q.wants_load() {
-            for o in l.from.0..l.from.0 + l.max_records as i64 {
-                self.feed(o);
-            }
-            self.pump();
-        }
-    }
 
     fn publish(&mut self) {
         if self.rng.chance(3) {
@@ -867,7 +802,7 @@ impl Sim {
                     self.tokens.insert(t, (id, off, self.now));
                 }
                 self.add_copy(off, id, poison, key, deliver_at_ms);
-                self.feed(off);
+                self.feed(Offset(off));
                 self.stats.published += 1;
                 self.t(|| format!("published {off} key {key:?} delay {delay} poison {poison}"));
             }
@@ -936,7 +871,7 @@ impl Sim {
                     message_id: Some(id),
                 });
                 self.add_copy(off, id, poison, key, 0);
-                self.feed(off);
+                self.feed(Offset(off));
                 self.stats.redrives += 1;
                 self.t(|| format!("redrove {id:?} from {old} to {off}"));
             }
@@ -1039,34 +974,15 @@ impl Sim {
                 c.reject_requested = true;
             }
             if op == SettleOp::Ack {
-                if c.ack_life != self.life {
-                    c.acks_in_flight = 0;
-                }
-                c.ack_life = self.life;
-                c.acks_in_flight += 1;
-                c.ack_sent = true;
+                c.ack_sent_in(self.life);
             }
-            items.push(SettleItem {
-                target: if by_owner {
-                    MessageRef::Offset(Offset(h.offset))
-                } else {
-                    MessageRef::Id(h.id)
-                },
-                fence: if by_owner {
-                    Fence::Owner(Self::consumer_id(consumer))
-                } else {
-                    Fence::Generation(Generation(h.gen))
-                },
-                op,
-                reason: Some(format!("consumer {consumer} says {op:?}")),
-            });
-            specs.push(SettleSpec {
-                offset: h.offset,
-                gen: h.gen,
-                owner: consumer,
-                op,
-                by_owner,
-            });
+            let mut item = h.settle(op, Some(format!("consumer {consumer} says {op:?}")));
+            if by_owner {
+                item.target = MessageRef::Offset(Offset(h.offset));
+                item.fence = Fence::Owner(Self::consumer_id(consumer));
+            }
+            items.push(item);
+            specs.push(h.spec(consumer, op, by_owner));
             if op == SettleOp::Ack {
                 self.answered_acks.push((consumer, h));
                 if self.answered_acks.len() > 16 {
@@ -1130,27 +1046,10 @@ impl Sim {
                 }) {
                     // A retried ack: same generation, Ack again.
                     let r = self.request_id();
-                    let c2 = self.copies.get_mut(&h.offset).unwrap();
-                    if c2.ack_life != self.life {
-                        c2.acks_in_flight = 0;
-                    }
-                    c2.ack_life = self.life;
-                    c2.acks_in_flight += 1;
-                    c2.ack_sent = true;
-                    let item = SettleItem {
-                        target: MessageRef::Id(h.id),
-                        fence: Fence::Generation(Generation(h.gen)),
-                        op: SettleOp::Ack,
-                        reason: None,
-                    };
+                    self.copies.get_mut(&h.offset).unwrap().ack_sent_in(self.life);
+                    let item = h.settle(SettleOp::Ack, None);
                     self.q.settle(r, &[item], self.now).unwrap();
-                    let spec = SettleSpec {
-                        offset: h.offset,
-                        gen: h.gen,
-                        owner: c,
-                        op: SettleOp::Ack,
-                        by_owner: false,
-                    };
+                    let spec = h.spec(c, SettleOp::Ack, false);
                     self.call(CallKind::Settle { items: vec![spec] }, Some(r));
                     self.pump();
                 }
@@ -1305,14 +1204,7 @@ impl Sim {
         self.life += 1;
         self.dead_letters.clear();
         self.dl_appended_unconfirmed.clear();
-        self.q = QueuePartition::recover(self.config.clone(), P, records, self.now).unwrap();
-        self.q.recovered_log_end(Offset(self.log.len() as i64));
-        // Start-up: re-feed the log from the start (restores dedup tokens, loads the window).
-        for o in self.q.start().0..self.log.len() as i64 {
-            self.feed(o);
-        }
-        self.pump();
-        self.load();
+        self.recover(self.config.clone(), P, records);
         // Resynchronize the oracle with what survived.
         let lazy = self.config.lease_durability == LeaseDurability::Lazy;
         let start = self.q.start().0;
@@ -1479,27 +1371,10 @@ impl Sim {
                         self.copies.get_mut(&h.offset).unwrap().ever_delayed |= base_ms > 0;
                     }
                     if op == SettleOp::Ack {
-                        let cv = self.copies.get_mut(&h.offset).unwrap();
-                        if cv.ack_life != self.life {
-                            cv.acks_in_flight = 0;
-                        }
-                        cv.ack_life = self.life;
-                        cv.acks_in_flight += 1;
-                        cv.ack_sent = true;
+                        self.copies.get_mut(&h.offset).unwrap().ack_sent_in(self.life);
                     }
-                    items.push(SettleItem {
-                        target: MessageRef::Id(h.id),
-                        fence: Fence::Generation(Generation(h.gen)),
-                        op,
-                        reason: Some("drain".into()),
-                    });
-                    specs.push(SettleSpec {
-                        offset: h.offset,
-                        gen: h.gen,
-                        owner: c,
-                        op,
-                        by_owner: false,
-                    });
+                    items.push(h.settle(op, Some("drain".into())));
+                    specs.push(h.spec(c, op, false));
                 }
                 for (items, specs) in items.chunks(4).zip(specs.chunks(4)) {
                     let r = self.request_id();
@@ -1551,6 +1426,51 @@ impl Sim {
             );
         }
         check!(self, self.stats.acked > 0, "the run acked nothing");
+    }
+}
+
+/// The caller's side: writes are kept until a step confirms them, replies go to the oracle in
+/// the order the engine took the requests.
+impl Caller for Sim {
+    fn parts(&mut self) -> (&mut QueuePartition, &[LogEntry], i64) {
+        (&mut self.q, &self.log, self.now)
+    }
+
+    fn persist(&mut self, write_id: WriteId, records: Vec<StateRecord>, snapshot: bool) {
+        self.t(|| {
+            format!(
+                "persist {write_id:?} ({} records, snapshot {snapshot})",
+                records.len()
+            )
+        });
+        self.writes.push(Write {
+            id: write_id,
+            records: records.iter().map(StateRecord::to_bytes).collect(),
+            snapshot,
+        });
+    }
+
+    fn reply(&mut self, request: RequestId, reply: Result<Reply, QueueError>) {
+        let seq = self
+            .request_seq
+            .remove(&request)
+            .expect("reply to an unknown request");
+        let call = self.calls.get_mut(&seq).expect("reply to a forgotten call");
+        check!(self, call.reply.is_none(), "two replies to one request");
+        call.reply = Some(reply);
+    }
+
+    fn dead_letter(&mut self, req: DeadLetterRequest) {
+        self.on_dead_letter(req);
+    }
+
+    /// The clock steps tick the engine themselves, or leave it to the next command as a late
+    /// timer would: no wake-up is kept.
+    fn wake_at(&mut self, _at_ms: i64) {}
+
+    fn pump(&mut self) {
+        self.handle_actions();
+        self.process_calls();
     }
 }
 

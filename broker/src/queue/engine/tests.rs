@@ -1,5 +1,6 @@
 //! Unit tests of the engine, one feature or bound at a time, through a small harness that plays
-//! the caller: a log of messages, a state log with explicit durability, and a clock.
+//! the caller: a log of messages, a state log with explicit durability, and a clock. The
+//! simulation plays the caller with the same log entries and the same action loop ([`Caller`]).
 
 use std::collections::HashMap;
 
@@ -9,20 +10,106 @@ use super::*;
 
 const P: PartitionId = PartitionId(0);
 
-#[derive(Debug, Clone)]
-struct LogMsg {
-    key: Option<Vec<u8>>,
-    timestamp_ms: i64,
-    deliver_at_ms: i64,
-    token: Option<Vec<u8>>,
-    message_id: Option<MessageId>,
+/// One offset of the log, as the caller keeps it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct LogEntry {
+    /// A control record: no deliverable message at this offset.
+    pub(super) gap: bool,
+    pub(super) key: Option<Vec<u8>>,
+    pub(super) timestamp_ms: i64,
+    pub(super) deliver_at_ms: i64,
+    pub(super) token: Option<Vec<u8>>,
+    pub(super) message_id: Option<MessageId>,
+}
+
+impl LogEntry {
+    /// Tells `q` what stands at `offset`, as the caller does after an append or a log read.
+    pub(super) fn feed(&self, q: &mut QueuePartition, offset: Offset, now: i64) {
+        if self.gap {
+            q.log_gap(offset, Offset(offset.0 + 1));
+            return;
+        }
+        let m = AppendedMessage {
+            offset,
+            key: self.key.as_deref(),
+            timestamp_ms: self.timestamp_ms,
+            deliver_at_ms: self.deliver_at_ms,
+            dedup_token: self.token.as_deref(),
+            message_id: self.message_id,
+        };
+        q.appended(&m, now);
+    }
+}
+
+/// The caller's side of the engine: it does what each action the engine emits asks, and feeds
+/// the engine the log it asks for.
+pub(super) trait Caller {
+    /// The engine, the log and the time.
+    fn parts(&mut self) -> (&mut QueuePartition, &[LogEntry], i64);
+    fn persist(&mut self, write_id: WriteId, records: Vec<StateRecord>, snapshot: bool);
+    fn reply(&mut self, request: RequestId, reply: Result<Reply, QueueError>);
+    fn dead_letter(&mut self, req: DeadLetterRequest);
+    fn wake_at(&mut self, at_ms: i64);
+    /// Handles the engine's actions, and whatever the caller does once they are handled.
+    fn pump(&mut self);
+
+    /// Handles the engine's actions until it has none (handling one may bring more).
+    fn handle_actions(&mut self) {
+        loop {
+            let actions = self.parts().0.poll_actions();
+            if actions.is_empty() {
+                return;
+            }
+            for a in actions {
+                match a {
+                    Action::Persist {
+                        write_id,
+                        records,
+                        snapshot,
+                    } => self.persist(write_id, records, snapshot),
+                    Action::Reply { request, reply } => self.reply(request, reply),
+                    Action::DeadLetter(req) => self.dead_letter(req),
+                    Action::WakeAt(at) => self.wake_at(at),
+                }
+            }
+        }
+    }
+
+    fn feed(&mut self, offset: Offset) {
+        let (q, log, now) = self.parts();
+        log[offset.0 as usize].feed(q, offset, now);
+    }
+
+    /// Serves `wants_load` until satisfied.
+    fn load(&mut self) {
+        while let Some(l) = self.parts().0.wants_load() {
+            for o in l.from.0..l.from.0 + l.max_records as i64 {
+                self.feed(Offset(o));
+            }
+            self.pump();
+        }
+    }
+
+    /// Replaces the engine with one recovered from `records`, then re-feeds the log from the
+    /// start as the caller does on start-up (restores dedup tokens, loads the window).
+    fn recover(&mut self, config: QueueConfig, partition: PartitionId, records: Vec<StateRecord>) {
+        let (q, log, now) = self.parts();
+        let log_end = Offset(log.len() as i64);
+        *q = QueuePartition::recover(config, partition, records, now).unwrap();
+        q.recovered_log_end(log_end);
+        for o in q.start().0..log_end.0 {
+            self.feed(Offset(o));
+        }
+        self.pump();
+        self.load();
+    }
 }
 
 struct H {
     q: QueuePartition,
     config: QueueConfig,
     now: i64,
-    log: Vec<LogMsg>,
+    log: Vec<LogEntry>,
     next_request: u64,
     replies: HashMap<RequestId, Result<Reply, QueueError>>,
     /// Writes not yet confirmed.
@@ -54,40 +141,6 @@ impl H {
         };
         h.pump();
         h
-    }
-
-    fn pump(&mut self) {
-        loop {
-            let actions = self.q.poll_actions();
-            if actions.is_empty() {
-                break;
-            }
-            for a in actions {
-                match a {
-                    Action::Persist {
-                        write_id,
-                        records,
-                        snapshot,
-                    } => {
-                        if snapshot {
-                            // Once durable, a snapshot replaces everything before it: the harness
-                            // confirms the earlier writes and truncates the state log.
-                            self.confirm_all();
-                            self.durable.clear();
-                        }
-                        self.unconfirmed.push((write_id, records));
-                        if self.auto_persist {
-                            self.confirm_all();
-                        }
-                    }
-                    Action::Reply { request, reply } => {
-                        self.replies.insert(request, reply);
-                    }
-                    Action::DeadLetter(req) => self.dead_letters.push(req),
-                    Action::WakeAt(at) => self.wake = Some(at),
-                }
-            }
-        }
     }
 
     fn confirm_all(&mut self) {
@@ -123,7 +176,8 @@ impl H {
             Admission::Duplicate { id, offset } => Ok((id, offset, true)),
             Admission::Append { deliver_at_ms } => {
                 let offset = Offset(self.log.len() as i64);
-                let m = LogMsg {
+                let m = LogEntry {
+                    gap: false,
                     key: key.map(|k| k.as_bytes().to_vec()),
                     timestamp_ms: self.now,
                     deliver_at_ms,
@@ -142,28 +196,10 @@ impl H {
         self.publish_full(key, 0, None, None).unwrap().0
     }
 
-    fn feed(&mut self, offset: Offset) {
-        let m = self.log[offset.0 as usize].clone();
-        self.q.appended(
-            &AppendedMessage {
-                offset,
-                key: m.key.as_deref(),
-                timestamp_ms: m.timestamp_ms,
-                deliver_at_ms: m.deliver_at_ms,
-                dedup_token: m.token.as_deref(),
-                message_id: m.message_id,
-            },
-            self.now,
-        );
-    }
-
-    /// Serves `wants_load` until satisfied.
-    fn load(&mut self) {
-        while let Some(l) = self.q.wants_load() {
-            for o in l.from.0..l.from.0 + l.max_records as i64 {
-                self.feed(Offset(o));
-            }
-            self.pump();
+    /// Publishes `n` messages without a key.
+    fn publish_n(&mut self, n: usize) {
+        for _ in 0..n {
+            self.publish(None);
         }
     }
 
@@ -175,6 +211,11 @@ impl H {
             Some(Ok(Reply::Leases(l))) => Ok(l),
             other => panic!("lease reply {other:?}"),
         }
+    }
+
+    /// Leases one message, which must be there.
+    fn lease_one(&mut self, consumer: &str, vis: u64) -> Lease {
+        self.lease(consumer, 1, vis).unwrap().remove(0)
     }
 
     fn lease_ids(&mut self, consumer: &str, n: u32) -> Vec<i64> {
@@ -231,18 +272,47 @@ impl H {
             .iter()
             .map(|b| StateRecord::decode(b).unwrap())
             .collect();
-        self.q = QueuePartition::recover(self.config.clone(), P, records, self.now).unwrap();
-        self.q.recovered_log_end(Offset(self.log.len() as i64));
-        for o in self.q.start().0..self.log.len() as i64 {
-            self.feed(Offset(o));
-        }
-        self.pump();
-        self.load();
+        self.recover(self.config.clone(), P, records);
         self.q.check_invariants().unwrap();
     }
 
     fn state(&self, offset: i64) -> Option<DeliveryState> {
         self.q.inspect(Offset(offset)).map(|v| v.state)
+    }
+}
+
+impl Caller for H {
+    fn parts(&mut self) -> (&mut QueuePartition, &[LogEntry], i64) {
+        (&mut self.q, &self.log, self.now)
+    }
+
+    fn persist(&mut self, write_id: WriteId, records: Vec<StateRecord>, snapshot: bool) {
+        if snapshot {
+            // Once durable, a snapshot replaces everything before it: the harness confirms the
+            // earlier writes and truncates the state log.
+            self.confirm_all();
+            self.durable.clear();
+        }
+        self.unconfirmed.push((write_id, records));
+        if self.auto_persist {
+            self.confirm_all();
+        }
+    }
+
+    fn reply(&mut self, request: RequestId, reply: Result<Reply, QueueError>) {
+        self.replies.insert(request, reply);
+    }
+
+    fn dead_letter(&mut self, req: DeadLetterRequest) {
+        self.dead_letters.push(req);
+    }
+
+    fn wake_at(&mut self, at_ms: i64) {
+        self.wake = Some(at_ms);
+    }
+
+    fn pump(&mut self) {
+        self.handle_actions();
     }
 }
 
@@ -261,9 +331,7 @@ fn cfg() -> QueueConfig {
 #[test]
 fn lease_and_ack_in_offset_order() {
     let mut h = H::new(cfg());
-    for _ in 0..3 {
-        h.publish(None);
-    }
+    h.publish_n(3);
     let leases = h.lease("w1", 2, 30_000).unwrap();
     assert_eq!(leases.iter().map(|l| l.offset.0).collect::<Vec<_>>(), vec![0, 1]);
     assert!(leases
@@ -290,14 +358,14 @@ fn lease_and_ack_in_offset_order() {
 fn stale_generations_and_unknown_ids_are_refused() {
     let mut h = H::new(cfg());
     h.publish(None);
-    let first = h.lease("w1", 1, 1_000).unwrap().remove(0);
+    let first = h.lease_one("w1", 1_000);
     h.advance(1_000); // expired: a failed attempt
     assert_eq!(
         h.q.inspect(Offset(0)).unwrap().last_reason.as_deref(),
         Some(config::REASON_LEASE_EXPIRED)
     );
     h.advance(1_000); // backoff of attempt 1
-    let second = h.lease("w2", 1, 30_000).unwrap().remove(0);
+    let second = h.lease_one("w2", 30_000);
     assert_eq!(second.attempt, 2);
     assert!(second.generation > first.generation);
     let err = h.ack(&first).unwrap_err();
@@ -389,7 +457,7 @@ fn lazy_leases_are_answered_at_once_and_fenced_after_a_crash() {
     });
     h.publish(None);
     // Warm up: the first generation block must be durable before a lease is answered.
-    let l0 = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l0 = h.lease_one("w", 30_000);
     h.op(&l0, SettleOp::Nack { delay_ms: Some(0) }).unwrap();
     h.auto_persist = false;
     let r = h.request();
@@ -401,7 +469,7 @@ fn lazy_leases_are_answered_at_once_and_fenced_after_a_crash() {
     h.crash(); // the lease record was not durable
     h.auto_persist = true;
     assert_eq!(h.state(0), Some(DeliveryState::Available));
-    let again = h.lease("v", 1, 30_000).unwrap().remove(0);
+    let again = h.lease_one("v", 30_000);
     assert!(
         again.generation > l[0].generation,
         "generations never go backwards"
@@ -418,9 +486,7 @@ fn generations_never_repeat_across_crashes_even_with_lost_reservations() {
         lease_durability: LeaseDurability::Lazy,
         ..cfg()
     });
-    for _ in 0..40 {
-        h.publish(None);
-    }
+    h.publish_n(40);
     let mut seen = Vec::new();
     for _ in 0..10 {
         h.auto_persist = true;
@@ -452,7 +518,7 @@ fn generations_never_repeat_across_crashes_even_with_lost_reservations() {
 fn nack_retries_after_backoff_or_explicit_delay() {
     let mut h = H::new(cfg());
     h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     let s = h.op(&l, SettleOp::Nack { delay_ms: None }).unwrap();
     assert_eq!(
         s.outcome,
@@ -465,7 +531,7 @@ fn nack_retries_after_backoff_or_explicit_delay() {
     h.advance(999);
     assert!(h.lease("w", 1, 30_000).unwrap().is_empty(), "not before its time");
     h.advance(1);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     assert_eq!(l.attempt, 2);
     let s = h
         .op(
@@ -490,7 +556,7 @@ fn nack_retries_after_backoff_or_explicit_delay() {
     assert!(h.q.has_leasable());
     assert_eq!(h.q.metrics().counters.retries, 2);
     // Kafka RELEASE: no delay.
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     assert_eq!(l.attempt, 3);
 }
 
@@ -500,7 +566,7 @@ fn exhausted_attempts_dead_letter_with_context_and_finish_only_when_confirmed() 
     h.publish(None);
     h.publish(None);
     for attempt in 1..=3 {
-        let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+        let l = h.lease_one("w", 30_000);
         assert_eq!((l.offset, l.attempt), (Offset(0), attempt));
         let out = h
             .settle_req(vec![SettleItem {
@@ -571,7 +637,7 @@ fn exhausted_attempts_dead_letter_with_context_and_finish_only_when_confirmed() 
 fn reject_dead_letters_at_once_and_archive_mode_skips_the_topic() {
     let mut h = H::new(cfg());
     h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     let s = h.op(&l, SettleOp::Reject).unwrap();
     assert_eq!(
         s.outcome,
@@ -588,7 +654,7 @@ fn reject_dead_letters_at_once_and_archive_mode_skips_the_topic() {
         ..cfg()
     });
     h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.op(&l, SettleOp::Reject).unwrap();
     assert!(h.dead_letters.is_empty());
     assert_eq!(h.q.start(), Offset(1));
@@ -603,7 +669,7 @@ fn expired_leases_count_as_attempts_and_dead_letter() {
     });
     h.publish(None);
     for attempt in 1..=3 {
-        let l = h.lease("w", 1, 1_000).unwrap().remove(0);
+        let l = h.lease_one("w", 1_000);
         assert_eq!(l.attempt, attempt);
         h.advance(1_000);
     }
@@ -623,7 +689,7 @@ fn extend_moves_the_expiry_within_its_limits() {
         ..cfg()
     });
     h.publish(None);
-    let l = h.lease("w", 1, 10_000).unwrap().remove(0);
+    let l = h.lease_one("w", 10_000);
     h.advance(9_000);
     let s = h
         .op(
@@ -642,7 +708,7 @@ fn extend_moves_the_expiry_within_its_limits() {
     h.advance(9_000);
     h.ack(&l).unwrap(); // would have expired without the extension
     h.publish(None);
-    let l = h.lease("w", 1, 60_000).unwrap().remove(0);
+    let l = h.lease_one("w", 60_000);
     h.advance(50_000);
     assert_eq!(
         h.op(
@@ -731,7 +797,7 @@ fn too_many_delayed_messages_stay_in_the_window_or_are_refused() {
     );
     // Retry delays beyond the bound stay inside the window (the start waits for them).
     h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.op(
         &l,
         SettleOp::Nack {
@@ -868,9 +934,7 @@ fn the_window_bounds_memory_and_loads_as_it_moves() {
         max_window: 3,
         ..cfg()
     });
-    for _ in 0..10 {
-        h.publish(None);
-    }
+    h.publish_n(10);
     assert_eq!(h.q.loaded_end(), Offset(3));
     assert_eq!(h.q.wants_load(), None);
     assert_eq!(h.q.metrics().available, 10);
@@ -898,22 +962,15 @@ fn the_window_bounds_memory_and_loads_as_it_moves() {
 fn log_gaps_are_skipped() {
     let mut h = H::new(cfg());
     h.publish(None);
-    h.log.push(LogMsg {
-        key: None,
-        timestamp_ms: 0,
-        deliver_at_ms: 0,
-        token: None,
-        message_id: None,
-    });
-    h.log.push(LogMsg {
-        key: None,
-        timestamp_ms: 0,
-        deliver_at_ms: 0,
-        token: None,
-        message_id: None,
-    });
-    h.publish(None);
     // Offsets 1 and 2 are, say, transaction markers: the frontier is stuck at 1 until told.
+    for _ in 1..=2 {
+        let marker = LogEntry {
+            gap: true,
+            ..LogEntry::default()
+        };
+        h.log.push(marker);
+    }
+    h.publish(None);
     h.q.set_log_end(Offset(4));
     assert_eq!(h.q.loaded_end(), Offset(1));
     h.q.log_gap(Offset(1), Offset(3));
@@ -928,7 +985,7 @@ fn redrive_keeps_the_id_and_resets_attempts() {
         ..cfg()
     });
     let id = h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.op(&l, SettleOp::Nack { delay_ms: None }).unwrap();
     let dl = h.dead_letters.pop().unwrap();
     assert_eq!(
@@ -944,7 +1001,7 @@ fn redrive_keeps_the_id_and_resets_attempts() {
         h.publish_full(None, 0, None, Some(id)).unwrap_err(),
         QueueError::AlreadyLive(id)
     );
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     assert_eq!((l.id, l.offset, l.attempt), (id, Offset(1), 1));
     assert_eq!(h.q.locate(id), Some(Offset(1)));
     h.crash();
@@ -969,7 +1026,7 @@ fn a_second_copy_of_a_redriven_message_is_dropped() {
         ..cfg()
     });
     h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.op(&l, SettleOp::Reject).unwrap();
     let dl = h.dead_letters.pop().unwrap();
     h.q.dead_letter_appended(dl.offset, h.now);
@@ -1043,7 +1100,7 @@ fn wants_snapshot_when_the_log_outgrows_the_state() {
     assert!(!h.q.wants_snapshot());
     for _ in 0..600 {
         h.publish(None);
-        let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+        let l = h.lease_one("w", 30_000);
         h.ack(&l).unwrap();
     }
     assert!(h.q.wants_snapshot());
@@ -1061,9 +1118,7 @@ fn share_group_semantics() {
         dead_letter_topic: false,
     };
     let mut h = H::new(QueueConfig::share_group(settings));
-    for _ in 0..6 {
-        h.publish(None);
-    }
+    h.publish_n(6);
     let m1 = ConsumerId::new("member-1");
     let l = h.lease("member-1", 4, 30_000).unwrap();
     assert_eq!(
@@ -1116,26 +1171,20 @@ fn share_group_semantics() {
 #[test]
 fn reset_moves_the_start_when_nothing_is_in_flight() {
     let mut h = H::new(cfg());
-    for _ in 0..5 {
-        h.publish(None);
-    }
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    h.publish_n(5);
+    let l = h.lease_one("w", 30_000);
     assert_eq!(h.q.reset(Offset(3), h.now), Err(QueueError::Busy));
     h.ack(&l).unwrap();
     h.q.reset(Offset(3), h.now).unwrap();
     h.pump();
     h.load();
-    assert_eq!(h.lease_ids("w", 10), vec![3, 4]);
-    h.crash();
-    assert_eq!(h.q.start(), Offset(3));
+    the_queue_starts_at_3_now_and_after_a_crash(&mut h);
 }
 
 #[test]
 fn reset_discarding_leases_drops_held_leases_and_fences_their_acks() {
     let mut h = H::new(cfg());
-    for _ in 0..5 {
-        h.publish(None);
-    }
+    h.publish_n(5);
     let l = h.lease("w", 2, 30_000).unwrap();
     assert_eq!(h.q.reset(Offset(3), h.now), Err(QueueError::Busy));
     h.q.reset_discarding_leases(Offset(3), h.now).unwrap();
@@ -1146,6 +1195,12 @@ fn reset_discarding_leases_drops_held_leases_and_fences_their_acks() {
         h.ack(&l[0]).is_err(),
         "an ack of a discarded lease must not succeed"
     );
+    the_queue_starts_at_3_now_and_after_a_crash(&mut h);
+}
+
+/// After a reset to offset 3 of five messages: 3 and 4 are leased, and the start stays at 3
+/// across a crash.
+fn the_queue_starts_at_3_now_and_after_a_crash(h: &mut H) {
     assert_eq!(h.lease_ids("w", 10), vec![3, 4]);
     h.crash();
     assert_eq!(h.q.start(), Offset(3));
@@ -1155,7 +1210,7 @@ fn reset_discarding_leases_drops_held_leases_and_fences_their_acks() {
 fn a_failed_state_write_makes_the_partition_unavailable() {
     let mut h = H::new(cfg());
     h.publish(None);
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.auto_persist = false;
     let r = h
         .settle_req(vec![SettleItem {
@@ -1185,7 +1240,7 @@ fn metrics_report_age_and_latency() {
     h.advance(5_000);
     h.publish(None);
     assert_eq!(h.q.metrics().oldest_unacked_age_ms, Some(5_000));
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.advance(250);
     h.ack(&l).unwrap();
     assert_eq!(h.q.take_latency_samples(), vec![250]);
@@ -1207,9 +1262,7 @@ fn every_bound_has_its_error() {
         ..cfg()
     };
     let mut h = H::new(c);
-    for _ in 0..6 {
-        h.publish(None);
-    }
+    h.publish_n(6);
     let w = ConsumerId::new("w");
     let e = |r: Result<(), QueueError>| r.unwrap_err();
     assert_eq!(
@@ -1355,9 +1408,7 @@ fn every_bound_has_its_error() {
 #[test]
 fn a_lease_batch_mixes_retries_before_new_messages() {
     let mut h = H::new(cfg());
-    for _ in 0..4 {
-        h.publish(None);
-    }
+    h.publish_n(4);
     let l = h.lease("w", 2, 30_000).unwrap();
     h.op(&l[1], SettleOp::Nack { delay_ms: Some(0) }).unwrap();
     // Offset 1 (a retry) comes before offset 2 (new): retries may reorder.
@@ -1397,18 +1448,12 @@ fn key_ordering_holds_even_if_a_later_message_is_leased_first() {
     ];
     let mut q = QueuePartition::recover(config, P, records, now).unwrap();
     q.recovered_log_end(Offset(2));
+    let keyed = LogEntry {
+        key: Some(b"a".to_vec()),
+        ..LogEntry::default()
+    };
     for o in 0..2 {
-        q.appended(
-            &AppendedMessage {
-                offset: Offset(o),
-                key: Some(b"a"),
-                timestamp_ms: 0,
-                deliver_at_ms: 0,
-                dedup_token: None,
-                message_id: None,
-            },
-            now,
-        );
+        keyed.feed(&mut q, Offset(o), now);
     }
     q.check_invariants().unwrap();
     assert!(
@@ -1446,7 +1491,7 @@ fn records_beyond_the_recovered_log_end_are_dropped() {
     let mut h = H::new(cfg());
     h.publish(None);
     h.publish_full(None, 60_000, Some("lost"), None).unwrap(); // 1: a Delayed and a Dedup record
-    let l = h.lease("w", 1, 30_000).unwrap().remove(0);
+    let l = h.lease_one("w", 30_000);
     h.ack(&l).unwrap();
     assert_eq!(h.q.start(), Offset(2), "the delayed message left the window");
     // The log lost offset 1 (the state log did not): it must not haunt the next message there.
@@ -1474,12 +1519,10 @@ fn a_hostile_delivery_time_header_is_bounded_by_the_max_delay() {
         ..cfg()
     });
     // A Kafka producer wrote the header itself, far in the future.
-    h.log.push(LogMsg {
-        key: None,
+    h.log.push(LogEntry {
         timestamp_ms: h.now,
         deliver_at_ms: i64::MAX,
-        token: None,
-        message_id: None,
+        ..LogEntry::default()
     });
     h.feed(Offset(0));
     assert_eq!(
@@ -1576,18 +1619,14 @@ mod recovery_robustness {
             let now = 1_000_000;
             let mut q = QueuePartition::recover(config, P, records, now).unwrap();
             q.recovered_log_end(Offset(30));
+            let entry = LogEntry {
+                key: Some(b"k".to_vec()),
+                timestamp_ms: now,
+                token: Some(b"t".to_vec()),
+                ..LogEntry::default()
+            };
             for o in 0..30 {
-                q.appended(
-                    &AppendedMessage {
-                        offset: Offset(o),
-                        key: Some(b"k"),
-                        timestamp_ms: now,
-                        deliver_at_ms: 0,
-                        dedup_token: Some(b"t"),
-                        message_id: None,
-                    },
-                    now,
-                );
+                entry.feed(&mut q, Offset(o), now);
             }
             while let Some(l) = q.wants_load() {
                 q.log_gap(l.from, Offset(30));

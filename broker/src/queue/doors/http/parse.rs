@@ -474,12 +474,7 @@ mod tests {
     use super::*;
 
     fn limits() -> HttpLimits {
-        HttpLimits {
-            max_body_bytes: 100,
-            max_header_bytes: 200,
-            max_headers: 4,
-            ..HttpLimits::default()
-        }
+        super::super::tests::limits_of(100, 200, 4)
     }
 
     fn head(text: &str) -> Result<RequestHead, ApiError> {

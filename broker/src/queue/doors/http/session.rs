@@ -245,12 +245,7 @@ mod tests {
     use super::*;
 
     fn limits() -> HttpLimits {
-        HttpLimits {
-            max_body_bytes: 64,
-            max_header_bytes: 128,
-            max_headers: 8,
-            ..HttpLimits::default()
-        }
+        super::super::tests::limits_of(64, 128, 8)
     }
 
     /// Feeds `input` in pieces of `step` bytes; collects every event but `NeedMore`.

@@ -12,6 +12,7 @@ use strand_protocol::types::TopicId;
 use super::coordinator::{
     Action, OtherGroup, ShareCoordinator, ShareCoordinatorConfig, ShareMeta, ShareTopics,
 };
+use crate::testkit::{self, SplitMix64};
 
 const SESSION: i64 = 45_000;
 
@@ -532,17 +533,29 @@ fn subscription_changes() {
     assert!(r.assignment.is_some());
 }
 
+/// A coordinator of topic "t" under the default configuration with one bound set by `bound`, where
+/// the (group, member)s of `joins` join, and one more join, which the bound refuses: the harness
+/// and that join's answer.
+fn filled_to_the_bound(
+    bound: impl FnOnce(&mut ShareCoordinatorConfig),
+    joins: [(&str, &str); 2],
+    (group, member): (&str, &str),
+) -> (Harness, ShareGroupHeartbeatResponse) {
+    let mut config = ShareCoordinatorConfig::default();
+    bound(&mut config);
+    let mut h = Harness::with_config(&[("t", 1)], config);
+    for (g, m) in joins {
+        h.join(g, m, &["t"]);
+    }
+    let r = h.send(req(group, member, 0, Some(&["t"])));
+    assert_eq!(code(&r), ResponseError::GroupMaxSizeReached);
+    (h, r)
+}
+
 #[test]
 fn max_size() {
-    let config = ShareCoordinatorConfig {
-        max_size: 2,
-        ..ShareCoordinatorConfig::default()
-    };
-    let mut h = Harness::with_config(&[("t", 1)], config);
-    h.join("g", "m1", &["t"]);
-    h.join("g", "m2", &["t"]);
-    let r = h.send(req("g", "m3", 0, Some(&["t"])));
-    assert_eq!(code(&r), ResponseError::GroupMaxSizeReached);
+    let max_size = |c: &mut ShareCoordinatorConfig| c.max_size = 2;
+    let (mut h, r) = filled_to_the_bound(max_size, [("g", "m1"), ("g", "m2")], ("g", "m3"));
     assert_eq!(
         r.error_message.as_deref(),
         Some("The share group has reached its maximum capacity of 2 members.")
@@ -558,15 +571,8 @@ fn max_size() {
 
 #[test]
 fn bounded_number_of_groups() {
-    let config = ShareCoordinatorConfig {
-        max_groups: 2,
-        ..ShareCoordinatorConfig::default()
-    };
-    let mut h = Harness::with_config(&[("t", 1)], config);
-    h.join("g1", "m", &["t"]);
-    h.join("g2", "m", &["t"]);
-    let r = h.send(req("g3", "m", 0, Some(&["t"])));
-    assert_eq!(code(&r), ResponseError::GroupMaxSizeReached);
+    let max_groups = |c: &mut ShareCoordinatorConfig| c.max_groups = 2;
+    let (mut h, _) = filled_to_the_bound(max_groups, [("g1", "m"), ("g2", "m")], ("g3", "m"));
     // An empty group makes room: it is forgotten.
     h.send(req("g1", "m", 1, None).with_member_epoch(-1));
     h.join("g3", "m", &["t"]);
@@ -699,23 +705,6 @@ fn member_checks_for_share_fetch() {
     assert_eq!(h.c.check_member("g", "m1"), Err(ResponseError::UnknownMemberId));
 }
 
-/// splitmix64, for the simulation.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// Members join, heartbeat, leave and go silent, topics appear, grow and vanish, time passes; a
 /// member's epoch never goes down and never passes the group epoch, and whenever every member
 /// has heartbeated since the last change, every subscribed partition has a member and every
@@ -723,19 +712,15 @@ impl Rng {
 /// `STRAND_SHARE_SIM_SEED=<seed>`.
 #[test]
 fn seeded_simulation() {
-    let seeds: Vec<u64> = match std::env::var("STRAND_SHARE_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("STRAND_SHARE_SIM_SEED must be a number")],
-        Err(_) => (1..=40).collect(),
-    };
     let mut checks = 0usize;
-    for seed in seeds {
+    for seed in testkit::seeds("STRAND_SHARE_SIM_SEED", 40) {
         checks += simulate(seed);
     }
     assert!(checks > 100, "the simulation checked too little ({checks})");
 }
 
 fn simulate(seed: u64) -> usize {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let names = ["a", "b", "c"];
     let mut h = Harness::new(&[("a", 3)]);
     let mut epochs: BTreeMap<String, i32> = BTreeMap::new();
