@@ -66,12 +66,7 @@ pub fn create_topics_request(
 
 /// Creates a topic (error code must be NONE) and waits until Metadata shows all its
 /// partitions with a leader. Returns the topic id from the CreateTopics answer.
-pub fn create_topic(
-    bootstrap: &str,
-    name: &str,
-    partitions: i32,
-    configs: &[(&str, &str)],
-) -> uuid::Uuid {
+pub fn create_topic(bootstrap: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) -> uuid::Uuid {
     let mut c = connect(bootstrap);
     let resp = c
         .request(
@@ -132,11 +127,7 @@ pub fn advertised_versions(c: &mut RawConn, api_key: i16) -> Option<(i16, i16)> 
 /// InitProducerId for an idempotent producer (no transactional id) at
 /// [`versions::INIT_PRODUCER_ID`], with the current `producer_id`/`producer_epoch` (-1/-1
 /// for a new producer; KIP-360 epoch bump otherwise).
-pub fn init_producer_id(
-    c: &mut RawConn,
-    producer_id: i64,
-    producer_epoch: i16,
-) -> InitProducerIdResponse {
+pub fn init_producer_id(c: &mut RawConn, producer_id: i64, producer_epoch: i16) -> InitProducerIdResponse {
     let req = InitProducerIdRequest::default()
         .with_transactional_id(None)
         .with_transaction_timeout_ms(60_000)
@@ -196,10 +187,7 @@ pub fn produce(c: &mut RawConn, topic: &str, partition: i32, batch: Bytes) -> (i
 }
 
 /// The answer for `partition` in a Produce response; panics if it has none.
-pub fn produce_answer(
-    resp: &ProduceResponse,
-    partition: i32,
-) -> &produce_response::PartitionProduceResponse {
+pub fn produce_answer(resp: &ProduceResponse, partition: i32) -> &produce_response::PartitionProduceResponse {
     resp.responses
         .iter()
         .flat_map(|t| t.partition_responses.iter())

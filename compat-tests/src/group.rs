@@ -201,12 +201,7 @@ impl EventLog {
 
     /// Waits until `check` (called on the whole log after each new event, and at least every
     /// 100 ms) returns `Some`; panics after `timeout` with `what` and a summary of the log.
-    pub fn wait_for<T>(
-        &self,
-        timeout: Duration,
-        what: &str,
-        check: impl FnMut(&[Logged]) -> Option<T>,
-    ) -> T {
+    pub fn wait_for<T>(&self, timeout: Duration, what: &str, check: impl FnMut(&[Logged]) -> Option<T>) -> T {
         self.inner.wait_for(timeout, what, check, summarize)
     }
 

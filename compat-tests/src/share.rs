@@ -13,9 +13,7 @@
 //! when told ([`share::ShareMember::step`]).
 
 use super::*;
-use kafka_protocol::messages::incremental_alter_configs_request::{
-    AlterConfigsResource, AlterableConfig,
-};
+use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::share_fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{
     share_acknowledge_request, share_fetch_request, GroupId, IncrementalAlterConfigsRequest,
@@ -330,8 +328,7 @@ impl ShareEvent {
                 partition: v
                     .get("partition")
                     .and_then(Value::as_i64)
-                    .ok_or_else(|| format!("missing partition in {v}"))?
-                    as i32,
+                    .ok_or_else(|| format!("missing partition in {v}"))? as i32,
                 offsets: v
                     .get("offsets")
                     .and_then(Value::as_array)
@@ -406,12 +403,7 @@ impl ShareLog {
 
     /// Waits until `check` (run on the whole log after each event, and at least every 100 ms)
     /// returns `Some`; panics after `timeout` with `what` and a summary of the log.
-    pub fn wait_for<T>(
-        &self,
-        timeout: Duration,
-        what: &str,
-        check: impl FnMut(&[Logged]) -> Option<T>,
-    ) -> T {
+    pub fn wait_for<T>(&self, timeout: Duration, what: &str, check: impl FnMut(&[Logged]) -> Option<T>) -> T {
         self.inner.wait_for(timeout, what, check, summarize)
     }
 
@@ -656,21 +648,20 @@ pub fn alter_group_configs(
     configs: &[(&str, Option<&str>)],
 ) -> (i16, Option<String>) {
     let mut c = admin::connect(bootstrap);
-    let req =
-        IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
-            .with_resource_type(RESOURCE_GROUP)
-            .with_resource_name(s(group))
-            .with_configs(
-                configs
-                    .iter()
-                    .map(|(k, v)| {
-                        AlterableConfig::default()
-                            .with_name(s(k))
-                            .with_config_operation(if v.is_some() { 0 } else { 1 })
-                            .with_value(v.map(s))
-                    })
-                    .collect(),
-            )]);
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(RESOURCE_GROUP)
+        .with_resource_name(s(group))
+        .with_configs(
+            configs
+                .iter()
+                .map(|(k, v)| {
+                    AlterableConfig::default()
+                        .with_name(s(k))
+                        .with_config_operation(if v.is_some() { 0 } else { 1 })
+                        .with_value(v.map(s))
+                })
+                .collect(),
+        )]);
     let resp = c
         .request(versions::INCREMENTAL_ALTER_CONFIGS, &req)
         .unwrap_or_else(|e| panic!("IncrementalAlterConfigs on group {group}: {e}"));
@@ -710,8 +701,8 @@ pub fn heartbeat(
 
 /// ShareGroupDescribe of `groups`.
 pub fn describe(c: &mut RawConn, groups: &[&str]) -> ShareGroupDescribeResponse {
-    let req = ShareGroupDescribeRequest::default()
-        .with_group_ids(groups.iter().map(|g| GroupId(s(g))).collect());
+    let req =
+        ShareGroupDescribeRequest::default().with_group_ids(groups.iter().map(|g| GroupId(s(g))).collect());
     c.request(versions::DESCRIBE, &req)
         .unwrap_or_else(|e| panic!("ShareGroupDescribe {groups:?}: {e}"))
 }

@@ -64,11 +64,7 @@ pub fn python_scripts_dir() -> PathBuf {
 
 /// Runs `cmd` feeding `stdin`, with a time limit; returns (status, stdout, stderr).
 /// Panics if the command cannot be started or exceeds `timeout` (it is killed then).
-pub fn run_with_input(
-    mut cmd: Command,
-    stdin: &[u8],
-    timeout: Duration,
-) -> (ExitStatus, Vec<u8>, Vec<u8>) {
+pub fn run_with_input(mut cmd: Command, stdin: &[u8], timeout: Duration) -> (ExitStatus, Vec<u8>, Vec<u8>) {
     let desc = format!("{cmd:?}");
     let mut child = cmd
         .stdin(Stdio::piped())
