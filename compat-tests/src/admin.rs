@@ -1,7 +1,8 @@
 //! Admin and data-plane calls over [`raw::RawConn`], with the versions the suite uses.
 
-use super::raw::RawConn;
-use super::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use bytes::Bytes;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -11,6 +12,9 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, RecordBatchDecoder};
+
+use crate::raw::{self, RawConn};
+use crate::{unique_topic, wait_for};
 
 pub mod versions;
 

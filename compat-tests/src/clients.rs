@@ -1,7 +1,10 @@
 //! Helpers around rdkafka (bundled librdkafka) and the Python client scripts.
 
-use super::data::{Consumed, TestRecord};
-use super::*;
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -10,7 +13,9 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use std::sync::{Arc, Mutex};
+
+use crate::data::{self, Consumed, TestRecord};
+use crate::tools;
 
 /// Base rdkafka configuration for `bootstrap`: no idempotence (the broker need not support
 /// InitProducerId yet), quick reconnects.

@@ -1,16 +1,16 @@
 //! Consumer groups driven by real clients: group members, what they report, and a log of it.
 //!
-//! A *member* is one group consumer ([`group::Member`]):
+//! A *member* is one group consumer ([`Member`]):
 //!
 //! * an `rdkafka` consumer (`BaseConsumer`, `subscribe`) polled on its own thread of the test
-//!   process ([`group::Member::rdkafka_thread`]);
-//! * a child process ([`group::Member::child`]) running the same `rdkafka` loop (the crate's
-//!   `strand-group-consumer` binary, see [`group::rdkafka_child_command`]) or the `group` mode of
-//!   a Python script ([`group::python_group_command`]). A child can be killed with SIGKILL
-//!   ([`group::Member::kill9`]): a real crash, which sends no LeaveGroup and no last commit.
+//!   process ([`Member::rdkafka_thread`]);
+//! * a child process ([`Member::child`]) running the same `rdkafka` loop (the crate's
+//!   `strand-group-consumer` binary, see [`rdkafka_child_command`]) or the `group` mode of
+//!   a Python script ([`python_group_command`]). A child can be killed with SIGKILL
+//!   ([`Member::kill9`]): a real crash, which sends no LeaveGroup and no last commit.
 //!
-//! Every member reports what happens to it as [`group::Event`]s, collected with the member's
-//! name and arrival time in one [`group::EventLog`] per test. A child writes them on stdout as
+//! Every member reports what happens to it as [`Event`]s, collected with the member's
+//! name and arrival time in one [`EventLog`] per test. A child writes them on stdout as
 //! JSON lines (one object per line, flushed at once):
 //!
 //! ```text
@@ -23,28 +23,33 @@
 //! {"ev": "closed"}                                            the consumer was closed (LeaveGroup sent)
 //! ```
 //!
-//! and stops when its stdin reaches EOF ([`group::Member::stop`] closes it). Its stderr goes to the
+//! and stops when its stdin reaches EOF ([`Member::stop`] closes it). Its stderr goes to the
 //! test's stderr, prefixed with the member's name.
 //!
 //! Commit discipline, the same for every client: auto-commit off; a member commits what it has
-//! consumed synchronously every [`group::MemberSpec::commit_interval_ms`], and in the revocation
+//! consumed synchronously every [`MemberSpec::commit_interval_ms`], and in the revocation
 //! callback for the partitions it gives up (so a graceful rebalance hands partitions over without
 //! re-delivery); on stop it commits what it consumed and closes its consumer (LeaveGroup).
-//! [`group::MemberSpec::freeze_commits_after`] stops every commit once the member has consumed
+//! [`MemberSpec::freeze_commits_after`] stops every commit once the member has consumed
 //! that many records, which leaves an uncommitted tail behind a crash.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::Message;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
-use std::io::BufRead;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+
+use crate::{clients, tools, SharedLog};
 
 /// One thing that happened to a member.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,7 +181,7 @@ pub struct Logged {
 /// Every member's events, in arrival order; shared by the members' threads.
 #[derive(Clone, Default)]
 pub struct EventLog {
-    inner: crate::SharedLog<Logged>,
+    inner: SharedLog<Logged>,
 }
 
 impl EventLog {

@@ -1,13 +1,16 @@
 //! A minimal blocking Kafka client for exact-protocol and bad-input tests.
 //!
-//! [`raw::RawConn::request`] sends one typed request (any version the `kafka-protocol` crate
+//! [`RawConn::request`] sends one typed request (any version the `kafka-protocol` crate
 //! knows) and decodes the answer, checking the correlation id and that the whole frame was
-//! consumed. [`raw::RawConn::raw_request`] sends any encodable body under any API key and
-//! returns the answer undecoded; [`raw::RawConn::send_frame`] / [`raw::RawConn::send_bytes`] put
-//! arbitrary bytes on the wire and [`raw::RawConn::expect_closed`] checks that the broker closed
+//! consumed. [`RawConn::raw_request`] sends any encodable body under any API key and
+//! returns the answer undecoded; [`RawConn::send_frame`] / [`RawConn::send_bytes`] put
+//! arbitrary bytes on the wire and [`RawConn::expect_closed`] checks that the broker closed
 //! the connection.
 
-use super::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};

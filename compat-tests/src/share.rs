@@ -2,17 +2,22 @@
 //! members in child processes, what they report, group configs, raw share requests and the
 //! dead-letter topic as kcat shows it.
 //!
-//! A member ([`share::ShareMember`]) runs `compat-tests/python/share_client.py member --spec
-//! '<ShareSpec as JSON>'`. It polls and acknowledges as its [`share::ShareSpec`] says and writes
-//! [`share::ShareEvent`]s as JSON lines (the protocol is in the script's docstring), collected
-//! with the member's name in one [`share::ShareLog`] per test. Each event carries the member's
-//! wall-clock time in ms (`time.time()`), the same clock as [`share::now_ms`], so holds of one
+//! A member ([`ShareMember`]) runs `compat-tests/python/share_client.py member --spec
+//! '<ShareSpec as JSON>'`. It polls and acknowledges as its [`ShareSpec`] says and writes
+//! [`ShareEvent`]s as JSON lines (the protocol is in the script's docstring), collected
+//! with the member's name in one [`ShareLog`] per test. Each event carries the member's
+//! wall-clock time in ms (`time.time()`), the same clock as [`now_ms`], so holds of one
 //! record by different members (or by an HTTP worker) can be compared. It stops at EOF on stdin
-//! ([`share::ShareMember::stop`]: commit, `close()`, which leaves the group) or dies by SIGKILL
-//! ([`share::ShareMember::kill9`]: no acknowledgement, no leave). A *stepped* member polls only
-//! when told ([`share::ShareMember::step`]).
+//! ([`ShareMember::stop`]: commit, `close()`, which leaves the group) or dies by SIGKILL
+//! ([`ShareMember::kill9`]: no acknowledgement, no leave). A *stepped* member polls only
+//! when told ([`ShareMember::step`]).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Write};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::share_fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{
@@ -25,9 +30,8 @@ use kafka_protocol::protocol::StrBytes;
 use raw::RawConn;
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeSet;
-use std::io::BufRead;
-use std::thread::JoinHandle;
+
+use crate::{admin, raw, tools, SharedLog};
 
 pub mod versions;
 
@@ -379,7 +383,7 @@ pub struct Logged {
 /// Every member's events in arrival order (per member: in the member's order).
 #[derive(Clone, Default)]
 pub struct ShareLog {
-    inner: crate::SharedLog<Logged>,
+    inner: SharedLog<Logged>,
 }
 
 impl ShareLog {

@@ -1,6 +1,12 @@
 //! Finding the external tools the tests drive.
 
-use super::*;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::repo_root;
 
 /// `kcat` on `PATH`; fails the test with install instructions when missing.
 pub fn kcat() -> PathBuf {
