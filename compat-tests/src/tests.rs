@@ -6,9 +6,7 @@ fn batch_at(base: i64, n: usize, compression: Compression) -> Vec<u8> {
     let recs: Vec<_> = (0..n)
         .map(|i| record(None, Some(format!("v{i}").as_bytes()), 1000))
         .collect();
-    let mut b = encode_batch(&recs, compression).to_vec();
-    b[0..8].copy_from_slice(&base.to_be_bytes());
-    b
+    encode_batch_at(base, &recs, compression).to_vec()
 }
 
 #[test]

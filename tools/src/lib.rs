@@ -9,6 +9,9 @@
 //! * [`workload`]: the Kafka load itself, on `rdkafka` (produce, end-to-end, consume).
 //! * [`latency`]: HdrHistogram helpers and the percentile summary every report uses.
 //! * [`report`]: the JSON report and the human-readable table.
+//! * [`kafka_wire`]: a blocking Kafka client that speaks the protocol request by request (the
+//!   share-group workload and the compatibility tests), and the frame reading the servers here
+//!   share with it.
 //! * [`queue_client`]: a blocking HTTP/1.1 client of Strand's queue API (the queue benchmark and
 //!   the compatibility tests).
 //! * [`queue_workload`]: the HTTP queue load of `strand-queue-bench` (publish, lease + batch ack,
@@ -29,6 +32,7 @@ pub mod broker;
 pub mod broker_metrics;
 pub mod faultproxy;
 pub mod host;
+pub mod kafka_wire;
 pub mod latency;
 pub mod null_broker;
 pub mod queue_client;
