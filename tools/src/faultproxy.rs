@@ -31,6 +31,7 @@
 //! happened.
 
 use crate::blocking_server::{stop_accept_thread, wait_for_connection_threads};
+use crate::kafka_wire::read_size_prefix;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -40,6 +41,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use strand_protocol::header::RawHeader;
 
 /// Kafka's Produce api key: the responses the proxy drops.
 pub const PRODUCE_API_KEY: i16 = 0;
@@ -564,25 +567,12 @@ fn proxy_connection(shared: &Arc<Shared>, id: u64, client: TcpStream) {
     }
 }
 
-/// Reads one frame (size prefix included in the result). `Ok(None)` on a clean EOF before the
-/// first byte; an error for a size that is negative or above `max`.
+/// Reads one frame (size prefix included in the result). `Ok(None)` when the peer closed (EOF,
+/// or a reset) before the first byte; an error for a size that is negative or above `max`.
 fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Vec<u8>>> {
-    let mut size = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match stream.read(&mut size[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "EOF in a size prefix",
-                ))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let Some(size) = read_size_prefix(stream)? else {
+        return Ok(None);
+    };
     let len = i32::from_be_bytes(size);
     let len = usize::try_from(len).ok().filter(|&l| l <= max).ok_or_else(|| {
         io::Error::new(
@@ -594,14 +584,6 @@ fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Vec<u8>>>
     frame[..4].copy_from_slice(&size);
     stream.read_exact(&mut frame[4..])?;
     Ok(Some(frame))
-}
-
-/// The fixed prefix of a request header: (api key, api version, correlation id).
-pub fn request_header(body: &[u8]) -> Option<(i16, i16, i32)> {
-    let api_key = i16::from_be_bytes(body.get(0..2)?.try_into().ok()?);
-    let version = i16::from_be_bytes(body.get(2..4)?.try_into().ok()?);
-    let correlation_id = i32::from_be_bytes(body.get(4..8)?.try_into().ok()?);
-    Some((api_key, version, correlation_id))
 }
 
 /// A bounds-checked reader over a request body.
@@ -666,10 +648,11 @@ impl<'a> Cursor<'a> {
 /// The `acks` of a Produce request body (after the size prefix), or `None` if it cannot be
 /// parsed. Produce v9+ uses request header v2 (tagged fields) and a compact transactional id.
 pub fn produce_acks(body: &[u8]) -> Option<i16> {
-    let (api_key, version, _) = request_header(body)?;
-    if api_key != PRODUCE_API_KEY {
+    let header = RawHeader::peek(body)?;
+    if header.api_key != PRODUCE_API_KEY {
         return None;
     }
+    let version = header.api_version;
     let mut c = Cursor { buf: body, pos: 8 };
     c.skip_string()?; // client id (always a non-compact nullable string)
     if version >= 9 {
@@ -700,7 +683,12 @@ fn forward_requests(
             }
         };
         let body = &frame[4..];
-        let Some((api_key, _version, correlation_id)) = request_header(body) else {
+        let Some(RawHeader {
+            api_key,
+            correlation_id,
+            ..
+        }) = RawHeader::peek(body)
+        else {
             bump(&shared.counters.protocol_errors);
             return format!("a request of {} bytes has no header", body.len());
         };
@@ -856,7 +844,11 @@ mod tests {
                     while let Ok(Some(f)) = read_frame(&mut conn, 1 << 20) {
                         counter.fetch_add(1, Ordering::SeqCst);
                         let body = &f[4..];
-                        let (key, _, corr) = request_header(body).unwrap();
+                        let RawHeader {
+                            api_key: key,
+                            correlation_id: corr,
+                            ..
+                        } = RawHeader::peek(body).unwrap();
                         if key == PRODUCE_API_KEY && produce_acks(body) == Some(0) {
                             continue;
                         }

@@ -49,6 +49,7 @@
 //! most [`MAX_FETCH_WAIT`]) for the next produce.
 
 use crate::blocking_server::{stop_accept_thread, wait_for_connection_threads};
+use crate::kafka_wire::read_size_prefix;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -79,6 +80,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use strand_protocol::batch::BatchHeader;
 use strand_protocol::frame::peek_frame_size;
+use strand_protocol::header::RawHeader;
 
 /// Largest request frame, as Kafka's `socket.request.max.bytes` (100 MiB); a larger one closes
 /// the connection.
@@ -871,12 +873,12 @@ impl Shared {
     /// there is one, to `out`. An error means the connection is to be closed.
     fn handle(&self, frame: Bytes, out: &mut Vec<u8>) -> Result<()> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let head = frame
-            .first_chunk::<8>()
+        let RawHeader {
+            api_key,
+            api_version: version,
+            correlation_id,
+        } = RawHeader::peek(&frame)
             .ok_or_else(|| anyhow!("a frame of {} bytes holds no request header", frame.len()))?;
-        let api_key = i16::from_be_bytes([head[0], head[1]]);
-        let version = i16::from_be_bytes([head[2], head[3]]);
-        let correlation_id = i32::from_be_bytes([head[4], head[5], head[6], head[7]]);
         let api = ApiKey::try_from(api_key).map_err(|_| anyhow!("unknown api key {api_key}"))?;
         if let Some((n, v)) = usize::try_from(api_key)
             .ok()
@@ -1293,25 +1295,13 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream) {
     }
 }
 
-/// Reads one frame (without its size prefix). `Ok(None)` on a clean EOF before the first byte;
-/// `InvalidData` for a size that is negative, shorter than a request header or above `max`.
+/// Reads one frame (without its size prefix). `Ok(None)` when the peer closed (EOF, or a reset)
+/// before the first byte; `InvalidData` for a size that is negative, shorter than a request
+/// header or above `max`.
 fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Bytes>> {
-    let mut size = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match stream.read(&mut size[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "EOF in a size prefix",
-                ))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let Some(size) = read_size_prefix(stream)? else {
+        return Ok(None);
+    };
     // The broker's own checks: negative, over `max`, or too short for a request header.
     let len = match peek_frame_size(&size, max) {
         Ok(Some(len)) => len,
