@@ -9,7 +9,7 @@
 //! the connection.
 
 pub use strand_tools::kafka_wire::{
-    encode_batch, encode_batch_at, encode_idempotent_batch, record, RawConn, ResponseBytes,
+    encode_batch, encode_batch_at, encode_idempotent_batch, record, request_frame, RawConn, ResponseBytes,
     DEFAULT_CLIENT_ID as CLIENT_ID,
 };
 

@@ -392,7 +392,8 @@ fn frames_in_pieces_of_any_size_are_read_whole_and_in_order() {
             -1,
             vec![(0, raw::encode_batch(&records, Compression::None))],
         );
-        let frame = RawConn::encode_frame(
+        let frame = raw::request_frame(
+            raw::CLIENT_ID,
             <ProduceRequest as Request>::KEY,
             versions::PRODUCE,
             <ProduceRequest as HeaderVersion>::header_version(versions::PRODUCE),

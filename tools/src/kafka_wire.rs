@@ -13,7 +13,8 @@
 //! * [`RawConn::raw_request`] sends any encodable body under any API key and returns the answer
 //!   undecoded; [`RawConn::send_frame`] and [`RawConn::send_bytes`] put arbitrary bytes on the
 //!   wire, [`RawConn::read_frame`] reads one frame whatever it holds, and
-//!   [`RawConn::expect_closed`] checks that the peer closed the connection.
+//!   [`RawConn::expect_closed`] checks that the peer closed the connection; [`request_frame`]
+//!   encodes a request for a test that writes it in pieces of its own choosing.
 //!
 //! Every answer is checked against a maximum size ([`ConnOptions::max_response_bytes`]) before
 //! anything is allocated for it; reads (and, if asked, writes) time out.
@@ -145,25 +146,6 @@ impl RawConn {
     /// Changes the read timeout.
     pub fn set_read_timeout(&mut self, t: Duration) -> io::Result<()> {
         self.stream.set_read_timeout(Some(t))
-    }
-
-    /// Encodes a request frame (size prefix included) with the given header version and the
-    /// default client id.
-    pub fn encode_frame<Req: Encodable>(
-        api_key: i16,
-        version: i16,
-        header_version: i16,
-        correlation_id: i32,
-        req: &Req,
-    ) -> Result<BytesMut> {
-        request_frame(
-            DEFAULT_CLIENT_ID,
-            api_key,
-            version,
-            header_version,
-            correlation_id,
-            req,
-        )
     }
 
     fn take_correlation_id(&mut self) -> i32 {
@@ -313,8 +295,9 @@ impl RawConn {
     }
 }
 
-/// A request frame: size prefix, request header (`header_version`, `client_id`), body.
-fn request_frame<Req: Encodable>(
+/// Encodes a request frame: size prefix, request header (version `header_version`, with
+/// `client_id`), body.
+pub fn request_frame<Req: Encodable>(
     client_id: &'static str,
     api_key: i16,
     version: i16,
