@@ -105,6 +105,14 @@ pub fn create_topic(bootstrap: &str, name: &str, partitions: i32, configs: &[(&s
     t.topic_id
 }
 
+/// A new topic of `partitions` partitions with the broker's default configuration, named
+/// [`unique_topic`]`(prefix)`, created as [`create_topic`] does; returns its name.
+pub fn new_topic(bootstrap: &str, prefix: &str, partitions: i32) -> String {
+    let topic = unique_topic(prefix);
+    create_topic(bootstrap, &topic, partitions, &[]);
+    topic
+}
+
 /// ApiVersions (v3), asserting no error.
 pub fn api_versions(c: &mut RawConn) -> ApiVersionsResponse {
     let resp = c

@@ -80,6 +80,30 @@ pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}-{}-{n}-{salt:08x}", std::process::id())
 }
 
+/// One `#[test]` per case of a scenario taken over protocols, clients or codecs, each under its
+/// own name (so that each case passes or fails, and is kept in a test history, on its own):
+///
+/// ```ignore
+/// scenario_tests!(takeover {
+///     takeover_range: Protocol::Classic("range");
+///     takeover_kip848_consumer_protocol: Protocol::Consumer;
+/// });
+/// ```
+///
+/// declares `#[test] fn takeover_range() { takeover(Protocol::Classic("range")) }` and so on; a
+/// case may pass several arguments, separated by commas.
+#[macro_export]
+macro_rules! scenario_tests {
+    ($scenario:path { $($name:ident: $($arg:expr),+;)+ }) => {
+        $(
+            #[test]
+            fn $name() {
+                $scenario($($arg),+)
+            }
+        )+
+    };
+}
+
 pub mod admin;
 mod broker;
 pub mod clients;
