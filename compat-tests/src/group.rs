@@ -34,9 +34,9 @@
 //! that many records, which leaves an uncommitted tail behind a crash.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -49,7 +49,8 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::{clients, tools, SharedLog};
+use crate::members::{self, ChildMember, MemberEvent, MemberLog};
+use crate::{clients, tools};
 
 /// One thing that happened to a member.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,15 +114,14 @@ impl Event {
             Event::Closed => json!({"ev": "closed"}),
         }
     }
+}
+
+impl MemberEvent for Event {
+    type Counts = Counts;
 
     /// Parses the JSON-lines form.
-    pub fn from_json(v: &Value) -> Result<Event, String> {
-        let text = |name: &str| {
-            v.get(name)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| format!("missing {name} in {v}"))
-        };
+    fn from_json(v: &Value) -> Result<Event, String> {
+        let text = |key: &str| members::text(v, key);
         match v.get("ev").and_then(Value::as_str) {
             Some("assigned") => {
                 let mut ps: Vec<i32> = v
@@ -165,56 +165,45 @@ impl Event {
             _ => Err(format!("unknown event {v}")),
         }
     }
+
+    fn unreadable(message: String) -> Event {
+        Event::Error(message)
+    }
+
+    fn count(&self, m: &mut Counts) -> Option<String> {
+        match self {
+            Event::Assigned(ps) => m.assignment = ps.clone(),
+            Event::Records(rs) => m.records += rs.len(),
+            Event::Committed(c) => m.committed.extend(c),
+            Event::CommitFailed { error, .. } => return Some(format!("commit failed: {error}")),
+            Event::Error(e) => return Some(e.clone()),
+            Event::Note(n) => return Some(n.clone()),
+            Event::Closed => return Some("closed".into()),
+        }
+        None
+    }
+
+    fn counts_line(m: &Counts) -> String {
+        format!(
+            "assignment {:?}, {} records, committed {:?}",
+            m.assignment, m.records, m.committed
+        )
+    }
+}
+
+/// A member's line in a log summary.
+#[derive(Default)]
+pub struct Counts {
+    assignment: Vec<i32>,
+    records: usize,
+    committed: BTreeMap<i32, i64>,
 }
 
 /// An event with the member that reported it and when the test process received it.
-#[derive(Clone, Debug)]
-pub struct Logged {
-    /// The member's name.
-    pub member: String,
-    /// Arrival time.
-    pub at: Instant,
-    /// The event.
-    pub event: Event,
-}
+pub type Logged = members::Logged<Event>;
 
 /// Every member's events, in arrival order; shared by the members' threads.
-#[derive(Clone, Default)]
-pub struct EventLog {
-    inner: SharedLog<Logged>,
-}
-
-impl EventLog {
-    /// An empty log.
-    pub fn new() -> EventLog {
-        EventLog::default()
-    }
-
-    /// Appends an event of `member`.
-    pub fn push(&self, member: &str, event: Event) {
-        self.inner.push(Logged {
-            member: member.to_string(),
-            at: Instant::now(),
-            event,
-        });
-    }
-
-    /// A copy of everything so far.
-    pub fn snapshot(&self) -> Vec<Logged> {
-        self.inner.snapshot()
-    }
-
-    /// Waits until `check` (called on the whole log after each new event, and at least every
-    /// 100 ms) returns `Some`; panics after `timeout` with `what` and a summary of the log.
-    pub fn wait_for<T>(&self, timeout: Duration, what: &str, check: impl FnMut(&[Logged]) -> Option<T>) -> T {
-        self.inner.wait_for(timeout, what, check, summarize)
-    }
-
-    /// A per-member summary (assignment, records, last commit, errors) for failure messages.
-    pub fn summary(&self) -> String {
-        summarize(&self.snapshot())
-    }
-}
+pub type EventLog = MemberLog<Event>;
 
 /// The latest assignment each member reported.
 pub fn assignments(log: &[Logged]) -> BTreeMap<String, Vec<i32>> {
@@ -238,41 +227,6 @@ pub fn records(log: &[Logged]) -> Vec<(&str, Instant, i32, i64, &str)> {
         }
     }
     out
-}
-
-#[derive(Default)]
-struct MemberSummary {
-    assignment: Vec<i32>,
-    records: usize,
-    committed: BTreeMap<i32, i64>,
-    notes: Vec<String>,
-}
-
-fn summarize(log: &[Logged]) -> String {
-    let mut members: BTreeMap<&str, MemberSummary> = BTreeMap::new();
-    for l in log {
-        let m = members.entry(l.member.as_str()).or_default();
-        match &l.event {
-            Event::Assigned(ps) => m.assignment = ps.clone(),
-            Event::Records(rs) => m.records += rs.len(),
-            Event::Committed(c) => m.committed.extend(c),
-            Event::CommitFailed { error, .. } => m.notes.push(format!("commit failed: {error}")),
-            Event::Error(e) => m.notes.push(e.clone()),
-            Event::Note(n) => m.notes.push(n.clone()),
-            Event::Closed => m.notes.push("closed".into()),
-        }
-    }
-    members
-        .iter()
-        .map(|(name, m)| {
-            let last: Vec<&String> = m.notes.iter().rev().take(5).collect();
-            format!(
-                "  {name}: assignment {:?}, {} records, committed {:?}, last errors/notes {last:?}",
-                m.assignment, m.records, m.committed
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// What a member does; also the command-line argument of the child programs (as JSON).
@@ -549,10 +503,7 @@ enum Kind {
         stop: Arc<AtomicBool>,
         handle: Option<JoinHandle<()>>,
     },
-    Child {
-        child: Child,
-        reader: Option<JoinHandle<()>>,
-    },
+    Child(ChildMember),
 }
 
 /// A running member (see the module documentation). Dropping it stops a thread member (without
@@ -583,49 +534,17 @@ impl Member {
     }
 
     /// A member in a child process that speaks the JSON-lines protocol.
-    pub fn child(name: &str, mut cmd: Command, log: &EventLog) -> Member {
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start member {name} ({cmd:?}): {e}"));
-        let stdout = child.stdout.take().expect("stdout pipe");
-        let stderr = child.stderr.take().expect("stderr pipe");
-        let (log2, name2) = (log.clone(), name.to_string());
-        let reader = std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let ev = serde_json::from_str::<Value>(&line)
-                    .map_err(|e| e.to_string())
-                    .and_then(|v| Event::from_json(&v))
-                    .unwrap_or_else(|e| Event::Error(format!("unparsable line {line:?}: {e}")));
-                log2.push(&name2, ev);
-            }
-        });
-        let name3 = name.to_string();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("[{name3}] {line}");
-            }
-        });
+    pub fn child(name: &str, cmd: Command, log: &EventLog) -> Member {
         Member {
             name: name.to_string(),
-            kind: Kind::Child {
-                child,
-                reader: Some(reader),
-            },
+            kind: Kind::Child(ChildMember::spawn(name, cmd, log)),
         }
     }
 
     /// The child's process id (`None` for a thread member).
     pub fn pid(&self) -> Option<u32> {
         match &self.kind {
-            Kind::Child { child, .. } => Some(child.id()),
+            Kind::Child(child) => Some(child.pid()),
             Kind::Thread { .. } => None,
         }
     }
@@ -633,19 +552,9 @@ impl Member {
     /// SIGKILLs a child member and waits for it and for the end of its output. Panics for a
     /// thread member or a child that already exited.
     pub fn kill9(&mut self) {
-        let name = self.name.clone();
         match &mut self.kind {
-            Kind::Child { child, reader } => {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("member {name} exited by itself ({status}) before it was killed");
-                }
-                child.kill().expect("SIGKILL the member");
-                child.wait().expect("wait for the killed member");
-                if let Some(r) = reader.take() {
-                    let _ = r.join();
-                }
-            }
-            Kind::Thread { .. } => panic!("member {name} is a thread; only a child can be killed"),
+            Kind::Child(child) => child.kill9(),
+            Kind::Thread { .. } => panic!("member {} is a thread; only a child can be killed", self.name),
         }
     }
 
@@ -653,9 +562,9 @@ impl Member {
     /// does not end in time or a child fails.
     pub fn stop(mut self, timeout: Duration) {
         let name = self.name.clone();
-        let deadline = Instant::now() + timeout;
         match &mut self.kind {
             Kind::Thread { stop, handle } => {
+                let deadline = Instant::now() + timeout;
                 stop.store(true, Ordering::Relaxed);
                 if let Some(h) = handle.take() {
                     while !h.is_finished() {
@@ -670,36 +579,16 @@ impl Member {
                     }
                 }
             }
-            Kind::Child { child, reader } => {
-                drop(child.stdin.take());
-                let status = loop {
-                    if let Some(s) = child.try_wait().expect("try_wait on a member") {
-                        break s;
-                    }
-                    if Instant::now() >= deadline {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        panic!("member {name} did not stop within {timeout:?}");
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                };
-                if let Some(r) = reader.take() {
-                    let _ = r.join();
-                }
-                assert!(status.success(), "member {name} exited with {status}");
-            }
+            Kind::Child(child) => child.stop(timeout),
         }
     }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
-        match &mut self.kind {
-            Kind::Thread { stop, .. } => stop.store(true, Ordering::Relaxed),
-            Kind::Child { child, .. } => {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        // A child member is killed by its own Drop.
+        if let Kind::Thread { stop, .. } = &self.kind {
+            stop.store(true, Ordering::Relaxed);
         }
     }
 }

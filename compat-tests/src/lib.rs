@@ -26,13 +26,15 @@
 //!   benchmark).
 //! * [`data`]: deterministic test records ([`data::TestRecord`]) and what a consumer read
 //!   ([`data::Consumed`]), with a JSON form shared with the Python scripts.
-//! * [`wait_for`] and [`SharedLog`]: waiting for a condition, or for an event that another
-//!   thread logs; [`metric_sum`] reads the broker's `/metrics`; [`unique_topic`] names a topic
-//!   no other test uses.
+//! * [`members`]: what group and share-group members share: the log of their events (which a
+//!   test waits on) and the child process a member runs in.
+//! * [`wait_for`] waits for a condition; [`metric_sum`] reads the broker's `/metrics`;
+//!   [`unique_topic`] names a topic no other test uses; [`scenario_tests!`] declares one test per
+//!   case of a scenario.
 //!
 //! One file a module: `broker.rs` (the process), `raw.rs`, `admin.rs` (+ `admin/`),
-//! `clients.rs`, `group.rs`, `share.rs` (+ `share/`), `data.rs`, `tools.rs`, `wait.rs`,
-//! `metrics.rs`; `tests.rs` holds the harness's own unit tests.
+//! `clients.rs`, `group.rs`, `share.rs` (+ `share/`), `members.rs`, `data.rs`, `tools.rs`,
+//! `wait.rs`, `metrics.rs`; `tests.rs` holds the harness's own unit tests.
 //!
 //! # Which broker
 //!
@@ -70,7 +72,7 @@ pub use broker::{
 pub use metrics::{http_get, metric_sum, metric_sum_where};
 /// The HTTP queue API client (shared with the queue benchmark).
 pub use strand_tools::queue_client;
-pub use wait::{wait_for, SharedLog};
+pub use wait::wait_for;
 
 /// A topic name no other test (nor an earlier run against the same external broker) uses.
 pub fn unique_topic(prefix: &str) -> String {
@@ -109,6 +111,7 @@ mod broker;
 pub mod clients;
 pub mod data;
 pub mod group;
+pub mod members;
 mod metrics;
 pub mod raw;
 pub mod share;

@@ -13,10 +13,9 @@
 //! when told ([`ShareMember::step`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Write};
-use std::process::{Child, Command, Stdio};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::process::Command;
+use std::time::Duration;
 
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::share_fetch_request::{FetchPartition, FetchTopic};
@@ -31,7 +30,8 @@ use raw::RawConn;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{admin, raw, tools, SharedLog};
+use crate::members::{self, ChildMember, MemberEvent, MemberLog};
+use crate::{admin, raw, tools};
 
 pub mod versions;
 
@@ -255,28 +255,28 @@ fn f(v: &Value, k: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("missing {k} in {v}"))
 }
 
-fn pairs(v: Option<&Value>) -> Result<Vec<(i32, i64)>, String> {
-    v.and_then(Value::as_array)
-        .ok_or_else(|| "missing records".to_string())?
+/// The array `key` of a JSON event, each element read by `item` (`what` names an element in
+/// errors).
+fn array<T>(v: &Value, key: &str, what: &str, item: impl Fn(&Value) -> Option<T>) -> Result<Vec<T>, String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("missing {key} in {v}"))?
         .iter()
-        .map(
-            |r| match (r.get(0).and_then(Value::as_i64), r.get(1).and_then(Value::as_i64)) {
-                (Some(p), Some(o)) => Ok((p as i32, o)),
-                _ => Err(format!("bad record {r}")),
-            },
-        )
+        .map(|x| item(x).ok_or_else(|| format!("bad {what} {x}")))
         .collect()
 }
 
-impl ShareEvent {
+/// A (partition, offset) pair.
+fn pair(r: &Value) -> Option<(i32, i64)> {
+    Some((r.get(0)?.as_i64()? as i32, r.get(1)?.as_i64()?))
+}
+
+impl MemberEvent for ShareEvent {
+    type Counts = ShareCounts;
+
     /// Parses the JSON-lines form.
-    pub fn from_json(v: &Value) -> Result<ShareEvent, String> {
-        let text = |k: &str| {
-            v.get(k)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| format!("missing {k} in {v}"))
-        };
+    fn from_json(v: &Value) -> Result<ShareEvent, String> {
+        let text = |key: &str| members::text(v, key);
         let opt_text = |x: Option<&Value>| x.and_then(Value::as_str).map(str::to_string);
         match v.get("ev").and_then(Value::as_str) {
             Some("subscribed") => Ok(ShareEvent::Subscribed {
@@ -285,47 +285,22 @@ impl ShareEvent {
             }),
             Some("acquired") => Ok(ShareEvent::Acquired {
                 t_ms: f(v, "t")?,
-                records: v
-                    .get("records")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| format!("missing records in {v}"))?
-                    .iter()
-                    .map(|r| {
-                        match (
-                            r.get(0).and_then(Value::as_i64),
-                            r.get(1).and_then(Value::as_i64),
-                            r.get(2),
-                            r.get(3).and_then(Value::as_str),
-                        ) {
-                            (Some(p), Some(o), Some(dc), Some(val)) => Ok(Acquired {
-                                partition: p as i32,
-                                offset: o,
-                                delivery_count: dc.as_i64().unwrap_or(0) as i32,
-                                value: val.to_string(),
-                            }),
-                            _ => Err(format!("bad record {r}")),
-                        }
+                records: array(v, "records", "record", |r| {
+                    let (partition, offset) = pair(r)?;
+                    Some(Acquired {
+                        partition,
+                        offset,
+                        delivery_count: r.get(2)?.as_i64().unwrap_or(0) as i32,
+                        value: r.get(3)?.as_str()?.to_string(),
                     })
-                    .collect::<Result<_, _>>()?,
+                })?,
             }),
             Some("acks_sent") => Ok(ShareEvent::AcksSent {
                 t_ms: f(v, "t")?,
-                acks: v
-                    .get("acks")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| format!("missing acks in {v}"))?
-                    .iter()
-                    .map(|a| {
-                        match (
-                            a.get(0).and_then(Value::as_i64),
-                            a.get(1).and_then(Value::as_i64),
-                            a.get(2).and_then(Value::as_str).and_then(AckType::parse),
-                        ) {
-                            (Some(p), Some(o), Some(t)) => Ok((p as i32, o, t)),
-                            _ => Err(format!("bad ack {a}")),
-                        }
-                    })
-                    .collect::<Result<_, _>>()?,
+                acks: array(v, "acks", "ack", |a| {
+                    let (p, o) = pair(a)?;
+                    Some((p, o, AckType::parse(a.get(2)?.as_str()?)?))
+                })?,
             }),
             Some("ack_result") => Ok(ShareEvent::AckResult {
                 t_ms: f(v, "t")?,
@@ -333,31 +308,18 @@ impl ShareEvent {
                     .get("partition")
                     .and_then(Value::as_i64)
                     .ok_or_else(|| format!("missing partition in {v}"))? as i32,
-                offsets: v
-                    .get("offsets")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| format!("missing offsets in {v}"))?
-                    .iter()
-                    .map(|o| o.as_i64().ok_or_else(|| format!("bad offset {o}")))
-                    .collect::<Result<_, _>>()?,
+                offsets: array(v, "offsets", "offset", Value::as_i64)?,
                 error: opt_text(v.get("error")),
             }),
             Some("commit") => Ok(ShareEvent::Commit {
                 t_ms: f(v, "t")?,
-                results: v
-                    .get("results")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| format!("missing results in {v}"))?
-                    .iter()
-                    .map(|r| match r.get(0).and_then(Value::as_i64) {
-                        Some(p) => Ok((p as i32, opt_text(r.get(1)))),
-                        None => Err(format!("bad result {r}")),
-                    })
-                    .collect::<Result<_, _>>()?,
+                results: array(v, "results", "result", |r| {
+                    Some((r.get(0)?.as_i64()? as i32, opt_text(r.get(1))))
+                })?,
             }),
             Some("holding") => Ok(ShareEvent::Holding {
                 t_ms: f(v, "t")?,
-                records: pairs(v.get("records"))?,
+                records: array(v, "records", "record", pair)?,
             }),
             Some("step_done") => Ok(ShareEvent::StepDone {
                 t_ms: f(v, "t")?,
@@ -369,53 +331,56 @@ impl ShareEvent {
             _ => Err(format!("unknown event {v}")),
         }
     }
+
+    fn unreadable(message: String) -> ShareEvent {
+        ShareEvent::Error(message)
+    }
+
+    fn count(&self, m: &mut ShareCounts) -> Option<String> {
+        match self {
+            ShareEvent::Acquired { records, .. } => m.acquired += records.len(),
+            ShareEvent::AckResult { offsets, error, .. } => {
+                if error.is_some() {
+                    m.ack_failures += offsets.len();
+                    return Some(format!("ack failed: {error:?}"));
+                }
+                m.acked += offsets.len();
+            }
+            ShareEvent::Holding { records, .. } => return Some(format!("holding {}", records.len())),
+            ShareEvent::Error(e) => return Some(e.clone()),
+            ShareEvent::Note(n) => return Some(n.clone()),
+            ShareEvent::Closed { .. } => return Some("closed".into()),
+            _ => {}
+        }
+        None
+    }
+
+    fn counts_line(m: &ShareCounts) -> String {
+        format!(
+            "{} records acquired, {} acknowledged, {} acknowledgements failed",
+            m.acquired, m.acked, m.ack_failures
+        )
+    }
+
+    /// librdkafka's warning that its share consumer is a preview, on every start.
+    fn quiet(stderr_line: &str) -> bool {
+        stderr_line.contains("is in \"Preview\"")
+    }
+}
+
+/// A member's line in a log summary.
+#[derive(Default)]
+pub struct ShareCounts {
+    acquired: usize,
+    acked: usize,
+    ack_failures: usize,
 }
 
 /// An event with the member that reported it.
-#[derive(Clone, Debug)]
-pub struct Logged {
-    /// The member's name.
-    pub member: String,
-    /// The event.
-    pub event: ShareEvent,
-}
+pub type Logged = members::Logged<ShareEvent>;
 
 /// Every member's events in arrival order (per member: in the member's order).
-#[derive(Clone, Default)]
-pub struct ShareLog {
-    inner: SharedLog<Logged>,
-}
-
-impl ShareLog {
-    /// An empty log.
-    pub fn new() -> ShareLog {
-        ShareLog::default()
-    }
-
-    /// Appends an event of `member`.
-    pub fn push(&self, member: &str, event: ShareEvent) {
-        self.inner.push(Logged {
-            member: member.to_string(),
-            event,
-        });
-    }
-
-    /// A copy of everything so far.
-    pub fn snapshot(&self) -> Vec<Logged> {
-        self.inner.snapshot()
-    }
-
-    /// Waits until `check` (run on the whole log after each event, and at least every 100 ms)
-    /// returns `Some`; panics after `timeout` with `what` and a summary of the log.
-    pub fn wait_for<T>(&self, timeout: Duration, what: &str, check: impl FnMut(&[Logged]) -> Option<T>) -> T {
-        self.inner.wait_for(timeout, what, check, summarize)
-    }
-
-    /// Per member: records acquired, acknowledgements, last errors (for failure messages).
-    pub fn summary(&self) -> String {
-        summarize(&self.snapshot())
-    }
-}
+pub type ShareLog = MemberLog<ShareEvent>;
 
 /// Every record acquired: (member, time, record), in log order.
 pub fn acquired(log: &[Logged]) -> Vec<(&str, f64, &Acquired)> {
@@ -474,54 +439,9 @@ pub fn errors(log: &[Logged], member: &str) -> Vec<String> {
         .collect()
 }
 
-fn summarize(log: &[Logged]) -> String {
-    #[derive(Default)]
-    struct S {
-        acquired: usize,
-        acked: usize,
-        ack_failures: usize,
-        notes: Vec<String>,
-    }
-    let mut members: BTreeMap<&str, S> = BTreeMap::new();
-    for l in log {
-        let m = members.entry(l.member.as_str()).or_default();
-        match &l.event {
-            ShareEvent::Acquired { records, .. } => m.acquired += records.len(),
-            ShareEvent::AckResult { offsets, error, .. } => {
-                if error.is_some() {
-                    m.ack_failures += offsets.len();
-                    m.notes.push(format!("ack failed: {error:?}"));
-                } else {
-                    m.acked += offsets.len();
-                }
-            }
-            ShareEvent::Holding { records, .. } => m.notes.push(format!("holding {}", records.len())),
-            ShareEvent::Error(e) => m.notes.push(e.clone()),
-            ShareEvent::Note(n) => m.notes.push(n.clone()),
-            ShareEvent::Closed { .. } => m.notes.push("closed".into()),
-            _ => {}
-        }
-    }
-    members
-        .iter()
-        .map(|(name, m)| {
-            let last: Vec<&String> = m.notes.iter().rev().take(5).collect();
-            format!(
-                "  {name}: {} records acquired, {} acknowledged, {} acknowledgements failed, last \
-                 errors/notes {last:?}",
-                m.acquired, m.acked, m.ack_failures
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// A member: `share_client.py member` in a child process. Dropping it kills the child.
 pub struct ShareMember {
-    /// Its name in the [`ShareLog`].
-    pub name: String,
-    child: Child,
-    reader: Option<JoinHandle<()>>,
+    child: ChildMember,
 }
 
 impl ShareMember {
@@ -532,59 +452,26 @@ impl ShareMember {
             .arg("member")
             .arg("--spec")
             .arg(serde_json::to_string(spec).expect("spec as JSON"))
-            .env_remove("LD_LIBRARY_PATH")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start share member {name} ({cmd:?}): {e}"));
-        let stdout = child.stdout.take().expect("stdout pipe");
-        let stderr = child.stderr.take().expect("stderr pipe");
-        let (log2, name2) = (log.clone(), name.to_string());
-        let reader = std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let ev = serde_json::from_str::<Value>(&line)
-                    .map_err(|e| e.to_string())
-                    .and_then(|v| ShareEvent::from_json(&v))
-                    .unwrap_or_else(|e| ShareEvent::Error(format!("unparsable line {line:?}: {e}")));
-                log2.push(&name2, ev);
-            }
-        });
-        let name3 = name.to_string();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                // librdkafka's warning that its share consumer is a preview, on every start.
-                if !line.contains("is in \"Preview\"") {
-                    eprintln!("[{name3}] {line}");
-                }
-            }
-        });
+            .env_remove("LD_LIBRARY_PATH");
         ShareMember {
-            name: name.to_string(),
-            child,
-            reader: Some(reader),
+            child: ChildMember::spawn(name, cmd, log),
         }
+    }
+
+    /// Its name in the [`ShareLog`].
+    pub fn name(&self) -> &str {
+        &self.child.name
     }
 
     /// The child's process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// A stepped member polls until it gets records (or its step timeout passes).
     pub fn step(&mut self) {
-        let name = self.name.clone();
-        let stdin = self
-            .child
-            .stdin
-            .as_mut()
-            .unwrap_or_else(|| panic!("member {name} was already stopped"));
+        let name = self.child.name.clone();
+        let stdin = self.child.stdin();
         writeln!(stdin, "poll")
             .and_then(|()| stdin.flush())
             .unwrap_or_else(|e| panic!("cannot tell member {name} to poll: {e}"));
@@ -593,50 +480,13 @@ impl ShareMember {
     /// SIGKILLs the member and waits for it and the end of its output. Panics if it had
     /// already exited.
     pub fn kill9(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "share member {} exited by itself ({status}) before it was killed",
-                self.name
-            );
-        }
-        self.child.kill().expect("SIGKILL the member");
-        self.child.wait().expect("wait for the killed member");
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
+        self.child.kill9();
     }
 
     /// Closes its stdin (it commits, closes the consumer, leaves) and waits up to `timeout`.
     /// Panics if it does not end in time or fails.
     pub fn stop(mut self, timeout: Duration) {
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait on a member") {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("share member {} did not stop within {timeout:?}", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        assert!(
-            status.success(),
-            "share member {} exited with {status}",
-            self.name
-        );
-    }
-}
-
-impl Drop for ShareMember {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stop(timeout);
     }
 }
 
@@ -793,6 +643,19 @@ pub fn alter_offsets(
 /// Acknowledgement batches of one partition: (first, last, types).
 pub type AckBatches = Vec<(i64, i64, Vec<i8>)>;
 
+/// `parts` (topic id, partition, acknowledgement batches) by topic, topics in the order they
+/// first appear.
+fn by_topic(parts: &[(uuid::Uuid, i32, AckBatches)]) -> Vec<(uuid::Uuid, Vec<(i32, &AckBatches)>)> {
+    let mut topics: Vec<(uuid::Uuid, Vec<(i32, &AckBatches)>)> = Vec::new();
+    for (topic_id, p, acks) in parts {
+        match topics.iter_mut().find(|(id, _)| id == topic_id) {
+            Some((_, ps)) => ps.push((*p, acks)),
+            None => topics.push((*topic_id, vec![(*p, acks)])),
+        }
+    }
+    topics
+}
+
 /// A ShareFetch request: `parts` are (topic id, partition, acknowledgement batches).
 pub fn fetch_request(
     group: &str,
@@ -802,30 +665,23 @@ pub fn fetch_request(
     max_records: i32,
     max_wait_ms: i32,
 ) -> ShareFetchRequest {
-    let mut topics: Vec<FetchTopic> = Vec::new();
-    for (topic_id, p, acks) in parts {
-        let part = FetchPartition::default()
-            .with_partition_index(*p)
+    let partition = |(p, acks): (i32, &AckBatches)| {
+        let batches = acks.iter().map(|(a, b, t)| {
+            share_fetch_request::AcknowledgementBatch::default()
+                .with_first_offset(*a)
+                .with_last_offset(*b)
+                .with_acknowledge_types(t.clone())
+        });
+        FetchPartition::default()
+            .with_partition_index(p)
             .with_partition_max_bytes(1 << 20)
-            .with_acknowledgement_batches(
-                acks.iter()
-                    .map(|(a, b, t)| {
-                        share_fetch_request::AcknowledgementBatch::default()
-                            .with_first_offset(*a)
-                            .with_last_offset(*b)
-                            .with_acknowledge_types(t.clone())
-                    })
-                    .collect(),
-            );
-        match topics.iter_mut().find(|t| t.topic_id == *topic_id) {
-            Some(t) => t.partitions.push(part),
-            None => topics.push(
-                FetchTopic::default()
-                    .with_topic_id(*topic_id)
-                    .with_partitions(vec![part]),
-            ),
-        }
-    }
+            .with_acknowledgement_batches(batches.collect())
+    };
+    let topics = by_topic(parts).into_iter().map(|(id, ps)| {
+        FetchTopic::default()
+            .with_topic_id(id)
+            .with_partitions(ps.into_iter().map(partition).collect())
+    });
     ShareFetchRequest::default()
         .with_group_id(Some(GroupId(s(group))))
         .with_member_id(Some(s(member)))
@@ -835,7 +691,7 @@ pub fn fetch_request(
         .with_max_bytes(8 << 20)
         .with_max_records(max_records)
         .with_batch_size(max_records.max(1))
-        .with_topics(topics)
+        .with_topics(topics.collect())
 }
 
 /// Sends a ShareFetch.
@@ -851,34 +707,28 @@ pub fn acknowledge_request(
     epoch: i32,
     parts: &[(uuid::Uuid, i32, AckBatches)],
 ) -> ShareAcknowledgeRequest {
-    let mut topics: Vec<share_acknowledge_request::AcknowledgeTopic> = Vec::new();
-    for (topic_id, p, acks) in parts {
-        let part = share_acknowledge_request::AcknowledgePartition::default()
-            .with_partition_index(*p)
-            .with_acknowledgement_batches(
-                acks.iter()
-                    .map(|(a, b, t)| {
-                        share_acknowledge_request::AcknowledgementBatch::default()
-                            .with_first_offset(*a)
-                            .with_last_offset(*b)
-                            .with_acknowledge_types(t.clone())
-                    })
-                    .collect(),
-            );
-        match topics.iter_mut().find(|t| t.topic_id == *topic_id) {
-            Some(t) => t.partitions.push(part),
-            None => topics.push(
-                share_acknowledge_request::AcknowledgeTopic::default()
-                    .with_topic_id(*topic_id)
-                    .with_partitions(vec![part]),
-            ),
-        }
-    }
+    use share_acknowledge_request::{AcknowledgePartition, AcknowledgeTopic, AcknowledgementBatch};
+    let partition = |(p, acks): (i32, &AckBatches)| {
+        let batches = acks.iter().map(|(a, b, t)| {
+            AcknowledgementBatch::default()
+                .with_first_offset(*a)
+                .with_last_offset(*b)
+                .with_acknowledge_types(t.clone())
+        });
+        AcknowledgePartition::default()
+            .with_partition_index(p)
+            .with_acknowledgement_batches(batches.collect())
+    };
+    let topics = by_topic(parts).into_iter().map(|(id, ps)| {
+        AcknowledgeTopic::default()
+            .with_topic_id(id)
+            .with_partitions(ps.into_iter().map(partition).collect())
+    });
     ShareAcknowledgeRequest::default()
         .with_group_id(Some(GroupId(s(group))))
         .with_member_id(Some(s(member)))
         .with_share_session_epoch(epoch)
-        .with_topics(topics)
+        .with_topics(topics.collect())
 }
 
 /// Sends a ShareAcknowledge.

@@ -125,6 +125,7 @@ fn metric_sum_adds_label_sets_of_one_series_only() {
 #[test]
 fn group_events_round_trip_through_json_lines() {
     use super::group::Event;
+    use super::members::MemberEvent;
     let events = vec![
         Event::Assigned(vec![0, 3]),
         Event::Assigned(vec![]),
