@@ -27,6 +27,34 @@ pub const MAX_TIMESTAMP: i64 = -3;
 
 pub mod errors;
 
+/// `NONE`, or the name and code of a Kafka error code (`UnknownMemberId (25)`), for messages.
+pub fn err_name(code: i16) -> String {
+    if code == 0 {
+        "NONE".to_string()
+    } else {
+        match kafka_protocol::ResponseError::try_from_code(code) {
+            Some(e) => format!("{e:?} ({code})"),
+            None => format!("unknown error {code}"),
+        }
+    }
+}
+
+/// Fails with `what` and the error's name unless `code` is NONE.
+pub fn assert_ok(code: i16, what: &str) {
+    assert_eq!(code, 0, "{what}: {}", err_name(code));
+}
+
+/// Fails with `what` and both errors' names unless `code` is `want`.
+pub fn assert_code(code: i16, want: kafka_protocol::ResponseError, what: &str) {
+    assert_eq!(
+        code,
+        want.code(),
+        "{what}: {}, not {}",
+        err_name(code),
+        err_name(want.code())
+    );
+}
+
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }

@@ -116,6 +116,33 @@ pub fn rdkafka_produce(bootstrap: &str, topic: &str, records: &[TestRecord]) -> 
     rdkafka_produce_with(bootstrap, topic, records, &[])
 }
 
+/// Produces offsets `first..first + per_partition` of each of `partitions` partitions with
+/// rdkafka (acks=all): the record at offset `o` of partition `p` has the value `"p:o"`, so that
+/// every record consumed can be checked where it stands. Panics unless each record lands at
+/// that offset (a topic that held exactly `first` records per partition before).
+pub fn produce_numbered(bootstrap: &str, topic: &str, partitions: i32, first: i64, per_partition: i64) {
+    let records: Vec<TestRecord> = (0..per_partition)
+        .flat_map(|k| {
+            (0..partitions).map(move |p| TestRecord {
+                partition: p,
+                key: None,
+                value: Some(format!("{p}:{}", first + k).into_bytes()),
+                headers: Vec::new(),
+                timestamp: None,
+            })
+        })
+        .collect();
+    let offsets = rdkafka_produce(bootstrap, topic, &records);
+    for (r, o) in records.iter().zip(&offsets) {
+        let want = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+        assert_eq!(
+            format!("{}:{o}", r.partition),
+            want,
+            "acks=all offsets must follow the order of production on a fresh topic"
+        );
+    }
+}
+
 /// [`rdkafka_produce`] with extra producer settings.
 pub fn rdkafka_produce_with(
     bootstrap: &str,

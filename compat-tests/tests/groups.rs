@@ -37,7 +37,6 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use strand_compat_tests::admin::{self, topic_name};
 use strand_compat_tests::clients::{self, PythonClient};
-use strand_compat_tests::data::TestRecord;
 use strand_compat_tests::group::{self, Event, EventLog, Logged, Member, MemberSpec};
 use strand_compat_tests::raw::RawConn;
 use strand_compat_tests::{scenario_tests, tools, unique_topic, wait_for, Broker, BrokerBuilder};
@@ -76,54 +75,13 @@ fn gid(v: &str) -> GroupId {
     GroupId(s(v))
 }
 
-fn err_name(c: i16) -> String {
-    if c == 0 {
-        "NONE".to_string()
-    } else {
-        match ResponseError::try_from_code(c) {
-            Some(e) => format!("{e:?} ({c})"),
-            None => format!("unknown error {c}"),
-        }
-    }
-}
-
 /// The broker of most tests here: a new group's first rebalance starts at once.
 fn group_broker() -> BrokerBuilder {
     Broker::builder().config("group.initial.rebalance.delay.ms", 0)
 }
 
-/// Fails with `what` and the error's name unless `code` is NONE.
-fn assert_ok(code: i16, what: &str) {
-    assert_eq!(code, 0, "{what}: {}", err_name(code));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Data: values "<partition>:<offset>" so every consumed record can be checked where it stands.
-
-/// Produces `per_partition` records to each of `partitions` partitions with rdkafka (acks=all);
-/// record k of partition p has value "p:<first + k>" and must land at offset `first + k`.
-fn produce_numbered(bootstrap: &str, topic: &str, partitions: i32, first: i64, per_partition: i64) {
-    let records: Vec<TestRecord> = (0..per_partition)
-        .flat_map(|k| {
-            (0..partitions).map(move |p| TestRecord {
-                partition: p,
-                key: None,
-                value: Some(format!("{p}:{}", first + k).into_bytes()),
-                headers: Vec::new(),
-                timestamp: None,
-            })
-        })
-        .collect();
-    let offsets = clients::rdkafka_produce(bootstrap, topic, &records);
-    for (r, o) in records.iter().zip(&offsets) {
-        let want = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
-        assert_eq!(
-            format!("{}:{o}", r.partition),
-            want,
-            "acks=all offsets must follow the order of production on a fresh topic"
-        );
-    }
-}
 
 /// Which (partition, offset) pairs the members consumed so far; updated incrementally.
 #[derive(Default)]
@@ -451,11 +409,21 @@ fn offset_fetch(
 /// Committed offsets of `partitions` (asserting no error); -1 where none.
 fn committed(c: &mut RawConn, group: &str, topic: &str, partitions: &[i32]) -> BTreeMap<i32, i64> {
     let (err, parts) = offset_fetch(c, group, topic, partitions);
-    assert_eq!(err, 0, "OffsetFetch {group}: group error {}", err_name(err));
+    assert_eq!(
+        err,
+        0,
+        "OffsetFetch {group}: group error {}",
+        admin::err_name(err)
+    );
     parts
         .into_iter()
         .map(|(p, (o, _, e))| {
-            assert_eq!(e, 0, "OffsetFetch {group}/{topic}/{p}: error {}", err_name(e));
+            assert_eq!(
+                e,
+                0,
+                "OffsetFetch {group}/{topic}/{p}: error {}",
+                admin::err_name(e)
+            );
             (p, o)
         })
         .collect()
@@ -487,7 +455,7 @@ fn list_groups(c: &mut RawConn, version: i16, states: &[&str], types: &[&str]) -
         resp.error_code,
         0,
         "ListGroups error {}",
-        err_name(resp.error_code)
+        admin::err_name(resp.error_code)
     );
     resp
 }
@@ -717,11 +685,11 @@ fn takeover(protocol: Protocol) {
 
     // Phase 1a, consumed and committed by everyone.
     let all: Vec<i32> = (0..PARTITIONS).collect();
-    produce_numbered(&bootstrap, &topic, PARTITIONS, 0, FIRST_PART);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, 0, FIRST_PART);
     wait_consumed(&log, PARTITIONS, FIRST_PART, Duration::from_secs(60));
     wait_committed(&mut conn, &group_id, &topic, &all, FIRST_PART);
     // Phase 1b: the victim consumes its share without committing.
-    produce_numbered(&bootstrap, &topic, PARTITIONS, FIRST_PART, PHASE - FIRST_PART);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, FIRST_PART, PHASE - FIRST_PART);
     wait_consumed(&log, PARTITIONS, PHASE, Duration::from_secs(60));
     let victim_parts = group::assignments(&log.snapshot())["victim"].clone();
     assert_eq!(
@@ -743,7 +711,7 @@ fn takeover(protocol: Protocol) {
     let tail: i64 = resume.values().map(|o| PHASE - o).sum();
 
     // Phase 2, while the group notices.
-    produce_numbered(&bootstrap, &topic, PARTITIONS, PHASE, PHASE);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, PHASE, PHASE);
     let survivors = ["a", "b"];
     let moved_at = log.wait_for(
         Duration::from_millis(session_ms + 15_000),
@@ -931,7 +899,7 @@ fn committed_offsets_survive_kill9_and_restart() {
         .start();
     let bootstrap = broker.bootstrap();
     let topic = admin::new_topic(&bootstrap, "durable-offsets", 3);
-    produce_numbered(&bootstrap, &topic, 3, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, 3, 0, 100);
     let group_id = unique_topic("durable-group");
     let simple = unique_topic("durable-simple");
     let deleted = unique_topic("durable-deleted");
@@ -1108,7 +1076,7 @@ fn live_groups_continue_across_broker_kill9() {
             .collect();
         (0..4).all(|p| seen.range((p, 0)..(p, end)).count() as i64 == end)
     };
-    produce_numbered(&bootstrap, &topic, 4, 0, 1000);
+    clients::produce_numbered(&bootstrap, &topic, 4, 0, 1000);
     log.wait_for(
         Duration::from_secs(60),
         "both groups to consume the first 4,000",
@@ -1125,7 +1093,7 @@ fn live_groups_continue_across_broker_kill9() {
         "[live restart] broker back after {:.2}s",
         down_at.elapsed().as_secs_f64()
     );
-    produce_numbered(&bootstrap, &topic, 4, 1000, 1000);
+    clients::produce_numbered(&bootstrap, &topic, 4, 1000, 1000);
     log.wait_for(
         Duration::from_secs(60),
         "both groups to consume all 8,000 after the restart",
@@ -1229,7 +1197,7 @@ fn kcat_group_consumer_reads_once_and_resumes_from_its_commits() {
     let bootstrap = broker.bootstrap();
     let topic = admin::new_topic(&bootstrap, "kcat-group", 3);
     let group_id = unique_topic("kcat-group-g");
-    produce_numbered(&bootstrap, &topic, 3, 0, 1000);
+    clients::produce_numbered(&bootstrap, &topic, 3, 0, 1000);
 
     let check = |got: &[(i32, i64, String)], from: i64, to: i64| {
         let mut keys = BTreeSet::new();
@@ -1256,7 +1224,7 @@ fn kcat_group_consumer_reads_once_and_resumes_from_its_commits() {
     );
     // Again: nothing new, then only the new records.
     check(&kcat_group(&bootstrap, &group_id, &topic), 0, 0);
-    produce_numbered(&bootstrap, &topic, 3, 1000, 100);
+    clients::produce_numbered(&bootstrap, &topic, 3, 1000, 100);
     check(&kcat_group(&bootstrap, &group_id, &topic), 1000, 1100);
     let d = describe_one(&mut c, &group_id);
     assert_eq!((d.error_code, d.group_state.as_str()), (0, "Empty"));
@@ -1336,7 +1304,7 @@ fn mixed_group(assignor: Option<&str>) {
         assert_eq!((d.group_state.as_str(), d.members.len()), ("Stable", 2), "{d:?}");
     }
 
-    produce_numbered(&bootstrap, &topic, PARTITIONS, 0, 1000);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, 0, 1000);
     wait_consumed(&log, PARTITIONS, 1000, Duration::from_secs(60));
     let all: Vec<i32> = (0..PARTITIONS).collect();
     wait_committed(&mut c, &group_id, &topic, &all, 1000);
@@ -1404,14 +1372,14 @@ fn admin_list_describe_delete_and_offset_delete() {
     });
     let modern_member = uuid::Uuid::new_v4().to_string();
     let hb = cg_heartbeat(&mut c, &modern, &modern_member, 0, Some(&[&topic]), Some(vec![]));
-    assert_ok(hb.error_code, "ConsumerGroupHeartbeat join");
+    admin::assert_ok(hb.error_code, "ConsumerGroupHeartbeat join");
     let mut epoch = hb.member_epoch;
     // The assignment comes in the answer that first carries it (not repeated afterwards).
     let assigned = match hb_assignment(&hb).filter(|a| !a.is_empty()) {
         Some(a) => a,
         None => wait_for(Duration::from_secs(10), "the KIP-848 member's assignment", || {
             let hb = cg_heartbeat(&mut c, &modern, &modern_member, epoch, None, None);
-            assert_ok(hb.error_code, "heartbeat");
+            admin::assert_ok(hb.error_code, "heartbeat");
             epoch = hb.member_epoch;
             hb_assignment(&hb).filter(|a| !a.is_empty())
         }),
@@ -1950,7 +1918,7 @@ fn classic_protocol_errors() {
         "member ids start with the client id, as Kafka's: {m1}"
     );
     let joined = join(&mut c, &join_request(&group_id, &m1, None, 10_000, &topic));
-    assert_ok(joined.error_code, "join with the given id");
+    admin::assert_ok(joined.error_code, "join with the given id");
     assert_eq!(joined.member_id.as_str(), m1);
     assert_eq!(joined.leader.as_str(), m1, "the only member leads");
     assert_eq!(
@@ -2110,12 +2078,12 @@ fn classic_protocol_errors() {
     let static_group = unique_topic("errors-static");
     let static_join = join_request(&static_group, "", Some("instance-1"), 10_000, &topic);
     let s1 = join(&mut c, &static_join);
-    assert_ok(s1.error_code, "a static member joins without MEMBER_ID_REQUIRED");
+    admin::assert_ok(s1.error_code, "a static member joins without MEMBER_ID_REQUIRED");
     let old_id = s1.member_id.to_string();
     let old = Who::new(&static_group, &old_id, s1.generation_id).instance("instance-1");
     assert_eq!(sync_alone(&mut c, old, &topic, &[0, 1]).error_code, 0);
     let s2 = join(&mut c2, &static_join);
-    assert_ok(s2.error_code, "the static member restarts");
+    admin::assert_ok(s2.error_code, "the static member restarts");
     let new_id = s2.member_id.to_string();
     assert_ne!(new_id, old_id);
     let fenced_heartbeat = heartbeat(&mut c, old);
@@ -2145,7 +2113,7 @@ fn consumer_protocol_errors() {
 
     // Join (epoch 0) subscribed to t1; the assignment arrives with epoch 1.
     let hb = cg_heartbeat(&mut c, &group_id, &member, 0, Some(&[&t1]), Some(vec![]));
-    assert_ok(hb.error_code, "join");
+    admin::assert_ok(hb.error_code, "join");
     assert_eq!(hb.member_id.as_ref().map(|m| m.as_str()), Some(member.as_str()));
     assert!(hb.heartbeat_interval_ms > 0);
     let e1 = hb.member_epoch;
@@ -2180,13 +2148,13 @@ fn consumer_protocol_errors() {
         Some(&[&t1, &t2]),
         Some(a1.clone()),
     );
-    assert_ok(hb.error_code, "subscription change");
+    admin::assert_ok(hb.error_code, "subscription change");
     let (e2, a2) = if hb.member_epoch > e1 {
         (hb.member_epoch, hb_assignment(&hb))
     } else {
         wait_for(Duration::from_secs(10), "the member epoch to move", || {
             let hb = cg_heartbeat(&mut c, &group_id, &member, e1, None, None);
-            assert_ok(hb.error_code, "heartbeat");
+            admin::assert_ok(hb.error_code, "heartbeat");
             (hb.member_epoch > e1).then(|| (hb.member_epoch, hb_assignment(&hb)))
         })
     };
@@ -2233,7 +2201,7 @@ fn consumer_protocol_errors() {
             resp.groups[0].error_code,
             want,
             "OffsetFetch v9 by member {who} with epoch {epoch}: {}",
-            err_name(resp.groups[0].error_code)
+            admin::err_name(resp.groups[0].error_code)
         );
     }
 
@@ -2260,11 +2228,10 @@ fn consumer_protocol_errors() {
     );
     // A classic member cannot join a consumer group that has members.
     let j = join(&mut c, &join_request(&group_id, "", None, 10_000, &t1));
-    assert_eq!(
+    admin::assert_code(
         j.error_code,
-        code(ResponseError::InconsistentGroupProtocol),
-        "JoinGroup into a KIP-848 group: {}",
-        err_name(j.error_code)
+        ResponseError::InconsistentGroupProtocol,
+        "JoinGroup into a KIP-848 group",
     );
 }
 
@@ -2315,7 +2282,7 @@ fn every_advertised_version_of_the_group_apis() {
         } else {
             first
         };
-        assert_ok(joined.error_code, &format!("JoinGroup v{v}"));
+        admin::assert_ok(joined.error_code, &format!("JoinGroup v{v}"));
         let member = joined.member_id.to_string();
         assert!(!member.is_empty(), "JoinGroup v{v}: no member id");
         assert_eq!(joined.leader.as_str(), member, "JoinGroup v{v}");
@@ -2576,7 +2543,7 @@ fn classic_rebalance_corner_cases() {
     assert_eq!(j2.correlation_id, pending);
     let j2: JoinGroupResponse = j2.decode(JOIN_V).expect("decode JoinGroup");
     let waited = started.elapsed();
-    assert_ok(j2.error_code, "JoinGroup after the rebalance timeout");
+    admin::assert_ok(j2.error_code, "JoinGroup after the rebalance timeout");
     assert_eq!(
         j2.members.len(),
         1,
@@ -2754,7 +2721,7 @@ fn consumer_protocol_corner_cases() {
     ];
     for (what, req) in cases {
         let r = cg_send(&mut c, &req);
-        assert_eq!(r.error_code, invalid, "{what}: {}", err_name(r.error_code));
+        assert_eq!(r.error_code, invalid, "{what}: {}", admin::err_name(r.error_code));
     }
     // Version 0 still lets the coordinator choose the member id (KIP-1082 moved that to the
     // client in v1).
@@ -2768,7 +2735,7 @@ fn consumer_protocol_corner_cases() {
                 .with_topic_partitions(Some(vec![])),
         )
         .expect("ConsumerGroupHeartbeat v0");
-    assert_ok(r.error_code, "v0 join without a member id");
+    admin::assert_ok(r.error_code, "v0 join without a member id");
     assert!(
         r.member_id.as_ref().is_some_and(|m| !m.is_empty()),
         "v0: the coordinator gives a member id: {r:?}"
@@ -2777,7 +2744,7 @@ fn consumer_protocol_corner_cases() {
     // Member A (static, instance "s1") gets all four partitions.
     let a = uuid::Uuid::new_v4().to_string();
     let ra = cg_send(&mut c, &join_req(&a).with_instance_id(Some(s("s1"))));
-    assert_ok(ra.error_code, "A joins");
+    admin::assert_ok(ra.error_code, "A joins");
     let ea = ra.member_epoch;
     assert_eq!(hb_assignment(&ra), Some(vec![(tid, vec![0, 1, 2, 3])]));
     let ra = cg_heartbeat(&mut c, &g, &a, ea, None, Some(vec![(tid, vec![0, 1, 2, 3])]));
@@ -2787,11 +2754,10 @@ fn consumer_protocol_corner_cases() {
         &mut c,
         &join_req(&uuid::Uuid::new_v4().to_string()).with_instance_id(Some(s("s1"))),
     );
-    assert_eq!(
+    admin::assert_code(
         r.error_code,
-        code(ResponseError::UnreleasedInstanceId),
-        "a second member with a live instance id: {}",
-        err_name(r.error_code)
+        ResponseError::UnreleasedInstanceId,
+        "a second member with a live instance id",
     );
 
     // Member B joins: A must first give up two partitions; B gets them only after A's
@@ -2840,13 +2806,13 @@ fn consumer_protocol_corner_cases() {
     assert!(
         ra.error_code == invalid && ra2.error_code == 0,
         "static leave: without instance id {}, with {}",
-        err_name(ra.error_code),
-        err_name(ra2.error_code)
+        admin::err_name(ra.error_code),
+        admin::err_name(ra2.error_code)
     );
     assert_eq!(ra2.member_epoch, -2);
     let a2 = uuid::Uuid::new_v4().to_string();
     let r = cg_send(&mut c, &join_req(&a2).with_instance_id(Some(s("s1"))));
-    assert_ok(r.error_code, "the static member comes back");
+    admin::assert_ok(r.error_code, "the static member comes back");
     assert_eq!(
         hb_assignment(&r),
         Some(a_kept.clone()),
@@ -2935,7 +2901,7 @@ fn deleting_a_topic_deletes_its_committed_offsets() {
     let bootstrap = broker.bootstrap();
     let topic = admin::new_topic(&bootstrap, "deleted-topic", 1);
     let group_id = unique_topic("deleted-topic-g");
-    produce_numbered(&bootstrap, &topic, 1, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, 1, 0, 100);
     let mut c = admin::connect(&bootstrap);
     simple_commit(&mut c, &group_id, &topic, &[(0, 60, None)]);
     assert_eq!(
@@ -2974,7 +2940,7 @@ fn deleting_a_topic_deletes_its_committed_offsets() {
 
     // The same name again: a group member must read the new topic from the start.
     admin::create_topic(&bootstrap, &topic, 1, &[]);
-    produce_numbered(&bootstrap, &topic, 1, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, 1, 0, 100);
     let consumer = group_consumer(&bootstrap, &group_id);
     consumer.subscribe(&[&topic]).expect("subscribe");
     let got = poll_n(&consumer, 100, Duration::from_secs(30));
@@ -3017,7 +2983,7 @@ fn join_storm(protocol: Protocol) {
         "[join storm {protocol:?}] 20 members settled after {:.2}s",
         started.elapsed().as_secs_f64()
     );
-    produce_numbered(&bootstrap, &topic, STORM_PARTITIONS, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, STORM_PARTITIONS, 0, 100);
     wait_consumed(&log, STORM_PARTITIONS, 100, Duration::from_secs(60));
     // Stop only once everything consumed is committed (members commit every 200 ms). Members
     // leaving one by one bump the group epoch; a stopping member's last commit can race its
@@ -3143,7 +3109,7 @@ fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
         assert!(
             retriable.contains(&errs[&0]),
             "a commit on a full disk: {}",
-            err_name(errs[&0])
+            admin::err_name(errs[&0])
         );
         let (e, parts) = offset_fetch(&mut c, &g, &topic, &[0]);
         assert_eq!(
@@ -3165,20 +3131,20 @@ fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
         assert!(
             retriable.contains(&sy.error_code),
             "SyncGroup on a full disk: {}",
-            err_name(sy.error_code)
+            admin::err_name(sy.error_code)
         );
     } else {
         assert!(
             retriable.contains(&joined.error_code),
             "JoinGroup on a full disk: {}",
-            err_name(joined.error_code)
+            admin::err_name(joined.error_code)
         );
     }
     let res = delete_groups(&mut c, &[&g]);
     assert!(
         retriable.contains(&res[&g]),
         "DeleteGroups on a full disk: {}",
-        err_name(res[&g])
+        admin::err_name(res[&g])
     );
     assert_eq!(
         committed(&mut c, &g, &topic, &[0]),
