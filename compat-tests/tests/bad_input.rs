@@ -136,8 +136,7 @@ fn unknown_api_key_closes_the_connection() {
 fn bad_crc_fails_only_its_partition() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("bad-crc");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "bad-crc", 2);
     let mut c = admin::connect(&bootstrap);
 
     let good = one_record_batch(b"good");
@@ -179,8 +178,7 @@ fn batch_over_message_max_bytes_is_message_too_large() {
     let broker = Broker::builder().config("message.max.bytes", 65_536).start();
     let bootstrap = broker.bootstrap();
     let max = limit(&broker, "message.max.bytes", KAFKA_MESSAGE_MAX_BYTES) as usize;
-    let topic = unique_topic("too-large");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "too-large", 1);
     let mut c = admin::connect(&bootstrap);
 
     let under = one_record_batch(&vec![b'u'; max - 200]);
@@ -224,8 +222,7 @@ fn produce_to_unknown_topic_or_partition() {
         "produce must not create topics"
     );
 
-    let topic = unique_topic("one-partition");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "one-partition", 1);
     let (err, _) = admin::produce(&mut c, &topic, 5, one_record_batch(b"x"));
     assert_eq!(
         err,
@@ -276,8 +273,7 @@ fn invalid_topic_names_are_rejected() {
 fn fetch_out_of_range_is_offset_out_of_range() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("out-of-range");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "out-of-range", 1);
     let mut c = admin::connect(&bootstrap);
     admin::produce_values(&mut c, &topic, 0, &[b"a", b"b", b"c"]);
 
@@ -303,8 +299,7 @@ fn fetch_out_of_range_is_offset_out_of_range() {
 fn invalid_acks_is_invalid_required_acks() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("bad-acks");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "bad-acks", 1);
     let mut c = admin::connect(&bootstrap);
     for acks in [5i16, 2, -2] {
         let req: ProduceRequest = admin::produce_request(&topic, acks, vec![(0, one_record_batch(b"x"))]);
@@ -447,9 +442,8 @@ fn disk_full_is_kafka_storage_error() {
         .start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("full");
+    let topic = admin::new_topic(&bootstrap, "full", 1);
     let other = unique_topic("full-other");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
     admin::create_topic(&bootstrap, &other, 1, &[]);
     admin::produce_values(&mut c, &other, 0, &[b"written before the disk filled up"]);
 

@@ -502,8 +502,7 @@ fn segment_pages_behind_the_drop_window_leave_the_page_cache() {
         .config("strand.log.direct.writes", "false")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("dropbehind");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "dropbehind", 1);
     let records: Vec<TestRecord> = (0..400)
         .map(|i| TestRecord {
             partition: 0,
@@ -567,8 +566,7 @@ fn direct_written_segments_bypass_the_page_cache_and_read_back() {
         .config("strand.log.direct.cache.bytes", 4 * MIB)
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("directwrites");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "directwrites", 1);
     // Odd sizes, so that batches end inside pages.
     let record = |i: usize| TestRecord {
         partition: 0,
