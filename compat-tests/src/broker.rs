@@ -191,6 +191,14 @@ impl BrokerBuilder {
         self.needs_spawned("puts the data directory on a small file system")
     }
 
+    /// A data directory that fills up after a few MiB: [`Self::data_dir_limit`] of 16 MiB, one
+    /// shard, journal files of 1 MiB (`strand.journal.segment.bytes`).
+    pub fn small_disk(self) -> Self {
+        self.data_dir_limit(16 << 20)
+            .shards(1)
+            .config("strand.journal.segment.bytes", 1 << 20)
+    }
+
     /// Declares that the test needs a broker spawned by the harness (kill, restart, special
     /// configuration, access to the data directory). With `STRAND_TEST_BOOTSTRAP` set, `start`
     /// then fails the test with `reason`.

@@ -658,15 +658,7 @@ fn list_offsets_earliest_latest_by_timestamp_and_max_timestamp() {
 fn api_versions_advertises_the_apis_the_suite_uses() {
     let broker = Broker::start();
     let mut c = admin::connect(&broker.bootstrap());
-    let resp = c
-        .request(
-            versions::API_VERSIONS,
-            &ApiVersionsRequest::default()
-                .with_client_software_name(s("strand-compat"))
-                .with_client_software_version(s("0")),
-        )
-        .expect("ApiVersions");
-    assert_eq!(resp.error_code, 0);
+    let resp = admin::api_versions(&mut c);
     let needed: [(i16, i16, kafka_protocol::protocol::VersionRange); 11] = [
         (0, versions::PRODUCE, ProduceRequest::VERSIONS),
         (1, versions::FETCH, FetchRequest::VERSIONS),

@@ -428,18 +428,13 @@ fn truncated_or_garbage_requests_close_the_connection() {
 }
 
 /// A real full disk: the broker's data directory is a 16 MiB tmpfs (see
-/// `BrokerBuilder::data_dir_limit`). Produce until the broker refuses: the refusal is
+/// `BrokerBuilder::small_disk`). Produce until the broker refuses: the refusal is
 /// KAFKA_STORAGE_ERROR (56); every acknowledged batch reads back intact at its offset and nothing
 /// unacknowledged becomes visible; the shard stays offline for writes (Kafka's offline log
 /// directory, until a restart) while reads and metadata keep working.
 #[test]
 fn disk_full_is_kafka_storage_error() {
-    // 16 MiB of disk, 1 MiB journal files: a few MiB of produce fill it.
-    let broker = Broker::builder()
-        .data_dir_limit(16 << 20)
-        .shards(1)
-        .config("strand.journal.segment.bytes", 1 << 20)
-        .start();
+    let broker = Broker::builder().small_disk().start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
     let topic = admin::new_topic(&bootstrap, "full", 1);

@@ -3058,17 +3058,13 @@ scenario_tests!(join_storm {
     join_storm_kip848: Protocol::Consumer;
 });
 
-/// A full disk (a 16 MiB tmpfs, see `BrokerBuilder::data_dir_limit`): group writes fail with a
+/// A full disk (a 16 MiB tmpfs, see `BrokerBuilder::small_disk`): group writes fail with a
 /// retriable coordinator error (Kafka: NOT_COORDINATOR for a storage error; Strand answers
 /// COORDINATOR_NOT_AVAILABLE), and the committed offsets stay what was acknowledged: a refused
 /// commit never shows up, an acknowledged one never goes away.
 #[test]
 fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
-    let broker = group_broker()
-        .data_dir_limit(16 << 20)
-        .shards(1)
-        .config("strand.journal.segment.bytes", 1 << 20)
-        .start();
+    let broker = group_broker().small_disk().start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
     let topic = admin::new_topic(&bootstrap, "full", 1);
