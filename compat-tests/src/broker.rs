@@ -8,7 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+pub use strand_tools::broker::{ReadyFile, ReadyListener};
 
 use crate::metrics::http_get;
 
@@ -81,30 +81,6 @@ pub fn broker_binary() -> PathBuf {
         Ok(bin) => bin.clone(),
         Err(e) => panic!("no strand binary: {e}"),
     }
-}
-
-/// What the broker writes to `--ready-file` once it serves.
-#[derive(Clone, Debug, Deserialize)]
-pub struct ReadyFile {
-    /// Process id of the broker.
-    pub pid: u32,
-    /// Bound Kafka listeners, in configuration order.
-    pub kafka: Vec<ReadyListener>,
-    /// Bound address of the admin HTTP server (`/metrics`), if any.
-    #[serde(default)]
-    pub admin: Option<String>,
-    /// Bound address of the HTTP queue API, if any.
-    #[serde(default)]
-    pub http: Option<String>,
-}
-
-/// One bound Kafka listener in the ready file.
-#[derive(Clone, Debug, Deserialize)]
-pub struct ReadyListener {
-    /// Listener name, e.g. `PLAINTEXT`.
-    pub name: String,
-    /// Bound address, `host:port`.
-    pub addr: String,
 }
 
 /// Configures and starts a [`Broker`].
