@@ -91,6 +91,43 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
+def partitions_to_read(args):
+    """The `consume` command's partitions with records to read: partition -> end offset."""
+    return {p: e for p, e in parse_ends(args.ends).items() if e > args.start}
+
+
+def consume_to_ends(args, todo, poll, close, client):
+    """The `consume` command once the partitions of `todo` (partition -> end offset) are assigned:
+    reads until each reached its end, closes the consumer and prints the records with the
+    `client` name. `poll()` returns the records read since its last call (consumed() documents),
+    or None after an error that ends the read. Returns the exit code: 1 on such an error or
+    after args.timeout (the consumer is not closed then)."""
+    messages = []
+    deadline = time.time() + args.timeout
+    while todo:
+        if time.time() > deadline:
+            log("timed out; still expecting", todo, "read", len(messages))
+            return 1
+        got = poll()
+        if got is None:
+            return 1
+        for m in got:
+            messages.append(m)
+            p = m["partition"]
+            if p in todo and m["offset"] + 1 >= todo[p]:
+                del todo[p]
+    close()
+    emit({"client": client, "messages": messages})
+    return 0
+
+
+def main(description, script):
+    """Runs the command the command line names: the function of that name (`-` read as `_`) in
+    `script`, a script's globals(); it takes the parsed arguments and returns the exit code."""
+    args = parse_args(description)
+    return script[args.command.replace("-", "_")](args)
+
+
 def consumed(partition, offset, key, value, headers, timestamp):
     return {
         "partition": partition,
@@ -153,6 +190,24 @@ class GroupMember:
             self.flush_records()
             self.assignment = partitions
             self.emit({"ev": "assigned", "partitions": partitions})
+
+    def assigned(self, partitions):
+        """A rebalance callback: `partitions` (numbers) were added to the assignment."""
+        self.set_assignment(set(self.assignment or []) | set(partitions))
+
+    def revoked(self, partitions):
+        """A rebalance callback: `partitions` (numbers) are given up; what was consumed of them
+        is committed first."""
+        gone = set(partitions)
+        self.commit(gone)
+        self.set_assignment(set(self.assignment or []) - gone)
+
+    def lost(self, partitions):
+        """A rebalance callback: `partitions` (numbers) were lost; nothing can be committed."""
+        gone = set(partitions)
+        for p in gone:
+            self.pending.pop(p, None)
+        self.set_assignment(set(self.assignment or []) - gone)
 
     def commit(self, only=None):
         self.flush_records()

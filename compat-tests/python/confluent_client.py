@@ -2,7 +2,6 @@
 
 import json
 import sys
-import time
 
 import confluent_kafka
 from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, ConsumerGroupType, Consumer,
@@ -78,7 +77,6 @@ def produce(args):
 
 
 def consume(args):
-    ends = common.parse_ends(args.ends)
     consumer = Consumer({
         "bootstrap.servers": args.bootstrap,
         # Required by confluent-kafka; no group protocol is used (assign only, no commits).
@@ -89,33 +87,25 @@ def consume(args):
         "broker.address.family": "v4",
         "error_cb": lambda e: common.log("consumer error:", e),
     })
-    todo = {p: e for p, e in ends.items() if e > args.start}
+    todo = common.partitions_to_read(args)
     consumer.assign([TopicPartition(args.topic, p, args.start) for p in sorted(todo)])
-    messages = []
-    deadline = time.time() + args.timeout
-    while todo:
-        if time.time() > deadline:
-            common.log("timed out; still expecting", todo, "read", len(messages))
-            return 1
+
+    def poll():
         msg = consumer.poll(0.2)
         if msg is None:
-            continue
+            return []
         if msg.error():
             if msg.error().code() == KafkaError._PARTITION_EOF:
-                continue
+                return []
             common.log("consume error:", msg.error())
             if msg.error().fatal() or msg.topic() == args.topic:
-                return 1
-            continue
-        p, o = msg.partition(), msg.offset()
+                return None
+            return []
         ts_type, ts = msg.timestamp()
-        messages.append(common.consumed(p, o, msg.key(), msg.value(), msg.headers(),
-                                        ts if ts_type != confluent_kafka.TIMESTAMP_NOT_AVAILABLE else None))
-        if p in todo and o + 1 >= todo[p]:
-            del todo[p]
-    consumer.close()
-    common.emit({"client": client_name(), "messages": messages})
-    return 0
+        return [common.consumed(msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers(),
+                                ts if ts_type != confluent_kafka.TIMESTAMP_NOT_AVAILABLE else None)]
+
+    return common.consume_to_ends(args, todo, poll, consumer.close, client_name())
 
 
 def group(args):
@@ -132,31 +122,18 @@ def group(args):
     }
     config.update(spec.get("config", {}))
     consumer = Consumer(config)
-    owned = set()
 
     def commit_offsets(offsets):
         consumer.commit(offsets=[TopicPartition(member.topic, p, o) for p, o in sorted(offsets.items())],
                         asynchronous=False)
     member.commit_offsets = commit_offsets
 
-    def on_assign(c, partitions):
-        owned.update(tp.partition for tp in partitions)
-        member.set_assignment(owned)
-
-    def on_revoke(c, partitions):
-        gone = {tp.partition for tp in partitions}
-        member.commit(gone)
-        owned.difference_update(gone)
-        member.set_assignment(owned)
-
-    def on_lost(c, partitions):
-        gone = {tp.partition for tp in partitions}
-        for p in gone:
-            member.pending.pop(p, None)
-        owned.difference_update(gone)
-        member.set_assignment(owned)
-
-    consumer.subscribe([member.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+    def numbers(partitions):
+        return [tp.partition for tp in partitions]
+    consumer.subscribe([member.topic],
+                       on_assign=lambda c, ps: member.assigned(numbers(ps)),
+                       on_revoke=lambda c, ps: member.revoked(numbers(ps)),
+                       on_lost=lambda c, ps: member.lost(numbers(ps)))
     while not member.stop.is_set():
         msg = consumer.poll(0.05)
         if msg is not None:
@@ -227,14 +204,5 @@ def groups_admin(args):
     return 0
 
 
-def main():
-    args = common.parse_args(__doc__)
-    if args.command == "groups-admin":
-        return groups_admin(args)
-    if args.command == "group":
-        return group(args)
-    return produce(args) if args.command == "produce" else consume(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, globals()))

@@ -66,33 +66,24 @@ def produce(args):
 
 
 def consume(args):
-    ends = common.parse_ends(args.ends)
     consumer = KafkaConsumer(
         bootstrap_servers=args.bootstrap,
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="none",
     )
-    todo = {p: e for p, e in ends.items() if e > args.start}
+    todo = common.partitions_to_read(args)
     tps = {p: TopicPartition(args.topic, p) for p in todo}
     consumer.assign(list(tps.values()))
     for tp in tps.values():
         consumer.seek(tp, args.start)
-    messages = []
-    deadline = time.time() + args.timeout
-    while todo:
-        if time.time() > deadline:
-            common.log("timed out; still expecting", todo, "read", len(messages))
-            return 1
+
+    def poll():
         batch = consumer.poll(timeout_ms=200)
-        for tp, recs in sorted(batch.items(), key=lambda kv: kv[0].partition):
-            for m in recs:
-                messages.append(common.consumed(m.partition, m.offset, m.key, m.value, m.headers, m.timestamp))
-                if m.partition in todo and m.offset + 1 >= todo[m.partition]:
-                    del todo[m.partition]
-    consumer.close()
-    common.emit({"client": client_name(), "messages": messages})
-    return 0
+        return [common.consumed(m.partition, m.offset, m.key, m.value, m.headers, m.timestamp)
+                for _, recs in sorted(batch.items(), key=lambda kv: kv[0].partition) for m in recs]
+
+    return common.consume_to_ends(args, todo, poll, consumer.close, client_name())
 
 
 ASSIGNORS = {
@@ -123,7 +114,6 @@ def group(args):
         auto_offset_reset="earliest",
         **kwargs,
     )
-    owned = set()
 
     def commit_offsets(offsets):
         consumer.commit({TopicPartition(member.topic, p): OffsetAndMetadata(o, "", -1)
@@ -132,14 +122,10 @@ def group(args):
 
     class Listener(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked):
-            gone = {tp.partition for tp in revoked}
-            member.commit(gone)
-            owned.difference_update(gone)
-            member.set_assignment(owned)
+            member.revoked(tp.partition for tp in revoked)
 
         def on_partitions_assigned(self, assigned):
-            owned.update(tp.partition for tp in assigned)
-            member.set_assignment(owned)
+            member.assigned(tp.partition for tp in assigned)
 
     consumer.subscribe([member.topic], listener=Listener())
     while not member.stop.is_set():
@@ -186,14 +172,5 @@ def groups_admin(args):
     return 0
 
 
-def main():
-    args = common.parse_args(__doc__)
-    if args.command == "groups-admin":
-        return groups_admin(args)
-    if args.command == "group":
-        return group(args)
-    return produce(args) if args.command == "produce" else consume(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.main(__doc__, globals()))

@@ -237,8 +237,7 @@ fn deleting_a_topic_while_it_is_written_keeps_the_broker_writing() {
         .shards(1)
         .start();
     let bootstrap = broker.bootstrap();
-    let stable = unique_topic("del-stable");
-    admin::create_topic(&bootstrap, &stable, 1, &[]);
+    let stable = admin::new_topic(&bootstrap, "del-stable", 1);
     let mut c = admin::connect(&bootstrap);
     let value = vec![b'w'; 1000];
     for attempt in 0..6 {
@@ -318,8 +317,7 @@ fn create_partitions_increases_and_refuses_decrease() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("partitions");
-    admin::create_topic(&bootstrap, &topic, 3, &[]);
+    let topic = admin::new_topic(&bootstrap, "partitions", 3);
     let grow = |c: &mut RawConn, name: &str, count: i32, validate_only: bool| -> (i16, Option<String>) {
         let req = CreatePartitionsRequest::default()
             .with_topics(vec![CreatePartitionsTopic::default()
@@ -479,8 +477,7 @@ fn describe_configs_for_topic_and_broker() {
             "Kafka's default"
         );
         // A topic inherits the broker's settings for what it does not set itself.
-        let plain = unique_topic("configs-plain");
-        admin::create_topic(&bootstrap, &plain, 1, &[]);
+        let plain = admin::new_topic(&bootstrap, "configs-plain", 1);
         let t = describe(
             &mut c,
             TOPIC_RESOURCE,
@@ -506,8 +503,7 @@ fn delete_records_moves_the_low_watermark() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("delete-records");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "delete-records", 2);
     let values: Vec<Vec<u8>> = (0..10).map(|i| format!("r{i}").into_bytes()).collect();
     for v in &values {
         admin::produce_values(&mut c, &topic, 0, &[v]);
@@ -610,8 +606,7 @@ fn list_offsets_earliest_latest_by_timestamp_and_max_timestamp() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("list-offsets");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "list-offsets", 2);
 
     // Offsets and CreateTime timestamps: 0:1000 1:1001 | 2:5000 | 3:3000 (three batches).
     for (batch, compression) in [
@@ -663,15 +658,7 @@ fn list_offsets_earliest_latest_by_timestamp_and_max_timestamp() {
 fn api_versions_advertises_the_apis_the_suite_uses() {
     let broker = Broker::start();
     let mut c = admin::connect(&broker.bootstrap());
-    let resp = c
-        .request(
-            versions::API_VERSIONS,
-            &ApiVersionsRequest::default()
-                .with_client_software_name(s("strand-compat"))
-                .with_client_software_version(s("0")),
-        )
-        .expect("ApiVersions");
-    assert_eq!(resp.error_code, 0);
+    let resp = admin::api_versions(&mut c);
     let needed: [(i16, i16, kafka_protocol::protocol::VersionRange); 11] = [
         (0, versions::PRODUCE, ProduceRequest::VERSIONS),
         (1, versions::FETCH, FetchRequest::VERSIONS),

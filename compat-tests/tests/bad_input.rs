@@ -13,7 +13,7 @@ use kafka_protocol::records::Compression;
 use strand_compat_tests::admin::{self, errors, versions};
 use strand_compat_tests::data::Gen;
 use strand_compat_tests::raw::{self, RawConn};
-use strand_compat_tests::{unique_topic, Broker};
+use strand_compat_tests::{unique_topic, Broker, BrokerBuilder};
 
 const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
@@ -38,6 +38,16 @@ fn one_record_batch(value: &[u8]) -> bytes::Bytes {
         &[raw::record(Some(b"k"), Some(value), admin::now_ms())],
         Compression::None,
     )
+}
+
+/// Runs `bad` against a broker started from `builder`, with a connection to it; then the
+/// broker must still serve a new client ([`admin::assert_broker_serves`]).
+fn survives(builder: BrokerBuilder, bad: impl FnOnce(&Broker, &str, &mut RawConn)) {
+    let broker = builder.start();
+    let bootstrap = broker.bootstrap();
+    let mut c = admin::connect(&bootstrap);
+    bad(&broker, &bootstrap, &mut c);
+    admin::assert_broker_serves(&bootstrap);
 }
 
 #[test]
@@ -134,240 +144,224 @@ fn unknown_api_key_closes_the_connection() {
 
 #[test]
 fn bad_crc_fails_only_its_partition() {
-    let broker = Broker::start();
-    let bootstrap = broker.bootstrap();
-    let topic = unique_topic("bad-crc");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
-    let mut c = admin::connect(&bootstrap);
+    survives(Broker::builder(), |_, bootstrap, c| {
+        let topic = admin::new_topic(bootstrap, "bad-crc", 2);
 
-    let good = one_record_batch(b"good");
-    let mut bad = BytesMut::from(&one_record_batch(b"bad-crc")[..]);
-    let last = bad.len() - 1;
-    bad[last] ^= 0x5a; // inside the CRC-covered records; the stored CRC no longer matches
-    let req = admin::produce_request(&topic, -1, vec![(0, good), (1, bad.freeze())]);
-    let resp = c.request(versions::PRODUCE, &req).expect("produce");
-    assert_eq!(
-        partition_error(&resp, 0),
-        (0, 0),
-        "the valid partition of the request must succeed"
-    );
-    assert_eq!(
-        partition_error(&resp, 1).0,
-        errors::CORRUPT_MESSAGE,
-        "the corrupt partition"
-    );
-    assert_eq!(admin::latest(&mut c, &topic, 0), 1);
-    assert_eq!(
-        admin::latest(&mut c, &topic, 1),
-        0,
-        "nothing of the corrupt batch may be stored"
-    );
-    let f = admin::fetch(&mut c, &topic, 0, 0, 1 << 20);
-    assert_eq!(f.records.len(), 1);
-    assert_eq!(f.records[0].2.as_deref(), Some(&b"good"[..]));
+        let good = one_record_batch(b"good");
+        let mut bad = BytesMut::from(&one_record_batch(b"bad-crc")[..]);
+        let last = bad.len() - 1;
+        bad[last] ^= 0x5a; // inside the CRC-covered records; the stored CRC no longer matches
+        let req = admin::produce_request(&topic, -1, vec![(0, good), (1, bad.freeze())]);
+        let resp = c.request(versions::PRODUCE, &req).expect("produce");
+        assert_eq!(
+            partition_error(&resp, 0),
+            (0, 0),
+            "the valid partition of the request must succeed"
+        );
+        assert_eq!(
+            partition_error(&resp, 1).0,
+            errors::CORRUPT_MESSAGE,
+            "the corrupt partition"
+        );
+        assert_eq!(admin::latest(c, &topic, 0), 1);
+        assert_eq!(
+            admin::latest(c, &topic, 1),
+            0,
+            "nothing of the corrupt batch may be stored"
+        );
+        let f = admin::fetch(c, &topic, 0, 0, 1 << 20);
+        assert_eq!(f.records.len(), 1);
+        assert_eq!(f.records[0].2.as_deref(), Some(&b"good"[..]));
 
-    // A corrupted CRC field itself (bytes 17..21 of the batch) is caught the same way.
-    let mut bad = BytesMut::from(&one_record_batch(b"bad-crc-field")[..]);
-    bad[17] ^= 0xff;
-    let (err, _) = admin::produce(&mut c, &topic, 1, bad.freeze());
-    assert_eq!(err, errors::CORRUPT_MESSAGE, "batch with a wrong CRC field");
-    admin::assert_broker_serves(&bootstrap);
+        // A corrupted CRC field itself (bytes 17..21 of the batch) is caught the same way.
+        let mut bad = BytesMut::from(&one_record_batch(b"bad-crc-field")[..]);
+        bad[17] ^= 0xff;
+        let (err, _) = admin::produce(c, &topic, 1, bad.freeze());
+        assert_eq!(err, errors::CORRUPT_MESSAGE, "batch with a wrong CRC field");
+    });
 }
 
 #[test]
 fn batch_over_message_max_bytes_is_message_too_large() {
-    let broker = Broker::builder().config("message.max.bytes", 65_536).start();
-    let bootstrap = broker.bootstrap();
-    let max = limit(&broker, "message.max.bytes", KAFKA_MESSAGE_MAX_BYTES) as usize;
-    let topic = unique_topic("too-large");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
-    let mut c = admin::connect(&bootstrap);
+    survives(
+        Broker::builder().config("message.max.bytes", 65_536),
+        |broker, bootstrap, c| {
+            let max = limit(broker, "message.max.bytes", KAFKA_MESSAGE_MAX_BYTES) as usize;
+            let topic = admin::new_topic(bootstrap, "too-large", 1);
 
-    let under = one_record_batch(&vec![b'u'; max - 200]);
-    assert!(under.len() <= max);
-    assert_eq!(
-        admin::produce(&mut c, &topic, 0, under),
-        (0, 0),
-        "a batch just under the limit"
+            let under = one_record_batch(&vec![b'u'; max - 200]);
+            assert!(under.len() <= max);
+            assert_eq!(
+                admin::produce(c, &topic, 0, under),
+                (0, 0),
+                "a batch just under the limit"
+            );
+            let over = one_record_batch(&vec![b'o'; max + 100]);
+            let (err, _) = admin::produce(c, &topic, 0, over);
+            assert_eq!(
+                err,
+                errors::MESSAGE_TOO_LARGE,
+                "a batch over message.max.bytes ({max})"
+            );
+            assert_eq!(
+                admin::latest(c, &topic, 0),
+                1,
+                "the oversized batch must not be stored"
+            );
+        },
     );
-    let over = one_record_batch(&vec![b'o'; max + 100]);
-    let (err, _) = admin::produce(&mut c, &topic, 0, over);
-    assert_eq!(
-        err,
-        errors::MESSAGE_TOO_LARGE,
-        "a batch over message.max.bytes ({max})"
-    );
-    assert_eq!(
-        admin::latest(&mut c, &topic, 0),
-        1,
-        "the oversized batch must not be stored"
-    );
-    admin::assert_broker_serves(&bootstrap);
 }
 
 #[test]
 fn produce_to_unknown_topic_or_partition() {
-    let broker = Broker::start();
-    let bootstrap = broker.bootstrap();
-    let mut c = admin::connect(&bootstrap);
-    let missing = unique_topic("never-created");
-    let (err, _) = admin::produce(&mut c, &missing, 0, one_record_batch(b"x"));
-    assert_eq!(
-        err,
-        errors::UNKNOWN_TOPIC_OR_PARTITION,
-        "produce to a topic that does not exist"
-    );
-    let md = admin::metadata(&mut c, &[&missing], false);
-    assert_eq!(
-        md.topics[0].error_code,
-        errors::UNKNOWN_TOPIC_OR_PARTITION,
-        "produce must not create topics"
-    );
+    survives(Broker::builder(), |_, bootstrap, c| {
+        let missing = unique_topic("never-created");
+        let (err, _) = admin::produce(c, &missing, 0, one_record_batch(b"x"));
+        assert_eq!(
+            err,
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            "produce to a topic that does not exist"
+        );
+        let md = admin::metadata(c, &[&missing], false);
+        assert_eq!(
+            md.topics[0].error_code,
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            "produce must not create topics"
+        );
 
-    let topic = unique_topic("one-partition");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
-    let (err, _) = admin::produce(&mut c, &topic, 5, one_record_batch(b"x"));
-    assert_eq!(
-        err,
-        errors::UNKNOWN_TOPIC_OR_PARTITION,
-        "produce to partition 5 of a 1-partition topic"
-    );
-    let f = admin::fetch(&mut c, &topic, 3, 0, 1024);
-    assert_eq!(
-        f.error_code,
-        errors::UNKNOWN_TOPIC_OR_PARTITION,
-        "fetch from a partition that does not exist"
-    );
-    admin::assert_broker_serves(&bootstrap);
+        let topic = admin::new_topic(bootstrap, "one-partition", 1);
+        let (err, _) = admin::produce(c, &topic, 5, one_record_batch(b"x"));
+        assert_eq!(
+            err,
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            "produce to partition 5 of a 1-partition topic"
+        );
+        let f = admin::fetch(c, &topic, 3, 0, 1024);
+        assert_eq!(
+            f.error_code,
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            "fetch from a partition that does not exist"
+        );
+    });
 }
 
 #[test]
 fn invalid_topic_names_are_rejected() {
-    let broker = Broker::start();
-    let bootstrap = broker.bootstrap();
-    let mut c = admin::connect(&bootstrap);
-    let long = "x".repeat(250);
-    for name in ["bad name", "a/b", "semi;colon", ".", "..", "", long.as_str()] {
-        let resp = c
-            .request(
-                versions::CREATE_TOPICS,
-                &admin::create_topics_request(name, 1, &[], false),
-            )
-            .expect("CreateTopics");
-        assert_eq!(
-            resp.topics[0].error_code,
-            errors::INVALID_TOPIC_EXCEPTION,
-            "CreateTopics {name:?}: {:?}",
-            resp.topics[0].error_message
-        );
-        if !name.is_empty() {
-            let md = admin::metadata(&mut c, &[name], true);
+    survives(Broker::builder(), |_, _bootstrap, c| {
+        let long = "x".repeat(250);
+        for name in ["bad name", "a/b", "semi;colon", ".", "..", "", long.as_str()] {
+            let resp = c
+                .request(
+                    versions::CREATE_TOPICS,
+                    &admin::create_topics_request(name, 1, &[], false),
+                )
+                .expect("CreateTopics");
             assert_eq!(
-                md.topics[0].error_code,
+                resp.topics[0].error_code,
                 errors::INVALID_TOPIC_EXCEPTION,
-                "Metadata with auto-create for {name:?}"
+                "CreateTopics {name:?}: {:?}",
+                resp.topics[0].error_message
             );
+            if !name.is_empty() {
+                let md = admin::metadata(c, &[name], true);
+                assert_eq!(
+                    md.topics[0].error_code,
+                    errors::INVALID_TOPIC_EXCEPTION,
+                    "Metadata with auto-create for {name:?}"
+                );
+            }
         }
-    }
-    admin::assert_broker_serves(&bootstrap);
+    });
 }
 
 #[test]
 fn fetch_out_of_range_is_offset_out_of_range() {
-    let broker = Broker::start();
-    let bootstrap = broker.bootstrap();
-    let topic = unique_topic("out-of-range");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
-    let mut c = admin::connect(&bootstrap);
-    admin::produce_values(&mut c, &topic, 0, &[b"a", b"b", b"c"]);
+    survives(Broker::builder(), |_, bootstrap, c| {
+        let topic = admin::new_topic(bootstrap, "out-of-range", 1);
+        admin::produce_values(c, &topic, 0, &[b"a", b"b", b"c"]);
 
-    let f = admin::fetch(&mut c, &topic, 0, 3, 1 << 20);
-    assert_eq!(
-        (f.error_code, f.high_watermark, f.records.len()),
-        (0, 3, 0),
-        "fetch at the log end is empty, not an error"
-    );
-    for offset in [4i64, 100, i64::MAX] {
-        let f = admin::fetch(&mut c, &topic, 0, offset, 1 << 20);
+        let f = admin::fetch(c, &topic, 0, 3, 1 << 20);
         assert_eq!(
-            f.error_code,
-            errors::OFFSET_OUT_OF_RANGE,
-            "fetch at {offset} with log end 3"
+            (f.error_code, f.high_watermark, f.records.len()),
+            (0, 3, 0),
+            "fetch at the log end is empty, not an error"
         );
-        assert!(f.records.is_empty());
-    }
-    admin::assert_broker_serves(&bootstrap);
+        for offset in [4i64, 100, i64::MAX] {
+            let f = admin::fetch(c, &topic, 0, offset, 1 << 20);
+            assert_eq!(
+                f.error_code,
+                errors::OFFSET_OUT_OF_RANGE,
+                "fetch at {offset} with log end 3"
+            );
+            assert!(f.records.is_empty());
+        }
+    });
 }
 
 #[test]
 fn invalid_acks_is_invalid_required_acks() {
-    let broker = Broker::start();
-    let bootstrap = broker.bootstrap();
-    let topic = unique_topic("bad-acks");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
-    let mut c = admin::connect(&bootstrap);
-    for acks in [5i16, 2, -2] {
-        let req: ProduceRequest = admin::produce_request(&topic, acks, vec![(0, one_record_batch(b"x"))]);
-        let resp = c.request(versions::PRODUCE, &req).expect("produce");
+    survives(Broker::builder(), |_, bootstrap, c| {
+        let topic = admin::new_topic(bootstrap, "bad-acks", 1);
+        for acks in [5i16, 2, -2] {
+            let req: ProduceRequest = admin::produce_request(&topic, acks, vec![(0, one_record_batch(b"x"))]);
+            let resp = c.request(versions::PRODUCE, &req).expect("produce");
+            assert_eq!(
+                partition_error(&resp, 0).0,
+                errors::INVALID_REQUIRED_ACKS,
+                "acks={acks}"
+            );
+        }
         assert_eq!(
-            partition_error(&resp, 0).0,
-            errors::INVALID_REQUIRED_ACKS,
-            "acks={acks}"
+            admin::latest(c, &topic, 0),
+            0,
+            "nothing may be stored with invalid acks"
         );
-    }
-    assert_eq!(
-        admin::latest(&mut c, &topic, 0),
-        0,
-        "nothing may be stored with invalid acks"
-    );
-    admin::assert_broker_serves(&bootstrap);
+    });
 }
 
 #[test]
 fn api_versions_with_unsupported_version_answers_v0_with_the_api_list() {
-    let broker = Broker::start();
-    let bootstrap = broker.bootstrap();
-    let mut c = admin::connect(&bootstrap);
-    // A client from the future: ApiVersions v127 with a v2 (flexible) header and a v3 body.
-    let mut body = BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(18)
-        .with_request_api_version(127)
-        .with_correlation_id(77)
-        .with_client_id(Some(StrBytes::from_static_str("future-client")))
-        .encode(&mut body, 2)
-        .expect("header");
-    ApiVersionsRequest::default()
-        .with_client_software_name(StrBytes::from_static_str("future"))
-        .with_client_software_version(StrBytes::from_static_str("9.9"))
-        .encode(&mut body, 3)
-        .expect("body");
-    c.send_frame(&body).expect("send");
-    let resp = c.read_response().expect("an answer, not a closed connection");
-    assert_eq!(resp.correlation_id, 77);
-    let mut buf = resp.frame.slice(4..); // v0 response header: correlation id only
-    let v0 = ApiVersionsResponse::decode(&mut buf, 0).expect("a v0-format ApiVersions answer");
-    assert!(
-        bytes::Buf::remaining(&buf) == 0,
-        "trailing bytes after the v0 answer"
-    );
-    assert_eq!(v0.error_code, errors::UNSUPPORTED_VERSION);
-    let own = v0
-        .api_keys
-        .iter()
-        .find(|k| k.api_key == 18)
-        .expect("ApiVersions itself in the list");
-    assert_eq!(own.min_version, 0);
-    assert!(
-        own.max_version >= 3,
-        "ApiVersions max version {}",
-        own.max_version
-    );
-    assert!(v0.api_keys.iter().any(|k| k.api_key == 0), "Produce in the list");
-    // The connection stays usable: a normal request on it is answered.
-    let md = admin::metadata(&mut c, &[], false);
-    assert!(!md.brokers.is_empty());
-    admin::assert_broker_serves(&bootstrap);
+    survives(Broker::builder(), |_, _bootstrap, c| {
+        // A client from the future: ApiVersions v127 with a v2 (flexible) header and a v3 body.
+        let mut body = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(18)
+            .with_request_api_version(127)
+            .with_correlation_id(77)
+            .with_client_id(Some(StrBytes::from_static_str("future-client")))
+            .encode(&mut body, 2)
+            .expect("header");
+        ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("future"))
+            .with_client_software_version(StrBytes::from_static_str("9.9"))
+            .encode(&mut body, 3)
+            .expect("body");
+        c.send_frame(&body).expect("send");
+        let resp = c.read_response().expect("an answer, not a closed connection");
+        assert_eq!(resp.correlation_id, 77);
+        let mut buf = resp.frame.slice(4..); // v0 response header: correlation id only
+        let v0 = ApiVersionsResponse::decode(&mut buf, 0).expect("a v0-format ApiVersions answer");
+        assert!(
+            bytes::Buf::remaining(&buf) == 0,
+            "trailing bytes after the v0 answer"
+        );
+        assert_eq!(v0.error_code, errors::UNSUPPORTED_VERSION);
+        let own = v0
+            .api_keys
+            .iter()
+            .find(|k| k.api_key == 18)
+            .expect("ApiVersions itself in the list");
+        assert_eq!(own.min_version, 0);
+        assert!(
+            own.max_version >= 3,
+            "ApiVersions max version {}",
+            own.max_version
+        );
+        assert!(v0.api_keys.iter().any(|k| k.api_key == 0), "Produce in the list");
+        // The connection stays usable: a normal request on it is answered.
+        let md = admin::metadata(c, &[], false);
+        assert!(!md.brokers.is_empty());
+    });
 }
 
 /// A request header for `api_key`/`version`, without the body.
@@ -433,23 +427,17 @@ fn truncated_or_garbage_requests_close_the_connection() {
 }
 
 /// A real full disk: the broker's data directory is a 16 MiB tmpfs (see
-/// `BrokerBuilder::data_dir_limit`). Produce until the broker refuses: the refusal is
+/// `BrokerBuilder::small_disk`). Produce until the broker refuses: the refusal is
 /// KAFKA_STORAGE_ERROR (56); every acknowledged batch reads back intact at its offset and nothing
 /// unacknowledged becomes visible; the shard stays offline for writes (Kafka's offline log
 /// directory, until a restart) while reads and metadata keep working.
 #[test]
 fn disk_full_is_kafka_storage_error() {
-    // 16 MiB of disk, 1 MiB journal files: a few MiB of produce fill it.
-    let broker = Broker::builder()
-        .data_dir_limit(16 << 20)
-        .shards(1)
-        .config("strand.journal.segment.bytes", 1 << 20)
-        .start();
+    let broker = Broker::builder().small_disk().start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("full");
+    let topic = admin::new_topic(&bootstrap, "full", 1);
     let other = unique_topic("full-other");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
     admin::create_topic(&bootstrap, &other, 1, &[]);
     admin::produce_values(&mut c, &other, 0, &[b"written before the disk filled up"]);
 

@@ -72,8 +72,7 @@ fn kafka_python_producible(mut records: Vec<TestRecord>) -> Vec<TestRecord> {
 fn rdkafka_round_trip_with_assign_and_seek() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("rdkafka-rt");
-    admin::create_topic(&bootstrap, &topic, 3, &[]);
+    let topic = admin::new_topic(&bootstrap, "rdkafka-rt", 3);
     let records = varied_records(3000, 3, 21);
 
     let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
@@ -152,8 +151,7 @@ fn rdkafka_round_trip_with_assign_and_seek() {
 fn three_stacks_read_what_rdkafka_wrote() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("stacks-rd");
-    admin::create_topic(&bootstrap, &topic, 3, &[]);
+    let topic = admin::new_topic(&bootstrap, "stacks-rd", 3);
     let records = varied_records(900, 3, 31);
     let offsets = clients::rdkafka_produce(&bootstrap, &topic, &records);
     assert_eq!(offsets, sequential_offsets(&records));
@@ -194,9 +192,8 @@ fn three_stacks_read_what_rdkafka_wrote() {
 fn three_stacks_read_what_python_clients_wrote() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let from_confluent = unique_topic("stacks-ck");
+    let from_confluent = admin::new_topic(&bootstrap, "stacks-ck", 3);
     let from_kafka_python = unique_topic("stacks-kp");
-    admin::create_topic(&bootstrap, &from_confluent, 3, &[]);
     admin::create_topic(&bootstrap, &from_kafka_python, 3, &[]);
 
     let a = varied_records(600, 3, 41);
@@ -240,8 +237,7 @@ fn three_stacks_read_what_python_clients_wrote() {
 fn raw_produce_acks_0_and_1_and_every_codec() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("raw-acks");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "raw-acks", 1);
     let mut conn = admin::connect(&bootstrap);
 
     // acks=0: no answer at all; the next answer on the connection is the Metadata one.
@@ -318,8 +314,7 @@ fn pipelined_responses_leave_in_request_order() {
 
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("pipeline");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "pipeline", 1);
     let mut c = admin::connect(&bootstrap);
     let fetch = FetchRequest::default()
         .with_replica_id(BrokerId(-1))

@@ -366,8 +366,7 @@ fn frames_in_pieces_of_any_size_are_read_whole_and_in_order() {
     let mut g = Gen::new(seed);
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("frames-in-pieces");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "frames-in-pieces", 1);
 
     // Requests of three sizes, interleaved: tiny (one small record), medium (a few KiB
     // records), large (one record of 200–900 KB).
@@ -392,7 +391,8 @@ fn frames_in_pieces_of_any_size_are_read_whole_and_in_order() {
             -1,
             vec![(0, raw::encode_batch(&records, Compression::None))],
         );
-        let frame = RawConn::encode_frame(
+        let frame = raw::request_frame(
+            raw::CLIENT_ID,
             <ProduceRequest as Request>::KEY,
             versions::PRODUCE,
             <ProduceRequest as HeaderVersion>::header_version(versions::PRODUCE),

@@ -66,6 +66,11 @@ struct Run {
 }
 
 impl Run {
+    /// The sum of a series in the broker's `/metrics` just before the stop.
+    fn total(&self, series: &str) -> f64 {
+        metric_sum(&self.metrics_at_stop, series)
+    }
+
     fn acked(&self) -> impl Iterator<Item = (usize, i32, i64)> + '_ {
         self.reports
             .iter()
@@ -257,17 +262,18 @@ fn check_new_writes(bootstrap: &str, topic: &str, run: &Run, logs: &BTreeMap<i32
 /// A broker (with `configs`), a fresh topic, and an acks=all producer (one request in flight)
 /// until kill -9.
 fn kill9_under_load(name: &str, reason: &str, configs: &[(&str, &str)]) -> (Broker, String, Run) {
-    kill9_under_pipelined_load(name, reason, configs, "1", 3000)
+    stopped_under_load(name, reason, configs, "1", 3000, Broker::kill9)
 }
 
+/// A broker (with `configs`), a fresh topic, and an acks=all producer with 5 requests in flight
+/// until kill -9, once it has `min_acked` acknowledgements.
 fn kill9_under_pipelined_load(
     name: &str,
-    reason: &str,
     configs: &[(&str, &str)],
-    in_flight: &str,
     min_acked: usize,
 ) -> (Broker, String, Run) {
-    stopped_under_load(name, reason, configs, in_flight, min_acked, Broker::kill9)
+    let reason = "kills and restarts the broker";
+    stopped_under_load(name, reason, configs, "5", min_acked, Broker::kill9)
 }
 
 /// A broker (with `configs`), a fresh topic, and an acks=all producer until `stop_broker`.
@@ -290,6 +296,21 @@ fn stopped_under_load(
     (broker, topic, run)
 }
 
+/// Restarts the broker, checks that every acknowledged record is back (see
+/// [`check_acked_present`]) and that it takes new writes, and that it still runs. Returns the
+/// bootstrap address and the logs read.
+fn restart_and_check_acked(
+    broker: &mut Broker,
+    topic: &str,
+    run: &Run,
+) -> (String, BTreeMap<i32, Vec<(i64, usize)>>) {
+    let (bootstrap, logs) =
+        restart_and_read(broker, topic, |p, log| check_acked_present(run, log, p, i64::MAX));
+    check_new_writes(&bootstrap, topic, run, &logs);
+    broker.assert_running();
+    (bootstrap, logs)
+}
+
 /// Restarts the broker and reads every partition back, running `check` on each; returns the
 /// bootstrap address and the logs read.
 fn restart_and_read(
@@ -308,43 +329,40 @@ fn restart_and_read(
     (bootstrap, logs)
 }
 
+/// kill -9 under pipelined load with `configs` (30,000 acknowledged first), after which the
+/// broker's counter `series` must show flush rounds that did `what` (or the test tested nothing);
+/// nothing acknowledged is lost.
+fn kill9_with_rounds_that(name: &str, configs: &[(&str, &str)], series: &str, what: &str) {
+    let (mut broker, topic, run) = kill9_under_pipelined_load(name, configs, 30_000);
+    let rounds = run.total(series);
+    eprintln!(
+        "before the kill: {} flush rounds, {} direct, {rounds} of them {what}",
+        run.total("strand_flush_rounds_total"),
+        run.total("strand_flush_direct_rounds_total")
+    );
+    assert!(
+        rounds > 0.0,
+        "no flush round {what} before the kill: the test tested nothing"
+    );
+    restart_and_check_acked(&mut broker, &topic, &run);
+}
+
 #[test]
 fn acked_records_survive_kill9_under_load() {
     let (mut broker, topic, run) = kill9_under_load("kill9", "kills and restarts the broker", &[]);
-    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
-        check_acked_present(&run, log, p, i64::MAX)
-    });
-    check_new_writes(&bootstrap, &topic, &run, &logs);
-    broker.assert_running();
+    restart_and_check_acked(&mut broker, &topic, &run);
 }
 
 /// Pipelined produce requests, and every direct flush round overlapping the fsyncs of the one
 /// before whatever its size: still nothing acknowledged is lost.
 #[test]
 fn acked_records_survive_kill9_with_overlapping_flush_rounds() {
-    let (mut broker, topic, run) = kill9_under_pipelined_load(
+    kill9_with_rounds_that(
         "kill9-overlap",
-        "kills and restarts the broker",
         &[("strand.flush.overlap.min.bytes", "1")],
-        "5",
-        30_000,
+        "strand_flush_overlapped_rounds_total",
+        "overlapped another",
     );
-    let total = |series: &str| metric_sum(&run.metrics_at_stop, series);
-    let overlapped = total("strand_flush_overlapped_rounds_total");
-    assert!(
-        overlapped > 0.0,
-        "no flush round overlapped another before the kill: the test tested nothing"
-    );
-    eprintln!(
-        "before the kill: {} flush rounds, {} direct, {overlapped} overlapped",
-        total("strand_flush_rounds_total"),
-        total("strand_flush_direct_rounds_total")
-    );
-    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
-        check_acked_present(&run, log, p, i64::MAX)
-    });
-    check_new_writes(&bootstrap, &topic, &run, &logs);
-    broker.assert_running();
 }
 
 /// Rounds of several logs made durable by one file-system sync (`syncfs`) instead of the
@@ -352,33 +370,17 @@ fn acked_records_survive_kill9_with_overlapping_flush_rounds() {
 /// log), under pipelined produce: nothing acknowledged is lost to kill -9.
 #[test]
 fn acked_records_survive_kill9_with_filesystem_sync_rounds() {
-    let (mut broker, topic, run) = kill9_under_pipelined_load(
+    let configs = [
+        ("strand.journal.direct.max.logs", "1"),
+        ("strand.journal.direct.min.log.bytes", "1"),
+        ("strand.shards", "1"),
+    ];
+    kill9_with_rounds_that(
         "kill9-syncfs",
-        "kills and restarts the broker",
-        &[
-            ("strand.journal.direct.max.logs", "1"),
-            ("strand.journal.direct.min.log.bytes", "1"),
-            ("strand.shards", "1"),
-        ],
-        "5",
-        30_000,
+        &configs,
+        "strand_flush_syncfs_rounds_total",
+        "was made durable by a file-system sync",
     );
-    let total = |series: &str| metric_sum(&run.metrics_at_stop, series);
-    let syncfs = total("strand_flush_syncfs_rounds_total");
-    eprintln!(
-        "before the kill: {} flush rounds, {} direct, {syncfs} by a file-system sync",
-        total("strand_flush_rounds_total"),
-        total("strand_flush_direct_rounds_total")
-    );
-    assert!(
-        syncfs > 0.0,
-        "no flush round was made durable by a file-system sync before the kill: the test tested nothing"
-    );
-    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
-        check_acked_present(&run, log, p, i64::MAX)
-    });
-    check_new_writes(&bootstrap, &topic, &run, &logs);
-    broker.assert_running();
 }
 
 /// Every round journaled into 1 MiB journal files, so that checkpoints keep covered files and
@@ -388,17 +390,14 @@ fn acked_records_survive_kill9_with_filesystem_sync_rounds() {
 fn acked_records_survive_kill9_with_recycled_journal_files() {
     let (mut broker, topic, run) = kill9_under_pipelined_load(
         "kill9-recycle",
-        "kills and restarts the broker",
         &[
             ("strand.journal.direct.max.logs", "0"),
             ("strand.journal.segment.bytes", "1048576"),
             ("strand.shards", "2"),
         ],
-        "5",
         60_000,
     );
-    let total = |series: &str| metric_sum(&run.metrics_at_stop, series);
-    let recycled = total("strand_journal_files_recycled_total");
+    let recycled = run.total("strand_journal_files_recycled_total");
     let journal_dir = broker.data_dir().join("strand-journal");
     let names: Vec<String> = fs::read_dir(&journal_dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", journal_dir.display()))
@@ -407,17 +406,14 @@ fn acked_records_survive_kill9_with_recycled_journal_files() {
     eprintln!(
         "before the kill: {} flush rounds, {} checkpoints, {recycled} journal files recycled; journal \
          directory: {names:?}",
-        total("strand_flush_rounds_total"),
-        total("strand_checkpoints_total"),
+        run.total("strand_flush_rounds_total"),
+        run.total("strand_checkpoints_total"),
     );
     assert!(
         recycled >= 2.0,
         "fewer than two journal files were kept for recycling before the kill: the test tested nothing"
     );
-    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
-        check_acked_present(&run, log, p, i64::MAX)
-    });
-    check_new_writes(&bootstrap, &topic, &run, &logs);
+    restart_and_check_acked(&mut broker, &topic, &run);
     let left: Vec<String> = fs::read_dir(&journal_dir)
         .map(|d| {
             d.filter_map(Result::ok)
@@ -430,7 +426,6 @@ fn acked_records_survive_kill9_with_recycled_journal_files() {
         left.len() <= 2 * 2,
         "kept journal files are bounded by strand.journal.recycle.files (2) per shard (2): {left:?}"
     );
-    broker.assert_running();
 }
 
 /// Partition 0's last segment file as the crash left it.
@@ -502,8 +497,7 @@ fn segment_pages_behind_the_drop_window_leave_the_page_cache() {
         .config("strand.log.direct.writes", "false")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("dropbehind");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "dropbehind", 1);
     let records: Vec<TestRecord> = (0..400)
         .map(|i| TestRecord {
             partition: 0,
@@ -567,8 +561,7 @@ fn direct_written_segments_bypass_the_page_cache_and_read_back() {
         .config("strand.log.direct.cache.bytes", 4 * MIB)
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("directwrites");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "directwrites", 1);
     // Odd sizes, so that batches end inside pages.
     let record = |i: usize| TestRecord {
         partition: 0,
@@ -791,16 +784,12 @@ fn torn_unacknowledged_tail_after_direct_rounds_is_cut() {
     );
     fs::write(&seg.path, &kept).expect("write segment");
 
-    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
-        check_acked_present(&run, log, p, i64::MAX)
-    });
+    let (_, logs) = restart_and_check_acked(&mut broker, &topic, &run);
     assert_eq!(
         logs[&0].len() as i64,
         last.last_offset + 1,
         "partition 0 ends after its last complete batch"
     );
-    check_new_writes(&bootstrap, &topic, &run, &logs);
-    broker.assert_running();
 }
 
 /// SIGTERM while an acks=all producer pipelines requests: the broker flushes what it staged,
@@ -823,11 +812,7 @@ fn sigterm_under_pipelined_load_exits_cleanly_and_keeps_acknowledged_records() {
         20_000,
         stop,
     );
-    let (bootstrap, logs) = restart_and_read(&mut broker, &topic, |p, log| {
-        check_acked_present(&run, log, p, i64::MAX)
-    });
-    check_new_writes(&bootstrap, &topic, &run, &logs);
-    broker.assert_running();
+    restart_and_check_acked(&mut broker, &topic, &run);
 }
 
 #[test]

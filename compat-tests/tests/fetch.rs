@@ -226,8 +226,7 @@ fn a_fetch_pipelined_behind_a_long_poll_starts_after_its_answer() {
 fn a_fetch_that_cannot_reach_min_bytes_waits_without_starving_the_broker() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("minbytes");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "minbytes", 1);
     let mut c = admin::connect(&bootstrap);
     admin::produce_values(&mut c, &topic, 0, &[b"a", b"b", b"c"]);
     let mut req = admin::fetch_request(&topic, 0, 0, 1 << 20);
@@ -272,8 +271,7 @@ fn a_fetch_that_cannot_reach_min_bytes_waits_without_starving_the_broker() {
 fn a_later_partition_whose_first_batch_does_not_fit_answers_nothing() {
     let broker = Broker::builder().config("strand.shards", 1).start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("fetch-later-oversized");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "fetch-later-oversized", 2);
     let mut c = admin::connect(&bootstrap);
     // Partition 0: ten batches of ~10 KiB; partition 1: one ~48 KiB batch.
     for _ in 0..10 {
@@ -387,9 +385,8 @@ fn an_incremental_fetch_session_serves_the_partitions_in_turn() {
 fn a_fetch_naming_topics_in_turn_answers_each_partition_with_its_own_records() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let a = unique_topic("fetch-turn-a");
+    let a = admin::new_topic(&bootstrap, "fetch-turn-a", 4);
     let b = unique_topic("fetch-turn-b");
-    admin::create_topic(&bootstrap, &a, 4, &[]);
     admin::create_topic(&bootstrap, &b, 4, &[]);
     let mut c = admin::connect(&bootstrap);
     // Partition p of topic a holds p + 1 records, of b p + 11; each value names its partition.

@@ -37,10 +37,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use strand_compat_tests::admin::{self, topic_name};
 use strand_compat_tests::clients::{self, PythonClient};
-use strand_compat_tests::data::TestRecord;
 use strand_compat_tests::group::{self, Event, EventLog, Logged, Member, MemberSpec};
 use strand_compat_tests::raw::RawConn;
-use strand_compat_tests::{tools, unique_topic, wait_for, Broker};
+use strand_compat_tests::{scenario_tests, tools, unique_topic, wait_for, Broker, BrokerBuilder};
 
 /// The child-process rdkafka member (this crate's binary).
 const MEMBER_BIN: &str = env!("CARGO_BIN_EXE_strand-group-consumer");
@@ -76,44 +75,13 @@ fn gid(v: &str) -> GroupId {
     GroupId(s(v))
 }
 
-fn err_name(c: i16) -> String {
-    if c == 0 {
-        "NONE".to_string()
-    } else {
-        match ResponseError::try_from_code(c) {
-            Some(e) => format!("{e:?} ({c})"),
-            None => format!("unknown error {c}"),
-        }
-    }
+/// The broker of most tests here: a new group's first rebalance starts at once.
+fn group_broker() -> BrokerBuilder {
+    Broker::builder().config("group.initial.rebalance.delay.ms", 0)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Data: values "<partition>:<offset>" so every consumed record can be checked where it stands.
-
-/// Produces `per_partition` records to each of `partitions` partitions with rdkafka (acks=all);
-/// record k of partition p has value "p:<first + k>" and must land at offset `first + k`.
-fn produce_numbered(bootstrap: &str, topic: &str, partitions: i32, first: i64, per_partition: i64) {
-    let records: Vec<TestRecord> = (0..per_partition)
-        .flat_map(|k| {
-            (0..partitions).map(move |p| TestRecord {
-                partition: p,
-                key: None,
-                value: Some(format!("{p}:{}", first + k).into_bytes()),
-                headers: Vec::new(),
-                timestamp: None,
-            })
-        })
-        .collect();
-    let offsets = clients::rdkafka_produce(bootstrap, topic, &records);
-    for (r, o) in records.iter().zip(&offsets) {
-        let want = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
-        assert_eq!(
-            format!("{}:{o}", r.partition),
-            want,
-            "acks=all offsets must follow the order of production on a fresh topic"
-        );
-    }
-}
 
 /// Which (partition, offset) pairs the members consumed so far; updated incrementally.
 #[derive(Default)]
@@ -232,19 +200,45 @@ fn join(c: &mut RawConn, req: &JoinGroupRequest) -> JoinGroupResponse {
         .unwrap_or_else(|e| panic!("JoinGroup: {e}"))
 }
 
-fn sync(
-    c: &mut RawConn,
-    group: &str,
+/// Whom a classic request speaks for: the group, a member id, its generation (or KIP-848 member
+/// epoch) and static instance id.
+#[derive(Clone, Copy, Debug)]
+struct Who<'a> {
+    group: &'a str,
+    member: &'a str,
     generation: i32,
-    member_id: &str,
-    instance: Option<&str>,
-    assignments: Vec<(String, Bytes)>,
-) -> SyncGroupResponse {
+    instance: Option<&'a str>,
+}
+
+impl<'a> Who<'a> {
+    fn new(group: &'a str, member: &'a str, generation: i32) -> Who<'a> {
+        Who {
+            group,
+            member,
+            generation,
+            instance: None,
+        }
+    }
+
+    /// No member: generation -1, as admin tools and assign-only consumers commit.
+    fn simple(group: &'a str) -> Who<'a> {
+        Who::new(group, "", -1)
+    }
+
+    fn instance(self, instance: &'a str) -> Who<'a> {
+        Who {
+            instance: Some(instance),
+            ..self
+        }
+    }
+}
+
+fn sync(c: &mut RawConn, who: Who<'_>, assignments: Vec<(String, Bytes)>) -> SyncGroupResponse {
     let req = SyncGroupRequest::default()
-        .with_group_id(gid(group))
-        .with_generation_id(generation)
-        .with_member_id(s(member_id))
-        .with_group_instance_id(instance.map(s))
+        .with_group_id(gid(who.group))
+        .with_generation_id(who.generation)
+        .with_member_id(s(who.member))
+        .with_group_instance_id(who.instance.map(s))
         .with_protocol_type(Some(s("consumer")))
         .with_protocol_name(Some(s("range")))
         .with_assignments(
@@ -261,12 +255,18 @@ fn sync(
         .unwrap_or_else(|e| panic!("SyncGroup: {e}"))
 }
 
-fn heartbeat(c: &mut RawConn, group: &str, generation: i32, member_id: &str, instance: Option<&str>) -> i16 {
+/// SyncGroup of a leader that assigns `partitions` of `topic` to itself alone.
+fn sync_alone(c: &mut RawConn, who: Who<'_>, topic: &str, partitions: &[i32]) -> SyncGroupResponse {
+    let mine = vec![(who.member.to_string(), assignment_bytes(topic, partitions))];
+    sync(c, who, mine)
+}
+
+fn heartbeat(c: &mut RawConn, who: Who<'_>) -> i16 {
     let req = HeartbeatRequest::default()
-        .with_group_id(gid(group))
-        .with_generation_id(generation)
-        .with_member_id(s(member_id))
-        .with_group_instance_id(instance.map(s));
+        .with_group_id(gid(who.group))
+        .with_generation_id(who.generation)
+        .with_member_id(s(who.member))
+        .with_group_instance_id(who.instance.map(s));
     c.request(HEARTBEAT_V, &req)
         .unwrap_or_else(|e| panic!("Heartbeat: {e}"))
         .error_code
@@ -289,23 +289,20 @@ fn leave(c: &mut RawConn, group: &str, members: &[(&str, Option<&str>)]) -> Leav
         .unwrap_or_else(|e| panic!("LeaveGroup: {e}"))
 }
 
-/// OffsetCommit at `version`; returns each partition's error code.
-#[allow(clippy::too_many_arguments)]
+/// OffsetCommit at `version` of `offsets` (partition, offset, metadata) of `topic`; returns
+/// each partition's error code.
 fn commit(
     c: &mut RawConn,
     version: i16,
-    group: &str,
-    generation_or_epoch: i32,
-    member_id: &str,
-    instance: Option<&str>,
+    who: Who<'_>,
     topic: &str,
     offsets: &[(i32, i64, Option<&str>)],
 ) -> BTreeMap<i32, i16> {
     let req = OffsetCommitRequest::default()
-        .with_group_id(gid(group))
-        .with_generation_id_or_member_epoch(generation_or_epoch)
-        .with_member_id(s(member_id))
-        .with_group_instance_id(instance.map(s))
+        .with_group_id(gid(who.group))
+        .with_generation_id_or_member_epoch(who.generation)
+        .with_member_id(s(who.member))
+        .with_group_instance_id(who.instance.map(s))
         .with_retention_time_ms(-1)
         .with_topics(vec![OffsetCommitRequestTopic::default()
             .with_name(topic_name(topic))
@@ -330,9 +327,15 @@ fn commit(
         .collect()
 }
 
+/// OffsetCommit v9 of `offset` (no metadata) on partition 0 of `topic`: that partition's error
+/// code.
+fn commit_0(c: &mut RawConn, who: Who<'_>, topic: &str, offset: i64) -> i16 {
+    commit(c, COMMIT_V, who, topic, &[(0, offset, None)])[&0]
+}
+
 /// A "simple" commit (generation -1, no member), as admin tools and assign-only consumers do.
 fn simple_commit(c: &mut RawConn, group: &str, topic: &str, offsets: &[(i32, i64, Option<&str>)]) {
-    let errs = commit(c, COMMIT_V, group, -1, "", None, topic, offsets);
+    let errs = commit(c, COMMIT_V, Who::simple(group), topic, offsets);
     assert!(
         errs.values().all(|e| *e == 0),
         "simple OffsetCommit to {group}: {errs:?}"
@@ -406,14 +409,39 @@ fn offset_fetch(
 /// Committed offsets of `partitions` (asserting no error); -1 where none.
 fn committed(c: &mut RawConn, group: &str, topic: &str, partitions: &[i32]) -> BTreeMap<i32, i64> {
     let (err, parts) = offset_fetch(c, group, topic, partitions);
-    assert_eq!(err, 0, "OffsetFetch {group}: group error {}", err_name(err));
+    assert_eq!(
+        err,
+        0,
+        "OffsetFetch {group}: group error {}",
+        admin::err_name(err)
+    );
     parts
         .into_iter()
         .map(|(p, (o, _, e))| {
-            assert_eq!(e, 0, "OffsetFetch {group}/{topic}/{p}: error {}", err_name(e));
+            assert_eq!(
+                e,
+                0,
+                "OffsetFetch {group}/{topic}/{p}: error {}",
+                admin::err_name(e)
+            );
             (p, o)
         })
         .collect()
+}
+
+/// Waits (up to 20 s) until `group`'s committed offsets of every partition in `partitions` are
+/// `end`.
+fn wait_committed(c: &mut RawConn, group: &str, topic: &str, partitions: &[i32], end: i64) {
+    wait_for(
+        Duration::from_secs(20),
+        &format!("the commits of {group} to reach {end}"),
+        || {
+            committed(c, group, topic, partitions)
+                .values()
+                .all(|o| *o == end)
+                .then_some(())
+        },
+    );
 }
 
 fn list_groups(c: &mut RawConn, version: i16, states: &[&str], types: &[&str]) -> ListGroupsResponse {
@@ -427,7 +455,7 @@ fn list_groups(c: &mut RawConn, version: i16, states: &[&str], types: &[&str]) -
         resp.error_code,
         0,
         "ListGroups error {}",
-        err_name(resp.error_code)
+        admin::err_name(resp.error_code)
     );
     resp
 }
@@ -448,6 +476,15 @@ fn describe_one(c: &mut RawConn, group: &str) -> describe_groups_response::Descr
     let mut resp = describe_groups(c, DESCRIBE_GROUPS_V, &[group]);
     assert_eq!(resp.groups.len(), 1, "DescribeGroups of one group: {resp:?}");
     resp.groups.remove(0)
+}
+
+/// Waits (up to 10 s) until DescribeGroups shows `group` in `state`.
+fn wait_for_state(c: &mut RawConn, group: &str, state: &str) {
+    wait_for(
+        Duration::from_secs(10),
+        &format!("group {group} to be {state}"),
+        || (describe_one(c, group).group_state.as_str() == state).then_some(()),
+    );
 }
 
 fn delete_groups(c: &mut RawConn, groups: &[&str]) -> BTreeMap<String, i16> {
@@ -596,7 +633,7 @@ fn takeover_spec(protocol: Protocol, bootstrap: &str, group: &str, topic: &str) 
 /// first record of each of the victim's partitions must be the last committed offset.
 fn takeover(protocol: Protocol) {
     let started = Instant::now();
-    let mut builder = Broker::builder().config("group.initial.rebalance.delay.ms", 0);
+    let mut builder = group_broker();
     if let Protocol::Consumer = protocol {
         builder = builder
             .config("group.consumer.session.timeout.ms", SESSION_MS)
@@ -616,9 +653,8 @@ fn takeover(protocol: Protocol) {
         ),
     };
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("takeover");
+    let topic = admin::new_topic(&bootstrap, "takeover", PARTITIONS);
     let group_id = unique_topic("takeover-group");
-    admin::create_topic(&bootstrap, &topic, PARTITIONS, &[]);
     let mut conn = admin::connect(&bootstrap);
 
     let log = EventLog::new();
@@ -649,16 +685,11 @@ fn takeover(protocol: Protocol) {
 
     // Phase 1a, consumed and committed by everyone.
     let all: Vec<i32> = (0..PARTITIONS).collect();
-    produce_numbered(&bootstrap, &topic, PARTITIONS, 0, FIRST_PART);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, 0, FIRST_PART);
     wait_consumed(&log, PARTITIONS, FIRST_PART, Duration::from_secs(60));
-    wait_for(Duration::from_secs(20), "phase 1a to be committed", || {
-        committed(&mut conn, &group_id, &topic, &all)
-            .values()
-            .all(|o| *o == FIRST_PART)
-            .then_some(())
-    });
+    wait_committed(&mut conn, &group_id, &topic, &all, FIRST_PART);
     // Phase 1b: the victim consumes its share without committing.
-    produce_numbered(&bootstrap, &topic, PARTITIONS, FIRST_PART, PHASE - FIRST_PART);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, FIRST_PART, PHASE - FIRST_PART);
     wait_consumed(&log, PARTITIONS, PHASE, Duration::from_secs(60));
     let victim_parts = group::assignments(&log.snapshot())["victim"].clone();
     assert_eq!(
@@ -680,7 +711,7 @@ fn takeover(protocol: Protocol) {
     let tail: i64 = resume.values().map(|o| PHASE - o).sum();
 
     // Phase 2, while the group notices.
-    produce_numbered(&bootstrap, &topic, PARTITIONS, PHASE, PHASE);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, PHASE, PHASE);
     let survivors = ["a", "b"];
     let moved_at = log.wait_for(
         Duration::from_millis(session_ms + 15_000),
@@ -700,46 +731,28 @@ fn takeover(protocol: Protocol) {
     );
     let moved_after = moved_at - killed_at;
     wait_consumed(&log, PARTITIONS, 2 * PHASE, Duration::from_secs(90));
-    wait_for(
-        Duration::from_secs(20),
-        "the group's commits to reach the end",
-        || {
-            committed(&mut conn, &group_id, &topic, &all)
-                .values()
-                .all(|o| *o == 2 * PHASE)
-                .then_some(())
-        },
-    );
+    wait_committed(&mut conn, &group_id, &topic, &all, 2 * PHASE);
     a.stop(Duration::from_secs(20));
     b.stop(Duration::from_secs(20));
 
     // Every member left: the group is empty (and its offsets stay).
-    match protocol {
-        Protocol::Classic(_) => {
-            let d = wait_for(
-                Duration::from_secs(10),
-                "the classic group to become Empty",
-                || {
-                    let d = describe_one(&mut conn, &group_id);
-                    (d.group_state.as_str() == "Empty").then_some(d)
-                },
-            );
-            assert_eq!(d.error_code, 0);
-            assert!(d.members.is_empty(), "an empty group lists members: {d:?}");
-        }
-        Protocol::Consumer => {
-            let d = wait_for(
-                Duration::from_secs(10),
-                "the consumer group to become Empty",
-                || {
-                    let d = cg_describe(&mut conn, &group_id);
-                    (d.group_state.as_str() == "Empty").then_some(d)
-                },
-            );
-            assert_eq!(d.error_code, 0);
-            assert!(d.members.is_empty(), "an empty group lists members: {d:?}");
-        }
+    // DescribeGroups and ConsumerGroupDescribe answer with types of their own, alike in these
+    // fields.
+    macro_rules! wait_empty {
+        ($describe:ident) => {
+            wait_for(Duration::from_secs(10), "the group to become Empty", || {
+                let d = $describe(&mut conn, &group_id);
+                let summary = (d.error_code, d.members.is_empty(), format!("{d:?}"));
+                (d.group_state.as_str() == "Empty").then_some(summary)
+            })
+        };
     }
+    let (error, no_members, d) = match protocol {
+        Protocol::Classic(_) => wait_empty!(describe_one),
+        Protocol::Consumer => wait_empty!(cg_describe),
+    };
+    assert_eq!(error, 0);
+    assert!(no_members, "an empty group lists members: {d}");
 
     // The analysis.
     let events = log.snapshot();
@@ -831,25 +844,12 @@ fn takeover(protocol: Protocol) {
     );
 }
 
-#[test]
-fn takeover_range() {
-    takeover(Protocol::Classic("range"));
-}
-
-#[test]
-fn takeover_roundrobin() {
-    takeover(Protocol::Classic("roundrobin"));
-}
-
-#[test]
-fn takeover_cooperative_sticky() {
-    takeover(Protocol::Classic("cooperative-sticky"));
-}
-
-#[test]
-fn takeover_kip848_consumer_protocol() {
-    takeover(Protocol::Consumer);
-}
+scenario_tests!(takeover {
+    takeover_range: Protocol::Classic("range");
+    takeover_roundrobin: Protocol::Classic("roundrobin");
+    takeover_cooperative_sticky: Protocol::Classic("cooperative-sticky");
+    takeover_kip848_consumer_protocol: Protocol::Consumer;
+});
 
 // ---------------------------------------------------------------------------------------------
 // 2. Committed offsets survive kill -9.
@@ -894,14 +894,12 @@ fn commit_with_metadata(consumer: &BaseConsumer, topic: &str, offsets: &[(i32, i
 
 #[test]
 fn committed_offsets_survive_kill9_and_restart() {
-    let mut broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
+    let mut broker = group_broker()
         .needs_spawned("kills and restarts the broker")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("durable-offsets");
-    admin::create_topic(&bootstrap, &topic, 3, &[]);
-    produce_numbered(&bootstrap, &topic, 3, 0, 100);
+    let topic = admin::new_topic(&bootstrap, "durable-offsets", 3);
+    clients::produce_numbered(&bootstrap, &topic, 3, 0, 100);
     let group_id = unique_topic("durable-group");
     let simple = unique_topic("durable-simple");
     let deleted = unique_topic("durable-deleted");
@@ -1037,15 +1035,13 @@ fn committed_offsets_survive_kill9_and_restart() {
 /// membership or have to rejoin.
 #[test]
 fn live_groups_continue_across_broker_kill9() {
-    let mut broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
+    let mut broker = group_broker()
         .config("group.consumer.session.timeout.ms", SESSION_MS)
         .config("group.consumer.heartbeat.interval.ms", HEARTBEAT_MS)
         .needs_spawned("kills and restarts the broker")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("live-restart");
-    admin::create_topic(&bootstrap, &topic, 4, &[]);
+    let topic = admin::new_topic(&bootstrap, "live-restart", 4);
     let classic = unique_topic("live-classic");
     let modern = unique_topic("live-modern");
     let log = EventLog::new();
@@ -1080,19 +1076,14 @@ fn live_groups_continue_across_broker_kill9() {
             .collect();
         (0..4).all(|p| seen.range((p, 0)..(p, end)).count() as i64 == end)
     };
-    produce_numbered(&bootstrap, &topic, 4, 0, 1000);
+    clients::produce_numbered(&bootstrap, &topic, 4, 0, 1000);
     log.wait_for(
         Duration::from_secs(60),
         "both groups to consume the first 4,000",
         |l| (consumed_by(l, "classic", 1000) && consumed_by(l, "modern", 1000)).then_some(()),
     );
     for g in [&classic, &modern] {
-        wait_for(Duration::from_secs(20), "the commits to reach 1000", || {
-            committed(&mut c, g, &topic, &all)
-                .values()
-                .all(|o| *o == 1000)
-                .then_some(())
-        });
+        wait_committed(&mut c, g, &topic, &all, 1000);
     }
 
     broker.kill9();
@@ -1102,7 +1093,7 @@ fn live_groups_continue_across_broker_kill9() {
         "[live restart] broker back after {:.2}s",
         down_at.elapsed().as_secs_f64()
     );
-    produce_numbered(&bootstrap, &topic, 4, 1000, 1000);
+    clients::produce_numbered(&bootstrap, &topic, 4, 1000, 1000);
     log.wait_for(
         Duration::from_secs(60),
         "both groups to consume all 8,000 after the restart",
@@ -1114,12 +1105,7 @@ fn live_groups_continue_across_broker_kill9() {
     );
     let mut c = admin::connect(&bootstrap);
     for g in [&classic, &modern] {
-        wait_for(Duration::from_secs(20), "the commits to reach 2000", || {
-            committed(&mut c, g, &topic, &all)
-                .values()
-                .all(|o| *o == 2000)
-                .then_some(())
-        });
+        wait_committed(&mut c, g, &topic, &all, 2000);
     }
     for m in members {
         m.stop(Duration::from_secs(20));
@@ -1207,14 +1193,11 @@ fn kcat_group(bootstrap: &str, group: &str, topic: &str) -> Vec<(i32, i64, Strin
 
 #[test]
 fn kcat_group_consumer_reads_once_and_resumes_from_its_commits() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("kcat-group");
+    let topic = admin::new_topic(&bootstrap, "kcat-group", 3);
     let group_id = unique_topic("kcat-group-g");
-    admin::create_topic(&bootstrap, &topic, 3, &[]);
-    produce_numbered(&bootstrap, &topic, 3, 0, 1000);
+    clients::produce_numbered(&bootstrap, &topic, 3, 0, 1000);
 
     let check = |got: &[(i32, i64, String)], from: i64, to: i64| {
         let mut keys = BTreeSet::new();
@@ -1241,7 +1224,7 @@ fn kcat_group_consumer_reads_once_and_resumes_from_its_commits() {
     );
     // Again: nothing new, then only the new records.
     check(&kcat_group(&bootstrap, &group_id, &topic), 0, 0);
-    produce_numbered(&bootstrap, &topic, 3, 1000, 100);
+    clients::produce_numbered(&bootstrap, &topic, 3, 1000, 100);
     check(&kcat_group(&bootstrap, &group_id, &topic), 1000, 1100);
     let d = describe_one(&mut c, &group_id);
     assert_eq!((d.error_code, d.group_state.as_str()), (0, "Empty"));
@@ -1251,14 +1234,12 @@ fn kcat_group_consumer_reads_once_and_resumes_from_its_commits() {
 /// exactly once. `assignor`: a classic assignor all of them implement, or `None` for KIP-848
 /// (rdkafka and confluent-kafka only: kafka-python has no KIP-848 consumer).
 fn mixed_group(assignor: Option<&str>) {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
+    let broker = group_broker()
         .config("group.consumer.heartbeat.interval.ms", HEARTBEAT_MS)
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("mixed-group");
+    let topic = admin::new_topic(&bootstrap, "mixed-group", PARTITIONS);
     let group_id = unique_topic("mixed-group-g");
-    admin::create_topic(&bootstrap, &topic, PARTITIONS, &[]);
     let log = EventLog::new();
     let base = MemberSpec::new(&bootstrap, &group_id, &topic);
     let mut members = Vec::new();
@@ -1323,19 +1304,10 @@ fn mixed_group(assignor: Option<&str>) {
         assert_eq!((d.group_state.as_str(), d.members.len()), ("Stable", 2), "{d:?}");
     }
 
-    produce_numbered(&bootstrap, &topic, PARTITIONS, 0, 1000);
+    clients::produce_numbered(&bootstrap, &topic, PARTITIONS, 0, 1000);
     wait_consumed(&log, PARTITIONS, 1000, Duration::from_secs(60));
     let all: Vec<i32> = (0..PARTITIONS).collect();
-    wait_for(
-        Duration::from_secs(20),
-        "the group's commits to reach the end",
-        || {
-            committed(&mut c, &group_id, &topic, &all)
-                .values()
-                .all(|o| *o == 1000)
-                .then_some(())
-        },
-    );
+    wait_committed(&mut c, &group_id, &topic, &all, 1000);
     for m in members {
         m.stop(Duration::from_secs(30));
     }
@@ -1368,32 +1340,20 @@ fn mixed_group(assignor: Option<&str>) {
     }
 }
 
-#[test]
-fn rdkafka_confluent_kafka_and_kafka_python_share_a_group_range() {
-    mixed_group(Some("range"));
-}
-
-#[test]
-fn rdkafka_confluent_kafka_and_kafka_python_share_a_group_roundrobin() {
-    mixed_group(Some("roundrobin"));
-}
-
-#[test]
-fn rdkafka_and_confluent_kafka_share_a_kip848_group() {
-    mixed_group(None);
-}
+scenario_tests!(mixed_group {
+    rdkafka_confluent_kafka_and_kafka_python_share_a_group_range: Some("range");
+    rdkafka_confluent_kafka_and_kafka_python_share_a_group_roundrobin: Some("roundrobin");
+    rdkafka_and_confluent_kafka_share_a_kip848_group: None;
+});
 
 // ---------------------------------------------------------------------------------------------
 // 4. Admin.
 
 #[test]
 fn admin_list_describe_delete_and_offset_delete() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("admin-groups");
-    admin::create_topic(&bootstrap, &topic, 4, &[]);
+    let topic = admin::new_topic(&bootstrap, "admin-groups", 4);
     let (topic_id, _) = admin::topic_info(&mut admin::connect(&bootstrap), &topic);
     let mut c = admin::connect(&bootstrap);
 
@@ -1412,19 +1372,14 @@ fn admin_list_describe_delete_and_offset_delete() {
     });
     let modern_member = uuid::Uuid::new_v4().to_string();
     let hb = cg_heartbeat(&mut c, &modern, &modern_member, 0, Some(&[&topic]), Some(vec![]));
-    assert_eq!(
-        hb.error_code,
-        0,
-        "ConsumerGroupHeartbeat join: {}",
-        err_name(hb.error_code)
-    );
+    admin::assert_ok(hb.error_code, "ConsumerGroupHeartbeat join");
     let mut epoch = hb.member_epoch;
     // The assignment comes in the answer that first carries it (not repeated afterwards).
     let assigned = match hb_assignment(&hb).filter(|a| !a.is_empty()) {
         Some(a) => a,
         None => wait_for(Duration::from_secs(10), "the KIP-848 member's assignment", || {
             let hb = cg_heartbeat(&mut c, &modern, &modern_member, epoch, None, None);
-            assert_eq!(hb.error_code, 0, "heartbeat: {}", err_name(hb.error_code));
+            admin::assert_ok(hb.error_code, "heartbeat");
             epoch = hb.member_epoch;
             hb_assignment(&hb).filter(|a| !a.is_empty())
         }),
@@ -1772,12 +1727,9 @@ fn admin_list_describe_delete_and_offset_delete() {
 /// delete offsets, delete groups.
 #[test]
 fn python_admin_clients_see_groups_as_kafka_tools_do() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("py-admin");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "py-admin", 2);
     let classic = unique_topic("py-admin-classic");
     let modern = unique_topic("py-admin-modern");
     let empty = unique_topic("py-admin-empty");
@@ -1863,42 +1815,21 @@ fn python_admin_clients_see_groups_as_kafka_tools_do() {
         "{lists:?}"
     );
     let described = &out["describe"];
-    let dc = &described[&classic];
-    assert_eq!(dc["error"], serde_json::Value::Null, "describe classic: {dc}");
-    assert_eq!(
-        (
-            dc["state"].as_str(),
-            dc["type"].as_str(),
-            dc["partition_assignor"].as_str()
-        ),
-        (Some("STABLE"), Some("CLASSIC"), Some("roundrobin")),
-        "{dc}"
-    );
-    assert_eq!(
-        dc["members"][0]["assignment"].as_array().map(Vec::len),
-        Some(2),
-        "{dc}"
-    );
-    let dm = &described[&modern];
-    assert_eq!(
-        dm["error"],
-        serde_json::Value::Null,
-        "describe consumer group: {dm}"
-    );
-    assert_eq!(
-        (
-            dm["state"].as_str(),
-            dm["type"].as_str(),
-            dm["partition_assignor"].as_str()
-        ),
-        (Some("STABLE"), Some("CONSUMER"), Some("uniform")),
-        "{dm}"
-    );
-    assert_eq!(
-        dm["members"][0]["assignment"].as_array().map(Vec::len),
-        Some(2),
-        "{dm}"
-    );
+    for (group, what, group_type, assignor) in [
+        (&classic, "describe classic", "CLASSIC", "roundrobin"),
+        (&modern, "describe consumer group", "CONSUMER", "uniform"),
+    ] {
+        let d = &described[group];
+        assert_eq!(d["error"], serde_json::Value::Null, "{what}: {d}");
+        let shape = (
+            d["state"].as_str(),
+            d["type"].as_str(),
+            d["partition_assignor"].as_str(),
+        );
+        assert_eq!(shape, (Some("STABLE"), Some(group_type), Some(assignor)), "{d}");
+        let assigned = d["members"][0]["assignment"].as_array().map(Vec::len);
+        assert_eq!(assigned, Some(2), "{d}");
+    }
     let de = &described[&empty];
     assert_eq!(
         (de["state"].as_str(), de["members"].as_array().map(Vec::len)),
@@ -1955,12 +1886,9 @@ fn python_admin_clients_see_groups_as_kafka_tools_do() {
 
 #[test]
 fn classic_protocol_errors() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("errors");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "errors", 2);
     let group_id = unique_topic("errors-g");
     let mut c = admin::connect(&bootstrap);
 
@@ -1990,12 +1918,7 @@ fn classic_protocol_errors() {
         "member ids start with the client id, as Kafka's: {m1}"
     );
     let joined = join(&mut c, &join_request(&group_id, &m1, None, 10_000, &topic));
-    assert_eq!(
-        joined.error_code,
-        0,
-        "join with the given id: {}",
-        err_name(joined.error_code)
-    );
+    admin::assert_ok(joined.error_code, "join with the given id");
     assert_eq!(joined.member_id.as_str(), m1);
     assert_eq!(joined.leader.as_str(), m1, "the only member leads");
     assert_eq!(
@@ -2006,66 +1929,40 @@ fn classic_protocol_errors() {
     assert_eq!(joined.protocol_name.as_ref().map(|p| p.as_str()), Some("range"));
     let gen1 = joined.generation_id;
     assert!(gen1 >= 1);
-    let synced = sync(
-        &mut c,
-        &group_id,
-        gen1,
-        &m1,
-        None,
-        vec![(m1.clone(), assignment_bytes(&topic, &[0, 1]))],
-    );
+    let m1_gen1 = Who::new(&group_id, &m1, gen1);
+    let synced = sync_alone(&mut c, m1_gen1, &topic, &[0, 1]);
     assert_eq!(synced.error_code, 0);
     assert_eq!(
         decode_assignment(&synced.assignment),
         BTreeMap::from([(topic.clone(), vec![0, 1])])
     );
-    assert_eq!(heartbeat(&mut c, &group_id, gen1, &m1, None), 0);
+    assert_eq!(heartbeat(&mut c, m1_gen1), 0);
 
     // Wrong generation, unknown member.
+    let nobody = Who::new(&group_id, "nobody", gen1);
+    let wrong_generation = heartbeat(&mut c, Who::new(&group_id, &m1, gen1 + 1));
+    let unknown_heartbeat = heartbeat(&mut c, nobody);
+    let unknown_sync = sync(&mut c, nobody, vec![]).error_code;
+    let unknown_commit = commit(&mut c, 8, nobody, &topic, &[(0, 1, None)])[&0];
+    let simple_commit_v8 = commit(&mut c, 8, Who::simple(&group_id), &topic, &[(0, 1, None)])[&0];
+    let current_commit = commit(&mut c, 8, m1_gen1, &topic, &[(0, 3, Some("gen1"))])[&0];
     assert_eq!(
-        heartbeat(&mut c, &group_id, gen1 + 1, &m1, None),
+        wrong_generation,
         code(ResponseError::IllegalGeneration),
         "heartbeat with a wrong generation"
     );
-    assert_eq!(
-        heartbeat(&mut c, &group_id, gen1, "nobody", None),
-        code(ResponseError::UnknownMemberId),
-        "heartbeat of an unknown member"
-    );
-    let sync_unknown = sync(&mut c, &group_id, gen1, "nobody", None, vec![]);
-    assert_eq!(sync_unknown.error_code, code(ResponseError::UnknownMemberId));
-    let errs = commit(
-        &mut c,
-        8,
-        &group_id,
-        gen1,
-        "nobody",
-        None,
-        &topic,
-        &[(0, 1, None)],
-    );
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::UnknownMemberId),
-        "commit of an unknown member"
-    );
-    let errs = commit(&mut c, 8, &group_id, -1, "", None, &topic, &[(0, 1, None)]);
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::UnknownMemberId),
-        "a simple commit (generation -1) into a group with members"
-    );
-    let errs = commit(
-        &mut c,
-        8,
-        &group_id,
-        gen1,
-        &m1,
-        None,
-        &topic,
-        &[(0, 3, Some("gen1"))],
-    );
-    assert_eq!(errs[&0], 0, "commit with the current generation");
+    for (got, what) in [
+        (unknown_heartbeat, "heartbeat of an unknown member"),
+        (unknown_sync, "sync of an unknown member"),
+        (unknown_commit, "commit of an unknown member"),
+        (
+            simple_commit_v8,
+            "a simple commit (generation -1) into a group with members",
+        ),
+    ] {
+        assert_eq!(got, code(ResponseError::UnknownMemberId), "{what}");
+    }
+    assert_eq!(current_commit, 0, "commit with the current generation");
 
     // A second member: the group rebalances; the first learns it from its heartbeat.
     let mut c2 = admin::connect(&bootstrap);
@@ -2077,19 +1974,15 @@ fn classic_protocol_errors() {
         .expect("send JoinGroup");
     // (The second member's JoinGroup travels on another connection: wait until it is in.)
     let mut c3 = admin::connect(&bootstrap);
-    wait_for(
-        Duration::from_secs(10),
-        "the group to prepare a rebalance",
-        || (describe_one(&mut c3, &group_id).group_state.as_str() == "PreparingRebalance").then_some(()),
-    );
+    wait_for_state(&mut c3, &group_id, "PreparingRebalance");
     assert_eq!(
-        heartbeat(&mut c, &group_id, gen1, &m1, None),
+        heartbeat(&mut c, m1_gen1),
         code(ResponseError::RebalanceInProgress),
         "heartbeat of the first member while the group rebalances"
     );
-    let errs = commit(&mut c, 8, &group_id, gen1, &m1, None, &topic, &[(0, 4, None)]);
     assert_eq!(
-        errs[&0], 0,
+        commit(&mut c, 8, m1_gen1, &topic, &[(0, 4, None)])[&0],
+        0,
         "a commit with the current generation while preparing the rebalance (Kafka accepts it)"
     );
     let rejoined = join(&mut c, &join_request(&group_id, &m1, None, 10_000, &topic));
@@ -2122,10 +2015,7 @@ fn classic_protocol_errors() {
         .expect("send SyncGroup");
     let ls = sync(
         lc,
-        &group_id,
-        gen2,
-        lm,
-        None,
+        Who::new(&group_id, lm, gen2),
         vec![
             (m1.clone(), assignment_bytes(&topic, &[0])),
             (m2.clone(), assignment_bytes(&topic, &[1])),
@@ -2143,33 +2033,20 @@ fn classic_protocol_errors() {
     );
 
     // A commit with the previous generation: ILLEGAL_GENERATION.
-    let errs = commit(&mut c, 8, &group_id, gen1, &m1, None, &topic, &[(0, 5, None)]);
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::IllegalGeneration),
-        "commit with a stale generation"
-    );
-    let errs = commit(
-        &mut c,
-        COMMIT_V,
-        &group_id,
-        gen1,
-        &m1,
-        None,
-        &topic,
-        &[(0, 5, None)],
-    );
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::IllegalGeneration),
-        "commit v9 with a stale generation"
-    );
+    for (version, what) in [
+        (8, "commit with a stale generation"),
+        (COMMIT_V, "commit v9 with a stale generation"),
+    ] {
+        let errs = commit(&mut c, version, m1_gen1, &topic, &[(0, 5, None)]);
+        assert_eq!(errs[&0], code(ResponseError::IllegalGeneration), "{what}");
+    }
     assert_eq!(
         offset_fetch(&mut c, &group_id, &topic, &[0]).1[&0].0,
         4,
         "a refused commit changed the offset"
     );
-    assert_eq!(heartbeat(&mut c, &group_id, gen2, &m1, None), 0);
+    let m1_gen2 = Who::new(&group_id, &m1, gen2);
+    assert_eq!(heartbeat(&mut c, m1_gen2), 0);
 
     // Session timeouts outside [group.min.session.timeout.ms, group.max.session.timeout.ms]
     // (Kafka's defaults 6 s and 30 min).
@@ -2190,9 +2067,8 @@ fn classic_protocol_errors() {
         Some(code(ResponseError::UnknownMemberId)),
         "leaving twice"
     );
-    let errs = commit(&mut c, 8, &group_id, gen2, &m1, None, &topic, &[(0, 9, None)]);
     assert_eq!(
-        errs[&0],
+        commit(&mut c, 8, m1_gen2, &topic, &[(0, 9, None)])[&0],
         code(ResponseError::UnknownMemberId),
         "a commit with a generation by a member that has left (the group is empty)"
     );
@@ -2200,80 +2076,35 @@ fn classic_protocol_errors() {
     // KIP-345 static membership: a second join with the same instance id replaces the member;
     // the old member id is fenced.
     let static_group = unique_topic("errors-static");
-    let s1 = join(
-        &mut c,
-        &join_request(&static_group, "", Some("instance-1"), 10_000, &topic),
-    );
-    assert_eq!(
-        s1.error_code,
-        0,
-        "a static member joins without MEMBER_ID_REQUIRED: {}",
-        err_name(s1.error_code)
-    );
+    let static_join = join_request(&static_group, "", Some("instance-1"), 10_000, &topic);
+    let s1 = join(&mut c, &static_join);
+    admin::assert_ok(s1.error_code, "a static member joins without MEMBER_ID_REQUIRED");
     let old_id = s1.member_id.to_string();
-    let ss = sync(
-        &mut c,
-        &static_group,
-        s1.generation_id,
-        &old_id,
-        Some("instance-1"),
-        vec![(old_id.clone(), assignment_bytes(&topic, &[0, 1]))],
-    );
-    assert_eq!(ss.error_code, 0);
-    let s2 = join(
-        &mut c2,
-        &join_request(&static_group, "", Some("instance-1"), 10_000, &topic),
-    );
-    assert_eq!(
-        s2.error_code,
-        0,
-        "the static member restarts: {}",
-        err_name(s2.error_code)
-    );
+    let old = Who::new(&static_group, &old_id, s1.generation_id).instance("instance-1");
+    assert_eq!(sync_alone(&mut c, old, &topic, &[0, 1]).error_code, 0);
+    let s2 = join(&mut c2, &static_join);
+    admin::assert_ok(s2.error_code, "the static member restarts");
     let new_id = s2.member_id.to_string();
     assert_ne!(new_id, old_id);
-    assert_eq!(
-        heartbeat(
-            &mut c,
-            &static_group,
-            s1.generation_id,
-            &old_id,
-            Some("instance-1")
-        ),
-        code(ResponseError::FencedInstanceId),
-        "heartbeat of the replaced static member"
-    );
-    let errs = commit(
-        &mut c,
-        8,
-        &static_group,
-        s1.generation_id,
-        &old_id,
-        Some("instance-1"),
-        &topic,
-        &[(0, 1, None)],
-    );
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::FencedInstanceId),
-        "commit of the replaced static member"
-    );
+    let fenced_heartbeat = heartbeat(&mut c, old);
+    let fenced_commit = commit(&mut c, 8, old, &topic, &[(0, 1, None)])[&0];
     let lv = leave(&mut c, &static_group, &[(&old_id, Some("instance-1"))]);
-    assert_eq!(
-        lv.members.first().map(|m| m.error_code),
-        Some(code(ResponseError::FencedInstanceId)),
-        "LeaveGroup of the replaced static member: {lv:?}"
-    );
+    let fenced_leave = lv.members.first().map_or(-1, |m| m.error_code);
+    for (got, what) in [
+        (fenced_heartbeat, "heartbeat of the replaced static member"),
+        (fenced_commit, "commit of the replaced static member"),
+        (fenced_leave, "LeaveGroup of the replaced static member"),
+    ] {
+        assert_eq!(got, code(ResponseError::FencedInstanceId), "{what}: {lv:?}");
+    }
 }
 
 #[test]
 fn consumer_protocol_errors() {
     let broker = Broker::builder().start();
     let bootstrap = broker.bootstrap();
-    let t1 = unique_topic("cg-errors-a");
-    let t2 = unique_topic("cg-errors-b");
-    admin::create_topic(&bootstrap, &t1, 2, &[]);
-    admin::create_topic(&bootstrap, &t2, 2, &[]);
+    let t1 = admin::new_topic(&bootstrap, "cg-errors-a", 2);
+    let t2 = admin::new_topic(&bootstrap, "cg-errors-b", 2);
     let mut c = admin::connect(&bootstrap);
     let (id1, _) = admin::topic_info(&mut c, &t1);
     let (id2, _) = admin::topic_info(&mut c, &t2);
@@ -2282,7 +2113,7 @@ fn consumer_protocol_errors() {
 
     // Join (epoch 0) subscribed to t1; the assignment arrives with epoch 1.
     let hb = cg_heartbeat(&mut c, &group_id, &member, 0, Some(&[&t1]), Some(vec![]));
-    assert_eq!(hb.error_code, 0, "join: {}", err_name(hb.error_code));
+    admin::assert_ok(hb.error_code, "join");
     assert_eq!(hb.member_id.as_ref().map(|m| m.as_str()), Some(member.as_str()));
     assert!(hb.heartbeat_interval_ms > 0);
     let e1 = hb.member_epoch;
@@ -2300,17 +2131,12 @@ fn consumer_protocol_errors() {
     assert_eq!((hb.error_code, hb.member_epoch), (0, e1));
 
     // Commits need the current epoch.
-    let errs = commit(
-        &mut c,
-        COMMIT_V,
-        &group_id,
-        e1,
-        &member,
-        None,
-        &t1,
-        &[(0, 10, None)],
+    let member_e1 = Who::new(&group_id, &member, e1);
+    assert_eq!(
+        commit_0(&mut c, member_e1, &t1, 10),
+        0,
+        "commit with the current member epoch"
     );
-    assert_eq!(errs[&0], 0, "commit with the current member epoch");
 
     // Subscribing to t2 too bumps the epoch: the new partitions come with an epoch e2 > e1
     // (nothing to revoke, so at once or at the next heartbeat).
@@ -2322,18 +2148,13 @@ fn consumer_protocol_errors() {
         Some(&[&t1, &t2]),
         Some(a1.clone()),
     );
-    assert_eq!(
-        hb.error_code,
-        0,
-        "subscription change: {}",
-        err_name(hb.error_code)
-    );
+    admin::assert_ok(hb.error_code, "subscription change");
     let (e2, a2) = if hb.member_epoch > e1 {
         (hb.member_epoch, hb_assignment(&hb))
     } else {
         wait_for(Duration::from_secs(10), "the member epoch to move", || {
             let hb = cg_heartbeat(&mut c, &group_id, &member, e1, None, None);
-            assert_eq!(hb.error_code, 0, "heartbeat: {}", err_name(hb.error_code));
+            admin::assert_ok(hb.error_code, "heartbeat");
             (hb.member_epoch > e1).then(|| (hb.member_epoch, hb_assignment(&hb)))
         })
     };
@@ -2348,45 +2169,17 @@ fn consumer_protocol_errors() {
     assert_eq!((hb.error_code, hb.member_epoch), (0, e2));
 
     // OffsetCommit v9 with the old epoch: STALE_MEMBER_EPOCH; the current one works.
-    let errs = commit(
-        &mut c,
-        COMMIT_V,
-        &group_id,
-        e1,
-        &member,
-        None,
-        &t1,
-        &[(0, 20, None)],
-    );
     assert_eq!(
-        errs[&0],
+        commit_0(&mut c, member_e1, &t1, 20),
         code(ResponseError::StaleMemberEpoch),
         "commit with an old member epoch"
     );
-    let errs = commit(
-        &mut c,
-        COMMIT_V,
-        &group_id,
-        e2,
-        &member,
-        None,
-        &t1,
-        &[(0, 21, None)],
-    );
-    assert_eq!(errs[&0], 0, "commit with the current member epoch");
+    let member_e2 = Who::new(&group_id, &member, e2);
+    let current = commit_0(&mut c, member_e2, &t1, 21);
+    assert_eq!(current, 0, "commit with the current member epoch");
     assert_eq!(offset_fetch(&mut c, &group_id, &t1, &[0]).1[&0].0, 21);
-    let errs = commit(
-        &mut c,
-        COMMIT_V,
-        &group_id,
-        e2,
-        "nobody",
-        None,
-        &t1,
-        &[(0, 22, None)],
-    );
     assert_eq!(
-        errs[&0],
+        commit_0(&mut c, Who::new(&group_id, "nobody", e2), &t1, 22),
         code(ResponseError::UnknownMemberId),
         "commit of an unknown member"
     );
@@ -2408,7 +2201,7 @@ fn consumer_protocol_errors() {
             resp.groups[0].error_code,
             want,
             "OffsetFetch v9 by member {who} with epoch {epoch}: {}",
-            err_name(resp.groups[0].error_code)
+            admin::err_name(resp.groups[0].error_code)
         );
     }
 
@@ -2435,11 +2228,10 @@ fn consumer_protocol_errors() {
     );
     // A classic member cannot join a consumer group that has members.
     let j = join(&mut c, &join_request(&group_id, "", None, 10_000, &t1));
-    assert_eq!(
+    admin::assert_code(
         j.error_code,
-        code(ResponseError::InconsistentGroupProtocol),
-        "JoinGroup into a KIP-848 group: {}",
-        err_name(j.error_code)
+        ResponseError::InconsistentGroupProtocol,
+        "JoinGroup into a KIP-848 group",
     );
 }
 
@@ -2449,12 +2241,9 @@ fn consumer_protocol_errors() {
 /// metadata), is listed and described, and leaves.
 #[test]
 fn every_advertised_version_of_the_group_apis() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("versions");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "versions", 2);
     let mut c = admin::connect(&bootstrap);
     let mut range = |key: ApiKey| {
         admin::advertised_versions(&mut c, key as i16).unwrap_or_else(|| panic!("{key:?} is not advertised"))
@@ -2493,12 +2282,7 @@ fn every_advertised_version_of_the_group_apis() {
         } else {
             first
         };
-        assert_eq!(
-            joined.error_code,
-            0,
-            "JoinGroup v{v}: {}",
-            err_name(joined.error_code)
-        );
+        admin::assert_ok(joined.error_code, &format!("JoinGroup v{v}"));
         let member = joined.member_id.to_string();
         assert!(!member.is_empty(), "JoinGroup v{v}: no member id");
         assert_eq!(joined.leader.as_str(), member, "JoinGroup v{v}");
@@ -2585,10 +2369,7 @@ fn every_advertised_version_of_the_group_apis() {
         let errs = commit(
             &mut c,
             v,
-            &group_id,
-            -1,
-            "",
-            None,
+            Who::simple(&group_id),
             &topic,
             &[(0, offset, Some(&meta))],
         );
@@ -2666,14 +2447,12 @@ fn offset_fetch_at(c: &mut RawConn, version: i16, group: &str, topic: &str) -> F
 /// Rebalance corner cases of the classic protocol, as Kafka answers them.
 #[test]
 fn classic_rebalance_corner_cases() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
+    let broker = group_broker()
         .config("group.max.size", 3)
         .needs_spawned("checks group.max.size = 3")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("corners");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "corners", 2);
     let mut c1 = admin::connect(&bootstrap);
     let mut c2 = admin::connect(&bootstrap);
     let mut admin_conn = admin::connect(&bootstrap);
@@ -2721,23 +2500,14 @@ fn classic_rebalance_corner_cases() {
     // member joins; the leader's SyncGroup of the old generation must be told to rejoin.
     let d = describe_one(&mut admin_conn, &g);
     assert_eq!(d.group_state.as_str(), "CompletingRebalance");
+    let m1_j1 = Who::new(&g, &m1, j1.generation_id);
     assert_eq!(
-        heartbeat(&mut c1, &g, j1.generation_id, &m1, None),
+        heartbeat(&mut c1, m1_j1),
         0,
         "a heartbeat while completing the rebalance is a normal heartbeat"
     );
-    let errs = commit(
-        &mut c1,
-        COMMIT_V,
-        &g,
-        j1.generation_id,
-        &m1,
-        None,
-        &topic,
-        &[(0, 1, None)],
-    );
     assert_eq!(
-        errs[&0],
+        commit_0(&mut c1, m1_j1, &topic, 1),
         code(ResponseError::RebalanceInProgress),
         "a commit before the member has its assignment (CompletingRebalance)"
     );
@@ -2747,21 +2517,9 @@ fn classic_rebalance_corner_cases() {
     let mut j2req = join_request(&g, &m2, None, 10_000, &topic);
     j2req.rebalance_timeout_ms = 3_000;
     let pending = c2.send_request(JOIN_V, &j2req).expect("send JoinGroup");
-    wait_for(
-        Duration::from_secs(10),
-        "the group to prepare a rebalance",
-        || (describe_one(&mut admin_conn, &g).group_state.as_str() == "PreparingRebalance").then_some(()),
-    );
-    let sy = sync(
-        &mut c1,
-        &g,
-        j1.generation_id,
-        &m1,
-        None,
-        vec![(m1.clone(), assignment_bytes(&topic, &[0, 1]))],
-    );
+    wait_for_state(&mut admin_conn, &g, "PreparingRebalance");
     assert_eq!(
-        sy.error_code,
+        sync_alone(&mut c1, m1_j1, &topic, &[0, 1]).error_code,
         code(ResponseError::RebalanceInProgress),
         "SyncGroup of a generation that a join superseded"
     );
@@ -2785,12 +2543,7 @@ fn classic_rebalance_corner_cases() {
     assert_eq!(j2.correlation_id, pending);
     let j2: JoinGroupResponse = j2.decode(JOIN_V).expect("decode JoinGroup");
     let waited = started.elapsed();
-    assert_eq!(
-        j2.error_code,
-        0,
-        "JoinGroup after the rebalance timeout: {}",
-        err_name(j2.error_code)
-    );
+    admin::assert_ok(j2.error_code, "JoinGroup after the rebalance timeout");
     assert_eq!(
         j2.members.len(),
         1,
@@ -2806,18 +2559,11 @@ fn classic_rebalance_corner_cases() {
         waited.as_secs_f64()
     );
     assert_eq!(
-        heartbeat(&mut c1, &g, j2.generation_id, &m1, None),
+        heartbeat(&mut c1, Who::new(&g, &m1, j2.generation_id)),
         code(ResponseError::UnknownMemberId),
         "the member removed by the rebalance timeout"
     );
-    let sy = sync(
-        &mut c2,
-        &g,
-        j2.generation_id,
-        &m2,
-        None,
-        vec![(m2.clone(), assignment_bytes(&topic, &[0, 1]))],
-    );
+    let sy = sync_alone(&mut c2, Who::new(&g, &m2, j2.generation_id), &topic, &[0, 1]);
     assert_eq!(sy.error_code, 0);
     // A member that leaves while the others wait in a rebalance completes it for them.
     let mut c3 = admin::connect(&bootstrap);
@@ -2826,11 +2572,7 @@ fn classic_rebalance_corner_cases() {
     let pending3 = c3
         .send_request(JOIN_V, &join_request(&g, &m3, None, 10_000, &topic))
         .expect("send JoinGroup");
-    wait_for(
-        Duration::from_secs(10),
-        "the group to prepare a rebalance",
-        || (describe_one(&mut admin_conn, &g).group_state.as_str() == "PreparingRebalance").then_some(()),
-    );
+    wait_for_state(&mut admin_conn, &g, "PreparingRebalance");
     let lv = leave(&mut c2, &g, &[(&m2, None)]);
     assert_eq!(lv.members.first().map(|m| m.error_code), Some(0));
     c3.set_read_timeout(Duration::from_secs(5)).expect("timeout");
@@ -2843,14 +2585,7 @@ fn classic_rebalance_corner_cases() {
         (j3.error_code, j3.leader.as_str(), j3.members.len()),
         (0, m3.as_str(), 1)
     );
-    let sy = sync(
-        &mut c3,
-        &g,
-        j3.generation_id,
-        &m3,
-        None,
-        vec![(m3.clone(), assignment_bytes(&topic, &[0, 1]))],
-    );
+    let sy = sync_alone(&mut c3, Who::new(&g, &m3, j3.generation_id), &topic, &[0, 1]);
     assert_eq!(sy.error_code, 0);
 
     // group.max.size = 3: a fourth member is refused.
@@ -2872,52 +2607,39 @@ fn classic_rebalance_corner_cases() {
 
     // Offsets: unknown topic, metadata too large, and OffsetFetch of every partition (no topics).
     let og = unique_topic("corners-offsets");
-    let errs = commit(
-        &mut admin_conn,
-        COMMIT_V,
-        &og,
-        -1,
-        "",
-        None,
-        "no-such-topic",
-        &[(0, 1, None)],
-    );
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::UnknownTopicOrPartition),
-        "commit to an unknown topic"
-    );
-    let errs = commit(
-        &mut admin_conn,
-        COMMIT_V,
-        &og,
-        -1,
-        "",
-        None,
-        &topic,
-        &[(5, 1, None)],
-    );
-    assert_eq!(
-        errs[&5],
-        code(ResponseError::UnknownTopicOrPartition),
-        "commit to an unknown partition"
-    );
     let big_meta = "x".repeat(4097);
-    let errs = commit(
-        &mut admin_conn,
-        COMMIT_V,
-        &og,
-        -1,
-        "",
-        None,
-        &topic,
-        &[(0, 1, Some(&big_meta))],
-    );
-    assert_eq!(
-        errs[&0],
-        code(ResponseError::OffsetMetadataTooLarge),
-        "4097 bytes of metadata"
-    );
+    for (commit_topic, partition, meta, want, what) in [
+        (
+            "no-such-topic",
+            0,
+            None,
+            ResponseError::UnknownTopicOrPartition,
+            "commit to an unknown topic",
+        ),
+        (
+            topic.as_str(),
+            5,
+            None,
+            ResponseError::UnknownTopicOrPartition,
+            "commit to an unknown partition",
+        ),
+        (
+            topic.as_str(),
+            0,
+            Some(big_meta.as_str()),
+            ResponseError::OffsetMetadataTooLarge,
+            "4097 bytes of metadata",
+        ),
+    ] {
+        let errs = commit(
+            &mut admin_conn,
+            COMMIT_V,
+            Who::simple(&og),
+            commit_topic,
+            &[(partition, 1, meta)],
+        );
+        assert_eq!(errs[&partition], code(want), "{what}");
+    }
     simple_commit(&mut admin_conn, &og, &topic, &[(0, 7, None), (1, 8, Some("m"))]);
     let all: OffsetFetchResponse = admin_conn
         .request(
@@ -2962,8 +2684,7 @@ fn cg_send(c: &mut RawConn, req: &ConsumerGroupHeartbeatRequest) -> ConsumerGrou
 fn consumer_protocol_corner_cases() {
     let broker = Broker::builder().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("cg-corners");
-    admin::create_topic(&bootstrap, &topic, 4, &[]);
+    let topic = admin::new_topic(&bootstrap, "cg-corners", 4);
     let mut c = admin::connect(&bootstrap);
     let (tid, _) = admin::topic_info(&mut c, &topic);
     let g = unique_topic("cg-corners-g");
@@ -3000,7 +2721,7 @@ fn consumer_protocol_corner_cases() {
     ];
     for (what, req) in cases {
         let r = cg_send(&mut c, &req);
-        assert_eq!(r.error_code, invalid, "{what}: {}", err_name(r.error_code));
+        assert_eq!(r.error_code, invalid, "{what}: {}", admin::err_name(r.error_code));
     }
     // Version 0 still lets the coordinator choose the member id (KIP-1082 moved that to the
     // client in v1).
@@ -3014,12 +2735,7 @@ fn consumer_protocol_corner_cases() {
                 .with_topic_partitions(Some(vec![])),
         )
         .expect("ConsumerGroupHeartbeat v0");
-    assert_eq!(
-        r.error_code,
-        0,
-        "v0 join without a member id: {}",
-        err_name(r.error_code)
-    );
+    admin::assert_ok(r.error_code, "v0 join without a member id");
     assert!(
         r.member_id.as_ref().is_some_and(|m| !m.is_empty()),
         "v0: the coordinator gives a member id: {r:?}"
@@ -3028,7 +2744,7 @@ fn consumer_protocol_corner_cases() {
     // Member A (static, instance "s1") gets all four partitions.
     let a = uuid::Uuid::new_v4().to_string();
     let ra = cg_send(&mut c, &join_req(&a).with_instance_id(Some(s("s1"))));
-    assert_eq!(ra.error_code, 0, "A joins: {}", err_name(ra.error_code));
+    admin::assert_ok(ra.error_code, "A joins");
     let ea = ra.member_epoch;
     assert_eq!(hb_assignment(&ra), Some(vec![(tid, vec![0, 1, 2, 3])]));
     let ra = cg_heartbeat(&mut c, &g, &a, ea, None, Some(vec![(tid, vec![0, 1, 2, 3])]));
@@ -3038,11 +2754,10 @@ fn consumer_protocol_corner_cases() {
         &mut c,
         &join_req(&uuid::Uuid::new_v4().to_string()).with_instance_id(Some(s("s1"))),
     );
-    assert_eq!(
+    admin::assert_code(
         r.error_code,
-        code(ResponseError::UnreleasedInstanceId),
-        "a second member with a live instance id: {}",
-        err_name(r.error_code)
+        ResponseError::UnreleasedInstanceId,
+        "a second member with a live instance id",
     );
 
     // Member B joins: A must first give up two partitions; B gets them only after A's
@@ -3091,18 +2806,13 @@ fn consumer_protocol_corner_cases() {
     assert!(
         ra.error_code == invalid && ra2.error_code == 0,
         "static leave: without instance id {}, with {}",
-        err_name(ra.error_code),
-        err_name(ra2.error_code)
+        admin::err_name(ra.error_code),
+        admin::err_name(ra2.error_code)
     );
     assert_eq!(ra2.member_epoch, -2);
     let a2 = uuid::Uuid::new_v4().to_string();
     let r = cg_send(&mut c, &join_req(&a2).with_instance_id(Some(s("s1"))));
-    assert_eq!(
-        r.error_code,
-        0,
-        "the static member comes back: {}",
-        err_name(r.error_code)
-    );
+    admin::assert_ok(r.error_code, "the static member comes back");
     assert_eq!(
         hb_assignment(&r),
         Some(a_kept.clone()),
@@ -3135,12 +2845,9 @@ fn consumer_protocol_corner_cases() {
 /// for the others.
 #[test]
 fn session_expiry_during_a_rebalance_completes_it() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("expiry");
-    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let topic = admin::new_topic(&bootstrap, "expiry", 2);
     let (mut c1, mut c2) = (admin::connect(&bootstrap), admin::connect(&bootstrap));
     let g = unique_topic("expiry-g");
     let joined = |c: &mut RawConn| {
@@ -3154,17 +2861,10 @@ fn session_expiry_during_a_rebalance_completes_it() {
     let req1 = joined(&mut c1);
     let j1 = join(&mut c1, &req1);
     let m1 = j1.member_id.to_string();
-    let sy = sync(
-        &mut c1,
-        &g,
-        j1.generation_id,
-        &m1,
-        None,
-        vec![(m1.clone(), assignment_bytes(&topic, &[0, 1]))],
-    );
-    assert_eq!(sy.error_code, 0);
+    let m1_j1 = Who::new(&g, &m1, j1.generation_id);
+    assert_eq!(sync_alone(&mut c1, m1_j1, &topic, &[0, 1]).error_code, 0);
     let last_heartbeat = Instant::now();
-    assert_eq!(heartbeat(&mut c1, &g, j1.generation_id, &m1, None), 0);
+    assert_eq!(heartbeat(&mut c1, m1_j1), 0);
     // The first member now goes silent; the second joins and waits for it.
     let req2 = joined(&mut c2);
     c2.set_read_timeout(Duration::from_secs(40)).expect("timeout");
@@ -3186,7 +2886,7 @@ fn session_expiry_during_a_rebalance_completes_it() {
          rebalance timeout 30 s)"
     );
     assert_eq!(
-        heartbeat(&mut c1, &g, j1.generation_id, &m1, None),
+        heartbeat(&mut c1, m1_j1),
         code(ResponseError::UnknownMemberId),
         "the expired member"
     );
@@ -3197,14 +2897,11 @@ fn session_expiry_during_a_rebalance_completes_it() {
 /// offsets, so a group consumer reads it from the reset position instead of skipping records.
 #[test]
 fn deleting_a_topic_deletes_its_committed_offsets() {
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("deleted-topic");
+    let topic = admin::new_topic(&bootstrap, "deleted-topic", 1);
     let group_id = unique_topic("deleted-topic-g");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
-    produce_numbered(&bootstrap, &topic, 1, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, 1, 0, 100);
     let mut c = admin::connect(&bootstrap);
     simple_commit(&mut c, &group_id, &topic, &[(0, 60, None)]);
     assert_eq!(
@@ -3243,7 +2940,7 @@ fn deleting_a_topic_deletes_its_committed_offsets() {
 
     // The same name again: a group member must read the new topic from the start.
     admin::create_topic(&bootstrap, &topic, 1, &[]);
-    produce_numbered(&bootstrap, &topic, 1, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, 1, 0, 100);
     let consumer = group_consumer(&bootstrap, &group_id);
     consumer.subscribe(&[&topic]).expect("subscribe");
     let got = poll_n(&consumer, 100, Duration::from_secs(30));
@@ -3260,16 +2957,14 @@ fn deleting_a_topic_deletes_its_committed_offsets() {
 fn join_storm(protocol: Protocol) {
     const MEMBERS: usize = 20;
     const STORM_PARTITIONS: i32 = 40;
-    let broker = Broker::builder()
-        .config("group.initial.rebalance.delay.ms", 0)
+    let broker = group_broker()
         .config("group.consumer.heartbeat.interval.ms", HEARTBEAT_MS)
         // The coordinator's reconciliation lines are debug; ~90 KB per run, kept if it fails.
         .log_level("debug")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("storm");
+    let topic = admin::new_topic(&bootstrap, "storm", STORM_PARTITIONS);
     let group_id = unique_topic("storm-g");
-    admin::create_topic(&bootstrap, &topic, STORM_PARTITIONS, &[]);
     let log = EventLog::new();
     let spec = takeover_spec(protocol, &bootstrap, &group_id, &topic);
     let started = Instant::now();
@@ -3288,7 +2983,7 @@ fn join_storm(protocol: Protocol) {
         "[join storm {protocol:?}] 20 members settled after {:.2}s",
         started.elapsed().as_secs_f64()
     );
-    produce_numbered(&bootstrap, &topic, STORM_PARTITIONS, 0, 100);
+    clients::produce_numbered(&bootstrap, &topic, STORM_PARTITIONS, 0, 100);
     wait_consumed(&log, STORM_PARTITIONS, 100, Duration::from_secs(60));
     // Stop only once everything consumed is committed (members commit every 200 ms). Members
     // leaving one by one bump the group epoch; a stopping member's last commit can race its
@@ -3358,32 +3053,21 @@ fn duplicate_report(seen: &HashMap<(i32, i64), Vec<(&str, Duration)>>) -> String
     out
 }
 
-#[test]
-fn join_storm_cooperative_sticky() {
-    join_storm(Protocol::Classic("cooperative-sticky"));
-}
+scenario_tests!(join_storm {
+    join_storm_cooperative_sticky: Protocol::Classic("cooperative-sticky");
+    join_storm_kip848: Protocol::Consumer;
+});
 
-#[test]
-fn join_storm_kip848() {
-    join_storm(Protocol::Consumer);
-}
-
-/// A full disk (a 16 MiB tmpfs, see `BrokerBuilder::data_dir_limit`): group writes fail with a
+/// A full disk (a 16 MiB tmpfs, see `BrokerBuilder::small_disk`): group writes fail with a
 /// retriable coordinator error (Kafka: NOT_COORDINATOR for a storage error; Strand answers
 /// COORDINATOR_NOT_AVAILABLE), and the committed offsets stay what was acknowledged: a refused
 /// commit never shows up, an acknowledged one never goes away.
 #[test]
 fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
-    let broker = Broker::builder()
-        .data_dir_limit(16 << 20)
-        .shards(1)
-        .config("strand.journal.segment.bytes", 1 << 20)
-        .config("group.initial.rebalance.delay.ms", 0)
-        .start();
+    let broker = group_broker().small_disk().start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("full");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "full", 1);
     let g = unique_topic("full-g");
     simple_commit(&mut c, &g, &topic, &[(0, 10, Some("durable"))]);
     let value = vec![0x5au8; 128 * 1024];
@@ -3414,17 +3098,14 @@ fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
         let errs = commit(
             &mut c,
             COMMIT_V,
-            &g,
-            -1,
-            "",
-            None,
+            Who::simple(&g),
             &topic,
             &[(0, 20 + i, Some("refused"))],
         );
         assert!(
             retriable.contains(&errs[&0]),
             "a commit on a full disk: {}",
-            err_name(errs[&0])
+            admin::err_name(errs[&0])
         );
         let (e, parts) = offset_fetch(&mut c, &g, &topic, &[0]);
         assert_eq!(
@@ -3442,31 +3123,24 @@ fn full_disk_fails_group_writes_without_losing_or_inventing_offsets() {
     );
     if joined.error_code == 0 {
         let m = joined.member_id.to_string();
-        let sy = sync(
-            &mut c,
-            &ng,
-            joined.generation_id,
-            &m,
-            None,
-            vec![(m.clone(), assignment_bytes(&topic, &[0]))],
-        );
+        let sy = sync_alone(&mut c, Who::new(&ng, &m, joined.generation_id), &topic, &[0]);
         assert!(
             retriable.contains(&sy.error_code),
             "SyncGroup on a full disk: {}",
-            err_name(sy.error_code)
+            admin::err_name(sy.error_code)
         );
     } else {
         assert!(
             retriable.contains(&joined.error_code),
             "JoinGroup on a full disk: {}",
-            err_name(joined.error_code)
+            admin::err_name(joined.error_code)
         );
     }
     let res = delete_groups(&mut c, &[&g]);
     assert!(
         retriable.contains(&res[&g]),
         "DeleteGroups on a full disk: {}",
-        err_name(res[&g])
+        admin::err_name(res[&g])
     );
     assert_eq!(
         committed(&mut c, &g, &topic, &[0]),
@@ -3486,8 +3160,7 @@ fn producing_to_consumer_offsets_is_refused() {
         .start();
     let bootstrap = broker.bootstrap();
     let mut c = admin::connect(&bootstrap);
-    let topic = unique_topic("internal");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "internal", 1);
     let g = unique_topic("internal-g");
     simple_commit(&mut c, &g, &topic, &[(0, 10, Some("real"))]);
     // A well-formed OffsetCommit record of Kafka's schema (key v1, value v3) for that group,
@@ -3540,8 +3213,7 @@ fn changing_offsets_topic_num_partitions_later_keeps_every_group() {
         .needs_spawned("restarts the broker with another configuration")
         .start();
     let bootstrap = broker.bootstrap();
-    let topic = unique_topic("offsets-partitions");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "offsets-partitions", 1);
     let mut c = admin::connect(&bootstrap);
     let groups: Vec<String> = (0..20).map(|i| unique_topic(&format!("op-g{i}"))).collect();
     for (i, g) in groups.iter().enumerate() {

@@ -343,11 +343,39 @@ fn send_numbers(
     reports
 }
 
-fn failed(reports: &BTreeMap<usize, Delivery>) -> Vec<(usize, String)> {
-    reports
+/// Fails, naming `when` and the first failures, unless every delivery of `reports` succeeded.
+fn assert_all_delivered(reports: &BTreeMap<usize, Delivery>, when: &str) {
+    let failures: Vec<(usize, String)> = reports
         .iter()
         .filter_map(|(n, r)| r.as_ref().err().map(|e| (*n, e.clone())))
-        .collect()
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} deliveries failed {when}, e.g. {:?}",
+        failures.len(),
+        reports.len(),
+        &failures[..failures.len().min(5)]
+    );
+}
+
+/// Sends `count` numbers through the proxy of `env` with producer `settings`, and checks that
+/// the proxy dropped at least one Produce response (or the test proves nothing) and that
+/// every delivery succeeded all the same. Returns the delivery reports.
+fn send_through_drops(
+    env: &Proxied,
+    settings: &[(&str, &str)],
+    topic: &str,
+    count: usize,
+) -> BTreeMap<usize, Delivery> {
+    let producer = producer(&env.client_bootstrap(), settings);
+    let reports = send_numbers(producer, topic, count, Duration::from_secs(150));
+    let stats = env.stats();
+    assert!(
+        stats.produce_responses_dropped > 0,
+        "the proxy dropped no Produce response ({stats}): the test proved nothing"
+    );
+    assert_all_delivered(&reports, "through the dropped responses");
+    reports
 }
 
 #[test]
@@ -358,24 +386,7 @@ fn rdkafka_idempotent_producer_exactly_once_through_dropped_responses() {
     let topic = unique_topic("idem-rdkafka");
     admin::create_topic(&env.direct(), &topic, PARTITIONS, &[]);
 
-    let reports = send_numbers(
-        producer(&env.client_bootstrap(), IDEMPOTENT),
-        &topic,
-        COUNT,
-        Duration::from_secs(150),
-    );
-    let stats = env.stats();
-    assert!(
-        stats.produce_responses_dropped > 0,
-        "the proxy dropped no Produce response ({stats}): the test proved nothing"
-    );
-    let failures = failed(&reports);
-    assert!(
-        failures.is_empty(),
-        "{} of {COUNT} deliveries failed with idempotence on, e.g. {:?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
+    let reports = send_through_drops(&env, IDEMPOTENT, &topic, COUNT);
 
     env.proxy.set_drop_rate(0.0);
     let logs = read_numbers(&env.client_bootstrap(), &env.direct(), &topic, 0);
@@ -443,13 +454,7 @@ fn rdkafka_idempotent_producer_survives_kill9_and_restart() {
     );
     // A correct broker lets every record through: the restart takes seconds, the message
     // timeout is 120 s, and retries are unbounded.
-    let failures = failed(&reports);
-    assert!(
-        failures.is_empty(),
-        "{} of {COUNT} deliveries failed across the restart, e.g. {:?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
+    assert_all_delivered(&reports, "across the restart");
     audit.assert_exactly_once_in_order(COUNT, &reports);
 }
 
@@ -466,24 +471,8 @@ fn rdkafka_without_idempotence_duplicates_through_the_same_proxy() {
         ("message.timeout.ms", "120000"),
         ("batch.num.messages", "100"),
     ];
-    let reports = send_numbers(
-        producer(&env.client_bootstrap(), &settings),
-        &topic,
-        COUNT,
-        Duration::from_secs(150),
-    );
+    send_through_drops(&env, &settings, &topic, COUNT);
     let stats = env.stats();
-    assert!(
-        stats.produce_responses_dropped > 0,
-        "the proxy dropped nothing ({stats})"
-    );
-    let failures = failed(&reports);
-    assert!(
-        failures.is_empty(),
-        "{} deliveries failed, e.g. {:?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
 
     env.proxy.set_drop_rate(0.0);
     let logs = read_numbers(&env.client_bootstrap(), &env.direct(), &topic, 0);
@@ -601,8 +590,7 @@ fn protocol_init_producer_id_sequences_epochs_and_duplicates() {
         .start();
     let bootstrap = broker.bootstrap();
     require_init_producer_id(&bootstrap);
-    let topic = unique_topic("idem-raw");
-    admin::create_topic(&bootstrap, &topic, 1, &[]);
+    let topic = admin::new_topic(&bootstrap, "idem-raw", 1);
     let mut c = admin::connect(&bootstrap);
     let produce = |c: &mut raw::RawConn, b: &bytes::Bytes| admin::produce(c, &topic, 0, b.clone());
     let end = |c: &mut raw::RawConn| admin::latest(c, &topic, 0);

@@ -40,9 +40,8 @@ fn run(cmd: Command, stdin: &[u8], timeout: Duration) -> Vec<u8> {
 fn kcat_lists_broker_and_topics() {
     let broker = Broker::start();
     let bootstrap = broker.bootstrap();
-    let t3 = unique_topic("kcat-list-a");
+    let t3 = admin::new_topic(&bootstrap, "kcat-list-a", 3);
     let t1 = unique_topic("kcat-list-b");
-    admin::create_topic(&bootstrap, &t3, 3, &[]);
     admin::create_topic(&bootstrap, &t1, 1, &[]);
 
     let mut cmd = kcat(&bootstrap);

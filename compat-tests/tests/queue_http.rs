@@ -48,6 +48,13 @@ fn create_queue(c: &mut QueueClient, name: &str, settings: Value) -> Value {
     v
 }
 
+/// Creates a queue named [`unique_topic`]`(prefix)`, asserting `201 Created`; returns its name.
+fn new_queue(c: &mut QueueClient, prefix: &str, settings: Value) -> String {
+    let name = unique_topic(prefix);
+    create_queue(c, &name, settings);
+    name
+}
+
 /// Whether a failed call is worth retrying as is: the connection failed (the broker is down or
 /// restarting) or the broker said it cannot serve now.
 fn retryable(e: &CallError) -> bool {
@@ -1285,10 +1292,9 @@ fn ordering_by_key_holds_one_message_per_key_in_publish_order() {
     }
 
     // Concurrent leasers on interleaved keys, one message nacked once.
-    let queue = unique_topic("order-conc");
-    create_queue(
+    let queue = new_queue(
         &mut c,
-        &queue,
+        "order-conc",
         json!({ "partitions": 1, "ordering": "key", "backoff_base_ms": 100 }),
     );
     let msgs: Vec<OutMessage> = (0..ORDER_KEYS * ORDER_PER_KEY)
@@ -1380,10 +1386,9 @@ fn kcat_reads_dead_letter_context_headers() {
     let broker = start_broker();
     let bootstrap = broker.bootstrap();
     let mut c = QueueClient::new(&broker.http_addr());
-    let queue = unique_topic("kcat-dlq");
-    create_queue(
+    let queue = new_queue(
         &mut c,
-        &queue,
+        "kcat-dlq",
         json!({ "partitions": 1, "max_attempts": 2, "backoff_base_ms": 10 }),
     );
     let published = c
@@ -1509,8 +1514,7 @@ fn bad_input_is_refused_and_the_broker_serves_on() {
     let bootstrap = broker.bootstrap();
     let addr = broker.http_addr();
     let mut c = QueueClient::new(&addr);
-    let queue = unique_topic("bad");
-    create_queue(&mut c, &queue, json!({ "partitions": 1, "backoff_base_ms": 10 }));
+    let queue = new_queue(&mut c, "bad", json!({ "partitions": 1, "backoff_base_ms": 10 }));
     let messages_path = format!("/v1/queues/{queue}/messages");
     let mut stored: Vec<Published> = Vec::new();
     // After each refusal: a good publish on the same client succeeds.
@@ -1638,10 +1642,9 @@ fn bad_input_is_refused_and_the_broker_serves_on() {
     );
 
     // Stale generation: the lease expired and the message was leased again.
-    let stale_q = unique_topic("bad-stale");
-    create_queue(
+    let stale_q = new_queue(
         &mut c,
-        &stale_q,
+        "bad-stale",
         json!({ "partitions": 1, "backoff_base_ms": 10 }),
     );
     let sp = c
@@ -1799,10 +1802,9 @@ fn redrive_moves_dead_letters_back_with_their_ids() {
     let broker = start_broker();
     let bootstrap = broker.bootstrap();
     let mut c = QueueClient::new(&broker.http_addr());
-    let queue = unique_topic("redrive");
-    create_queue(
+    let queue = new_queue(
         &mut c,
-        &queue,
+        "redrive",
         json!({ "partitions": 2, "max_attempts": 2, "backoff_base_ms": 10 }),
     );
     let msgs: Vec<OutMessage> = (0..6)
@@ -1923,8 +1925,7 @@ fn a_long_poll_whose_client_went_away_leases_nothing() {
     let broker = start_broker();
     let addr = broker.http_addr();
     let mut c = QueueClient::new(&addr);
-    let q = unique_topic("gone-poll");
-    create_queue(&mut c, &q, json!({ "partitions": 1 }));
+    let q = new_queue(&mut c, "gone-poll", json!({ "partitions": 1 }));
 
     let body = json!({ "max_messages": 10, "wait_ms": 20_000, "visibility_timeout_ms": 60_000 }).to_string();
     let head = format!(
@@ -1985,8 +1986,7 @@ fn samples(metrics: &str, name: &str, queue: &str) -> Vec<f64> {
 fn queue_metrics_are_exported() {
     let broker = start_broker();
     let mut c = QueueClient::new(&broker.http_addr());
-    let queue = unique_topic("metrics");
-    create_queue(&mut c, &queue, json!({ "partitions": 2 }));
+    let queue = new_queue(&mut c, "metrics", json!({ "partitions": 2 }));
     let msgs: Vec<OutMessage> = (0..20).map(|i| OutMessage::new(format!("m{i}"))).collect();
     c.publish(&queue, &msgs)
         .unwrap_or_else(|e| panic!("publish: {e}"));
@@ -2074,8 +2074,11 @@ fn random_http_requests_get_4xx_and_never_take_the_broker_down() {
     let broker = start_broker();
     let addr = broker.http_addr();
     let mut c = QueueClient::new(&addr);
-    let queue = unique_topic("httpfuzz");
-    create_queue(&mut c, &queue, json!({ "partitions": 2, "backoff_base_ms": 10 }));
+    let queue = new_queue(
+        &mut c,
+        "httpfuzz",
+        json!({ "partitions": 2, "backoff_base_ms": 10 }),
+    );
     let msgs: Vec<OutMessage> = (0..20).map(|i| OutMessage::new(format!("m{i}"))).collect();
     c.publish(&queue, &msgs).expect("publish");
     let leased = c

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use kafka_protocol::ResponseError;
 use strand_compat_tests::admin;
 use strand_compat_tests::clients;
-use strand_compat_tests::data::TestRecord;
 use strand_compat_tests::queue_client::{LeaseOptions, QueueClient};
 use strand_compat_tests::raw::RawConn;
 use strand_compat_tests::share::{
@@ -59,17 +58,6 @@ const LOCK_SLACK_MS: f64 = 1_000.0;
 /// How late after its lock timeout a record may come back at most.
 const LOCK_LATE_MS: f64 = 5_000.0;
 
-fn err_name(c: i16) -> String {
-    if c == 0 {
-        "NONE".to_string()
-    } else {
-        match ResponseError::try_from_code(c) {
-            Some(e) => format!("{e:?} ({c})"),
-            None => format!("unknown error {c}"),
-        }
-    }
-}
-
 fn code(e: ResponseError) -> i16 {
     e.code()
 }
@@ -82,39 +70,26 @@ fn broker_with_short_locks(reason: &str) -> Broker {
         .start()
 }
 
-/// Creates `topic` and sets the group configs of `group`: `share.auto.offset.reset=earliest`
-/// plus `extra`. Returns the topic id.
-fn setup(bootstrap: &str, topic: &str, partitions: i32, group: &str, extra: &[(&str, &str)]) -> uuid::Uuid {
-    let id = admin::create_topic(bootstrap, topic, partitions, &[]);
+/// A new topic of `partitions` partitions named after `prefix`, and a share group (`<prefix>-g`)
+/// with the group configs `share.auto.offset.reset=earliest` plus `extra`: (topic, group, topic
+/// id).
+fn setup(
+    bootstrap: &str,
+    prefix: &str,
+    partitions: i32,
+    extra: &[(&str, &str)],
+) -> (String, String, uuid::Uuid) {
+    let (topic, group) = (unique_topic(prefix), unique_topic(&format!("{prefix}-g")));
+    let id = admin::create_topic(bootstrap, &topic, partitions, &[]);
+    set_configs(bootstrap, &group, extra);
+    (topic, group, id)
+}
+
+/// Sets the group configs of `group`: `share.auto.offset.reset=earliest` plus `extra`.
+fn set_configs(bootstrap: &str, group: &str, extra: &[(&str, &str)]) {
     let mut configs = vec![("share.auto.offset.reset", "earliest")];
     configs.extend_from_slice(extra);
     share::set_group_configs(bootstrap, group, &configs);
-    id
-}
-
-/// Produces offsets `first..first + per_partition` to each partition with rdkafka (acks=all);
-/// the record at offset o of partition p has the value "p:o".
-fn produce(bootstrap: &str, topic: &str, partitions: i32, first: i64, per_partition: i64) {
-    let records: Vec<TestRecord> = (0..per_partition)
-        .flat_map(|k| {
-            (0..partitions).map(move |p| TestRecord {
-                partition: p,
-                key: None,
-                value: Some(format!("{p}:{}", first + k).into_bytes()),
-                headers: Vec::new(),
-                timestamp: None,
-            })
-        })
-        .collect();
-    let offsets = clients::rdkafka_produce(bootstrap, topic, &records);
-    for (r, o) in records.iter().zip(&offsets) {
-        let want = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
-        assert_eq!(
-            format!("{}:{o}", r.partition),
-            want,
-            "acks=all offsets must follow the order of production"
-        );
-    }
 }
 
 /// Every (partition, offset) of `partitions` partitions from `first` to `end` (excluded).
@@ -395,9 +370,7 @@ fn client_version(log: &[Logged]) -> String {
 fn split_run(partitions: i32, implicit: bool, late_joiner: bool) {
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-split");
-    let group = unique_topic("share-split-g");
-    let topic_id = setup(&b, &topic, partitions, &group, &[]);
+    let (topic, group, topic_id) = setup(&b, "share-split", partitions, &[]);
     let log = ShareLog::new();
     let mut spec = ShareSpec::new(&b, &group, &topic).work_ms_per_record(0.05);
     if implicit {
@@ -410,7 +383,7 @@ fn split_run(partitions: i32, implicit: bool, late_joiner: bool) {
         // The first member alone, with records; the second joins while it works, so
         // partitions move between members with records in flight.
         wait_members(&b, &group, topic_id, 1, partitions);
-        produce(&b, &topic, partitions, 0, first_part);
+        clients::produce_numbered(&b, &topic, partitions, 0, first_part);
         log.wait_for(Duration::from_secs(30), "member a to get records", |l| {
             (!share::acquired(l).is_empty()).then_some(())
         });
@@ -418,7 +391,7 @@ fn split_run(partitions: i32, implicit: bool, late_joiner: bool) {
     let c = ShareMember::start("b", &spec, &log);
     wait_members(&b, &group, topic_id, 2, partitions);
     let started = Instant::now();
-    produce(&b, &topic, partitions, first_part, per_partition - first_part);
+    clients::produce_numbered(&b, &topic, partitions, first_part, per_partition - first_part);
     let produced = started.elapsed();
     let want = all_records(partitions, 0, per_partition);
     with_queue_gauges_on_failure(&broker, || {
@@ -571,17 +544,9 @@ fn assert_dead_letter(
 fn release_comes_back_with_a_higher_delivery_count_and_reject_dead_letters() {
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-ack");
-    let group = unique_topic("share-ack-g");
     let dlq = format!("dlq.{}", unique_topic("share-ack"));
-    setup(
-        &b,
-        &topic,
-        1,
-        &group,
-        &[("errors.deadletterqueue.topic.name", &dlq)],
-    );
-    produce(&b, &topic, 1, 0, 20);
+    let (topic, group, _) = setup(&b, "share-ack", 1, &[("errors.deadletterqueue.topic.name", &dlq)]);
+    clients::produce_numbered(&b, &topic, 1, 0, 20);
     let log = ShareLog::new();
     let spec = ShareSpec::new(&b, &group, &topic)
         .on(0, 3, &[AckType::Release, AckType::Accept])
@@ -593,7 +558,7 @@ fn release_comes_back_with_a_higher_delivery_count_and_reject_dead_letters() {
         want.is_subset(&accepted_in(l)).then_some(())
     });
     // A later record shows that nothing else is coming back.
-    produce(&b, &topic, 1, 20, 1);
+    clients::produce_numbered(&b, &topic, 1, 20, 1);
     log.wait_for(Duration::from_secs(30), "the record after them", |l| {
         accepted_in(l).contains(&(0, 20)).then_some(())
     });
@@ -641,7 +606,7 @@ fn holder_and_worker(
     group: &str,
     log: &ShareLog,
 ) -> (ShareMember, ShareMember, f64, BTreeSet<(i32, i64)>) {
-    produce(b, topic, 1, 0, 200);
+    clients::produce_numbered(b, topic, 1, 0, 200);
     let holder = ShareMember::start(
         "holder",
         &ShareSpec::new(b, group, topic)
@@ -683,9 +648,7 @@ fn a_closed_consumer_hands_its_records_over_at_once() {
     // The group's lock timeout is the broker default (30 s): a prompt handover is the close.
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-close");
-    let group = unique_topic("share-close-g");
-    setup(&b, &topic, 1, &group, &[]);
+    let (topic, group, _) = setup(&b, "share-close", 1, &[]);
     let log = ShareLog::new();
     let (holder, worker, _t_acq, held_records) = holder_and_worker(&b, &topic, &group, &log);
     let t_close = now_ms();
@@ -731,10 +694,8 @@ fn a_closed_consumer_hands_its_records_over_at_once() {
 fn a_killed_consumers_records_come_back_after_the_lock_timeout() {
     let broker = broker_with_short_locks("sets group.share.min.record.lock.duration.ms");
     let b = broker.bootstrap();
-    let topic = unique_topic("share-kill");
-    let group = unique_topic("share-kill-g");
     let lock = SHORT_LOCK_MS.to_string();
-    setup(&b, &topic, 1, &group, &[("share.record.lock.duration.ms", &lock)]);
+    let (topic, group, _) = setup(&b, "share-kill", 1, &[("share.record.lock.duration.ms", &lock)]);
     let log = ShareLog::new();
     let (mut holder, worker, t_acq, held_records) = holder_and_worker(&b, &topic, &group, &log);
     let t_kill = now_ms();
@@ -798,29 +759,15 @@ fn a_killed_consumers_records_come_back_after_the_lock_timeout() {
 fn delivery_count_limit_dead_letters_or_archives_a_poison_record() {
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-poison");
-    let with_dlq = unique_topic("share-poison-dlq-g");
-    let archive = unique_topic("share-poison-arch-g");
     let dlq = format!("dlq.{}", unique_topic("share-poison"));
-    setup(
-        &b,
-        &topic,
-        1,
-        &with_dlq,
-        &[
-            ("share.delivery.count.limit", "3"),
-            ("errors.deadletterqueue.topic.name", &dlq),
-        ],
-    );
-    share::set_group_configs(
-        &b,
-        &archive,
-        &[
-            ("share.auto.offset.reset", "earliest"),
-            ("share.delivery.count.limit", "2"),
-        ],
-    );
-    produce(&b, &topic, 1, 0, 10);
+    let dlq_configs = [
+        ("share.delivery.count.limit", "3"),
+        ("errors.deadletterqueue.topic.name", &dlq),
+    ];
+    let (topic, with_dlq, _) = setup(&b, "share-poison", 1, &dlq_configs);
+    let archive = unique_topic("share-poison-arch-g");
+    set_configs(&b, &archive, &[("share.delivery.count.limit", "2")]);
+    clients::produce_numbered(&b, &topic, 1, 0, 10);
     let log = ShareLog::new();
     let poison = |g: &str| ShareSpec::new(&b, g, &topic).on(0, 5, &[AckType::Release]);
     let m1 = ShareMember::start("dlq", &poison(&with_dlq), &log);
@@ -846,7 +793,7 @@ fn delivery_count_limit_dead_letters_or_archives_a_poison_record() {
     );
     // A released record is available at once: had it not been archived, it would come back
     // before (or with) this one.
-    produce(&b, &topic, 1, 10, 1);
+    clients::produce_numbered(&b, &topic, 1, 10, 1);
     log.wait_for(
         Duration::from_secs(30),
         "both groups to accept the record after it",
@@ -899,9 +846,7 @@ fn share_consumer_and_http_worker_never_hold_the_same_message() {
     let broker = Broker::builder().needs_spawned("uses the HTTP queue API").start();
     let b = broker.bootstrap();
     let http = broker.http_addr();
-    let topic = unique_topic("share-http");
-    let group = unique_topic("share-http-g");
-    let topic_id = setup(&b, &topic, 2, &group, &[]);
+    let (topic, group, topic_id) = setup(&b, "share-http", 2, &[]);
     let log = ShareLog::new();
     let member = ShareMember::start(
         "kafka",
@@ -917,7 +862,7 @@ fn share_consumer_and_http_worker_never_hold_the_same_message() {
         std::thread::spawn(move || share_http::worker(&http, &topic, &group, &stop, &holds))
     };
     let started = Instant::now();
-    produce(&b, &topic, 2, 0, N / 2);
+    clients::produce_numbered(&b, &topic, 2, 0, N / 2);
     let want = all_records(2, 0, N / 2);
     let done = |l: &[Logged]| -> BTreeSet<(i32, i64)> {
         let mut s = accepted_in(l);
@@ -1066,17 +1011,10 @@ mod share_http {
 fn share_state_survives_kill9_and_restart() {
     let mut broker = broker_with_short_locks("kills and restarts the broker");
     let b = broker.bootstrap();
-    let topic = unique_topic("share-crash");
-    let group = unique_topic("share-crash-g");
     let lock_ms: i64 = 5_000;
-    setup(
-        &b,
-        &topic,
-        1,
-        &group,
-        &[("share.record.lock.duration.ms", &lock_ms.to_string())],
-    );
-    produce(&b, &topic, 1, 0, 60);
+    let lock = lock_ms.to_string();
+    let (topic, group, _) = setup(&b, "share-crash", 1, &[("share.record.lock.duration.ms", &lock)]);
+    clients::produce_numbered(&b, &topic, 1, 0, 60);
     let log = ShareLog::new();
     // Step 1: 0..59; 50 is released, the rest accepted. Step 2 (after 60..99 are produced):
     // 50 again (released a second time) and 60..99, held.
@@ -1097,7 +1035,7 @@ fn share_state_survives_kill9_and_restart() {
     log.wait_for(Duration::from_secs(30), "the first step", |l| {
         (steps_done(l) == 1).then_some(())
     });
-    produce(&b, &topic, 1, 60, 40);
+    clients::produce_numbered(&b, &topic, 1, 60, 40);
     x.step();
     log.wait_for(Duration::from_secs(30), "the second step", |l| {
         (steps_done(l) == 2).then_some(())
@@ -1133,7 +1071,7 @@ fn share_state_survives_kill9_and_restart() {
     let t_crash = now_ms();
     broker.restart();
     let t_up = now_ms();
-    produce(&b, &topic, 1, 100, 1);
+    clients::produce_numbered(&b, &topic, 1, 100, 1);
     let y = ShareMember::start("after", &ShareSpec::new(&b, &group, &topic), &log);
     let expect: BTreeSet<(i32, i64)> = all_records(1, 60, 101).into_iter().chain([(0, 50)]).collect();
     log.wait_for(
@@ -1219,10 +1157,8 @@ fn acknowledgements_given_before_close_are_not_lost() {
     // share session, not the membership, so the acknowledgements count either way.
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-closeack");
-    let group = unique_topic("share-closeack-g");
-    setup(&b, &topic, 1, &group, &[]);
-    produce(&b, &topic, 1, 0, 20);
+    let (topic, group, _) = setup(&b, "share-closeack", 1, &[]);
+    clients::produce_numbered(&b, &topic, 1, 0, 20);
     let log = ShareLog::new();
     let a = ShareMember::start(
         "a",
@@ -1243,7 +1179,7 @@ fn acknowledgements_given_before_close_are_not_lost() {
     let after_close = log.snapshot();
     let failed = share::ack_results(&after_close, "a").failed;
     // Whatever comes back now was acknowledged (ACCEPT) by a before its close.
-    produce(&b, &topic, 1, 20, 1);
+    clients::produce_numbered(&b, &topic, 1, 20, 1);
     let c = ShareMember::start("c", &ShareSpec::new(&b, &group, &topic), &log);
     log.wait_for(
         Duration::from_secs(30),
@@ -1273,28 +1209,20 @@ fn acknowledgements_given_before_close_are_not_lost() {
 fn api_versions_list_the_share_apis_at_v1() {
     let broker = Broker::start();
     let mut c = admin::connect(&broker.bootstrap());
-    for (key, name) in [
-        (SHARE_GROUP_HEARTBEAT, "ShareGroupHeartbeat"),
-        (SHARE_GROUP_DESCRIBE, "ShareGroupDescribe"),
-        (SHARE_FETCH, "ShareFetch"),
-        (SHARE_ACKNOWLEDGE, "ShareAcknowledge"),
+    // The KIP-932 offsets admin APIs at v0, the others at v1.
+    for (key, name, version) in [
+        (SHARE_GROUP_HEARTBEAT, "ShareGroupHeartbeat", 1),
+        (SHARE_GROUP_DESCRIBE, "ShareGroupDescribe", 1),
+        (SHARE_FETCH, "ShareFetch", 1),
+        (SHARE_ACKNOWLEDGE, "ShareAcknowledge", 1),
+        (DESCRIBE_SHARE_GROUP_OFFSETS, "DescribeShareGroupOffsets", 0),
+        (DELETE_SHARE_GROUP_OFFSETS, "DeleteShareGroupOffsets", 0),
+        (ALTER_SHARE_GROUP_OFFSETS, "AlterShareGroupOffsets", 0),
     ] {
         assert_eq!(
             admin::advertised_versions(&mut c, key),
-            Some((1, 1)),
-            "ApiVersions must list {name} ({key}) at v1"
-        );
-    }
-    // The KIP-932 offsets admin APIs, at v0.
-    for (key, name) in [
-        (DESCRIBE_SHARE_GROUP_OFFSETS, "DescribeShareGroupOffsets"),
-        (DELETE_SHARE_GROUP_OFFSETS, "DeleteShareGroupOffsets"),
-        (ALTER_SHARE_GROUP_OFFSETS, "AlterShareGroupOffsets"),
-    ] {
-        assert_eq!(
-            admin::advertised_versions(&mut c, key),
-            Some((0, 0)),
-            "ApiVersions must list {name} ({key}) at v0"
+            Some((version, version)),
+            "ApiVersions must list {name} ({key}) at v{version}"
         );
     }
 }
@@ -1316,10 +1244,8 @@ fn described_start(c: &mut RawConn, group: &str, topic: &str) -> (i16, Option<(i
 fn share_group_offsets_are_described_and_deleted() {
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-offsets");
-    let group = unique_topic("share-offsets-g");
-    let tid = setup(&b, &topic, 1, &group, &[]);
-    produce(&b, &topic, 1, 0, 10);
+    let (topic, group, tid) = setup(&b, "share-offsets", 1, &[]);
+    clients::produce_numbered(&b, &topic, 1, 0, 10);
     let mut c = admin::connect(&b);
 
     // Unknown group (also a group id never used as a share group).
@@ -1328,7 +1254,7 @@ fn share_group_offsets_are_described_and_deleted() {
         e,
         code(ResponseError::GroupIdNotFound),
         "unknown group: {}",
-        err_name(e)
+        admin::err_name(e)
     );
 
     // A member acquires the 10 records and accepts 0..=5.
@@ -1341,16 +1267,15 @@ fn share_group_offsets_are_described_and_deleted() {
         "start offset with a member"
     );
     let d = share::delete_offsets(&mut c, &group, &[&topic]);
-    assert_eq!(
+    admin::assert_code(
         d.error_code,
-        code(ResponseError::NonEmptyGroup),
-        "DeleteShareGroupOffsets with a member: {}",
-        err_name(d.error_code)
+        ResponseError::NonEmptyGroup,
+        "DeleteShareGroupOffsets with a member",
     );
 
     // The member leaves: the start offset stays 6 (records 6..9 are released, not done).
     let r = share::heartbeat(&mut c, &group, &m1, -1, None);
-    assert_eq!(r.error_code, 0, "leave: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, "leave");
     assert_eq!(
         described_start(&mut c, &group, &topic),
         (0, Some((0, 6))),
@@ -1359,7 +1284,7 @@ fn share_group_offsets_are_described_and_deleted() {
     // Every topic with share state when the request names none.
     let all = share::describe_offsets(&mut c, &group, None);
     let g = all.groups.first().expect("a described group");
-    assert_eq!(g.error_code, 0, "describe all: {}", err_name(g.error_code));
+    admin::assert_ok(g.error_code, "describe all");
     type Listed = (String, uuid::Uuid, Vec<(i32, i64, i16)>);
     let listed: Vec<Listed> = g
         .topics
@@ -1396,12 +1321,7 @@ fn share_group_offsets_are_described_and_deleted() {
 
     // Now empty: the delete is accepted (an unknown topic gets its own error).
     let d = share::delete_offsets(&mut c, &group, &[&topic, "no-such-topic"]);
-    assert_eq!(
-        d.error_code,
-        0,
-        "DeleteShareGroupOffsets: {}",
-        err_name(d.error_code)
-    );
+    admin::assert_ok(d.error_code, "DeleteShareGroupOffsets");
     let rows: Vec<(String, i16)> = d
         .responses
         .iter()
@@ -1444,25 +1364,19 @@ fn share_group_offsets_are_described_and_deleted() {
             .collect()
     };
     let a = share::alter_offsets(&mut c, &group, &[(topic.as_str(), &[(0, 8)])]);
-    assert_eq!(
+    admin::assert_code(
         a.error_code,
-        code(ResponseError::NonEmptyGroup),
-        "AlterShareGroupOffsets with a member: {}",
-        err_name(a.error_code)
+        ResponseError::NonEmptyGroup,
+        "AlterShareGroupOffsets with a member",
     );
     let r = share::heartbeat(&mut c, &group, &m2, -1, None);
-    assert_eq!(r.error_code, 0, "m2 leaves: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, "m2 leaves");
     let a = share::alter_offsets(
         &mut c,
         &group,
         &[(topic.as_str(), &[(0, 8), (1, 0)]), ("no-such-topic", &[(0, 0)])],
     );
-    assert_eq!(
-        a.error_code,
-        0,
-        "AlterShareGroupOffsets: {}",
-        err_name(a.error_code)
-    );
+    admin::assert_ok(a.error_code, "AlterShareGroupOffsets");
     assert_eq!(
         altered(&a),
         vec![
@@ -1501,10 +1415,8 @@ fn delete_groups_deletes_an_empty_share_group_and_its_state() {
     use kafka_protocol::protocol::StrBytes;
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-delete");
-    let group = unique_topic("share-delete-g");
-    let tid = setup(&b, &topic, 1, &group, &[]);
-    produce(&b, &topic, 1, 0, 10);
+    let (topic, group, tid) = setup(&b, "share-delete", 1, &[]);
+    clients::produce_numbered(&b, &topic, 1, 0, 10);
     let mut c = admin::connect(&b);
     let delete = |c: &mut RawConn, groups: &[&str]| -> Vec<(String, i16)> {
         let req = DeleteGroupsRequest::default().with_groups_names(
@@ -1531,7 +1443,7 @@ fn delete_groups_deletes_an_empty_share_group_and_its_state() {
         "DeleteGroups of a share group with a member"
     );
     let r = share::heartbeat(&mut c, &group, &m1, -1, None);
-    assert_eq!(r.error_code, 0, "leave: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, "leave");
 
     // Empty: deleted; an unknown group beside it gets its own error.
     assert_eq!(
@@ -1561,7 +1473,7 @@ fn delete_groups_deletes_an_empty_share_group_and_its_state() {
         e,
         code(ResponseError::GroupIdNotFound),
         "DescribeShareGroupOffsets of the deleted group: {}",
-        err_name(e)
+        admin::err_name(e)
     );
     assert_eq!(
         delete(&mut c, &[&group]),
@@ -1596,7 +1508,7 @@ fn new_member_fetches(
     join(c, group, &member, topic, topic_id);
     let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(topic_id, 0, vec![])];
     let r = share::fetch(c, &share::fetch_request(group, &member, 0, &none, 10, 5000));
-    assert_eq!(r.error_code, 0, "ShareFetch {when}: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, &format!("ShareFetch {when}"));
     (member, share::acquired_ranges(&r))
 }
 
@@ -1613,20 +1525,20 @@ fn member_accepting_six_of_ten(c: &mut RawConn, group: &str, topic: &str, topic_
         c,
         &share::acknowledge_request(group, &member, 1, &[(topic_id, 0, vec![(0, 5, vec![1])])]),
     );
-    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, "ShareAcknowledge");
     let pe = r
         .responses
         .first()
         .and_then(|t| t.partitions.first())
         .map(|p| p.error_code);
-    assert_eq!(pe, Some(0), "accepting 0..=5: {:?}", pe.map(err_name));
+    assert_eq!(pe, Some(0), "accepting 0..=5: {:?}", pe.map(admin::err_name));
     member
 }
 
 /// A joined member: heartbeats until its assignment names `topic_id`; returns its epoch.
 fn join(c: &mut RawConn, group: &str, member: &str, topic: &str, topic_id: uuid::Uuid) -> i32 {
     let r = share::heartbeat(c, group, member, 0, Some(&[topic]));
-    assert_eq!(r.error_code, 0, "join {member}: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, &format!("join {member}"));
     let mut epoch = r.member_epoch;
     let mut assigned = r
         .assignment
@@ -1637,7 +1549,7 @@ fn join(c: &mut RawConn, group: &str, member: &str, topic: &str, topic_id: uuid:
         assert!(Instant::now() < deadline, "{member} got no assignment of {topic}");
         std::thread::sleep(Duration::from_millis(100));
         let r = share::heartbeat(c, group, member, epoch, Some(&[topic]));
-        assert_eq!(r.error_code, 0, "heartbeat {member}: {}", err_name(r.error_code));
+        admin::assert_ok(r.error_code, &format!("heartbeat {member}"));
         epoch = r.member_epoch;
         assigned = r
             .assignment
@@ -1649,12 +1561,14 @@ fn join(c: &mut RawConn, group: &str, member: &str, topic: &str, topic_id: uuid:
 
 #[test]
 fn share_protocol_errors_as_kafka_returns_them() {
+    use ResponseError::{
+        FencedMemberEpoch, GroupIdNotFound, InvalidRecordState, InvalidRequest, InvalidShareSessionEpoch,
+        ShareSessionNotFound, UnknownMemberId,
+    };
     let broker = Broker::start();
     let b = broker.bootstrap();
-    let topic = unique_topic("share-errors");
-    let group = unique_topic("share-errors-g");
-    let tid = setup(&b, &topic, 1, &group, &[]);
-    produce(&b, &topic, 1, 0, 10);
+    let (topic, group, tid) = setup(&b, "share-errors", 1, &[]);
+    clients::produce_numbered(&b, &topic, 1, 0, 10);
     let mut c = admin::connect(&b);
     let m1 = uuid::Uuid::new_v4().to_string();
     let m2 = uuid::Uuid::new_v4().to_string();
@@ -1664,6 +1578,17 @@ fn share_protocol_errors_as_kafka_returns_them() {
     join(&mut c, &group, &m3, &topic, tid);
     let none: Vec<(uuid::Uuid, i32, share::AckBatches)> = vec![(tid, 0, vec![])];
     let acks = |batches: share::AckBatches| vec![(tid, 0, batches)];
+    // ShareFetch of up to 5 records (`parts`: partition 0, with acknowledgements or none), and
+    // ShareAcknowledge of partition 0, by `member` at share session epoch `epoch`.
+    let fetch = |c: &mut RawConn, member: &str, epoch: i32, parts: &[_], wait_ms: i32| {
+        share::fetch(c, &share::fetch_request(&group, member, epoch, parts, 5, wait_ms))
+    };
+    let ack = |c: &mut RawConn, member: &str, epoch: i32, batches: share::AckBatches| {
+        share::acknowledge(
+            c,
+            &share::acknowledge_request(&group, member, epoch, &acks(batches)),
+        )
+    };
     let part_err = |r: &kafka_protocol::messages::ShareAcknowledgeResponse| {
         r.responses
             .first()
@@ -1674,62 +1599,44 @@ fn share_protocol_errors_as_kafka_returns_them() {
     // ShareGroupDescribe of an unknown group.
     let d = share::describe(&mut c, &["no-such-share-group"]);
     let g = d.groups.first().expect("a described group");
-    assert_eq!(
+    admin::assert_code(
         g.error_code,
-        code(ResponseError::GroupIdNotFound),
-        "ShareGroupDescribe of an unknown group: {}",
-        err_name(g.error_code)
+        GroupIdNotFound,
+        "ShareGroupDescribe of an unknown group",
     );
 
     // ShareFetch and ShareAcknowledge of a member the group does not know.
-    let r = share::fetch(&mut c, &share::fetch_request(&group, "nobody", 0, &none, 5, 0));
-    assert_eq!(
-        r.error_code,
-        code(ResponseError::UnknownMemberId),
-        "ShareFetch of an unknown member: {}",
-        err_name(r.error_code)
-    );
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, "nobody", 1, &acks(vec![(0, 0, vec![1])])),
-    );
+    let r = fetch(&mut c, "nobody", 0, &none, 0);
+    admin::assert_code(r.error_code, UnknownMemberId, "ShareFetch of an unknown member");
     // ShareAcknowledge never opens a session: Kafka looks the session up first, and an unknown
     // member has none.
-    assert_eq!(
+    let r = ack(&mut c, "nobody", 1, vec![(0, 0, vec![1])]);
+    admin::assert_code(
         r.error_code,
-        code(ResponseError::ShareSessionNotFound),
-        "ShareAcknowledge of an unknown member: {}",
-        err_name(r.error_code)
+        ShareSessionNotFound,
+        "ShareAcknowledge of an unknown member",
     );
 
     // An incremental epoch without a session.
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m3, 1, &none, 5, 0));
-    assert_eq!(
+    let r = fetch(&mut c, &m3, 1, &none, 0);
+    let what = "incremental ShareFetch without a session";
+    admin::assert_code(r.error_code, ShareSessionNotFound, what);
+    let r = ack(&mut c, &m3, 1, vec![(0, 0, vec![1])]);
+    admin::assert_code(
         r.error_code,
-        code(ResponseError::ShareSessionNotFound),
-        "incremental ShareFetch without a session: {}",
-        err_name(r.error_code)
-    );
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m3, 1, &acks(vec![(0, 0, vec![1])])),
-    );
-    assert_eq!(
-        r.error_code,
-        code(ResponseError::ShareSessionNotFound),
-        "ShareAcknowledge without a session: {}",
-        err_name(r.error_code)
+        ShareSessionNotFound,
+        "ShareAcknowledge without a session",
     );
 
     // m1 opens a session and acquires 0..4; m2 acquires 5..9.
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m1, 0, &none, 5, 5000));
-    assert_eq!(r.error_code, 0, "full ShareFetch: {}", err_name(r.error_code));
+    let r = fetch(&mut c, &m1, 0, &none, 5000);
+    admin::assert_ok(r.error_code, "full ShareFetch");
     assert_eq!(
         share::acquired_ranges(&r),
         vec![(tid, 0, 0, 4, 1)],
         "m1's first fetch"
     );
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m2, 0, &none, 5, 5000));
+    let r = fetch(&mut c, &m2, 0, &none, 5000);
     assert_eq!(
         share::acquired_ranges(&r),
         vec![(tid, 0, 5, 9, 1)],
@@ -1737,76 +1644,39 @@ fn share_protocol_errors_as_kafka_returns_them() {
     );
 
     // A wrong session epoch.
-    let r = share::fetch(&mut c, &share::fetch_request(&group, &m1, 7, &none, 5, 0));
-    assert_eq!(
+    let r = fetch(&mut c, &m1, 7, &none, 0);
+    admin::assert_code(
         r.error_code,
-        code(ResponseError::InvalidShareSessionEpoch),
-        "ShareFetch with a wrong epoch: {}",
-        err_name(r.error_code)
+        InvalidShareSessionEpoch,
+        "ShareFetch with a wrong epoch",
     );
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m1, 7, &acks(vec![(0, 0, vec![1])])),
-    );
-    assert_eq!(
-        r.error_code,
-        code(ResponseError::InvalidShareSessionEpoch),
-        "ShareAcknowledge with a wrong epoch: {}",
-        err_name(r.error_code)
-    );
+    let r = ack(&mut c, &m1, 7, vec![(0, 0, vec![1])]);
+    let what = "ShareAcknowledge with a wrong epoch";
+    admin::assert_code(r.error_code, InvalidShareSessionEpoch, what);
 
     // Acknowledging records m1 does not hold (held by m2): INVALID_RECORD_STATE on the partition.
     let mut epoch = 1;
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m1, epoch, &acks(vec![(6, 6, vec![1])])),
-    );
-    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
-    assert_eq!(
-        part_err(&r),
-        Some(code(ResponseError::InvalidRecordState)),
-        "acknowledging a record another member holds: {:?}",
-        part_err(&r).map(err_name)
-    );
+    let r = ack(&mut c, &m1, epoch, vec![(6, 6, vec![1])]);
+    admin::assert_ok(r.error_code, "ShareAcknowledge");
+    let what = "acknowledging a record another member holds";
+    admin::assert_code(part_err(&r).unwrap_or(-1), InvalidRecordState, what);
     epoch += 1;
     // The same in a ShareFetch (acknowledge_error_code of the partition).
-    let r = share::fetch(
-        &mut c,
-        &share::fetch_request(&group, &m1, epoch, &acks(vec![(7, 7, vec![1])]), 5, 0),
-    );
-    assert_eq!(
-        r.error_code,
-        0,
-        "ShareFetch with acknowledgements: {}",
-        err_name(r.error_code)
-    );
+    let r = fetch(&mut c, &m1, epoch, &acks(vec![(7, 7, vec![1])]), 0);
+    admin::assert_ok(r.error_code, "ShareFetch with acknowledgements");
     let p = &r.responses[0].partitions[0];
-    assert_eq!(
-        p.acknowledge_error_code,
-        code(ResponseError::InvalidRecordState),
-        "ShareFetch acknowledging a record another member holds: {}",
-        err_name(p.acknowledge_error_code)
-    );
+    let what = "ShareFetch acknowledging a record another member holds";
+    admin::assert_code(p.acknowledge_error_code, InvalidRecordState, what);
     epoch += 1;
 
     // Overlapping acknowledgement ranges: INVALID_REQUEST on the partition; nothing settled.
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m1, epoch, &acks(vec![(0, 2, vec![1]), (2, 4, vec![1])])),
-    );
-    assert_eq!(r.error_code, 0, "ShareAcknowledge: {}", err_name(r.error_code));
-    assert_eq!(
-        part_err(&r),
-        Some(code(ResponseError::InvalidRequest)),
-        "overlapping acknowledgement ranges: {:?}",
-        part_err(&r).map(err_name)
-    );
+    let r = ack(&mut c, &m1, epoch, vec![(0, 2, vec![1]), (2, 4, vec![1])]);
+    admin::assert_ok(r.error_code, "ShareAcknowledge");
+    let what = "overlapping acknowledgement ranges";
+    admin::assert_code(part_err(&r).unwrap_or(-1), InvalidRequest, what);
     epoch += 1;
     // m1 still holds 0..4: accepting them works.
-    let r = share::acknowledge(
-        &mut c,
-        &share::acknowledge_request(&group, &m1, epoch, &acks(vec![(0, 4, vec![1])])),
-    );
+    let r = ack(&mut c, &m1, epoch, vec![(0, 4, vec![1])]);
     assert_eq!(
         (r.error_code, part_err(&r)),
         (0, Some(0)),
@@ -1815,12 +1685,8 @@ fn share_protocol_errors_as_kafka_returns_them() {
 
     // ShareGroupHeartbeat with a wrong member epoch.
     let r = share::heartbeat(&mut c, &group, &m1, e1 + 10, None);
-    assert_eq!(
-        r.error_code,
-        code(ResponseError::FencedMemberEpoch),
-        "ShareGroupHeartbeat with an epoch ahead of the member's: {}",
-        err_name(r.error_code)
-    );
+    let what = "ShareGroupHeartbeat with an epoch ahead of the member's";
+    admin::assert_code(r.error_code, FencedMemberEpoch, what);
 }
 
 /// A member whose partition is at its lock limit (`group.share.partition.max.record.locks`)
@@ -1834,9 +1700,8 @@ fn a_share_fetch_at_the_lock_limit_waits_without_starving_the_broker() {
         .needs_spawned("sets the share lock limit")
         .start();
     let bootstrap = broker.bootstrap();
-    let (topic, group) = (unique_topic("locklimit"), unique_topic("locklimit-g"));
-    let topic_id = setup(&bootstrap, &topic, 1, &group, &[]);
-    produce(&bootstrap, &topic, 1, 0, 150);
+    let (topic, group, topic_id) = setup(&bootstrap, "locklimit", 1, &[]);
+    clients::produce_numbered(&bootstrap, &topic, 1, 0, 150);
     let mut c = admin::connect(&bootstrap);
     let member = uuid::Uuid::new_v4().to_string();
     join(&mut c, &group, &member, &topic, topic_id);
@@ -1845,7 +1710,7 @@ fn a_share_fetch_at_the_lock_limit_waits_without_starving_the_broker() {
         &mut c,
         &share::fetch_request(&group, &member, 0, &none, 100, 5000),
     );
-    assert_eq!(r.error_code, 0, "first ShareFetch: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, "first ShareFetch");
     assert_eq!(
         share::acquired_ranges(&r),
         vec![(topic_id, 0, 0, 99, 1)],
@@ -1870,7 +1735,7 @@ fn a_share_fetch_at_the_lock_limit_waits_without_starving_the_broker() {
         .read_response()
         .and_then(|r| r.decode(share::versions::FETCH))
         .expect("the second ShareFetch's answer");
-    assert_eq!(r.error_code, 0, "second ShareFetch: {}", err_name(r.error_code));
+    admin::assert_ok(r.error_code, "second ShareFetch");
     assert!(
         share::acquired_ranges(&r).is_empty(),
         "nothing past the limit: {:?}",

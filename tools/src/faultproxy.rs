@@ -30,16 +30,18 @@
 //! runtime. Counters ([`ProxyStats`]) say what it did, so a test can check that faults actually
 //! happened.
 
-use crate::blocking_server::{stop_accept_thread, wait_for_connection_threads};
+use crate::blocking_server::{Running, ServerCore, ThreadPerConnection};
+use crate::kafka_wire::read_size_prefix;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::Duration;
+
+use strand_protocol::header::RawHeader;
 
 /// Kafka's Produce api key: the responses the proxy drops.
 pub const PRODUCE_API_KEY: i16 = 0;
@@ -191,9 +193,6 @@ impl fmt::Display for ProxyStats {
 
 #[derive(Default)]
 struct Counters {
-    connections_accepted: AtomicU64,
-    connections_rejected: AtomicU64,
-    connections_active: AtomicU64,
     upstream_failures: AtomicU64,
     requests_forwarded: AtomicU64,
     responses_forwarded: AtomicU64,
@@ -223,7 +222,6 @@ impl ConnSockets {
 struct Shared {
     seed: u64,
     max_frame_bytes: usize,
-    max_connections: usize,
     connect_timeout: Duration,
     verbose: bool,
     upstream: Mutex<Option<String>>,
@@ -233,10 +231,9 @@ struct Shared {
     decisions: AtomicU64,
     /// Produce responses to drop regardless of the rate.
     forced_drops: AtomicU64,
-    stopping: AtomicBool,
+    core: ServerCore,
     counters: Counters,
     conns: Mutex<HashMap<u64, ConnSockets>>,
-    next_conn_id: AtomicU64,
 }
 
 /// Locks a mutex, ignoring poisoning (a panicking connection thread must not stop the proxy).
@@ -290,9 +287,9 @@ impl Shared {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ProxyStats {
-            connections_accepted: get(&c.connections_accepted),
-            connections_rejected: get(&c.connections_rejected),
-            connections_active: get(&c.connections_active),
+            connections_accepted: get(&self.core.connections.accepted),
+            connections_rejected: get(&self.core.connections.rejected),
+            connections_active: get(&self.core.connections.active),
             upstream_failures: get(&c.upstream_failures),
             requests_forwarded: get(&c.requests_forwarded),
             responses_forwarded: get(&c.responses_forwarded),
@@ -302,8 +299,28 @@ impl Shared {
             protocol_errors: get(&c.protocol_errors),
         }
     }
+}
 
-    fn close_all(&self) {
+impl ThreadPerConnection for Shared {
+    const THREAD_PREFIX: &'static str = "faultproxy-conn";
+
+    fn core(&self) -> &ServerCore {
+        &self.core
+    }
+
+    fn note(&self, message: String) {
+        self.log(|| message);
+    }
+
+    fn refused(&self, active: u64) {
+        self.log(|| format!("{active} connections open: closing a new one"));
+    }
+
+    fn serve(server: &Arc<Self>, id: u64, stream: TcpStream) {
+        proxy_connection(server, id, stream);
+    }
+
+    fn close_connections(&self) {
         for sockets in lock(&self.conns).values() {
             sockets.close();
         }
@@ -313,9 +330,7 @@ impl Shared {
 /// A running proxy. Dropping it (or [`FaultProxy::shutdown`]) stops accepting and closes every
 /// proxied connection.
 pub struct FaultProxy {
-    shared: Arc<Shared>,
-    local_addr: SocketAddr,
-    accept_thread: Option<JoinHandle<()>>,
+    server: Running<Shared>,
 }
 
 impl FaultProxy {
@@ -328,11 +343,9 @@ impl FaultProxy {
             ));
         }
         let listener = TcpListener::bind(&config.listen)?;
-        let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             seed: config.seed,
             max_frame_bytes: config.max_frame_bytes,
-            max_connections: config.max_connections.max(1),
             connect_timeout: config.connect_timeout,
             verbose: config.verbose,
             upstream: Mutex::new(config.upstream.clone()),
@@ -340,131 +353,76 @@ impl FaultProxy {
             mode: AtomicU8::new(config.mode.as_u8()),
             decisions: AtomicU64::new(0),
             forced_drops: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
+            core: ServerCore::new(config.max_connections.max(1)),
             counters: Counters::default(),
             conns: Mutex::new(HashMap::new()),
-            next_conn_id: AtomicU64::new(0),
         });
-        let accept_shared = shared.clone();
-        let accept_thread = std::thread::Builder::new()
-            .name("faultproxy-accept".into())
-            .spawn(move || accept_loop(listener, accept_shared))?;
         Ok(FaultProxy {
-            shared,
-            local_addr,
-            accept_thread: Some(accept_thread),
+            server: Running::start(listener, shared, "faultproxy-accept")?,
         })
     }
 
     /// The address the proxy listens on (with the actual port when `listen` asked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.server.local_addr()
     }
 
     /// Sets (or changes) the upstream broker address; connections accepted from now on use it.
     /// Connections already proxied keep their upstream.
     pub fn set_upstream(&self, addr: impl Into<String>) {
         let addr = addr.into();
-        self.shared.log(|| format!("upstream is now {addr}"));
-        *lock(&self.shared.upstream) = Some(addr);
+        self.server.shared.log(|| format!("upstream is now {addr}"));
+        *lock(&self.server.shared.upstream) = Some(addr);
     }
 
     /// The current upstream address.
     pub fn upstream(&self) -> Option<String> {
-        lock(&self.shared.upstream).clone()
+        lock(&self.server.shared.upstream).clone()
     }
 
     /// Changes the fraction of Produce responses dropped (`0.0..=1.0`, clamped).
     pub fn set_drop_rate(&self, rate: f64) {
-        self.shared.drop_ppm.store(rate_to_ppm(rate), Ordering::Relaxed);
+        self.server
+            .shared
+            .drop_ppm
+            .store(rate_to_ppm(rate), Ordering::Relaxed);
     }
 
     /// The current drop rate.
     pub fn drop_rate(&self) -> f64 {
-        f64::from(self.shared.drop_ppm.load(Ordering::Relaxed)) / PPM as f64
+        f64::from(self.server.shared.drop_ppm.load(Ordering::Relaxed)) / PPM as f64
     }
 
     /// Changes the drop mode.
     pub fn set_mode(&self, mode: DropMode) {
-        self.shared.mode.store(mode.as_u8(), Ordering::Relaxed);
+        self.server.shared.mode.store(mode.as_u8(), Ordering::Relaxed);
     }
 
     /// The current drop mode.
     pub fn mode(&self) -> DropMode {
-        DropMode::from_u8(self.shared.mode.load(Ordering::Relaxed))
+        DropMode::from_u8(self.server.shared.mode.load(Ordering::Relaxed))
     }
 
     /// Drops the next `n` Produce responses whatever the rate (in the current mode).
     pub fn force_drop_next(&self, n: u64) {
-        self.shared.forced_drops.fetch_add(n, Ordering::Relaxed);
+        self.server.shared.forced_drops.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Closes every proxied connection now (a network blip); the proxy keeps accepting.
     pub fn close_connections(&self) {
-        self.shared.close_all();
+        self.server.shared.close_connections();
     }
 
     /// The counters so far.
     pub fn stats(&self) -> ProxyStats {
-        self.shared.stats()
+        self.server.shared.stats()
     }
 
     /// Stops accepting, closes every connection and waits (up to 5 s) for their threads to end.
-    /// Returns the final counters. Called by `Drop` too.
+    /// Returns the final counters. Dropping the proxy does the same.
     pub fn shutdown(&mut self) -> ProxyStats {
-        if let Some(thread) = self.accept_thread.take() {
-            self.shared.stopping.store(true, Ordering::SeqCst);
-            stop_accept_thread(self.local_addr, thread);
-            self.shared.close_all();
-            wait_for_connection_threads(&self.shared.counters.connections_active, Duration::from_secs(5));
-        }
+        self.server.shut_down();
         self.stats()
-    }
-}
-
-impl Drop for FaultProxy {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        let client = match conn {
-            Ok(c) => c,
-            Err(e) => {
-                shared.log(|| format!("accept failed: {e}"));
-                // E.g. EMFILE: do not spin.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let active = shared.counters.connections_active.load(Ordering::Relaxed);
-        if active >= shared.max_connections as u64 {
-            bump(&shared.counters.connections_rejected);
-            shared.log(|| format!("{active} connections open: closing a new one"));
-            continue;
-        }
-        bump(&shared.counters.connections_accepted);
-        shared.counters.connections_active.fetch_add(1, Ordering::Relaxed);
-        let id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        let conn_shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("faultproxy-conn-{id}"))
-            .spawn(move || {
-                proxy_connection(&conn_shared, id, client);
-                conn_shared
-                    .counters
-                    .connections_active
-                    .fetch_sub(1, Ordering::Relaxed);
-            });
-        if let Err(e) = spawned {
-            shared.counters.connections_active.fetch_sub(1, Ordering::Relaxed);
-            shared.log(|| format!("cannot start a connection thread: {e}"));
-        }
     }
 }
 
@@ -530,7 +488,7 @@ fn proxy_connection(shared: &Arc<Shared>, id: u64, client: TcpStream) {
             upstream: upstream_reg,
         },
     );
-    if shared.stopping.load(Ordering::SeqCst) {
+    if shared.core.stopping() {
         // Shutdown raced with this connection's registration.
         if let Some(s) = lock(&shared.conns).remove(&id) {
             s.close();
@@ -564,25 +522,12 @@ fn proxy_connection(shared: &Arc<Shared>, id: u64, client: TcpStream) {
     }
 }
 
-/// Reads one frame (size prefix included in the result). `Ok(None)` on a clean EOF before the
-/// first byte; an error for a size that is negative or above `max`.
+/// Reads one frame (size prefix included in the result). `Ok(None)` when the peer closed (EOF,
+/// or a reset) before the first byte; an error for a size that is negative or above `max`.
 fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Vec<u8>>> {
-    let mut size = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match stream.read(&mut size[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "EOF in a size prefix",
-                ))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let Some(size) = read_size_prefix(stream)? else {
+        return Ok(None);
+    };
     let len = i32::from_be_bytes(size);
     let len = usize::try_from(len).ok().filter(|&l| l <= max).ok_or_else(|| {
         io::Error::new(
@@ -594,14 +539,6 @@ fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Vec<u8>>>
     frame[..4].copy_from_slice(&size);
     stream.read_exact(&mut frame[4..])?;
     Ok(Some(frame))
-}
-
-/// The fixed prefix of a request header: (api key, api version, correlation id).
-pub fn request_header(body: &[u8]) -> Option<(i16, i16, i32)> {
-    let api_key = i16::from_be_bytes(body.get(0..2)?.try_into().ok()?);
-    let version = i16::from_be_bytes(body.get(2..4)?.try_into().ok()?);
-    let correlation_id = i32::from_be_bytes(body.get(4..8)?.try_into().ok()?);
-    Some((api_key, version, correlation_id))
 }
 
 /// A bounds-checked reader over a request body.
@@ -666,10 +603,11 @@ impl<'a> Cursor<'a> {
 /// The `acks` of a Produce request body (after the size prefix), or `None` if it cannot be
 /// parsed. Produce v9+ uses request header v2 (tagged fields) and a compact transactional id.
 pub fn produce_acks(body: &[u8]) -> Option<i16> {
-    let (api_key, version, _) = request_header(body)?;
-    if api_key != PRODUCE_API_KEY {
+    let header = RawHeader::peek(body)?;
+    if header.api_key != PRODUCE_API_KEY {
         return None;
     }
+    let version = header.api_version;
     let mut c = Cursor { buf: body, pos: 8 };
     c.skip_string()?; // client id (always a non-compact nullable string)
     if version >= 9 {
@@ -681,6 +619,21 @@ pub fn produce_acks(body: &[u8]) -> Option<i16> {
     c.i16()
 }
 
+/// The next frame from `side` ("client" or "upstream"), or why the connection ends (a frame
+/// that is too large or negative counts as a protocol error).
+fn next_frame(shared: &Shared, stream: &mut TcpStream, side: &str) -> Result<Vec<u8>, String> {
+    match read_frame(stream, shared.max_frame_bytes) {
+        Ok(Some(f)) => Ok(f),
+        Ok(None) => Err(format!("{side} closed")),
+        Err(e) => {
+            if e.kind() == io::ErrorKind::InvalidData {
+                bump(&shared.counters.protocol_errors);
+            }
+            Err(format!("{side} read: {e}"))
+        }
+    }
+}
+
 /// Client -> upstream: forwards request frames, recording which ones await a response.
 fn forward_requests(
     shared: &Shared,
@@ -689,18 +642,17 @@ fn forward_requests(
     pending: &Mutex<VecDeque<Pending>>,
 ) -> String {
     loop {
-        let frame = match read_frame(&mut client, shared.max_frame_bytes) {
-            Ok(Some(f)) => f,
-            Ok(None) => return "client closed".into(),
-            Err(e) => {
-                if e.kind() == io::ErrorKind::InvalidData {
-                    bump(&shared.counters.protocol_errors);
-                }
-                return format!("client read: {e}");
-            }
+        let frame = match next_frame(shared, &mut client, "client") {
+            Ok(f) => f,
+            Err(why) => return why,
         };
         let body = &frame[4..];
-        let Some((api_key, _version, correlation_id)) = request_header(body) else {
+        let Some(RawHeader {
+            api_key,
+            correlation_id,
+            ..
+        }) = RawHeader::peek(body)
+        else {
             bump(&shared.counters.protocol_errors);
             return format!("a request of {} bytes has no header", body.len());
         };
@@ -731,15 +683,9 @@ fn forward_responses(
     pending: &Mutex<VecDeque<Pending>>,
 ) -> String {
     loop {
-        let frame = match read_frame(&mut upstream, shared.max_frame_bytes) {
-            Ok(Some(f)) => f,
-            Ok(None) => return "upstream closed".into(),
-            Err(e) => {
-                if e.kind() == io::ErrorKind::InvalidData {
-                    bump(&shared.counters.protocol_errors);
-                }
-                return format!("upstream read: {e}");
-            }
+        let frame = match next_frame(shared, &mut upstream, "upstream") {
+            Ok(f) => f,
+            Err(why) => return why,
         };
         let Some(correlation_id) = frame
             .get(4..8)
@@ -856,7 +802,11 @@ mod tests {
                     while let Ok(Some(f)) = read_frame(&mut conn, 1 << 20) {
                         counter.fetch_add(1, Ordering::SeqCst);
                         let body = &f[4..];
-                        let (key, _, corr) = request_header(body).unwrap();
+                        let RawHeader {
+                            api_key: key,
+                            correlation_id: corr,
+                            ..
+                        } = RawHeader::peek(body).unwrap();
                         if key == PRODUCE_API_KEY && produce_acks(body) == Some(0) {
                             continue;
                         }

@@ -14,6 +14,9 @@
 //!   directory, raw limits, output).
 //! * [`run`]: what every benchmark binary does around its workload (run directory, raw-limit
 //!   measurement, spinners, exit status).
+//! * [`kafka_wire`]: a blocking Kafka client that speaks the protocol request by request (the
+//!   share-group workload and the compatibility tests), and the frame reading the servers here
+//!   share with it.
 //! * [`queue_client`]: a blocking HTTP/1.1 client of Strand's queue API (the queue benchmark and
 //!   the compatibility tests).
 //! * [`queue_workload`]: the HTTP queue load of `strand-queue-bench` (publish, lease + batch ack,
@@ -35,6 +38,7 @@ pub mod broker_metrics;
 pub mod cli;
 pub mod faultproxy;
 pub mod host;
+pub mod kafka_wire;
 pub mod latency;
 pub mod null_broker;
 pub mod queue_client;

@@ -48,14 +48,14 @@
 //! I/O, the state behind one mutex, and a condition variable on which empty fetches wait (at
 //! most [`MAX_FETCH_WAIT`]) for the next produce.
 
-use crate::blocking_server::{stop_accept_thread, wait_for_connection_threads};
+use crate::blocking_server::{Running, ServerCore, ThreadPerConnection};
+use crate::kafka_wire::read_size_prefix;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -79,6 +79,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use strand_protocol::batch::BatchHeader;
 use strand_protocol::frame::peek_frame_size;
+use strand_protocol::header::RawHeader;
 
 /// Largest request frame, as Kafka's `socket.request.max.bytes` (100 MiB); a larger one closes
 /// the connection.
@@ -744,9 +745,6 @@ fn encode_response<T: Encodable>(
 // ---------------------------------------------------------------------------------------------
 
 struct Counters {
-    connections_accepted: AtomicU64,
-    connections_rejected: AtomicU64,
-    connections_active: AtomicU64,
     connections_closed_on_error: AtomicU64,
     requests: AtomicU64,
     /// Per api key: requests, and the highest version seen + 1 (0: none).
@@ -759,9 +757,6 @@ const API_KEY_SLOTS: usize = 128;
 impl Default for Counters {
     fn default() -> Self {
         Self {
-            connections_accepted: AtomicU64::new(0),
-            connections_rejected: AtomicU64::new(0),
-            connections_active: AtomicU64::new(0),
             connections_closed_on_error: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             by_api: std::array::from_fn(|_| Default::default()),
@@ -777,10 +772,9 @@ struct Shared {
     log: Mutex<Log>,
     /// Notified after every append, for fetches waiting for data.
     appended: Condvar,
-    stopping: AtomicBool,
+    core: ServerCore,
     counters: Counters,
     conns: Mutex<HashMap<u64, TcpStream>>,
-    next_conn_id: AtomicU64,
 }
 
 /// Locks a mutex, ignoring poisoning (a panicking connection thread must not stop the broker).
@@ -815,16 +809,16 @@ impl Shared {
             addr.ip().to_string()
         };
         let log = Log::new(config.template_budget_bytes, config.recent_bytes);
+        let core = ServerCore::new(config.max_connections);
         Self {
             config,
             host: StrBytes::from_string(ip),
             port: i32::from(addr.port()),
             log: Mutex::new(log),
             appended: Condvar::new(),
-            stopping: AtomicBool::new(false),
+            core,
             counters: Counters::default(),
             conns: Mutex::new(HashMap::new()),
-            next_conn_id: AtomicU64::new(0),
         }
     }
 
@@ -836,8 +830,8 @@ impl Shared {
         let log = lock(&self.log);
         let c = &self.counters;
         NullStats {
-            connections_accepted: c.connections_accepted.load(Ordering::Relaxed),
-            connections_rejected: c.connections_rejected.load(Ordering::Relaxed),
+            connections_accepted: self.core.connections.accepted.load(Ordering::Relaxed),
+            connections_rejected: self.core.connections.rejected.load(Ordering::Relaxed),
             connections_closed_on_error: c.connections_closed_on_error.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
             requests_by_api: (0..API_KEY_SLOTS)
@@ -871,12 +865,12 @@ impl Shared {
     /// there is one, to `out`. An error means the connection is to be closed.
     fn handle(&self, frame: Bytes, out: &mut Vec<u8>) -> Result<()> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let head = frame
-            .first_chunk::<8>()
+        let RawHeader {
+            api_key,
+            api_version: version,
+            correlation_id,
+        } = RawHeader::peek(&frame)
             .ok_or_else(|| anyhow!("a frame of {} bytes holds no request header", frame.len()))?;
-        let api_key = i16::from_be_bytes([head[0], head[1]]);
-        let version = i16::from_be_bytes([head[2], head[3]]);
-        let correlation_id = i32::from_be_bytes([head[4], head[5], head[6], head[7]]);
         let api = ApiKey::try_from(api_key).map_err(|_| anyhow!("unknown api key {api_key}"))?;
         if let Some((n, v)) = usize::try_from(api_key)
             .ok()
@@ -1127,11 +1121,7 @@ impl Shared {
                 request.max_bytes.min(self.config.fetch_max_bytes),
             );
             let now = Instant::now();
-            if plan.record_bytes > 0
-                || plan.errors
-                || now >= deadline
-                || self.stopping.load(Ordering::Relaxed)
-            {
+            if plan.record_bytes > 0 || plan.errors || now >= deadline || self.core.stopping() {
                 break plan;
             }
             log = match self.appended.wait_timeout(log, deadline - now) {
@@ -1151,9 +1141,7 @@ impl Shared {
 
 /// A running null broker; stops (closing every connection) when dropped.
 pub struct NullBroker {
-    shared: Arc<Shared>,
-    local_addr: SocketAddr,
-    accept_thread: Option<JoinHandle<()>>,
+    server: Running<Shared>,
 }
 
 impl NullBroker {
@@ -1162,94 +1150,62 @@ impl NullBroker {
         let listener = TcpListener::bind(&config.listen)?;
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared::new(config, local_addr));
-        let accept_shared = Arc::clone(&shared);
-        let accept_thread = std::thread::Builder::new()
-            .name("null-accept".into())
-            .spawn(move || accept_loop(listener, accept_shared))?;
         Ok(NullBroker {
-            shared,
-            local_addr,
-            accept_thread: Some(accept_thread),
+            server: Running::start(listener, shared, "null-accept")?,
         })
     }
 
     /// The bound address (with the actual port when `listen` asked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.server.local_addr()
     }
 
     /// The counters so far.
     pub fn stats(&self) -> NullStats {
-        self.shared.stats()
+        self.server.shared.stats()
     }
 
     /// Stops accepting, closes every connection and waits (up to 5 s) for their threads.
     pub fn shutdown(&mut self) -> NullStats {
-        if let Some(thread) = self.accept_thread.take() {
-            self.shared.stopping.store(true, Ordering::SeqCst);
-            self.shared.appended.notify_all();
-            stop_accept_thread(self.local_addr, thread);
-            for conn in lock(&self.shared.conns).values() {
-                let _ = conn.shutdown(Shutdown::Both);
-            }
-            wait_for_connection_threads(&self.shared.counters.connections_active, Duration::from_secs(5));
-        }
+        self.server.shut_down();
         self.stats()
     }
 }
 
-impl Drop for NullBroker {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
+impl ThreadPerConnection for Shared {
+    const THREAD_PREFIX: &'static str = "null-conn";
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        let stream = match conn {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("null-broker: accept failed: {e}");
-                // E.g. EMFILE: do not spin.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let active = shared.counters.connections_active.load(Ordering::Relaxed);
-        if active >= shared.config.max_connections as u64 {
-            shared
-                .counters
-                .connections_rejected
-                .fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        shared
-            .counters
-            .connections_accepted
-            .fetch_add(1, Ordering::Relaxed);
-        shared.counters.connections_active.fetch_add(1, Ordering::Relaxed);
-        let id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+    fn core(&self) -> &ServerCore {
+        &self.core
+    }
+
+    /// Also wakes the fetches waiting for data.
+    fn stop(&self) {
+        self.core.stop();
+        self.appended.notify_all();
+    }
+
+    fn note(&self, message: String) {
+        eprintln!("null-broker: {message}");
+    }
+
+    fn opened(&self, id: u64, stream: &TcpStream) {
         if let Ok(clone) = stream.try_clone() {
-            lock(&shared.conns).insert(id, clone);
+            lock(&self.conns).insert(id, clone);
         }
-        let conn_shared = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("null-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&conn_shared, stream);
-                lock(&conn_shared.conns).remove(&id);
-                conn_shared
-                    .counters
-                    .connections_active
-                    .fetch_sub(1, Ordering::Relaxed);
-            });
-        if let Err(e) = spawned {
-            lock(&shared.conns).remove(&id);
-            shared.counters.connections_active.fetch_sub(1, Ordering::Relaxed);
-            eprintln!("null-broker: cannot start a connection thread: {e}");
+    }
+
+    fn serve(server: &Arc<Self>, _id: u64, stream: TcpStream) {
+        serve_connection(server, stream);
+    }
+
+    fn closed(&self, id: u64) {
+        lock(&self.conns).remove(&id);
+    }
+
+    fn close_connections(&self) {
+        for conn in lock(&self.conns).values() {
+            let _ = conn.shutdown(Shutdown::Both);
         }
     }
 }
@@ -1293,25 +1249,13 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream) {
     }
 }
 
-/// Reads one frame (without its size prefix). `Ok(None)` on a clean EOF before the first byte;
-/// `InvalidData` for a size that is negative, shorter than a request header or above `max`.
+/// Reads one frame (without its size prefix). `Ok(None)` when the peer closed (EOF, or a reset)
+/// before the first byte; `InvalidData` for a size that is negative, shorter than a request
+/// header or above `max`.
 fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Bytes>> {
-    let mut size = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match stream.read(&mut size[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "EOF in a size prefix",
-                ))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let Some(size) = read_size_prefix(stream)? else {
+        return Ok(None);
+    };
     // The broker's own checks: negative, over `max`, or too short for a request header.
     let len = match peek_frame_size(&size, max) {
         Ok(Some(len)) => len,

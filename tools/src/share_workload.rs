@@ -18,24 +18,23 @@
 //! once. Any other answer from the broker stops the run with a message naming it.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::{
-    share_acknowledge_request, share_fetch_request, GroupId, IncrementalAlterConfigsRequest, RequestHeader,
-    ResponseHeader, ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse,
+    share_acknowledge_request, share_fetch_request, GroupId, IncrementalAlterConfigsRequest,
+    ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse,
     ShareGroupDescribeRequest, ShareGroupHeartbeatRequest, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
 use serde::Serialize;
@@ -43,6 +42,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::host::{cpu_seconds, CpuMark};
+use crate::kafka_wire::{ConnOptions, RawConn};
 use crate::latency::{self, LatencySummary};
 use crate::queue_client::QueueClient;
 use crate::queue_workload::{
@@ -375,90 +375,18 @@ fn check_after(
 }
 
 // ------------------------------------------------------------------------------------------
-// The Kafka connection
+// Requests
 
-/// One blocking connection speaking the Kafka protocol, one request in flight.
-struct KafkaConn {
-    stream: TcpStream,
-    next_correlation_id: i32,
-    addr: String,
-}
-
-impl KafkaConn {
-    fn connect(addr: &str, read_timeout: Duration) -> Result<Self> {
-        let sock = addr
-            .to_socket_addrs()
-            .with_context(|| format!("resolving {addr}"))?
-            .next()
-            .ok_or_else(|| anyhow!("{addr} resolves to no address"))?;
-        let stream = TcpStream::connect_timeout(&sock, Duration::from_secs(10))
-            .with_context(|| format!("connecting to the Kafka listener {addr}"))?;
-        stream.set_read_timeout(Some(read_timeout))?;
-        stream.set_write_timeout(Some(read_timeout))?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            stream,
-            next_correlation_id: 1,
-            addr: addr.to_string(),
-        })
-    }
-
-    /// Sends `req` as `version` and decodes its answer; also returns the answer's size in bytes.
-    fn request<R: Request>(&mut self, version: i16, req: &R) -> Result<(R::Response, usize)> {
-        let what = std::any::type_name::<R>()
-            .rsplit("::")
-            .next()
-            .unwrap_or("request");
-        let corr = self.next_correlation_id;
-        self.next_correlation_id = self.next_correlation_id.wrapping_add(1).max(1);
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(corr)
-            .with_client_id(Some(StrBytes::from_static_str(CLIENT_ID)));
-        let mut frame = BytesMut::with_capacity(256);
-        frame.put_i32(0);
-        header
-            .encode(&mut frame, R::header_version(version))
-            .with_context(|| format!("encoding the {what} header"))?;
-        req.encode(&mut frame, version)
-            .with_context(|| format!("encoding {what} v{version}"))?;
-        let len = i32::try_from(frame.len() - 4).context("request frame too large")?;
-        frame[..4].copy_from_slice(&len.to_be_bytes());
-        self.stream
-            .write_all(&frame)
-            .with_context(|| format!("sending {what} to {}", self.addr))?;
-
-        let mut len = [0u8; 4];
-        self.stream
-            .read_exact(&mut len)
-            .with_context(|| format!("reading the {what} answer from {}", self.addr))?;
-        let len = i32::from_be_bytes(len);
-        let size = usize::try_from(len)
-            .ok()
-            .filter(|n| (4..=MAX_FRAME_BYTES).contains(n))
-            .ok_or_else(|| anyhow!("{what} answer frame of {len} bytes (at most {MAX_FRAME_BYTES})"))?;
-        let mut body = vec![0u8; size];
-        self.stream
-            .read_exact(&mut body)
-            .with_context(|| format!("reading the {what} answer ({size} bytes) from {}", self.addr))?;
-        let mut buf = Bytes::from(body);
-        let header = ResponseHeader::decode(&mut buf, R::Response::header_version(version))
-            .with_context(|| format!("decoding the {what} answer header"))?;
-        ensure!(
-            header.correlation_id == corr,
-            "{what} answer has correlation id {}, {corr} was sent",
-            header.correlation_id
-        );
-        let resp = R::Response::decode(&mut buf, version)
-            .with_context(|| format!("decoding the {what} v{version} answer"))?;
-        ensure!(
-            buf.remaining() == 0,
-            "{} bytes left over after the {what} v{version} answer",
-            buf.remaining()
-        );
-        Ok((resp, size + 4))
-    }
+/// A connection of this workload: its client id, reads and writes bounded by `timeout`.
+fn connect(addr: &str, timeout: Duration) -> Result<RawConn> {
+    let options = ConnOptions {
+        client_id: CLIENT_ID,
+        read_timeout: timeout,
+        write_timeout: Some(timeout),
+        max_response_bytes: MAX_FRAME_BYTES,
+        ..ConnOptions::default()
+    };
+    RawConn::connect_with(addr, &options).with_context(|| format!("connecting to the Kafka listener {addr}"))
 }
 
 fn sb(s: &str) -> StrBytes {
@@ -482,7 +410,7 @@ fn with_message(code: i16, message: Option<&StrBytes>) -> String {
 
 /// IncrementalAlterConfigs SET of one config of group `group`.
 fn set_group_config(bootstrap: &str, group: &str, key: &str, value: &str) -> Result<()> {
-    let mut c = KafkaConn::connect(bootstrap, Duration::from_secs(30))?;
+    let mut c = connect(bootstrap, Duration::from_secs(30))?;
     let req = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
         .with_resource_type(RESOURCE_GROUP)
         .with_resource_name(sb(group))
@@ -490,7 +418,7 @@ fn set_group_config(bootstrap: &str, group: &str, key: &str, value: &str) -> Res
             .with_name(sb(key))
             .with_config_operation(0)
             .with_value(Some(sb(value)))])]);
-    let (resp, _) = c
+    let resp = c
         .request(ALTER_CONFIGS_VERSION, &req)
         .with_context(|| format!("setting {key}={value} on group {group}"))?;
     let r = resp
@@ -508,9 +436,9 @@ fn set_group_config(bootstrap: &str, group: &str, key: &str, value: &str) -> Res
 
 /// ShareGroupDescribe of one group: (state, members).
 fn describe_group(bootstrap: &str, group: &str) -> Result<(String, usize)> {
-    let mut c = KafkaConn::connect(bootstrap, Duration::from_secs(30))?;
+    let mut c = connect(bootstrap, Duration::from_secs(30))?;
     let req = ShareGroupDescribeRequest::default().with_group_ids(vec![GroupId(sb(group))]);
-    let (resp, _) = c.request(DESCRIBE_VERSION, &req)?;
+    let resp = c.request(DESCRIBE_VERSION, &req)?;
     let g = resp
         .groups
         .first()
@@ -939,7 +867,7 @@ struct ConsumerCfg {
 /// One share consumer: its membership, its share session and what it has to acknowledge.
 struct Consumer<'a> {
     cfg: &'a ConsumerCfg,
-    conn: KafkaConn,
+    conn: RawConn,
     member_id: String,
     member_epoch: i32,
     heartbeat_interval: Duration,
@@ -967,7 +895,7 @@ impl<'a> Consumer<'a> {
         let read_timeout = Duration::from_millis(cfg.max_wait_ms.max(0) as u64) + cfg.timeout;
         Ok(Self {
             cfg,
-            conn: KafkaConn::connect(&cfg.bootstrap, read_timeout)?,
+            conn: connect(&cfg.bootstrap, read_timeout)?,
             member_id: Uuid::new_v4().to_string(),
             member_epoch: 0,
             heartbeat_interval: Duration::from_secs(5),
@@ -993,7 +921,7 @@ impl<'a> Consumer<'a> {
             FINAL_EPOCH => "leave",
             _ => "heartbeat",
         };
-        let (r, _) = self
+        let r = self
             .conn
             .request(HEARTBEAT_VERSION, &req)
             .with_context(|| format!("ShareGroupHeartbeat ({what}) of member {}", self.member_id))?;
@@ -1116,7 +1044,7 @@ impl<'a> Consumer<'a> {
         }
         let (resp, size) = self
             .conn
-            .request(FETCH_VERSION, &req)
+            .request_sized(FETCH_VERSION, &req)
             .with_context(|| format!("ShareFetch of member {}", self.member_id))?;
         let acked: Vec<i32> = self.pending.keys().copied().collect();
         let answer = read_fetch_answer(&resp, self.cfg.topic_id, &acked, self.cfg.message_bytes)
@@ -1166,7 +1094,7 @@ impl<'a> Consumer<'a> {
                 .with_topic_id(self.cfg.topic_id)
                 .with_partitions(partitions)];
         }
-        let (resp, _) = self
+        let resp = self
             .conn
             .request(ACKNOWLEDGE_VERSION, &req)
             .with_context(|| format!("ShareAcknowledge of member {}", self.member_id))?;
@@ -2076,47 +2004,19 @@ fn confluent_drain(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kafka_wire::{encode_batch_at, record};
+    use bytes::BytesMut;
     use kafka_protocol::messages::share_acknowledge_response::{
         PartitionData as AckPartition, ShareAcknowledgeTopicResponse,
     };
     use kafka_protocol::messages::share_fetch_response::{
         AcquiredRecords, PartitionData, ShareFetchableTopicResponse,
     };
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
+    use kafka_protocol::records::Compression;
 
     fn batch(base: i64, values: &[&[u8]]) -> Bytes {
-        let records: Vec<Record> = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: 0,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: base + i as i64,
-                sequence: i as i32,
-                timestamp: 0,
-                key: None,
-                value: Some(Bytes::copy_from_slice(v)),
-                headers: Default::default(),
-            })
-            .collect();
-        let mut buf = BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut buf,
-            &records,
-            &RecordEncodeOptions {
-                version: 2,
-                compression: Compression::None,
-            },
-        )
-        .unwrap();
-        buf.freeze()
+        let records: Vec<_> = values.iter().map(|v| record(None, Some(v), 0)).collect();
+        encode_batch_at(base, &records, Compression::None)
     }
 
     fn part(p: i32, ranges: &[(i64, i64, i16)], records: Option<Bytes>) -> PartitionData {

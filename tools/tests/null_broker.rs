@@ -4,17 +4,13 @@
 //! starts, writes its ready file and stops cleanly on SIGTERM.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
-};
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
+use kafka_protocol::protocol::StrBytes;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -24,6 +20,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use strand_tools::kafka_wire::{ConnOptions, RawConn};
 use strand_tools::null_broker::{NullBroker, NullBrokerConfig, DEFAULT_RECENT_BYTES};
 
 const MESSAGES: u64 = 20_000;
@@ -213,52 +210,28 @@ fn librdkafka_reads_back_the_very_bytes_from_the_recent_window() {
     }
 }
 
-/// A Kafka request frame (size prefix included).
-fn api_versions_frame(version: i16) -> Vec<u8> {
-    let mut body = Vec::new();
-    RequestHeader::default()
-        .with_request_api_key(ApiKey::ApiVersions as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(42)
-        .with_client_id(Some(StrBytes::from_static_str("raw")))
-        .encode(&mut body, ApiKey::ApiVersions.request_header_version(version))
-        .unwrap();
-    ApiVersionsRequest::default()
-        .with_client_software_name(StrBytes::from_static_str("raw"))
-        .with_client_software_version(StrBytes::from_static_str("1"))
-        .encode(&mut body, version)
-        .unwrap();
-    let mut frame = (body.len() as i32).to_be_bytes().to_vec();
-    frame.extend(body);
-    frame
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(LIMIT)).unwrap();
-    s
+fn connect(addr: SocketAddr) -> RawConn {
+    let options = ConnOptions {
+        read_timeout: LIMIT,
+        ..ConnOptions::default()
+    };
+    RawConn::connect_with(&addr.to_string(), &options).unwrap()
 }
 
 /// Sends ApiVersions v3 and decodes the answer.
 fn api_versions(addr: SocketAddr) -> ApiVersionsResponse {
-    let mut s = connect(addr);
-    s.write_all(&api_versions_frame(3)).unwrap();
-    let mut size = [0u8; 4];
-    s.read_exact(&mut size).unwrap();
-    let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
-    s.read_exact(&mut body).unwrap();
-    let mut body = Bytes::from(body);
-    let header = ResponseHeader::decode(&mut body, 0).unwrap();
-    assert_eq!(header.correlation_id, 42);
-    ApiVersionsResponse::decode(&mut body, 3).unwrap()
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("raw"))
+        .with_client_software_version(StrBytes::from_static_str("1"));
+    connect(addr).request(3, &request).unwrap()
 }
 
-/// True if the server closed the connection (EOF) after `bytes` were sent.
+/// True if the server closed the connection (EOF or reset), answering nothing, after `bytes`
+/// were sent.
 fn closed_after(addr: SocketAddr, bytes: &[u8]) -> bool {
-    let mut s = connect(addr);
-    s.write_all(bytes).unwrap();
-    let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(0)) || matches!(s.read(&mut buf), Ok(0))
+    let mut c = connect(addr);
+    c.send_bytes(bytes).unwrap();
+    c.expect_closed(LIMIT).is_ok()
 }
 
 #[test]
