@@ -719,6 +719,7 @@ fn read_region(region: &FileRegion, from: usize) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strand_storage::FileRegions;
 
     const HERE: ShardId = ShardId(0);
     const THERE: ShardId = ShardId(1);
@@ -732,7 +733,8 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&data).unwrap();
         let (pos, len) = (1000, data.len() - 5000);
-        let region = FileRegion::new(OwnedFd::from(file), pos as u64, len).unwrap();
+        let regions = FileRegions::for_process(2);
+        let region = regions.region(OwnedFd::from(file), pos as u64, len).unwrap();
         let (tx, mut rx) = std::os::unix::net::UnixStream::pair().unwrap();
         tx.set_nonblocking(true).unwrap();
         let tx = OwnedFd::from(tx);
@@ -758,8 +760,9 @@ mod tests {
             got[..] == data[pos..pos + len],
             "the region's bytes differ from the file's"
         );
-        let past_the_end =
-            FileRegion::new(region.fd.try_clone().unwrap(), (data.len() - 10) as u64, 20).unwrap();
+        let past_the_end = regions
+            .region(region.fd.try_clone().unwrap(), (data.len() - 10) as u64, 20)
+            .unwrap();
         assert!(
             read_region(&past_the_end, 0).is_err(),
             "a region past the file's end read"

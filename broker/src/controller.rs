@@ -207,6 +207,8 @@ const PRODUCER_ID_BLOCK: i64 = 1000;
 pub(crate) struct Controller {
     lock: glommio::sync::Semaphore,
     state: RefCell<ClusterMetadata>,
+    /// The shard's file system, which writes the metadata file.
+    fs: GlommioFs,
     path: PathBuf,
     node_id: i32,
     /// Next producer id to hand out; below `state.producer_id_block_end`.
@@ -214,9 +216,10 @@ pub(crate) struct Controller {
 }
 
 impl Controller {
-    pub(crate) fn new(state: ClusterMetadata, log_dir: PathBuf, node_id: i32) -> Self {
+    pub(crate) fn new(fs: GlommioFs, state: ClusterMetadata, log_dir: PathBuf, node_id: i32) -> Self {
         Controller {
             lock: glommio::sync::Semaphore::new(1),
+            fs,
             // Ids of a block reserved before a restart may have been used: start after it.
             next_producer_id: std::cell::Cell::new(state.producer_id_block_end),
             state: RefCell::new(state),
@@ -440,7 +443,7 @@ impl Controller {
         }
         // Persist before anyone sees the change: a crash now finds either the old state or the
         // new one, and logs of deleted topics are cleaned up at start-up.
-        if let Err(e) = GlommioFs.write_file_atomic(&self.path, scratch.to_json()).await {
+        if let Err(e) = self.fs.write_file_atomic(&self.path, scratch.to_json()).await {
             tracing::error!(error = %e, "cannot persist metadata");
             for r in &mut results {
                 if r.error.is_none() {
@@ -468,7 +471,7 @@ impl Controller {
         if id >= self.state.borrow().producer_id_block_end {
             let mut next = self.state.borrow().clone();
             next.producer_id_block_end = id + PRODUCER_ID_BLOCK;
-            GlommioFs
+            self.fs
                 .write_file_atomic(&self.path, next.to_json())
                 .await
                 .map_err(|e| format!("cannot persist the producer id block: {e}"))?;
