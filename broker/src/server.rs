@@ -265,9 +265,7 @@ async fn shard_main(
         StoreConfig {
             journal_segment_bytes: config.journal_segment_bytes,
             journal_recycle_files: config.journal_recycle_files,
-            direct_sync_max_logs: config.journal_direct_max_logs,
             direct_min_log_bytes: config.journal_direct_min_log_bytes,
-            overlap_min_bytes: config.flush_overlap_min_bytes,
             ..StoreConfig::default()
         },
     )
