@@ -21,7 +21,13 @@
 //! The module also describes configs for DescribeConfigs ([`Config::broker_entries`],
 //! [`TopicConfig::entries`]) and holds per-topic overrides ([`TopicConfig`]) and the effective
 //! storage settings of a topic ([`LogSettings`]).
+//!
+//! The key tables (broker, topic, group and queue keys, and the keys accepted and ignored) are
+//! the one source of the keys' documentation: DescribeConfigs reports it, and
+//! `docs/configuration.md` is generated from them ([`configuration_markdown`]); a test fails when
+//! the two differ.
 
+mod doc;
 mod entry;
 mod env;
 mod group;
@@ -29,7 +35,8 @@ mod listeners;
 mod properties;
 mod topic;
 
-pub use entry::{ConfigEntry, ConfigSource, ConfigType};
+pub use doc::configuration_markdown;
+pub use entry::{ConfigEntry, ConfigSource, ConfigType, Unit};
 pub use group::{
     parse_auto_offset_reset, parse_iso_duration, AutoOffsetReset, GroupConfig, GroupConfigError,
     IsolationLevel, ShareSettings,
@@ -195,9 +202,6 @@ pub struct Config {
     pub http_max_body_bytes: u32,
     /// `strand.max.inflight.requests.per.connection`.
     pub max_inflight_requests_per_connection: u32,
-    /// `strand.connection.migrate.after.requests`: a connection whose last this many requests
-    /// (produce with acks != 0, or fetch) went to partitions of one other shard moves there (0: never).
-    pub connection_migrate_after_requests: u32,
     /// `strand.shards` resolved: 0 in the config means one per available core. Always >= 1.
     pub shards: usize,
     /// `strand.http.listener`: the HTTP queue API.
@@ -209,16 +213,9 @@ pub struct Config {
     /// `strand.journal.recycle.files`: checkpointed journal files a shard keeps to overwrite
     /// instead of deleting (0: delete them all).
     pub journal_recycle_files: usize,
-    /// `strand.journal.direct.max.logs`: flush rounds carrying at most this many logs skip the
-    /// journal and fsync the segment files (0: always journal).
-    pub journal_direct_max_logs: usize,
     /// `strand.journal.direct.min.log.bytes`: rounds with more logs skip the journal too when
     /// their logs carry at least this many bytes each on average (0: never by bytes).
     pub journal_direct_min_log_bytes: usize,
-    /// `strand.flush.overlap.min.bytes`: while a direct flush round's fsyncs run, appends staged
-    /// meanwhile are written for the next round in pieces of at least this many bytes (0:
-    /// rounds never overlap).
-    pub flush_overlap_min_bytes: usize,
     /// `strand.log.drop.behind.bytes`: after a segment file is fsynced, its pages more than this
     /// many bytes behind its end are dropped from the page cache (0: kept, as Kafka does).
     pub log_drop_behind_bytes: u64,
@@ -312,148 +309,122 @@ struct BrokerKey {
     name: &'static str,
     ty: ConfigType,
     default: DefaultValue,
+    unit: Unit,
+    /// What the key does, and for Strand's own keys why one would change it: DescribeConfigs
+    /// reports it, and `docs/configuration.md` is generated from it.
     doc: &'static str,
 }
 
-const fn key(name: &'static str, ty: ConfigType, default: DefaultValue, doc: &'static str) -> BrokerKey {
+const fn key(
+    name: &'static str,
+    ty: ConfigType,
+    default: DefaultValue,
+    unit: Unit,
+    doc: &'static str,
+) -> BrokerKey {
     BrokerKey {
         name,
         ty,
         default,
+        unit,
         doc,
     }
 }
 
 use ConfigType::{Boolean, Int, Long, String as Str};
 use DefaultValue::{Mirror, Null, Text};
+use Unit::{Bytes, Count, Hours, Milliseconds as Ms, Minutes};
 
 /// The broker keys Strand reads. Defaults are parsed by the same code as configured values.
 #[rustfmt::skip]
 static BROKER_KEYS: &[BrokerKey] = &[
-    key("node.id", Int, Text("1"), "The id of this node."),
-    key("broker.id", Int, Mirror("node.id"), "Alias of node.id."),
-    key("cluster.id", Str, Text("strand-local-cluster"), "The cluster id reported to clients."),
-    key("listeners", Str, Text("PLAINTEXT://127.0.0.1:9092"), "Kafka listeners: NAME://host:port,..."),
-    key("advertised.listeners", Str, Null, "Addresses given to clients per listener; defaults to listeners."),
-    key("listener.security.protocol.map", Str, Text(listeners::DEFAULT_PROTOCOL_MAP),
+    key("node.id", Int, Text("1"), Unit::None, "The id of this node."),
+    key("broker.id", Int, Mirror("node.id"), Unit::None, "Alias of node.id."),
+    key("cluster.id", Str, Text("strand-local-cluster"), Unit::None, "The cluster id reported to clients."),
+    key("listeners", Str, Text("PLAINTEXT://127.0.0.1:9092"), Unit::None,
+        "Kafka listeners: NAME://host:port, comma-separated. Only PLAINTEXT listeners are served."),
+    key("advertised.listeners", Str, Null, Unit::None,
+        "Addresses given to clients, per listener name; defaults to listeners (a wildcard host is advertised as the machine's host name)."),
+    key("listener.security.protocol.map", Str, Text(listeners::DEFAULT_PROTOCOL_MAP), Unit::None,
         "Security protocol of each listener name, NAME:PROTOCOL, comma-separated."),
-    key("controller.listener.names", Str, Null, "Listener names used by a KRaft controller; not served."),
-    key("log.dirs", Str, Text("./strand-data"), "The data directory (exactly one)."),
-    key("log.dir", Str, Mirror("log.dirs"), "Alias of log.dirs."),
-    key("num.partitions", Int, Text("1"), "Default partition count of new topics."),
-    key("auto.create.topics.enable", Boolean, Text("true"), "Create unknown topics on Metadata/Produce."),
-    key("log.retention.ms", Long, Null, "Time retention in ms; -1 unlimited. Wins over minutes and hours."),
-    key("log.retention.minutes", Int, Null, "Time retention in minutes; -1 unlimited. Wins over hours."),
-    key("log.retention.hours", Int, Text("168"), "Time retention in hours; -1 unlimited."),
-    key("log.retention.bytes", Long, Text("-1"), "Size retention per partition in bytes; -1 unlimited."),
-    key("log.segment.bytes", Int, Text("1073741824"), "Roll a log segment at this size."),
-    key("log.roll.ms", Long, Null, "Roll a log segment after this many ms. Wins over log.roll.hours."),
-    key("log.roll.hours", Int, Text("168"), "Roll a log segment after this many hours."),
-    key("log.index.interval.bytes", Int, Text("4096"), "Bytes of log between offset index entries."),
-    key("log.index.size.max.bytes", Int, Text("10485760"), "Maximum size of a segment's offset index."),
-    key("log.retention.check.interval.ms", Long, Text("300000"), "How often retention is enforced."),
-    key("message.max.bytes", Int, Text("1048588"), "Largest record batch accepted."),
-    key("socket.request.max.bytes", Int, Text("104857600"), "Largest request accepted."),
-    key(
-        "fetch.max.bytes",
-        Int,
-        Text("31457280"),
-        "Largest fetch response returned (Kafka's default is 57671680; see BENCHMARKS.md item 37).",
-    ),
-    key(
-        "strand.fetch.sendfile",
-        Boolean,
-        Text("true"),
-        "Fetch answers send runs of records of at least 64 KiB that lie far behind a segment's written end straight from the file with sendfile(2), as Kafka does, instead of copying them through the broker.",
-    ),
-    key("max.connections", Int, Text("2147483647"), "Maximum client connections in total."),
-    key("strand.max.connections.per.shard", Int, Text("10000"), "Maximum client connections per shard."),
-    key("strand.max.inflight.requests.per.connection", Int, Text("256"), "Requests in flight per socket."),
-    key(
-        "strand.connection.migrate.after.requests",
-        Int,
-        Text("8"),
-        "A connection whose last N produce or fetch requests all went to partitions of one other shard moves there (0: never).",
-    ),
-    key("strand.shards", Int, Text("0"), "Executor shards; 0 means one per available core."),
-    key("strand.http.listener", Str, Text("127.0.0.1:8080"), "host:port of the HTTP queue API."),
-    key("strand.http.max.body.bytes", Int, Text("10485760"), "Largest HTTP queue API request body."),
-    key("strand.admin.listener", Str, Text("127.0.0.1:9644"), "host:port of the admin API and /metrics."),
-    key("strand.journal.segment.bytes", Long, Text("134217728"), "Shard journal rotation size."),
-    key(
-        "strand.journal.recycle.files",
-        Int,
-        Text("2"),
-        "Checkpointed journal files each shard keeps to overwrite instead of creating new ones (0: delete).",
-    ),
-    key(
-        "strand.journal.direct.max.logs",
-        Int,
-        Text("2"),
-        "Flush rounds writing at most this many partition logs fsync the segments instead of the journal.",
-    ),
-    key(
-        "strand.journal.direct.min.log.bytes",
-        Int,
-        Text("16384"),
-        "Flush rounds whose partition logs carry at least this many bytes each (on average) also skip the journal; one syncfs makes their segments durable. Checkpoints of many logs also sync the file system (0: neither).",
-    ),
-    key(
-        "strand.flush.overlap.min.bytes",
-        Int,
-        Text("65536"),
-        "While a flush round's fsyncs run, appends staged meanwhile are written in pieces this large (0: never).",
-    ),
-    key(
-        "strand.log.drop.behind.bytes",
-        Long,
-        Text("0"),
-        "After a segment is fsynced, drop its pages more than this far behind its end from the page cache (0: keep).",
-    ),
-    key(
-        "strand.log.direct.writes",
-        Boolean,
-        Text("true"),
-        "Write segment files' whole pages with O_DIRECT, bypassing the page cache (reads of them then come from the disk).",
-    ),
-    key(
-        "strand.log.direct.cache.bytes",
-        Long,
-        Text("268435456"),
-        "With strand.log.direct.writes, each shard's memory for segments' most recent writes, which serve reads of the log's tail.",
-    ),
-    key("group.min.session.timeout.ms", Int, Text("6000"), "Smallest consumer session timeout allowed."),
-    key("group.max.session.timeout.ms", Int, Text("1800000"), "Largest consumer session timeout allowed."),
-    key("offsets.retention.minutes", Int, Text("10080"), "Offsets of empty groups are kept this long."),
-    key("offsets.topic.num.partitions", Int, Text("50"), "Partitions of __consumer_offsets (fixed once created)."),
-    key("group.initial.rebalance.delay.ms", Int, Text("3000"), "A new classic group waits this long for members."),
-    key("group.max.size", Int, Text("10000"), "Most members of a classic consumer group."),
-    key("group.consumer.max.size", Int, Text("10000"), "Most members of a consumer (KIP-848) group."),
-    key("group.consumer.session.timeout.ms", Int, Text("45000"), "Session timeout of KIP-848 members."),
-    key("group.consumer.heartbeat.interval.ms", Int, Text("5000"), "Heartbeat interval of KIP-848 members."),
-    key("group.share.session.timeout.ms", Int, Text("45000"), "Session timeout of share group members."),
-    key("group.share.heartbeat.interval.ms", Int, Text("5000"), "Heartbeat interval of share group members."),
-    key("group.share.max.size", Int, Text("200"), "Most members of a share group."),
-    key("group.share.record.lock.duration.ms", Int, Text("30000"), "Default acquisition lock of a share group record."),
-    key("group.share.min.record.lock.duration.ms", Int, Text("15000"), "Lowest share.record.lock.duration.ms allowed."),
-    key("group.share.max.record.lock.duration.ms", Int, Text("60000"), "Highest share.record.lock.duration.ms allowed."),
-    key("group.share.delivery.count.limit", Int, Text("5"), "Default delivery attempts of a share group record."),
-    key("group.share.partition.max.record.locks", Int, Text("2000"), "Default records acquired at once per share-partition."),
-    key("errors.deadletterqueue.topic.name.prefix", Str, Text("dlq."), "Required prefix of share group dead-letter topics."),
-    key("offsets.retention.check.interval.ms", Long, Text("600000"), "How often expired offsets are removed."),
-    key("offset.metadata.max.bytes", Int, Text("4096"), "Longest metadata string of a committed offset."),
-    key(
-        "producer.id.expiration.ms",
-        Int,
-        Text("86400000"),
-        "Idempotent producer state expires after this long without a batch.",
-    ),
-    key(
-        "strand.max.producers.per.partition",
-        Int,
-        Text("10000"),
-        "Most idempotent producers remembered per partition (the least recently active go first).",
-    ),
+    key("controller.listener.names", Str, Null, Unit::None,
+        "Listener names of a KRaft controller: accepted and not served (Strand runs no controller)."),
+    key("log.dirs", Str, Text("./strand-data"), Unit::None, "The data directory (exactly one)."),
+    key("log.dir", Str, Mirror("log.dirs"), Unit::None, "Alias of log.dirs."),
+    key("num.partitions", Int, Text("1"), Count("partitions"),
+        "Partitions of auto-created topics, and of CreateTopics asking for -1."),
+    key("auto.create.topics.enable", Boolean, Text("true"), Unit::None,
+        "Create unknown topics when a client asks for them in Metadata or Produce."),
+    key("log.retention.ms", Long, Null, Ms, "Time retention; -1 unlimited. Wins over minutes and hours."),
+    key("log.retention.minutes", Int, Null, Minutes, "Time retention; -1 unlimited. Wins over hours."),
+    key("log.retention.hours", Int, Text("168"), Hours, "Time retention; -1 unlimited."),
+    key("log.retention.bytes", Long, Text("-1"), Bytes, "Size retention per partition; -1 unlimited."),
+    key("log.segment.bytes", Int, Text("1073741824"), Bytes, "Roll a log segment at this size."),
+    key("log.roll.ms", Long, Null, Ms, "Roll a log segment this old. Wins over log.roll.hours."),
+    key("log.roll.hours", Int, Text("168"), Hours, "Roll a log segment this old."),
+    key("log.index.interval.bytes", Int, Text("4096"), Bytes, "Bytes of log between offset index entries."),
+    key("log.index.size.max.bytes", Int, Text("10485760"), Bytes,
+        "Largest offset index of a segment; a full index rolls the segment."),
+    key("log.retention.check.interval.ms", Long, Text("300000"), Ms, "How often retention is enforced."),
+    key("message.max.bytes", Int, Text("1048588"), Bytes, "Largest record batch accepted."),
+    key("socket.request.max.bytes", Int, Text("104857600"), Bytes, "Largest request accepted."),
+    key("fetch.max.bytes", Int, Text("31457280"), Bytes,
+        "Largest fetch response. Below Kafka's 57671680 because librdkafka holds each answer in one allocation, which glibc maps afresh every time above 32 MiB: with 1,000 partitions a log was read a quarter to twice as fast. Set 57671680 for Kafka's bound."),
+    key("strand.fetch.sendfile", Boolean, Text("true"), Unit::None,
+        "Fetch answers send runs of records of at least 64 KiB that lie far behind a segment's written end straight from the file with sendfile(2), as Kafka does. Set false to copy them through the broker instead: a lone consumer of a partition may read faster that way, for up to twice the broker's CPU."),
+    key("max.connections", Int, Text("2147483647"), Count("connections"), "Most client connections in total."),
+    key("strand.max.connections.per.shard", Int, Text("10000"), Count("connections"),
+        "Most Kafka connections, and most HTTP connections, each shard serves; more are refused. Each holds buffers and a descriptor: lower it to protect a small machine, raise it for more clients."),
+    key("strand.max.inflight.requests.per.connection", Int, Text("256"), Count("requests"),
+        "Requests a connection may have in flight before the broker stops reading from it, which bounds the memory one pipelining client holds. Raise it only for clients that pipeline more deeply."),
+    key("strand.shards", Int, Text("0"), Count("shards"),
+        "Executor threads, each pinned to a core and owning its share of the partitions; 0 means one per available core. Set fewer to leave cores to other processes."),
+    key("strand.http.listener", Str, Text("127.0.0.1:8080"), Unit::None,
+        "host:port of the HTTP queue API (docs/http-api.md)."),
+    key("strand.http.max.body.bytes", Int, Text("10485760"), Bytes,
+        "Largest HTTP queue API request body; larger ones are refused with 413. Raise it to publish larger messages over HTTP."),
+    key("strand.admin.listener", Str, Text("127.0.0.1:9644"), Unit::None,
+        "host:port of the admin API: /metrics (Prometheus) and readiness."),
+    key("strand.journal.segment.bytes", Long, Text("134217728"), Bytes,
+        "Each shard's journal is checkpointed and rotated at this size. Smaller takes less disk and shortens the replay after a crash; larger checkpoints less often under heavy writes."),
+    key("strand.journal.recycle.files", Int, Text("2"), Count("files"),
+        "Checkpointed journal files each shard keeps, up to strand.journal.segment.bytes each, to overwrite instead of creating new ones, which makes a journal write's fsync cheaper. Set 0 to give that disk space back; kept files are also removed at shutdown."),
+    key("strand.journal.direct.min.log.bytes", Int, Text("16384"), Bytes,
+        "Flush rounds of several partitions carrying at least this many bytes per partition on average skip the journal: one syncfs of the data directory's file system makes their segments durable, and checkpoints of many partitions sync it too. syncfs also writes back whatever else that file system holds unsynced: on a file system shared with other busy writers, set 0 to keep such rounds journaled and checkpoints per file."),
+    key("strand.log.drop.behind.bytes", Long, Text("0"), Bytes,
+        "After a segment written through the page cache is fsynced, its pages more than this far behind its end are dropped from the page cache; 0 keeps them, as Kafka does. Set it where new page-cache pages are expensive (a VM whose free memory goes back to the host); reads of dropped data then come from the disk."),
+    key("strand.log.direct.writes", Boolean, Text("true"), Unit::None,
+        "Segment writes of 64 KiB or more go to the disk with O_DIRECT, so a growing log takes no page-cache pages, and its most recent writes are served from memory (strand.log.direct.cache.bytes). Set false to write through the page cache as Kafka does, on a host with memory to spare whose consumers lag further behind than that memory holds: they then read from the page cache instead of the disk."),
+    key("strand.log.direct.cache.bytes", Long, Text("268435456"), Bytes,
+        "With strand.log.direct.writes, each shard's memory for its segments' most recent writes, which serve consumers at the log's end. Lower it on a machine with little memory; raise it to serve consumers further behind from memory."),
+    key("group.min.session.timeout.ms", Int, Text("6000"), Ms, "Smallest consumer session timeout allowed."),
+    key("group.max.session.timeout.ms", Int, Text("1800000"), Ms, "Largest consumer session timeout allowed."),
+    key("offsets.retention.minutes", Int, Text("10080"), Minutes, "Committed offsets of an empty group are kept this long."),
+    key("offsets.topic.num.partitions", Int, Text("50"), Count("partitions"),
+        "Partitions of __consumer_offsets (fixed once it exists)."),
+    key("group.initial.rebalance.delay.ms", Int, Text("3000"), Ms, "A new classic group waits this long for more members."),
+    key("group.max.size", Int, Text("10000"), Count("members"), "Most members of a classic consumer group."),
+    key("group.consumer.max.size", Int, Text("10000"), Count("members"), "Most members of a consumer (KIP-848) group."),
+    key("group.consumer.session.timeout.ms", Int, Text("45000"), Ms, "Session timeout of KIP-848 members."),
+    key("group.consumer.heartbeat.interval.ms", Int, Text("5000"), Ms, "Heartbeat interval of KIP-848 members."),
+    key("group.share.session.timeout.ms", Int, Text("45000"), Ms, "Session timeout of share group members."),
+    key("group.share.heartbeat.interval.ms", Int, Text("5000"), Ms, "Heartbeat interval of share group members."),
+    key("group.share.max.size", Int, Text("200"), Count("members"), "Most members of a share group."),
+    key("group.share.record.lock.duration.ms", Int, Text("30000"), Ms, "Default acquisition lock of a share group record."),
+    key("group.share.min.record.lock.duration.ms", Int, Text("15000"), Ms, "Lowest share.record.lock.duration.ms allowed."),
+    key("group.share.max.record.lock.duration.ms", Int, Text("60000"), Ms, "Highest share.record.lock.duration.ms allowed."),
+    key("group.share.delivery.count.limit", Int, Text("5"), Count("deliveries"),
+        "Default delivery attempts of a share group record."),
+    key("group.share.partition.max.record.locks", Int, Text("2000"), Count("records"),
+        "Default records acquired at once per share-partition."),
+    key("errors.deadletterqueue.topic.name.prefix", Str, Text("dlq."), Unit::None,
+        "Required prefix of share group dead-letter topics."),
+    key("offsets.retention.check.interval.ms", Long, Text("600000"), Ms, "How often expired offsets are removed."),
+    key("offset.metadata.max.bytes", Int, Text("4096"), Bytes, "Longest metadata string of a committed offset."),
+    key("producer.id.expiration.ms", Int, Text("86400000"), Ms,
+        "An idempotent producer's state is dropped after this long without a batch."),
+    key("strand.max.producers.per.partition", Int, Text("10000"), Count("producers"),
+        "Most idempotent producers whose state each partition keeps; the least recently active go first. Raise it if more producers write to one partition, at a little memory each."),
 ];
 
 /// Keys of KRaft/compose configs that do not apply to a single Strand node: accepted, no effect.
@@ -985,7 +956,6 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let http_max_body_bytes = r.int("strand.http.max.body.bytes", 1024, I32_MAX)?;
     let max_inflight_requests_per_connection =
         r.int("strand.max.inflight.requests.per.connection", 1, I32_MAX)?;
-    let connection_migrate_after_requests = r.int("strand.connection.migrate.after.requests", 0, I32_MAX)?;
     let shards_configured: usize = r.int("strand.shards", 0, MAX_SHARDS as i64)?;
     let shards = match shards_configured {
         0 => std::thread::available_parallelism()
@@ -997,9 +967,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let admin_listener = r.host_port("strand.admin.listener")?;
     let journal_segment_bytes = r.int("strand.journal.segment.bytes", MIB, i64::MAX)?;
     let journal_recycle_files = r.int("strand.journal.recycle.files", 0, 64)?;
-    let journal_direct_max_logs = r.int("strand.journal.direct.max.logs", 0, 1024)?;
     let journal_direct_min_log_bytes = r.int("strand.journal.direct.min.log.bytes", 0, I32_MAX)?;
-    let flush_overlap_min_bytes = r.int("strand.flush.overlap.min.bytes", 0, I32_MAX)?;
     let log_drop_behind_bytes = r.int("strand.log.drop.behind.bytes", 0, i64::MAX)?;
     let log_direct_writes = r.boolean("strand.log.direct.writes")?;
     let log_direct_cache_bytes = r.int("strand.log.direct.cache.bytes", 0, i64::MAX)?;
@@ -1151,15 +1119,12 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         max_connections_per_shard,
         http_max_body_bytes,
         max_inflight_requests_per_connection,
-        connection_migrate_after_requests,
         shards,
         http_listener,
         admin_listener,
         journal_segment_bytes,
         journal_recycle_files,
-        journal_direct_max_logs,
         journal_direct_min_log_bytes,
-        flush_overlap_min_bytes,
         log_drop_behind_bytes,
         log_direct_writes,
         log_direct_cache_bytes,

@@ -12,8 +12,8 @@
 //! which partitions they will use, so a producer or consumer of one partition lands on another
 //! shard half the time with two shards, and each of its requests then crosses shards twice:
 //! there and back, waking both executors every time. A connection whose last
-//! `strand.connection.migrate.after.requests` produce (acks ≠ 0) or sessionless fetch requests
-//! were all for partitions of one other shard moves there ([`Affinity`]): it stops reading,
+//! [`MIGRATE_AFTER_REQUESTS`] produce (acks ≠ 0) or sessionless fetch requests were all for
+//! partitions of one other shard moves there ([`Affinity`]): it stops reading,
 //! writes every pending response, and the socket (a duplicate of its descriptor) and the bytes
 //! already read go to that shard, which serves the connection from then on. Connections stay
 //! where they are once they used an API that keeps state on the connection's shard or that this
@@ -47,7 +47,7 @@ use futures::FutureExt;
 use strand_protocol::types::ShardId;
 
 use crate::fetch_session::MovedSession;
-use crate::handlers::conn_info::{Affinity, ConnInfo};
+use crate::handlers::conn_info::{Affinity, ConnInfo, MIGRATE_AFTER_REQUESTS};
 use crate::handlers::{self, Dispatched, RequestCtx};
 use crate::shard::service::Service;
 use crate::shard::Shard;
@@ -245,7 +245,7 @@ async fn serve(
     let conn = Rc::new(ConnInfo {
         listener,
         peer,
-        affinity: Affinity::new(shard.config.connection_migrate_after_requests, moves),
+        affinity: Affinity::new(MIGRATE_AFTER_REQUESTS, moves),
         sessions: RefCell::new(sessions),
     });
     let inflight = usize::try_from(shard.config.max_inflight_requests_per_connection)
@@ -659,6 +659,7 @@ fn read_region(region: &FileRegion, from: usize) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strand_storage::FileRegions;
 
     /// sendfile sends a region until the socket is full and then nothing more; reading the rest
     /// from the file completes it, byte for byte.
@@ -669,7 +670,8 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&data).unwrap();
         let (pos, len) = (1000, data.len() - 5000);
-        let region = FileRegion::new(OwnedFd::from(file), pos as u64, len).unwrap();
+        let regions = FileRegions::for_process(2);
+        let region = regions.region(OwnedFd::from(file), pos as u64, len).unwrap();
         let (tx, mut rx) = std::os::unix::net::UnixStream::pair().unwrap();
         tx.set_nonblocking(true).unwrap();
         let tx = OwnedFd::from(tx);
@@ -695,8 +697,9 @@ mod tests {
             got[..] == data[pos..pos + len],
             "the region's bytes differ from the file's"
         );
-        let past_the_end =
-            FileRegion::new(region.fd.try_clone().unwrap(), (data.len() - 10) as u64, 20).unwrap();
+        let past_the_end = regions
+            .region(region.fd.try_clone().unwrap(), (data.len() - 10) as u64, 20)
+            .unwrap();
         assert!(
             read_region(&past_the_end, 0).is_err(),
             "a region past the file's end read"

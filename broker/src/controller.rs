@@ -214,6 +214,8 @@ pub(crate) struct Controller {
     core: Rc<Shard>,
     lock: glommio::sync::Semaphore,
     state: RefCell<ClusterMetadata>,
+    /// The shard's file system, which writes the metadata file.
+    fs: GlommioFs,
     path: PathBuf,
     node_id: i32,
     /// Next producer id to hand out; below `state.producer_id_block_end`.
@@ -224,6 +226,7 @@ impl Controller {
     /// The controller of shard 0 (`core`), with the metadata as loaded at start-up.
     pub(crate) fn new(core: Rc<Shard>, state: ClusterMetadata, log_dir: PathBuf, node_id: i32) -> Self {
         Controller {
+            fs: core.store.fs().clone(),
             core,
             lock: glommio::sync::Semaphore::new(1),
             // Ids of a block reserved before a restart may have been used: start after it.
@@ -450,7 +453,7 @@ impl Controller {
         }
         // Persist before anyone sees the change: a crash now finds either the old state or the
         // new one, and logs of deleted topics are cleaned up at start-up.
-        if let Err(e) = GlommioFs.write_file_atomic(&self.path, scratch.to_json()).await {
+        if let Err(e) = self.fs.write_file_atomic(&self.path, scratch.to_json()).await {
             tracing::error!(error = %e, "cannot persist metadata");
             for r in &mut results {
                 if r.error.is_none() {
@@ -478,7 +481,7 @@ impl Controller {
         if id >= self.state.borrow().producer_id_block_end {
             let mut next = self.state.borrow().clone();
             next.producer_id_block_end = id + PRODUCER_ID_BLOCK;
-            GlommioFs
+            self.fs
                 .write_file_atomic(&self.path, next.to_json())
                 .await
                 .map_err(|e| format!("cannot persist the producer id block: {e}"))?;

@@ -13,38 +13,40 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use strand_broker::config;
 use strand_broker::server::{self, ServerOptions};
 
-/// The environment variable that tells mimalloc how long freed memory waits before it goes
-/// back to the kernel; it is read once, as the process starts.
+/// The environment variable that sets mimalloc's purge delay: how long freed memory waits
+/// before it goes back to the kernel.
 const PURGE_DELAY_VAR: &str = "MIMALLOC_PURGE_DELAY";
 /// The broker's purge delay, in milliseconds.
-const PURGE_DELAY_MS: &str = "10000";
+const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
+/// mimalloc's `mi_option_purge_delay` (its option enum in `mimalloc.h`, which the Rust binding
+/// does not name); a test checks that it is the option `MIMALLOC_PURGE_DELAY` sets.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Makes mimalloc keep the memory the broker frees for 10 s instead of 1 s (its default)
 /// before returning it to the kernel: the produce path stages every byte in fresh buffers,
 /// kept as recent writes and freed a fraction of a second later, and memory taken back from
 /// the kernel comes as new pages it must zero (a fault per page, and a VM exit where the host
-/// backs them lazily), which cost ~7 % of the broker's CPU at one partition's peak
-/// (BENCHMARKS.md item 47). 10 s gains as much as never returning memory, and a burst's memory
-/// still goes back once the load is gone. mimalloc reads the setting before `main`, so the
-/// process runs itself again, once, with `MIMALLOC_PURGE_DELAY=10000` (same process id,
-/// arguments and environment otherwise); a value the caller set is left alone, and if the new
-/// image cannot be started the broker runs on with mimalloc's default.
-fn keep_freed_memory() {
-    use std::os::unix::process::CommandExt;
-    if std::env::var_os(PURGE_DELAY_VAR).is_some() {
-        return;
+/// backs them lazily), which cost ~7 % of the broker's CPU at one partition's peak. 10 s gains
+/// as much as never returning memory, and a burst's memory still goes back once the load is
+/// gone. A delay the user set with `MIMALLOC_PURGE_DELAY` is left alone. Returns the delay in
+/// effect, in milliseconds (-1: never).
+///
+/// Call it first thing in `main`, before any other thread starts: mimalloc's option calls are
+/// not thread-safe. (Only memory freed before it runs follows mimalloc's default: none to speak
+/// of, the broker has not started.)
+fn keep_freed_memory() -> std::ffi::c_long {
+    let user_set = std::env::var_os(PURGE_DELAY_VAR).is_some();
+    // SAFETY: both functions take and return plain integers (no pointers), and
+    // `MI_OPTION_PURGE_DELAY` is a valid option (checked by a test). mimalloc's option calls
+    // must not race with one another; this runs on the main thread before it has started any
+    // other, so nothing else calls into mimalloc meanwhile.
+    #[allow(unsafe_code)]
+    unsafe {
+        if !user_set {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
+        }
+        libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY)
     }
-    let Ok(exe) = std::env::current_exe() else {
-        return;
-    };
-    let mut args = std::env::args_os();
-    let mut again = std::process::Command::new(exe);
-    if let Some(arg0) = args.next() {
-        again.arg0(arg0);
-    }
-    // `exec` returns only if it failed.
-    let error = again.args(args).env(PURGE_DELAY_VAR, PURGE_DELAY_MS).exec();
-    eprintln!("strand: could not restart itself with {PURGE_DELAY_VAR}={PURGE_DELAY_MS} ({error}); going on");
 }
 
 /// Strand: a Kafka-compatible broker and durable work queue.
@@ -92,7 +94,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    let purge_delay_ms = keep_freed_memory();
     let cli = Cli::parse();
     let filter = cli
         .log_level
@@ -104,6 +106,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    tracing::debug!(
+        purge_delay_ms,
+        "the allocator returns freed memory to the kernel after this delay"
+    );
     // A panic is a bug; in a thread-per-core broker a dead shard would leave its partitions
     // (and a start-up waiting for it) hanging. Stop the whole process instead: acknowledged
     // data is recovered on restart.
@@ -184,4 +190,44 @@ fn raise_open_files_limit() {
         open_files_limit = %soft,
         "open-files limit (one per partition with data)"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the child processes of the test below: the delay it must find.
+    const CHILD_VAR: &str = "STRAND_TEST_PURGE_DELAY_MS";
+
+    /// Without `MIMALLOC_PURGE_DELAY` the broker's delay is in effect; with it, the user's
+    /// (which also shows that `MI_OPTION_PURGE_DELAY` is the option that variable sets, since
+    /// mimalloc read the variable as the process started). Each case runs in a process of its
+    /// own, running only this test, since mimalloc reads the variable once.
+    #[test]
+    fn the_purge_delay_is_the_brokers_unless_the_environment_sets_one() {
+        if let Ok(want) = std::env::var(CHILD_VAR) {
+            assert_eq!(keep_freed_memory().to_string(), want);
+            return;
+        }
+        let name = "tests::the_purge_delay_is_the_brokers_unless_the_environment_sets_one";
+        for (set, want) in [(None, "10000"), (Some("1234"), "1234"), (Some("-1"), "-1")] {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+            child
+                .args(["--exact", name, "--test-threads=1"])
+                .env(CHILD_VAR, want);
+            match set {
+                Some(value) => child.env(PURGE_DELAY_VAR, value),
+                None => child.env_remove(PURGE_DELAY_VAR),
+            };
+            let out = child.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{PURGE_DELAY_VAR}={set:?}: expected a delay of {want} ms\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ran = String::from_utf8_lossy(&out.stdout);
+            assert!(ran.contains("1 passed"), "the child ran no test: {ran}");
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use kafka_protocol::messages::ApiKey;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use strand_protocol::types::ShardId;
-use strand_storage::fs::Fs;
+use strand_storage::fs_glommio::GlommioFs;
 use strand_storage::{CheckpointStats, LogOffsets, RoundStats, ShardStore};
 
 /// Bucket bounds (seconds) of every latency histogram: fine between 0.5 and 50 ms, where a
@@ -619,24 +619,21 @@ impl ShardMetrics {
         }
     }
 
-    pub(crate) fn store_gauges<F: Fs>(&self, store: &ShardStore<F>, partitions: usize) {
+    pub(crate) fn store_gauges(&self, store: &ShardStore<GlommioFs>, partitions: usize) {
         self.partitions_owned.set(partitions as f64);
         self.journal_bytes.set(store.journal_bytes() as f64);
         self.heap_bytes.set(store.heap_bytes() as f64);
-        self.dropped_behind
-            .absolute(strand_storage::fs_glommio::dropped_behind_bytes());
-        let (held, hit, miss) = strand_storage::fs_glommio::recent_write_stats();
-        self.recent_bytes.set(held as f64);
-        self.recent_hit_bytes.absolute(hit);
-        self.recent_miss_bytes.absolute(miss);
-        let (near, beside) = strand_storage::fs_glommio::near_read_stats();
-        self.near_read_bytes.absolute(near);
-        self.writes_beside_near_reads.absolute(beside);
-        let (uncopied, copied) = strand_storage::fs_glommio::direct_write_stats();
-        self.direct_uncopied_bytes.absolute(uncopied);
-        self.direct_copied_bytes.absolute(copied);
-        self.segment_reserved_bytes
-            .absolute(strand_storage::fs_glommio::reserved_bytes());
+        let fs = store.fs().stats();
+        self.dropped_behind.absolute(fs.dropped_behind_bytes);
+        self.recent_bytes.set(fs.recent_writes_bytes as f64);
+        self.recent_hit_bytes.absolute(fs.recent_hit_bytes);
+        self.recent_miss_bytes.absolute(fs.recent_miss_bytes);
+        self.near_read_bytes.absolute(fs.near_cached_read_bytes);
+        self.writes_beside_near_reads
+            .absolute(fs.writes_beside_near_reads);
+        self.direct_uncopied_bytes.absolute(fs.direct_uncopied_bytes);
+        self.direct_copied_bytes.absolute(fs.direct_copied_bytes);
+        self.segment_reserved_bytes.absolute(fs.reserved_bytes);
         self.offline.set(if store.offline_reason().is_some() {
             1.0
         } else {

@@ -20,8 +20,8 @@ use anyhow::{bail, Context as _};
 use glommio::{LocalExecutorBuilder, Placement};
 use strand_protocol::types::ShardId;
 use strand_storage::fs::{block_on, StdFs};
-use strand_storage::fs_glommio::GlommioFs;
-use strand_storage::{replay_journals, LogConfig, LogKey, ShardStore, StoreConfig};
+use strand_storage::fs_glommio::{self, GlommioFs, GlommioFsConfig, SharedFs};
+use strand_storage::{replay_journals, FileRegions, LogConfig, LogKey, ShardStore, StoreConfig};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
@@ -108,6 +108,10 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot bind the admin listener {}", config.admin_listener))?;
 
     let shards = config.shards.clamp(1, usize::from(u16::MAX));
+    // What the shards' file systems share: the bound on file regions alive at once (taken from
+    // the open-files limit main has raised), and what the data directory's file system turns
+    // out not to support.
+    let shared_fs = SharedFs::for_process(FileRegions::for_process(FileRegions::open_files_share()));
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let config = Arc::new(config);
     let shutdown = Arc::new(AtomicBool::new(false));
@@ -143,6 +147,7 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
                     ready_tx,
                     bound_tx,
                     ports_rx,
+                    shared_fs,
                 )
                 .await
                 {
@@ -228,33 +233,35 @@ async fn shard_main(
     ready_tx: mpsc::Sender<Ready>,
     bound_tx: mpsc::Sender<Result<Vec<SocketAddr>, String>>,
     ports_rx: mpsc::Receiver<Vec<SocketAddr>>,
+    shared_fs: &'static SharedFs,
 ) -> anyhow::Result<()> {
     let config = Rc::new((*config).clone());
-    strand_storage::fs_glommio::set_drop_behind_bytes(config.log_drop_behind_bytes);
-    let page_cache_guard_bytes = strand_storage::fs_glommio::page_cache_guard_bytes(&config.log_dir);
+    let page_cache_guard_bytes = fs_glommio::page_cache_guard_bytes(&config.log_dir);
     if id.0 == 0 && config.log_direct_writes {
         tracing::info!(
             page_cache_guard_bytes,
             "segments are written directly; reads this far behind a segment's end go through the page cache"
         );
     }
-    strand_storage::fs_glommio::set_direct_segment_writes(
-        config.log_direct_writes,
-        config.log_direct_cache_bytes,
-        page_cache_guard_bytes,
+    let fs = GlommioFs::new(
+        GlommioFsConfig {
+            direct_segment_writes: config.log_direct_writes,
+            recent_writes_bytes: config.log_direct_cache_bytes,
+            page_cache_guard_bytes,
+            drop_behind_bytes: config.log_drop_behind_bytes,
+        },
+        shared_fs,
     );
     let (router, peers) = Router::connect(chan).await;
     let router = Rc::new(router);
     let store = ShardStore::open(
-        GlommioFs,
+        fs,
         config.log_dir.clone(),
         id.0,
         StoreConfig {
             journal_segment_bytes: config.journal_segment_bytes,
             journal_recycle_files: config.journal_recycle_files,
-            direct_sync_max_logs: config.journal_direct_max_logs,
             direct_min_log_bytes: config.journal_direct_min_log_bytes,
-            overlap_min_bytes: config.flush_overlap_min_bytes,
             ..StoreConfig::default()
         },
     )

@@ -1,7 +1,7 @@
-//! Connections moving between shards: a connection whose produce (or sessionless fetch)
-//! requests all go to another shard's partitions is handed to that shard
-//! (`strand.connection.migrate.after.requests`). The client must not notice: every pipelined
-//! request is answered once, in order, with the right offsets, and nothing is lost or reordered.
+//! Connections moving between shards: a connection whose last eight produce (or sessionless
+//! fetch) requests all went to another shard's partitions is handed to that shard. The client
+//! must not notice: every pipelined request is answered once, in order, with the right offsets,
+//! and nothing is lost or reordered.
 //! A fetch session moves with its connection. Connections that hold other per-shard state
 //! (share sessions, groups) or produce with acks=0 must stay.
 //!
@@ -20,8 +20,8 @@ use strand_compat_tests::data::Gen;
 use strand_compat_tests::raw::{self, RawConn};
 use strand_compat_tests::{metric_sum, unique_topic, Broker};
 
-/// Requests in a row before a move (the broker's setting in these tests).
-const MOVE_AFTER: usize = 4;
+/// Requests in a row before a move (the broker's fixed rule).
+const MOVE_AFTER: usize = 8;
 /// Requests per phase, written at once before any answer is read, so that a move happens with
 /// requests already sent (in the socket, or read and not yet served).
 const PIPELINED: usize = 12;
@@ -33,7 +33,6 @@ fn setup(name: &str) -> (Broker, String, String, u64) {
     let broker = Broker::builder()
         .needs_spawned("reads the connection-migration counter from /metrics")
         .config("strand.shards", 2)
-        .config("strand.connection.migrate.after.requests", MOVE_AFTER)
         .start();
     let b = broker.bootstrap();
     let topic = unique_topic(name);
@@ -195,7 +194,8 @@ fn a_producing_connection_follows_its_partitions_shard_and_loses_nothing() {
 #[test]
 fn a_consuming_connection_follows_its_partitions_shard() {
     let (broker, b, topic, _) = setup("conn-fetch");
-    write_records(&b, &topic, PIPELINED);
+    // Two phases of `MOVE_AFTER + 1` fetches per partition.
+    write_records(&b, &topic, 2 * (MOVE_AFTER + 1));
     let before = migrations(&broker);
     // Sessionless fetches (what librdkafka sends), one record at a time, alternating partitions
     // phase by phase: every answer must hold the next record.

@@ -4,29 +4,48 @@
 //! the batch durable, after the acknowledged bytes when the segment itself was fsynced); and a
 //! graceful SIGTERM loses nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kafka_protocol::messages::ProduceResponse;
+use kafka_protocol::records::Compression;
 use rdkafka::producer::Producer;
 use rdkafka::Offset;
-use strand_compat_tests::admin;
+use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::clients::{self, Delivery};
 use strand_compat_tests::data::{Consumed, Gen, TestRecord};
-use strand_compat_tests::raw::{walk_batches, BatchPos};
+use strand_compat_tests::raw::{self, walk_batches, BatchPos, RawConn};
 use strand_compat_tests::{metric_sum, metric_sum_where, unique_topic, wait_for, Broker};
 
 const PARTITIONS: i32 = 3;
 
+/// With [`Writer::AllPartitions`], a broker whose every flush round goes through the journal:
+/// the three partitions on one shard, so that a round, which carries them all, has more logs
+/// than a direct round takes by count (two), and no round direct by its bytes per log instead.
+const JOURNALED_ROUNDS: &[(&str, &str)] = &[
+    ("strand.shards", "1"),
+    ("strand.journal.direct.min.log.bytes", "0"),
+];
+
+/// Records from this index on have values of [`LARGE_VALUE_BYTES`] ([`Writer::LargeRecords`]).
+const LARGE_FROM: usize = 1 << 30;
+const LARGE_VALUE_BYTES: usize = 16 << 10;
+
 /// Record `i` of the durability producer: partition `i % 3`, key `k<i>`, a value with random
-/// bytes derived from `i`, one header.
+/// bytes derived from `i` (32 to 127 of them, or [`LARGE_VALUE_BYTES`] from [`LARGE_FROM`]),
+/// one header.
 fn record(i: usize) -> TestRecord {
     let mut g = Gen::new(i as u64 ^ 0xD0_0D);
     let mut value = format!("durable-{i}-").into_bytes();
-    let len = 32 + g.below(96) as usize;
+    let len = if i >= LARGE_FROM {
+        LARGE_VALUE_BYTES
+    } else {
+        32 + g.below(96) as usize
+    };
     value.extend(g.bytes(len, &[]));
     TestRecord {
         partition: (i as i32) % PARTITIONS,
@@ -88,6 +107,22 @@ impl Run {
     }
 }
 
+/// How the records are produced.
+#[derive(Clone, Copy)]
+enum Writer {
+    /// rdkafka, which sends a request per partition as its batches fill.
+    Rdkafka,
+    /// rdkafka, with records of [`LARGE_VALUE_BYTES`]: enough bytes arrive while a round syncs
+    /// for the next to overlap it.
+    LargeRecords,
+    /// Raw Produce requests, each carrying a batch of [`RAW_BATCH_RECORDS`] records for every
+    /// partition, so that every flush round of a shard owning them all carries them all.
+    AllPartitions,
+}
+
+/// Records per partition in each request of [`Writer::AllPartitions`].
+const RAW_BATCH_RECORDS: usize = 10;
+
 /// Runs an acks=all producer with `in_flight` requests in flight per connection (acknowledgement
 /// order stays log order: nothing is retried before the stop) and stops the broker with `stop`
 /// (SIGKILL, SIGTERM) once `min_acked` records were acknowledged, while the producer is still
@@ -97,36 +132,21 @@ fn produce_until_stopped(
     topic: &str,
     min_acked: usize,
     in_flight: &str,
+    writer: Writer,
     stop_broker: impl FnOnce(&mut Broker),
 ) -> Run {
-    let bootstrap = broker.bootstrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicUsize::new(0));
-    let producer = clients::logged_producer(
-        &bootstrap,
-        &[
-            ("max.in.flight.requests.per.connection", in_flight),
-            ("linger.ms", "2"),
-            ("message.timeout.ms", "5000"),
-            ("request.timeout.ms", "4000"),
-            ("queue.buffering.max.messages", "5000"),
-        ],
-    );
-    let log = producer.context().reports.clone();
-    let thread = {
-        let (stop, sent, topic) = (stop.clone(), sent.clone(), topic.to_string());
-        std::thread::spawn(move || {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                clients::send_record(&producer, &topic, i, &record(i));
-                i += 1;
-                sent.store(i, Ordering::Relaxed);
-                producer.poll(Duration::ZERO);
-            }
-            // Resolve everything still queued: after the kill these fail by message.timeout.ms.
-            let _ = producer.flush(Duration::from_secs(30));
-            producer.poll(Duration::from_millis(100));
-        })
+    let feed = Feed {
+        bootstrap: broker.bootstrap(),
+        topic: topic.to_string(),
+        in_flight: in_flight.to_string(),
+        stop: Arc::default(),
+        sent: Arc::default(),
+    };
+    let (stop, sent) = (feed.stop.clone(), feed.sent.clone());
+    let (log, thread) = match writer {
+        Writer::Rdkafka => rdkafka_until_stopped(feed, 0),
+        Writer::LargeRecords => rdkafka_until_stopped(feed, LARGE_FROM),
+        Writer::AllPartitions => raw_until_stopped(feed),
     };
     wait_for(
         Duration::from_secs(90),
@@ -159,6 +179,143 @@ fn produce_until_stopped(
         sent,
         metrics_at_stop,
     }
+}
+
+/// Delivery reports by record index, shared with the producer thread that writes them.
+type Reports = Arc<Mutex<BTreeMap<usize, Delivery>>>;
+
+/// What a producer thread is given: where to write, with how many requests in flight, and what
+/// it shares with the test (the flag that stops it, and how many records it has sent).
+struct Feed {
+    bootstrap: String,
+    topic: String,
+    in_flight: String,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+}
+
+/// Sends records from index `first` on with rdkafka until `stop`, then resolves every one still
+/// queued.
+fn rdkafka_until_stopped(feed: Feed, first: usize) -> (Reports, std::thread::JoinHandle<()>) {
+    let producer = clients::logged_producer(
+        &feed.bootstrap,
+        &[
+            ("max.in.flight.requests.per.connection", &feed.in_flight),
+            ("linger.ms", "2"),
+            ("message.timeout.ms", "5000"),
+            ("request.timeout.ms", "4000"),
+            ("queue.buffering.max.messages", "5000"),
+        ],
+    );
+    let log = producer.context().reports.clone();
+    let Feed {
+        topic, stop, sent, ..
+    } = feed;
+    let thread = std::thread::spawn(move || {
+        let mut i = first;
+        while !stop.load(Ordering::Relaxed) {
+            clients::send_record(&producer, &topic, i, &record(i));
+            i += 1;
+            sent.store(i - first, Ordering::Relaxed);
+            producer.poll(Duration::ZERO);
+        }
+        // Resolve everything still queued: after the kill these fail by message.timeout.ms.
+        let _ = producer.flush(Duration::from_secs(30));
+        producer.poll(Duration::from_millis(100));
+    });
+    (log, thread)
+}
+
+/// Sends Produce requests (acks=all) of one batch per partition, keeping `in_flight` of them
+/// outstanding, until `stop` or the broker goes away; records of a request that fails, or gets
+/// no answer, fail.
+fn raw_until_stopped(feed: Feed) -> (Reports, std::thread::JoinHandle<()>) {
+    let log: Reports = Arc::default();
+    let Feed {
+        bootstrap,
+        topic,
+        in_flight,
+        stop,
+        sent,
+    } = feed;
+    let in_flight: usize = in_flight.parse().expect("requests in flight");
+    let mut conn = RawConn::connect(&bootstrap).unwrap_or_else(|e| panic!("connect to {bootstrap}: {e}"));
+    let reports = log.clone();
+    let thread = std::thread::spawn(move || {
+        let report = |indexes: &[usize], outcome: &dyn Fn(usize) -> Delivery| {
+            let mut reports = reports.lock().expect("log");
+            for (k, &i) in indexes.iter().enumerate() {
+                reports.insert(i, outcome(k));
+            }
+        };
+        // Requests sent and not answered: each partition's record indexes, in batch order.
+        let mut pending: VecDeque<Vec<(i32, Vec<usize>)>> = VecDeque::new();
+        let mut next = 0;
+        let mut broken = false;
+        loop {
+            while !broken && pending.len() < in_flight && !stop.load(Ordering::Relaxed) {
+                let parts: Vec<(i32, Vec<usize>)> = (0..PARTITIONS)
+                    .map(|p| {
+                        let from = next + p as usize;
+                        let step = PARTITIONS as usize;
+                        (p, (0..RAW_BATCH_RECORDS).map(|k| from + k * step).collect())
+                    })
+                    .collect();
+                next += RAW_BATCH_RECORDS * PARTITIONS as usize;
+                sent.store(next, Ordering::Relaxed);
+                let batches = parts
+                    .iter()
+                    .map(|(p, indexes)| (*p, raw_batch(indexes)))
+                    .collect();
+                let request = admin::produce_request(&topic, -1, batches);
+                let sent_ok = conn.send_request(versions::PRODUCE, &request).is_ok();
+                pending.push_back(parts);
+                broken = !sent_ok;
+            }
+            let Some(parts) = pending.pop_front() else {
+                return;
+            };
+            let answer = if broken {
+                None
+            } else {
+                conn.read_response()
+                    .and_then(|r| r.decode::<ProduceResponse>(versions::PRODUCE))
+                    .ok()
+            };
+            let Some(answer) = answer else {
+                broken = true;
+                for (_, indexes) in &parts {
+                    report(indexes, &|_| Err("no answer".to_string()));
+                }
+                continue;
+            };
+            for (p, indexes) in &parts {
+                let a = admin::produce_answer(&answer, *p);
+                let (code, base) = (a.error_code, a.base_offset);
+                report(indexes, &|k| match code {
+                    0 => Ok((*p, base + k as i64)),
+                    _ => Err(format!("error code {code}")),
+                });
+            }
+        }
+    });
+    (log, thread)
+}
+
+/// Records `indexes` (of one partition) as one uncompressed batch.
+fn raw_batch(indexes: &[usize]) -> bytes::Bytes {
+    let records: Vec<_> = indexes
+        .iter()
+        .map(|&i| {
+            let r = record(i);
+            let mut raw = raw::record(r.key.as_deref(), r.value.as_deref(), r.timestamp.unwrap_or(0));
+            for (name, value) in r.headers {
+                raw.headers.insert(name.into(), value.map(Into::into));
+            }
+            raw
+        })
+        .collect();
+    raw::encode_batch(&records, Compression::None)
 }
 
 /// Reads a whole partition (from offset 0 to latest) with rdkafka, checking that offsets are
@@ -262,18 +419,19 @@ fn check_new_writes(bootstrap: &str, topic: &str, run: &Run, logs: &BTreeMap<i32
 /// A broker (with `configs`), a fresh topic, and an acks=all producer (one request in flight)
 /// until kill -9.
 fn kill9_under_load(name: &str, reason: &str, configs: &[(&str, &str)]) -> (Broker, String, Run) {
-    stopped_under_load(name, reason, configs, "1", 3000, Broker::kill9)
+    stopped_under_load(name, reason, configs, "1", 3000, Writer::Rdkafka, Broker::kill9)
 }
 
-/// A broker (with `configs`), a fresh topic, and an acks=all producer with 5 requests in flight
+/// A broker (with `configs`), a fresh topic, and an acks=all `writer` with 5 requests in flight
 /// until kill -9, once it has `min_acked` acknowledgements.
 fn kill9_under_pipelined_load(
     name: &str,
     configs: &[(&str, &str)],
     min_acked: usize,
+    writer: Writer,
 ) -> (Broker, String, Run) {
     let reason = "kills and restarts the broker";
-    stopped_under_load(name, reason, configs, "5", min_acked, Broker::kill9)
+    stopped_under_load(name, reason, configs, "5", min_acked, writer, Broker::kill9)
 }
 
 /// A broker (with `configs`), a fresh topic, and an acks=all producer until `stop_broker`.
@@ -283,6 +441,7 @@ fn stopped_under_load(
     configs: &[(&str, &str)],
     in_flight: &str,
     min_acked: usize,
+    writer: Writer,
     stop_broker: impl FnOnce(&mut Broker),
 ) -> (Broker, String, Run) {
     let mut builder = Broker::builder().needs_spawned(reason);
@@ -292,7 +451,7 @@ fn stopped_under_load(
     let mut broker = builder.start();
     let topic = unique_topic(name);
     admin::create_topic(&broker.bootstrap(), &topic, PARTITIONS, &[]);
-    let run = produce_until_stopped(&mut broker, &topic, min_acked, in_flight, stop_broker);
+    let run = produce_until_stopped(&mut broker, &topic, min_acked, in_flight, writer, stop_broker);
     (broker, topic, run)
 }
 
@@ -329,11 +488,17 @@ fn restart_and_read(
     (bootstrap, logs)
 }
 
-/// kill -9 under pipelined load with `configs` (30,000 acknowledged first), after which the
-/// broker's counter `series` must show flush rounds that did `what` (or the test tested nothing);
-/// nothing acknowledged is lost.
-fn kill9_with_rounds_that(name: &str, configs: &[(&str, &str)], series: &str, what: &str) {
-    let (mut broker, topic, run) = kill9_under_pipelined_load(name, configs, 30_000);
+/// kill -9 under pipelined load of `writer` with `configs` (`min_acked` acknowledged first),
+/// after which the broker's counter `series` must show flush rounds that did `what` (or the
+/// test tested nothing); nothing acknowledged is lost.
+fn kill9_with_rounds_that(
+    name: &str,
+    configs: &[(&str, &str)],
+    (min_acked, writer): (usize, Writer),
+    series: &str,
+    what: &str,
+) {
+    let (mut broker, topic, run) = kill9_under_pipelined_load(name, configs, min_acked, writer);
     let rounds = run.total(series);
     eprintln!(
         "before the kill: {} flush rounds, {} direct, {rounds} of them {what}",
@@ -353,49 +518,51 @@ fn acked_records_survive_kill9_under_load() {
     restart_and_check_acked(&mut broker, &topic, &run);
 }
 
-/// Pipelined produce requests, and every direct flush round overlapping the fsyncs of the one
-/// before whatever its size: still nothing acknowledged is lost.
+/// Pipelined produce requests of large records, so that direct flush rounds overlap the fsyncs
+/// of the one before (what is staged meanwhile, from 64 KiB, is written as the next round):
+/// still nothing acknowledged is lost.
 #[test]
 fn acked_records_survive_kill9_with_overlapping_flush_rounds() {
     kill9_with_rounds_that(
         "kill9-overlap",
-        &[("strand.flush.overlap.min.bytes", "1")],
+        &[],
+        (3_000, Writer::LargeRecords),
         "strand_flush_overlapped_rounds_total",
         "overlapped another",
     );
 }
 
 /// Rounds of several logs made durable by one file-system sync (`syncfs`) instead of the
-/// journal (`strand.journal.direct.min.log.bytes`, here from 1 byte per log and more than one
-/// log), under pipelined produce: nothing acknowledged is lost to kill -9.
+/// journal (`strand.journal.direct.min.log.bytes`, here from 1 byte per log), under pipelined
+/// produce: nothing acknowledged is lost to kill -9. The three partitions are on one shard and
+/// every request carries them all, so that every round carries more logs than a direct round
+/// takes by count.
 #[test]
 fn acked_records_survive_kill9_with_filesystem_sync_rounds() {
     let configs = [
-        ("strand.journal.direct.max.logs", "1"),
         ("strand.journal.direct.min.log.bytes", "1"),
         ("strand.shards", "1"),
     ];
     kill9_with_rounds_that(
         "kill9-syncfs",
         &configs,
+        (30_000, Writer::AllPartitions),
         "strand_flush_syncfs_rounds_total",
         "was made durable by a file-system sync",
     );
 }
 
-/// Every round journaled into 1 MiB journal files, so that checkpoints keep covered files and
-/// later rotations overwrite them: after kill -9, the replay of a recycled file must restore
-/// what its current sequence acknowledged and ignore the older entries behind it.
+/// Every round journaled ([`JOURNALED_ROUNDS`]) into 1 MiB journal files, so that checkpoints
+/// keep covered files and later rotations overwrite them: after kill -9, the replay of a
+/// recycled file must restore what its current sequence acknowledged and ignore the older
+/// entries behind it.
 #[test]
 fn acked_records_survive_kill9_with_recycled_journal_files() {
     let (mut broker, topic, run) = kill9_under_pipelined_load(
         "kill9-recycle",
-        &[
-            ("strand.journal.direct.max.logs", "0"),
-            ("strand.journal.segment.bytes", "1048576"),
-            ("strand.shards", "2"),
-        ],
+        &[JOURNALED_ROUNDS, &[("strand.journal.segment.bytes", "1048576")]].concat(),
         60_000,
+        Writer::AllPartitions,
     );
     let recycled = run.total("strand_journal_files_recycled_total");
     let journal_dir = broker.data_dir().join("strand-journal");
@@ -667,20 +834,21 @@ fn last_segment(dir: &PathBuf) -> PathBuf {
 }
 
 /// A power loss tears a segment write that only the journal made durable: every round goes
-/// through the journal here (`strand.journal.direct.max.logs=0`), so an acknowledged batch may
-/// sit in a segment file nothing has fsynced, and recovery must restore it from the journal or
-/// stop before it without reusing an acknowledged offset. (A direct round fsyncs the segment
-/// before acknowledging, so there a tear can only hit unacknowledged bytes: next test.) Before
-/// that, it checks that the journal bypassed the page cache (`O_DIRECT`) and the segment did not.
+/// through the journal here ([`JOURNALED_ROUNDS`]), so an acknowledged batch may sit
+/// in a segment file nothing has fsynced, and recovery must restore it from the journal or stop
+/// before it without reusing an acknowledged offset. (A direct round fsyncs the segment before
+/// acknowledging, so there a tear can only hit unacknowledged bytes: next test.) Before that,
+/// it checks that the journal bypassed the page cache (`O_DIRECT`) and the segment did not.
 #[test]
 fn torn_last_segment_recovers_to_a_consistent_prefix() {
-    let (mut broker, topic, run) = kill9_under_load(
+    let (mut broker, topic, run) = stopped_under_load(
         "torn",
         "kills the broker and edits its segment files",
-        &[
-            ("strand.journal.direct.max.logs", "0"),
-            ("strand.log.direct.writes", "false"),
-        ],
+        &[JOURNALED_ROUNDS, &[("strand.log.direct.writes", "false")]].concat(),
+        "1",
+        3000,
+        Writer::AllPartitions,
+        Broker::kill9,
     );
 
     // The journal went to the disk past the page cache (O_DIRECT); the segments through it.
@@ -810,6 +978,7 @@ fn sigterm_under_pipelined_load_exits_cleanly_and_keeps_acknowledged_records() {
         &[],
         "5",
         20_000,
+        Writer::Rdkafka,
         stop,
     );
     restart_and_check_acked(&mut broker, &topic, &run);

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
+use crate::log::FileRegions;
+
 /// A file opened for reading and writing at explicit positions.
 pub trait FileHandle: 'static {
     /// Writes all of `buf` at `pos`.
@@ -50,6 +52,11 @@ pub trait FileHandle: 'static {
     /// watermark: they are never rewritten.
     async fn sendable(&self, _pos: u64, _len: usize) -> io::Result<Option<OwnedFd>> {
         Ok(None)
+    }
+    /// The bound that regions sent from this file ([`FileHandle::sendable`]) count against,
+    /// taken before one is asked for; `None` where nothing is ever sent (the default).
+    fn file_regions(&self) -> Option<&'static FileRegions> {
+        None
     }
 }
 

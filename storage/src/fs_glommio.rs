@@ -4,6 +4,61 @@
 //!
 //! This is the only storage module that knows the runtime, and the only module of the workspace
 //! allowed `unsafe` code: one borrow of a file descriptor glommio owns (see [`borrow_fd`]).
+//!
+//! # State
+//!
+//! A [`GlommioFs`] is one shard's file system, built from one [`GlommioFsConfig`] and the
+//! process's [`SharedFs`]. Its state is one `FsState` behind an `Rc` that the `GlommioFs`, its
+//! clones and every file it opens share; nothing lives in globals or thread-locals:
+//!
+//! - the config: direct segment writes, the budget of recent writes kept in memory, the
+//!   page-cache guard, drop-behind;
+//! - the recent writes of all the shard's direct-written segments, in the order they are
+//!   evicted (`RecentWrites`), and the bytes its files have read ahead;
+//! - a descriptor per file system it has synced with `syncfs`;
+//! - its counters ([`FsStats`], read by the broker's metrics through [`GlommioFs::stats`]).
+//!
+//! What is process-wide is explicit, in the one [`SharedFs`] created at start-up: the bound on
+//! file regions alive at once (descriptors are the process's), and what the data directory's
+//! file system turned out not to support (`O_DIRECT`, `RWF_NOWAIT` reads, `fallocate`), each
+//! found once and then avoided by every shard.
+//!
+//! # Direct segment writes
+//!
+//! With [`GlommioFsConfig::direct_segment_writes`], segment files write their writes of
+//! [`DIRECT_MIN_BYTES`] or more with `O_DIRECT`, the last partial page padded with zeros, into
+//! space reserved ahead (see [`split_write`]): a growing log then takes no page-cache pages for
+//! what it writes, which is where a buffered write spends its time on a VM whose fresh pages
+//! are expensive. The page cache then lacks what was written: reads of each file's most recent
+//! writes (a consumer following the log) come from memory, up to
+//! [`GlommioFsConfig::recent_writes_bytes`] per shard. Reads that miss them go through the page
+//! cache, as every read of a Kafka log does: a consumer catching up takes pages, and the next
+//! reader of the same data finds them there. Mixing those reads with direct writes is safe only
+//! if no read holds a page a direct write covers: the kernel drops the cached pages a direct
+//! write covers, and if one of them is being read at that moment it stays, stale, and the
+//! kernel fails the file's next `fsync` with `EIO`. Direct writes only ever cover the page
+//! holding the written end and those after it. So reads
+//!
+//! - **ending [`GlommioFsConfig::page_cache_guard_bytes`] or more before the page the next
+//!   write starts in** run whenever they come: a read through the page cache takes at most the
+//!   kernel's read-ahead window beyond what it asked for, and the distance is several windows
+//!   ([`page_cache_guard_bytes`]);
+//! - **nearer the end** run through the page cache only while no write of the file is in
+//!   flight (otherwise directly, with `O_DIRECT`), and a write that starts while one runs goes
+//!   through the page cache instead of directly. The kernel's read-ahead beyond such a read is
+//!   no hazard: its pages are locked until read, and a direct write waits for them.
+//!
+//! Truncations, which move the end back, and the first direct write wait for running reads.
+//!
+//! # Drop-behind
+//!
+//! With [`GlommioFsConfig::drop_behind_bytes`] N > 0, after an `fdatasync` a buffered file's
+//! pages lying more than N bytes behind the end of what was written through the handle are
+//! dropped from the page cache (`POSIX_FADV_DONTNEED`). A growing log then reuses the pages it
+//! frees instead of taking new ones (the kernel drops whole folios, so up to one large folio
+//! more stays), which matters where taking a page the kernel has not used recently is
+//! expensive (a VM whose free memory goes back to the host); reads of dropped data come from
+//! the disk.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -21,20 +76,200 @@ use glommio::sync::RwLock;
 use rustix::io::{Errno, ReadWriteFlags};
 
 use crate::fs::{direct_aligned, FileHandle, Fs, StageBuf, StdFs};
+use crate::log::FileRegions;
 
-/// The glommio-backed file system; usable only inside a glommio executor.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GlommioFs;
+/// A shard's file system on glommio; usable only inside a glommio executor. Clones share one
+/// state (see the module docs), as do the files they open.
+#[derive(Clone, Debug)]
+pub struct GlommioFs(Rc<FsState>);
+
+/// The settings of a shard's [`GlommioFs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlommioFsConfig {
+    /// Segment files write their whole pages with `O_DIRECT` (see the module docs), where the
+    /// file system supports it. Off, segments are written through the page cache.
+    pub direct_segment_writes: bool,
+    /// With direct segment writes, memory for the shard's segments' most recent writes (the
+    /// buffers kept, not only their data), which serve reads of the logs' ends.
+    pub recent_writes_bytes: usize,
+    /// With direct segment writes, how far behind a segment's written end reads go through
+    /// the page cache whenever they come ([`page_cache_guard_bytes`]).
+    pub page_cache_guard_bytes: u64,
+    /// After an `fdatasync`, a buffered file's pages more than this many bytes behind its
+    /// written end are dropped from the page cache (see the module docs); 0 keeps them.
+    pub drop_behind_bytes: u64,
+}
+
+impl Default for GlommioFsConfig {
+    /// Segments written through the page cache, and nothing dropped from it.
+    fn default() -> Self {
+        GlommioFsConfig {
+            direct_segment_writes: false,
+            recent_writes_bytes: 256 << 20,
+            page_cache_guard_bytes: PAGE_CACHE_GUARD_UNKNOWN_BYTES,
+            drop_behind_bytes: 0,
+        }
+    }
+}
+
+/// What every shard's file system shares: created once at start-up ([`SharedFs::for_process`])
+/// and handed to each shard's [`GlommioFs`].
+#[derive(Debug)]
+pub struct SharedFs {
+    /// File regions alive at once (see [`FileHandle::sendable`]).
+    regions: &'static FileRegions,
+    /// Cleared for good when the file system refuses `O_DIRECT`, or its disk needs a larger
+    /// alignment: every shard then writes through the page cache.
+    direct_io: AtomicBool,
+    /// Cleared for good when the kernel or file system does not support `RWF_NOWAIT` reads.
+    nowait_reads: AtomicBool,
+    /// Cleared for good when the file system cannot reserve space (`fallocate`).
+    reserve_space: AtomicBool,
+}
+
+impl SharedFs {
+    /// The process's shared state, with `regions` as the bound on file regions alive at once.
+    /// It lives until the process exits: a region may be dropped on any thread.
+    pub fn for_process(regions: &'static FileRegions) -> &'static SharedFs {
+        Box::leak(Box::new(SharedFs {
+            regions,
+            direct_io: AtomicBool::new(true),
+            nowait_reads: AtomicBool::new(true),
+            reserve_space: AtomicBool::new(true),
+        }))
+    }
+
+    /// Clears `flag` and says whether this call cleared it (the first to find it unsupported
+    /// tells the log).
+    fn clear(flag: &AtomicBool) -> bool {
+        flag.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// What a shard's file system has counted since it started (see [`GlommioFs::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsStats {
+    /// Bytes asked of the kernel to drop from the page cache (each open handle of a file drops
+    /// on its own, so a range may be counted more than once).
+    pub dropped_behind_bytes: u64,
+    /// Memory the recent writes of direct-written segments hold now.
+    pub recent_writes_bytes: usize,
+    /// Bytes read of direct-written segments from their recent writes in memory.
+    pub recent_hit_bytes: u64,
+    /// Bytes read of direct-written segments from their files.
+    pub recent_miss_bytes: u64,
+    /// Bytes read near direct-written ends through the page cache, with what was read ahead.
+    pub near_cached_read_bytes: u64,
+    /// Writes that would have been direct and went through the page cache, since a read near
+    /// the end ran.
+    pub writes_beside_near_reads: u64,
+    /// Bytes of direct segment writes written from where they were staged.
+    pub direct_uncopied_bytes: u64,
+    /// Bytes of direct segment writes copied into an aligned buffer first (data not staged in
+    /// the direct layout).
+    pub direct_copied_bytes: u64,
+    /// Bytes of segment space reserved ahead of direct writes (see [`DirectSide::reserve`]).
+    pub reserved_bytes: u64,
+}
+
+/// The counters behind [`FsStats`] (the recent writes' memory is [`RecentWrites::bytes`]).
+#[derive(Debug, Default)]
+struct FsCounters {
+    dropped_behind_bytes: Cell<u64>,
+    recent_hit_bytes: Cell<u64>,
+    recent_miss_bytes: Cell<u64>,
+    near_cached_read_bytes: Cell<u64>,
+    writes_beside_near_reads: Cell<u64>,
+    direct_uncopied_bytes: Cell<u64>,
+    direct_copied_bytes: Cell<u64>,
+    reserved_bytes: Cell<u64>,
+}
+
+/// Adds `n` to a counter.
+fn add(counter: &Cell<u64>, n: u64) {
+    counter.set(counter.get() + n);
+}
+
+/// A shard's file-system state (see the module docs).
+#[derive(Debug)]
+struct FsState {
+    config: GlommioFsConfig,
+    shared: &'static SharedFs,
+    counters: FsCounters,
+    recent: RecentWrites,
+    /// Bytes read ahead by the shard's files (see [`DirectSide::read`]).
+    ahead_bytes: Cell<usize>,
+    /// A directory per file system (by device number) the shard has synced with `syncfs`.
+    filesystems: RefCell<Vec<(u64, std::sync::Arc<std::fs::File>)>>,
+}
+
+impl FsState {
+    /// Whether segment writes may go direct: configured so, and not found unsupported.
+    fn direct_segments(&self) -> bool {
+        self.config.direct_segment_writes && self.shared.direct_io.load(Ordering::Relaxed)
+    }
+}
+
+impl GlommioFs {
+    /// A shard's file system.
+    pub fn new(config: GlommioFsConfig, shared: &'static SharedFs) -> GlommioFs {
+        GlommioFs(Rc::new(FsState {
+            config,
+            shared,
+            counters: FsCounters::default(),
+            recent: RecentWrites::default(),
+            ahead_bytes: Cell::new(0),
+            filesystems: RefCell::new(Vec::new()),
+        }))
+    }
+
+    pub fn config(&self) -> &GlommioFsConfig {
+        &self.0.config
+    }
+
+    fn file(&self, file: Inner) -> GlommioFile {
+        GlommioFile {
+            file,
+            written: Cell::default(),
+            side: None,
+            fs: Rc::clone(&self.0),
+        }
+    }
+
+    /// What the shard's file system has counted so far.
+    pub fn stats(&self) -> FsStats {
+        let c = &self.0.counters;
+        FsStats {
+            dropped_behind_bytes: c.dropped_behind_bytes.get(),
+            recent_writes_bytes: self.0.recent.bytes.get(),
+            recent_hit_bytes: c.recent_hit_bytes.get(),
+            recent_miss_bytes: c.recent_miss_bytes.get(),
+            near_cached_read_bytes: c.near_cached_read_bytes.get(),
+            writes_beside_near_reads: c.writes_beside_near_reads.get(),
+            direct_uncopied_bytes: c.direct_uncopied_bytes.get(),
+            direct_copied_bytes: c.direct_copied_bytes.get(),
+            reserved_bytes: c.reserved_bytes.get(),
+        }
+    }
+}
 
 /// A glommio file: buffered (page cache, io_uring), or direct (`O_DIRECT`, io_uring) for a file
 /// opened with [`Fs::open_direct`].
 #[derive(Debug)]
-pub struct GlommioFile(Inner, Cell<Written>, Option<DirectSide>);
+pub struct GlommioFile {
+    file: Inner,
+    written: Cell<Written>,
+    /// A segment file's direct descriptor and what goes with it (direct segment writes).
+    side: Option<DirectSide>,
+    fs: Rc<FsState>,
+}
 
-/// A segment file's second, `O_DIRECT` descriptor (see [`set_direct_segment_writes`]) and the
-/// bytes of the file's last partial page as this handle last wrote them.
+/// A segment file's second, `O_DIRECT` descriptor (see the module docs) and the bytes of the
+/// file's last partial page as this handle last wrote them.
 #[derive(Debug)]
 struct DirectSide {
+    /// The shard's file system (its recent writes, read-ahead budget and counters).
+    fs: Rc<FsState>,
     /// The file's buffered descriptor (also the handle's), for reads that run on by themselves.
     file: Rc<BufferedFile>,
     /// Opened at the first direct write: most segments of a broker with many partitions are
@@ -62,10 +297,10 @@ struct DirectSide {
     forgotten: Cell<u64>,
     /// Held (shared) by every read of the file through the page cache while it runs; taken
     /// (exclusive) before the direct descriptor is opened and before a truncation, which move
-    /// the pages direct writes will cover (see [`set_direct_segment_writes`]).
+    /// the pages direct writes will cover (see the module docs).
     page_cache_reads: Rc<RwLock<()>>,
     /// Reads through the page cache near the written end that have not finished: while there
-    /// are any, writes go through the page cache too (see [`set_direct_segment_writes`]).
+    /// are any, writes go through the page cache too (see the module docs).
     near_reads: Rc<Cell<usize>>,
     /// The file's size as this handle last set it beyond the written end (space reserved for
     /// the writes to come, and the zeros padding the last direct write), `None` while the file
@@ -99,9 +334,6 @@ const DIRECT_MIN_BYTES: usize = 64 << 10;
 /// [`DirectSide::reserve`]).
 const RESERVE_MIN_BYTES: u64 = 1 << 20;
 const RESERVE_MAX_BYTES: u64 = 16 << 20;
-
-/// Cleared for good when the file system cannot reserve space (`fallocate`).
-static RESERVE_SPACE: AtomicBool = AtomicBool::new(true);
 
 /// A read of a direct-written segment that misses its recent writes reads at least this much.
 const READ_AHEAD_BYTES: usize = 4 << 20;
@@ -160,17 +392,17 @@ impl DirectSide {
         // them all) would double the files a broker with many partitions keeps open.
         let Some(dma) = self.dma.borrow().clone() else {
             let _reading = self.page_cache_reads.read().await.map_err(lock_error)?;
-            return buffered_read(f, pos, len).await;
+            return buffered_read(f, pos, len, self.fs.shared).await;
         };
         let forgotten = self.forgotten.get();
         let stable = self.stable_end().await?.saturating_sub(pos) as usize;
-        let room = READ_AHEAD_MAX_BYTES.saturating_sub(AHEAD_BYTES.with(Cell::get));
+        let room = READ_AHEAD_MAX_BYTES.saturating_sub(self.fs.ahead_bytes.get());
         let want = len.max(READ_AHEAD_BYTES.min(stable).min(room));
         // Through the page cache unless a write of the file is in flight, so that the next
         // reader finds these bytes in memory (see `near_read`).
         let bytes = match self.near_read(pos, want).await? {
             Some(bytes) => {
-                NEAR_CACHED_READ_BYTES.with(|n| n.set(n.get() + bytes.len() as u64));
+                add(&self.fs.counters.near_cached_read_bytes, bytes.len() as u64);
                 bytes
             }
             None => Bytes::copy_from_slice(&dma.read_at(pos, want).await?),
@@ -218,7 +450,7 @@ impl DirectSide {
             return;
         };
         let n = (stable.saturating_sub(from) as usize).min(READ_AHEAD_BYTES);
-        let used = AHEAD_BYTES.with(Cell::get);
+        let used = self.fs.ahead_bytes.get();
         if n < DIRECT_MIN_BYTES || used + n > READ_AHEAD_MAX_BYTES {
             return;
         }
@@ -236,7 +468,8 @@ impl DirectSide {
         if let Some(dma) = self.dma.borrow().clone() {
             return Some(dma);
         }
-        if !DIRECT_WRITES.load(Ordering::Relaxed) {
+        let shared = self.fs.shared;
+        if !shared.direct_io.load(Ordering::Relaxed) {
             return None;
         }
         // Reads through the page cache may so far have taken the pages the first direct write
@@ -251,7 +484,7 @@ impl DirectSide {
                 Some(dma)
             }
             Ok(dma) => {
-                if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
+                if SharedFs::clear(&shared.direct_io) {
                     tracing::info!(path = %path.display(), alignment = dma.alignment(), "the disk's direct I/O alignment is too large; segments are written through the page cache");
                 }
                 // Only a probe: a failed close changes nothing here.
@@ -259,7 +492,7 @@ impl DirectSide {
                 None
             }
             Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
-                if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
+                if SharedFs::clear(&shared.direct_io) {
                     tracing::info!(path = %path.display(), "O_DIRECT unsupported here; segments are written through the page cache");
                 }
                 None
@@ -301,7 +534,11 @@ impl DirectSide {
             return Ok(None);
         }
         let counted = NearRead::new(&self.near_reads);
-        let (file, lock) = (Rc::clone(&self.file), Rc::clone(&self.page_cache_reads));
+        let (file, lock, shared) = (
+            Rc::clone(&self.file),
+            Rc::clone(&self.page_cache_reads),
+            self.fs.shared,
+        );
         // The kernel's read-ahead stops at the file's size, which lies past the data while
         // space is reserved: a read within its window of the data's end would fill the page
         // cache with the reserved blocks' zeros (up to the disk's read-ahead window, 8 MiB
@@ -309,7 +546,7 @@ impl DirectSide {
         // reads switch the kernel's read-ahead off while they run; reads near the end read
         // ahead themselves (`DirectSide::read`). The window is a quarter of the guard (see
         // [`page_cache_guard_bytes`]), or less.
-        let window = PAGE_CACHE_GUARD_BYTES.with(Cell::get) / 4;
+        let window = self.fs.config.page_cache_guard_bytes / 4;
         let reaches_zeros = match self.stable_end.get() {
             Some(end) => pos + len as u64 + window > end,
             None => true,
@@ -322,7 +559,7 @@ impl DirectSide {
                 // Only a hint: a failure costs the read-ahead, as before.
                 let _ = rustix::fs::fadvise(borrow_fd(&file), 0, None, rustix::fs::Advice::Random);
             }
-            let out = buffered_read(&file, pos, len).await;
+            let out = buffered_read(&file, pos, len, shared).await;
             if reserved && counted.0.get() == 1 {
                 let _ = rustix::fs::fadvise(borrow_fd(&file), 0, None, rustix::fs::Advice::Normal);
             }
@@ -336,25 +573,27 @@ impl DirectSide {
     }
 
     /// Whether `len` bytes at `pos` lie far enough behind the file's written end to be read
-    /// through the page cache: they end at least [`PAGE_CACHE_GUARD_BYTES`] before the page
-    /// the next write starts in (see [`set_direct_segment_writes`]). Call with
+    /// through the page cache: they end at least [`GlommioFsConfig::page_cache_guard_bytes`]
+    /// before the page the next write starts in (see the module docs). Call with
     /// `page_cache_reads` held, so that no truncation moves that page meanwhile.
     async fn behind_writes(&self, pos: u64, len: usize) -> io::Result<bool> {
         let end = self.stable_end().await?;
         let next_write_page = end - end % crate::fs::DIRECT_WRITE_ALIGN;
-        let guard = PAGE_CACHE_GUARD_BYTES.with(Cell::get);
+        let guard = self.fs.config.page_cache_guard_bytes;
         Ok(pos.saturating_add(len as u64) <= next_write_page.saturating_sub(guard))
     }
 
     fn set_ahead(&self, at: u64, bytes: Bytes) {
         self.drop_ahead();
-        AHEAD_BYTES.with(|a| a.set(a.get() + bytes.len()));
+        let ahead = &self.fs.ahead_bytes;
+        ahead.set(ahead.get() + bytes.len());
         self.ahead.replace(Some((at, bytes)));
     }
 
     fn drop_ahead(&self) {
         if let Some((_, old)) = self.ahead.borrow_mut().take() {
-            AHEAD_BYTES.with(|a| a.set(a.get().saturating_sub(old.len())));
+            let ahead = &self.fs.ahead_bytes;
+            ahead.set(ahead.get().saturating_sub(old.len()));
         }
     }
 
@@ -373,7 +612,8 @@ impl DirectSide {
     /// to write (BENCHMARKS.md item 51). A sealed file reserves nothing more; where the file
     /// system cannot, writes extend the file as before.
     async fn reserve(&self, padded_end: u64, len: usize) {
-        if self.sealed.get() || !RESERVE_SPACE.load(Ordering::Relaxed) {
+        let reserve_space = &self.fs.shared.reserve_space;
+        if self.sealed.get() || !reserve_space.load(Ordering::Relaxed) {
             return;
         }
         if self.reserved.get().is_some_and(|r| r >= padded_end) {
@@ -385,13 +625,13 @@ impl DirectSide {
         match self.file.pre_allocate(target, false).await {
             Ok(()) => {
                 self.reserved.set(Some(target));
-                RESERVED_BYTES.with(|n| n.set(n.get() + target.saturating_sub(before)));
+                add(&self.fs.counters.reserved_bytes, target.saturating_sub(before));
             }
             Err(e) => {
                 // The size may have moved part of the way: trimmed like a reservation.
                 self.reserved.set(Some(self.reserved.get().unwrap_or(0)));
                 if matches!(e.raw_os_error(), Some(code) if code == Errno::OPNOTSUPP.raw_os_error())
-                    && RESERVE_SPACE.swap(false, Ordering::Relaxed)
+                    && SharedFs::clear(reserve_space)
                 {
                     tracing::info!(path = ?self.file.path(), "fallocate unsupported here; direct segment writes extend their files");
                 } else {
@@ -399,6 +639,12 @@ impl DirectSide {
                 }
             }
         }
+    }
+
+    /// Keeps a write at `pos` among the shard's recent writes (see [`RecentWrites::push`]).
+    fn push_recent(&self, pos: u64, data: Bytes, held: usize) {
+        let budget = self.fs.config.recent_writes_bytes;
+        self.fs.recent.push(&self.recent, pos, data, held, budget);
     }
 
     /// Cuts the file back to its data once it is sealed and no write is in flight: a sealed
@@ -426,7 +672,7 @@ const RECENT_MAX_WRITES: usize = 1 << 16;
 /// held), contiguous and in order. The page cache does not hold what the direct writes wrote, so
 /// without these a consumer following the log's end would read every record back from the
 /// disk. The shard keeps them within one budget, oldest write evicted first whichever file it
-/// belongs to (see [`set_direct_segment_writes`] and [`RECENT_ORDER`]).
+/// belongs to (see [`RecentWrites`]).
 #[derive(Debug, Default)]
 struct Recent {
     chunks: VecDeque<(u64, u64, Bytes, usize)>,
@@ -448,59 +694,70 @@ fn kept(data: Bytes, held: usize) -> (Bytes, usize) {
     }
 }
 
+/// The recent writes of all of a shard's direct-written segments ([`Recent`] each), within
+/// one budget.
+#[derive(Debug, Default)]
+struct RecentWrites {
+    /// Every kept write, oldest first: its file and sequence number (an entry whose write is
+    /// gone already is skipped).
+    order: RefCell<VecDeque<(Weak<RefCell<Recent>>, u64)>>,
+    /// Numbers the writes, for `order`.
+    seq: Cell<u64>,
+    /// Memory the writes of all the files hold.
+    bytes: Cell<usize>,
+}
+
+impl RecentWrites {
+    /// Adds a write at `pos` to `file`; a write that does not continue the last one starts
+    /// afresh. Then evicts the shard's oldest writes while they hold more than `budget` bytes.
+    fn push(&self, file: &Rc<RefCell<Recent>>, pos: u64, data: Bytes, held: usize, budget: usize) {
+        let (data, held) = kept(data, held);
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        {
+            let mut me = file.borrow_mut();
+            if me.end() != Some(pos) {
+                me.clear(self);
+            }
+            me.bytes += held;
+            self.bytes.set(self.bytes.get() + held);
+            me.chunks.push_back((seq, pos, data, held));
+        }
+        let mut order = self.order.borrow_mut();
+        order.push_back((Rc::downgrade(file), seq));
+        while self.bytes.get() > budget || order.len() > RECENT_MAX_WRITES {
+            let Some((file, seq)) = order.pop_front() else {
+                break;
+            };
+            if let Some(file) = file.upgrade() {
+                let mut file = file.borrow_mut();
+                if file.chunks.front().is_some_and(|(s, _, _, _)| *s == seq) {
+                    if let Some((_, _, _, held)) = file.chunks.pop_front() {
+                        file.bytes -= held;
+                        self.bytes.set(self.bytes.get().saturating_sub(held));
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Recent {
     fn end(&self) -> Option<u64> {
         self.chunks.back().map(|(_, pos, b, _)| pos + b.len() as u64)
     }
 
-    /// Adds a write at `pos` to `this`; a write that does not continue the last one starts
-    /// afresh. Then evicts the shard's oldest writes while it holds more than its budget.
-    fn push(this: &Rc<RefCell<Recent>>, pos: u64, data: Bytes, held: usize) {
-        let (data, held) = kept(data, held);
-        let seq = RECENT_SEQ.with(|n| {
-            n.set(n.get() + 1);
-            n.get()
-        });
-        {
-            let mut me = this.borrow_mut();
-            if me.end() != Some(pos) {
-                me.clear();
-            }
-            me.bytes += held;
-            RECENT_BYTES.with(|b| b.set(b.get() + held));
-            me.chunks.push_back((seq, pos, data, held));
-        }
-        RECENT_ORDER.with(|order| {
-            let mut order = order.borrow_mut();
-            order.push_back((Rc::downgrade(this), seq));
-            let budget = RECENT_BUDGET_BYTES.with(Cell::get);
-            while RECENT_BYTES.with(Cell::get) > budget || order.len() > RECENT_MAX_WRITES {
-                let Some((file, seq)) = order.pop_front() else {
-                    break;
-                };
-                if let Some(file) = file.upgrade() {
-                    let mut file = file.borrow_mut();
-                    if file.chunks.front().is_some_and(|(s, _, _, _)| *s == seq) {
-                        if let Some((_, _, _, held)) = file.chunks.pop_front() {
-                            file.bytes -= held;
-                            RECENT_BYTES.with(|b| b.set(b.get().saturating_sub(held)));
-                        }
-                    }
-                }
-            }
-        });
-    }
-
-    fn clear(&mut self) {
-        RECENT_BYTES.with(|b| b.set(b.get().saturating_sub(self.bytes)));
+    /// Forgets every write; `shard` holds the shard's count.
+    fn clear(&mut self, shard: &RecentWrites) {
+        shard.bytes.set(shard.bytes.get().saturating_sub(self.bytes));
         self.chunks.clear();
         self.bytes = 0;
     }
 
     /// Forgets everything at or after `len` (a truncation).
-    fn truncate(&mut self, len: u64) {
+    fn truncate(&mut self, len: u64, shard: &RecentWrites) {
         if self.end().is_some_and(|end| end > len) {
-            self.clear();
+            self.clear(shard);
         }
     }
 
@@ -541,13 +798,13 @@ impl Recent {
 
 impl Drop for DirectSide {
     fn drop(&mut self) {
-        self.recent.borrow_mut().clear();
+        self.recent.borrow_mut().clear(&self.fs.recent);
         self.forget_reads();
     }
 }
 
 /// How far a buffered file has been written, and up to where its pages were dropped from the
-/// page cache (see [`set_drop_behind_bytes`]).
+/// page cache (see the module docs on drop-behind).
 #[derive(Debug, Default, Clone, Copy)]
 struct Written {
     end: u64,
@@ -558,118 +815,15 @@ struct Written {
 /// makes one `fadvise` call per few MiB rather than one per round.
 const DROP_STEP_BYTES: u64 = 4 << 20;
 
-thread_local! {
-    /// See [`set_drop_behind_bytes`]; 0 drops nothing.
-    static DROP_BEHIND_BYTES: Cell<u64> = const { Cell::new(0) };
-    /// Bytes this thread (a shard) asked the kernel to drop from the page cache.
-    static DROPPED_BYTES: Cell<u64> = const { Cell::new(0) };
-    /// See [`set_direct_segment_writes`].
-    static DIRECT_SEGMENT_WRITES: Cell<bool> = const { Cell::new(false) };
-    /// The shard's budget for direct-written segments' recent writes (see [`Recent`]).
-    static RECENT_BUDGET_BYTES: Cell<usize> = const { Cell::new(256 << 20) };
-    /// See [`set_direct_segment_writes`] and [`page_cache_guard_bytes`].
-    static PAGE_CACHE_GUARD_BYTES: Cell<u64> = const { Cell::new(PAGE_CACHE_GUARD_UNKNOWN_BYTES) };
-    /// Numbers the recent writes, for [`RECENT_ORDER`].
-    static RECENT_SEQ: Cell<u64> = const { Cell::new(0) };
-    /// Bytes read ahead by the shard's files (see [`DirectSide::read`]).
-    static AHEAD_BYTES: Cell<usize> = const { Cell::new(0) };
-    /// Bytes read of direct-written segments from their recent writes, and otherwise.
-    static RECENT_HIT_BYTES: Cell<u64> = const { Cell::new(0) };
-    static RECENT_MISS_BYTES: Cell<u64> = const { Cell::new(0) };
-    /// Bytes read near direct-written ends through the page cache, with what was read ahead.
-    static NEAR_CACHED_READ_BYTES: Cell<u64> = const { Cell::new(0) };
-    /// Writes that would have been direct and went through the page cache, since a read near
-    /// the end ran.
-    static WRITES_BESIDE_NEAR_READS: Cell<u64> = const { Cell::new(0) };
-    /// Every kept write of the shard's direct-written segments, oldest first: its file and
-    /// sequence number (an entry whose write is gone already is skipped).
-    static RECENT_ORDER: RefCell<VecDeque<(Weak<RefCell<Recent>>, u64)>> = const { RefCell::new(VecDeque::new()) };
-    /// Bytes the recent writes of the shard's files hold.
-    static RECENT_BYTES: Cell<usize> = const { Cell::new(0) };
-    /// Bytes of direct segment writes written from where they were staged, and copied into an
-    /// aligned buffer first (see [`split_write`]).
-    static DIRECT_UNCOPIED_BYTES: Cell<u64> = const { Cell::new(0) };
-    static DIRECT_COPIED_BYTES: Cell<u64> = const { Cell::new(0) };
-    /// Bytes of segment space the shard reserved ahead of its direct writes.
-    static RESERVED_BYTES: Cell<u64> = const { Cell::new(0) };
-    /// A directory per file system (by device number) the shard has synced with `syncfs`.
-    static FILESYSTEMS: RefCell<Vec<(u64, std::sync::Arc<std::fs::File>)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The calling shard's recent segment writes (see [`set_direct_segment_writes`]): bytes held in
-/// memory, and bytes read of direct-written segments so far from memory and from the file.
-pub fn recent_write_stats() -> (usize, u64, u64) {
-    (
-        RECENT_BYTES.with(Cell::get),
-        RECENT_HIT_BYTES.with(Cell::get),
-        RECENT_MISS_BYTES.with(Cell::get),
-    )
-}
-
-/// The calling shard's direct segment writes: bytes written from where they were staged, and
-/// bytes copied into an aligned buffer first (data not staged in the direct layout).
-pub fn direct_write_stats() -> (u64, u64) {
-    (
-        DIRECT_UNCOPIED_BYTES.with(Cell::get),
-        DIRECT_COPIED_BYTES.with(Cell::get),
-    )
-}
-
-/// Bytes of segment space the calling shard has reserved ahead of its direct writes (see
-/// [`DirectSide::reserve`]).
-pub fn reserved_bytes() -> u64 {
-    RESERVED_BYTES.with(Cell::get)
-}
-
-/// The calling shard's reads near direct-written segments' ends (see
-/// [`set_direct_segment_writes`]): bytes read through the page cache, and writes that went
-/// through the page cache because such a read was running.
-pub fn near_read_stats() -> (u64, u64) {
-    (
-        NEAR_CACHED_READ_BYTES.with(Cell::get),
-        WRITES_BESIDE_NEAR_READS.with(Cell::get),
-    )
-}
-
-/// Segment files opened by the calling thread (a shard) from now on write their writes of
-/// [`DIRECT_MIN_BYTES`] or more with `O_DIRECT`, the last partial page padded with zeros, into
-/// space reserved ahead (see [`split_write`]; `strand.log.direct.writes`): a growing log then takes no page-cache pages for what it
-/// writes, which is where a buffered write spends its time on a VM whose fresh pages are
-/// expensive (BENCHMARKS.md items 22 and 25). The page cache then lacks what was written:
-/// reads of each file's most recent writes (a consumer following the log) come from memory, up
-/// to `recent_budget_bytes` per shard. Reads that miss them go through the page cache, as
-/// every read of a Kafka log does: a consumer catching up takes pages, and the next reader of
-/// the same data finds them there (BENCHMARKS.md items 35 and 36). Mixing those reads with
-/// direct writes is safe only if no read holds a page a direct write covers: the kernel drops
-/// the cached pages a direct write covers, and if one of them is being read at that moment it
-/// stays, stale, and the kernel fails the file's next `fsync` with `EIO`. Direct writes only
-/// ever cover the page holding the written end and those after it. So reads
-///
-/// - **ending `page_cache_guard_bytes` or more before the page the next write starts in** run
-///   whenever they come: a read through the page cache takes at most the kernel's read-ahead
-///   window beyond what it asked for, and the distance is several windows
-///   ([`page_cache_guard_bytes`]);
-/// - **nearer the end** run through the page cache only while no write of the file is in
-///   flight (otherwise directly, with `O_DIRECT`), and a write that starts while one runs
-///   goes through the page cache instead of directly. The kernel's read-ahead beyond such a
-///   read is no hazard: its pages are locked until read, and a direct write waits for them.
-///
-/// Truncations, which move the end back, and the first direct write wait for running reads.
-pub fn set_direct_segment_writes(on: bool, recent_budget_bytes: usize, page_cache_guard_bytes: u64) {
-    DIRECT_SEGMENT_WRITES.with(|d| d.set(on));
-    RECENT_BUDGET_BYTES.with(|d| d.set(recent_budget_bytes));
-    PAGE_CACHE_GUARD_BYTES.with(|d| d.set(page_cache_guard_bytes));
-}
-
 /// The guard when the read-ahead of the disk is not known.
 const PAGE_CACHE_GUARD_UNKNOWN_BYTES: u64 = 256 << 20;
 /// The smallest guard.
 const PAGE_CACHE_GUARD_MIN_BYTES: u64 = 32 << 20;
 
 /// The distance behind a direct-written segment's end from which its reads go through the
-/// page cache (see [`set_direct_segment_writes`]), for logs in `dir`: four times the largest
-/// window the kernel reads ahead on that disk (its `read_ahead_kb`, or its `max_sectors_kb`,
-/// which a large read may use instead), and at least 32 MiB. If `dir`'s disk is not found in
+/// page cache (see the module docs), for logs in `dir`: four times the largest window the
+/// kernel reads ahead on that disk (its `read_ahead_kb`, or its `max_sectors_kb`, which a
+/// large read may use instead), and at least 32 MiB. If `dir`'s disk is not found in
 /// `/sys` (a device-mapper or overlay file system, say), the largest window of any block
 /// device counts; failing that, 256 MiB. Read once at start-up: raising a disk's read-ahead
 /// later beyond a quarter of the guard needs a restart.
@@ -709,24 +863,6 @@ fn lock_error<E: std::fmt::Display>(e: E) -> io::Error {
     io::Error::other(format!("segment read lock: {e}"))
 }
 
-/// After an `fdatasync`, a buffered file's pages lying more than `bytes` behind the end of what
-/// was written through this handle are dropped from the page cache (`POSIX_FADV_DONTNEED`); 0
-/// (the default) keeps everything, as Kafka does. A growing log then reuses the pages it frees
-/// instead of taking new ones (the kernel drops whole folios, so up to one large folio more
-/// stays), which matters where taking a page the kernel has not used
-/// recently is expensive (a VM whose free memory goes back to the host, BENCHMARKS.md item 22);
-/// reads of dropped data come from the disk. For the calling thread: each shard sets it when it
-/// starts (`strand.log.drop.behind.bytes`).
-pub fn set_drop_behind_bytes(bytes: u64) {
-    DROP_BEHIND_BYTES.with(|d| d.set(bytes));
-}
-
-/// Bytes the calling shard has asked the kernel to drop from the page cache so far (each open
-/// handle of a file drops on its own, so a range may be counted more than once).
-pub fn dropped_behind_bytes() -> u64 {
-    DROPPED_BYTES.with(Cell::get)
-}
-
 /// The file's descriptor, for a system call glommio has no operation for.
 fn borrow_fd(file: &BufferedFile) -> BorrowedFd<'_> {
     // SAFETY: the descriptor is owned by `file`, which stays borrowed for as long as the
@@ -760,19 +896,19 @@ impl GlommioFile {
     }
 
     fn wrote(&self, pos: u64, len: usize) {
-        let mut w = self.1.get();
+        let mut w = self.written.get();
         w.end = w.end.max(pos + len as u64);
-        self.1.set(w);
+        self.written.set(w);
     }
 
-    /// Drops the pages more than [`DROP_BEHIND_BYTES`] behind `synced_end`, once a step's worth
-    /// has gathered. Called after a successful `fdatasync` with the written end as it was when
-    /// the `fdatasync` began: everything before it is clean and goes, while a write that
-    /// completed during the `fdatasync` (the next round, overlapping) may still be dirty, and
-    /// the kernel would skip its pages for good.
+    /// Drops the pages more than [`GlommioFsConfig::drop_behind_bytes`] behind `synced_end`,
+    /// once a step's worth has gathered. Called after a successful `fdatasync` with the written
+    /// end as it was when the `fdatasync` began: everything before it is clean and goes, while a
+    /// write that completed during the `fdatasync` (the next round, overlapping) may still be
+    /// dirty, and the kernel would skip its pages for good.
     fn drop_behind(&self, file: &BufferedFile, synced_end: u64) {
-        let keep = DROP_BEHIND_BYTES.with(Cell::get);
-        let mut w = self.1.get();
+        let keep = self.fs.config.drop_behind_bytes;
+        let mut w = self.written.get();
         let to = synced_end.min(w.end).saturating_sub(keep);
         if keep == 0 || to < w.dropped_to + DROP_STEP_BYTES {
             return;
@@ -787,11 +923,11 @@ impl GlommioFile {
             Some(len),
             rustix::fs::Advice::DontNeed,
         ) {
-            Ok(()) => DROPPED_BYTES.with(|d| d.set(d.get() + len.get())),
+            Ok(()) => add(&self.fs.counters.dropped_behind_bytes, len.get()),
             Err(e) => tracing::debug!(error = %e, "fadvise(DONTNEED) failed"),
         }
         w.dropped_to = to;
-        self.1.set(w);
+        self.written.set(w);
     }
 }
 
@@ -820,9 +956,9 @@ fn unaligned(len: usize, pos: u64) -> io::Error {
 impl FileHandle for GlommioFile {
     async fn write_all_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<()> {
         let len = buf.len();
-        let n = match &self.0 {
+        let n = match &self.file {
             Inner::Buffered(f) => {
-                if let Some(side) = &self.2 {
+                if let Some(side) = &self.side {
                     return self.side_write(side, StageBuf::from(buf), pos).await;
                 }
                 let n = f.write_at(buf, pos).await?;
@@ -838,7 +974,7 @@ impl FileHandle for GlommioFile {
     }
 
     async fn write_staged(&self, buf: StageBuf, pos: u64) -> io::Result<()> {
-        match (&self.0, &self.2) {
+        match (&self.file, &self.side) {
             (Inner::Buffered(_), Some(side)) => self.side_write(side, buf, pos).await,
             _ => self.write_all_at(buf.into_vec(), pos).await,
         }
@@ -846,27 +982,27 @@ impl FileHandle for GlommioFile {
 
     /// On a direct file, one write (see [`direct_write`]).
     async fn write_pieces_at(&self, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
-        match &self.0 {
+        match &self.file {
             Inner::Buffered(_) => crate::fs::write_each(self, pieces, pos).await,
             Inner::Direct(f) => direct_write(f, pieces, pos).await,
         }
     }
 
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
-        match &self.0 {
+        match &self.file {
             Inner::Buffered(f) => {
-                if let Some(side) = &self.2 {
+                if let Some(side) = &self.side {
                     if let Some(hit) = side.recent.borrow().read(pos, len) {
-                        RECENT_HIT_BYTES.with(|n| n.set(n.get() + hit.len() as u64));
+                        add(&self.fs.counters.recent_hit_bytes, hit.len() as u64);
                         return Ok(hit);
                     }
                     // Far behind the end, through the page cache, which keeps what was read
-                    // for the next reader (see `set_direct_segment_writes`).
+                    // for the next reader (see the module docs).
                     {
                         let _reading = side.page_cache_reads.read().await.map_err(lock_error)?;
                         if side.behind_writes(pos, len).await? {
-                            let read = buffered_read(f, pos, len).await?;
-                            RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
+                            let read = buffered_read(f, pos, len, self.fs.shared).await?;
+                            add(&self.fs.counters.recent_miss_bytes, read.len() as u64);
                             return Ok(read);
                         }
                     }
@@ -875,10 +1011,10 @@ impl FileHandle for GlommioFile {
                     // not hold a page a direct write is about to cover while someone reads it.
                     // The kernel writes a dirty last page back before a direct read.
                     let read = side.read(pos, len).await?;
-                    RECENT_MISS_BYTES.with(|n| n.set(n.get() + read.len() as u64));
+                    add(&self.fs.counters.recent_miss_bytes, read.len() as u64);
                     return Ok(read);
                 }
-                buffered_read(f, pos, len).await
+                buffered_read(f, pos, len, self.fs.shared).await
             }
             Inner::Direct(f) => {
                 // Direct files are written, not read, on the shards (the journal is read at
@@ -888,7 +1024,7 @@ impl FileHandle for GlommioFile {
                     .map(|p| p.to_path_buf())
                     .ok_or_else(|| io::Error::other("direct file without a path"))?;
                 let b = OpenOptions::new().read(true).buffered_open(&path).await?;
-                let out = buffered_read(&b, pos, len).await;
+                let out = buffered_read(&b, pos, len, self.fs.shared).await;
                 b.close().await?;
                 out
             }
@@ -896,14 +1032,14 @@ impl FileHandle for GlommioFile {
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
-        match &self.0 {
+        match &self.file {
             Inner::Buffered(f) => {
-                if let Some(side) = &self.2 {
+                if let Some(side) = &self.side {
                     // A sealed segment is synced only as long as its data: recovery trusts its
                     // size once the recovery point is past it.
                     side.trim()?;
                 }
-                let synced_end = self.1.get().end;
+                let synced_end = self.written.get().end;
                 f.fdatasync().await?;
                 self.drop_behind(f, synced_end);
                 Ok(())
@@ -913,26 +1049,26 @@ impl FileHandle for GlommioFile {
     }
 
     async fn truncate(&self, len: u64) -> io::Result<()> {
-        match &self.0 {
+        match &self.file {
             Inner::Buffered(f) => {
                 // Reads through the page cache finish first: after the cut, direct writes cover
                 // pages they could be reading (the lock is only closed on drop).
-                let _no_reads = match &self.2 {
+                let _no_reads = match &self.side {
                     Some(side) => Some(side.page_cache_reads.write().await.map_err(lock_error)?),
                     None => None,
                 };
-                if let Some(side) = &self.2 {
+                if let Some(side) = &self.side {
                     side.tail.replace(None);
-                    side.recent.borrow_mut().truncate(len);
+                    side.recent.borrow_mut().truncate(len, &self.fs.recent);
                     side.forget_reads();
                     side.stable_end.set(Some(len));
                     side.reserved.set(None);
                 }
                 f.truncate(len).await?;
-                let mut w = self.1.get();
+                let mut w = self.written.get();
                 w.end = w.end.min(len);
                 w.dropped_to = w.dropped_to.min(len);
-                self.1.set(w);
+                self.written.set(w);
                 Ok(())
             }
             Inner::Direct(f) => Ok(f.truncate(len).await?),
@@ -944,10 +1080,10 @@ impl FileHandle for GlommioFile {
     /// written through the page cache; not what the shard's memory of recent writes holds
     /// (copying that beats reading the file), nor near the end of a direct-written segment.
     async fn sendable(&self, pos: u64, len: usize) -> io::Result<Option<OwnedFd>> {
-        let Inner::Buffered(f) = &self.0 else {
+        let Inner::Buffered(f) = &self.file else {
             return Ok(None);
         };
-        if let Some(side) = &self.2 {
+        if let Some(side) = &self.side {
             if side.recent.borrow().holds(pos, len) {
                 return Ok(None);
             }
@@ -960,10 +1096,14 @@ impl FileHandle for GlommioFile {
         Ok(rustix::io::fcntl_dupfd_cloexec(borrow_fd(f), 0).ok())
     }
 
+    fn file_regions(&self) -> Option<&'static FileRegions> {
+        Some(self.fs.shared.regions)
+    }
+
     /// Stops reserving space, and gives back what is reserved once no write is in flight (at
     /// once, or when the last write completes; the file's next `fdatasync` makes sure).
     fn seal(&self) -> bool {
-        let Some(side) = &self.2 else {
+        let Some(side) = &self.side else {
             return false;
         };
         side.sealed.set(true);
@@ -979,7 +1119,7 @@ impl FileHandle for GlommioFile {
     }
 
     async fn size(&self) -> io::Result<u64> {
-        match &self.0 {
+        match &self.file {
             Inner::Buffered(f) => Ok(f.file_size().await?),
             Inner::Direct(f) => Ok(f.file_size().await?),
         }
@@ -1060,7 +1200,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
     } else if side.near_reads.get() > 0 {
         // A read near the end is taking pages through the page cache; this write cannot drop
         // them from under it, so it goes there too (see `DirectSide::near_read`).
-        WRITES_BESIDE_NEAR_READS.with(|n| n.set(n.get() + 1));
+        add(&side.fs.counters.writes_beside_near_reads, 1);
         None
     } else {
         side.dma().await
@@ -1089,7 +1229,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
             return Err(short_write(n, len, pos));
         }
         side.tail.replace(tail);
-        Recent::push(&side.recent, pos, data, held);
+        side.push_recent(pos, data, held);
         return Ok(());
     };
     // The last partial page goes out too, padded with zeros (the next write rewrites it with
@@ -1108,7 +1248,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
         Some(p) => p,
         None if prefix_len == 0 => Vec::new(),
         None => {
-            let p = buffered_read(f, first, prefix_len).await?;
+            let p = buffered_read(f, first, prefix_len, side.fs.shared).await?;
             if p.len() != prefix_len {
                 return Err(io::Error::other(format!(
                     "segment shorter than its written end: {} of {prefix_len} bytes at {first}",
@@ -1142,7 +1282,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
             let whole = Bytes::from(vec).slice(at..);
             write_pages(&dma, whole.slice(..out), first, lead > 0).await?;
             let own = if tail_written { len } else { head };
-            DIRECT_UNCOPIED_BYTES.with(|b| b.set(b.get() + own as u64));
+            add(&side.fs.counters.direct_uncopied_bytes, own as u64);
             whole.slice(lead..data_end)
         }
         staged => {
@@ -1158,7 +1298,7 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
             )
             .await?;
             tail_written = true;
-            DIRECT_COPIED_BYTES.with(|b| b.set(b.get() + len as u64));
+            add(&side.fs.counters.direct_copied_bytes, len as u64);
             data
         }
     };
@@ -1175,15 +1315,15 @@ async fn split_write(side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<(
         }
     }
     side.tail.replace(Some((last, rest.to_vec())));
-    Recent::push(&side.recent, pos, data, held);
+    side.push_recent(pos, data, held);
     Ok(())
 }
 
 /// What the page cache holds is read straight into the returned buffer; the rest (cold data)
 /// through io_uring, whose own buffer is then copied.
-async fn buffered_read(file: &BufferedFile, pos: u64, len: usize) -> io::Result<Bytes> {
+async fn buffered_read(file: &BufferedFile, pos: u64, len: usize, shared: &SharedFs) -> io::Result<Bytes> {
     let mut out = vec![0u8; len];
-    let mut filled = cached_read(file, &mut out, pos);
+    let mut filled = cached_read(file, &mut out, pos, shared);
     while filled < len {
         let r = file.read_at(pos + filled as u64, len - filled).await?;
         if r.is_empty() {
@@ -1199,20 +1339,14 @@ async fn buffered_read(file: &BufferedFile, pos: u64, len: usize) -> io::Result<
     Ok(Bytes::from(out))
 }
 
-/// Cleared when the file system refuses `O_DIRECT`.
-static DIRECT_WRITES: AtomicBool = AtomicBool::new(true);
-
-/// Cleared when the kernel or file system does not support `RWF_NOWAIT` reads.
-static NOWAIT_READS: AtomicBool = AtomicBool::new(true);
-
 /// Reads into `buf` from `pos` what the page cache holds, without ever waiting for the disk
 /// (`preadv2` with `RWF_NOWAIT`), and returns how many bytes it read: all of `buf` for the tail
 /// a consumer follows, less (or none) for data that must come from the disk. Such a read of an
 /// uncached page does start readahead, so a later read (or this one, on a fast disk) may find
 /// it cached: how much of cold data it returns is not fixed. glommio's own reads land in a
 /// buffer it allocates, which would then be copied once more.
-fn cached_read(file: &BufferedFile, buf: &mut [u8], pos: u64) -> usize {
-    if !NOWAIT_READS.load(Ordering::Relaxed) {
+fn cached_read(file: &BufferedFile, buf: &mut [u8], pos: u64, shared: &SharedFs) -> usize {
+    if !shared.nowait_reads.load(Ordering::Relaxed) {
         return 0;
     }
     let fd = borrow_fd(file);
@@ -1227,7 +1361,7 @@ fn cached_read(file: &BufferedFile, buf: &mut [u8], pos: u64) -> usize {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e @ (Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL)) => {
-                if NOWAIT_READS.swap(false, Ordering::Relaxed) {
+                if SharedFs::clear(&shared.nowait_reads) {
                     tracing::info!(error = %e, "RWF_NOWAIT reads unsupported here; every read goes through io_uring");
                 }
                 break;
@@ -1250,13 +1384,14 @@ impl Fs for GlommioFs {
             .create(create)
             .buffered_open(path)
             .await?;
-        Ok(GlommioFile(Inner::Buffered(Rc::new(f)), Cell::default(), None))
+        Ok(self.file(Inner::Buffered(Rc::new(f))))
     }
 
     /// `O_DIRECT` where the file system supports it (glommio writes tmpfs files without it); a
     /// buffered file where the file system refuses it or its disk needs a larger alignment.
     async fn open_direct(&self, path: &Path, create: bool) -> io::Result<GlommioFile> {
-        if DIRECT_WRITES.load(Ordering::Relaxed) {
+        let direct_io = &self.0.shared.direct_io;
+        if direct_io.load(Ordering::Relaxed) {
             let opened = OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -1265,16 +1400,16 @@ impl Fs for GlommioFs {
                 .await;
             match opened {
                 Ok(f) if f.alignment() <= crate::fs::DIRECT_WRITE_ALIGN => {
-                    return Ok(GlommioFile(Inner::Direct(f), Cell::default(), None));
+                    return Ok(self.file(Inner::Direct(f)));
                 }
                 Ok(f) => {
-                    if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
+                    if SharedFs::clear(direct_io) {
                         tracing::info!(path = %path.display(), alignment = f.alignment(), "the disk's direct I/O alignment is too large; the journal is written through the page cache");
                     }
                     f.close().await?;
                 }
                 Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
-                    if DIRECT_WRITES.swap(false, Ordering::Relaxed) {
+                    if SharedFs::clear(direct_io) {
                         tracing::info!(path = %path.display(), "O_DIRECT unsupported here; the journal is written through the page cache");
                     }
                 }
@@ -1284,16 +1419,13 @@ impl Fs for GlommioFs {
         self.open(path, create).await
     }
 
-    /// With [`set_direct_segment_writes`] on, a second `O_DIRECT` descriptor writes the
-    /// segment's whole pages (where the file system supports it).
+    /// With [`GlommioFsConfig::direct_segment_writes`], a second `O_DIRECT` descriptor writes
+    /// the segment's whole pages (where the file system supports it).
     async fn open_segment(&self, path: &Path, create: bool) -> io::Result<GlommioFile> {
         let mut file = self.open(path, create).await?;
-        if let (true, true, Inner::Buffered(buffered)) = (
-            DIRECT_SEGMENT_WRITES.with(Cell::get),
-            DIRECT_WRITES.load(Ordering::Relaxed),
-            &file.0,
-        ) {
-            file.2 = Some(DirectSide {
+        if let (true, Inner::Buffered(buffered)) = (self.0.direct_segments(), &file.file) {
+            file.side = Some(DirectSide {
+                fs: Rc::clone(&self.0),
                 file: Rc::clone(buffered),
                 dma: RefCell::new(None),
                 writing: Cell::new(false),
@@ -1314,10 +1446,7 @@ impl Fs for GlommioFs {
 
     /// The direct layout for a write large enough to go out directly (see [`split_write`]).
     fn stage_buf(&self, capacity: usize, pos: u64) -> StageBuf {
-        if capacity >= DIRECT_MIN_BYTES
-            && DIRECT_SEGMENT_WRITES.with(Cell::get)
-            && DIRECT_WRITES.load(Ordering::Relaxed)
-        {
+        if capacity >= DIRECT_MIN_BYTES && self.0.direct_segments() {
             StageBuf::direct(capacity, pos)
         } else {
             StageBuf::plain(capacity)
@@ -1370,12 +1499,18 @@ impl Fs for GlommioFs {
     async fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(path)?.dev();
-        let held = FILESYSTEMS.with(|h| h.borrow().iter().find(|(d, _)| *d == dev).map(|(_, f)| f.clone()));
+        let held = self
+            .0
+            .filesystems
+            .borrow()
+            .iter()
+            .find(|(d, _)| *d == dev)
+            .map(|(_, f)| f.clone());
         let dir = match held {
             Some(dir) => dir,
             None => {
                 let dir = std::sync::Arc::new(std::fs::File::open(path)?);
-                FILESYSTEMS.with(|h| h.borrow_mut().push((dev, dir.clone())));
+                self.0.filesystems.borrow_mut().push((dev, dir.clone()));
                 dir
             }
         };
@@ -1405,8 +1540,24 @@ mod tests {
         rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
     }
 
+    /// A shard's file system with `config`, sharing nothing with other tests'.
+    fn fs_with(config: GlommioFsConfig) -> GlommioFs {
+        GlommioFs::new(config, SharedFs::for_process(FileRegions::for_process(64)))
+    }
+
+    /// Segments written directly, keeping `recent_writes_bytes` of recent writes, with
+    /// `guard_bytes` as the page-cache guard.
+    fn direct_fs(recent_writes_bytes: usize, guard_bytes: u64) -> GlommioFs {
+        fs_with(GlommioFsConfig {
+            direct_segment_writes: true,
+            recent_writes_bytes,
+            page_cache_guard_bytes: guard_bytes,
+            ..GlommioFsConfig::default()
+        })
+    }
+
     fn buffered(f: &GlommioFile) -> &BufferedFile {
-        match &f.0 {
+        match &f.file {
             Inner::Buffered(b) => b,
             Inner::Direct(_) => panic!("a buffered file was expected"),
         }
@@ -1430,17 +1581,18 @@ mod tests {
     fn the_file_system_is_synced_through_one_kept_descriptor() {
         run(|path| {
             Box::pin(async move {
-                let f = GlommioFs.open(&path, true).await.unwrap();
+                let fs = fs_with(GlommioFsConfig::default());
+                let f = fs.open(&path, true).await.unwrap();
                 f.write_all_at(pattern(), 0).await.unwrap();
                 let dir = path.parent().unwrap().to_path_buf();
-                GlommioFs.sync_filesystem(&dir).await.unwrap();
-                GlommioFs.sync_filesystem(&path).await.unwrap();
+                fs.sync_filesystem(&dir).await.unwrap();
+                fs.sync_filesystem(&path).await.unwrap();
                 assert_eq!(
-                    FILESYSTEMS.with(|h| h.borrow().len()),
+                    fs.0.filesystems.borrow().len(),
                     1,
                     "one descriptor per file system"
                 );
-                assert!(GlommioFs.sync_filesystem(&dir.join("missing")).await.is_err());
+                assert!(fs.sync_filesystem(&dir.join("missing")).await.is_err());
                 assert_eq!(std::fs::read(&path).unwrap(), pattern());
             })
         });
@@ -1454,12 +1606,13 @@ mod tests {
             Box::pin(async move {
                 let root = path.parent().unwrap().to_path_buf();
                 let nested = root.join("a/b/c");
-                GlommioFs.create_dir_all(&nested).await.unwrap();
+                let fs = fs_with(GlommioFsConfig::default());
+                fs.create_dir_all(&nested).await.unwrap();
                 assert!(nested.is_dir());
-                GlommioFs.create_dir_all(&nested).await.unwrap();
+                fs.create_dir_all(&nested).await.unwrap();
                 std::fs::write(&path, b"x").unwrap();
-                assert!(GlommioFs.create_dir_all(&path).await.is_err());
-                assert!(GlommioFs.create_dir_all(&path.join("d")).await.is_err());
+                assert!(fs.create_dir_all(&path).await.is_err());
+                assert!(fs.create_dir_all(&path.join("d")).await.is_err());
             })
         });
     }
@@ -1468,7 +1621,10 @@ mod tests {
     fn cached_data_is_read_without_io_uring_and_cold_data_through_it() {
         run(|path| {
             Box::pin(async move {
-                let f = GlommioFs.open(&path, true).await.unwrap();
+                let f = fs_with(GlommioFsConfig::default())
+                    .open(&path, true)
+                    .await
+                    .unwrap();
                 f.write_all_at(pattern(), 0).await.unwrap();
                 f.fdatasync().await.unwrap();
                 let want = pattern();
@@ -1477,7 +1633,7 @@ mod tests {
                 assert_eq!(resident_pages(&path, 0, LEN), LEN / 4096);
                 let mut buf = vec![0u8; 2 << 20];
                 assert_eq!(
-                    cached_read(buffered(&f), &mut buf, 100),
+                    cached_read(buffered(&f), &mut buf, 100, f.fs.shared),
                     buf.len(),
                     "RWF_NOWAIT reads must work on this kernel and file system"
                 );
@@ -1514,7 +1670,7 @@ mod tests {
                 cache_only_the_head();
                 assert_eq!(resident_pages(&path, 0, HEAD), HEAD / 4096);
                 let mut probe = vec![0u8; LEN];
-                let cached = cached_read(buffered(&f), &mut probe, 0);
+                let cached = cached_read(buffered(&f), &mut probe, 0, f.fs.shared);
                 assert!(cached >= HEAD, "{cached} bytes cached");
                 assert_eq!(probe[..cached], want[..cached]);
                 // Again (the probe's readahead may have cached more), then the whole read.
@@ -1561,9 +1717,13 @@ mod tests {
         run(|path| {
             Box::pin(async move {
                 const MIB: usize = 1 << 20;
-                set_drop_behind_bytes(MIB as u64);
+                let fs = fs_with(GlommioFsConfig {
+                    drop_behind_bytes: MIB as u64,
+                    ..GlommioFsConfig::default()
+                });
+                let dropped = || fs.stats().dropped_behind_bytes;
                 let want: Vec<u8> = (0..8 * MIB).map(|i| (i % 251) as u8).collect();
-                let f = GlommioFs.open(&path, true).await.unwrap();
+                let f = fs.open(&path, true).await.unwrap();
                 // Less than a step behind: nothing dropped yet, even after the fsync.
                 f.write_all_at(want[..4 * MIB].to_vec(), 0).await.unwrap();
                 f.fdatasync().await.unwrap();
@@ -1572,7 +1732,7 @@ mod tests {
                     1024,
                     "dropped before a step gathered"
                 );
-                assert_eq!(dropped_behind_bytes(), 0);
+                assert_eq!(dropped(), 0);
                 // Written but not yet synced: still kept (dirty pages would not go anyway).
                 f.write_pieces_at(
                     vec![want[4 * MIB..6 * MIB].to_vec(), want[6 * MIB..].to_vec()],
@@ -1594,7 +1754,7 @@ mod tests {
                     256,
                     "the window was dropped"
                 );
-                assert_eq!(dropped_behind_bytes(), 7 * MIB as u64);
+                assert_eq!(dropped(), 7 * MIB as u64);
                 // Dropped data is still read, from the disk.
                 assert_eq!(&f.read_at(0, 8 * MIB).await.unwrap()[..], &want[..]);
                 // A truncation below the dropped point and a rewrite: the window follows it.
@@ -1604,11 +1764,13 @@ mod tests {
                     .unwrap();
                 f.fdatasync().await.unwrap();
                 assert_eq!(resident_pages(&path, 2 * MIB as u64, 3 * MIB), 0);
-                assert_eq!(dropped_behind_bytes(), 12 * MIB as u64);
+                assert_eq!(dropped(), 12 * MIB as u64);
                 // 0 keeps everything.
-                set_drop_behind_bytes(0);
                 let other = path.with_extension("other");
-                let g = GlommioFs.open(&other, true).await.unwrap();
+                let g = fs_with(GlommioFsConfig::default())
+                    .open(&other, true)
+                    .await
+                    .unwrap();
                 g.write_all_at(want.clone(), 0).await.unwrap();
                 g.fdatasync().await.unwrap();
                 assert_eq!(resident_pages(&other, 0, 8 * MIB), 2048);
@@ -1620,9 +1782,12 @@ mod tests {
     fn direct_files_take_aligned_writes_past_the_page_cache() {
         run(|path| {
             Box::pin(async move {
-                let f = GlommioFs.open_direct(&path, true).await.unwrap();
+                let f = fs_with(GlommioFsConfig::default())
+                    .open_direct(&path, true)
+                    .await
+                    .unwrap();
                 assert!(
-                    matches!(f.0, Inner::Direct(_)),
+                    matches!(f.file, Inner::Direct(_)),
                     "the test directory's file system must support O_DIRECT"
                 );
                 let block = crate::fs::DIRECT_WRITE_ALIGN as usize;
@@ -1679,8 +1844,7 @@ mod tests {
                 })
                 .sum()
         }
-        // Each test runs on its own thread: the thread-locals start afresh.
-        set_direct_segment_writes(true, 1 << 20, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
+        let shard = RecentWrites::default();
         let mut files: Vec<Rc<RefCell<Recent>>> = (0..5).map(|_| Rc::default()).collect();
         let mut ends = [0u64; 5];
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -1691,13 +1855,13 @@ mod tests {
                 // A truncation to somewhere in what the file holds.
                 0 => {
                     ends[f] = next(&mut rng) % (ends[f] + 1);
-                    files[f].borrow_mut().truncate(ends[f]);
+                    files[f].borrow_mut().truncate(ends[f], &shard);
                 }
                 // A write that does not continue the last one (after a reopen, say).
                 1 => ends[f] += 7,
                 // The file is closed and another one opened in its place.
                 2 => {
-                    files[f].borrow_mut().clear();
+                    files[f].borrow_mut().clear(&shard);
                     files[f] = Rc::default();
                     ends[f] = 0;
                 }
@@ -1707,10 +1871,16 @@ mod tests {
             // is kept as an exact copy, the others whole.
             let buffer = len * [2, 3, 6][next(&mut rng) as usize % 3] / 2;
             let kept_held = if buffer > 2 * len { len } else { buffer };
-            Recent::push(&files[f], ends[f], Bytes::from(vec![i as u8; len]), buffer);
+            shard.push(
+                &files[f],
+                ends[f],
+                Bytes::from(vec![i as u8; len]),
+                buffer,
+                1 << 20,
+            );
             ends[f] += len as u64;
             let total = held(&files);
-            assert_eq!(RECENT_BYTES.with(Cell::get), total, "after write {i}");
+            assert_eq!(shard.bytes.get(), total, "after write {i}");
             assert!(
                 total <= 1 << 20,
                 "{total} bytes held over a 1 MiB budget after write {i}"
@@ -1727,9 +1897,9 @@ mod tests {
             );
         }
         for f in &files {
-            f.borrow_mut().clear();
+            f.borrow_mut().clear(&shard);
         }
-        assert_eq!(RECENT_BYTES.with(Cell::get), 0);
+        assert_eq!(shard.bytes.get(), 0);
     }
 
     /// A small deterministic generator (xorshift64).
@@ -1754,7 +1924,7 @@ mod tests {
             } else {
                 // Staged as a log stages, batch by batch, at times into a buffer that grows.
                 let capacity = if i % 4 == 1 { size } else { size / 2 };
-                let mut staged = GlommioFs.stage_buf(capacity, pos);
+                let mut staged = GlommioFs(Rc::clone(&f.fs)).stage_buf(capacity, pos);
                 for batch in data.chunks(7919) {
                     staged.extend_from_slice(batch);
                 }
@@ -1817,9 +1987,9 @@ mod tests {
 
     async fn keep_every_byte(path: PathBuf, guard_bytes: u64) {
         // A small budget for recent writes, so that they are evicted as the test goes.
-        set_direct_segment_writes(true, 1 << 20, guard_bytes);
-        let f = GlommioFs.open_segment(&path, true).await.unwrap();
-        assert!(f.2.is_some(), "O_DIRECT must work on the test's file system");
+        let fs = direct_fs(1 << 20, guard_bytes);
+        let f = fs.open_segment(&path, true).await.unwrap();
+        assert!(f.side.is_some(), "O_DIRECT must work on the test's file system");
 
         // A large write goes past the page cache: only its last partial page is cached.
         let big: Vec<u8> = (0..(2 << 20) + 100).map(|i| (i % 251) as u8).collect();
@@ -1847,6 +2017,10 @@ mod tests {
             (1 << 20) + 13,
         ];
         let mut rng = 0x9e37_79b9_7f4a_7c15;
+        let direct_write_stats = || {
+            let s = fs.stats();
+            (s.direct_uncopied_bytes, s.direct_copied_bytes)
+        };
         let before = direct_write_stats();
         append_and_check(&f, &mut want, &mut rng, &sizes, 150).await;
         synced_file_is(&f, &path, &want, "what was written").await;
@@ -1855,7 +2029,12 @@ mod tests {
             after.0 > before.0 && after.1 > before.1,
             "direct writes from where they were staged and copied: {before:?} then {after:?}"
         );
-        let (held, hits, misses) = recent_write_stats();
+        let FsStats {
+            recent_writes_bytes: held,
+            recent_hit_bytes: hits,
+            recent_miss_bytes: misses,
+            ..
+        } = fs.stats();
         assert!(
             held <= 1 << 20,
             "{held} bytes of recent writes held over a 1 MiB budget"
@@ -1869,7 +2048,7 @@ mod tests {
 
         // Another handle (as after a restart) does not know the last page: it reads it back.
         drop(f);
-        let f = GlommioFs.open_segment(&path, false).await.unwrap();
+        let f = fs.open_segment(&path, false).await.unwrap();
         append_and_check(&f, &mut want, &mut rng, &sizes, 40).await;
 
         // Cut back to an unaligned length and written again with other bytes: nothing
@@ -1886,7 +2065,7 @@ mod tests {
         // write still in flight at the seal (a round taken before the roll) is cut too.
         let reserved = std::fs::metadata(&path).unwrap().len();
         assert!(
-            reserved > want.len() as u64 && reserved_bytes() > 0,
+            reserved > want.len() as u64 && fs.stats().reserved_bytes > 0,
             "no space reserved: the file is {reserved} bytes for {} of data",
             want.len()
         );
@@ -1909,13 +2088,17 @@ mod tests {
             "the sealed file is not exactly its data"
         );
         read_through(&f, &want, 1 << 20).await;
-        set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
     }
 
     /// A new segment at `path` with `len` bytes (byte `i` is `i % modulo`), written 1 MiB at a
     /// time and synced; the handle and the bytes.
-    async fn write_segment_by_mib(path: &Path, len: u64, modulo: usize) -> (GlommioFile, Vec<u8>) {
-        let f = GlommioFs.open_segment(path, true).await.unwrap();
+    async fn write_segment_by_mib(
+        fs: &GlommioFs,
+        path: &Path,
+        len: u64,
+        modulo: usize,
+    ) -> (GlommioFile, Vec<u8>) {
+        let f = fs.open_segment(path, true).await.unwrap();
         let mut want = Vec::new();
         while (want.len() as u64) < len {
             let n = (1usize << 20).min((len - want.len() as u64) as usize);
@@ -1938,9 +2121,9 @@ mod tests {
                 const MIB: u64 = 1 << 20;
                 let guard = page_cache_guard_bytes(path.parent().unwrap());
                 assert!(guard >= PAGE_CACHE_GUARD_MIN_BYTES, "guard {guard}");
-                set_direct_segment_writes(true, MIB as usize, guard);
+                let fs = direct_fs(MIB as usize, guard);
                 let len = guard + 16 * MIB + 100;
-                let (f, want) = write_segment_by_mib(&path, len, 247).await;
+                let (f, want) = write_segment_by_mib(&fs, &path, len, 247).await;
                 let next_write_page = len - len % 4096;
                 let near = next_write_page - guard;
                 assert_eq!(
@@ -1975,14 +2158,16 @@ mod tests {
                     512,
                     "a near read was not cached"
                 );
-                let (_, _, from_file) = recent_write_stats();
-                assert_eq!(from_file, 7 * MIB, "reads that missed the recent writes");
                 assert_eq!(
-                    near_read_stats().0,
+                    fs.stats().recent_miss_bytes,
+                    7 * MIB,
+                    "reads that missed the recent writes"
+                );
+                assert_eq!(
+                    fs.stats().near_cached_read_bytes,
                     4 * MIB,
                     "bytes read near the end, with what was read ahead"
                 );
-                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
@@ -1997,18 +2182,18 @@ mod tests {
             Box::pin(async move {
                 const MIB: usize = 1 << 20;
                 // No recent writes kept, and a file shorter than the guard: every read is near.
-                set_direct_segment_writes(true, 0, PAGE_CACHE_GUARD_MIN_BYTES);
-                let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                let fs = direct_fs(0, PAGE_CACHE_GUARD_MIN_BYTES);
+                let f = fs.open_segment(&path, true).await.unwrap();
                 let chunk =
                     |n: usize, seed: usize| -> Vec<u8> { (0..n).map(|i| ((i + seed) % 239) as u8).collect() };
                 let mut want = chunk(8 * MIB + 7, 0);
                 f.write_all_at(want.clone(), 0).await.unwrap();
                 f.fdatasync().await.unwrap();
                 assert!(
-                    f.2.as_ref().unwrap().dma.borrow().is_some(),
+                    f.side.as_ref().unwrap().dma.borrow().is_some(),
                     "the first write was not direct"
                 );
-                let beside = || near_read_stats().1;
+                let beside = || fs.stats().writes_beside_near_reads;
                 // Cached pages of the file's whole pages from the one holding `pos` to `end`.
                 let resident_from = |pos: usize, end: usize| {
                     let page = pos - pos % 4096;
@@ -2074,7 +2259,6 @@ mod tests {
                 file_holds(&path, &want, "the file's bytes");
                 let got = f.read_at(0, want.len()).await.unwrap();
                 assert!(got[..] == want[..]);
-                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
@@ -2087,12 +2271,12 @@ mod tests {
         run(|path| {
             Box::pin(async move {
                 const MIB: usize = 1 << 20;
-                set_direct_segment_writes(true, 0, PAGE_CACHE_GUARD_MIN_BYTES);
-                let f = Rc::new(GlommioFs.open_segment(&path, true).await.unwrap());
+                let fs = direct_fs(0, PAGE_CACHE_GUARD_MIN_BYTES);
+                let f = Rc::new(fs.open_segment(&path, true).await.unwrap());
                 let old: Vec<u8> = (0..4 * MIB).map(|i| (i % 233) as u8).collect();
                 f.write_all_at(old.clone(), 0).await.unwrap();
                 f.fdatasync().await.unwrap();
-                let running = Rc::clone(&f.2.as_ref().unwrap().near_reads);
+                let running = Rc::clone(&f.side.as_ref().unwrap().near_reads);
                 let order = Rc::new(RefCell::new(Vec::new()));
                 // The first MiB; the rest of the file is read with it (near the end: through
                 // the page cache, in a task of its own).
@@ -2129,7 +2313,6 @@ mod tests {
                     got[..] == new[..MIB / 2],
                     "bytes read before the truncation came back"
                 );
-                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
@@ -2140,8 +2323,10 @@ mod tests {
     fn a_truncation_waits_for_reads_through_the_page_cache() {
         run(|path| {
             Box::pin(async move {
-                set_direct_segment_writes(true, 1 << 20, 64 << 10);
-                let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                let f = direct_fs(1 << 20, 64 << 10)
+                    .open_segment(&path, true)
+                    .await
+                    .unwrap();
                 let data: Vec<u8> = (0..(8 << 20) + 7).map(|i| (i % 241) as u8).collect();
                 f.write_all_at(data.clone(), 0).await.unwrap();
                 f.fdatasync().await.unwrap();
@@ -2159,7 +2344,6 @@ mod tests {
                 let (got, ()) = futures::join!(read, cut);
                 assert_eq!(*order.borrow(), ["read", "truncate"]);
                 assert!(got[..] == data[..4 << 20], "the read saw the truncation");
-                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
@@ -2178,8 +2362,7 @@ mod tests {
                 let far_end = (len - len % 4096 - guard) as usize;
 
                 // 1 MiB of recent writes kept: the far bytes come from the file.
-                set_direct_segment_writes(true, MIB as usize, guard);
-                let (f, want) = write_segment_by_mib(&path, len, 241).await;
+                let (f, want) = write_segment_by_mib(&direct_fs(MIB as usize, guard), &path, len, 241).await;
                 let fd = f
                     .sendable(0, far_end)
                     .await
@@ -2197,13 +2380,12 @@ mod tests {
                 assert!(f.sendable(len - 100, 50).await.unwrap().is_none());
 
                 // All of it kept in memory: nothing is sent from the file.
-                set_direct_segment_writes(true, 64 * MIB as usize, guard);
-                let (g, _) = write_segment_by_mib(&path.with_extension("kept"), len, 241).await;
+                let kept_fs = direct_fs(64 * MIB as usize, guard);
+                let (g, _) = write_segment_by_mib(&kept_fs, &path.with_extension("kept"), len, 241).await;
                 assert!(
                     g.sendable(0, MIB as usize).await.unwrap().is_none(),
                     "bytes held in memory are sendable"
                 );
-                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }
@@ -2215,17 +2397,20 @@ mod tests {
     fn a_segment_that_cannot_be_opened_directly_is_written_through_the_page_cache() {
         run(|path| {
             Box::pin(async move {
-                set_direct_segment_writes(true, 1 << 20, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
-                let f = GlommioFs.open_segment(&path, true).await.unwrap();
+                let f = direct_fs(1 << 20, PAGE_CACHE_GUARD_UNKNOWN_BYTES)
+                    .open_segment(&path, true)
+                    .await
+                    .unwrap();
                 std::fs::remove_file(&path).unwrap();
                 let data: Vec<u8> = (0..(1 << 20) + 5).map(|i| (i % 249) as u8).collect();
                 f.write_all_at(data.clone(), 0).await.unwrap();
                 f.fdatasync().await.unwrap();
-                assert!(f.2.as_ref().is_some_and(|side| side.dma.borrow().is_none()));
+                assert!(f.side.as_ref().is_some_and(|side| side.dma.borrow().is_none()));
                 // From the file itself, not from the recent writes.
-                let read = buffered_read(buffered(&f), 0, data.len()).await.unwrap();
+                let read = buffered_read(buffered(&f), 0, data.len(), f.fs.shared)
+                    .await
+                    .unwrap();
                 assert!(read[..] == data[..]);
-                set_direct_segment_writes(false, 0, PAGE_CACHE_GUARD_UNKNOWN_BYTES);
             })
         });
     }

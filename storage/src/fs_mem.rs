@@ -20,6 +20,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use crate::fs::{direct_aligned, FileHandle, Fs};
+use crate::log::FileRegions;
 
 #[derive(Default, Debug)]
 struct FileData {
@@ -45,7 +46,7 @@ struct State {
     fail_next_fsyncs: u32,
     slow_io: bool,
     /// See [`MemFs::set_sendable`].
-    sendable: bool,
+    sendable: Option<&'static FileRegions>,
     /// See [`MemFs::set_reserve_bytes`].
     reserve_bytes: usize,
     /// Handles opened with [`Fs::open_segment`], per path.
@@ -123,11 +124,12 @@ impl MemFs {
         self.state.borrow_mut().slow_io = slow;
     }
 
-    /// Lets every file's bytes be sent as they are ([`FileHandle::sendable`]): each call
-    /// returns a memory file holding a copy of the file as it is then, so that what a caller
-    /// sends from it can be checked against what [`FileHandle::read_at`] returns.
-    pub fn set_sendable(&self, sendable: bool) {
-        self.state.borrow_mut().sendable = sendable;
+    /// Lets every file's bytes be sent as they are ([`FileHandle::sendable`]), as regions
+    /// counted against `regions` (`None`: nothing is sent, the default): each call returns a
+    /// memory file holding a copy of the file as it is then, so that what a caller sends from
+    /// it can be checked against what [`FileHandle::read_at`] returns.
+    pub fn set_sendable(&self, regions: Option<&'static FileRegions>) {
+        self.state.borrow_mut().sendable = regions;
     }
 
     /// Segment handles keep `bytes` zeros past their data after each write (0: none, the
@@ -345,13 +347,17 @@ impl FileHandle for MemFile {
         let end = pos
             .checked_add(len as u64)
             .ok_or_else(|| io::Error::other("position too large"))?;
-        if !self.state.borrow().sendable || end > f.data.len() as u64 {
+        if self.state.borrow().sendable.is_none() || end > f.data.len() as u64 {
             return Ok(None);
         }
         let fd = rustix::fs::memfd_create("strand-sendable", rustix::fs::MemfdFlags::CLOEXEC)?;
         let mut copy = std::fs::File::from(fd);
         copy.write_all(&f.data)?;
         Ok(Some(OwnedFd::from(copy)))
+    }
+
+    fn file_regions(&self) -> Option<&'static FileRegions> {
+        self.state.borrow().sendable
     }
 }
 

@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 
 pub use journal::LogKey;
 pub use log::{
-    AppendInfo, Appended, FileRegion, LogConfig, PartitionLog, ReadData, ReadPlan, RecoveryPoint,
-    RecoveryReport, RetentionOutcome, TimestampPlan, SENDABLE_MIN_BATCH_BYTES,
+    AppendInfo, Appended, FileRegion, FileRegions, LogConfig, PartitionLog, ReadData, ReadPlan,
+    RecoveryPoint, RecoveryReport, RetentionOutcome, TimestampPlan, SENDABLE_MIN_BATCH_BYTES,
 };
 pub use replay::{replay_journals, ReplayReport};
 pub use store::{AppendTicket, CheckpointStats, LogId, LogOffsets, RoundStats, ShardStore, StoreConfig};

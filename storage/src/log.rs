@@ -19,7 +19,6 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -168,7 +167,7 @@ pub struct ReadPlan<Fl> {
 /// Bytes of a segment file to send to a client as they are (`sendfile`), from the file's own
 /// descriptor: whole batches, below the high watermark, so never rewritten. Holding the
 /// descriptor keeps the bytes readable even if retention deletes the segment meanwhile. Regions
-/// alive at once are bounded process-wide ([`FileRegion::slots`]), so that they never take the
+/// alive at once are bounded process-wide ([`FileRegions`]), so that they never take the
 /// descriptors segments and connections need.
 #[derive(Debug)]
 pub struct FileRegion {
@@ -178,35 +177,46 @@ pub struct FileRegion {
     _slot: RegionSlot,
 }
 
-/// Regions alive now, process-wide.
-static REGIONS: AtomicUsize = AtomicUsize::new(0);
-
-/// One region's place within [`FileRegion::slots`], given back on drop.
+/// The bound on [`FileRegion`]s alive at once. One for the whole process, created at start-up
+/// and shared by every shard's file system: the bound is on the process's descriptors. A region
+/// may be dropped on any thread (the one that sends it), so the bound lives as long as the
+/// process ([`FileRegions::for_process`]).
 #[derive(Debug)]
-struct RegionSlot(());
-
-impl RegionSlot {
-    fn take() -> Option<RegionSlot> {
-        let max = FileRegion::slots();
-        REGIONS
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| RegionSlot(()))
-    }
+pub struct FileRegions {
+    alive: AtomicUsize,
+    max: usize,
 }
+
+/// One region's place within its [`FileRegions`], given back on drop.
+#[derive(Debug)]
+struct RegionSlot(&'static FileRegions);
 
 impl Drop for RegionSlot {
     fn drop(&mut self) {
-        REGIONS.fetch_sub(1, Ordering::AcqRel);
+        self.0.alive.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-impl FileRegion {
-    /// A region of `len` bytes at `pos` of `fd`, if fewer than [`FileRegion::slots`] are alive.
-    pub fn new(fd: OwnedFd, pos: u64, len: usize) -> Option<FileRegion> {
-        RegionSlot::take().map(|slot| FileRegion {
+impl FileRegions {
+    /// A bound of `max` regions alive at once, living until the process exits. Create one per
+    /// process (or per test).
+    pub fn for_process(max: usize) -> &'static FileRegions {
+        Box::leak(Box::new(FileRegions {
+            alive: AtomicUsize::new(0),
+            max,
+        }))
+    }
+
+    /// The broker's bound: a sixteenth of the open-files limit, between 16 and 4,096. Past it,
+    /// reads copy their bytes.
+    pub fn open_files_share() -> usize {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        limit.map_or(4096, |n| usize::try_from(n / 16).unwrap_or(4096).clamp(16, 4096))
+    }
+
+    /// A region of `len` bytes at `pos` of `fd`, if fewer than [`FileRegions::max`] are alive.
+    pub fn region(&'static self, fd: OwnedFd, pos: u64, len: usize) -> Option<FileRegion> {
+        self.slot().map(|slot| FileRegion {
             fd,
             pos,
             len,
@@ -214,19 +224,23 @@ impl FileRegion {
         })
     }
 
-    /// Most regions alive at once: a sixteenth of the open-files limit, between 16 and 4,096.
-    /// Past it, reads copy their bytes as before.
-    pub fn slots() -> usize {
-        static SLOTS: OnceLock<usize> = OnceLock::new();
-        *SLOTS.get_or_init(|| {
-            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-            limit.map_or(4096, |n| usize::try_from(n / 16).unwrap_or(4096).clamp(16, 4096))
-        })
+    fn slot(&'static self) -> Option<RegionSlot> {
+        self.alive
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| RegionSlot(self))
     }
 
-    /// Regions alive now, process-wide.
-    pub fn alive() -> usize {
-        REGIONS.load(Ordering::Acquire)
+    /// Most regions alive at once.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Regions alive now.
+    pub fn alive(&self) -> usize {
+        self.alive.load(Ordering::Acquire)
     }
 }
 
@@ -1971,7 +1985,7 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
         // be sent (near a direct-written end, say) never read headers on their own.
         let window = self.window_from(pos);
         // Taken first: at the bound, nothing is duplicated and the batches are read.
-        let Some(slot) = RegionSlot::take() else {
+        let Some(slot) = self.file.file_regions().and_then(FileRegions::slot) else {
             return Ok(None);
         };
         let Some(mut fd) = self.sendable_fd(pos, window).await? else {

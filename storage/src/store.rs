@@ -415,6 +415,11 @@ impl<F: Fs> ShardStore<F> {
         &self.root
     }
 
+    /// The file system the store's files live on.
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+
     /// Opens or creates the log `key` (recovering it), and registers it with this store.
     pub async fn open_log(
         &self,

@@ -1,5 +1,5 @@
-//! The process-wide bound on file regions alive at once (`FileRegion::slots`). A test binary
-//! of its own: the count is the process's, so no other test may hold regions meanwhile.
+//! The bound on file regions alive at once (`FileRegions`), which the broker creates once and
+//! shares among its shards.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use futures_lite::future::block_on;
 use strand_protocol::batch::build;
 use strand_storage::fs_mem::MemFs;
-use strand_storage::{FileRegion, LogConfig, LogKey, ReadData, ShardStore, StoreConfig};
+use strand_storage::{FileRegion, FileRegions, LogConfig, LogKey, ReadData, ShardStore, StoreConfig};
 
 fn one_record_batch(value_bytes: usize) -> Vec<u8> {
     let value = vec![7u8; value_bytes];
@@ -25,8 +25,9 @@ fn one_record_batch(value_bytes: usize) -> Vec<u8> {
 #[test]
 fn file_regions_alive_at_once_are_bounded_and_reads_copy_past_the_bound() {
     block_on(async {
+        let bound = FileRegions::for_process(FileRegions::open_files_share());
         let fs = MemFs::new();
-        fs.set_sendable(true);
+        fs.set_sendable(Some(bound));
         let store = ShardStore::open(
             fs.clone(),
             PathBuf::from("/data"),
@@ -62,22 +63,23 @@ fn file_regions_alive_at_once_are_bounded_and_reads_copy_past_the_bound() {
 
         let first = read().await;
         assert!(matches!(first, ReadData::Region(_)), "no region below the bound");
-        assert_eq!(FileRegion::alive(), 1);
+        assert_eq!(bound.alive(), 1);
         drop(first);
-        assert_eq!(FileRegion::alive(), 0, "a dropped region kept its slot");
+        assert_eq!(bound.alive(), 0, "a dropped region kept its slot");
 
-        let max = FileRegion::slots();
+        let max = bound.max();
         assert!((16..=4096).contains(&max), "{max} slots");
         let file: OwnedFd = tempfile::tempfile().unwrap().into();
         let mut held: Vec<FileRegion> = (0..max)
             .map(|i| {
-                FileRegion::new(file.try_clone().unwrap(), i as u64, 1)
+                bound
+                    .region(file.try_clone().unwrap(), i as u64, 1)
                     .unwrap_or_else(|| panic!("region {i} of {max} refused"))
             })
             .collect();
-        assert_eq!(FileRegion::alive(), max);
+        assert_eq!(bound.alive(), max);
         assert!(
-            FileRegion::new(file.try_clone().unwrap(), 0, 1).is_none(),
+            bound.region(file.try_clone().unwrap(), 0, 1).is_none(),
             "a region past the bound"
         );
         match read().await {
@@ -90,6 +92,6 @@ fn file_regions_alive_at_once_are_bounded_and_reads_copy_past_the_bound() {
             "no region once one was given back"
         );
         drop(held);
-        assert_eq!(FileRegion::alive(), 0);
+        assert_eq!(bound.alive(), 0);
     });
 }

@@ -10,7 +10,8 @@ use strand_protocol::batch::{self, build, BatchScanner};
 use strand_storage::fs::{Fs, StdFs};
 use strand_storage::fs_mem::MemFs;
 use strand_storage::{
-    replay_journals, CheckpointStats, LogConfig, LogId, LogKey, ShardStore, StorageError, StoreConfig,
+    replay_journals, CheckpointStats, FileRegions, LogConfig, LogId, LogKey, ShardStore, StorageError,
+    StoreConfig,
 };
 
 fn key(name: &str) -> LogKey {
@@ -2854,8 +2855,9 @@ fn sendable_reads_find_the_same_batches_as_reads() {
 
         let mut regions = 0;
         let mut copied = 0;
+        let bound = FileRegions::for_process(4096);
         for sendable in [false, true] {
-            fs.set_sendable(sendable);
+            fs.set_sendable(sendable.then_some(bound));
             for offset in (0..next).step_by(3) {
                 for max_bytes in [1, 50_000, 200_000, 700_000, 3 << 20] {
                     let plan = |o| store.plan_read(id, o, max_bytes).unwrap().unwrap();
@@ -2960,7 +2962,7 @@ fn a_damaged_header_makes_a_sendable_read_answer_as_a_plain_read() {
     use strand_storage::ReadData;
     block_on(async {
         let fs = MemFs::new();
-        fs.set_sendable(true);
+        fs.set_sendable(Some(FileRegions::for_process(4096)));
         let store = open_store(&fs, 64 << 20).await;
         let cfg = LogConfig {
             segment_bytes: 4 << 20,

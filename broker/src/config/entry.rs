@@ -85,6 +85,36 @@ impl ConfigType {
     }
 }
 
+/// The unit of a key's value, as `docs/configuration.md` states it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A flag, a name, an address or one of a set of words.
+    None,
+    Bytes,
+    Milliseconds,
+    Minutes,
+    Hours,
+    /// A number of the things named (`"partitions"`, `"connections"`).
+    Count(&'static str),
+    /// A plain factor.
+    Factor,
+}
+
+impl Unit {
+    /// The unit as the documentation prints it (empty for [`Unit::None`]).
+    pub fn text(self) -> &'static str {
+        match self {
+            Unit::None => "",
+            Unit::Bytes => "bytes",
+            Unit::Milliseconds => "ms",
+            Unit::Minutes => "minutes",
+            Unit::Hours => "hours",
+            Unit::Count(things) => things,
+            Unit::Factor => "factor",
+        }
+    }
+}
+
 /// One row of a DescribeConfigs answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigEntry {

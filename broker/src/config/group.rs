@@ -14,7 +14,8 @@
 
 use std::collections::BTreeMap;
 
-use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType};
+use super::doc::KeyDoc;
+use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType, Unit};
 use super::Config;
 
 /// `share.record.lock.duration.ms`: how long a delivered record stays acquired.
@@ -120,6 +121,7 @@ struct GroupKey {
     /// Broker keys whose explicit setting makes the default STATIC_BROKER_CONFIG.
     synonyms: &'static [&'static str],
     default: fn(&Config) -> String,
+    unit: Unit,
     doc: &'static str,
 }
 
@@ -127,6 +129,7 @@ static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
         name: DLQ_TOPIC_NAME,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::TopicName,
         synonyms: &[],
         default: |_| String::new(),
@@ -135,6 +138,7 @@ static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
         name: SHARE_AUTO_OFFSET_RESET,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::AutoOffsetReset,
         synonyms: &[],
         default: |_| "latest".to_string(),
@@ -143,6 +147,7 @@ static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
         name: SHARE_DELIVERY_COUNT_LIMIT,
         ty: ConfigType::Int,
+        unit: Unit::Count("deliveries"),
         kind: Kind::Integer {
             min: DELIVERY_COUNT_LIMIT_RANGE.0,
             max: DELIVERY_COUNT_LIMIT_RANGE.1,
@@ -154,6 +159,7 @@ static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
         name: SHARE_ISOLATION_LEVEL,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::IsolationLevel,
         synonyms: &[],
         default: |_| "read_uncommitted".to_string(),
@@ -162,6 +168,7 @@ static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
         name: SHARE_PARTITION_MAX_RECORD_LOCKS,
         ty: ConfigType::Int,
+        unit: Unit::Count("records"),
         kind: Kind::Integer {
             min: MAX_RECORD_LOCKS_RANGE.0,
             max: MAX_RECORD_LOCKS_RANGE.1,
@@ -173,6 +180,7 @@ static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
         name: SHARE_RECORD_LOCK_DURATION_MS,
         ty: ConfigType::Int,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: MIN_RECORD_LOCK_DURATION_MS,
             max: i32::MAX as i64,
@@ -182,6 +190,13 @@ static GROUP_KEYS: &[GroupKey] = &[
         doc: "Acquisition lock duration of a delivered record.",
     },
 ];
+
+/// The keys as `docs/configuration.md` lists them.
+pub(super) fn key_docs() -> impl Iterator<Item = KeyDoc> {
+    GROUP_KEYS
+        .iter()
+        .map(|k| KeyDoc::new(k.name, k.default, k.unit, k.synonyms, k.doc))
+}
 
 fn find_key(name: &str) -> Option<&'static GroupKey> {
     GROUP_KEYS.iter().find(|k| k.name == name)

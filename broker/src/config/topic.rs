@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType};
+use super::doc::KeyDoc;
+use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType, Unit};
 use super::Config;
 
 /// Which timestamp a partition stores for each batch (`message.timestamp.type`).
@@ -174,6 +175,7 @@ struct TopicKey {
     synonyms: &'static [&'static str],
     /// The default as Kafka prints it, given the broker config.
     default: fn(&Config) -> String,
+    unit: Unit,
     doc: &'static str,
 }
 
@@ -275,6 +277,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: RETENTION_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: -1,
             max: i64::MAX,
@@ -286,6 +289,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: RETENTION_BYTES,
         ty: ConfigType::Long,
+        unit: Unit::Bytes,
         kind: Kind::Integer {
             min: -1,
             max: i64::MAX,
@@ -300,6 +304,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: SEGMENT_BYTES,
         ty: ConfigType::Int,
+        unit: Unit::Bytes,
         kind: Kind::Integer {
             min: 14,
             max: I32_MAX,
@@ -311,6 +316,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: SEGMENT_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 1,
             max: i64::MAX,
@@ -322,6 +328,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: SEGMENT_INDEX_BYTES,
         ty: ConfigType::Int,
+        unit: Unit::Bytes,
         kind: Kind::Integer { min: 4, max: I32_MAX },
         synonyms: &["log.index.size.max.bytes"],
         default: |b| b.index_size_max_bytes.to_string(),
@@ -330,6 +337,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: INDEX_INTERVAL_BYTES,
         ty: ConfigType::Int,
+        unit: Unit::Bytes,
         kind: Kind::Integer { min: 0, max: I32_MAX },
         synonyms: &["log.index.interval.bytes"],
         default: |b| b.index_interval_bytes.to_string(),
@@ -338,6 +346,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: MAX_MESSAGE_BYTES,
         ty: ConfigType::Int,
+        unit: Unit::Bytes,
         kind: Kind::Integer { min: 0, max: I32_MAX },
         synonyms: &["message.max.bytes"],
         default: |b| b.message_max_bytes.to_string(),
@@ -346,6 +355,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: CLEANUP_POLICY,
         ty: ConfigType::List,
+        unit: Unit::None,
         kind: Kind::Policy,
         synonyms: &[],
         default: |_| "delete".to_string(),
@@ -354,6 +364,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: TIMESTAMP_TYPE,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::OneOf(TIMESTAMP_NAMES),
         synonyms: &[],
         default: |_| "CreateTime".to_string(),
@@ -362,6 +373,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: "min.insync.replicas",
         ty: ConfigType::Int,
+        unit: Unit::Count("replicas"),
         kind: Kind::Integer { min: 1, max: I32_MAX },
         synonyms: &[],
         default: |_| "1".to_string(),
@@ -370,6 +382,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: COMPRESSION_TYPE,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::OneOf(COMPRESSION_NAMES),
         synonyms: &[],
         default: |_| "producer".to_string(),
@@ -378,6 +391,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: FILE_DELETE_DELAY_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: i64::MAX,
@@ -389,6 +403,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: "flush.messages",
         ty: ConfigType::Long,
+        unit: Unit::Count("messages"),
         kind: Kind::Integer {
             min: 1,
             max: i64::MAX,
@@ -400,6 +415,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: "flush.ms",
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: i64::MAX,
@@ -411,6 +427,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: "unclean.leader.election.enable",
         ty: ConfigType::Boolean,
+        unit: Unit::None,
         kind: Kind::Bool,
         synonyms: &[],
         default: |_| "false".to_string(),
@@ -419,6 +436,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: TIMESTAMP_BEFORE_MAX_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: i64::MAX,
@@ -430,6 +448,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: TIMESTAMP_AFTER_MAX_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: i64::MAX,
@@ -441,6 +460,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_MAX_ATTEMPTS,
         ty: ConfigType::Int,
+        unit: Unit::Count("deliveries"),
         kind: Kind::Integer { min: 1, max: 1000 },
         synonyms: &[],
         default: |_| QueueSettings::default().max_attempts.to_string(),
@@ -449,6 +469,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_VISIBILITY_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 1_000,
             max: 12 * 3600 * 1000,
@@ -460,6 +481,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_BACKOFF_BASE_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: NINETY_DAYS_MS,
@@ -471,6 +493,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_BACKOFF_MULTIPLIER,
         ty: ConfigType::Double,
+        unit: Unit::Factor,
         kind: Kind::Double { min: 1.0, max: 100.0 },
         synonyms: &[],
         default: |_| format_double(QueueSettings::default().backoff_multiplier),
@@ -479,6 +502,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_BACKOFF_MAX_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: NINETY_DAYS_MS,
@@ -490,6 +514,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_DEAD_LETTER_TOPIC,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::TopicName,
         synonyms: &[],
         default: |_| String::new(),
@@ -498,6 +523,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_ORDERING,
         ty: ConfigType::String,
+        unit: Unit::None,
         kind: Kind::OneOf(ORDERING_NAMES),
         synonyms: &[],
         default: |_| "none".to_string(),
@@ -506,6 +532,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
     TopicKey {
         name: QUEUE_DEDUP_WINDOW_MS,
         ty: ConfigType::Long,
+        unit: Unit::Milliseconds,
         kind: Kind::Integer {
             min: 0,
             max: 24 * 3600 * 1000,
@@ -515,6 +542,13 @@ static TOPIC_KEYS: &[TopicKey] = &[
         doc: "Queue: how long a publish dedup token is remembered; 0 disables dedup.",
     },
 ];
+
+/// The keys as `docs/configuration.md` lists them.
+pub(super) fn key_docs() -> impl Iterator<Item = KeyDoc> {
+    TOPIC_KEYS
+        .iter()
+        .map(|k| KeyDoc::new(k.name, k.default, k.unit, k.synonyms, k.doc))
+}
 
 fn find_key(name: &str) -> Option<&'static TopicKey> {
     TOPIC_KEYS.iter().find(|k| k.name == name)

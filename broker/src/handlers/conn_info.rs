@@ -42,9 +42,16 @@ impl ConnInfo {
 /// shard, so this only bounds a producer that keeps switching partitions.
 const MAX_MOVES: u32 = 16;
 
+/// Requests in a row for partitions of one other shard after which a connection moves there
+/// (see `crate::connection`). Moving costs one hand-over; staying costs two cross-shard hops per
+/// request for the connection's life: with moves, a producer and a consumer of one partition
+/// took a third less broker CPU and had a lower produce p99 than without, and peak throughput
+/// did not change.
+pub(crate) const MIGRATE_AFTER_REQUESTS: u32 = 8;
+
 /// Which shard a connection's work goes to, and whether it may move there (see `crate::connection`).
 pub(crate) struct Affinity {
-    /// Requests in a row for partitions of `target` needed to move (0: never move).
+    /// Requests in a row for partitions of `target` needed to move (at least 1).
     after: u32,
     /// It used an API whose state stays on this shard, or an acks=0 produce.
     pinned: Cell<bool>,
@@ -117,8 +124,7 @@ impl Affinity {
     /// whether this process can hand connections over at all).
     pub(crate) fn move_to(&self, here: ShardId, moves_available: bool) -> Option<ShardId> {
         let target = self.target.get()?;
-        (self.after > 0
-            && !self.pinned.get()
+        (!self.pinned.get()
             && moves_available
             && target != here
             && self.streak.get() >= self.after
@@ -218,9 +224,6 @@ mod tests {
         a.produced([THERE], -1);
         a.pin();
         assert_eq!(a.move_to(HERE, true), None, "a failed move pins the connection");
-        let a = Affinity::new(0, 0);
-        a.produced([THERE], -1);
-        assert_eq!(a.move_to(HERE, true), None, "0 turns moves off");
         let a = Affinity::new(1, MAX_MOVES);
         a.produced([THERE], -1);
         assert_eq!(
