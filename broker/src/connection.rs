@@ -60,7 +60,7 @@ struct Half(Rc<RefCell<TcpStream>>);
 impl Half {
     /// Reads at most `max` bytes onto the end of `buf` without zeroing the space first (a
     /// patched glommio call): zeroing it cost a `memset` of every received byte, ~6 % of the
-    /// broker's CPU at one partition's produce peak (BENCHMARKS.md item 48).
+    /// broker's CPU at one partition's produce peak (BENCHMARKS.md#read-into-spare-capacity).
     async fn read_buf(&mut self, buf: &mut BytesMut, max: usize) -> io::Result<usize> {
         futures::future::poll_fn(|cx| self.0.borrow_mut().poll_read_buf(cx, buf, max)).await
     }

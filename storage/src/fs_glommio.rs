@@ -542,7 +542,7 @@ impl DirectSide {
         // The kernel's read-ahead stops at the file's size, which lies past the data while
         // space is reserved: a read within its window of the data's end would fill the page
         // cache with the reserved blocks' zeros (up to the disk's read-ahead window, 8 MiB
-        // here, per partition), and evict what readers need (BENCHMARKS.md item 51). Such
+        // here, per partition), and evict what readers need (BENCHMARKS.md#reserved-space). Such
         // reads switch the kernel's read-ahead off while they run; reads near the end read
         // ahead themselves (`DirectSide::read`). The window is a quarter of the guard (see
         // [`page_cache_guard_bytes`]), or less.
@@ -609,7 +609,7 @@ impl DirectSide {
     /// zeros) and the size set. A direct write that neither extends the file nor allocates
     /// blocks is one ext4 takes without blocking, so io_uring issues it from the shard's own
     /// thread instead of handing it to a worker thread, and its `fdatasync` has no file size
-    /// to write (BENCHMARKS.md item 51). A sealed file reserves nothing more; where the file
+    /// to write (BENCHMARKS.md#reserved-space). A sealed file reserves nothing more; where the file
     /// system cannot, writes extend the file as before.
     async fn reserve(&self, padded_end: u64, len: usize) {
         let reserve_space = &self.fs.shared.reserve_space;
@@ -1458,7 +1458,7 @@ impl Fs for GlommioFs {
     /// Creating a directory goes to the shard's blocking thread: a CreateTopics of thousands of
     /// partitions made thousands of `mkdir`s, 0.5 ms each and up to 18 ms in the disk's slow
     /// phases (cold metadata blocks), and chained on the executor they stalled it for 50–150 ms
-    /// at a time (BENCHMARKS item 34). A directory that exists is found without leaving the
+    /// at a time (BENCHMARKS.md#new-directories). A directory that exists is found without leaving the
     /// executor (every log's open checks its directory).
     async fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         if path.is_dir() {

@@ -19,7 +19,7 @@
 //! An append also has to persist the inode (size, new blocks): on ext4 without a journal, as
 //! on this project's VM, a synchronous write of the inode's block before the flush; with a
 //! journal, a journal commit. Overwriting ran at 1.6 × the bandwidth and half the latency of
-//! appending there (BENCHMARKS.md item 23). What follows the last
+//! appending there (BENCHMARKS.md#journal-recycling). What follows the last
 //! entry of a recycled file is an older sequence's entries; the sequence mask in every CRC
 //! (RocksDB's recyclable log records carry the log number for the same reason) makes them fail
 //! the check, so replay ends there as it would at a torn write, and a header whose sequence is

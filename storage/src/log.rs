@@ -884,7 +884,7 @@ impl<F: Fs> PartitionLog<F> {
     /// epoch, its epoch file, unsynced. The log's first checkpoint then rewrites the point in
     /// place and leaves the epoch file alone (until a new epoch), instead of creating both:
     /// creating files in thousands of log directories made the first clean stop of that many
-    /// new logs take seconds (BENCHMARKS item 33). A crash before that checkpoint (or before
+    /// new logs take seconds (BENCHMARKS.md#new-log-files). A crash before that checkpoint (or before
     /// the store's file-system sync, see [`PartitionLog::initial_files_synced`]) may lose or
     /// tear either file. That is safe: a torn point fails its CRC, and one that survived is at
     /// the log's start, so recovery reads the whole log either way and notes the epochs of the
@@ -1241,7 +1241,7 @@ impl<F: Fs> PartitionLog<F> {
     /// After a direct round made `files` durable: segments behind the active one among them
     /// need no sync any more. Without this only a checkpoint cleared the mark, so every direct
     /// round until the next one (up to a minute) synced every segment the log had rolled past
-    /// since the last (BENCHMARKS.md item 45), each `fdatasync` a device flush on a file system
+    /// since the last (BENCHMARKS.md#rolled-segment-sync), each `fdatasync` a device flush on a file system
     /// without a journal. No write reaches a segment after the roll, except from a round taken
     /// before it; such a round syncs the files it wrote itself and marks them again when it
     /// completes (`complete_round`), so clearing the mark here loses nothing. The active segment

@@ -461,7 +461,7 @@ impl<F: Fs> ShardStore<F> {
     /// [`StoreConfig::checkpoint_syncfs_min_logs`] logs, the directories and files of those
     /// created are made durable with one sync of the file system, instead of three fsyncs per
     /// log (a directory, its parent and `partition.metadata`; creating 10,000 partitions took
-    /// 5–26 s of them, BENCHMARKS item 33), and their recovery points then stand as their first
+    /// 5–26 s of them, BENCHMARKS.md#new-log-files), and their recovery points then stand as their first
     /// checkpoints.
     pub async fn open_logs(
         &self,
@@ -1121,7 +1121,7 @@ impl<F: Fs> ShardStore<F> {
         let syncs = std::mem::take(&mut round.syncs);
         let fs = &self.fs;
         // Many logs: one file-system sync writes back every file and flushes the device once,
-        // where an fsync per file flushes it once per file (BENCHMARKS.md item 26). It also
+        // where an fsync per file flushes it once per file (BENCHMARKS.md#syncfs-rounds). It also
         // covers whatever else the file system holds unsynced, which is only more than needed.
         let by_filesystem = syncs.len() > self.config.direct_sync_max_logs;
         if by_filesystem {
@@ -1453,7 +1453,7 @@ impl<F: Fs> ShardStore<F> {
     /// then every recovery point, and a last sync. Four to seven fsyncs per log (segments, two
     /// indexes, the recovery point; a new epoch file and its directory; the directory of new
     /// files) become two or three file-system syncs, which is what a clean stop of 10,000
-    /// partitions spent its time on (BENCHMARKS.md item 29). A file-system sync writes back
+    /// partitions spent its time on (BENCHMARKS.md#checkpoint-syncfs). A file-system sync writes back
     /// directory entries too, so no directory is synced on its own.
     async fn checkpoint_by_filesystem(
         &self,

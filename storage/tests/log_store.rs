@@ -811,7 +811,7 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
 /// index files of its own, never reads them as its own.
 /// A log opened as a leader for the first time gets its recovery point and epoch file with its
 /// directory, so that its first checkpoint changes no directory entry when its segment is within
-/// one index interval (no index files; BENCHMARKS item 33), whether the checkpoint syncs each
+/// one index interval (no index files; BENCHMARKS.md#lazy-index-files), whether the checkpoint syncs each
 /// file or the file system. That checkpoint makes both files durable: after a power loss,
 /// recovery starts at its point and the log still knows where its epoch began.
 #[test]

@@ -96,7 +96,7 @@ pub const MAX_FETCH_WAIT: Duration = Duration::from_millis(500);
 /// Largest response a fetch builds, whatever its `max_bytes` (the first batch excepted).
 const MAX_FETCH_RESPONSE_BYTES: usize = DEFAULT_MAX_FRAME_BYTES;
 /// Default broker-side bound on a fetch response: Strand's default `fetch.max.bytes`. librdkafka
-/// asks for 50 MiB, and an answer over 32 MiB costs it a fresh mapping (BENCHMARKS.md item 37):
+/// asks for 50 MiB, and an answer over 32 MiB costs it a fresh mapping (BENCHMARKS.md#fetch-max-bytes):
 /// a ceiling that answered larger than a broker needs to would be lowered by a cost no broker
 /// has to pay.
 pub const DEFAULT_FETCH_MAX_BYTES: i32 = 30 << 20;

@@ -1344,7 +1344,7 @@ fn read_partitions(
     // The clock is read for the first record, when a partition is read to its end (the last
     // one's is the last record's time) and when a poll returns no record: reading it per
     // record was a sizeable share of this thread's time at a million records a second
-    // (BENCHMARKS.md item 35). A stall is a run of polls without a record for `timeout_secs`
+    // (BENCHMARKS.md#two-reads). A stall is a run of polls without a record for `timeout_secs`
     // after the last one.
     let mut last_progress = Instant::now();
     let mut progressed = false;
