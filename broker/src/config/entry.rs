@@ -174,3 +174,56 @@ pub(crate) fn override_pairs(text: &str) -> impl Iterator<Item = Result<(&str, &
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|line| line.split_once('=').map(|(k, v)| (k.trim(), v)).ok_or(line))
 }
+
+/// What DescribeConfigs needs of a key of an override table (topic or group configs).
+pub(crate) struct OverrideKeyView {
+    pub(crate) name: &'static str,
+    pub(crate) ty: ConfigType,
+    pub(crate) doc: &'static str,
+    pub(crate) synonyms: &'static [&'static str],
+    pub(crate) default: fn(&super::Config) -> String,
+}
+
+/// DescribeConfigs rows for every key of a table, with the override `get` gives (its source
+/// `dynamic`) or the default (see [`override_entry`]).
+pub(crate) fn override_entries(
+    keys: impl Iterator<Item = OverrideKeyView>,
+    get: impl Fn(&str) -> Option<String>,
+    dynamic: ConfigSource,
+    broker: &super::Config,
+) -> Vec<ConfigEntry> {
+    keys.map(|k| {
+        override_entry(
+            k.name,
+            k.ty,
+            k.doc,
+            k.synonyms,
+            k.default,
+            get(k.name),
+            dynamic,
+            broker,
+        )
+    })
+    .collect()
+}
+
+/// The stable text form of overrides: one `key=value` line per override, in key order.
+pub(crate) fn overrides_text<V: std::fmt::Display>(
+    overrides: &std::collections::BTreeMap<&str, V>,
+) -> String {
+    overrides.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+}
+
+/// Applies every pair of an [`overrides_text`] with `set`, which validates it again; a line
+/// without `=` is `bad_line`.
+pub(crate) fn apply_overrides_text<E>(
+    text: &str,
+    bad_line: impl Fn(String) -> E,
+    mut set: impl FnMut(&str, &str) -> Result<(), E>,
+) -> Result<(), E> {
+    for pair in override_pairs(text) {
+        let (key, value) = pair.map_err(|line| bad_line(line.to_string()))?;
+        set(key, value)?;
+    }
+    Ok(())
+}

@@ -15,7 +15,10 @@
 use std::collections::BTreeMap;
 
 use super::doc::KeyDoc;
-use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType, Unit};
+use super::entry::{
+    apply_overrides_text, override_entries, overrides_text, ConfigEntry, ConfigSource, ConfigType,
+    OverrideKeyView, Unit,
+};
 use super::Config;
 
 /// `share.record.lock.duration.ms`: how long a delivered record stays acquired.
@@ -457,36 +460,31 @@ impl GroupConfig {
     /// Overrides are GROUP_CONFIG (8); defaults are STATIC_BROKER_CONFIG when the broker key
     /// behind them was set explicitly, DEFAULT_CONFIG otherwise.
     pub fn entries(&self, broker: &Config) -> Vec<ConfigEntry> {
-        GROUP_KEYS
-            .iter()
-            .map(|key| {
-                override_entry(
-                    key.name,
-                    key.ty,
-                    key.doc,
-                    key.synonyms,
-                    key.default,
-                    self.overrides.get(key.name).cloned(),
-                    ConfigSource::DynamicGroupConfig,
-                    broker,
-                )
-            })
-            .collect()
+        let keys = GROUP_KEYS.iter().map(|k| OverrideKeyView {
+            name: k.name,
+            ty: k.ty,
+            doc: k.doc,
+            synonyms: k.synonyms,
+            default: k.default,
+        });
+        override_entries(
+            keys,
+            |name| self.overrides.get(name).cloned(),
+            ConfigSource::DynamicGroupConfig,
+            broker,
+        )
     }
 
     /// Stable text form: one `key=value` line per override, in key order.
     pub fn to_text(&self) -> String {
-        self.overrides.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+        overrides_text(&self.overrides)
     }
 
-    /// Parses [`GroupConfig::to_text`] output; every pair is validated again (broker bounds are
-    /// not: they are applied when the settings are used).
+    /// Parses [`GroupConfig::to_text`] output (blank lines and `#` comments are skipped); every pair
+    /// is validated again (broker bounds are not: they are applied when the settings are used).
     pub fn from_text(text: &str) -> Result<GroupConfig, GroupConfigError> {
         let mut config = GroupConfig::default();
-        for pair in override_pairs(text) {
-            let (key, value) = pair.map_err(|line| GroupConfigError::BadLine(line.to_string()))?;
-            config.set(key, value)?;
-        }
+        apply_overrides_text(text, GroupConfigError::BadLine, |k, v| config.set(k, v))?;
         Ok(config)
     }
 }

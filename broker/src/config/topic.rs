@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::doc::KeyDoc;
-use super::entry::{override_entry, override_pairs, ConfigEntry, ConfigSource, ConfigType, Unit};
+use super::entry::{
+    apply_overrides_text, override_entries, overrides_text, ConfigEntry, ConfigSource, ConfigType,
+    OverrideKeyView, Unit,
+};
 use super::Config;
 
 /// Which timestamp a partition stores for each batch (`message.timestamp.type`).
@@ -802,36 +805,31 @@ impl TopicConfig {
     /// Overrides are DYNAMIC_TOPIC_CONFIG; defaults are STATIC_BROKER_CONFIG when the broker key
     /// behind them was set explicitly, DEFAULT_CONFIG otherwise.
     pub fn entries(&self, broker: &Config) -> Vec<ConfigEntry> {
-        TOPIC_KEYS
-            .iter()
-            .map(|key| {
-                override_entry(
-                    key.name,
-                    key.ty,
-                    key.doc,
-                    key.synonyms,
-                    key.default,
-                    self.overrides.get(key.name).map(|v| v.to_string()),
-                    ConfigSource::DynamicTopicConfig,
-                    broker,
-                )
-            })
-            .collect()
+        let keys = TOPIC_KEYS.iter().map(|k| OverrideKeyView {
+            name: k.name,
+            ty: k.ty,
+            doc: k.doc,
+            synonyms: k.synonyms,
+            default: k.default,
+        });
+        override_entries(
+            keys,
+            |name| self.overrides.get(name).map(|v| v.to_string()),
+            ConfigSource::DynamicTopicConfig,
+            broker,
+        )
     }
 
-    /// Stable text form of the overrides: one `key=value` line per override, in key order.
+    /// Stable text form: one `key=value` line per override, in key order.
     pub fn to_text(&self) -> String {
-        self.overrides.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+        overrides_text(&self.overrides)
     }
 
-    /// Parses [`TopicConfig::to_text`] output (blank lines and `#` comments are skipped);
-    /// every pair is validated again.
+    /// Parses [`TopicConfig::to_text`] output (blank lines and `#` comments are skipped); every pair
+    /// is validated again.
     pub fn from_text(text: &str) -> Result<TopicConfig, TopicConfigError> {
         let mut config = TopicConfig::default();
-        for pair in override_pairs(text) {
-            let (key, value) = pair.map_err(|line| TopicConfigError::BadLine(line.to_string()))?;
-            config.set(key, value)?;
-        }
+        apply_overrides_text(text, TopicConfigError::BadLine, |k, v| config.set(k, v))?;
         Ok(config)
     }
 }
