@@ -15,7 +15,12 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use crate::log::FileRegions;
+use crate::region::FileRegions;
+
+/// Largest buffer of staged bytes (a log's staged chunk, the journal's pending entries), unless a
+/// single batch is larger; a round writes the buffers in turn. Bounded buffers are recycled by
+/// the allocator instead of being fresh mappings the kernel must fault in and zero.
+pub(crate) const STAGE_CHUNK_MAX_BYTES: usize = 1 << 20;
 
 /// A file opened for reading and writing at explicit positions.
 pub trait FileHandle: 'static {

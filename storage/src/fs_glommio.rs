@@ -76,7 +76,7 @@ use glommio::sync::RwLock;
 use rustix::io::{Errno, ReadWriteFlags};
 
 use crate::fs::{direct_aligned, FileHandle, Fs, StageBuf, StdFs};
-use crate::log::FileRegions;
+use crate::region::FileRegions;
 
 /// A shard's file system on glommio; usable only inside a glommio executor. Clones share one
 /// state (see the module docs), as do the files they open.

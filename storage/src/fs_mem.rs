@@ -20,7 +20,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use crate::fs::{direct_aligned, FileHandle, Fs};
-use crate::log::FileRegions;
+use crate::region::FileRegions;
 
 #[derive(Default, Debug)]
 struct FileData {

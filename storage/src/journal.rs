@@ -38,8 +38,8 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
+use crate::fs::STAGE_CHUNK_MAX_BYTES as PENDING_CHUNK_MAX_BYTES;
 use crate::fs::{FileHandle, Fs, DIRECT_WRITE_ALIGN};
-use crate::log::STAGE_CHUNK_MAX_BYTES as PENDING_CHUNK_MAX_BYTES;
 use crate::StorageError;
 
 /// Directory under the log dir holding journal files.

@@ -21,6 +21,7 @@ pub mod journal;
 pub mod log;
 pub mod notify;
 pub mod producer;
+pub mod region;
 pub mod replay;
 mod segment;
 pub mod store;
@@ -29,9 +30,10 @@ use std::path::{Path, PathBuf};
 
 pub use journal::LogKey;
 pub use log::{
-    AppendInfo, Appended, FileRegion, FileRegions, LogConfig, PartitionLog, ReadData, ReadPlan,
-    RecoveryPoint, RecoveryReport, RetentionOutcome, TimestampPlan, SENDABLE_MIN_BATCH_BYTES,
+    AppendInfo, Appended, LogConfig, PartitionLog, ReadData, ReadPlan, RecoveryPoint, RecoveryReport,
+    RetentionOutcome, TimestampPlan, SENDABLE_MIN_BATCH_BYTES,
 };
+pub use region::{FileRegion, FileRegions};
 pub use replay::{replay_journals, ReplayReport};
 pub use store::{AppendTicket, CheckpointStats, LogId, LogOffsets, RoundStats, ShardStore, StoreConfig};
 

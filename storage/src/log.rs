@@ -14,20 +14,21 @@
 //! (a Raft follower's, later), or above it when a flush round fails before anything was
 //! acknowledged.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
 use strand_protocol::batch::{self, BatchHeader, BatchScanner, BATCH_HEADER_BYTES};
 use strand_protocol::records::record_metas;
 
-use crate::fs::{FileHandle, Fs, StageBuf};
+use crate::fs::{FileHandle, Fs, StageBuf, STAGE_CHUNK_MAX_BYTES};
 use crate::index::{OffsetIndex, TimeIndex};
+use crate::notify::Notify;
 use crate::producer::{ProducerCheck, ProducerState};
+use crate::region::{FileRegion, FileRegions};
 use crate::segment::{self, relative, IndexFilesOnDisk, Segment};
 use crate::StorageError;
 
@@ -107,10 +108,6 @@ pub struct RecoveryReport {
 
 /// Smallest capacity of a staged chunk.
 const STAGE_CHUNK_MIN_BYTES: usize = 16 * 1024;
-/// Largest buffer of staged bytes (a log's staged chunk, the journal's pending entries), unless a
-/// single batch is larger; a round writes the buffers in turn. Bounded buffers are recycled by
-/// the allocator instead of being fresh mappings the kernel must fault in and zero.
-pub(crate) const STAGE_CHUNK_MAX_BYTES: usize = 1 << 20;
 
 /// Batches of one segment waiting to be written to its file.
 pub(crate) struct StagedChunk<Fl> {
@@ -162,86 +159,6 @@ pub struct ReadPlan<Fl> {
     target_offset: i64,
     max_bytes: usize,
     index_interval_bytes: u64,
-}
-
-/// Bytes of a segment file to send to a client as they are (`sendfile`), from the file's own
-/// descriptor: whole batches, below the high watermark, so never rewritten. Holding the
-/// descriptor keeps the bytes readable even if retention deletes the segment meanwhile. Regions
-/// alive at once are bounded process-wide ([`FileRegions`]), so that they never take the
-/// descriptors segments and connections need.
-#[derive(Debug)]
-pub struct FileRegion {
-    pub fd: OwnedFd,
-    pub pos: u64,
-    pub len: usize,
-    _slot: RegionSlot,
-}
-
-/// The bound on [`FileRegion`]s alive at once. One for the whole process, created at start-up
-/// and shared by every shard's file system: the bound is on the process's descriptors. A region
-/// may be dropped on any thread (the one that sends it), so the bound lives as long as the
-/// process ([`FileRegions::for_process`]).
-#[derive(Debug)]
-pub struct FileRegions {
-    alive: AtomicUsize,
-    max: usize,
-}
-
-/// One region's place within its [`FileRegions`], given back on drop.
-#[derive(Debug)]
-struct RegionSlot(&'static FileRegions);
-
-impl Drop for RegionSlot {
-    fn drop(&mut self) {
-        self.0.alive.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl FileRegions {
-    /// A bound of `max` regions alive at once, living until the process exits. Create one per
-    /// process (or per test).
-    pub fn for_process(max: usize) -> &'static FileRegions {
-        Box::leak(Box::new(FileRegions {
-            alive: AtomicUsize::new(0),
-            max,
-        }))
-    }
-
-    /// The broker's bound: a sixteenth of the open-files limit, between 16 and 4,096. Past it,
-    /// reads copy their bytes.
-    pub fn open_files_share() -> usize {
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        limit.map_or(4096, |n| usize::try_from(n / 16).unwrap_or(4096).clamp(16, 4096))
-    }
-
-    /// A region of `len` bytes at `pos` of `fd`, if fewer than [`FileRegions::max`] are alive.
-    pub fn region(&'static self, fd: OwnedFd, pos: u64, len: usize) -> Option<FileRegion> {
-        self.slot().map(|slot| FileRegion {
-            fd,
-            pos,
-            len,
-            _slot: slot,
-        })
-    }
-
-    fn slot(&'static self) -> Option<RegionSlot> {
-        self.alive
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| RegionSlot(self))
-    }
-
-    /// Most regions alive at once.
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
-    /// Regions alive now.
-    pub fn alive(&self) -> usize {
-        self.alive.load(Ordering::Acquire)
-    }
 }
 
 /// What a read returns: the bytes, or a region of the file to send (see
@@ -346,7 +263,7 @@ pub(crate) struct CheckpointWork<Fl> {
     pub(crate) new_point_file: bool,
     pub(crate) dir: PathBuf,
     /// Keeps the directory while the work is alive (set by the store).
-    pub(crate) io: Option<crate::store::LogIoGuard>,
+    pub(crate) io: Option<LogIoGuard>,
 }
 
 impl<Fl: FileHandle> CheckpointWork<Fl> {
@@ -2041,12 +1958,7 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
                 None => return Ok(None),
             }
         }
-        Ok(Some(FileRegion {
-            fd,
-            pos: start,
-            len,
-            _slot: slot,
-        }))
+        Ok(Some(FileRegion::in_slot(fd, start, len, slot)))
     }
 
     async fn sendable_fd(&self, pos: u64, len: u64) -> Result<Option<OwnedFd>, StorageError> {
@@ -2242,4 +2154,33 @@ async fn read_epochs<F: Fs>(fs: &F, path: &Path) -> Vec<(i32, i64)> {
         }
     }
     out
+}
+/// Held by I/O in a log's directory that runs outside the store's borrow: a flush round's
+/// writes and syncs, a checkpoint's files, a directory sync. [`ShardStore::remove_log`]
+/// deletes the directory only once every guard of the log is dropped. Otherwise such I/O could
+/// fail for want of the directory, and a failed round takes the whole store offline; or it could
+/// create a file in a new directory of the same name (the topic created again).
+pub(crate) struct LogIoGuard {
+    users: Rc<Cell<u32>>,
+    released: Rc<Notify>,
+}
+
+impl LogIoGuard {
+    pub(crate) fn new(users: &Rc<Cell<u32>>, released: &Rc<Notify>) -> Self {
+        users.set(users.get() + 1);
+        LogIoGuard {
+            users: users.clone(),
+            released: released.clone(),
+        }
+    }
+}
+
+impl Drop for LogIoGuard {
+    fn drop(&mut self) {
+        let left = self.users.get().saturating_sub(1);
+        self.users.set(left);
+        if left == 0 {
+            self.released.notify_all();
+        }
+    }
 }

@@ -37,8 +37,8 @@ use crate::fs::{FileHandle, Fs};
 use crate::journal::{Journal, LogKey};
 use crate::log::{
     persist_log_start_offset, remove_segment_files, write_chunks, AppendInfo, CheckpointWork, DiscardPlan,
-    LogConfig, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome, StagedWrites,
-    WrittenChunk,
+    LogConfig, LogIoGuard, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome,
+    StagedWrites, WrittenChunk,
 };
 use crate::notify::Notify;
 use crate::StorageError;
@@ -291,36 +291,6 @@ struct Entry<F: Fs> {
     dirty: bool,
     /// Guards out for I/O in the log's directory (see [`LogIoGuard`]).
     io_users: Rc<Cell<u32>>,
-}
-
-/// Held by I/O in a log's directory that runs outside the store's borrow: a flush round's
-/// writes and syncs, a checkpoint's files, a directory sync. [`ShardStore::remove_log`]
-/// deletes the directory only once every guard of the log is dropped. Otherwise such I/O could
-/// fail for want of the directory, and a failed round takes the whole store offline; or it could
-/// create a file in a new directory of the same name (the topic created again).
-pub(crate) struct LogIoGuard {
-    users: Rc<Cell<u32>>,
-    released: Rc<Notify>,
-}
-
-impl LogIoGuard {
-    fn new(users: &Rc<Cell<u32>>, released: &Rc<Notify>) -> Self {
-        users.set(users.get() + 1);
-        LogIoGuard {
-            users: users.clone(),
-            released: released.clone(),
-        }
-    }
-}
-
-impl Drop for LogIoGuard {
-    fn drop(&mut self) {
-        let left = self.users.get().saturating_sub(1);
-        self.users.set(left);
-        if left == 0 {
-            self.released.notify_all();
-        }
-    }
 }
 
 struct Slot<F: Fs> {

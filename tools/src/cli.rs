@@ -10,8 +10,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::report::{emit_report, RawLimits, RawParameters};
-use crate::run::{measure_raw, RunDir};
+use crate::report::{emit_report, RawParameters};
 
 /// The `strand` binary a benchmark spawns. A binary that can also use a running broker declares
 /// that argument itself, with `conflicts_with = "spawn"`; one that must spawn makes `--spawn`
@@ -130,35 +129,6 @@ impl<D: RawDefaults> RawArgs<D> {
             sustained_secs,
             loopback_secs: self.loopback_secs,
         })
-    }
-
-    /// The run directory of a benchmark of durable writes, `{tool}-…`, with the warnings the
-    /// report must carry about its file system and about `--skip-raw`.
-    pub fn run_dir(&self, args: &RunDirArgs, tool: &str) -> Result<(RunDir, Vec<String>)> {
-        let (dir, mut warnings) = RunDir::create(
-            args,
-            &format!("{tool}-"),
-            "fdatasync persists nothing, every durable-write figure of this run is meaningless",
-        )?;
-        if self.skip_raw {
-            warnings.push("raw limits were not measured (--skip-raw): no ratios to them".into());
-        }
-        Ok((dir, warnings))
-    }
-
-    /// Measures the raw limits in `dir` (`when`: `before` or `after`, for the progress line);
-    /// `None` with `--skip-raw`.
-    pub fn measure(
-        &self,
-        dir: &std::path::Path,
-        p: &RawParameters,
-        show_progress: bool,
-        when: &str,
-    ) -> Result<Option<RawLimits>> {
-        if self.skip_raw {
-            return Ok(None);
-        }
-        measure_raw(dir, p, show_progress, when).map(Some)
     }
 }
 

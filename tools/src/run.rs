@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tempfile::TempDir;
 
-use crate::cli::RunDirArgs;
+use crate::cli::{RawArgs, RawDefaults, RunDirArgs};
 use crate::host::{filesystem_of, run_directory, utc_now_rfc3339, FsInfo};
 use crate::raw::{disk_append_fdatasync, loopback_tcp};
 use crate::report::{human_bytes, RawLimits, RawParameters};
@@ -170,6 +170,38 @@ pub fn measure_raw(dir: &Path, p: &RawParameters, show_progress: bool, when: &st
         sustained,
         loopback,
     })
+}
+
+/// The run steps of the raw-limit arguments.
+impl<D: RawDefaults> RawArgs<D> {
+    /// The run directory of a benchmark of durable writes, `{tool}-…`, with the warnings the
+    /// report must carry about its file system and about `--skip-raw`.
+    pub fn run_dir(&self, args: &RunDirArgs, tool: &str) -> Result<(RunDir, Vec<String>)> {
+        let (dir, mut warnings) = RunDir::create(
+            args,
+            &format!("{tool}-"),
+            "fdatasync persists nothing, every durable-write figure of this run is meaningless",
+        )?;
+        if self.skip_raw {
+            warnings.push("raw limits were not measured (--skip-raw): no ratios to them".into());
+        }
+        Ok((dir, warnings))
+    }
+
+    /// Measures the raw limits in `dir` (`when`: `before` or `after`, for the progress line);
+    /// `None` with `--skip-raw`.
+    pub fn measure(
+        &self,
+        dir: &std::path::Path,
+        p: &RawParameters,
+        show_progress: bool,
+        when: &str,
+    ) -> Result<Option<RawLimits>> {
+        if self.skip_raw {
+            return Ok(None);
+        }
+        measure_raw(dir, p, show_progress, when).map(Some)
+    }
 }
 
 #[cfg(test)]

@@ -5,39 +5,10 @@
 
 use std::fmt::Write as _;
 
-use super::entry::Unit;
+use super::entry::KeyView;
 use super::{
     group, topic, Config, DefaultValue, BROKER_KEYS, IGNORED_KEYS, IGNORED_KEY_PREFIXES, QUEUE_KEYS,
 };
-
-/// One topic or group key as the document lists it.
-pub(super) struct KeyDoc {
-    name: &'static str,
-    /// The default given the broker's configuration, as DescribeConfigs prints it.
-    default: fn(&Config) -> String,
-    unit: Unit,
-    /// Broker keys that set this key's default.
-    broker_keys: &'static [&'static str],
-    doc: &'static str,
-}
-
-impl KeyDoc {
-    pub(super) fn new(
-        name: &'static str,
-        default: fn(&Config) -> String,
-        unit: Unit,
-        broker_keys: &'static [&'static str],
-        doc: &'static str,
-    ) -> KeyDoc {
-        KeyDoc {
-            name,
-            default,
-            unit,
-            broker_keys,
-            doc,
-        }
-    }
-}
 
 /// The command that writes `docs/configuration.md`.
 const REGENERATE: &str = "STRAND_WRITE_CONFIG_DOC=1 cargo test -p strand-broker configuration_doc";
@@ -88,8 +59,8 @@ pub fn configuration_markdown() -> String {
     });
     table(&mut out, &["Key", "Default", "Unit", "Description"], broker_rows);
 
-    let (queue, topic): (Vec<KeyDoc>, Vec<KeyDoc>) =
-        topic::key_docs().partition(|k| QUEUE_KEYS.contains(&k.name));
+    let (queue, topic): (Vec<KeyView>, Vec<KeyView>) =
+        topic::key_views().partition(|k| QUEUE_KEYS.contains(&k.name));
     section(
         &mut out,
         "Topic",
@@ -105,7 +76,7 @@ pub fn configuration_markdown() -> String {
         "Set per group with IncrementalAlterConfigs (resource type GROUP), and reported by \
          DescribeConfigs.",
     );
-    keyed_table(&mut out, &group::key_docs().collect::<Vec<_>>(), &broker);
+    keyed_table(&mut out, &group::key_views().collect::<Vec<_>>(), &broker);
 
     section(
         &mut out,
@@ -152,7 +123,7 @@ fn section(out: &mut String, title: &str, intro: &str) {
 }
 
 /// Topic and group keys: their default under `broker`, and the broker keys that set it.
-fn keyed_table(out: &mut String, keys: &[KeyDoc], broker: &Config) {
+fn keyed_table(out: &mut String, keys: &[KeyView], broker: &Config) {
     let rows = keys.iter().map(|k| {
         let default = (k.default)(broker);
         let default = if default.is_empty() {
@@ -160,7 +131,7 @@ fn keyed_table(out: &mut String, keys: &[KeyDoc], broker: &Config) {
         } else {
             code(&default)
         };
-        let from: Vec<String> = k.broker_keys.iter().map(|b| code(b)).collect();
+        let from: Vec<String> = k.synonyms.iter().map(|b| code(b)).collect();
         [
             code(k.name),
             default,
@@ -196,6 +167,7 @@ fn cell(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::entry::Unit;
     use super::*;
 
     /// Where the document lives, from the repository's root.
@@ -232,7 +204,7 @@ mod tests {
     #[test]
     fn configuration_doc_states_every_keys_unit_and_purpose() {
         let mut keys: Vec<(&str, Unit, &str)> = BROKER_KEYS.iter().map(|k| (k.name, k.unit, k.doc)).collect();
-        for k in topic::key_docs().chain(group::key_docs()) {
+        for k in topic::key_views().chain(group::key_views()) {
             keys.push((k.name, k.unit, k.doc));
         }
         for (name, unit, doc) in keys {

@@ -175,19 +175,24 @@ pub(crate) fn override_pairs(text: &str) -> impl Iterator<Item = Result<(&str, &
         .map(|line| line.split_once('=').map(|(k, v)| (k.trim(), v)).ok_or(line))
 }
 
-/// What DescribeConfigs needs of a key of an override table (topic or group configs).
-pub(crate) struct OverrideKeyView {
+/// A key of an override table (topic or group configs), as DescribeConfigs answers it and
+/// `docs/configuration.md` lists it.
+pub(crate) struct KeyView {
     pub(crate) name: &'static str,
     pub(crate) ty: ConfigType,
+    pub(crate) unit: Unit,
     pub(crate) doc: &'static str,
+    /// Broker keys that set this key's default (an explicit one makes the default
+    /// STATIC_BROKER_CONFIG).
     pub(crate) synonyms: &'static [&'static str],
+    /// The default given the broker's configuration, as DescribeConfigs prints it.
     pub(crate) default: fn(&super::Config) -> String,
 }
 
 /// DescribeConfigs rows for every key of a table, with the override `get` gives (its source
 /// `dynamic`) or the default (see [`override_entry`]).
 pub(crate) fn override_entries(
-    keys: impl Iterator<Item = OverrideKeyView>,
+    keys: impl Iterator<Item = KeyView>,
     get: impl Fn(&str) -> Option<String>,
     dynamic: ConfigSource,
     broker: &super::Config,

@@ -14,10 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use super::doc::KeyDoc;
 use super::entry::{
-    apply_overrides_text, override_entries, overrides_text, ConfigEntry, ConfigSource, ConfigType,
-    OverrideKeyView, Unit,
+    apply_overrides_text, override_entries, overrides_text, ConfigEntry, ConfigSource, ConfigType, KeyView,
+    Unit,
 };
 use super::Config;
 
@@ -194,11 +193,16 @@ static GROUP_KEYS: &[GroupKey] = &[
     },
 ];
 
-/// The keys as `docs/configuration.md` lists them.
-pub(super) fn key_docs() -> impl Iterator<Item = KeyDoc> {
-    GROUP_KEYS
-        .iter()
-        .map(|k| KeyDoc::new(k.name, k.default, k.unit, k.synonyms, k.doc))
+/// The keys, as DescribeConfigs answers them and `docs/configuration.md` lists them.
+pub(super) fn key_views() -> impl Iterator<Item = KeyView> {
+    GROUP_KEYS.iter().map(|k| KeyView {
+        name: k.name,
+        ty: k.ty,
+        unit: k.unit,
+        doc: k.doc,
+        synonyms: k.synonyms,
+        default: k.default,
+    })
 }
 
 fn find_key(name: &str) -> Option<&'static GroupKey> {
@@ -460,15 +464,8 @@ impl GroupConfig {
     /// Overrides are GROUP_CONFIG (8); defaults are STATIC_BROKER_CONFIG when the broker key
     /// behind them was set explicitly, DEFAULT_CONFIG otherwise.
     pub fn entries(&self, broker: &Config) -> Vec<ConfigEntry> {
-        let keys = GROUP_KEYS.iter().map(|k| OverrideKeyView {
-            name: k.name,
-            ty: k.ty,
-            doc: k.doc,
-            synonyms: k.synonyms,
-            default: k.default,
-        });
         override_entries(
-            keys,
+            key_views(),
             |name| self.overrides.get(name).cloned(),
             ConfigSource::DynamicGroupConfig,
             broker,

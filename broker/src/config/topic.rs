@@ -4,10 +4,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::doc::KeyDoc;
 use super::entry::{
-    apply_overrides_text, override_entries, overrides_text, ConfigEntry, ConfigSource, ConfigType,
-    OverrideKeyView, Unit,
+    apply_overrides_text, override_entries, overrides_text, ConfigEntry, ConfigSource, ConfigType, KeyView,
+    Unit,
 };
 use super::Config;
 
@@ -546,11 +545,16 @@ static TOPIC_KEYS: &[TopicKey] = &[
     },
 ];
 
-/// The keys as `docs/configuration.md` lists them.
-pub(super) fn key_docs() -> impl Iterator<Item = KeyDoc> {
-    TOPIC_KEYS
-        .iter()
-        .map(|k| KeyDoc::new(k.name, k.default, k.unit, k.synonyms, k.doc))
+/// The keys, as DescribeConfigs answers them and `docs/configuration.md` lists them.
+pub(super) fn key_views() -> impl Iterator<Item = KeyView> {
+    TOPIC_KEYS.iter().map(|k| KeyView {
+        name: k.name,
+        ty: k.ty,
+        unit: k.unit,
+        doc: k.doc,
+        synonyms: k.synonyms,
+        default: k.default,
+    })
 }
 
 fn find_key(name: &str) -> Option<&'static TopicKey> {
@@ -805,15 +809,8 @@ impl TopicConfig {
     /// Overrides are DYNAMIC_TOPIC_CONFIG; defaults are STATIC_BROKER_CONFIG when the broker key
     /// behind them was set explicitly, DEFAULT_CONFIG otherwise.
     pub fn entries(&self, broker: &Config) -> Vec<ConfigEntry> {
-        let keys = TOPIC_KEYS.iter().map(|k| OverrideKeyView {
-            name: k.name,
-            ty: k.ty,
-            doc: k.doc,
-            synonyms: k.synonyms,
-            default: k.default,
-        });
         override_entries(
-            keys,
+            key_views(),
             |name| self.overrides.get(name).map(|v| v.to_string()),
             ConfigSource::DynamicTopicConfig,
             broker,
