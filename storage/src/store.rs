@@ -20,8 +20,9 @@
 //! the disk is busy, so a heavy load over many partitions turns direct and writes each byte
 //! once, while a light one keeps its single journal fsync. A round that creates a segment file
 //! (a new log's first, a roll) stays direct and syncs the log's directory after it, before
-//! acknowledging anything. A log whose directory changed otherwise since it was last synced (a
-//! segment removed, a file a journaled round created) is journaled until a checkpoint or
+//! acknowledging anything (such a round is not taken to overlap another: it waits for the one
+//! in flight). A log whose directory changed otherwise since it was last synced (a segment
+//! removed, a file a journaled round created) is journaled until a checkpoint or
 //! [`ShardStore::sync_changed_dirs`] syncs the directory.
 //!
 //! Overlap: while a direct round's fsyncs run, what is staged meanwhile is already written as
