@@ -1,26 +1,43 @@
 //! One Kafka connection: read frames, start each request in arrival order, run them
 //! concurrently, and write responses in request order (clients pipeline and match responses by
-//! order as well as by correlation id).
+//! order as well as by correlation id). Starting a produce request includes sending its appends
+//! to the owner shards, so a client's appends to a partition follow its send order whichever
+//! shard owns it.
 //!
 //! Bounds: a frame larger than `socket.request.max.bytes` closes the connection before its body
-//! is read; at most `strand.max.inflight.requests.per.connection` responses are pending, after
-//! which the connection stops reading; request bytes held by all connections of a shard are
-//! bounded by the shard's request-memory semaphore; at most `strand.max.connections.per.shard`
-//! connections per shard.
+//! is read, and a frame's memory is reserved from the shard's request-memory semaphore (which
+//! HTTP bodies share) before its body is read; at most
+//! `strand.max.inflight.requests.per.connection` responses are pending, after which the
+//! connection stops reading; at most one Fetch or ShareFetch is between its decoding and the end
+//! of writing its answer (a pipelined one waits, and the connection's reading with it, as in
+//! Kafka), so a shard holds at most one answer of up to `fetch.max.bytes` per connection; at
+//! most `strand.max.connections.per.shard` connections per shard.
+//!
+//! **Responses** are lists of pieces written one after the other. A piece that is a region of a
+//! segment file (a Fetch's records far behind the log's end, `strand.fetch.sendfile`) goes out
+//! with `sendfile(2)` on the shard's blocking thread ([`send_region`]), so the shard never waits
+//! for the disk; the thread's result comes back through glommio's own channel, whose result slot
+//! has a mutex that only that thread and the shard touch, one after the other.
 //!
 //! **Migration.** The kernel spreads connections over shards (SO_REUSEPORT) without knowing
 //! which partitions they will use, so a producer or consumer of one partition lands on another
 //! shard half the time with two shards, and each of its requests then crosses shards twice:
 //! there and back, waking both executors every time. A connection whose last
-//! [`MIGRATE_AFTER_REQUESTS`] produce (acks ≠ 0) or sessionless fetch requests were all for
-//! partitions of one other shard moves there ([`Affinity`]): it stops reading,
-//! writes every pending response, and the socket (a duplicate of its descriptor) and the bytes
-//! already read go to that shard, which serves the connection from then on. Connections stay
-//! where they are once they used an API that keeps state on the connection's shard or that this
-//! rule does not know (fetch sessions, share sessions, group requests: see
+//! [`MIGRATE_AFTER_REQUESTS`] produce (acks ≠ 0) or fetch requests were all for partitions of
+//! one other shard moves there ([`Affinity`]; BENCHMARKS.md#connection-migration): it stops
+//! reading, writes every pending response, and hands a duplicate of its socket's descriptor
+//! (`pidfd_getfd` on this process: no `unsafe`) and the bytes it read but did not serve to that
+//! shard over the router, behind every request it sent there before ([`hand_over`]); that shard
+//! serves the connection from then on. The fetch sessions (KIP-227) the connection used leave
+//! this shard's cache with it and join the other shard's, so consumers that open sessions move
+//! too. Connections stay where they are once they used an API that keeps state on the
+//! connection's shard or that this rule does not know (share sessions, group requests: see
 //! [`Affinity::request`]), or produced with acks=0 (nothing tells when their appends reached the
-//! owner, so a move could reorder them). If the move fails, the connection stays and is served
-//! as before.
+//! owner, so a move could reorder them). A connection moves at most 16 times. If a move fails
+//! (the other shard refuses, the descriptor cannot be duplicated), the connection stays for
+//! good, perhaps without its fetch sessions (the client is told they are unknown and opens new
+//! ones); if the other shard's answer never comes, the connection is closed here, since that
+//! shard may be serving it. `strand_connection_migrations_total` counts the moves.
 
 use std::cell::{Cell, RefCell};
 use std::io;

@@ -2,6 +2,15 @@
 //! config changes) one operation at a time, persists the metadata, and broadcasts the change to
 //! every shard. It lives on shard 0, as a service of the shard core
 //! ([`crate::shard::service`]); [`call`] sends it an operation from any shard.
+//!
+//! An operation is validated against a copy of the [`ClusterMetadata`], which turns it into
+//! deltas; the new state is written to `strand-metadata.json` before any shard sees it (a crash
+//! then finds the old state or the new one, and start-up removes the logs of deleted topics),
+//! and a change that cannot be written fails whole. Then every shard applies the deltas in two
+//! phases ([`broadcast_metadata`]): each opens its new logs and removes deleted ones, and only
+//! then does each take the new metadata into its replica. Group configs (resource type
+//! GROUP, the share groups' among them) are cluster metadata too, changed here. The controller
+//! also hands out idempotent producer ids, in blocks that cost one metadata write each.
 
 use std::cell::RefCell;
 use std::path::PathBuf;

@@ -7,6 +7,10 @@
 //! Sessions live in the cache of the shard that served the fetch; a client that reconnects to
 //! another shard gets FETCH_SESSION_ID_NOT_FOUND and starts a new session, as Kafka clients do
 //! after any session loss. The cache is bounded; the least recently used session is evicted.
+//! A connection that moves to another shard (see `crate::connection`) takes the sessions it used
+//! along ([`FetchSessionCache::take`], [`FetchSessionCache::adopt`]). Session ids of different
+//! shards start far apart, and a moved session whose id the other shard already uses is
+//! dropped there: the client is told it is unknown and opens a new one.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -238,7 +238,8 @@ pub trait Fs: Clone + 'static {
     /// Makes creations, renames and removals in the directory durable.
     async fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Makes everything written to the file system holding `path` durable (`syncfs`): one call
-    /// instead of a sync per file, for start-up recovery.
+    /// instead of a sync per file, for start-up recovery, direct flush rounds and checkpoints
+    /// of many logs, and logs created together.
     async fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
     async fn exists(&self, path: &Path) -> bool;
 

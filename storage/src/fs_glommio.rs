@@ -1,9 +1,25 @@
 //! [`Fs`] on glommio: file reads, writes and `fdatasync` go through the shard's io_uring, so a
-//! shard keeps serving while its flush round waits for the disk. Directory operations are rare
-//! (segment roll, topic creation) and use blocking `std::fs` calls.
+//! shard keeps serving while its flush round waits for the disk; so do directory fsyncs.
+//! `syncfs` and creating a directory run on the shard's blocking thread: a `syncfs` takes as
+//! long as the write-back, and a CreateTopics of thousands of partitions creates thousands of
+//! directories. Other directory operations (renames, removals, listings) are rare or fast and
+//! are plain blocking calls on the executor: the flush path uses some of them, and must not
+//! queue behind a `syncfs`.
 //!
-//! This is the only storage module that knows the runtime, and the only module of the workspace
-//! allowed `unsafe` code: one borrow of a file descriptor glommio owns (see [`borrow_fd`]).
+//! Reads of buffered files take what the page cache holds with `preadv2(RWF_NOWAIT)`, straight
+//! into the buffer they return and never waiting for the disk, and only the rest through
+//! io_uring (`buffered_read`; BENCHMARKS.md#nowait-reads). Files opened with
+//! [`Fs::open_direct`] are glommio `DmaFile`s, or buffered files where the file system refuses
+//! `O_DIRECT`. glommio's probe for its poll ring is patched (`third_party/glommio`): it took an
+//! empty file's zero-byte read as proof of `IOPOLL` support, and direct reads then failed with
+//! `EOPNOTSUPP` on a disk without poll queues.
+//!
+//! This is the only storage module that knows the runtime, and one of the two places in the
+//! workspace allowed `unsafe` code (the other sets the allocator's options in the broker's
+//! `main`): one borrow of a file descriptor glommio owns (see [`borrow_fd`]), for the system
+//! calls glommio has no operation for (the cached read, `fadvise`, `ftruncate`, duplicating
+//! the descriptor for `sendfile`), and, in its tests only, an `mmap` + `mincore` probe of the
+//! pages the page cache holds.
 //!
 //! # State
 //!
@@ -31,9 +47,12 @@
 //! what it writes, which is where a buffered write spends its time on a VM whose fresh pages
 //! are expensive. The page cache then lacks what was written: reads of each file's most recent
 //! writes (a consumer following the log) come from memory, up to
-//! [`GlommioFsConfig::recent_writes_bytes`] per shard. Reads that miss them go through the page
-//! cache, as every read of a Kafka log does: a consumer catching up takes pages, and the next
-//! reader of the same data finds them there. Mixing those reads with direct writes is safe only
+//! [`GlommioFsConfig::recent_writes_bytes`] per shard, oldest write evicted first whichever
+//! file it belongs to. The budget counts the memory a kept write holds, not only its data: a
+//! write staged in a buffer more than twice its size is kept as an exact copy (`kept`;
+//! BENCHMARKS.md#recent-writes-budget). Reads that miss them go through the page cache, as
+//! every read of a Kafka log does: a consumer catching up takes pages, and the next reader of
+//! the same data finds them there. Mixing those reads with direct writes is safe only
 //! if no read holds a page a direct write covers: the kernel drops the cached pages a direct
 //! write covers, and if one of them is being read at that moment it stays, stale, and the
 //! kernel fails the file's next `fsync` with `EIO`. Direct writes only ever cover the page
@@ -46,9 +65,26 @@
 //! - **nearer the end** run through the page cache only while no write of the file is in
 //!   flight (otherwise directly, with `O_DIRECT`), and a write that starts while one runs goes
 //!   through the page cache instead of directly. The kernel's read-ahead beyond such a read is
-//!   no hazard: its pages are locked until read, and a direct write waits for them.
+//!   no hazard: its pages are locked until read, and a direct write waits for them. Where the
+//!   file holds reserved space, a read whose read-ahead window could pass the data switches the
+//!   kernel's read-ahead off (`FADV_RANDOM`) while it runs, or the kernel would cache the
+//!   reserved zeros (BENCHMARKS.md#near-read-readahead); reads near the end read ahead
+//!   themselves, 4 MiB at a time, never past the end of completed writes (`DirectSide::read`).
 //!
-//! Truncations, which move the end back, and the first direct write wait for running reads.
+//! A region handed out for `sendfile` ([`FileHandle::sendable`]) is such a read: only bytes far
+//! behind the end (and not among the recent writes) are handed out, decided when the region is
+//! handed out; the written end only moves on after that, so they stay far.
+//!
+//! Truncations, which move the end back, and the first direct write wait for running reads (a
+//! shard-local async `RwLock` per handle). All of this is per file handle, so a segment file
+//! has one: rounds taken while the round that creates the file is in flight take the handle it
+//! created (`Segment::created`) instead of opening their own, and reads use the same one.
+//!
+//! A log stages a chunk it expects to write directly in the direct layout ([`Fs::stage_buf`],
+//! [`StageBuf`]), so that its whole pages go out from where the batches were staged
+//! (`DmaFile::write_foreign_at`, a glommio patch) instead of being copied into a DMA buffer
+//! first: each produced byte is copied once, into the staging buffer
+//! (BENCHMARKS.md#one-copy-staging). [`FsStats`] counts the bytes written both ways.
 //!
 //! # Drop-behind
 //!

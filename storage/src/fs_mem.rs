@@ -8,7 +8,8 @@
 //! durable, which is kinder than a real file system.
 //! [`MemFs::set_capacity`] makes writes fail with `ENOSPC` once the total size would exceed it.
 //! [`MemFs::set_reserve_bytes`] makes segment files hold zeros past their data until sealed, as
-//! the broker's do.
+//! the broker's do. A file opened with [`Fs::open_direct`] refuses unaligned writes, as
+//! `O_DIRECT` does, so the storage tests check the journal's alignment.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};

@@ -7,9 +7,18 @@
 //!   granularity when the maximum has risen, and by every checkpoint that writes the file, so
 //!   that its last entry is the segment's maximum.
 //!
-//! Both are kept in memory for open segments and written to disk when a segment is sealed and
-//! at checkpoints. They are derived data: a missing or damaged index file is rebuilt by
-//! scanning its segment.
+//! Both are kept in memory for open segments and written to disk by checkpoints (a rolled
+//! segment's at the next one). A segment within one `index.interval.bytes` has no offset-index
+//! entry and gets no index files until it grows (BENCHMARKS.md#lazy-index-files). They are
+//! derived data: a missing or damaged index file is rebuilt by scanning its segment.
+//!
+//! Index files on disk cover everything the recovery point vouches for. They are rewritten in
+//! place only by appending entries: a torn write leaves the old ones whole and at most a
+//! partial last entry, which recovery drops, and recovery cuts entries past the point. Files
+//! created after the point that trusts their segment, files holding entries that recovery or a
+//! truncation cut (the next write would put others in their place, and a torn write could mix
+//! the two into an entry below the point), and files with bytes past their entries are written
+//! beside their name and renamed in once durable (`segment::IndexFilesOnDisk`).
 
 /// One offset-index entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,10 @@
 //!
 //! This is how "acknowledged means fsynced" stays cheap with many partitions: a flush round
 //! appends every batch staged on the shard to the journal and issues one `fdatasync`, whatever
-//! the number of partitions written; the same batches go to their partition segments through
-//! the page cache. Segments are fsynced later, at a checkpoint, after which the journal files
-//! that covered them are deleted. After a crash, start-up replays the journal into the segments.
+//! the number of partitions written; the same batches go to their partition segments, unsynced.
+//! Segments are fsynced later, at a checkpoint, after which the journal files that covered them
+//! are deleted (or recycled). After a crash, start-up replays the journal into the segments
+//! ([`crate::replay`], which reads the files through the page cache).
 //!
 //! File: `<log dir>/strand-journal/<shard>-<sequence>.wal`, a 24-byte header (magic, shard,
 //! sequence) then entries `[u32 payload length][u32 CRC-32C of payload, XOR the file's

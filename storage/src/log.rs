@@ -13,6 +13,43 @@
 //! reused: a suffix is only ever removed below the high watermark by an explicit truncation
 //! (a Raft follower's, later), or above it when a flush round fails before anything was
 //! acknowledged.
+//!
+//! Files: a log is a directory (`<topic>-<partition>`, or a queue state log's
+//! `__queue_state/<topic>-<partition>/<group>`) in Kafka's layout: per segment a
+//! `<base offset, 20 digits>.log` with its `.index` and `.timeindex` ([`crate::index`]), then
+//! `leader-epoch-checkpoint` and `partition.metadata` (the topic id). Strand adds
+//! `recovery-point` (see Recovery) and `log-start-offset` (written by DeleteRecords before any
+//! segment below it goes).
+//!
+//! # Segment files
+//!
+//! A segment file holds exactly the batches appended to it, however they reached the disk
+//! (direct or buffered writes), followed in the active segment only by zeros: space reserved
+//! ahead of direct writes, and the padding of the last one ([`crate::fs::FileHandle::seal`]).
+//! A segment behind the active one ends where its data ends, durably, before the recovery point
+//! moves past it: a roll seals the file (`PartitionLog::seal_active`), a direct round or a
+//! checkpoint seals any segment it missed (`seal_behind`, among the syncs it collects), and the
+//! file system cuts a sealed file back to its data as soon as no write of it is in flight (a
+//! synchronous `ftruncate`, so no write starts in between) and again, if needed, before each
+//! `fdatasync`. A cut needs a sync that starts after it: a round whose `fdatasync` of the file
+//! began before the cut leaves the segment's sync mark set (`Segment::cut_seq` against the
+//! round's `cuts_at`, see `PartitionLog::rolled_segments_synced`). A clean stop seals the
+//! active segments too, so the next start reads no zeros. Readers never go past a segment's
+//! visible end.
+//!
+//! # Recovery
+//!
+//! [`PartitionLog::open`] trusts a log up to its recovery point (the last checkpoint: a
+//! `recovery-point` file that passes its CRC, in a segment at least that long) and CRC-checks
+//! everything after it. Segments behind the point are trusted at their size (sealed: their data
+//! ends there), the point's segment up to the point. Index files are trusted below the point:
+//! entries past it are cut, and if that cut the entry for the largest timestamp, the last index
+//! interval is read again; a segment without index files is read instead. The scan ends at the
+//! first torn or corrupt batch, and the tail from there is cut, durably, with every later
+//! segment. Zeros where a batch should start are space the segment reserved, not damage
+//! (`ScanOutcome::zero_tail`): they are cut too, and later segments stay. Producer state is the
+//! point's snapshot plus the batches scanned after it. A log without a usable point is read
+//! whole and its indexes rebuilt.
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::OwnedFd;
@@ -467,7 +504,7 @@ pub struct PartitionLog<F: Fs> {
     dir_dirty: bool,
     /// Directory changes made (segment files created or removed) and how many of them a
     /// checkpoint or a directory sync has made durable; a direct flush round needs them all durable (see
-    /// [`PartitionLog::direct_sync_files`]). `dir_changes_checkpointing` is the count a running
+    /// [`PartitionLog::direct_sync`]). `dir_changes_checkpointing` is the count a running
     /// checkpoint's directory sync covers.
     dir_changes: u64,
     dir_changes_synced: u64,
@@ -1334,6 +1371,11 @@ impl<F: Fs> PartitionLog<F> {
 
     /// Removes every record at or after `offset`, which must be a batch boundary between the
     /// log start and end. A Raft follower needs this when its log diverges from the leader's.
+    ///
+    /// Nothing calls it below the high watermark yet, which is what keeps [`FileRegion`]s
+    /// valid: the pages `sendfile` queues on a socket are the page cache's own until the client
+    /// reads them, so a truncation below the high watermark must first wait for the regions in
+    /// flight.
     pub async fn truncate_suffix(&mut self, offset: i64) -> Result<(), StorageError> {
         if offset < self.log_start_offset || offset > self.next_offset {
             return Err(StorageError::OffsetOutOfRange {
@@ -2156,10 +2198,11 @@ async fn read_epochs<F: Fs>(fs: &F, path: &Path) -> Vec<(i32, i64)> {
     out
 }
 /// Held by I/O in a log's directory that runs outside the store's borrow: a flush round's
-/// writes and syncs, a checkpoint's files, a directory sync. [`ShardStore::remove_log`]
-/// deletes the directory only once every guard of the log is dropped. Otherwise such I/O could
-/// fail for want of the directory, and a failed round takes the whole store offline; or it could
-/// create a file in a new directory of the same name (the topic created again).
+/// writes and syncs, a checkpoint's files, a directory sync, the segment files retention and
+/// DeleteRecords remove. [`crate::ShardStore::remove_log`] deletes the directory only once every
+/// guard of the log is dropped. Otherwise such I/O could fail for want of the directory, and a
+/// failed round takes the whole store offline; or it could create a file in a new directory of
+/// the same name (the topic created again).
 pub(crate) struct LogIoGuard {
     users: Rc<Cell<u32>>,
     released: Rc<Notify>,

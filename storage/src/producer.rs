@@ -14,9 +14,10 @@
 //! State is split in two: `durable` covers batches below the high watermark; `pending` holds
 //! batches appended but not yet flushed, in offset order. Checks see both. A flush moves pending
 //! batches into `durable`; a failed flush drops them. A checkpoint snapshots `durable` — which is
-//! exactly the state as of the high watermark — and recovery loads the snapshot and re-applies
-//! the batches after it from the log, so that a retry of a batch lost in a crash is never taken
-//! for a duplicate of data that no longer exists.
+//! exactly the state as of the high watermark — into the log's `recovery-point` file, and
+//! recovery loads the snapshot and re-applies the batches after it from the log, so that a
+//! retry of a batch lost in a crash is never taken for a duplicate of data that no longer
+//! exists.
 
 use std::collections::{HashMap, VecDeque};
 

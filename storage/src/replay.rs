@@ -1,8 +1,13 @@
 //! Start-up journal replay: after a crash, the shard journals may hold acknowledged batches that
 //! never reached their segment files (or reached them torn). Replay appends them, checkpoints the
 //! logs it appended to, makes the rest durable with one `syncfs` (entries already in their
-//! segments after a process crash sit in the page cache), and deletes the journal files. It runs once, before any shard starts, over
-//! every shard's journal, so a change in the number of shards between runs is harmless.
+//! segments after a process crash sit in the page cache), and deletes the journal files. It runs
+//! once, before any shard starts, over every shard's journal, so a change in the number of
+//! shards between runs is harmless. The broker runs it on [`crate::fs::StdFs`], so the journal
+//! files are read through the page cache, although they were written past it. Files kept for
+//! recycling (`.free`) hold only entries a checkpoint covered and are removed unread; in the
+//! others, replay stops at the first entry whose CRC fails, with the file's sequence mask (see
+//! [`crate::journal`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;

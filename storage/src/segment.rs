@@ -1,5 +1,6 @@
 //! One segment of a partition log: a `.log` file of record batches with its offset and time
-//! indexes, and the scan that validates a segment's bytes after a crash.
+//! indexes, and the scan that validates a segment's bytes after a crash. What a segment file
+//! holds and how recovery trusts it: see [`crate::log`].
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};

@@ -4,19 +4,56 @@
 //! Group commit: appends are synchronous and only stage bytes. A single flusher task per shard
 //! runs flush rounds ([`ShardStore::flush_pending`]) whenever something is staged: a round
 //! writes every staged batch of every log to the journal with one `fdatasync`, writes the same
-//! batches to their segment files (page cache) concurrently, and then moves each log's high
+//! batches to their segment files (unsynced) concurrently, and then moves each log's high
 //! watermark. Appends made while a round is in flight wait for the next round. One round costs
 //! one journal fsync whether it carries one partition or ten thousand.
 //!
 //! Direct rounds: a round carrying at most [`StoreConfig::direct_sync_max_logs`] logs skips the
 //! journal and fsyncs those logs' files instead (every segment with unsynced writes, and the
 //! directory after a segment was created), so one or two busy partitions write each byte once,
-//! not twice. Journal replay needs nothing from them: their bytes are durable in the segments,
-//! and a later journaled batch continues from there.
+//! not twice (BENCHMARKS.md#direct-rounds). Journal replay needs nothing from them: their bytes
+//! are durable in the segments, and a later journaled batch continues from there. A round of
+//! more logs is direct too when they carry at least [`StoreConfig::direct_min_log_bytes`] each
+//! on average: it writes only their segments and makes them durable with one `syncfs` of the
+//! file system and one fsync of the store's root (`sync_whole_filesystem`; every log lives
+//! there) instead of a device flush per file (BENCHMARKS.md#syncfs-rounds). Rounds grow while
+//! the disk is busy, so a heavy load over many partitions turns direct and writes each byte
+//! once, while a light one keeps its single journal fsync. A round that creates a segment file
+//! (a new log's first, a roll) stays direct and syncs the log's directory after it, before
+//! acknowledging anything (such a round is not taken to overlap another: it waits for the one
+//! in flight). A log whose directory changed otherwise since it was last synced (a segment
+//! removed, a file a journaled round created) is journaled until a checkpoint or
+//! [`ShardStore::sync_changed_dirs`] syncs the directory.
 //!
 //! Overlap: while a direct round's fsyncs run, what is staged meanwhile is already written as
 //! the next round ([`ShardStore::flush_pending`]); at most two rounds are in flight, and they
 //! finish in order.
+//!
+//! Checkpoints ([`ShardStore::checkpoint`], run by the shard's flusher after it rotates the
+//! journal at [`StoreConfig::journal_segment_bytes`] or on a timer, and at a clean stop,
+//! [`ShardStore::shutdown`]): every changed log's segment files and index files are fsynced and
+//! its `recovery-point` written, and only then are the retired journal files deleted, or kept
+//! for recycling ([`StoreConfig::journal_recycle_files`], see [`crate::journal`]). A checkpoint
+//! of at least [`StoreConfig::checkpoint_syncfs_min_logs`] logs syncs the file system instead of
+//! each file (`checkpoint_by_filesystem`). Flush rounds go on while a checkpoint runs, direct
+//! ones too: a segment whose fsync the checkpoint took over and has not finished
+//! (`Segment::checkpoint_syncing`) is synced by the round as well, as if no checkpoint ran
+//! (BENCHMARKS.md#rounds-beside-checkpoint). No directory sync runs beside a checkpoint, and
+//! segment files are removed (retention, DeleteRecords) only while none runs (`segments_lock`):
+//! a checkpoint writes the index files of any segment rolled since the last one, and would
+//! create them again for a segment removed under it.
+//!
+//! New logs: nothing is appended to a new log before its directory's entry in its parent is
+//! durable, since a direct round's fsyncs of a segment and its directory cannot bring back a
+//! directory a crash took away. [`ShardStore::open_log`] syncs a new directory into its parent;
+//! [`ShardStore::open_logs`] registers the logs it created (so nothing is appended to them and
+//! the broker serves none) only once its file-system sync has returned.
+//!
+//! Removed logs: no I/O runs in a log's directory once its removal has started. A flush round,
+//! a checkpoint, a directory sync, retention and DeleteRecords each hold a `LogIoGuard` of every
+//! log they touch while their I/O runs; [`ShardStore::remove_log`] unregisters the log at once
+//! but deletes its directory only when the last guard is dropped, and a log opened in the same
+//! directory meanwhile (the topic created again) waits for that.
 //!
 //! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
 //! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`] until a
@@ -50,7 +87,10 @@ pub struct LogId {
     generation: u32,
 }
 
-/// Settings of a shard store.
+/// Settings of a shard store. The broker sets the journal's size and recycling and
+/// `direct_min_log_bytes` from its configuration and runs the defaults of the rest, which its
+/// users have no reason to change (BENCHMARKS.md#direct-rounds, BENCHMARKS.md#flush-overlap,
+/// BENCHMARKS.md#checkpoint-syncfs); tests vary them.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     /// Rotate the journal (and checkpoint) once the current file reaches this size.

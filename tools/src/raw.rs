@@ -1,8 +1,10 @@
 //! The machine's raw limits, measured beside every benchmark result.
 //!
 //! * Sequential append + `fdatasync` to a new file in the broker's data directory, at several
-//!   write sizes: the ceiling for a broker that fsyncs every acknowledged write. Once more at a
-//!   fixed rate (a broker's paced phase): the disk's own latency at that load.
+//!   write sizes: the ceiling for a broker that fsyncs every acknowledged write. At the
+//!   reference size also for as long as a produce phase: the sustained figure the produce
+//!   ratio divides by (BENCHMARKS.md#sustained-raw). Once more at a fixed rate (a broker's
+//!   paced phase): the disk's own latency at that load.
 //! * Loopback TCP copy: one thread writes 1 MiB buffers to a 127.0.0.1 socket, another reads:
 //!   the ceiling for serving a warm log to a consumer on the same machine.
 

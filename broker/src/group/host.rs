@@ -1,11 +1,16 @@
 //! Runs a shard's [`GroupCoordinator`]: feeds it requests and timer ticks, carries out its
 //! actions (answers, appends to `__consumer_offsets`, wake-ups), and loads its partitions of
-//! `__consumer_offsets` at start-up.
+//! `__consumer_offsets` at start-up, and a partition again after a write to it failed (the
+//! coordinator dropped that partition's state, which may hold changes the log does not).
 //!
 //! The coordinator is a sans-I/O state machine; everything that waits (the disk, the clock)
-//! happens here. A group lives on the shard owning its `__consumer_offsets` partition, so its
-//! records are appended to a local log and its state is touched by one thread. Requests reach
-//! it as [`GroupCall`]s, the group host's service on every shard ([`forward`] sends one).
+//! happens here. A group lives on the shard owning its `__consumer_offsets` partition (Java's
+//! `String.hashCode` of the group id, as Kafka computes it), so its records are appended to a
+//! local log and its state is touched by one thread. Requests reach it as [`GroupCall`]s, the
+//! group host's service on every shard ([`super::route::forward`] sends one). An answer leaves
+//! only once every write issued before it on its partition is durable (see [`crate::group`]).
+//! The partition count of `__consumer_offsets` is the existing topic's, whatever the setting
+//! says later ([`offsets_partitions_in_use`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};

@@ -1,6 +1,23 @@
 //! Fetch (1): reads from the owning shards, long-polls until `min_bytes` or `max_wait_ms`,
 //! bounds the answer by `max_bytes` (whole batches, at least one), and keeps incremental fetch
 //! sessions (KIP-227) for clients that open them.
+//!
+//! With partitions on several shards, `max_bytes` is shared between the owners in proportion to
+//! their partitions, and what an owner could not use is read from the partitions another
+//! skipped, in a second round ([`read_once`]; BENCHMARKS.md#fetch-budget-split). An owner plans
+//! its partitions' reads in the request's order, each reserving from its share the most it can
+//! return, and runs several at once (`Shard::read_partitions`); the handler bounds the whole
+//! answer after the reads. A partition's records of [`SHARED_RECORDS_MIN_BYTES`] or more go out
+//! as a segment of their own, the very buffer the read returned, and records far behind a log's
+//! end may be a region of the segment file that the connection sends with `sendfile`
+//! (BENCHMARKS.md#fetch-answer-segments, BENCHMARKS.md#sendfile).
+//!
+//! A Fetch can name every partition of a topic on every request (librdkafka opens no fetch
+//! session), so the per-partition path makes no allocation of its own: a topic's name is one
+//! `Arc<str>` for all its partitions, a request to an owner names each topic once in a table its
+//! partitions index (`TopicTable`), each partition's owner comes from hashing its topic's name
+//! once per run of that topic ([`owners_of`]), and the owner finds a run of a topic's partitions
+//! with one lookup of the topic (BENCHMARKS.md#fetch-per-partition).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;

@@ -1,7 +1,10 @@
-//! One module per Kafka API. Each handler declares the versions it serves; the registry at the
-//! bottom of this file builds both request dispatch and the ApiVersions answer from the same list,
-//! so they cannot disagree. Handlers stay thin: decode (done here), call the domain (shards,
-//! controller, storage), encode (done here).
+//! One module per Kafka API. Each handler declares the versions it serves (`MIN`/`MAX`, checked
+//! against the schema's range by a `const` assertion in `run`); the registry at the bottom of
+//! this file builds both request dispatch and the ApiVersions answer from the same list, so they
+//! cannot disagree. Handlers stay thin: decode (done here), call the domain (shards,
+//! controller, storage), encode (done here). The request paths several handlers share are
+//! here too: [`per_partition`] (a per-partition operation on the owning shards) and
+//! [`to_coordinator`] (a group request forwarded to its coordinator shard).
 
 mod alter_configs;
 mod alter_share_group_offsets;

@@ -9,6 +9,10 @@
 //! Ordering: messages from one shard to another arrive in send order, and a peer starts
 //! requests in arrival order. A connection therefore gets its produce requests to one partition
 //! appended in the order it sent them, even when the partition lives on another shard.
+//!
+//! Wake-ups: a shard never sleeps through work another thread gave it (a message from another
+//! shard, a completion of its blocking thread); the test
+//! `executors_wake_for_every_message_and_blocking_completion` fails if one does.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

@@ -46,7 +46,12 @@ pub(crate) async fn stall_probe(shard: Rc<Shard>) {
 const ROUNDS_PER_FLUSH_PASS: usize = 32;
 
 /// The group-commit loop: flush rounds whenever something is staged; directory syncs, journal
-/// rotation and checkpoints between them.
+/// rotation and checkpoints between them. A checkpoint follows a journal rotation, when the
+/// journal reached `strand.journal.segment.bytes` or every [`CHECKPOINT_INTERVAL`] if anything
+/// changed, and runs in a task of its own while rounds go on. The loop ends once shutdown
+/// begins, leaving the last flush and checkpoint to `ShardStore::shutdown`; when staged work
+/// cannot be flushed yet (the store waits for a checkpoint, say) it backs off for
+/// [`FLUSHER_BACKOFF`] rather than loop without yielding.
 pub(crate) async fn flusher(shard: Rc<Shard>) {
     let mut next_checkpoint = Instant::now() + CHECKPOINT_INTERVAL;
     loop {

@@ -14,9 +14,15 @@
 //!   they do for messages Kafka producers wrote.
 //! - **Lease**: the engine answers (after the lease records are durable), then the payloads
 //!   are read back from the log (the engine holds none).
+//! - **Recovery**: at start-up, once the partition logs are open, every engine whose state log
+//!   this shard owns is rebuilt from that log ([`QueueHost::start`]), then fed the message log
+//!   from its window, as the engine's module documentation prescribes.
+//! - **Dead letters**: appended to the queue's dead-letter topic by a Produce to its owner
+//!   shard (`dead_letter`), then reported to the engine.
 //! - **Timers**: one task per engine sleeps until the engine's next deadline.
 //! - **Retention**: the message log's retention never passes the lowest offset an engine still
 //!   needs ([`QueuePartition::retention_floor`]).
+//! - **Metrics**: per-queue gauges and counters (`metrics`).
 //!
 //! Architecture invariant: an engine is touched only by the shard that owns its partition, like
 //! the partition's log; other shards reach it through [`QueueOp`]s.

@@ -1,7 +1,17 @@
-//! The queue service behind the HTTP API ([`crate::queue::doors::http::QueueApi`]), on the connection's
-//! shard: it resolves queues (topics) and message ids, picks partitions, and sends
+//! The queue service behind the HTTP API ([`crate::queue::doors::http::QueueApi`]), on the
+//! connection's shard: it resolves queues (topics) and message ids, picks partitions, and sends
 //! [`QueueOp`]s to the shards that own the partitions, where [`crate::queue::host`] runs the
-//! engines. Queue administration goes through the controller like Kafka's topic admin.
+//! engines. Queue administration goes through the controller like Kafka's topic admin: a
+//! queue's settings are `strand.queue.*` topic configs.
+//!
+//! - **Publish**: a message goes to the partition Kafka's default partitioner (murmur2) picks
+//!   for its key, else for its dedup token (a retry must meet its first publish's dedup state),
+//!   else round-robin; each partition's messages go to its owner as one operation.
+//! - **Lease**: the owners are asked in turn, from a rotating partition on, until the request's
+//!   count is leased; with nothing to lease, the request long-polls every owner at once until
+//!   one has something or the wait ends, and ends leasing nothing once the client is gone
+//!   ([`PeerGone`]).
+//! - **Settle**: routed by the message id (topic id, partition) to the partition's owner.
 
 use std::collections::BTreeMap;
 use std::pin::pin;

@@ -6,7 +6,9 @@
 //! - This module: what ShareFetch and ShareAcknowledge have in common — resolving topic ids,
 //!   splitting the work over the shards that own the partitions ([`QueueOp::Share`], run by
 //!   [`crate::queue::host`]), long polling, and releasing a member's records when its session
-//!   closes. The handlers stay thin.
+//!   closes. The handlers stay thin. On each owner the host settles the acknowledgements first,
+//!   fenced by member (only the member holding a record settles it), then acquires records for
+//!   the member under the group's lock duration (`share.record.lock.duration.ms`).
 
 mod acks;
 pub(crate) mod errors;
