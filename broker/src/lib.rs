@@ -1,7 +1,7 @@
 //! The Strand broker: a Kafka-protocol-compatible broker, thread-per-core on glommio.
 //!
 //! Code map (see ARCHITECTURE.md), bottom up: [`config`], [`metadata`], metrics and the clock;
-//! the shard core ([`shard`]: the partitions a shard owns, its store, the router between shards
+//! the shard core (`shard`: the partitions a shard owns, its store, the router between shards
 //! and the registry subsystems plug into); the subsystems (controller, fetch sessions, consumer
 //! groups, queues with their HTTP and Kafka share-group doors), assembled per shard by
 //! `subsystems`; `handlers`, one module per Kafka API; `connection`, one Kafka connection; and

@@ -68,7 +68,7 @@ pub(crate) fn describe() {
     );
     describe_counter!(
         "strand_connection_migrations_total",
-        "Kafka connections handed to the shard that owns the partitions they produce to, by the shard they left."
+        "Kafka connections handed to the shard that owns the partitions they produce to or fetch from, by the shard they left."
     );
     describe_gauge!("strand_log_end_offset", "Log end offset, by topic and partition.");
     describe_gauge!(

@@ -16,7 +16,7 @@
 //!
 //! This is the only storage module that knows the runtime, and one of the two places in the
 //! workspace allowed `unsafe` code (the other sets the allocator's options in the broker's
-//! `main`): one borrow of a file descriptor glommio owns (see [`borrow_fd`]), for the system
+//! `main`): one borrow of a file descriptor glommio owns (see `borrow_fd`), for the system
 //! calls glommio has no operation for (the cached read, `fadvise`, `ftruncate`, duplicating
 //! the descriptor for `sendfile`), and, in its tests only, an `mmap` + `mincore` probe of the
 //! pages the page cache holds.
@@ -42,8 +42,8 @@
 //! # Direct segment writes
 //!
 //! With [`GlommioFsConfig::direct_segment_writes`], segment files write their writes of
-//! [`DIRECT_MIN_BYTES`] or more with `O_DIRECT`, the last partial page padded with zeros, into
-//! space reserved ahead (see [`split_write`]): a growing log then takes no page-cache pages for
+//! `DIRECT_MIN_BYTES` or more with `O_DIRECT`, the last partial page padded with zeros, into
+//! space reserved ahead (see `split_write`): a growing log then takes no page-cache pages for
 //! what it writes, which is where a buffered write spends its time on a VM whose fresh pages
 //! are expensive. The page cache then lacks what was written: reads of each file's most recent
 //! writes (a consumer following the log) come from memory, up to
@@ -204,7 +204,7 @@ pub struct FsStats {
     /// Bytes of direct segment writes copied into an aligned buffer first (data not staged in
     /// the direct layout).
     pub direct_copied_bytes: u64,
-    /// Bytes of segment space reserved ahead of direct writes (see [`DirectSide::reserve`]).
+    /// Bytes of segment space reserved ahead of direct writes (see `DirectSide::reserve`).
     pub reserved_bytes: u64,
 }
 
@@ -340,7 +340,7 @@ struct DirectSide {
     near_reads: Rc<Cell<usize>>,
     /// The file's size as this handle last set it beyond the written end (space reserved for
     /// the writes to come, and the zeros padding the last direct write), `None` while the file
-    /// ends where its data ends (see [`DirectSide::reserve`]).
+    /// ends where its data ends (see `DirectSide::reserve`).
     reserved: Cell<Option<u64>>,
     /// No write extends the file any more (see [`FileHandle::seal`]).
     sealed: Cell<bool>,
@@ -367,7 +367,7 @@ const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 /// A direct-written segment reserves space ahead of its writes in steps of at least this
 /// much, and four times the write that needed it, up to [`RESERVE_MAX_BYTES`] (see
-/// [`DirectSide::reserve`]).
+/// `DirectSide::reserve`).
 const RESERVE_MIN_BYTES: u64 = 1 << 20;
 const RESERVE_MAX_BYTES: u64 = 16 << 20;
 
@@ -562,7 +562,7 @@ impl DirectSide {
     /// `len` bytes at `pos` near the written end, through the page cache, so that the next
     /// reader finds them there as it would far behind; `None` while a write of the file is in
     /// flight (read them directly then). A direct write that starts while such a read runs
-    /// goes through the page cache instead (see [`split_write`]), so none of these reads ever
+    /// goes through the page cache instead (see `split_write`), so none of these reads ever
     /// holds a page a direct write covers. The read runs to its end even if its caller stops
     /// waiting: until it ends, the kernel may hold the pages it reads.
     async fn near_read(&self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
@@ -910,7 +910,7 @@ fn borrow_fd(file: &BufferedFile) -> BorrowedFd<'_> {
 }
 
 impl GlommioFile {
-    /// A segment write, its whole pages direct (see [`split_write`]).
+    /// A segment write, its whole pages direct (see `split_write`).
     async fn side_write(&self, side: &DirectSide, buf: StageBuf, pos: u64) -> io::Result<()> {
         let len = buf.len();
         side.writing.set(true);
@@ -1016,7 +1016,7 @@ impl FileHandle for GlommioFile {
         }
     }
 
-    /// On a direct file, one write (see [`direct_write`]).
+    /// On a direct file, one write (see `direct_write`).
     async fn write_pieces_at(&self, pieces: Vec<Vec<u8>>, pos: u64) -> io::Result<u64> {
         match &self.file {
             Inner::Buffered(_) => crate::fs::write_each(self, pieces, pos).await,
@@ -1111,7 +1111,7 @@ impl FileHandle for GlommioFile {
         }
     }
 
-    /// Far behind a direct-written segment's end (see [`DirectSide::behind_writes`]), where
+    /// Far behind a direct-written segment's end (see `DirectSide::behind_writes`), where
     /// reads go through the page cache and no direct write ever comes, or anywhere in a segment
     /// written through the page cache; not what the shard's memory of recent writes holds
     /// (copying that beats reading the file), nor near the end of a direct-written segment.
@@ -1219,7 +1219,7 @@ async fn write_pages(dma: &DmaFile, pages: Bytes, first: u64, rewrites_first: bo
 /// end, the first completed with the bytes before `pos` that the file already holds (rewritten
 /// unchanged, as the page cache's writeback would) and the last padded with zeros (the next
 /// write rewrites them), go out directly, into space the file reserved ahead
-/// ([`DirectSide::reserve`]), the first page as a write of its own when the file holds it
+/// (`DirectSide::reserve`), the first page as a write of its own when the file holds it
 /// ([`write_pages`]). Small writes, and writes beside a read near the end, go through the page
 /// cache instead. The kernel writes back and drops any cached pages a direct write covers. Data staged
 /// in the direct layout ([`StageBuf::direct`]) is written from where it was staged, the known
@@ -1480,7 +1480,7 @@ impl Fs for GlommioFs {
         Ok(file)
     }
 
-    /// The direct layout for a write large enough to go out directly (see [`split_write`]).
+    /// The direct layout for a write large enough to go out directly (see `split_write`).
     fn stage_buf(&self, capacity: usize, pos: u64) -> StageBuf {
         if capacity >= DIRECT_MIN_BYTES && self.0.direct_segments() {
             StageBuf::direct(capacity, pos)

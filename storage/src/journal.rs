@@ -166,7 +166,7 @@ fn append_payload_bytes(key: &LogKey, batch_bytes: usize) -> usize {
 const PENDING_CHUNK_MIN_BYTES: usize = 64 << 10;
 
 /// Decodes the entries of a journal file body (after the header), whose CRCs carry `mask` (see
-/// [`crc_mask`]; 0 for files older than recycling). Stops at the first torn or corrupt entry,
+/// `crc_mask`; 0 for files older than recycling). Stops at the first torn or corrupt entry,
 /// which is the normal end of a journal cut by a crash or of a recycled file's new entries;
 /// the reason is returned.
 pub fn decode_entries(body: &Bytes, mask: u32) -> (Vec<JournalEntry>, Option<String>) {

@@ -329,7 +329,7 @@ struct Entry<F: Fs> {
     key: LogKey,
     log: PartitionLog<F>,
     dirty: bool,
-    /// Guards out for I/O in the log's directory (see [`LogIoGuard`]).
+    /// Guards out for I/O in the log's directory (see `LogIoGuard`).
     io_users: Rc<Cell<u32>>,
 }
 
@@ -377,7 +377,7 @@ pub struct ShardStore<F: Fs> {
     /// Set by [`ShardStore::shutdown`]: the flusher starts no more rounds.
     closing: Cell<bool>,
     checkpoint_running: Cell<bool>,
-    /// Notified when the last [`LogIoGuard`] of a log is dropped.
+    /// Notified when the last `LogIoGuard` of a log is dropped.
     io_released: Rc<Notify>,
     /// Held while segment files are removed (retention, DeleteRecords) and while a checkpoint
     /// runs, which may write the index files of any segment rolled since the last one: a
@@ -600,7 +600,7 @@ impl<F: Fs> ShardStore<F> {
     }
 
     /// Unregisters a log and deletes its directory, once the flush round or checkpoint that may
-    /// be doing I/O in it is done (see [`LogIoGuard`]); a log opened in the same directory
+    /// be doing I/O in it is done (see `LogIoGuard`); a log opened in the same directory
     /// meanwhile waits for that. Appends waiting on it fail.
     pub async fn remove_log(&self, id: LogId) -> Result<(), StorageError> {
         let entry = {

@@ -206,7 +206,7 @@ const QUEUE_DEAD_LETTER_TOPIC: &str = "strand.queue.dead.letter.topic";
 const QUEUE_ORDERING: &str = "strand.queue.ordering";
 const QUEUE_DEDUP_WINDOW_MS: &str = "strand.queue.dedup.window.ms";
 
-/// The topic config keys of a queue, in the order [`QueueSettings::pairs`] lists them.
+/// The topic config keys of a queue (their values are a [`QueueSettings`]).
 pub const QUEUE_KEYS: &[&str] = &[
     QUEUE_MAX_ATTEMPTS,
     QUEUE_VISIBILITY_MS,

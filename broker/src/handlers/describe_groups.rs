@@ -1,6 +1,6 @@
 //! DescribeGroups (15): state, protocol and members of classic groups, per coordinator shard,
 //! merged in request order. A share group answers as Kafka answers for a group that is not
-//! classic: state Dead, and from v6 GROUP_ID_NOT_FOUND ("Group <id> is not a classic group.").
+//! classic: state Dead, and from v6 GROUP_ID_NOT_FOUND ("Group `<id>` is not a classic group.").
 
 use std::rc::Rc;
 
@@ -35,7 +35,7 @@ impl Handler for DescribeGroups {
 }
 
 /// Groups answered GROUP_ID_NOT_FOUND that are share groups get Kafka's message for a group of
-/// another type ("Group <id> is not a classic group.") instead of "not found".
+/// another type ("Group `<id>` is not a classic group.") instead of "not found".
 async fn not_classic_messages(ctx: &RequestCtx, groups: &mut [DescribedGroup]) {
     let mut by_owner: std::collections::BTreeMap<strand_protocol::types::ShardId, Vec<String>> =
         Default::default();
