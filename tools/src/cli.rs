@@ -4,13 +4,13 @@
 //! its own (its workload, how it reaches a running broker, its timeouts).
 
 use std::marker::PhantomData;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::report::{emit_report, RawLimits, RawParameters};
+use crate::report::{emit_report, RawLimits, RawLimitsPair, RawParameters};
 use crate::run::{measure_raw, RunDir};
 
 /// The `strand` binary a benchmark spawns. A binary that can also use a running broker declares
@@ -61,6 +61,17 @@ impl OutputArgs {
     pub fn emit(&self, text: &str, report: &impl Serialize) -> Result<()> {
         emit_report(text, report, self.output.as_deref(), self.json)
     }
+}
+
+/// The tail of a benchmark's command line: the run directory, the report, the progress bars.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub run_dir: RunDirArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
 }
 
 /// Progress bars on stderr.
@@ -146,11 +157,37 @@ impl<D: RawDefaults> RawArgs<D> {
         Ok((dir, warnings))
     }
 
+    /// The raw limits measured in `dir` before the brokers run.
+    pub fn measure_before(
+        &self,
+        dir: &Path,
+        p: &RawParameters,
+        show_progress: bool,
+    ) -> Result<RawLimitsPair> {
+        Ok(RawLimitsPair {
+            before: self.measure(dir, p, show_progress, "before")?,
+            ..RawLimitsPair::default()
+        })
+    }
+
+    /// Measures the raw limits in `dir` again after the brokers ran; returns the warning the
+    /// report must carry if they moved in between.
+    pub fn measure_after(
+        &self,
+        raw: &mut RawLimitsPair,
+        dir: &Path,
+        p: &RawParameters,
+        show_progress: bool,
+    ) -> Result<Option<String>> {
+        raw.after = self.measure(dir, p, show_progress, "after")?;
+        Ok(raw.drift_warning())
+    }
+
     /// Measures the raw limits in `dir` (`when`: `before` or `after`, for the progress line);
     /// `None` with `--skip-raw`.
     pub fn measure(
         &self,
-        dir: &std::path::Path,
+        dir: &Path,
         p: &RawParameters,
         show_progress: bool,
         when: &str,

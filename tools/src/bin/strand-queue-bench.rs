@@ -18,7 +18,7 @@ use clap::{Args, Parser, ValueEnum};
 use serde::Serialize;
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
-use strand_tools::cli::{OutputArgs, ProgressArgs, RawArgs, RawDefaults, RunDirArgs, SpawnArgs};
+use strand_tools::cli::{RawArgs, RawDefaults, RunArgs, SpawnArgs};
 use strand_tools::host::{cpu_seconds, utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::latency::{human_us, LatencySummary};
 use strand_tools::queue_workload::{self, Backlog, Bars, Checkpoint, PhaseCpu, QueueParams, QueueResult};
@@ -218,11 +218,7 @@ struct Cli {
     #[command(flatten)]
     raw: RawArgs<QueueRawSizes>,
     #[command(flatten)]
-    run_dir: RunDirArgs,
-    #[command(flatten)]
-    output: OutputArgs,
-    #[command(flatten)]
-    progress: ProgressArgs,
+    run: RunArgs,
 }
 
 /// strand-queue-bench's raw-write sizes.
@@ -466,9 +462,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             bail!("the share door needs the broker's Kafka listener: pass --bootstrap HOST:PORT with --http");
         }
     }
-    let show_progress = cli.progress.show();
+    let show_progress = cli.run.progress.show();
 
-    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run_dir, "strand-queue-bench")?;
+    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run.run_dir, "strand-queue-bench")?;
     if cli.broker.http.is_some() {
         warnings.push(
             "running broker (--http): its data directory may not be the disk the raw limits measured".into(),
@@ -479,12 +475,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let raw_parameters = cli.raw.parameters(publish_request_bytes, 0.0)?;
 
     let date_utc = utc_now_rfc3339();
-    let mut raw = RawLimitsPair {
-        before: cli
-            .raw
-            .measure(run_dir.path(), &raw_parameters, show_progress, "before")?,
-        ..RawLimitsPair::default()
-    };
+    let mut raw = cli
+        .raw
+        .measure_before(run_dir.path(), &raw_parameters, show_progress)?;
 
     let timeout = Duration::from_secs_f64(cli.timeout_secs);
     let mut process = None;
@@ -617,10 +610,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         );
     }
 
-    raw.after = cli
-        .raw
-        .measure(run_dir.path(), &raw_parameters, show_progress, "after")?;
-    warnings.extend(raw.drift_warning());
+    warnings.extend(
+        cli.raw
+            .measure_after(&mut raw, run_dir.path(), &raw_parameters, show_progress)?,
+    );
     let ratios = (!cli.raw.skip_raw && (result.is_some() || share.is_some()))
         .then(|| ratios(result.as_ref(), share.as_ref(), &raw, publish_request_bytes));
     let measured = result.as_ref().map(|r| r.drain.msgs_per_s);
@@ -678,8 +671,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         error,
     };
 
-    cli.output.emit(&render_text(&report), &report)?;
-    run_dir.finish(cli.run_dir.keep_data || failed)?;
+    cli.run.output.emit(&render_text(&report), &report)?;
+    run_dir.finish(cli.run.run_dir.keep_data || failed)?;
     Ok(exit_code(false, failed))
 }
 
