@@ -23,11 +23,17 @@ pub const RAW_SUSTAINED_MAX_BYTES: u64 = 16 << 30;
 /// A benchmark binary's `main`: runs `run`, and prints the error that stopped it, if one did
 /// (exit status 2).
 pub fn main_of(tool: &str, run: impl FnOnce() -> Result<ExitCode>) -> ExitCode {
+    exit_on_error(tool, ExitCode::from(2), run)
+}
+
+/// A binary's `main`: runs `run`, and prints the error that stopped it, if one did (exit status
+/// `on_error`).
+pub fn exit_on_error(tool: &str, on_error: ExitCode, run: impl FnOnce() -> Result<ExitCode>) -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{tool}: {e:#}");
-            ExitCode::from(2)
+            on_error
         }
     }
 }
