@@ -1211,28 +1211,27 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     // Reused: a large fetch response does not page-fault a fresh buffer in every time.
     let mut out = Vec::new();
+    let close_on_error = |why: String| {
+        shared
+            .counters
+            .connections_closed_on_error
+            .fetch_add(1, Ordering::Relaxed);
+        eprintln!("null-broker: closing the connection from {peer}: {why}");
+    };
     loop {
         let frame = match read_frame(&mut stream, shared.config.max_frame_bytes) {
             Ok(Some(frame)) => frame,
             Ok(None) => return,
             Err(e) => {
                 if e.kind() == io::ErrorKind::InvalidData {
-                    shared
-                        .counters
-                        .connections_closed_on_error
-                        .fetch_add(1, Ordering::Relaxed);
-                    eprintln!("null-broker: closing the connection from {peer}: {e}");
+                    close_on_error(e.to_string());
                 }
                 return;
             }
         };
         out.clear();
         if let Err(e) = shared.handle(frame, &mut out) {
-            shared
-                .counters
-                .connections_closed_on_error
-                .fetch_add(1, Ordering::Relaxed);
-            eprintln!("null-broker: closing the connection from {peer}: {e:#}");
+            close_on_error(format!("{e:#}"));
             return;
         }
         if !out.is_empty() && stream.write_all(&out).is_err() {

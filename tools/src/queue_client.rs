@@ -210,17 +210,24 @@ fn bad_data(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
+/// Reads a line of an answer head into `line`; the end of the stream is an error that says
+/// `where_` it came.
+fn read_head_line(stream: &mut BufReader<TcpStream>, line: &mut String, where_: &str) -> io::Result<()> {
+    if stream.read_line(line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the server closed the connection {where_}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads one answer (skipping `100 Continue`).
 fn read_response(stream: &mut BufReader<TcpStream>, head_only: bool) -> io::Result<Response> {
     loop {
         let mut head_bytes = 0usize;
         let mut status_line = String::new();
-        if stream.read_line(&mut status_line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the server closed the connection before answering",
-            ));
-        }
+        read_head_line(stream, &mut status_line, "before answering")?;
         head_bytes += status_line.len();
         let mut parts = status_line.trim_end().splitn(3, ' ');
         let version = parts.next().unwrap_or_default();
@@ -234,12 +241,7 @@ fn read_response(stream: &mut BufReader<TcpStream>, head_only: bool) -> io::Resu
         let mut headers = Vec::new();
         loop {
             let mut line = String::new();
-            if stream.read_line(&mut line)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection in an answer head",
-                ));
-            }
+            read_head_line(stream, &mut line, "in an answer head")?;
             head_bytes += line.len();
             if head_bytes > MAX_HEAD_BYTES {
                 return Err(bad_data("answer head too large"));

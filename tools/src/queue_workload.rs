@@ -1390,34 +1390,43 @@ pub(crate) mod tests {
             steady_fraction: 0.5,
             steady_publish_batch: 100,
         };
-        assert!(ok.validate().is_ok());
-        assert!(QueueParams {
-            lease_batch: 1001,
-            ..ok.clone()
+        let cases = [
+            (ok.clone(), true),
+            (
+                QueueParams {
+                    lease_batch: 1001,
+                    ..ok.clone()
+                },
+                false,
+            ),
+            (
+                QueueParams {
+                    backlog: Backlog {
+                        publish_batch: 0,
+                        ..ok.backlog.clone()
+                    },
+                    ..ok.clone()
+                },
+                false,
+            ),
+            (
+                QueueParams {
+                    steady_fraction: 0.0,
+                    ..ok.clone()
+                },
+                false,
+            ),
+            (
+                QueueParams {
+                    steady_secs: 0.0,
+                    steady_fraction: 0.0,
+                    ..ok
+                },
+                true,
+            ),
+        ];
+        for (params, valid) in cases {
+            assert_eq!(params.validate().is_ok(), valid, "{params:?}");
         }
-        .validate()
-        .is_err());
-        assert!(QueueParams {
-            backlog: Backlog {
-                publish_batch: 0,
-                ..ok.backlog.clone()
-            },
-            ..ok.clone()
-        }
-        .validate()
-        .is_err());
-        assert!(QueueParams {
-            steady_fraction: 0.0,
-            ..ok.clone()
-        }
-        .validate()
-        .is_err());
-        assert!(QueueParams {
-            steady_secs: 0.0,
-            steady_fraction: 0.0,
-            ..ok
-        }
-        .validate()
-        .is_ok());
     }
 }

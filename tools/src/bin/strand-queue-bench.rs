@@ -22,7 +22,6 @@ use strand_tools::cli::{RawArgs, RawDefaults, RunArgs, SpawnArgs};
 use strand_tools::host::{cpu_seconds, utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::latency::{human_us, LatencySummary};
 use strand_tools::queue_workload::{self, Backlog, Bars, Checkpoint, PhaseCpu, QueueParams, QueueResult};
-use strand_tools::raw::DiskResult;
 use strand_tools::report::{
     host_line, human_bytes, render_raw_limits, RawLimitsPair, RawParameters, ToolInfo,
 };
@@ -722,13 +721,6 @@ impl Outcomes {
     }
 }
 
-fn disk_at(raw: &RawLimitsPair, bytes: u64) -> impl Iterator<Item = &DiskResult> {
-    raw.before
-        .iter()
-        .chain(raw.after.iter())
-        .flat_map(move |r| r.disk.iter().filter(move |d| d.write_bytes == bytes))
-}
-
 fn ratios(
     r: Option<&QueueResult>,
     share: Option<&ShareResult>,
@@ -736,9 +728,10 @@ fn ratios(
     publish_request_bytes: u64,
 ) -> Ratios {
     let div = |a: f64, b: Option<f64>| b.filter(|b| *b > 0.0).map(|b| a / b);
-    let sync4_p50 = disk_at(raw, 4096).map(|d| d.fdatasync.p50_us).min();
+    let sync4_p50 = raw.disk_at(4096).map(|d| d.fdatasync.p50_us).min();
     let sync4_p99 = raw.best_fdatasync_p99_us(4096);
-    let syncs_per_s_4k = disk_at(raw, 4096)
+    let syncs_per_s_4k = raw
+        .disk_at(4096)
         .filter(|d| d.secs > 0.0)
         .map(|d| d.rounds as f64 / d.secs)
         .reduce(f64::max);
