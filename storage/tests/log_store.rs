@@ -33,11 +33,25 @@ fn small_config() -> LogConfig {
     }
 }
 
-/// One large segment, an index entry every `index_interval_bytes`.
-fn one_segment_config(index_interval_bytes: u64) -> LogConfig {
+/// Segments of `segment_bytes`, an index entry every `index_interval_bytes`.
+fn segment_config(segment_bytes: u64, index_interval_bytes: u64) -> LogConfig {
     LogConfig {
-        segment_bytes: 1 << 20,
+        segment_bytes,
         index_interval_bytes,
+        ..small_config()
+    }
+}
+
+/// One large segment (1 MiB), an index entry every `index_interval_bytes`.
+fn one_segment_config(index_interval_bytes: u64) -> LogConfig {
+    segment_config(1 << 20, index_interval_bytes)
+}
+
+/// [`small_config`] with retention by size (`bytes`) and by time (`ms`).
+fn retention_config(bytes: Option<u64>, ms: Option<i64>) -> LogConfig {
+    LogConfig {
+        retention_bytes: bytes,
+        retention_ms: ms,
         ..small_config()
     }
 }
@@ -189,28 +203,8 @@ async fn filled_log(
     (store, id)
 }
 
-/// Appends `batch(tag)` for each of `tags`, each flushed by a round of its own.
-async fn append_in_rounds<F: Fs>(
-    store: &ShardStore<F>,
-    id: LogId,
-    tags: std::ops::Range<u64>,
-    batch: impl Fn(u64) -> Vec<u8>,
-) {
-    for tag in tags {
-        store.append(id, &batch(tag), 0, 0).unwrap();
-        store.flush_round().await;
-    }
-}
-
-/// [`filled_log`], then a clean shutdown; returns what a read from offset 0 returned before it.
-async fn filled_and_shut_down(
-    fs: &MemFs,
-    name: &str,
-    config: &LogConfig,
-    tags: std::ops::Range<u64>,
-    batch: impl Fn(u64) -> Vec<u8>,
-) -> Vec<Batch> {
-    let (store, id) = filled_log(fs, name, config, tags, batch).await;
+/// What log `id` of `store` holds (a read from offset 0), then a clean shutdown of the store.
+async fn read_and_shut_down((store, id): (ShardStore<MemFs>, LogId)) -> Vec<Batch> {
     let all = read_all(&store, id, 0).await;
     store.shutdown().await.unwrap();
     all
@@ -247,6 +241,19 @@ async fn assert_lookups(
         max,
         "the largest timestamp"
     );
+}
+
+/// Appends `batch` to log `id` (leader epoch 0) and notes it in `acked` at its offset, as stored.
+fn append_noted<F: Fs>(
+    store: &ShardStore<F>,
+    id: LogId,
+    batch: Vec<u8>,
+    acked: &mut BTreeMap<i64, Vec<u8>>,
+) -> strand_storage::AppendTicket {
+    let t = store.append(id, &batch, 0, 0).unwrap();
+    let offset = t.info.base_offset;
+    acked.insert(offset, stored(batch, offset, 0));
+    t
 }
 
 /// Checks that every batch of `acked` (offset → stored bytes) is in `all` at its offset, byte for
@@ -329,17 +336,27 @@ fn segment_base(path: &Path) -> i64 {
 
 fn value_batch(tag: u64, n: usize, ts: i64) -> Vec<u8> {
     let values: Vec<Vec<u8>> = (0..n).map(|i| format!("v{tag}-{i}").into_bytes()).collect();
-    let recs: Vec<build::TestRecord<'_>> = values
+    build::batch(&records(&values, Some(b"k"), &[("h", Some(b"x"))], 1), ts)
+}
+
+/// One record per value (key `key`, `headers` on each), the i-th at timestamp delta
+/// `i * delta`.
+fn records<'a>(
+    values: &'a [Vec<u8>],
+    key: Option<&'a [u8]>,
+    headers: &[(&'a str, Option<&'a [u8]>)],
+    delta: i64,
+) -> Vec<build::TestRecord<'a>> {
+    values
         .iter()
         .enumerate()
         .map(|(i, v)| build::TestRecord {
-            key: Some(b"k"),
+            key,
             value: Some(v),
-            headers: vec![("h", Some(b"x"))],
-            timestamp_delta: i as i64,
+            headers: headers.to_vec(),
+            timestamp_delta: i as i64 * delta,
         })
-        .collect();
-    build::batch(&recs, ts)
+        .collect()
 }
 
 /// The stored form of a batch appended at `offset`: only base offset and epoch differ.
@@ -420,12 +437,7 @@ fn a_checkpoint_of_many_logs_syncs_the_file_system_instead_of_each_file() {
                 let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
                 for tag in 0..3 {
                     let batch = value_batch(i as u64 * 10 + tag, 2, 5);
-                    let t = store.append(id, &batch, 0, 0).unwrap();
-                    let offset = t.info.base_offset;
-                    acked
-                        .entry(name)
-                        .or_default()
-                        .insert(offset, stored(batch, offset, 0));
+                    append_noted(&store, id, batch, acked.entry(name).or_default());
                 }
             }
             // Twenty logs of a few bytes each: a journaled round.
@@ -490,14 +502,7 @@ fn a_direct_round_beside_a_checkpoint_syncs_what_the_checkpoint_has_not_yet() {
         let [a, b] = open_each(&store, ["beside-a", "beside-b"], &config).await;
         let mut acked: HashMap<LogId, BTreeMap<i64, Vec<u8>>> = HashMap::new();
         let mut append = |id: LogId, tag: u64, n: usize| {
-            let batch = value_batch(tag, n, 5);
-            let t = store.append(id, &batch, 0, 0).unwrap();
-            let offset = t.info.base_offset;
-            acked
-                .entry(id)
-                .or_default()
-                .insert(offset, stored(batch, offset, 0));
-            t
+            append_noted(&store, id, value_batch(tag, n, 5), acked.entry(id).or_default())
         };
         // Segment files and directories made durable first.
         append(a, 1, 2);
@@ -745,10 +750,7 @@ fn timestamp_lookups() {
 fn retention_by_size_and_time_and_delete_records() {
     block_on(async {
         let fs = MemFs::new();
-        let mut cfg = LogConfig {
-            retention_bytes: Some(4096),
-            ..small_config()
-        };
+        let mut cfg = retention_config(Some(4096), None);
         let (store, id) = filled_log(&fs, "ret-0", &cfg, 0..100, timestamped(1000)).await;
         let before = store.offsets(id).unwrap();
         let deleted = store.retention_pass(10_000).await;
@@ -794,10 +796,7 @@ fn retention_by_size_and_time_and_delete_records() {
 fn retention_stops_at_the_floor_and_nested_dirs_open() {
     block_on(async {
         let fs = MemFs::new();
-        let cfg = LogConfig {
-            retention_ms: Some(1),
-            ..small_config()
-        };
+        let cfg = retention_config(None, Some(1));
         // A nested directory name (the queue engine's state logs) is created on the way.
         let (store, id, _) = store_with_log(&fs, "__queue_state/ret-0/default", &cfg).await;
         assert!(
@@ -830,7 +829,7 @@ fn retention_stops_at_the_floor_and_nested_dirs_open() {
 fn clean_shutdown_restarts_without_scanning() {
     block_on(async {
         let fs = MemFs::new();
-        filled_and_shut_down(&fs, "clean-0", &small_config(), 0..40, timestamped(0)).await;
+        read_and_shut_down(filled_log(&fs, "clean-0", &small_config(), 0..40, timestamped(0)).await).await;
         let report = replay(&fs, &small_config()).await;
         assert_eq!(report.files, 0, "a clean shutdown leaves no journal");
         let (store, id, rec) = store_with_log(&fs, "clean-0", &small_config()).await;
@@ -852,7 +851,7 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
         let index = Path::new("/data/small-0/00000000000000000000.index");
         let time_index = Path::new("/data/small-0/00000000000000000000.timeindex");
         let expected;
-        filled_and_shut_down(&fs, "small-0", &cfg, 0..5, timestamped(1000)).await;
+        read_and_shut_down(filled_log(&fs, "small-0", &cfg, 0..5, timestamped(1000)).await).await;
         assert!(fs
             .contents(Path::new("/data/small-0/00000000000000000000.log"))
             .is_some());
@@ -1069,7 +1068,7 @@ fn a_new_log_recovers_without_the_files_written_with_it() {
 fn index_files_without_their_segment_are_removed_at_open() {
     block_on(async {
         let fs = MemFs::new();
-        filled_and_shut_down(&fs, "orphan-0", &small_config(), 0..1, two_records).await;
+        read_and_shut_down(filled_log(&fs, "orphan-0", &small_config(), 0..1, two_records).await).await;
         let orphans = [
             Path::new("/data/orphan-0/00000000000000000042.index"),
             Path::new("/data/orphan-0/00000000000000000042.timeindex"),
@@ -1095,7 +1094,7 @@ fn a_restart_keeps_each_segments_largest_timestamp() {
     block_on(async {
         let fs = MemFs::new();
         let mut cfg = one_segment_config(1024);
-        filled_and_shut_down(&fs, "maxts-0", &cfg, 0..80, timestamped(1000)).await;
+        read_and_shut_down(filled_log(&fs, "maxts-0", &cfg, 0..80, timestamped(1000)).await).await;
         let (mut log, rec) = partition_log(&fs, "/data/maxts-0", cfg.clone()).await;
         assert_eq!(rec.bytes_scanned, 0, "{rec:?}");
         assert_lookups(&log, &[(1079, Some((157, 1079)))], Some((159, 1080))).await;
@@ -1171,7 +1170,8 @@ fn timestamp_lookups_find_an_early_record_with_a_late_timestamp() {
             1 => 9000,
             i => 1000 + 10 * i as i64,
         };
-        filled_and_shut_down(&fs, "ooo-0", &cfg, 0..60, |i| value_batch(i, 2, timestamp(i))).await;
+        read_and_shut_down(filled_log(&fs, "ooo-0", &cfg, 0..60, |i| value_batch(i, 2, timestamp(i))).await)
+            .await;
         let (log, _) = partition_log(&fs, "/data/ooo-0", cfg).await;
         let first_at = [(1400, Some((2, 9000))), (9000, Some((2, 9000))), (9002, None)];
         assert_lookups(&log, &first_at, Some((3, 9001))).await;
@@ -1186,7 +1186,8 @@ fn a_torn_index_append_is_dropped_not_rebuilt() {
     block_on(async {
         let fs = MemFs::new();
         let cfg = one_segment_config(256);
-        let expected = filled_and_shut_down(&fs, "torn-idx-0", &cfg, 0..50, timestamped(1000)).await;
+        let expected =
+            read_and_shut_down(filled_log(&fs, "torn-idx-0", &cfg, 0..50, timestamped(1000)).await).await;
         let index = Path::new("/data/torn-idx-0/00000000000000000000.index");
         let time_index = Path::new("/data/torn-idx-0/00000000000000000000.timeindex");
         let (good_index, good_time_index) = (fs.contents(index).unwrap(), fs.contents(time_index).unwrap());
@@ -1211,7 +1212,7 @@ fn damaged_index_is_rebuilt() {
     block_on(async {
         let fs = MemFs::new();
         let cfg = one_segment_config(256);
-        let expected = filled_and_shut_down(&fs, "idx-0", &cfg, 0..50, timestamped(0)).await;
+        let expected = read_and_shut_down(filled_log(&fs, "idx-0", &cfg, 0..50, timestamped(0)).await).await;
         let index = Path::new("/data/idx-0/00000000000000000000.index");
         let good = fs.contents(index).unwrap();
         assert!(good.len() >= 16, "the index has entries");
@@ -1234,7 +1235,7 @@ fn damaged_index_is_rebuilt() {
 fn torn_segment_without_journal_is_cut_to_last_whole_batch() {
     block_on(async {
         let fs = MemFs::new();
-        filled_and_shut_down(&fs, "torn-0", &small_config(), 0..5, two_records).await;
+        read_and_shut_down(filled_log(&fs, "torn-0", &small_config(), 0..5, two_records).await).await;
         let seg = Path::new("/data/torn-0/00000000000000000000.log");
         let mut data = fs.contents(seg).unwrap();
         let cut = data.len() - 10;
@@ -1261,12 +1262,15 @@ fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
         let fs = MemFs::new();
         let dir = Path::new("/data/zero-0");
         let segments = || segment_files(&fs, dir);
-        filled_and_shut_down(&fs, "zero-0", &small_config(), 0..1, two_records).await;
+        read_and_shut_down(filled_log(&fs, "zero-0", &small_config(), 0..1, two_records).await).await;
         let expected;
         {
             // The recovery point stays in the first segment: the later ones are scanned.
             let (store, id, _) = store_with_log(&fs, "zero-0", &small_config()).await;
-            append_in_rounds(&store, id, 1..120, two_records).await;
+            for i in 1..120 {
+                store.append(id, &two_records(i), 0, 0).unwrap();
+                store.flush_round().await;
+            }
             expected = read_all(&store, id, 0).await;
             // A process crash: the files keep what was written.
         }
@@ -1393,26 +1397,14 @@ fn covered_journal_files_are_recycled_and_replay_ignores_their_old_entries() {
 
 /// A batch of `n` records of `value_bytes` each.
 fn big_batch(tag: u8, n: usize, value_bytes: usize) -> Vec<u8> {
-    let value = vec![tag; value_bytes];
-    let recs: Vec<build::TestRecord<'_>> = (0..n)
-        .map(|i| build::TestRecord {
-            key: None,
-            value: Some(&value),
-            headers: vec![],
-            timestamp_delta: i as i64,
-        })
-        .collect();
-    build::batch(&recs, 0)
+    build::batch(&records(&vec![vec![tag; value_bytes]; n], None, &[], 1), 0)
 }
 
 #[test]
 fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
     block_on(async {
         let fs = MemFs::new();
-        let config = LogConfig {
-            segment_bytes: 64 << 20,
-            ..small_config()
-        };
+        let config = segment_config(64 << 20, 256);
         let mut expected = Vec::new();
         {
             // Journaled: 3 MB in one round is several staged chunks and journal pieces, the first
@@ -1635,10 +1627,7 @@ fn segments_rolled_past_end_at_their_data_with_space_reserved() {
 fn rounds_of_many_logs_with_enough_bytes_each_skip_the_journal() {
     block_on(async {
         let fs = MemFs::new();
-        let config = LogConfig {
-            segment_bytes: 1 << 20,
-            ..small_config()
-        };
+        let config = one_segment_config(256);
         let (big, small) = (value_batch(0, 60, 0).len(), value_batch(0, 1, 0).len());
         let min_log_bytes = 1000;
         assert!(big >= min_log_bytes && small * 3 < min_log_bytes, "{big} {small}");
@@ -1794,10 +1783,7 @@ async fn overlapping_store(
 ) -> (ShardStore<MemFs>, LogId, LogConfig) {
     fs.set_slow_io(true);
     let store = open_store_overlap(fs, 1 << 20, 2, 0, overlap_min_bytes, 0).await;
-    let config = LogConfig {
-        segment_bytes: 1 << 20,
-        ..small_config()
-    };
+    let config = one_segment_config(256);
     let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
     store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
     store.flush_round().await;
@@ -2085,6 +2071,23 @@ impl std::fmt::Display for SimCounts {
     }
 }
 
+/// The polls of a loop the simulation drives by hand.
+struct Polls {
+    n: i32,
+    /// The poll at which the power fails.
+    crash_at: Option<i32>,
+}
+
+impl Polls {
+    /// One more poll (`stalled`: the message if there are too many); true when the power fails
+    /// now.
+    fn next_crashes(&mut self, stalled: &str) -> bool {
+        self.n += 1;
+        assert!(self.n < 10_000, "{stalled}");
+        self.crash_at == Some(self.n)
+    }
+}
+
 /// An append not yet durable: the log's index, its ticket and the batch as stored.
 type Pending = (usize, strand_storage::AppendTicket, Vec<u8>);
 
@@ -2338,16 +2341,14 @@ fn simulate(seed: u64) -> SimCounts {
                             futures::pin_mut!(flush);
                             let waker = futures::task::noop_waker();
                             let mut cx = std::task::Context::from_waker(&waker);
-                            let mut polls = 0;
+                            let mut polls = Polls { n: 0, crash_at };
                             while std::future::Future::poll(flush.as_mut(), &mut cx).is_pending() {
-                                polls += 1;
-                                assert!(polls < 10_000, "flush_pending makes no progress");
-                                if crash_at == Some(polls) {
+                                if polls.next_crashes("flush_pending makes no progress") {
                                     t!("power loss with rounds in flight");
                                     life_ends = true;
                                     break;
                                 }
-                                if fail_at == Some(polls) {
+                                if fail_at == Some(polls.n) {
                                     t!("fsyncs fail from now on");
                                     fs.set_fail_fsync(true);
                                     life_ends = true;
@@ -2428,11 +2429,9 @@ fn simulate(seed: u64) -> SimCounts {
                             > = None;
                             let waker = futures::task::noop_waker();
                             let mut cx = std::task::Context::from_waker(&waker);
-                            let mut polls = 0;
+                            let mut polls = Polls { n: 0, crash_at };
                             loop {
-                                polls += 1;
-                                assert!(polls < 10_000, "checkpoint and flush rounds make no progress");
-                                if crash_at == Some(polls) {
+                                if polls.next_crashes("checkpoint and flush rounds make no progress") {
                                     t!("power loss with a checkpoint and rounds in flight");
                                     life_ends = true;
                                     break;
@@ -2557,16 +2556,7 @@ fn producer_batch(pid: i64, epoch: i16, seq: i32, n: usize) -> Vec<u8> {
     let values: Vec<Vec<u8>> = (0..n)
         .map(|i| format!("p{pid}-s{}", seq + i as i32).into_bytes())
         .collect();
-    let recs: Vec<build::TestRecord<'_>> = values
-        .iter()
-        .map(|v| build::TestRecord {
-            key: None,
-            value: Some(v),
-            headers: vec![],
-            timestamp_delta: 0,
-        })
-        .collect();
-    build::batch_with_producer(&recs, 1_000, pid, epoch, seq)
+    build::batch_with_producer(&records(&values, None, &[], 0), 1_000, pid, epoch, seq)
 }
 
 #[test]
@@ -2654,6 +2644,12 @@ async fn store_with_two_logs(
     (store, gone, stays)
 }
 
+/// Stages a batch larger than the rest of `gone`'s segment: the next round creates the log's next
+/// segment file, and syncs its directory after it.
+fn stage_a_roll(store: &ShardStore<MemFs>, gone: LogId) {
+    store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+}
+
 /// Removing `gone` while `io` runs: the removal must wait for that I/O, then take the directory
 /// away; the store stays online and `stays` takes and serves appends.
 async fn remove_during<T>(
@@ -2687,9 +2683,7 @@ fn a_log_removed_while_a_round_writes_it_leaves_the_store_online() {
     block_on(async {
         let fs = MemFs::new();
         let (store, gone, stays) = store_with_two_logs(&fs, 0).await;
-        // Larger than the rest of the segment: the round creates the next segment file, and
-        // syncs the log's directory after it.
-        let _lost = store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+        stage_a_roll(&store, gone);
         let round = remove_during(&fs, &store, gone, stays, store.flush_round()).await;
         assert!(round.direct, "{round:?}");
         assert_eq!(round.error, None, "the removed log's I/O must not fail the round");
@@ -2717,10 +2711,7 @@ fn retention_during_a_checkpoint_leaves_no_index_without_its_segment() {
     block_on(async {
         let fs = MemFs::new();
         fs.set_slow_io(true);
-        let cfg = LogConfig {
-            retention_bytes: Some(4096),
-            ..small_config()
-        };
+        let cfg = retention_config(Some(4096), None);
         let (store, _) = filled_log(&fs, "ret-0", &cfg, 0..100, timestamped(1000)).await;
         let (checkpoint, deleted) = futures::join!(store.checkpoint(), async {
             futures_lite::future::yield_now().await;
@@ -2752,7 +2743,7 @@ fn a_log_opened_again_while_its_removal_waits_keeps_its_directory() {
     block_on(async {
         let fs = MemFs::new();
         let (store, gone, stays) = store_with_two_logs(&fs, 0).await;
-        let _lost = store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+        stage_a_roll(&store, gone);
         let again = LogKey {
             dir_name: "gone-0".to_owned(),
             incarnation: [9; 16],
@@ -2795,13 +2786,7 @@ fn a_log_opened_again_while_its_removal_waits_keeps_its_directory() {
 /// One record of `value_bytes` bytes (a pattern set by `tag`).
 fn large_batch(tag: u64, value_bytes: usize) -> Vec<u8> {
     let value: Vec<u8> = (0..value_bytes).map(|i| (i as u64 * 31 + tag) as u8).collect();
-    let rec = build::TestRecord {
-        key: Some(b"k"),
-        value: Some(&value),
-        headers: vec![],
-        timestamp_delta: 0,
-    };
-    build::batch(&[rec], 0)
+    build::batch(&records(&[value], Some(b"k"), &[], 0), 0)
 }
 
 /// `execute_sendable` finds, from the batches' headers alone, the very batches `execute` reads:
@@ -2815,11 +2800,7 @@ fn sendable_reads_find_the_same_batches_as_reads() {
     block_on(async {
         let fs = MemFs::new();
         let store = open_store(&fs, 64 << 20).await;
-        let cfg = LogConfig {
-            segment_bytes: 4 << 20,
-            index_interval_bytes: 4096,
-            ..small_config()
-        };
+        let cfg = segment_config(4 << 20, 4096);
         let (id, _) = store.open_log(key("send-0"), cfg, 0).await.unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut next = 0i64;
@@ -2896,10 +2877,7 @@ fn rounds_overlapping_a_segment_file_s_creation_write_through_its_one_handle() {
         let fs = MemFs::new();
         fs.set_slow_io(true);
         let store = open_store_overlap(&fs, 1 << 20, 2, 0, 1, 0).await;
-        let config = LogConfig {
-            segment_bytes: 1 << 20,
-            ..small_config()
-        };
+        let config = one_segment_config(256);
         let (id, _) = store.open_log(key("c-0"), config.clone(), 0).await.unwrap();
         store.sync_changed_dirs().await;
         let mut tickets = vec![store.append(id, &big_batch(1, 2, 300), 0, 0).unwrap()];
@@ -2952,11 +2930,7 @@ fn a_damaged_header_makes_a_sendable_read_answer_as_a_plain_read() {
         let fs = MemFs::new();
         fs.set_sendable(Some(FileRegions::for_process(4096)));
         let store = open_store(&fs, 64 << 20).await;
-        let cfg = LogConfig {
-            segment_bytes: 4 << 20,
-            index_interval_bytes: 4096,
-            ..small_config()
-        };
+        let cfg = segment_config(4 << 20, 4096);
         let (id, _) = store.open_log(key("damaged-0"), cfg, 0).await.unwrap();
         let sizes = [40_000, 50_000, 60_000, 45_000];
         let mut starts = Vec::new();
