@@ -1,6 +1,7 @@
 //! Storage engine tests on the in-memory file system (deterministic; crash and disk-full
 //! injection) and one on the real file system.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use futures_lite::future::block_on;
@@ -10,8 +11,8 @@ use strand_protocol::batch::{self, build, BatchScanner};
 use strand_storage::fs::{Fs, StdFs};
 use strand_storage::fs_mem::MemFs;
 use strand_storage::{
-    replay_journals, CheckpointStats, FileRegions, LogConfig, LogId, LogKey, ShardStore, StorageError,
-    StoreConfig,
+    replay_journals, CheckpointStats, FileRegions, LogConfig, LogId, LogKey, PartitionLog, RecoveryReport,
+    ReplayReport, ShardStore, StorageError, StoreConfig,
 };
 
 fn key(name: &str) -> LogKey {
@@ -32,22 +33,42 @@ fn small_config() -> LogConfig {
     }
 }
 
-/// One large segment, an index entry every `index_interval_bytes`.
-fn one_segment_config(index_interval_bytes: u64) -> LogConfig {
+/// Segments of `segment_bytes`, an index entry every `index_interval_bytes`.
+fn segment_config(segment_bytes: u64, index_interval_bytes: u64) -> LogConfig {
     LogConfig {
-        segment_bytes: 1 << 20,
+        segment_bytes,
         index_interval_bytes,
+        ..small_config()
+    }
+}
+
+/// One large segment (1 MiB), an index entry every `index_interval_bytes`.
+fn one_segment_config(index_interval_bytes: u64) -> LogConfig {
+    segment_config(1 << 20, index_interval_bytes)
+}
+
+/// [`small_config`] with retention by size (`bytes`) and by time (`ms`).
+fn retention_config(bytes: Option<u64>, ms: Option<i64>) -> LogConfig {
+    LogConfig {
+        retention_bytes: bytes,
+        retention_ms: ms,
         ..small_config()
     }
 }
 
 /// Appends batches `tags` of two records each, the first at timestamp `ts_base + tag`.
 fn append_timestamped(store: &ShardStore<MemFs>, id: LogId, tags: std::ops::Range<u64>, ts_base: i64) {
-    for i in tags {
-        store
-            .append(id, &value_batch(i, 2, ts_base + i as i64), 0, 0)
-            .unwrap();
-    }
+    append_each(store, id, tags, timestamped(ts_base));
+}
+
+/// Batch `tag` of two records, the first at timestamp `ts_base + tag`.
+fn timestamped(ts_base: i64) -> impl Fn(u64) -> Vec<u8> {
+    move |tag| value_batch(tag, 2, ts_base + tag as i64)
+}
+
+/// Batch `tag` of two records at timestamp 0.
+fn two_records(tag: u64) -> Vec<u8> {
+    value_batch(tag, 2, 0)
 }
 
 fn root() -> PathBuf {
@@ -104,25 +125,159 @@ async fn open_store_overlap<F: Fs>(
 /// must report no problem) and a fresh store, every round journaled.
 async fn crash_and_reopen(fs: &MemFs, config: &LogConfig, journal_bytes: u64) -> ShardStore<MemFs> {
     fs.crash(|_| 0);
-    let report = replay_journals(fs, &root(), |_| Some(config.clone()), 0)
-        .await
-        .unwrap();
+    let report = replay(fs, config).await;
     assert!(report.problems.is_empty(), "{report:?}");
     open_store(fs, journal_bytes).await
 }
 
+/// [`crash_and_reopen`], then log `name` opened again: the store, the log and what the log's
+/// recovery reported.
+async fn crash_and_reopen_log(
+    fs: &MemFs,
+    name: &str,
+    config: &LogConfig,
+    journal_bytes: u64,
+) -> (ShardStore<MemFs>, LogId, RecoveryReport) {
+    let store = crash_and_reopen(fs, config, journal_bytes).await;
+    let (id, rec) = store.open_log(key(name), config.clone(), 0).await.unwrap();
+    (store, id, rec)
+}
+
+/// The journal replay of start-up on `fs`, every log with `config`.
+async fn replay(fs: &MemFs, config: &LogConfig) -> ReplayReport {
+    replay_journals(fs, &root(), |_| Some(config.clone()), 0)
+        .await
+        .unwrap()
+}
+
+/// A fresh store on `fs` whose every round goes through the journal (1 MiB files), and log
+/// `name` opened in it: the store, the log and what the log's recovery reported.
+async fn store_with_log(
+    fs: &MemFs,
+    name: &str,
+    config: &LogConfig,
+) -> (ShardStore<MemFs>, LogId, RecoveryReport) {
+    let store = open_store(fs, 1 << 20).await;
+    let (id, rec) = store.open_log(key(name), config.clone(), 0).await.unwrap();
+    (store, id, rec)
+}
+
+/// Opens logs `names` in `store`, each with `config`.
+async fn open_each<F: Fs, const N: usize>(
+    store: &ShardStore<F>,
+    names: [&str; N],
+    config: &LogConfig,
+) -> [LogId; N] {
+    let mut ids = Vec::with_capacity(N);
+    for name in names {
+        ids.push(store.open_log(key(name), config.clone(), 0).await.unwrap().0);
+    }
+    ids.try_into().unwrap_or_else(|_| unreachable!("one id per name"))
+}
+
+/// Appends `batch(tag)` for each of `tags` (leader epoch 0).
+fn append_each<F: Fs>(
+    store: &ShardStore<F>,
+    id: LogId,
+    tags: std::ops::Range<u64>,
+    batch: impl Fn(u64) -> Vec<u8>,
+) {
+    for tag in tags {
+        store.append(id, &batch(tag), 0, 0).unwrap();
+    }
+}
+
+/// Log `name` in a fresh store on `fs` (see [`store_with_log`]) with `batch(tag)` appended for
+/// each of `tags` and flushed in one round. The store stays open: shut it down for a clean stop,
+/// drop it for a crash.
+async fn filled_log(
+    fs: &MemFs,
+    name: &str,
+    config: &LogConfig,
+    tags: std::ops::Range<u64>,
+    batch: impl Fn(u64) -> Vec<u8>,
+) -> (ShardStore<MemFs>, LogId) {
+    let (store, id, _) = store_with_log(fs, name, config).await;
+    append_each(&store, id, tags, batch);
+    store.flush_round().await;
+    (store, id)
+}
+
+/// What log `id` of `store` holds (a read from offset 0), then a clean shutdown of the store.
+async fn read_and_shut_down((store, id): (ShardStore<MemFs>, LogId)) -> Vec<Batch> {
+    let all = read_all(&store, id, 0).await;
+    store.shutdown().await.unwrap();
+    all
+}
+
+/// The partition log in `dir` opened by itself, as recovery leaves it.
+async fn partition_log(
+    fs: &MemFs,
+    dir: impl Into<PathBuf>,
+    config: LogConfig,
+) -> (PartitionLog<MemFs>, RecoveryReport) {
+    PartitionLog::open(fs.clone(), dir.into(), config, 0)
+        .await
+        .unwrap()
+}
+
+/// Checks `log`'s timestamp lookups: for each `(timestamp, answer)` of `first_at`, the first
+/// record at or after the timestamp (offset, timestamp); and the record with the largest
+/// timestamp (`max`).
+async fn assert_lookups(
+    log: &PartitionLog<MemFs>,
+    first_at: &[(i64, Option<(i64, i64)>)],
+    max: Option<(i64, i64)>,
+) {
+    for (ts, want) in first_at {
+        assert_eq!(
+            log.offset_for_timestamp(*ts).await.unwrap(),
+            *want,
+            "first record at or after {ts}"
+        );
+    }
+    assert_eq!(
+        log.max_timestamp_offset().await.unwrap(),
+        max,
+        "the largest timestamp"
+    );
+}
+
+/// Appends `batch` to log `id` (leader epoch 0) and notes it in `acked` at its offset, as stored.
+fn append_noted<F: Fs>(
+    store: &ShardStore<F>,
+    id: LogId,
+    batch: Vec<u8>,
+    acked: &mut BTreeMap<i64, Vec<u8>>,
+) -> strand_storage::AppendTicket {
+    let t = store.append(id, &batch, 0, 0).unwrap();
+    let offset = t.info.base_offset;
+    acked.insert(offset, stored(batch, offset, 0));
+    t
+}
+
+/// Checks that every batch of `acked` (offset → stored bytes) is in `all` at its offset, byte for
+/// byte; `what` names the log in the message.
+fn assert_acked(all: &[Batch], acked: &BTreeMap<i64, Vec<u8>>, what: &str) {
+    for (off, bytes) in acked {
+        assert_eq!(
+            all.iter().find(|b| b.0 == *off).map(|b| &b.2),
+            Some(bytes),
+            "acknowledged batch at {off} of {what}"
+        );
+    }
+}
+
+/// One batch as a read returns it: (base offset, record count, bytes).
+type Batch = (i64, i64, Vec<u8>);
+
 /// Reads the whole visible log from `from`, returning (base offset, record count, bytes) per batch.
-async fn read_all<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64) -> Vec<(i64, i64, Vec<u8>)> {
+async fn read_all<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64) -> Vec<Batch> {
     read_all_by(store, id, from, 700).await
 }
 
 /// [`read_all`] with reads of up to `max_bytes` each.
-async fn read_all_by<F: Fs>(
-    store: &ShardStore<F>,
-    id: LogId,
-    from: i64,
-    max_bytes: usize,
-) -> Vec<(i64, i64, Vec<u8>)> {
+async fn read_all_by<F: Fs>(store: &ShardStore<F>, id: LogId, from: i64, max_bytes: usize) -> Vec<Batch> {
     let mut out = Vec::new();
     let mut next = from;
     loop {
@@ -181,17 +336,27 @@ fn segment_base(path: &Path) -> i64 {
 
 fn value_batch(tag: u64, n: usize, ts: i64) -> Vec<u8> {
     let values: Vec<Vec<u8>> = (0..n).map(|i| format!("v{tag}-{i}").into_bytes()).collect();
-    let recs: Vec<build::TestRecord<'_>> = values
+    build::batch(&records(&values, Some(b"k"), &[("h", Some(b"x"))], 1), ts)
+}
+
+/// One record per value (key `key`, `headers` on each), the i-th at timestamp delta
+/// `i * delta`.
+fn records<'a>(
+    values: &'a [Vec<u8>],
+    key: Option<&'a [u8]>,
+    headers: &[(&'a str, Option<&'a [u8]>)],
+    delta: i64,
+) -> Vec<build::TestRecord<'a>> {
+    values
         .iter()
         .enumerate()
         .map(|(i, v)| build::TestRecord {
-            key: Some(b"k"),
+            key,
             value: Some(v),
-            headers: vec![("h", Some(b"x"))],
-            timestamp_delta: i as i64,
+            headers: headers.to_vec(),
+            timestamp_delta: i as i64 * delta,
         })
-        .collect();
-    build::batch(&recs, ts)
+        .collect()
 }
 
 /// The stored form of a batch appended at `offset`: only base offset and epoch differ.
@@ -204,8 +369,7 @@ fn stored(mut b: Vec<u8>, offset: i64, epoch: i32) -> Vec<u8> {
 fn append_flush_read_round_trip() {
     block_on(async {
         let fs = MemFs::new();
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("t-0"), small_config(), 0).await.unwrap();
+        let (store, id, _) = store_with_log(&fs, "t-0", &small_config()).await;
         let b1 = value_batch(1, 3, 100);
         let b2 = value_batch(2, 2, 200);
         let t1 = store.append(id, &b1, 5, 0).unwrap();
@@ -267,17 +431,13 @@ fn a_checkpoint_of_many_logs_syncs_the_file_system_instead_of_each_file() {
             let store = open_store_overlap(&fs, 1 << 20, 2, 16 << 10, 0, min_logs).await;
             let config = small_config();
             let names: Vec<String> = (0..20).map(|i| format!("many-{i}")).collect();
-            let mut acked = Vec::new();
+            // Per log: offset → stored batch.
+            let mut acked: HashMap<&String, BTreeMap<i64, Vec<u8>>> = HashMap::new();
             for (i, name) in names.iter().enumerate() {
                 let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
                 for tag in 0..3 {
                     let batch = value_batch(i as u64 * 10 + tag, 2, 5);
-                    let t = store.append(id, &batch, 0, 0).unwrap();
-                    acked.push((
-                        name.clone(),
-                        t.info.base_offset,
-                        stored(batch, t.info.base_offset, 0),
-                    ));
+                    append_noted(&store, id, batch, acked.entry(name).or_default());
                 }
             }
             // Twenty logs of a few bytes each: a journaled round.
@@ -316,21 +476,13 @@ fn a_checkpoint_of_many_logs_syncs_the_file_system_instead_of_each_file() {
                 "every log's epoch file is in place"
             );
             assert_eq!(named(".tmp"), 0, "no epoch file left beside its place");
-            let report = replay_journals(&fs, &root(), |_| Some(config.clone()), 0)
-                .await
-                .unwrap();
+            let report = replay(&fs, &config).await;
             assert!(report.problems.is_empty(), "{report:?}");
             let store = open_store(&fs, 1 << 20).await;
             for name in &names {
                 let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
-                let all = read_all(&store, id, 0).await;
-                for (_, off, bytes) in acked.iter().filter(|(n, _, _)| n == name) {
-                    assert_eq!(
-                        all.iter().find(|b| b.0 == *off).map(|b| &b.2),
-                        Some(bytes),
-                        "{name}: acknowledged batch at {off} after the checkpoint and a power loss (min logs {min_logs})"
-                    );
-                }
+                let what = format!("{name} after the checkpoint and a power loss (min logs {min_logs})");
+                assert_acked(&read_all(&store, id, 0).await, &acked[name], &what);
             }
         }
     });
@@ -347,14 +499,10 @@ fn a_direct_round_beside_a_checkpoint_syncs_what_the_checkpoint_has_not_yet() {
         let fs = MemFs::new();
         let store = open_store_direct(&fs, 1 << 20, 1).await;
         let config = small_config();
-        let (a, _) = store.open_log(key("beside-a"), config.clone(), 0).await.unwrap();
-        let (b, _) = store.open_log(key("beside-b"), config.clone(), 0).await.unwrap();
-        let mut acked = Vec::new();
+        let [a, b] = open_each(&store, ["beside-a", "beside-b"], &config).await;
+        let mut acked: HashMap<LogId, BTreeMap<i64, Vec<u8>>> = HashMap::new();
         let mut append = |id: LogId, tag: u64, n: usize| {
-            let batch = value_batch(tag, n, 5);
-            let t = store.append(id, &batch, 0, 0).unwrap();
-            acked.push((id, t.info.base_offset, stored(batch, t.info.base_offset, 0)));
-            t
+            append_noted(&store, id, value_batch(tag, n, 5), acked.entry(id).or_default())
         };
         // Segment files and directories made durable first.
         append(a, 1, 2);
@@ -386,14 +534,7 @@ fn a_direct_round_beside_a_checkpoint_syncs_what_the_checkpoint_has_not_yet() {
         let store = crash_and_reopen(&fs, &config, 1 << 20).await;
         for (id, name) in [(a, "beside-a"), (b, "beside-b")] {
             let (id2, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
-            let all = read_all(&store, id2, 0).await;
-            for (_, off, bytes) in acked.iter().filter(|(i, _, _)| *i == id) {
-                assert_eq!(
-                    all.iter().find(|b| b.0 == *off).map(|b| &b.2),
-                    Some(bytes),
-                    "acknowledged batch at {off} of {name}"
-                );
-            }
+            assert_acked(&read_all(&store, id2, 0).await, &acked[&id], name);
         }
     });
 }
@@ -407,8 +548,7 @@ fn a_checkpoint_in_flight_does_not_pause_flush_rounds() {
     block_on(async {
         let fs = MemFs::new();
         let store = open_store_direct(&fs, 1 << 20, 1).await;
-        let (a, _) = store.open_log(key("pause-a"), small_config(), 0).await.unwrap();
-        let (b, _) = store.open_log(key("pause-b"), small_config(), 0).await.unwrap();
+        let [a, b] = open_each(&store, ["pause-a", "pause-b"], &small_config()).await;
         store.append(a, &value_batch(1, 1, 5), 0, 0).unwrap();
         store.append(b, &value_batch(2, 1, 5), 0, 0).unwrap();
         let stats = store.flush_round().await;
@@ -439,8 +579,7 @@ fn a_round_reports_how_long_its_oldest_write_waited() {
     block_on(async {
         let fs = MemFs::new();
         let store = open_store(&fs, 1 << 20).await;
-        let (a, _) = store.open_log(key("wait-a"), small_config(), 0).await.unwrap();
-        let (b, _) = store.open_log(key("wait-b"), small_config(), 0).await.unwrap();
+        let [a, b] = open_each(&store, ["wait-a", "wait-b"], &small_config()).await;
         let first = std::time::Instant::now();
         store.append(a, &value_batch(1, 1, 5), 0, 0).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(30));
@@ -553,8 +692,7 @@ fn reads_are_bounded_but_return_at_least_one_batch() {
 fn segments_roll_and_reads_cross_them() {
     block_on(async {
         let fs = MemFs::new();
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("roll-0"), small_config(), 0).await.unwrap();
+        let (store, id, _) = store_with_log(&fs, "roll-0", &small_config()).await;
         let mut expected = Vec::new();
         let mut next = 0i64;
         for i in 0..60 {
@@ -586,40 +724,25 @@ fn segments_roll_and_reads_cross_them() {
 fn timestamp_lookups() {
     block_on(async {
         let fs = MemFs::new();
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("ts-0"), small_config(), 0).await.unwrap();
+        let (store, id, _) = store_with_log(&fs, "ts-0", &small_config()).await;
         // Batches of 3 records at base timestamps 100, 200, ..., records at +0, +1, +2.
-        for i in 0..30 {
-            store
-                .append(id, &value_batch(i, 3, 100 * (i as i64 + 1)), 0, 0)
-                .unwrap();
-        }
+        append_each(&store, id, 0..30, |i| value_batch(i, 3, 100 * (i as i64 + 1)));
         // One batch with an older timestamp in the middle of the log.
         store.append(id, &value_batch(99, 1, 50), 0, 0).unwrap();
         store.flush_round().await;
-        let (log_ref, hw) = (&store, store.offsets(id).unwrap().high_watermark);
-        assert_eq!(hw, 91);
-        let lookup = |_ts: i64| {
-            let s = log_ref;
-            async move {
-                let r = s.with_log(id, |l| {
-                    // Lookups need async I/O; run them on a plan-free path by reopening the log.
-                    l.dir().to_path_buf()
-                });
-                r.unwrap()
-            }
-        };
-        let dir = lookup(0).await;
-        let (log, _) = strand_storage::PartitionLog::open(fs.clone(), dir, small_config(), 0)
-            .await
-            .unwrap();
-        assert_eq!(log.offset_for_timestamp(0).await.unwrap(), Some((0, 100)));
-        assert_eq!(log.offset_for_timestamp(101).await.unwrap(), Some((1, 101)));
-        assert_eq!(log.offset_for_timestamp(102).await.unwrap(), Some((2, 102)));
-        assert_eq!(log.offset_for_timestamp(103).await.unwrap(), Some((3, 200)));
-        assert_eq!(log.offset_for_timestamp(1501).await.unwrap(), Some((43, 1501)));
-        assert_eq!(log.offset_for_timestamp(3003).await.unwrap(), None);
-        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((89, 3002)));
+        assert_eq!(store.offsets(id).unwrap().high_watermark, 91);
+        // Lookups need async I/O; run them on a plan-free path by reopening the log.
+        let dir = store.with_log(id, |l| l.dir().to_path_buf()).unwrap();
+        let (log, _) = partition_log(&fs, dir, small_config()).await;
+        let first_at = [
+            (0, Some((0, 100))),
+            (101, Some((1, 101))),
+            (102, Some((2, 102))),
+            (103, Some((3, 200))),
+            (1501, Some((43, 1501))),
+            (3003, None),
+        ];
+        assert_lookups(&log, &first_at, Some((89, 3002))).await;
     });
 }
 
@@ -627,16 +750,8 @@ fn timestamp_lookups() {
 fn retention_by_size_and_time_and_delete_records() {
     block_on(async {
         let fs = MemFs::new();
-        let store = open_store(&fs, 1 << 20).await;
-        let mut cfg = small_config();
-        cfg.retention_bytes = Some(4096);
-        let (id, _) = store.open_log(key("ret-0"), cfg.clone(), 0).await.unwrap();
-        for i in 0..100 {
-            store
-                .append(id, &value_batch(i, 2, 1_000 + i as i64), 0, 0)
-                .unwrap();
-        }
-        store.flush_round().await;
+        let mut cfg = retention_config(Some(4096), None);
+        let (store, id) = filled_log(&fs, "ret-0", &cfg, 0..100, timestamped(1000)).await;
         let before = store.offsets(id).unwrap();
         let deleted = store.retention_pass(10_000).await;
         assert_eq!(deleted.len(), 1);
@@ -681,23 +796,14 @@ fn retention_by_size_and_time_and_delete_records() {
 fn retention_stops_at_the_floor_and_nested_dirs_open() {
     block_on(async {
         let fs = MemFs::new();
-        let store = open_store(&fs, 1 << 20).await;
-        let mut cfg = small_config();
-        cfg.retention_ms = Some(1);
+        let cfg = retention_config(None, Some(1));
         // A nested directory name (the queue engine's state logs) is created on the way.
-        let (id, _) = store
-            .open_log(key("__queue_state/ret-0/default"), cfg.clone(), 0)
-            .await
-            .unwrap();
+        let (store, id, _) = store_with_log(&fs, "__queue_state/ret-0/default", &cfg).await;
         assert!(
             fs.exists(&root().join("__queue_state/ret-0/default/partition.metadata"))
                 .await
         );
-        for i in 0..100 {
-            store
-                .append(id, &value_batch(i, 2, 1_000 + i as i64), 0, 0)
-                .unwrap();
-        }
+        append_timestamped(&store, id, 0..100, 1000);
         store.flush_round().await;
         // Everything has expired, but a reader still needs offset 90 and on.
         store.set_retention_floor(id, Some(90)).unwrap();
@@ -723,21 +829,10 @@ fn retention_stops_at_the_floor_and_nested_dirs_open() {
 fn clean_shutdown_restarts_without_scanning() {
     block_on(async {
         let fs = MemFs::new();
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("clean-0"), small_config(), 0).await.unwrap();
-            for i in 0..40 {
-                store.append(id, &value_batch(i, 2, i as i64), 0, 0).unwrap();
-            }
-            store.flush_round().await;
-            store.shutdown().await.unwrap();
-        }
-        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
+        read_and_shut_down(filled_log(&fs, "clean-0", &small_config(), 0..40, timestamped(0)).await).await;
+        let report = replay(&fs, &small_config()).await;
         assert_eq!(report.files, 0, "a clean shutdown leaves no journal");
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, rec) = store.open_log(key("clean-0"), small_config(), 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "clean-0", &small_config()).await;
         assert_eq!(rec.bytes_scanned, 0, "{rec:?}");
         assert_eq!(store.offsets(id).unwrap().high_watermark, 80);
         assert_eq!(read_all(&store, id, 0).await.len(), 40);
@@ -756,13 +851,7 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
         let index = Path::new("/data/small-0/00000000000000000000.index");
         let time_index = Path::new("/data/small-0/00000000000000000000.timeindex");
         let expected;
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
-            append_timestamped(&store, id, 0..5, 1000);
-            store.flush_round().await;
-            store.shutdown().await.unwrap();
-        }
+        read_and_shut_down(filled_log(&fs, "small-0", &cfg, 0..5, timestamped(1000)).await).await;
         assert!(fs
             .contents(Path::new("/data/small-0/00000000000000000000.log"))
             .is_some());
@@ -773,8 +862,7 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
         );
         assert_eq!(fs.contents(time_index), None);
         {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, rec) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
+            let (store, id, rec) = store_with_log(&fs, "small-0", &cfg).await;
             assert_eq!(rec.segments_without_index, 1, "{rec:?}");
             assert_eq!(rec.indexes_rebuilt, 0, "{rec:?}");
             assert!(rec.bytes_scanned > 0 && rec.bytes_scanned <= 4096, "{rec:?}");
@@ -789,8 +877,7 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
         }
         assert!(fs.contents(index).is_some_and(|b| !b.is_empty()));
         assert!(fs.contents(time_index).is_some_and(|b| !b.is_empty()));
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, rec) = store.open_log(key("small-0"), cfg.clone(), 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "small-0", &cfg).await;
         assert_eq!(
             (rec.segments_without_index, rec.indexes_rebuilt, rec.bytes_scanned),
             (0, 0, 0),
@@ -798,11 +885,8 @@ fn a_segment_within_one_index_interval_gets_index_files_only_once_it_grows() {
         );
         assert_eq!(read_all(&store, id, 0).await, expected);
         let dir = store.with_log(id, |l| l.dir().to_path_buf()).unwrap();
-        let (log, _) = strand_storage::PartitionLog::open(fs.clone(), dir, cfg, 0)
-            .await
-            .unwrap();
-        assert_eq!(log.offset_for_timestamp(1003).await.unwrap(), Some((5, 1003)));
-        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((159, 1080)));
+        let (log, _) = partition_log(&fs, dir, cfg).await;
+        assert_lookups(&log, &[(1003, Some((5, 1003)))], Some((159, 1080))).await;
     });
 }
 
@@ -918,9 +1002,7 @@ fn logs_created_together_are_made_durable_with_one_file_system_sync() {
                 k.dir_name
             );
         }
-        replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
+        replay(&fs, &small_config()).await;
         let store = open().await;
         for r in store.open_logs(logs.clone(), 2, 0).await {
             let (id, rec) = r.unwrap();
@@ -986,13 +1068,7 @@ fn a_new_log_recovers_without_the_files_written_with_it() {
 fn index_files_without_their_segment_are_removed_at_open() {
     block_on(async {
         let fs = MemFs::new();
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("orphan-0"), small_config(), 0).await.unwrap();
-            store.append(id, &value_batch(0, 2, 0), 0, 0).unwrap();
-            store.flush_round().await;
-            store.shutdown().await.unwrap();
-        }
+        read_and_shut_down(filled_log(&fs, "orphan-0", &small_config(), 0..1, two_records).await).await;
         let orphans = [
             Path::new("/data/orphan-0/00000000000000000042.index"),
             Path::new("/data/orphan-0/00000000000000000042.timeindex"),
@@ -1000,8 +1076,7 @@ fn index_files_without_their_segment_are_removed_at_open() {
         for p in orphans {
             fs.set_contents(p, vec![0, 0, 0, 1, 0, 0, 0, 64]);
         }
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, rec) = store.open_log(key("orphan-0"), small_config(), 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "orphan-0", &small_config()).await;
         assert!(rec.problems.is_empty(), "{rec:?}");
         for p in orphans {
             assert_eq!(fs.contents(p), None, "{} was left", p.display());
@@ -1019,22 +1094,10 @@ fn a_restart_keeps_each_segments_largest_timestamp() {
     block_on(async {
         let fs = MemFs::new();
         let mut cfg = one_segment_config(1024);
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("maxts-0"), cfg.clone(), 0).await.unwrap();
-            append_timestamped(&store, id, 0..80, 1000);
-            store.flush_round().await;
-            store.shutdown().await.unwrap();
-        }
-        let open_log = || async {
-            strand_storage::PartitionLog::open(fs.clone(), PathBuf::from("/data/maxts-0"), cfg.clone(), 0)
-                .await
-                .unwrap()
-        };
-        let (mut log, rec) = open_log().await;
+        read_and_shut_down(filled_log(&fs, "maxts-0", &cfg, 0..80, timestamped(1000)).await).await;
+        let (mut log, rec) = partition_log(&fs, "/data/maxts-0", cfg.clone()).await;
         assert_eq!(rec.bytes_scanned, 0, "{rec:?}");
-        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((159, 1080)));
-        assert_eq!(log.offset_for_timestamp(1079).await.unwrap(), Some((157, 1079)));
+        assert_lookups(&log, &[(1079, Some((157, 1079)))], Some((159, 1080))).await;
         // Roll the segment (time retention never deletes the active one), then expire up to
         // just below its newest record: it stays.
         cfg.segment_bytes = 1;
@@ -1063,8 +1126,7 @@ fn a_crash_keeps_the_largest_timestamp_below_the_recovery_point() {
         let fs = MemFs::new();
         let cfg = one_segment_config(1024);
         {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("crashts-0"), cfg.clone(), 0).await.unwrap();
+            let (store, id, _) = store_with_log(&fs, "crashts-0", &cfg).await;
             append_timestamped(&store, id, 0..40, 1000);
             store.flush_round().await;
             append_timestamped(&store, id, 40..80, 2000);
@@ -1081,13 +1143,9 @@ fn a_crash_keeps_the_largest_timestamp_below_the_recovery_point() {
                 .any(|e| e[..8] >= 2000i64.to_be_bytes()[..]),
             "the index file covers the staged batches"
         );
-        let (log, rec) =
-            strand_storage::PartitionLog::open(fs.clone(), PathBuf::from("/data/crashts-0"), cfg, 0)
-                .await
-                .unwrap();
+        let (log, rec) = partition_log(&fs, "/data/crashts-0", cfg).await;
         assert_eq!(log.high_watermark(), 80);
-        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((79, 1040)));
-        assert_eq!(log.offset_for_timestamp(1039).await.unwrap(), Some((77, 1039)));
+        assert_lookups(&log, &[(1039, Some((77, 1039)))], Some((79, 1040))).await;
         // Only the last interval below the point was read again: the index files and the
         // recovery point (a new file, its directory synced) survived.
         assert_eq!(
@@ -1106,26 +1164,17 @@ fn a_crash_keeps_the_largest_timestamp_below_the_recovery_point() {
 fn timestamp_lookups_find_an_early_record_with_a_late_timestamp() {
     block_on(async {
         let fs = MemFs::new();
-        let mut cfg = small_config();
-        cfg.segment_bytes = 1 << 20;
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("ooo-0"), cfg.clone(), 0).await.unwrap();
-        store.append(id, &value_batch(0, 2, 1000), 0, 0).unwrap();
-        store.append(id, &value_batch(1, 2, 9000), 0, 0).unwrap();
-        for i in 2..60 {
-            store
-                .append(id, &value_batch(i, 2, 1000 + 10 * i as i64), 0, 0)
-                .unwrap();
-        }
-        store.flush_round().await;
-        store.shutdown().await.unwrap();
-        let (log, _) = strand_storage::PartitionLog::open(fs.clone(), PathBuf::from("/data/ooo-0"), cfg, 0)
-            .await
-            .unwrap();
-        assert_eq!(log.offset_for_timestamp(1400).await.unwrap(), Some((2, 9000)));
-        assert_eq!(log.offset_for_timestamp(9000).await.unwrap(), Some((2, 9000)));
-        assert_eq!(log.offset_for_timestamp(9002).await.unwrap(), None);
-        assert_eq!(log.max_timestamp_offset().await.unwrap(), Some((3, 9001)));
+        let cfg = one_segment_config(256);
+        let timestamp = |i: u64| match i {
+            0 => 1000,
+            1 => 9000,
+            i => 1000 + 10 * i as i64,
+        };
+        read_and_shut_down(filled_log(&fs, "ooo-0", &cfg, 0..60, |i| value_batch(i, 2, timestamp(i))).await)
+            .await;
+        let (log, _) = partition_log(&fs, "/data/ooo-0", cfg).await;
+        let first_at = [(1400, Some((2, 9000))), (9000, Some((2, 9000))), (9002, None)];
+        assert_lookups(&log, &first_at, Some((3, 9001))).await;
     });
 }
 
@@ -1137,15 +1186,8 @@ fn a_torn_index_append_is_dropped_not_rebuilt() {
     block_on(async {
         let fs = MemFs::new();
         let cfg = one_segment_config(256);
-        let expected;
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("torn-idx-0"), cfg.clone(), 0).await.unwrap();
-            append_timestamped(&store, id, 0..50, 1000);
-            store.flush_round().await;
-            expected = read_all(&store, id, 0).await;
-            store.shutdown().await.unwrap();
-        }
+        let expected =
+            read_and_shut_down(filled_log(&fs, "torn-idx-0", &cfg, 0..50, timestamped(1000)).await).await;
         let index = Path::new("/data/torn-idx-0/00000000000000000000.index");
         let time_index = Path::new("/data/torn-idx-0/00000000000000000000.timeindex");
         let (good_index, good_time_index) = (fs.contents(index).unwrap(), fs.contents(time_index).unwrap());
@@ -1155,8 +1197,7 @@ fn a_torn_index_append_is_dropped_not_rebuilt() {
             fs.set_contents(path, bytes);
         }
         {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, rec) = store.open_log(key("torn-idx-0"), cfg.clone(), 0).await.unwrap();
+            let (store, id, rec) = store_with_log(&fs, "torn-idx-0", &cfg).await;
             assert_eq!((rec.indexes_rebuilt, rec.bytes_scanned), (0, 0), "{rec:?}");
             assert_eq!(read_all(&store, id, 0).await, expected);
             store.shutdown().await.unwrap();
@@ -1170,29 +1211,15 @@ fn a_torn_index_append_is_dropped_not_rebuilt() {
 fn damaged_index_is_rebuilt() {
     block_on(async {
         let fs = MemFs::new();
-        let expected;
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let mut cfg = small_config();
-            cfg.segment_bytes = 1 << 20;
-            let (id, _) = store.open_log(key("idx-0"), cfg, 0).await.unwrap();
-            for i in 0..50 {
-                store.append(id, &value_batch(i, 2, i as i64), 0, 0).unwrap();
-            }
-            store.flush_round().await;
-            expected = read_all(&store, id, 0).await;
-            store.shutdown().await.unwrap();
-        }
+        let cfg = one_segment_config(256);
+        let expected = read_and_shut_down(filled_log(&fs, "idx-0", &cfg, 0..50, timestamped(0)).await).await;
         let index = Path::new("/data/idx-0/00000000000000000000.index");
         let good = fs.contents(index).unwrap();
         assert!(good.len() >= 16, "the index has entries");
         let mut bad = good.clone();
         bad.swap(3, 11); // entries no longer increase
         fs.set_contents(index, bad);
-        let store = open_store(&fs, 1 << 20).await;
-        let mut cfg = small_config();
-        cfg.segment_bytes = 1 << 20;
-        let (id, rec) = store.open_log(key("idx-0"), cfg, 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "idx-0", &cfg).await;
         assert_eq!(rec.indexes_rebuilt, 1);
         for from in [0, 17, 50, 99] {
             let got = read_all(&store, id, from).await;
@@ -1208,22 +1235,13 @@ fn damaged_index_is_rebuilt() {
 fn torn_segment_without_journal_is_cut_to_last_whole_batch() {
     block_on(async {
         let fs = MemFs::new();
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("torn-0"), small_config(), 0).await.unwrap();
-            for i in 0..5 {
-                store.append(id, &value_batch(i, 2, 0), 0, 0).unwrap();
-            }
-            store.flush_round().await;
-            store.shutdown().await.unwrap();
-        }
+        read_and_shut_down(filled_log(&fs, "torn-0", &small_config(), 0..5, two_records).await).await;
         let seg = Path::new("/data/torn-0/00000000000000000000.log");
         let mut data = fs.contents(seg).unwrap();
         let cut = data.len() - 10;
         data.truncate(cut);
         fs.set_contents(seg, data);
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, rec) = store.open_log(key("torn-0"), small_config(), 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "torn-0", &small_config()).await;
         assert!(rec.bytes_truncated > 0 && !rec.problems.is_empty(), "{rec:?}");
         let o = store.offsets(id).unwrap();
         assert_eq!(o.high_watermark, 8, "four whole batches of two records remain");
@@ -1244,20 +1262,13 @@ fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
         let fs = MemFs::new();
         let dir = Path::new("/data/zero-0");
         let segments = || segment_files(&fs, dir);
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
-            store.append(id, &value_batch(0, 2, 0), 0, 0).unwrap();
-            store.flush_round().await;
-            store.shutdown().await.unwrap();
-        }
+        read_and_shut_down(filled_log(&fs, "zero-0", &small_config(), 0..1, two_records).await).await;
         let expected;
         {
             // The recovery point stays in the first segment: the later ones are scanned.
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
+            let (store, id, _) = store_with_log(&fs, "zero-0", &small_config()).await;
             for i in 1..120 {
-                store.append(id, &value_batch(i, 2, 0), 0, 0).unwrap();
+                store.append(id, &two_records(i), 0, 0).unwrap();
                 store.flush_round().await;
             }
             expected = read_all(&store, id, 0).await;
@@ -1271,9 +1282,7 @@ fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
             data.resize(data.len() + zeros, 0);
             fs.set_contents(&segs[at], data);
         }
-        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
+        let report = replay(&fs, &small_config()).await;
         assert!(report.problems.is_empty(), "{report:?}");
         fs.crash(|_| 0);
         assert_eq!(segments(), segs, "a segment was dropped");
@@ -1284,8 +1293,7 @@ fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
                 path.display()
             );
         }
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, rec) = store.open_log(key("zero-0"), small_config(), 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "zero-0", &small_config()).await;
         assert!(rec.problems.is_empty() && rec.bytes_truncated == 0, "{rec:?}");
         assert_eq!(read_all(&store, id, 0).await, expected);
     });
@@ -1296,29 +1304,20 @@ fn zeros_past_a_segments_data_are_cut_at_recovery_without_loss() {
 fn torn_segment_is_restored_from_the_journal() {
     block_on(async {
         let fs = MemFs::new();
-        let expected;
-        {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("heal-0"), small_config(), 0).await.unwrap();
-            for i in 0..5 {
-                store.append(id, &value_batch(i, 2, 0), 0, 0).unwrap();
-            }
-            store.flush_round().await;
-            expected = read_all(&store, id, 0).await;
-            // Crash: no shutdown. Segment data was only in the page cache.
-        }
+        // Crash: no shutdown. Segment data was only in the page cache.
+        let expected = {
+            let (store, id) = filled_log(&fs, "heal-0", &small_config(), 0..5, two_records).await;
+            read_all(&store, id, 0).await
+        };
         fs.crash(|_| 0);
         let seg = Path::new("/data/heal-0/00000000000000000000.log");
         assert!(
             fs.contents(seg).unwrap_or_default().is_empty(),
             "unsynced segment data is lost in the crash"
         );
-        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
+        let report = replay(&fs, &small_config()).await;
         assert_eq!(report.entries_applied, 5, "{report:?}");
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("heal-0"), small_config(), 0).await.unwrap();
+        let (store, id, _) = store_with_log(&fs, "heal-0", &small_config()).await;
         assert_eq!(read_all(&store, id, 0).await, expected);
     });
 }
@@ -1338,8 +1337,7 @@ fn covered_journal_files_are_recycled_and_replay_ignores_their_old_entries() {
                 .collect()
         };
         let store = open_store(&fs, 8 << 10).await;
-        let (a, _) = store.open_log(key("a-0"), small_config(), 0).await.unwrap();
-        let (b, _) = store.open_log(key("b-0"), small_config(), 0).await.unwrap();
+        let [a, b] = open_each(&store, ["a-0", "b-0"], &small_config()).await;
         let mut recycled = 0;
         for i in 0..10u64 {
             // Each file gets more entries than the last, so a recycled file always has older
@@ -1370,9 +1368,7 @@ fn covered_journal_files_are_recycled_and_replay_ignores_their_old_entries() {
         let expected_b = read_all(&store, b, 0).await;
         drop(store);
         fs.crash(|_| 0);
-        let report = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
+        let report = replay(&fs, &small_config()).await;
         assert_eq!(
             (report.entries_applied, report.entries_present),
             (3, 0),
@@ -1383,8 +1379,7 @@ fn covered_journal_files_are_recycled_and_replay_ignores_their_old_entries() {
             "replay removes the kept files"
         );
         let store = open_store(&fs, 8 << 10).await;
-        let (a, _) = store.open_log(key("a-0"), small_config(), 0).await.unwrap();
-        let (b, _) = store.open_log(key("b-0"), small_config(), 0).await.unwrap();
+        let [a, b] = open_each(&store, ["a-0", "b-0"], &small_config()).await;
         assert_eq!(read_all(&store, a, 0).await, expected_a);
         assert_eq!(read_all(&store, b, 0).await, expected_b);
         store.append(a, &value_batch(1000, 2, 0), 0, 0).unwrap();
@@ -1402,26 +1397,14 @@ fn covered_journal_files_are_recycled_and_replay_ignores_their_old_entries() {
 
 /// A batch of `n` records of `value_bytes` each.
 fn big_batch(tag: u8, n: usize, value_bytes: usize) -> Vec<u8> {
-    let value = vec![tag; value_bytes];
-    let recs: Vec<build::TestRecord<'_>> = (0..n)
-        .map(|i| build::TestRecord {
-            key: None,
-            value: Some(&value),
-            headers: vec![],
-            timestamp_delta: i as i64,
-        })
-        .collect();
-    build::batch(&recs, 0)
+    build::batch(&records(&vec![vec![tag; value_bytes]; n], None, &[], 1), 0)
 }
 
 #[test]
 fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
     block_on(async {
         let fs = MemFs::new();
-        let config = LogConfig {
-            segment_bytes: 64 << 20,
-            ..small_config()
-        };
+        let config = segment_config(64 << 20, 256);
         let mut expected = Vec::new();
         {
             // Journaled: 3 MB in one round is several staged chunks and journal pieces, the first
@@ -1456,8 +1439,7 @@ fn rounds_larger_than_a_staging_chunk_write_and_replay_every_piece() {
             assert!(others.iter().all(|p| !fs.written_direct(p)), "{others:?}");
         }
         // Nothing of the segment was synced: everything comes back from the journal.
-        let store = crash_and_reopen(&fs, &config, 64 << 20).await;
-        let (id, _) = store.open_log(key("big-0"), config.clone(), 0).await.unwrap();
+        let (store, id, _) = crash_and_reopen_log(&fs, "big-0", &config, 64 << 20).await;
         let all: Vec<Vec<u8>> = read_all(&store, id, 0).await.into_iter().map(|b| b.2).collect();
         assert_eq!(all, expected);
     });
@@ -1475,8 +1457,7 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
         let (expected_a, expected_b);
         {
             let store = open_store_direct(&fs, 1 << 20, 1).await;
-            let (a, _) = store.open_log(key("da-0"), small_config(), 0).await.unwrap();
-            let (b, _) = store.open_log(key("db-0"), small_config(), 0).await.unwrap();
+            let [a, b] = open_each(&store, ["da-0", "db-0"], &small_config()).await;
             // Two logs: journaled. Segment data only in the page cache.
             store.append(a, &value_batch(1, 20, 0), 0, 0).unwrap();
             store.append(b, &value_batch(2, 2, 0), 0, 0).unwrap();
@@ -1511,8 +1492,7 @@ fn direct_rounds_sync_segments_instead_of_the_journal() {
         }
         let expected_a_len = expected_a.len();
         let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
-        let (a, _) = store.open_log(key("da-0"), small_config(), 0).await.unwrap();
-        let (b, _) = store.open_log(key("db-0"), small_config(), 0).await.unwrap();
+        let [a, b] = open_each(&store, ["da-0", "db-0"], &small_config()).await;
         let after_a = read_all(&store, a, 0).await;
         assert_eq!(after_a[..expected_a_len], expected_a[..]);
         assert_eq!(
@@ -1634,8 +1614,7 @@ fn segments_rolled_past_end_at_their_data_with_space_reserved() {
             }
             expected = read_all(&store, id, 0).await;
         }
-        let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
-        let (id, rec) = store.open_log(key("seal-0"), small_config(), 0).await.unwrap();
+        let (store, id, rec) = crash_and_reopen_log(&fs, "seal-0", &small_config(), 1 << 20).await;
         assert!(rec.problems.is_empty(), "{rec:?}");
         assert_eq!(read_all(&store, id, 0).await, expected);
     });
@@ -1648,10 +1627,7 @@ fn segments_rolled_past_end_at_their_data_with_space_reserved() {
 fn rounds_of_many_logs_with_enough_bytes_each_skip_the_journal() {
     block_on(async {
         let fs = MemFs::new();
-        let config = LogConfig {
-            segment_bytes: 1 << 20,
-            ..small_config()
-        };
+        let config = one_segment_config(256);
         let (big, small) = (value_batch(0, 60, 0).len(), value_batch(0, 1, 0).len());
         let min_log_bytes = 1000;
         assert!(big >= min_log_bytes && small * 3 < min_log_bytes, "{big} {small}");
@@ -1758,8 +1734,7 @@ fn rounds_that_create_segment_files_stay_direct_and_sync_the_directory() {
             expected = read_all(&store, a, start).await;
         }
         // No checkpoint ran: what the direct rounds fsynced and the journal hold is all there is.
-        let store = crash_and_reopen(&fs, &small_config(), 1 << 20).await;
-        let (a, _) = store.open_log(key("ds-0"), small_config(), 0).await.unwrap();
+        let (store, a, _) = crash_and_reopen_log(&fs, "ds-0", &small_config(), 1 << 20).await;
         assert_eq!(read_all(&store, a, start).await, expected);
     });
 }
@@ -1808,10 +1783,7 @@ async fn overlapping_store(
 ) -> (ShardStore<MemFs>, LogId, LogConfig) {
     fs.set_slow_io(true);
     let store = open_store_overlap(fs, 1 << 20, 2, 0, overlap_min_bytes, 0).await;
-    let config = LogConfig {
-        segment_bytes: 1 << 20,
-        ..small_config()
-    };
+    let config = one_segment_config(256);
     let (id, _) = store.open_log(key(name), config.clone(), 0).await.unwrap();
     store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
     store.flush_round().await;
@@ -1862,8 +1834,7 @@ fn appends_staged_during_a_round_s_fsyncs_are_written_under_them() {
         let all = read_all(&store, id, 0).await;
         assert_eq!(all.len(), 5);
         drop(store);
-        let store = crash_and_reopen(&fs, &config, 1 << 20).await;
-        let (id, _) = store.open_log(key("o-0"), config, 0).await.unwrap();
+        let (store, id, _) = crash_and_reopen_log(&fs, "o-0", &config, 1 << 20).await;
         assert_eq!(read_all(&store, id, 0).await, all);
     });
 }
@@ -1908,8 +1879,7 @@ fn a_segment_cut_during_a_round_s_sync_is_synced_again_before_a_checkpoint_passe
             drop(store);
             fs.crash(|_| 0);
             segments_behind_the_recovery_point_end_at_their_data(&fs, &root().join("cut-0"));
-            let store = crash_and_reopen(&fs, &config, 1 << 20).await;
-            let (id, rec) = store.open_log(key("cut-0"), config.clone(), 0).await.unwrap();
+            let (store, id, rec) = crash_and_reopen_log(&fs, "cut-0", &config, 1 << 20).await;
             assert!(rec.problems.is_empty(), "roll at step {roll_at}: {rec:?}");
             assert_eq!(read_all(&store, id, 0).await, all, "roll at step {roll_at}");
             true
@@ -1968,8 +1938,7 @@ fn disk_full_fails_the_round_and_keeps_acknowledged_data() {
         let fs = MemFs::new();
         let acked;
         {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("full-0"), small_config(), 0).await.unwrap();
+            let (store, id, _) = store_with_log(&fs, "full-0", &small_config()).await;
             let t = store.append(id, &value_batch(1, 3, 0), 0, 0).unwrap();
             store.flush_round().await;
             store.wait_durable(&t).await.unwrap();
@@ -1990,11 +1959,8 @@ fn disk_full_fails_the_round_and_keeps_acknowledged_data() {
         }
         fs.crash(|n| n);
         fs.set_capacity(None);
-        replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-            .await
-            .unwrap();
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("full-0"), small_config(), 0).await.unwrap();
+        replay(&fs, &small_config()).await;
+        let (store, id, _) = store_with_log(&fs, "full-0", &small_config()).await;
         let after = read_all(&store, id, 0).await;
         assert_eq!(after[..1], acked[..], "acknowledged data survives");
         let t = store.append(id, &value_batch(4, 1, 0), 0, 0).unwrap();
@@ -2015,16 +1981,10 @@ fn simulated_crashes_lose_nothing_acknowledged() {
         .and_then(|s| s.parse().ok())
         // Seed 1476 found a sealing race (a few seconds for 2,000 seeds even in a debug build).
         .unwrap_or(2000);
-    let (mut overlapped, mut recycled, mut beside, mut by_bytes, mut syncfs) = (0, 0, 0, 0, 0);
+    let mut total = SimCounts::default();
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| simulate(seed)) {
-            Ok((o, r, b, d, f)) => {
-                overlapped += o;
-                recycled += r;
-                beside += b;
-                by_bytes += d;
-                syncfs += f;
-            }
+            Ok(counts) => total.add(counts),
             Err(msg) => {
                 let text = msg
                     .downcast_ref::<String>()
@@ -2035,50 +1995,136 @@ fn simulated_crashes_lose_nothing_acknowledged() {
             }
         }
     }
-    eprintln!(
-        "{seeds} seeds: {overlapped} rounds overlapped the round before, {recycled} journal files recycled, \
-         {beside} direct rounds beside a checkpoint, {by_bytes} direct by their bytes per log, \
-         {syncfs} checkpoints by file-system sync"
-    );
-    assert!(
-        seeds < 50 || syncfs > 0,
-        "no simulated checkpoint synced the file system: that goes untested"
-    );
-    assert!(
-        seeds < 50 || by_bytes > 0,
-        "no simulated round of many logs was direct by its bytes per log: that goes untested"
-    );
-    assert!(
-        seeds < 50 || overlapped > 0,
-        "no simulated round overlapped the one before: the overlap goes untested"
-    );
-    assert!(
-        seeds < 50 || recycled > 0,
-        "no simulated checkpoint kept a journal file: recycling goes untested"
-    );
-    assert!(
-        seeds < 50 || beside > 0,
-        "no simulated direct round ran beside a checkpoint: that goes untested"
-    );
+    eprintln!("{seeds} seeds: {total}");
+    for (count, untested) in [
+        (
+            total.syncfs,
+            "no simulated checkpoint synced the file system: that goes untested",
+        ),
+        (
+            total.by_bytes,
+            "no simulated round of many logs was direct by its bytes per log: that goes untested",
+        ),
+        (
+            total.overlapped,
+            "no simulated round overlapped the one before: the overlap goes untested",
+        ),
+        (
+            total.recycled,
+            "no simulated checkpoint kept a journal file: recycling goes untested",
+        ),
+        (
+            total.beside,
+            "no simulated direct round ran beside a checkpoint: that goes untested",
+        ),
+    ] {
+        assert!(seeds < 50 || count > 0, "{untested}");
+    }
 }
 
 #[test]
 fn simulate_one_seed_from_env() {
     if let Some(seed) = std::env::var("STRAND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        let (overlapped, recycled, beside, by_bytes, syncfs) = simulate(seed);
-        eprintln!(
-            "seed {seed}: {overlapped} rounds overlapped, {recycled} journal files recycled, {beside} direct \
-             rounds beside a checkpoint, {by_bytes} direct by their bytes per log, {syncfs} checkpoints by \
-             file-system sync"
-        );
+        eprintln!("seed {seed}: {}", simulate(seed));
     }
+}
+
+/// What simulated runs did of what they exist to test.
+#[derive(Debug, Default, Clone, Copy)]
+struct SimCounts {
+    /// Rounds that overlapped the round before.
+    overlapped: usize,
+    /// Journal files checkpoints kept to recycle.
+    recycled: usize,
+    /// Direct rounds that ran beside a checkpoint.
+    beside: usize,
+    /// Rounds direct by their bytes per log (more logs than `direct_sync_max_logs`).
+    by_bytes: usize,
+    /// Checkpoints that synced the file system instead of each file.
+    syncfs: usize,
+}
+
+impl SimCounts {
+    fn add(&mut self, o: SimCounts) {
+        self.overlapped += o.overlapped;
+        self.recycled += o.recycled;
+        self.beside += o.beside;
+        self.by_bytes += o.by_bytes;
+        self.syncfs += o.syncfs;
+    }
+
+    /// A checkpoint that finished.
+    fn checkpoint(&mut self, stats: &CheckpointStats) {
+        self.recycled += stats.journal_files_recycled;
+        self.syncfs += usize::from(stats.syncfs);
+    }
+}
+
+impl std::fmt::Display for SimCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rounds overlapped the round before, {} journal files recycled, {} direct rounds beside a \
+             checkpoint, {} direct by their bytes per log, {} checkpoints by file-system sync",
+            self.overlapped, self.recycled, self.beside, self.by_bytes, self.syncfs
+        )
+    }
+}
+
+/// The polls of a loop the simulation drives by hand.
+struct Polls {
+    n: i32,
+    /// The poll at which the power fails.
+    crash_at: Option<i32>,
+}
+
+impl Polls {
+    /// One more poll (`stalled`: the message if there are too many); true when the power fails
+    /// now.
+    fn next_crashes(&mut self, stalled: &str) -> bool {
+        self.n += 1;
+        assert!(self.n < 10_000, "{stalled}");
+        self.crash_at == Some(self.n)
+    }
+}
+
+/// An append not yet durable: the log's index, its ticket and the batch as stored.
+type Pending = (usize, strand_storage::AppendTicket, Vec<u8>);
+
+/// Appends batch `op` (`n` records at timestamp `ts`) to log `li` (`ids[li]`) in leader epoch 3,
+/// and counts the operation; an append the store takes is pending until durable. Returns where
+/// it went.
+fn append_pending(
+    store: &ShardStore<MemFs>,
+    (ids, li): (&[LogId], usize),
+    op: &mut usize,
+    (n, ts): (usize, i64),
+    pending: &mut Vec<Pending>,
+) -> Option<strand_storage::AppendInfo> {
+    let b = value_batch(*op as u64, n, ts);
+    *op += 1;
+    let t = store.append(ids[li], &b, 3, 0).ok()?;
+    let info = t.info;
+    pending.push((li, t, stored(b, info.base_offset, 3)));
+    Some(info)
+}
+
+/// The idempotent producer's batch `i` was acknowledged at `offset`: it is stored there in log 0.
+fn ack_producer(
+    prod: &mut [(i32, Vec<u8>, Option<i64>)],
+    acked: &mut BTreeMap<i64, Vec<u8>>,
+    i: usize,
+    offset: i64,
+) {
+    prod[i].2 = Some(offset);
+    acked.insert(offset, stored(prod[i].1.clone(), offset, 3));
 }
 
 /// Moves the pending appends that are durable now into `acked`; the rest stay pending.
 async fn ack_durable_now<F: Fs>(
     store: &ShardStore<F>,
-    pending: &mut Vec<(usize, strand_storage::AppendTicket, Vec<u8>)>,
-    acked: &mut [std::collections::BTreeMap<i64, Vec<u8>>],
+    pending: &mut Vec<Pending>,
+    acked: &mut [BTreeMap<i64, Vec<u8>>],
 ) {
     let mut still = Vec::new();
     for (li, t, s) in pending.drain(..) {
@@ -2093,23 +2139,17 @@ async fn ack_durable_now<F: Fs>(
     *pending = still;
 }
 
-/// One seeded run of four lives; returns how many rounds overlapped the round before, how many
-/// journal files checkpoints kept to recycle, how many direct rounds ran beside a checkpoint, and
-/// how many rounds were direct by their bytes per log (more logs than `direct_sync_max_logs`).
-fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
+/// One seeded run of four lives; returns what it did of what simulations exist to test.
+fn simulate(seed: u64) -> SimCounts {
     let trace = std::env::var("STRAND_SIM_TRACE").is_ok();
     macro_rules! t { ($($a:tt)*) => { if trace { eprintln!($($a)*); } } }
-    let overlapped = std::cell::Cell::new(0usize);
-    let recycled = std::cell::Cell::new(0usize);
-    let direct_beside_checkpoints = std::cell::Cell::new(0usize);
-    let direct_by_bytes = std::cell::Cell::new(0usize);
-    let syncfs_checkpoints = std::cell::Cell::new(0usize);
+    let counts = std::cell::RefCell::new(SimCounts::default());
     block_on(async {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let fs = MemFs::new();
         let logs = ["a-0", "b-0", "c-0", "d-1"];
         // acknowledged[log] = (offset -> stored batch bytes)
-        let mut acked: Vec<std::collections::BTreeMap<i64, Vec<u8>>> = vec![Default::default(); logs.len()];
+        let mut acked: Vec<BTreeMap<i64, Vec<u8>>> = vec![Default::default(); logs.len()];
         let mut appended_ops = 0usize;
         // An idempotent producer writing to log 0: (sequence, batch, acknowledged offset).
         let mut prod: Vec<(i32, Vec<u8>, Option<i64>)> = Vec::new();
@@ -2120,9 +2160,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
             for name in logs {
                 segments_behind_the_recovery_point_end_at_their_data(&fs, &root().join(name));
             }
-            let rep = replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-                .await
-                .unwrap();
+            let rep = replay(&fs, &small_config()).await;
             t!("replay {:?}", rep);
             // Each life picks how many logs a round may carry and still skip the journal.
             let direct_max_logs = rng.gen_range(0..=logs.len());
@@ -2167,14 +2205,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                     assert_eq!(*base, expect_next, "offsets are contiguous in {name}");
                     expect_next = base + count;
                 }
-                for (off, bytes) in &acked[i] {
-                    let found = all.iter().find(|b| b.0 == *off);
-                    assert_eq!(
-                        found.map(|b| &b.2),
-                        Some(bytes),
-                        "acknowledged batch at {off} of {name}"
-                    );
-                }
+                assert_acked(&all, &acked[i], name);
                 let mut seqs: Vec<i32> = all
                     .iter()
                     .map(|b| batch::BatchHeader::parse(&b.2).unwrap())
@@ -2266,7 +2297,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                 }
             }
             let steps = rng.gen_range(10..80);
-            let mut pending: Vec<(usize, strand_storage::AppendTicket, Vec<u8>)> = Vec::new();
+            let mut pending: Vec<Pending> = Vec::new();
             for _ in 0..steps {
                 match rng.gen_range(0..10) {
                     // An idempotent producer keeps at most five batches unacknowledged, as Kafka's
@@ -2284,17 +2315,12 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                     }
                     0..=5 => {
                         let li = rng.gen_range(0..logs.len());
-                        let b = value_batch(appended_ops as u64, rng.gen_range(1..6), rng.gen_range(0..1000));
-                        appended_ops += 1;
-                        if let Ok(t) = store.append(ids[li], &b, 3, 0) {
-                            t!(
-                                "append {} at {}..={}",
-                                logs[li],
-                                t.info.base_offset,
-                                t.info.last_offset
-                            );
-                            let s = stored(b, t.info.base_offset, 3);
-                            pending.push((li, t, s));
+                        let n: usize = rng.gen_range(1..6);
+                        let ts: i64 = rng.gen_range(0..1000);
+                        let to = (&ids[..], li);
+                        if let Some(at) = append_pending(&store, to, &mut appended_ops, (n, ts), &mut pending)
+                        {
+                            t!("append {} at {}..={}", logs[li], at.base_offset, at.last_offset);
                         }
                     }
                     6 | 7 if rng.gen_bool(0.5) => {
@@ -2308,26 +2334,21 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                         {
                             let flush = store.flush_pending(max_rounds, |s| {
                                 t!("round {:?}", s);
-                                if s.overlapped {
-                                    overlapped.set(overlapped.get() + 1);
-                                }
-                                if s.direct && s.logs > direct_max_logs {
-                                    direct_by_bytes.set(direct_by_bytes.get() + 1);
-                                }
+                                let mut c = counts.borrow_mut();
+                                c.overlapped += usize::from(s.overlapped);
+                                c.by_bytes += usize::from(s.direct && s.logs > direct_max_logs);
                             });
                             futures::pin_mut!(flush);
                             let waker = futures::task::noop_waker();
                             let mut cx = std::task::Context::from_waker(&waker);
-                            let mut polls = 0;
+                            let mut polls = Polls { n: 0, crash_at };
                             while std::future::Future::poll(flush.as_mut(), &mut cx).is_pending() {
-                                polls += 1;
-                                assert!(polls < 10_000, "flush_pending makes no progress");
-                                if crash_at == Some(polls) {
+                                if polls.next_crashes("flush_pending makes no progress") {
                                     t!("power loss with rounds in flight");
                                     life_ends = true;
                                     break;
                                 }
-                                if fail_at == Some(polls) {
+                                if fail_at == Some(polls.n) {
                                     t!("fsyncs fail from now on");
                                     fs.set_fail_fsync(true);
                                     life_ends = true;
@@ -2338,13 +2359,12 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                                     } else {
                                         rng.gen_range(0..logs.len())
                                     };
-                                    let n = rng.gen_range(1..6);
-                                    let b = value_batch(appended_ops as u64, n, rng.gen_range(0..1000));
-                                    appended_ops += 1;
-                                    if let Ok(t) = store.append(ids[li], &b, 3, 0) {
-                                        t!("append {} at {}.. while flushing", logs[li], t.info.base_offset);
-                                        let s = stored(b, t.info.base_offset, 3);
-                                        pending.push((li, t, s));
+                                    let n: usize = rng.gen_range(1..6);
+                                    let ts: i64 = rng.gen_range(0..1000);
+                                    let to = (&ids[..], li);
+                                    let op = &mut appended_ops;
+                                    if let Some(at) = append_pending(&store, to, op, (n, ts), &mut pending) {
+                                        t!("append {} at {}.. while flushing", logs[li], at.base_offset);
                                     }
                                 }
                             }
@@ -2354,11 +2374,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                         let mut still = Vec::new();
                         for (i, t) in prod_pending.drain(..) {
                             match futures_lite::future::poll_once(store.wait_durable(&t)).await {
-                                Some(Ok(())) => {
-                                    prod[i].2 = Some(t.info.base_offset);
-                                    let stored_batch = stored(prod[i].1.clone(), t.info.base_offset, 3);
-                                    acked[0].insert(t.info.base_offset, stored_batch);
-                                }
+                                Some(Ok(())) => ack_producer(&mut prod, &mut acked[0], i, t.info.base_offset),
                                 Some(Err(_)) => {}
                                 None => still.push((i, t)),
                             }
@@ -2387,9 +2403,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                             }
                             for (i, t) in prod_pending.drain(..) {
                                 store.wait_durable(&t).await.unwrap();
-                                prod[i].2 = Some(t.info.base_offset);
-                                let stored_batch = stored(prod[i].1.clone(), t.info.base_offset, 3);
-                                acked[0].insert(t.info.base_offset, stored_batch);
+                                ack_producer(&mut prod, &mut acked[0], i, t.info.base_offset);
                             }
                         } else {
                             pending.clear();
@@ -2415,11 +2429,9 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                             > = None;
                             let waker = futures::task::noop_waker();
                             let mut cx = std::task::Context::from_waker(&waker);
-                            let mut polls = 0;
+                            let mut polls = Polls { n: 0, crash_at };
                             loop {
-                                polls += 1;
-                                assert!(polls < 10_000, "checkpoint and flush rounds make no progress");
-                                if crash_at == Some(polls) {
+                                if polls.next_crashes("checkpoint and flush rounds make no progress") {
                                     t!("power loss with a checkpoint and rounds in flight");
                                     life_ends = true;
                                     break;
@@ -2430,9 +2442,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                                     {
                                         t!("checkpoint beside rounds {:?}", r);
                                         if let Ok(stats) = &r {
-                                            recycled.set(recycled.get() + stats.journal_files_recycled);
-                                            syncfs_checkpoints
-                                                .set(syncfs_checkpoints.get() + usize::from(stats.syncfs));
+                                            counts.borrow_mut().checkpoint(stats);
                                         }
                                         checkpoint_done = true;
                                     }
@@ -2440,10 +2450,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                                 if flush.is_none() && store.has_pending() {
                                     flush = Some(Box::pin(store.flush_pending(2, |s| {
                                         t!("round beside a checkpoint {:?}", s);
-                                        if s.direct {
-                                            direct_beside_checkpoints
-                                                .set(direct_beside_checkpoints.get() + 1);
-                                        }
+                                        counts.borrow_mut().beside += usize::from(s.direct);
                                     })));
                                 }
                                 if let Some(f) = flush.as_mut() {
@@ -2455,16 +2462,15 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                                     break;
                                 }
                                 if !checkpoint_done && rng.gen_bool(0.5) {
-                                    let b = value_batch(appended_ops as u64, rng.gen_range(1..6), 7);
-                                    appended_ops += 1;
-                                    if let Ok(t) = store.append(ids[hot], &b, 3, 0) {
+                                    let n: usize = rng.gen_range(1..6);
+                                    let to = (&ids[..], hot);
+                                    let op = &mut appended_ops;
+                                    if let Some(at) = append_pending(&store, to, op, (n, 7), &mut pending) {
                                         t!(
                                             "append {} at {}.. beside a checkpoint",
                                             logs[hot],
-                                            t.info.base_offset
+                                            at.base_offset
                                         );
-                                        let s = stored(b, t.info.base_offset, 3);
-                                        pending.push((hot, t, s));
                                     }
                                 }
                             }
@@ -2481,8 +2487,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
                             let r = store.checkpoint().await;
                             t!("checkpoint {:?}", r);
                             if let Ok(stats) = &r {
-                                recycled.set(recycled.get() + stats.journal_files_recycled);
-                                syncfs_checkpoints.set(syncfs_checkpoints.get() + usize::from(stats.syncfs));
+                                counts.borrow_mut().checkpoint(stats);
                             }
                         }
                     }
@@ -2506,13 +2511,7 @@ fn simulate(seed: u64) -> (usize, usize, usize, usize, usize) {
         }
         assert!(appended_ops > 0, "the simulation did something");
     });
-    (
-        overlapped.get(),
-        recycled.get(),
-        direct_beside_checkpoints.get(),
-        direct_by_bytes.get(),
-        syncfs_checkpoints.get(),
-    )
+    counts.into_inner()
 }
 
 #[test]
@@ -2557,24 +2556,14 @@ fn producer_batch(pid: i64, epoch: i16, seq: i32, n: usize) -> Vec<u8> {
     let values: Vec<Vec<u8>> = (0..n)
         .map(|i| format!("p{pid}-s{}", seq + i as i32).into_bytes())
         .collect();
-    let recs: Vec<build::TestRecord<'_>> = values
-        .iter()
-        .map(|v| build::TestRecord {
-            key: None,
-            value: Some(v),
-            headers: vec![],
-            timestamp_delta: 0,
-        })
-        .collect();
-    build::batch_with_producer(&recs, 1_000, pid, epoch, seq)
+    build::batch_with_producer(&records(&values, None, &[], 0), 1_000, pid, epoch, seq)
 }
 
 #[test]
 fn producer_retries_are_answered_with_the_original_offsets() {
     block_on(async {
         let fs = MemFs::new();
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, _) = store.open_log(key("idem-0"), small_config(), 0).await.unwrap();
+        let (store, id, _) = store_with_log(&fs, "idem-0", &small_config()).await;
         store.append(id, &value_batch(0, 2, 0), 0, 0).unwrap();
         let a = producer_batch(42, 0, 0, 3);
         let t1 = store.append(id, &a, 0, 0).unwrap();
@@ -2607,8 +2596,7 @@ fn producer_state_survives_restarts_and_forgets_lost_batches() {
         block_on(async {
             let fs = MemFs::new();
             {
-                let store = open_store(&fs, 1 << 20).await;
-                let (id, _) = store.open_log(key("idem-1"), small_config(), 0).await.unwrap();
+                let (store, id, _) = store_with_log(&fs, "idem-1", &small_config()).await;
                 store.append(id, &producer_batch(7, 0, 0, 2), 0, 0).unwrap();
                 store.append(id, &producer_batch(7, 0, 2, 2), 0, 0).unwrap();
                 store.flush_round().await;
@@ -2622,11 +2610,8 @@ fn producer_state_survives_restarts_and_forgets_lost_batches() {
             if !clean {
                 fs.crash(|_| 0);
             }
-            replay_journals(&fs, &root(), |_| Some(small_config()), 0)
-                .await
-                .unwrap();
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("idem-1"), small_config(), 0).await.unwrap();
+            replay(&fs, &small_config()).await;
+            let (store, id, _) = store_with_log(&fs, "idem-1", &small_config()).await;
             let dup = store.append(id, &producer_batch(7, 0, 2, 2), 0, 0).unwrap();
             assert_eq!(
                 dup.info.base_offset, 2,
@@ -2650,14 +2635,19 @@ async fn store_with_two_logs(
 ) -> (ShardStore<MemFs>, LogId, LogId) {
     fs.set_slow_io(true);
     let store = open_store_overlap(fs, 1 << 20, 2, 1, 0, checkpoint_syncfs_min_logs).await;
-    let (gone, _) = store.open_log(key("gone-0"), small_config(), 0).await.unwrap();
-    let (stays, _) = store.open_log(key("stays-0"), small_config(), 0).await.unwrap();
+    let [gone, stays] = open_each(&store, ["gone-0", "stays-0"], &small_config()).await;
     for id in [gone, stays] {
         store.append(id, &big_batch(0, 1, 100), 0, 0).unwrap();
     }
     store.flush_round().await;
     store.sync_changed_dirs().await;
     (store, gone, stays)
+}
+
+/// Stages a batch larger than the rest of `gone`'s segment: the next round creates the log's next
+/// segment file, and syncs its directory after it.
+fn stage_a_roll(store: &ShardStore<MemFs>, gone: LogId) {
+    store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
 }
 
 /// Removing `gone` while `io` runs: the removal must wait for that I/O, then take the directory
@@ -2693,9 +2683,7 @@ fn a_log_removed_while_a_round_writes_it_leaves_the_store_online() {
     block_on(async {
         let fs = MemFs::new();
         let (store, gone, stays) = store_with_two_logs(&fs, 0).await;
-        // Larger than the rest of the segment: the round creates the next segment file, and
-        // syncs the log's directory after it.
-        let _lost = store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+        stage_a_roll(&store, gone);
         let round = remove_during(&fs, &store, gone, stays, store.flush_round()).await;
         assert!(round.direct, "{round:?}");
         assert_eq!(round.error, None, "the removed log's I/O must not fail the round");
@@ -2723,16 +2711,8 @@ fn retention_during_a_checkpoint_leaves_no_index_without_its_segment() {
     block_on(async {
         let fs = MemFs::new();
         fs.set_slow_io(true);
-        let store = open_store(&fs, 1 << 20).await;
-        let mut cfg = small_config();
-        cfg.retention_bytes = Some(4096);
-        let (id, _) = store.open_log(key("ret-0"), cfg, 0).await.unwrap();
-        for i in 0..100 {
-            store
-                .append(id, &value_batch(i, 2, 1_000 + i as i64), 0, 0)
-                .unwrap();
-        }
-        store.flush_round().await;
+        let cfg = retention_config(Some(4096), None);
+        let (store, _) = filled_log(&fs, "ret-0", &cfg, 0..100, timestamped(1000)).await;
         let (checkpoint, deleted) = futures::join!(store.checkpoint(), async {
             futures_lite::future::yield_now().await;
             store.retention_pass(10_000).await
@@ -2763,7 +2743,7 @@ fn a_log_opened_again_while_its_removal_waits_keeps_its_directory() {
     block_on(async {
         let fs = MemFs::new();
         let (store, gone, stays) = store_with_two_logs(&fs, 0).await;
-        let _lost = store.append(gone, &big_batch(1, 2, 1500), 0, 0).unwrap();
+        stage_a_roll(&store, gone);
         let again = LogKey {
             dir_name: "gone-0".to_owned(),
             incarnation: [9; 16],
@@ -2806,13 +2786,7 @@ fn a_log_opened_again_while_its_removal_waits_keeps_its_directory() {
 /// One record of `value_bytes` bytes (a pattern set by `tag`).
 fn large_batch(tag: u64, value_bytes: usize) -> Vec<u8> {
     let value: Vec<u8> = (0..value_bytes).map(|i| (i as u64 * 31 + tag) as u8).collect();
-    let rec = build::TestRecord {
-        key: Some(b"k"),
-        value: Some(&value),
-        headers: vec![],
-        timestamp_delta: 0,
-    };
-    build::batch(&[rec], 0)
+    build::batch(&records(&[value], Some(b"k"), &[], 0), 0)
 }
 
 /// `execute_sendable` finds, from the batches' headers alone, the very batches `execute` reads:
@@ -2826,11 +2800,7 @@ fn sendable_reads_find_the_same_batches_as_reads() {
     block_on(async {
         let fs = MemFs::new();
         let store = open_store(&fs, 64 << 20).await;
-        let cfg = LogConfig {
-            segment_bytes: 4 << 20,
-            index_interval_bytes: 4096,
-            ..small_config()
-        };
+        let cfg = segment_config(4 << 20, 4096);
         let (id, _) = store.open_log(key("send-0"), cfg, 0).await.unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut next = 0i64;
@@ -2907,10 +2877,7 @@ fn rounds_overlapping_a_segment_file_s_creation_write_through_its_one_handle() {
         let fs = MemFs::new();
         fs.set_slow_io(true);
         let store = open_store_overlap(&fs, 1 << 20, 2, 0, 1, 0).await;
-        let config = LogConfig {
-            segment_bytes: 1 << 20,
-            ..small_config()
-        };
+        let config = one_segment_config(256);
         let (id, _) = store.open_log(key("c-0"), config.clone(), 0).await.unwrap();
         store.sync_changed_dirs().await;
         let mut tickets = vec![store.append(id, &big_batch(1, 2, 300), 0, 0).unwrap()];
@@ -2949,8 +2916,7 @@ fn rounds_overlapping_a_segment_file_s_creation_write_through_its_one_handle() {
         let all = read_all(&store, id, 0).await;
         assert_eq!(all.len(), tickets.len());
         drop(store);
-        let store = crash_and_reopen(&fs, &config, 1 << 20).await;
-        let (id, _) = store.open_log(key("c-0"), config, 0).await.unwrap();
+        let (store, id, _) = crash_and_reopen_log(&fs, "c-0", &config, 1 << 20).await;
         assert_eq!(read_all(&store, id, 0).await, all);
     });
 }
@@ -2964,11 +2930,7 @@ fn a_damaged_header_makes_a_sendable_read_answer_as_a_plain_read() {
         let fs = MemFs::new();
         fs.set_sendable(Some(FileRegions::for_process(4096)));
         let store = open_store(&fs, 64 << 20).await;
-        let cfg = LogConfig {
-            segment_bytes: 4 << 20,
-            index_interval_bytes: 4096,
-            ..small_config()
-        };
+        let cfg = segment_config(4 << 20, 4096);
         let (id, _) = store.open_log(key("damaged-0"), cfg, 0).await.unwrap();
         let sizes = [40_000, 50_000, 60_000, 45_000];
         let mut starts = Vec::new();
@@ -3033,8 +2995,7 @@ fn direct_rounds_stop_syncing_segments_behind_a_roll_once_synced() {
         );
         // Everything acknowledged survives a power loss right after.
         drop(store);
-        let store = crash_and_reopen(&fs, &small_config(), 1 << 30).await;
-        let (id, _) = store.open_log(key("rolls"), small_config(), 0).await.unwrap();
+        let (store, id, _) = crash_and_reopen_log(&fs, "rolls", &small_config(), 1 << 30).await;
         assert_eq!(store.offsets(id).unwrap().high_watermark, t.info.last_offset + 1);
         assert_eq!(store.with_log(id, |l| l.segment_count()).unwrap(), segments);
     });
@@ -3052,8 +3013,7 @@ fn zeros_behind_the_recovery_point_do_not_change_what_reads_return() {
         let segments = || segment_files(&fs, dir);
         let expected;
         {
-            let store = open_store(&fs, 1 << 20).await;
-            let (id, _) = store.open_log(key("zrp-0"), small_config(), 0).await.unwrap();
+            let (store, id, _) = store_with_log(&fs, "zrp-0", &small_config()).await;
             for i in 0..120 {
                 store.append(id, &value_batch(i, 2, 0), 0, 0).unwrap();
                 store.flush_round().await;
@@ -3067,8 +3027,7 @@ fn zeros_behind_the_recovery_point_do_not_change_what_reads_return() {
         let mut data = fs.contents(&segs[1]).unwrap();
         data.resize(data.len() + 5000, 0);
         fs.set_contents(&segs[1], data);
-        let store = open_store(&fs, 1 << 20).await;
-        let (id, rec) = store.open_log(key("zrp-0"), small_config(), 0).await.unwrap();
+        let (store, id, rec) = store_with_log(&fs, "zrp-0", &small_config()).await;
         assert!(
             rec.problems.is_empty() && rec.bytes_scanned < 4096,
             "the damaged segment lies behind the recovery point and is not read: {rec:?}"

@@ -5,9 +5,27 @@
 use std::io;
 use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Writes `field=value` for each named field of `stats`, separated by spaces: how the servers'
+/// counters print (their `Display`).
+macro_rules! write_fields {
+    ($f:expr, $stats:expr, $first:ident $(, $field:ident)* $(,)?) => {
+        write!(
+            $f,
+            concat!(stringify!($first), "={}" $(, " ", stringify!($field), "={}")*),
+            $stats.$first $(, $stats.$field)*
+        )
+    };
+}
+pub(crate) use write_fields;
+
+/// Locks a mutex, ignoring poisoning (a panicking connection thread must not stop the server).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// How many connections a server accepted, refused (too many open) and has open.
 #[derive(Default)]

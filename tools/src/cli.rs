@@ -62,6 +62,17 @@ impl OutputArgs {
     }
 }
 
+/// The tail of a benchmark's command line: the run directory, the report, the progress bars.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub run_dir: RunDirArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
+}
+
 /// Progress bars on stderr.
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Output")]

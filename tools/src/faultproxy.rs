@@ -30,7 +30,7 @@
 //! runtime. Counters ([`ProxyStats`]) say what it did, so a test can check that faults actually
 //! happened.
 
-use crate::blocking_server::{Running, ServerCore, ThreadPerConnection};
+use crate::blocking_server::{lock, write_fields, Running, ServerCore, ThreadPerConnection};
 use crate::kafka_wire::read_size_prefix;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -38,7 +38,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strand_protocol::header::RawHeader;
@@ -172,21 +172,19 @@ pub struct ProxyStats {
 
 impl fmt::Display for ProxyStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        write_fields!(
             f,
-            "connections_accepted={} connections_rejected={} connections_active={} upstream_failures={} \
-             requests_forwarded={} responses_forwarded={} produce_responses_forwarded={} \
-             produce_responses_dropped={} fault_closes={} protocol_errors={}",
-            self.connections_accepted,
-            self.connections_rejected,
-            self.connections_active,
-            self.upstream_failures,
-            self.requests_forwarded,
-            self.responses_forwarded,
-            self.produce_responses_forwarded,
-            self.produce_responses_dropped,
-            self.fault_closes,
-            self.protocol_errors
+            self,
+            connections_accepted,
+            connections_rejected,
+            connections_active,
+            upstream_failures,
+            requests_forwarded,
+            responses_forwarded,
+            produce_responses_forwarded,
+            produce_responses_dropped,
+            fault_closes,
+            protocol_errors
         )
     }
 }
@@ -234,11 +232,6 @@ struct Shared {
     core: ServerCore,
     counters: Counters,
     conns: Mutex<HashMap<u64, ConnSockets>>,
-}
-
-/// Locks a mutex, ignoring poisoning (a panicking connection thread must not stop the proxy).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The splitmix64 finalizer over `seed` and `index`: the drop decision's random number.
@@ -746,6 +739,28 @@ fn forward_responses(
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn stats_print_as_name_value_pairs() {
+        let stats = ProxyStats {
+            connections_accepted: 1,
+            connections_rejected: 2,
+            connections_active: 3,
+            upstream_failures: 4,
+            requests_forwarded: 5,
+            responses_forwarded: 6,
+            produce_responses_forwarded: 7,
+            produce_responses_dropped: 8,
+            fault_closes: 9,
+            protocol_errors: 10,
+        };
+        assert_eq!(
+            stats.to_string(),
+            "connections_accepted=1 connections_rejected=2 connections_active=3 upstream_failures=4 \
+             requests_forwarded=5 responses_forwarded=6 produce_responses_forwarded=7 \
+             produce_responses_dropped=8 fault_closes=9 protocol_errors=10"
+        );
+    }
 
     /// A Produce request frame: header v1 (v3..v8) or v2 (v9+), transactional id null.
     fn produce_frame(version: i16, correlation_id: i32, acks: i16) -> Vec<u8> {

@@ -48,14 +48,14 @@
 //! I/O, the state behind one mutex, and a condition variable on which empty fetches wait (at
 //! most [`MAX_FETCH_WAIT`]) for the next produce.
 
-use crate::blocking_server::{Running, ServerCore, ThreadPerConnection};
+use crate::blocking_server::{lock, write_fields, Running, ServerCore, ThreadPerConnection};
 use crate::kafka_wire::read_size_prefix;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -225,28 +225,25 @@ pub struct ApiCount {
 
 impl fmt::Display for NullStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        write_fields!(
             f,
-            "connections_accepted={} connections_rejected={} connections_closed_on_error={} requests={} \
-             topics={} partitions={} batches={} records={} produced_bytes={} fetched_bytes={} \
-             fetched_recent_bytes={} templates={} template_bytes={} template_reuses_past_budget={} \
-             templates_stored_past_budget={} recent_bytes={}",
-            self.connections_accepted,
-            self.connections_rejected,
-            self.connections_closed_on_error,
-            self.requests,
-            self.topics,
-            self.partitions,
-            self.batches,
-            self.records,
-            self.produced_bytes,
-            self.fetched_bytes,
-            self.fetched_recent_bytes,
-            self.templates,
-            self.template_bytes,
-            self.template_reuses_past_budget,
-            self.templates_stored_past_budget,
-            self.recent_bytes
+            self,
+            connections_accepted,
+            connections_rejected,
+            connections_closed_on_error,
+            requests,
+            topics,
+            partitions,
+            batches,
+            records,
+            produced_bytes,
+            fetched_bytes,
+            fetched_recent_bytes,
+            templates,
+            template_bytes,
+            template_reuses_past_budget,
+            templates_stored_past_budget,
+            recent_bytes
         )?;
         let apis: Vec<String> = self
             .requests_by_api
@@ -777,11 +774,6 @@ struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
 }
 
-/// Locks a mutex, ignoring poisoning (a panicking connection thread must not stop the broker).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn advertised(api: ApiKey) -> Option<(i16, i16)> {
     ADVERTISED
         .iter()
@@ -1219,28 +1211,27 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     // Reused: a large fetch response does not page-fault a fresh buffer in every time.
     let mut out = Vec::new();
+    let close_on_error = |why: String| {
+        shared
+            .counters
+            .connections_closed_on_error
+            .fetch_add(1, Ordering::Relaxed);
+        eprintln!("null-broker: closing the connection from {peer}: {why}");
+    };
     loop {
         let frame = match read_frame(&mut stream, shared.config.max_frame_bytes) {
             Ok(Some(frame)) => frame,
             Ok(None) => return,
             Err(e) => {
                 if e.kind() == io::ErrorKind::InvalidData {
-                    shared
-                        .counters
-                        .connections_closed_on_error
-                        .fetch_add(1, Ordering::Relaxed);
-                    eprintln!("null-broker: closing the connection from {peer}: {e}");
+                    close_on_error(e.to_string());
                 }
                 return;
             }
         };
         out.clear();
         if let Err(e) = shared.handle(frame, &mut out) {
-            shared
-                .counters
-                .connections_closed_on_error
-                .fetch_add(1, Ordering::Relaxed);
-            eprintln!("null-broker: closing the connection from {peer}: {e:#}");
+            close_on_error(format!("{e:#}"));
             return;
         }
         if !out.is_empty() && stream.write_all(&out).is_err() {
@@ -1274,6 +1265,47 @@ fn read_frame(stream: &mut TcpStream, max: usize) -> io::Result<Option<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_print_as_name_value_pairs() {
+        let stats = NullStats {
+            connections_accepted: 1,
+            connections_rejected: 2,
+            connections_closed_on_error: 3,
+            requests: 4,
+            requests_by_api: vec![
+                ApiCount {
+                    api: ApiKey::Produce,
+                    requests: 3,
+                    max_version: 9,
+                },
+                ApiCount {
+                    api: ApiKey::Fetch,
+                    requests: 1,
+                    max_version: 12,
+                },
+            ],
+            topics: 5,
+            partitions: 6,
+            batches: 7,
+            records: 8,
+            produced_bytes: 9,
+            fetched_bytes: 10,
+            fetched_recent_bytes: 11,
+            templates: 12,
+            template_bytes: 13,
+            template_reuses_past_budget: 14,
+            templates_stored_past_budget: 15,
+            recent_bytes: 16,
+        };
+        assert_eq!(
+            stats.to_string(),
+            "connections_accepted=1 connections_rejected=2 connections_closed_on_error=3 requests=4 topics=5 \
+             partitions=6 batches=7 records=8 produced_bytes=9 fetched_bytes=10 fetched_recent_bytes=11 \
+             templates=12 template_bytes=13 template_reuses_past_budget=14 templates_stored_past_budget=15 \
+             recent_bytes=16 requests_by_api=Produce:3(v9),Fetch:1(v12)"
+        );
+    }
     use kafka_protocol::messages::create_topics_request::CreatableTopic;
     use kafka_protocol::messages::fetch_request::FetchPartition;
     use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};

@@ -210,17 +210,24 @@ fn bad_data(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
+/// Reads a line of an answer head into `line`; the end of the stream is an error that says
+/// `where_` it came.
+fn read_head_line(stream: &mut BufReader<TcpStream>, line: &mut String, where_: &str) -> io::Result<()> {
+    if stream.read_line(line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the server closed the connection {where_}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Reads one answer (skipping `100 Continue`).
 fn read_response(stream: &mut BufReader<TcpStream>, head_only: bool) -> io::Result<Response> {
     loop {
         let mut head_bytes = 0usize;
         let mut status_line = String::new();
-        if stream.read_line(&mut status_line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the server closed the connection before answering",
-            ));
-        }
+        read_head_line(stream, &mut status_line, "before answering")?;
         head_bytes += status_line.len();
         let mut parts = status_line.trim_end().splitn(3, ' ');
         let version = parts.next().unwrap_or_default();
@@ -234,12 +241,7 @@ fn read_response(stream: &mut BufReader<TcpStream>, head_only: bool) -> io::Resu
         let mut headers = Vec::new();
         loop {
             let mut line = String::new();
-            if stream.read_line(&mut line)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection in an answer head",
-                ));
-            }
+            read_head_line(stream, &mut line, "in an answer head")?;
             head_bytes += line.len();
             if head_bytes > MAX_HEAD_BYTES {
                 return Err(bad_data("answer head too large"));
@@ -408,7 +410,8 @@ pub struct Published {
     pub duplicate: bool,
 }
 
-/// One leased message.
+/// One leased message. (Here and in the answers below, a field of type `Option` that the answer
+/// leaves out reads as `None`.)
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Leased {
     /// Message id.
@@ -426,10 +429,8 @@ pub struct Leased {
     /// When it was published (broker clock).
     pub published_at_ms: i64,
     /// Key, when UTF-8.
-    #[serde(default)]
     pub key: Option<String>,
     /// Payload, when UTF-8.
-    #[serde(default)]
     pub payload: Option<String>,
     /// Payload, always.
     pub payload_base64: String,
@@ -475,13 +476,10 @@ pub struct Settled {
     /// `acknowledged`, `available`, `delayed`, `dead_lettered` or `leased`.
     pub state: String,
     /// For `extend`.
-    #[serde(default)]
     pub lease_expires_at_ms: Option<i64>,
     /// For a delayed retry.
-    #[serde(default)]
     pub available_at_ms: Option<i64>,
     /// Deliveries so far (nack, reject).
-    #[serde(default)]
     pub attempts: Option<u32>,
 }
 
@@ -492,28 +490,20 @@ pub struct BatchSettled {
     /// Message id.
     pub id: String,
     /// The action (absent on a refused item).
-    #[serde(default)]
     pub action: Option<String>,
     /// The state after the settle (absent on a refused item).
-    #[serde(default)]
     pub state: Option<String>,
     /// For `extend`.
-    #[serde(default)]
     pub lease_expires_at_ms: Option<i64>,
     /// For a delayed retry.
-    #[serde(default)]
     pub available_at_ms: Option<i64>,
     /// Deliveries so far (nack, reject).
-    #[serde(default)]
     pub attempts: Option<u32>,
     /// HTTP status of a refused item (e.g. 409).
-    #[serde(default)]
     pub status: Option<u16>,
     /// Error code of a refused item (e.g. `stale_generation`).
-    #[serde(default)]
     pub error: Option<String>,
     /// Human text of a refused item.
-    #[serde(default)]
     pub message: Option<String>,
 }
 
@@ -541,6 +531,18 @@ struct AckBatchBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     group: Option<&'a str>,
     messages: Vec<AckItem<'a>>,
+}
+
+/// A 2xx answer, or the [`CallError::Status`] of any other.
+fn success(r: Response) -> Result<Response, CallError> {
+    if (200..300).contains(&r.status) {
+        return Ok(r);
+    }
+    Err(CallError::Status {
+        status: r.status,
+        code: r.error_code().unwrap_or_default(),
+        body: r.text(),
+    })
 }
 
 /// The queue API over one [`HttpConn`].
@@ -586,14 +588,7 @@ impl QueueClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, Value), CallError> {
-        let r = self.call(method, path, body)?;
-        if !(200..300).contains(&r.status) {
-            return Err(CallError::Status {
-                status: r.status,
-                code: r.error_code().unwrap_or_default(),
-                body: r.text(),
-            });
-        }
+        let r = success(self.call(method, path, body)?)?;
         let v = r.json().map_err(CallError::Decode)?;
         Ok((r.status, v))
     }
@@ -677,14 +672,7 @@ impl QueueClient {
         body: Option<&[u8]>,
         what: &str,
     ) -> Result<T, CallError> {
-        let r = self.conn.request(method, path, body).map_err(CallError::Io)?;
-        if !(200..300).contains(&r.status) {
-            return Err(CallError::Status {
-                status: r.status,
-                code: r.error_code().unwrap_or_default(),
-                body: r.text(),
-            });
-        }
+        let r = success(self.conn.request(method, path, body).map_err(CallError::Io)?)?;
         serde_json::from_slice(&r.body)
             .map_err(|e| CallError::Decode(format!("{what} answer {}: {e}: {:?}", r.status, r.text())))
     }
@@ -830,6 +818,28 @@ pub(crate) mod tests {
             (r[1].status, r[1].error.as_deref()),
             (Some(409), Some("stale_generation"))
         );
+    }
+
+    #[test]
+    fn answers_without_their_optional_fields_decode() {
+        let leased: Leased = serde_json::from_value(json!({
+            "id": "a1", "generation": 1, "attempt": 1, "lease_expires_at_ms": 5, "partition": 0,
+            "offset": 3, "published_at_ms": 4, "payload_base64": ""
+        }))
+        .unwrap();
+        assert_eq!((leased.key, leased.payload), (None, None));
+        assert!(leased.headers.is_empty());
+        let settled: Settled =
+            serde_json::from_value(json!({ "id": "a1", "action": "ack", "state": "acknowledged" })).unwrap();
+        assert_eq!(
+            (
+                settled.lease_expires_at_ms,
+                settled.available_at_ms,
+                settled.attempts
+            ),
+            (None, None, None)
+        );
+        assert!(serde_json::from_value::<Settled>(json!({ "id": "a1", "action": "ack" })).is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::hash::Hash;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -375,7 +376,7 @@ pub fn run(
     let out = run_workers(http, params, &shared, &bar, phase_start)?.into_result();
     let cpu = PhaseCpu::between(
         &mark,
-        shared.end.get().copied(),
+        shared.clock.end.get().copied(),
         broker_pid,
         out.figures.messages_acked,
     );
@@ -459,8 +460,13 @@ pub fn run(
 }
 
 pub(crate) fn per_s(n: u64, secs: f64) -> f64 {
-    if secs > 0.0 {
-        n as f64 / secs
+    div_or_zero(n as f64, secs)
+}
+
+/// `a / b`, or 0 when `b` is not positive (nothing measured).
+pub(crate) fn div_or_zero(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
     } else {
         0.0
     }
@@ -468,31 +474,41 @@ pub(crate) fn per_s(n: u64, secs: f64) -> f64 {
 
 /// Checks that `acked` holds every id of `published` exactly once and nothing else.
 fn verify(published: &[String], acked: &[String], phase: &str) -> Result<(), String> {
-    let published_set: HashSet<&str> = published.iter().map(String::as_str).collect();
+    exactly_once(published, acked, "ids", "acknowledged").map_err(|e| format!("{phase}: {e}"))
+}
+
+/// Checks that `settled` holds every item of `published` exactly once and nothing else; the
+/// message names the items (`ids`) and what was done to them (`acknowledged`).
+pub(crate) fn exactly_once<T: Eq + Hash>(
+    published: &[T],
+    settled: &[T],
+    items: &str,
+    done: &str,
+) -> Result<(), String> {
+    let published_set: HashSet<&T> = published.iter().collect();
     if published_set.len() != published.len() {
         return Err(format!(
-            "{phase}: the broker answered {} distinct ids for {} published messages",
+            "the broker answered {} distinct {items} for {} published messages",
             published_set.len(),
             published.len()
         ));
     }
-    let mut seen: HashSet<&str> = HashSet::with_capacity(acked.len());
-    let mut unknown = 0u64;
-    let mut twice = 0u64;
-    for id in acked {
-        if !published_set.contains(id.as_str()) {
+    let mut seen: HashSet<&T> = HashSet::with_capacity(settled.len());
+    let (mut unknown, mut twice) = (0u64, 0u64);
+    for x in settled {
+        if !published_set.contains(x) {
             unknown += 1;
-        } else if !seen.insert(id.as_str()) {
+        } else if !seen.insert(x) {
             twice += 1;
         }
     }
     let missing = published.len() - seen.len();
     if unknown + twice + missing as u64 > 0 {
         return Err(format!(
-            "{phase}: {} published, {} acknowledged: {missing} never acknowledged, {twice} acknowledged \
-             twice, {unknown} acknowledged but not published here",
+            "{} published, {} {done}: {missing} never {done}, {twice} {done} twice, {unknown} {done} but \
+             not published here",
             published.len(),
-            acked.len()
+            settled.len()
         ));
     }
     Ok(())
@@ -813,13 +829,10 @@ struct Shared {
     /// No more messages will be published.
     publishing_done: AtomicBool,
     acked: AtomicU64,
-    /// Nanoseconds since `epoch` of the last ack answer of any worker.
-    last_progress_ns: AtomicU64,
     abort: AtomicBool,
-    epoch: Instant,
-    broker_pid: Option<u32>,
-    /// CPU counters when the last message was acknowledged (set by the worker that did it).
-    end: OnceLock<CpuMark>,
+    /// The last ack answer of any worker; the CPU counters when the last message was
+    /// acknowledged.
+    clock: PhaseClock,
 }
 
 impl Shared {
@@ -828,11 +841,8 @@ impl Shared {
             published: AtomicU64::new(published),
             publishing_done: AtomicBool::new(done),
             acked: AtomicU64::new(0),
-            last_progress_ns: AtomicU64::new(0),
             abort: AtomicBool::new(false),
-            epoch: Instant::now(),
-            broker_pid,
-            end: OnceLock::new(),
+            clock: PhaseClock::new(broker_pid),
         })
     }
 
@@ -840,15 +850,45 @@ impl Shared {
         self.publishing_done.load(Ordering::Acquire)
             && self.acked.load(Ordering::Acquire) >= self.published.load(Ordering::Acquire)
     }
+}
 
-    fn progress(&self, now: Instant) {
+/// What the client threads of a phase share about its time: when any of them last made progress
+/// (for the no-progress timeout), and the CPU counters when the phase's last message was settled.
+pub(crate) struct PhaseClock {
+    epoch: Instant,
+    /// Nanoseconds since `epoch` of the last progress.
+    last_progress_ns: AtomicU64,
+    pub(crate) broker_pid: Option<u32>,
+    /// Set by the thread that settled the last message.
+    pub(crate) end: OnceLock<CpuMark>,
+}
+
+impl PhaseClock {
+    pub(crate) fn new(broker_pid: Option<u32>) -> Self {
+        Self {
+            epoch: Instant::now(),
+            last_progress_ns: AtomicU64::new(0),
+            broker_pid,
+            end: OnceLock::new(),
+        }
+    }
+
+    /// Progress was made at `now`.
+    pub(crate) fn progress(&self, now: Instant) {
         let ns = now.duration_since(self.epoch).as_nanos() as u64;
         self.last_progress_ns.fetch_max(ns, Ordering::Relaxed);
     }
 
-    fn since_progress(&self) -> Duration {
+    pub(crate) fn since_progress(&self) -> Duration {
         let last = Duration::from_nanos(self.last_progress_ns.load(Ordering::Relaxed));
         self.epoch.elapsed().saturating_sub(last)
+    }
+
+    /// Takes the end mark if the phase is `finished` and nobody took it yet.
+    pub(crate) fn end_if(&self, finished: bool) {
+        if finished && self.end.get().is_none() {
+            let _ = self.end.set(CpuMark::now(self.broker_pid));
+        }
     }
 }
 
@@ -931,7 +971,7 @@ fn run_workers(
     bar: &ProgressBar,
     phase_start: Instant,
 ) -> Result<WorkersOut> {
-    shared.progress(phase_start);
+    shared.clock.progress(phase_start);
     let path = format!("/v1/queues/{}/leases", encode_segment(&params.backlog.queue));
     let lease_body = serde_json::to_vec(&json!({
         "max_messages": params.lease_batch,
@@ -992,7 +1032,7 @@ fn worker_loop(
             .map_err(|e| anyhow!("lease answer is not what the contract says ({e}): {}", r.text()))?;
         if answer.messages.is_empty() {
             out.empty_leases += 1;
-            if !shared.finished() && shared.since_progress() > timeout {
+            if !shared.finished() && shared.clock.since_progress() > timeout {
                 bail!(
                     "no message acknowledged for {timeout:?}: {} published, {} acknowledged, leases \
                      answer nothing",
@@ -1051,10 +1091,8 @@ fn worker_loop(
         out.ids.extend(items.drain(..).map(|(id, _)| id));
         out.last_ack = Some(t3);
         shared.acked.fetch_add(n, Ordering::AcqRel);
-        shared.progress(t3);
-        if shared.finished() && shared.end.get().is_none() {
-            let _ = shared.end.set(CpuMark::now(shared.broker_pid));
-        }
+        shared.clock.progress(t3);
+        shared.clock.end_if(shared.finished());
         bar.inc(n);
     }
     out.wall = started.elapsed();
@@ -1066,19 +1104,8 @@ impl WorkersOut {
         let acked = self.ids.len() as u64;
         let lease_to_ack = LatencySummary::of(&self.lease_to_ack_hist);
         let batches = self.lease_requests - self.empty_leases;
-        let mean_batch = if batches > 0 {
-            self.leased_messages as f64 / batches as f64
-        } else {
-            0.0
-        };
-        let wall = self.wall.as_secs_f64();
-        let share = |d: Duration| {
-            if wall > 0.0 {
-                d.as_secs_f64() / wall
-            } else {
-                0.0
-            }
-        };
+        let mean_batch = div_or_zero(self.leased_messages as f64, batches as f64);
+        let share = |d: Duration| div_or_zero(d.as_secs_f64(), self.wall.as_secs_f64());
         WorkersResult {
             figures: WorkerFigures {
                 lease_requests: self.lease_requests,
@@ -1089,18 +1116,13 @@ impl WorkersOut {
                 lease_latency: LatencySummary::of(&self.lease_hist),
                 ack_latency: LatencySummary::of(&self.ack_hist),
                 lease_to_ack,
-                lease_to_ack_us_per_message: if mean_batch > 0.0 {
-                    lease_to_ack.mean_us / mean_batch
-                } else {
-                    0.0
-                },
+                lease_to_ack_us_per_message: div_or_zero(lease_to_ack.mean_us, mean_batch),
                 worker_time_in_lease: share(self.lease_wait),
                 worker_time_in_ack: share(self.ack_wait),
-                lease_answer_bytes_per_message: if self.leased_messages > 0 {
-                    self.lease_answer_bytes as f64 / self.leased_messages as f64
-                } else {
-                    0.0
-                },
+                lease_answer_bytes_per_message: div_or_zero(
+                    self.lease_answer_bytes as f64,
+                    self.leased_messages as f64,
+                ),
                 redeliveries: self.redeliveries,
             },
             e2e: LatencySummary::of(&self.e2e_hist),
@@ -1222,7 +1244,7 @@ fn steady_phase(
     let workers = workers?;
     let cpu = PhaseCpu::between(
         &mark,
-        shared.end.get().copied(),
+        shared.clock.end.get().copied(),
         broker_pid,
         pub_out.kept.len() as u64,
     );
@@ -1256,8 +1278,21 @@ fn steady_phase(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A backlog that passes the checks.
+    pub(crate) fn backlog() -> Backlog {
+        Backlog {
+            queue: "q".into(),
+            partitions: 4,
+            messages: 10,
+            message_bytes: 1024,
+            publishers: 1,
+            publish_batch: 500,
+            timeout_secs: 60.0,
+        }
+    }
 
     #[test]
     fn payloads_are_text_sized_and_differ() {
@@ -1306,13 +1341,12 @@ mod tests {
     fn the_publish_phase_counts_partitions_and_keeps_what_the_caller_verifies() {
         let pool = Arc::new(payload_pool());
         let backlog = Backlog {
-            queue: "q".into(),
             partitions: 3,
             messages: 2,
             message_bytes: 8,
-            publishers: 1,
             publish_batch: 2,
             timeout_secs: 10.0,
+            ..backlog()
         };
         let (addr, server) = crate::queue_client::tests::one_shot(
             r#"{"messages":[{"id":"a","partition":0,"offset":7},{"id":"b","partition":2,"offset":9}]}"#,
@@ -1347,15 +1381,7 @@ mod tests {
     #[test]
     fn parameters_are_checked() {
         let ok = QueueParams {
-            backlog: Backlog {
-                queue: "q".into(),
-                partitions: 4,
-                messages: 10,
-                message_bytes: 1024,
-                publishers: 1,
-                publish_batch: 500,
-                timeout_secs: 60.0,
-            },
+            backlog: backlog(),
             workers: 1,
             lease_batch: 100,
             lease_wait_ms: 100,
@@ -1364,34 +1390,43 @@ mod tests {
             steady_fraction: 0.5,
             steady_publish_batch: 100,
         };
-        assert!(ok.validate().is_ok());
-        assert!(QueueParams {
-            lease_batch: 1001,
-            ..ok.clone()
+        let cases = [
+            (ok.clone(), true),
+            (
+                QueueParams {
+                    lease_batch: 1001,
+                    ..ok.clone()
+                },
+                false,
+            ),
+            (
+                QueueParams {
+                    backlog: Backlog {
+                        publish_batch: 0,
+                        ..ok.backlog.clone()
+                    },
+                    ..ok.clone()
+                },
+                false,
+            ),
+            (
+                QueueParams {
+                    steady_fraction: 0.0,
+                    ..ok.clone()
+                },
+                false,
+            ),
+            (
+                QueueParams {
+                    steady_secs: 0.0,
+                    steady_fraction: 0.0,
+                    ..ok
+                },
+                true,
+            ),
+        ];
+        for (params, valid) in cases {
+            assert_eq!(params.validate().is_ok(), valid, "{params:?}");
         }
-        .validate()
-        .is_err());
-        assert!(QueueParams {
-            backlog: Backlog {
-                publish_batch: 0,
-                ..ok.backlog.clone()
-            },
-            ..ok.clone()
-        }
-        .validate()
-        .is_err());
-        assert!(QueueParams {
-            steady_fraction: 0.0,
-            ..ok.clone()
-        }
-        .validate()
-        .is_err());
-        assert!(QueueParams {
-            steady_secs: 0.0,
-            steady_fraction: 0.0,
-            ..ok
-        }
-        .validate()
-        .is_ok());
     }
 }

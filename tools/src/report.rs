@@ -239,14 +239,15 @@ impl RawLimitsPair {
         out
     }
 
-    fn disk_at(&self, bytes: u64) -> impl Iterator<Item = &DiskResult> {
+    /// The append+fdatasync results at `bytes`, before and after.
+    pub fn disk_at(&self, bytes: u64) -> impl Iterator<Item = &DiskResult> {
         self.all()
             .flat_map(move |r| r.disk.iter().filter(move |d| d.write_bytes == bytes))
     }
 }
 
 /// One broker's part of the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct BrokerReport {
     pub label: String,
     /// `spawned` (Strand, via its ready file), `command` (a peer started by a shell command) or
@@ -277,20 +278,7 @@ impl BrokerReport {
         Self {
             label: label.into(),
             kind: kind.into(),
-            bootstrap: None,
-            binary: None,
-            command: None,
-            version: None,
-            pid: None,
-            log: None,
-            memory: MemoryReport::default(),
-            stopped: None,
-            result: None,
-            ratios: None,
-            problems: Vec::new(),
-            anomalies: Vec::new(),
-            error: None,
-            paced_histograms: Vec::new(),
+            ..Self::default()
         }
     }
 }

@@ -13,7 +13,7 @@ use tempfile::TempDir;
 use crate::cli::{RawArgs, RawDefaults, RunDirArgs};
 use crate::host::{filesystem_of, run_directory, utc_now_rfc3339, FsInfo};
 use crate::raw::{disk_append_fdatasync, loopback_tcp};
-use crate::report::{human_bytes, RawLimits, RawParameters};
+use crate::report::{human_bytes, RawLimits, RawLimitsPair, RawParameters};
 
 /// Cap on bytes written per raw-disk size, so a fast disk does not fill up.
 const RAW_DISK_MAX_BYTES: u64 = 4 << 30;
@@ -23,11 +23,17 @@ pub const RAW_SUSTAINED_MAX_BYTES: u64 = 16 << 30;
 /// A benchmark binary's `main`: runs `run`, and prints the error that stopped it, if one did
 /// (exit status 2).
 pub fn main_of(tool: &str, run: impl FnOnce() -> Result<ExitCode>) -> ExitCode {
+    exit_on_error(tool, ExitCode::from(2), run)
+}
+
+/// A binary's `main`: runs `run`, and prints the error that stopped it, if one did (exit status
+/// `on_error`).
+pub fn exit_on_error(tool: &str, on_error: ExitCode, run: impl FnOnce() -> Result<ExitCode>) -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("{tool}: {e:#}");
-            ExitCode::from(2)
+            on_error
         }
     }
 }
@@ -188,11 +194,37 @@ impl<D: RawDefaults> RawArgs<D> {
         Ok((dir, warnings))
     }
 
+    /// The raw limits measured in `dir` before the brokers run.
+    pub fn measure_before(
+        &self,
+        dir: &Path,
+        p: &RawParameters,
+        show_progress: bool,
+    ) -> Result<RawLimitsPair> {
+        Ok(RawLimitsPair {
+            before: self.measure(dir, p, show_progress, "before")?,
+            ..RawLimitsPair::default()
+        })
+    }
+
+    /// Measures the raw limits in `dir` again after the brokers ran; returns the warning the
+    /// report must carry if they moved in between.
+    pub fn measure_after(
+        &self,
+        raw: &mut RawLimitsPair,
+        dir: &Path,
+        p: &RawParameters,
+        show_progress: bool,
+    ) -> Result<Option<String>> {
+        raw.after = self.measure(dir, p, show_progress, "after")?;
+        Ok(raw.drift_warning())
+    }
+
     /// Measures the raw limits in `dir` (`when`: `before` or `after`, for the progress line);
     /// `None` with `--skip-raw`.
     pub fn measure(
         &self,
-        dir: &std::path::Path,
+        dir: &Path,
         p: &RawParameters,
         show_progress: bool,
         when: &str,

@@ -17,7 +17,7 @@
 //! error code 0 for its partition; every published (partition, offset) must be accepted exactly
 //! once. Any other answer from the broker stops the run with a message naming it.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -46,7 +46,8 @@ use crate::kafka_wire::{ConnOptions, RawConn};
 use crate::latency::{self, LatencySummary};
 use crate::queue_client::QueueClient;
 use crate::queue_workload::{
-    announce, payload_pool, per_s, progress_bar, publish_phase, Backlog, PhaseCpu, PublishResult,
+    announce, div_or_zero, exactly_once, payload_pool, per_s, progress_bar, publish_phase, Backlog,
+    PhaseClock, PhaseCpu, PublishResult,
 };
 
 /// Request versions (KIP-932 v1, as Kafka 4.1 and librdkafka 2.16 send them).
@@ -83,16 +84,11 @@ const CLIENT_ID: &str = "strand-queue-bench";
 /// The share workload, as recorded in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct ShareParams {
-    /// The queue (topic) created for this phase.
-    pub queue: String,
+    /// The queue (topic) created for this phase and what is published to it, over HTTP.
+    #[serde(flatten)]
+    pub backlog: Backlog,
     /// The share group.
     pub group: String,
-    pub partitions: u32,
-    pub messages: u64,
-    pub message_bytes: usize,
-    /// HTTP publisher threads and messages per publish request.
-    pub publishers: usize,
-    pub publish_batch: usize,
     /// Share consumers (threads, one connection each).
     pub consumers: usize,
     /// `max_records` (and `batch_size`) of each ShareFetch.
@@ -101,13 +97,11 @@ pub struct ShareParams {
     pub max_wait_ms: u32,
     /// `max_bytes` of each ShareFetch.
     pub fetch_max_bytes: i32,
-    /// Longest time without progress before the run fails.
-    pub timeout_secs: f64,
 }
 
 impl ShareParams {
     pub fn validate(&self) -> Result<()> {
-        self.backlog().validate()?;
+        self.backlog.validate()?;
         if self.consumers == 0 {
             bail!("--workers must be at least 1");
         }
@@ -122,33 +116,15 @@ impl ShareParams {
         }
         Ok(())
     }
-
-    /// The backlog the share consumers drain.
-    fn backlog(&self) -> Backlog {
-        Backlog {
-            queue: self.queue.clone(),
-            partitions: self.partitions,
-            messages: self.messages,
-            message_bytes: self.message_bytes,
-            publishers: self.publishers,
-            publish_batch: self.publish_batch,
-            timeout_secs: self.timeout_secs,
-        }
-    }
-
-    fn timeout(&self) -> Duration {
-        self.backlog().timeout()
-    }
 }
 
-/// The drain through share consumers.
+/// A drain of the share door, whoever the consumers were; `C` is what only those consumers
+/// measure.
 #[derive(Debug, Clone, Serialize)]
-pub struct ShareDrainResult {
+pub struct ShareDrain<C> {
     pub consumers: usize,
-    /// From the first join heartbeat to the start of the drain: every member joined and
-    /// heartbeated once more to take the group's final assignment.
-    pub join_secs: f64,
-    /// From the drain start to the last answer confirming an acceptance.
+    /// From the drain start (native consumers: all joined with their final assignment;
+    /// confluent-kafka: the first record acquired) to the last answer confirming an acceptance.
     pub secs: f64,
     /// Records acquired and accepted per second.
     pub msgs_per_s: f64,
@@ -157,6 +133,53 @@ pub struct ShareDrainResult {
     pub records_accepted: u64,
     /// Records acquired (a record acquired twice counts twice).
     pub records_acquired: u64,
+    /// Records delivered with a delivery count above 1 (a lock expired or a record came back:
+    /// should be 0).
+    pub redeliveries: u64,
+    #[serde(flatten)]
+    pub clients: C,
+    /// Every published record accepted exactly once, nothing else.
+    pub verified: bool,
+    /// The group's stats on the queue after the drain (`GET /v1/queues/{queue}`).
+    pub group_after: Option<Value>,
+    /// With confluent-kafka, `client_*` is the consumer processes' CPU, not this process's.
+    pub cpu: PhaseCpu,
+}
+
+impl<C> ShareDrain<C> {
+    /// A drain that accepted `accepted` records in `secs`, not checked yet.
+    fn new(
+        params: &ShareParams,
+        (accepted, acquired, redeliveries): (u64, u64, u64),
+        secs: f64,
+        clients: C,
+        cpu: PhaseCpu,
+    ) -> Self {
+        ShareDrain {
+            consumers: params.consumers,
+            secs,
+            msgs_per_s: per_s(accepted, secs),
+            mb_per_s: per_s(accepted * params.backlog.message_bytes as u64, secs) / 1e6,
+            records_accepted: accepted,
+            records_acquired: acquired,
+            redeliveries,
+            clients,
+            verified: false,
+            group_after: None,
+            cpu,
+        }
+    }
+}
+
+/// The drain through native share consumers.
+pub type ShareDrainResult = ShareDrain<NativeFigures>;
+
+/// What the native share consumers measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct NativeFigures {
+    /// From the first join heartbeat to the start of the drain: every member joined and
+    /// heartbeated once more to take the group's final assignment.
+    pub join_secs: f64,
     pub fetch_requests: u64,
     /// ShareFetch answers that acquired nothing (long polls that timed out); not in
     /// `fetch_latency`.
@@ -182,18 +205,10 @@ pub struct ShareDrainResult {
     /// ShareFetch answer bytes per acquired record (whole stored batches: a batch shared by two
     /// consumers is sent to both).
     pub fetch_answer_bytes_per_message: f64,
-    /// Records delivered with a delivery count above 1 (a lock expired or a record came back:
-    /// should be 0).
-    pub redeliveries: u64,
     /// `acquisition_lock_timeout_ms` of the ShareFetch answers.
     pub acquisition_lock_timeout_ms: Option<i32>,
     /// Per consumer: partitions assigned when the drain started, and records it accepted.
     pub per_consumer: Vec<ConsumerFigures>,
-    /// Every published record accepted exactly once, nothing else.
-    pub verified: bool,
-    /// The group's stats on the queue after the drain (`GET /v1/queues/{queue}`).
-    pub group_after: Option<Value>,
-    pub cpu: PhaseCpu,
 }
 
 /// One consumer's share of the drain.
@@ -204,17 +219,49 @@ pub struct ConsumerFigures {
     pub records_accepted: u64,
 }
 
-/// Everything the share workload measured.
+/// Everything the share workload measured; `C` is what its consumers measured, native share
+/// consumers unless named ([`ConfluentResult`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct ShareResult {
+pub struct ShareResult<C = NativeFigures> {
     pub queue: String,
     pub topic_id: String,
     pub group: String,
     pub create_secs: f64,
     pub publish: PublishResult,
-    pub drain: ShareDrainResult,
+    pub drain: ShareDrain<C>,
     /// Failed checks: the figures of a run with problems are not valid.
     pub problems: Vec<String>,
+}
+
+/// The share workload with confluent-kafka consumers.
+pub type ConfluentResult = ShareResult<ConfluentFigures>;
+
+/// What the share workload's checks say about the consumers of a drain.
+trait Consumers {
+    /// How problems name the drain.
+    const NAME: &'static str;
+    /// What the problem about redeliveries says after their count.
+    const REDELIVERED: &'static str;
+
+    /// Errors the clients reported (each one a problem).
+    fn client_errors(&self) -> &[String] {
+        &[]
+    }
+}
+
+impl Consumers for NativeFigures {
+    const NAME: &'static str = "share drain";
+    const REDELIVERED: &'static str =
+        "records delivered more than once (a lock expired or a record came back)";
+}
+
+impl Consumers for ConfluentFigures {
+    const NAME: &'static str = "share drain (confluent-kafka)";
+    const REDELIVERED: &'static str = "records delivered more than once";
+
+    fn client_errors(&self) -> &[String] {
+        &self.client_errors
+    }
 }
 
 /// Called between phases (memory checkpoints).
@@ -224,44 +271,64 @@ pub enum ShareCheckpoint {
     Drained,
 }
 
-/// Runs the share workload with native share consumers: `http` is the queue API, `bootstrap`
-/// the Kafka listener.
+/// The broker a share workload runs against, and whether it shows progress bars.
+#[derive(Debug, Clone, Copy)]
+pub struct ShareBroker<'a> {
+    /// The queue API (`host:port`).
+    pub http: &'a str,
+    /// The Kafka listener (`host:port`).
+    pub bootstrap: &'a str,
+    /// The broker's pid, for its CPU.
+    pub pid: Option<u32>,
+    pub show_progress: bool,
+}
+
+/// Runs the share workload with native share consumers.
 pub fn run(
-    http: &str,
-    bootstrap: &str,
-    broker_pid: Option<u32>,
+    broker: ShareBroker<'_>,
     params: &ShareParams,
-    show_progress: bool,
     checkpoint: &mut dyn FnMut(ShareCheckpoint),
 ) -> Result<ShareResult> {
     params.validate()?;
-    let mut problems = Vec::new();
-    let prepared = prepare(http, bootstrap, broker_pid, params, show_progress)?;
-    checkpoint(ShareCheckpoint::Published);
+    run_door(broker, params, checkpoint, |topic_id| {
+        announce(&format!(
+            "share drain phase: {} native share consumers in group {} (ShareFetch max_records {}, \
+             acknowledgements on the next fetch)",
+            params.consumers, params.group, params.max_records
+        ));
+        drain_phase(broker, params, topic_id)
+    })
+}
 
-    announce(&format!(
-        "share drain phase: {} native share consumers in group {} (ShareFetch max_records {}, \
-         acknowledgements on the next fetch)",
-        params.consumers, params.group, params.max_records
-    ));
-    let (mut drain, accepted) = drain_phase(bootstrap, broker_pid, params, prepared.topic_id, show_progress)?;
+/// Creates and fills the queue, drains it with `drain` (given the queue's topic id) and checks
+/// what the drain accepted, and the queue and the group afterwards.
+fn run_door<C: Consumers>(
+    broker: ShareBroker<'_>,
+    params: &ShareParams,
+    checkpoint: &mut dyn FnMut(ShareCheckpoint),
+    drain: impl FnOnce(Uuid) -> Result<(ShareDrain<C>, Vec<(i32, i64)>)>,
+) -> Result<ShareResult<C>> {
+    let mut problems = Vec::new();
+    let prepared = prepare(broker, params)?;
+    checkpoint(ShareCheckpoint::Published);
+    let (mut drain, accepted) = drain(prepared.topic_id)?;
     drain.verified = match verify(&prepared.published, &accepted) {
         Ok(()) => true,
         Err(e) => {
-            problems.push(format!("share drain: {e}"));
+            problems.push(format!("{}: {e}", C::NAME));
             false
         }
     };
     if drain.redeliveries > 0 {
-        problems.push(format!(
-            "share drain: {} records delivered more than once (a lock expired or a record came back)",
-            drain.redeliveries
-        ));
+        problems.push(format!("{}: {} {}", C::NAME, drain.redeliveries, C::REDELIVERED));
     }
-    drain.group_after = check_after(http, bootstrap, params, &mut problems);
+    for e in drain.clients.client_errors() {
+        problems.push(format!("{}: client error: {e}", C::NAME));
+    }
+    drain.group_after = check_after(broker, params, &mut problems);
     checkpoint(ShareCheckpoint::Drained);
     Ok(ShareResult {
-        queue: params.queue.clone(),
+        queue: params.backlog.queue.clone(),
         topic_id: prepared.topic_id.to_string(),
         group: params.group.clone(),
         create_secs: prepared.create_secs,
@@ -281,23 +348,25 @@ struct Prepared {
 
 /// Creates the queue, sets `share.auto.offset.reset=earliest` on the group and publishes the
 /// backlog.
-fn prepare(
-    http: &str,
-    bootstrap: &str,
-    broker_pid: Option<u32>,
-    params: &ShareParams,
-    show_progress: bool,
-) -> Result<Prepared> {
+fn prepare(broker: ShareBroker<'_>, params: &ShareParams) -> Result<Prepared> {
+    let ShareBroker {
+        http,
+        bootstrap,
+        pid: broker_pid,
+        show_progress,
+    } = broker;
     let started = Instant::now();
-    let created = params.backlog().create_queue(http)?;
-    let topic_id_text = created
-        .get("topic_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow!("PUT /v1/queues/{} answered no topic_id: {created}", params.queue))?;
+    let created = params.backlog.create_queue(http)?;
+    let topic_id_text = created.get("topic_id").and_then(Value::as_str).ok_or_else(|| {
+        anyhow!(
+            "PUT /v1/queues/{} answered no topic_id: {created}",
+            params.backlog.queue
+        )
+    })?;
     let topic_id = Uuid::parse_str(topic_id_text).map_err(|e| {
         anyhow!(
             "PUT /v1/queues/{} answered topic_id {topic_id_text:?}: {e}",
-            params.queue
+            params.backlog.queue
         )
     })?;
     set_group_config(bootstrap, &params.group, "share.auto.offset.reset", "earliest")?;
@@ -305,13 +374,13 @@ fn prepare(
 
     announce(&format!(
         "share publish phase: {} messages of {} B to queue {}",
-        params.messages, params.message_bytes, params.queue
+        params.backlog.messages, params.backlog.message_bytes, params.backlog.queue
     ));
-    let bar = progress_bar(show_progress, "share publish", params.messages);
+    let bar = progress_bar(show_progress, "share publish", params.backlog.messages);
     let (publish, published) = publish_phase(
         http,
         broker_pid,
-        &params.backlog(),
+        &params.backlog,
         &Arc::new(payload_pool()),
         &bar,
         "share-publisher",
@@ -327,13 +396,9 @@ fn prepare(
 
 /// After a drain: the queue shows nothing available, leased or delayed for the group, and the
 /// group has no member. Returns the group's stats.
-fn check_after(
-    http: &str,
-    bootstrap: &str,
-    params: &ShareParams,
-    problems: &mut Vec<String>,
-) -> Option<Value> {
-    let group_after = match QueueClient::new(http).get_queue(&params.queue) {
+fn check_after(broker: ShareBroker<'_>, params: &ShareParams, problems: &mut Vec<String>) -> Option<Value> {
+    let ShareBroker { http, bootstrap, .. } = broker;
+    let group_after = match QueueClient::new(http).get_queue(&params.backlog.queue) {
         Ok(v) => {
             let g = v.pointer(&format!("/groups/{}", params.group)).cloned();
             match &g {
@@ -350,7 +415,7 @@ fn check_after(
                 }
                 None => problems.push(format!(
                     "after the share drain GET /v1/queues/{} shows no group {}: {v}",
-                    params.queue, params.group
+                    params.backlog.queue, params.group
                 )),
             }
             g
@@ -358,7 +423,7 @@ fn check_after(
         Err(e) => {
             problems.push(format!(
                 "GET /v1/queues/{} after the share drain: {e}",
-                params.queue
+                params.backlog.queue
             ));
             None
         }
@@ -704,33 +769,7 @@ fn read_acknowledge_answer(resp: &ShareAcknowledgeResponse, topic_id: Uuid, acke
 
 /// Checks that `accepted` holds every record of `published` exactly once and nothing else.
 fn verify(published: &[(i32, i64)], accepted: &[(i32, i64)]) -> Result<(), String> {
-    let published_set: HashSet<(i32, i64)> = published.iter().copied().collect();
-    if published_set.len() != published.len() {
-        return Err(format!(
-            "the broker answered {} distinct (partition, offset) pairs for {} published messages",
-            published_set.len(),
-            published.len()
-        ));
-    }
-    let mut seen: HashSet<(i32, i64)> = HashSet::with_capacity(accepted.len());
-    let (mut unknown, mut twice) = (0u64, 0u64);
-    for r in accepted {
-        if !published_set.contains(r) {
-            unknown += 1;
-        } else if !seen.insert(*r) {
-            twice += 1;
-        }
-    }
-    let missing = published.len() - seen.len();
-    if unknown + twice + missing as u64 > 0 {
-        return Err(format!(
-            "{} published, {} accepted: {missing} never accepted, {twice} accepted twice, {unknown} accepted \
-             but not published here",
-            published.len(),
-            accepted.len()
-        ));
-    }
-    Ok(())
+    exactly_once(published, accepted, "(partition, offset) pairs", "accepted")
 }
 
 // ------------------------------------------------------------------------------------------
@@ -745,29 +784,15 @@ struct Shared {
     abort: AtomicBool,
     joined: AtomicUsize,
     settled: AtomicUsize,
-    epoch: Instant,
-    /// Nanoseconds since `epoch` of the last confirmed acceptance.
-    last_progress_ns: AtomicU64,
-    broker_pid: Option<u32>,
     /// Drain start (set by the last consumer to take its final assignment).
     start: OnceLock<(Instant, CpuMark)>,
-    /// CPU counters when the last record was accepted.
-    end: OnceLock<CpuMark>,
+    /// The last confirmed acceptance; the CPU counters when the last record was accepted.
+    clock: PhaseClock,
 }
 
 impl Shared {
     fn finished(&self) -> bool {
         self.accepted.load(Ordering::Acquire) >= self.total
-    }
-
-    fn progress(&self, now: Instant) {
-        let ns = now.duration_since(self.epoch).as_nanos() as u64;
-        self.last_progress_ns.fetch_max(ns, Ordering::Relaxed);
-    }
-
-    fn since_progress(&self) -> Duration {
-        let last = Duration::from_nanos(self.last_progress_ns.load(Ordering::Relaxed));
-        self.epoch.elapsed().saturating_sub(last)
     }
 
     fn check_abort(&self) -> Result<()> {
@@ -1128,10 +1153,8 @@ impl<'a> Consumer<'a> {
         }
         out.last_ack = Some(at);
         shared.accepted.fetch_add(n, Ordering::AcqRel);
-        shared.progress(at);
-        if shared.finished() && shared.end.get().is_none() {
-            let _ = shared.end.set(CpuMark::now(shared.broker_pid));
-        }
+        shared.clock.progress(at);
+        shared.clock.end_if(shared.finished());
         bar.inc(n);
     }
 }
@@ -1153,9 +1176,9 @@ fn consumer_thread(cfg: &ConsumerCfg, shared: &Shared, bar: &ProgressBar) -> Res
         cfg.timeout,
         "took their assignment",
     )? {
-        let mark = CpuMark::now(shared.broker_pid);
+        let mark = CpuMark::now(shared.clock.broker_pid);
         let _ = shared.start.set((mark.at, mark));
-        shared.progress(mark.at);
+        shared.clock.progress(mark.at);
     }
     let started = loop {
         if let Some((at, _)) = shared.start.get() {
@@ -1185,7 +1208,7 @@ fn drain_loop(c: &mut Consumer<'_>, shared: &Shared, out: &mut ConsumerOut, bar:
         if finished && c.pending.is_empty() {
             return Ok(());
         }
-        if !finished && shared.since_progress() > timeout {
+        if !finished && shared.clock.since_progress() > timeout {
             bail!(
                 "no record accepted for {timeout:?}: {} published, {} accepted, {} acquired once",
                 shared.total,
@@ -1236,38 +1259,39 @@ fn drain_loop(c: &mut Consumer<'_>, shared: &Shared, out: &mut ConsumerOut, bar:
 }
 
 fn drain_phase(
-    bootstrap: &str,
-    broker_pid: Option<u32>,
+    broker: ShareBroker<'_>,
     params: &ShareParams,
     topic_id: Uuid,
-    show_progress: bool,
 ) -> Result<(ShareDrainResult, Vec<(i32, i64)>)> {
+    let ShareBroker {
+        bootstrap,
+        pid: broker_pid,
+        show_progress,
+        ..
+    } = broker;
     let cfg = Arc::new(ConsumerCfg {
         bootstrap: bootstrap.to_string(),
         group: params.group.clone(),
-        topic: params.queue.clone(),
+        topic: params.backlog.queue.clone(),
         topic_id,
         consumers: params.consumers,
         max_records: i32::try_from(params.max_records).context("max_records")?,
         max_wait_ms: i32::try_from(params.max_wait_ms).context("max_wait_ms")?,
         max_bytes: params.fetch_max_bytes,
-        message_bytes: params.message_bytes,
-        timeout: params.timeout(),
+        message_bytes: params.backlog.message_bytes,
+        timeout: params.backlog.timeout(),
     });
     let shared = Arc::new(Shared {
-        total: params.messages,
+        total: params.backlog.messages,
         accepted: AtomicU64::new(0),
         first_acquired: AtomicU64::new(0),
         abort: AtomicBool::new(false),
         joined: AtomicUsize::new(0),
         settled: AtomicUsize::new(0),
-        epoch: Instant::now(),
-        last_progress_ns: AtomicU64::new(0),
-        broker_pid,
         start: OnceLock::new(),
-        end: OnceLock::new(),
+        clock: PhaseClock::new(broker_pid),
     });
-    let bar = progress_bar(show_progress, "share drain", params.messages);
+    let bar = progress_bar(show_progress, "share drain", params.backlog.messages);
     let handles: Vec<_> = (0..params.consumers)
         .map(|i| {
             let (cfg, shared, bar) = (Arc::clone(&cfg), Arc::clone(&shared), bar.clone());
@@ -1306,6 +1330,7 @@ fn drain_phase(
         .get()
         .ok_or_else(|| anyhow!("the share drain never started"))?;
     let end_mark = shared
+        .clock
         .end
         .get()
         .copied()
@@ -1314,7 +1339,7 @@ fn drain_phase(
     let mut fetch_hist = latency::histogram();
     let mut ack_hist = latency::histogram();
     let mut f2a_hist = latency::histogram();
-    let mut accepted = Vec::with_capacity(params.messages as usize);
+    let mut accepted = Vec::with_capacity(params.backlog.messages as usize);
     let mut per_consumer = Vec::new();
     let (mut fetches, mut empty, mut acks, mut heartbeats, mut acquired, mut redeliveries, mut bytes) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
@@ -1351,29 +1376,11 @@ fn drain_phase(
     }
     let n = accepted.len() as u64;
     let secs = last_ack.map_or(0.0, |t| t.saturating_duration_since(start_at).as_secs_f64());
-    let non_empty = fetches - empty;
-    let mean_batch = if non_empty > 0 {
-        acquired as f64 / non_empty as f64
-    } else {
-        0.0
-    };
+    let mean_batch = div_or_zero(acquired as f64, (fetches - empty) as f64);
     let fetch_to_ack = LatencySummary::of(&f2a_hist);
-    let wall_s = wall.as_secs_f64();
-    let share = |d: Duration| {
-        if wall_s > 0.0 {
-            d.as_secs_f64() / wall_s
-        } else {
-            0.0
-        }
-    };
-    let result = ShareDrainResult {
-        consumers: params.consumers,
+    let share = |d: Duration| div_or_zero(d.as_secs_f64(), wall.as_secs_f64());
+    let figures = NativeFigures {
         join_secs: join_started.map_or(0.0, |j| start_at.saturating_duration_since(j).as_secs_f64()),
-        secs,
-        msgs_per_s: per_s(n, secs),
-        mb_per_s: per_s(n * params.message_bytes as u64, secs) / 1e6,
-        records_accepted: n,
-        records_acquired: acquired,
         fetch_requests: fetches,
         empty_fetches: empty,
         acknowledge_requests: acks,
@@ -1382,25 +1389,15 @@ fn drain_phase(
         fetch_latency: LatencySummary::of(&fetch_hist),
         acknowledge_latency: LatencySummary::of(&ack_hist),
         fetch_to_ack,
-        fetch_to_ack_us_per_message: if mean_batch > 0.0 {
-            fetch_to_ack.mean_us / mean_batch
-        } else {
-            0.0
-        },
+        fetch_to_ack_us_per_message: div_or_zero(fetch_to_ack.mean_us, mean_batch),
         consumer_time_in_fetch: share(fetch_wait),
         consumer_time_in_ack: share(ack_wait),
-        fetch_answer_bytes_per_message: if acquired > 0 {
-            bytes as f64 / acquired as f64
-        } else {
-            0.0
-        },
-        redeliveries,
+        fetch_answer_bytes_per_message: div_or_zero(bytes as f64, acquired as f64),
         acquisition_lock_timeout_ms: lock_ms,
         per_consumer,
-        verified: false,
-        group_after: None,
-        cpu: PhaseCpu::between(&start_mark, Some(end_mark), None, n),
     };
+    let cpu = PhaseCpu::between(&start_mark, Some(end_mark), None, n);
+    let result = ShareDrain::new(params, (n, acquired, redeliveries), secs, figures, cpu);
     Ok((result, accepted))
 }
 
@@ -1498,44 +1495,23 @@ const CHILD_STDERR_LINES: usize = 20;
 const MAX_CLIENT_ERRORS: usize = 20;
 
 /// The drain through confluent-kafka `ShareConsumer` processes.
+pub type ConfluentDrainResult = ShareDrain<ConfluentFigures>;
+
+/// What the confluent-kafka `ShareConsumer` processes measured.
 #[derive(Debug, Clone, Serialize)]
-pub struct ConfluentDrainResult {
-    pub consumers: usize,
+pub struct ConfluentFigures {
     /// `confluent-kafka x (librdkafka y)`.
     pub client: Option<String>,
     /// From spawning the processes to the first record any of them acquired (Python start-up,
     /// joining the group).
     pub startup_secs: f64,
-    /// From the first record acquired to the last acceptance confirmed.
-    pub secs: f64,
-    pub msgs_per_s: f64,
-    pub mb_per_s: f64,
-    pub records_accepted: u64,
-    pub records_acquired: u64,
     /// Polls that returned records, and records per such poll.
     pub polls_with_records: u64,
     pub mean_poll_batch: f64,
-    pub redeliveries: u64,
     /// Per consumer process: records whose acceptance the broker confirmed.
     pub per_consumer_accepted: Vec<u64>,
     /// Errors the clients reported (error callback, failed acknowledgements), first ones.
     pub client_errors: Vec<String>,
-    pub verified: bool,
-    pub group_after: Option<Value>,
-    /// `client_*`: the consumer processes (their CPU, not this process's).
-    pub cpu: PhaseCpu,
-}
-
-/// The share workload with confluent-kafka consumers.
-#[derive(Debug, Clone, Serialize)]
-pub struct ConfluentResult {
-    pub queue: String,
-    pub topic_id: String,
-    pub group: String,
-    pub create_secs: f64,
-    pub publish: PublishResult,
-    pub drain: ConfluentDrainResult,
-    pub problems: Vec<String>,
 }
 
 /// Checks that `python` runs and has confluent-kafka's ShareConsumer; returns its versions.
@@ -1662,52 +1638,20 @@ fn cpu_of(pids: &[u32]) -> Option<f64> {
 
 /// Runs the share workload with `consumers` confluent-kafka ShareConsumer processes
 /// (`python -c`), reported apart from the native one.
-#[allow(clippy::too_many_arguments)]
 pub fn run_confluent(
-    http: &str,
-    bootstrap: &str,
-    broker_pid: Option<u32>,
+    broker: ShareBroker<'_>,
     params: &ShareParams,
     python: &std::path::Path,
-    show_progress: bool,
     checkpoint: &mut dyn FnMut(ShareCheckpoint),
 ) -> Result<ConfluentResult> {
     params.validate()?;
     let versions = check_python(python)?;
-    let mut problems = Vec::new();
-    let prepared = prepare(http, bootstrap, broker_pid, params, show_progress)?;
-    checkpoint(ShareCheckpoint::Published);
-    announce(&format!(
-        "share drain phase: {} confluent-kafka ShareConsumer processes ({versions}) in group {}",
-        params.consumers, params.group
-    ));
-    let (mut drain, accepted) = confluent_drain(bootstrap, broker_pid, params, python, show_progress)?;
-    drain.verified = match verify(&prepared.published, &accepted) {
-        Ok(()) => true,
-        Err(e) => {
-            problems.push(format!("share drain (confluent-kafka): {e}"));
-            false
-        }
-    };
-    if drain.redeliveries > 0 {
-        problems.push(format!(
-            "share drain (confluent-kafka): {} records delivered more than once",
-            drain.redeliveries
+    run_door(broker, params, checkpoint, |_| {
+        announce(&format!(
+            "share drain phase: {} confluent-kafka ShareConsumer processes ({versions}) in group {}",
+            params.consumers, params.group
         ));
-    }
-    for e in &drain.client_errors {
-        problems.push(format!("share drain (confluent-kafka): client error: {e}"));
-    }
-    drain.group_after = check_after(http, bootstrap, params, &mut problems);
-    checkpoint(ShareCheckpoint::Drained);
-    Ok(ConfluentResult {
-        queue: params.queue.clone(),
-        topic_id: prepared.topic_id.to_string(),
-        group: params.group.clone(),
-        create_secs: prepared.create_secs,
-        publish: prepared.publish,
-        drain,
-        problems,
+        confluent_drain(broker, params, python)
     })
 }
 
@@ -1747,21 +1691,26 @@ impl Drop for Children {
 }
 
 fn confluent_drain(
-    bootstrap: &str,
-    broker_pid: Option<u32>,
+    broker: ShareBroker<'_>,
     params: &ShareParams,
     python: &std::path::Path,
-    show_progress: bool,
 ) -> Result<(ConfluentDrainResult, Vec<(i32, i64)>)> {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     use std::sync::mpsc;
 
+    let ShareBroker {
+        bootstrap,
+        pid: broker_pid,
+        show_progress,
+        ..
+    } = broker;
+
     let spec = json!({
         "bootstrap": bootstrap,
         "group": params.group,
-        "topic": params.queue,
-        "message_bytes": params.message_bytes,
+        "topic": params.backlog.queue,
+        "message_bytes": params.backlog.message_bytes,
         "fetch_wait_max_ms": params.max_wait_ms.max(1),
         "poll_timeout_s": f64::from(params.max_wait_ms.max(10)) / 1000.0,
     })
@@ -1841,15 +1790,23 @@ fn confluent_drain(
     drop(tx);
     let pids: Vec<u32> = children.procs.iter().map(std::process::Child::id).collect();
 
-    let bar = progress_bar(show_progress, "share drain", params.messages);
-    let timeout = params.timeout();
-    let mut accepted: Vec<(i32, i64)> = Vec::with_capacity(params.messages as usize);
+    let bar = progress_bar(show_progress, "share drain", params.backlog.messages);
+    let timeout = params.backlog.timeout();
+    let mut accepted: Vec<(i32, i64)> = Vec::with_capacity(params.backlog.messages as usize);
     let mut per_consumer = vec![0u64; params.consumers];
     let mut client = None;
     let mut errors: Vec<String> = Vec::new();
     let (mut acquired, mut polls, mut redeliveries) = (0u64, 0u64, 0u64);
-    let mut start: Option<(Instant, Option<f64>, Option<f64>)> = None;
-    let mut end: Option<(Instant, Option<f64>, Option<f64>)> = None;
+    // The confluent-kafka clients are other processes: their page faults are not counted.
+    let cpu_now = || CpuMark {
+        at: Instant::now(),
+        client: cpu_of(&pids),
+        broker: broker_pid.and_then(|p| cpu_seconds(Some(p))),
+        client_faults: None,
+        broker_faults: None,
+    };
+    let mut start: Option<CpuMark> = None;
+    let mut end: Option<CpuMark> = None;
     let mut last_progress = Instant::now();
     let mut ended = vec![false; params.consumers];
     loop {
@@ -1860,7 +1817,7 @@ fn confluent_drain(
                 }
                 ChildEvent::Acquired { n, redelivered } => {
                     if start.is_none() {
-                        start = Some((Instant::now(), cpu_of(&pids), broker_pid.and_then(|p| cpu_seconds(Some(p)))));
+                        start = Some(cpu_now());
                         last_progress = Instant::now();
                     }
                     acquired += n;
@@ -1904,7 +1861,7 @@ fn confluent_drain(
                             "share consumer process {i} exited before the drain ended ({} of {} records \
                              accepted); its stderr:\n{}",
                             accepted.len(),
-                            params.messages,
+                            params.backlog.messages,
                             children.stderr_tail(i)
                         );
                     }
@@ -1913,12 +1870,8 @@ fn confluent_drain(
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        if end.is_none() && accepted.len() as u64 >= params.messages {
-            end = Some((
-                Instant::now(),
-                cpu_of(&pids),
-                broker_pid.and_then(|p| cpu_seconds(Some(p))),
-            ));
+        if end.is_none() && accepted.len() as u64 >= params.backlog.messages {
+            end = Some(cpu_now());
             // The consumers close (and leave) at EOF on stdin.
             children.close_stdin();
         }
@@ -1927,10 +1880,10 @@ fn confluent_drain(
                 "no acceptance confirmed for {timeout:?}: {} of {} records accepted, {acquired} acquired; \
                  client errors: {errors:?}; stderr of consumer 0:\n{}",
                 accepted.len(),
-                params.messages,
+                params.backlog.messages,
                 children.stderr_tail(0)
             ),
-            Some((at, _, _)) if at.elapsed() > CHILD_CLOSE_TIMEOUT => {
+            Some(e) if e.at.elapsed() > CHILD_CLOSE_TIMEOUT => {
                 let open: Vec<usize> = (0..ended.len())
                     .filter(|i| !ended.get(*i).copied().unwrap_or(true))
                     .collect();
@@ -1955,49 +1908,21 @@ fn confluent_drain(
             }
         }
     }
-    let (Some((t0, c0, b0)), Some((t1, c1, b1))) = (start, end) else {
+    let (Some(start), Some(end)) = (start, end) else {
         bail!("the confluent-kafka drain never started or never ended");
     };
     let n = accepted.len() as u64;
-    let secs = t1.saturating_duration_since(t0).as_secs_f64();
-    // The confluent-kafka clients are other processes: their page faults are not counted.
-    let start = CpuMark {
-        at: t0,
-        client: c0,
-        broker: b0,
-        client_faults: None,
-        broker_faults: None,
-    };
-    let end = CpuMark {
-        at: t1,
-        client: c1,
-        broker: b1,
-        client_faults: None,
-        broker_faults: None,
-    };
+    let secs = end.at.saturating_duration_since(start.at).as_secs_f64();
     let cpu = PhaseCpu::between(&start, Some(end), None, n);
-    let result = ConfluentDrainResult {
-        consumers: params.consumers,
+    let figures = ConfluentFigures {
         client,
-        startup_secs: t0.saturating_duration_since(spawned_at).as_secs_f64(),
-        secs,
-        msgs_per_s: per_s(n, secs),
-        mb_per_s: per_s(n * params.message_bytes as u64, secs) / 1e6,
-        records_accepted: n,
-        records_acquired: acquired,
+        startup_secs: start.at.saturating_duration_since(spawned_at).as_secs_f64(),
         polls_with_records: polls,
-        mean_poll_batch: if polls > 0 {
-            acquired as f64 / polls as f64
-        } else {
-            0.0
-        },
-        redeliveries,
+        mean_poll_batch: div_or_zero(acquired as f64, polls as f64),
         per_consumer_accepted: per_consumer,
         client_errors: errors,
-        verified: false,
-        group_after: None,
-        cpu,
     };
+    let result = ShareDrain::new(params, (n, acquired, redeliveries), secs, figures, cpu);
     Ok((result, accepted))
 }
 
@@ -2210,18 +2135,12 @@ mod tests {
     #[test]
     fn parameters_are_checked() {
         let ok = ShareParams {
-            queue: "q".into(),
+            backlog: crate::queue_workload::tests::backlog(),
             group: "g".into(),
-            partitions: 4,
-            messages: 10,
-            message_bytes: 1024,
-            publishers: 1,
-            publish_batch: 500,
             consumers: 8,
             max_records: 100,
             max_wait_ms: 100,
             fetch_max_bytes: DEFAULT_FETCH_MAX_BYTES,
-            timeout_secs: 60.0,
         };
         assert!(ok.validate().is_ok());
         assert!(ShareParams {

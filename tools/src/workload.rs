@@ -786,6 +786,24 @@ impl Bars {
     }
 }
 
+/// An admin client of `bootstrap` called `client_id`, and options that bound its requests by
+/// `timeout`.
+pub fn admin_client(
+    bootstrap: &str,
+    client_id: &str,
+    timeout: Duration,
+) -> Result<(AdminClient<DefaultClientContext>, AdminOptions)> {
+    let admin = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", client_id)
+        .create()
+        .context("creating the admin client")?;
+    let options = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout));
+    Ok((admin, options))
+}
+
 fn create_topic(bootstrap: &str, params: &WorkloadParams, bars: &Bars) -> Result<f64> {
     let spinner = bars.spinner("topic");
     spinner.set_message(format!(
@@ -793,14 +811,7 @@ fn create_topic(bootstrap: &str, params: &WorkloadParams, bars: &Bars) -> Result
         params.topic, params.partitions
     ));
     let started = Instant::now();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("client.id", "strand-bench-admin")
-        .create()
-        .context("creating the admin client")?;
-    let options = AdminOptions::new()
-        .operation_timeout(Some(params.timeout()))
-        .request_timeout(Some(params.timeout()));
+    let (admin, options) = admin_client(bootstrap, "strand-bench-admin", params.timeout())?;
     let topic = NewTopic::new(&params.topic, params.partitions, TopicReplication::Fixed(1));
     let results = futures::executor::block_on(admin.create_topics([&topic], &options))
         .with_context(|| format!("CreateTopics {} on {bootstrap}", params.topic))?;

@@ -13,12 +13,11 @@ use clap::{Args, Parser};
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
 use strand_tools::broker_metrics::{phase_histograms, Scrape};
-use strand_tools::cli::{OutputArgs, ProgressArgs, RawArgs, RawDefaults, RunDirArgs, SpawnArgs};
+use strand_tools::cli::{RawArgs, RawDefaults, RunArgs, SpawnArgs};
 use strand_tools::host::{utc_now_rfc3339, HostInfo};
 use strand_tools::raw::{disk_append_fdatasync_paced, PacedDiskResult};
 use strand_tools::report::{
-    human_bytes, render_text, BrokerReport, ClientInfo, Ratios, RawLimitsPair, Report, Targets, ToolInfo,
-    METHODOLOGY,
+    human_bytes, render_text, BrokerReport, ClientInfo, Ratios, Report, Targets, ToolInfo, METHODOLOGY,
 };
 use strand_tools::run::{exit_code, main_of, spinner, unique_name, RAW_SUSTAINED_MAX_BYTES};
 use strand_tools::workload::{self, Amount, Checkpoint, WorkloadParams};
@@ -63,11 +62,7 @@ struct Cli {
     raw_sustained_secs: Option<f64>,
 
     #[command(flatten)]
-    run_dir: RunDirArgs,
-    #[command(flatten)]
-    output: OutputArgs,
-    #[command(flatten)]
-    progress: ProgressArgs,
+    run: RunArgs,
 }
 
 /// The broker under test: spawned, or already running.
@@ -240,9 +235,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let targets = targets(&cli)?;
     let params = workload_params(&cli.workload)?;
     params.validate()?;
-    let show_progress = cli.progress.show();
+    let show_progress = cli.run.progress.show();
 
-    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run_dir, "strand-bench")?;
+    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run.run_dir, "strand-bench")?;
 
     let w = &cli.workload;
     let reference = w.batch_size.unwrap_or(LIBRDKAFKA_DEFAULT_BATCH_SIZE);
@@ -261,12 +256,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let raw_parameters = cli.raw.parameters(reference, sustained_secs)?;
 
     let date_utc = utc_now_rfc3339();
-    let mut raw = RawLimitsPair {
-        before: cli
-            .raw
-            .measure(run_dir.path(), &raw_parameters, show_progress, "before")?,
-        ..RawLimitsPair::default()
-    };
+    let mut raw = cli
+        .raw
+        .measure_before(run_dir.path(), &raw_parameters, show_progress)?;
 
     let mut brokers = Vec::new();
     for (i, target) in targets.iter().enumerate() {
@@ -292,10 +284,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
 
-    raw.after = cli
-        .raw
-        .measure(run_dir.path(), &raw_parameters, show_progress, "after")?;
-    warnings.extend(raw.drift_warning());
+    warnings.extend(
+        cli.raw
+            .measure_after(&mut raw, run_dir.path(), &raw_parameters, show_progress)?,
+    );
     // The null peer's figures, the denominators of the first broker's client-ceiling ratios.
     let null_index = targets.iter().position(|t| t.is_null()).filter(|i| *i > 0);
     let ceiling = null_index.and_then(|i| brokers[i].result.clone());
@@ -348,8 +340,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         warnings,
     };
 
-    cli.output.emit(&render_text(&report), &report)?;
-    run_dir.finish(cli.run_dir.keep_data || failed)?;
+    cli.run.output.emit(&render_text(&report), &report)?;
+    run_dir.finish(cli.run.run_dir.keep_data || failed)?;
     Ok(exit_code(false, failed))
 }
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use strand_tools::run::exit_on_error;
 
 use strand_tools::faultproxy::{
     DropMode, FaultProxy, ProxyConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BYTES,
@@ -127,11 +128,8 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("strand-faultproxy: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let cli = Cli::parse();
+    exit_on_error("strand-faultproxy", ExitCode::FAILURE, || {
+        run(cli).map(|()| ExitCode::SUCCESS)
+    })
 }

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+use strand_tools::run::exit_on_error;
 
 use strand_tools::null_broker::{
     NullBroker, NullBrokerConfig, DEFAULT_FETCH_MAX_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BYTES,
@@ -100,11 +101,8 @@ fn write_ready_file(path: &Path, addr: &str) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("strand-null-broker: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let cli = Cli::parse();
+    exit_on_error("strand-null-broker", ExitCode::FAILURE, || {
+        run(cli).map(|()| ExitCode::SUCCESS)
+    })
 }

@@ -18,18 +18,17 @@ use clap::{Args, Parser, ValueEnum};
 use serde::Serialize;
 
 use strand_tools::broker::{binary_version, memory_of, BrokerProcess, Memory};
-use strand_tools::cli::{OutputArgs, ProgressArgs, RawArgs, RawDefaults, RunDirArgs, SpawnArgs};
+use strand_tools::cli::{RawArgs, RawDefaults, RunArgs, SpawnArgs};
 use strand_tools::host::{cpu_seconds, utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::latency::{human_us, LatencySummary};
-use strand_tools::queue_workload::{
-    self, Backlog, Bars, Checkpoint, PhaseCpu, PublishResult, QueueParams, QueueResult,
-};
-use strand_tools::raw::DiskResult;
+use strand_tools::queue_workload::{self, Backlog, Bars, Checkpoint, PhaseCpu, QueueParams, QueueResult};
 use strand_tools::report::{
     host_line, human_bytes, render_raw_limits, RawLimitsPair, RawParameters, ToolInfo,
 };
 use strand_tools::run::{exit_code, main_of, spinner, unique_name};
-use strand_tools::share_workload::{self, ConfluentResult, ShareCheckpoint, ShareParams, ShareResult};
+use strand_tools::share_workload::{
+    self, ConfluentResult, ShareBroker, ShareCheckpoint, ShareParams, ShareResult,
+};
 
 /// The issue's target: messages leased and acked per second with 8 workers in batches (HTTP);
 /// "ShareConsumer similar".
@@ -95,16 +94,6 @@ enum Door {
     Both,
 }
 
-impl Door {
-    fn http(self) -> bool {
-        matches!(self, Door::Http | Door::Both)
-    }
-
-    fn share(self) -> bool {
-        matches!(self, Door::Share | Door::Both)
-    }
-}
-
 /// Which client drains the share door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -117,14 +106,22 @@ enum ShareClient {
     Both,
 }
 
-impl ShareClient {
-    fn native(self) -> bool {
-        matches!(self, ShareClient::Native | ShareClient::Both)
-    }
+/// A choice of one of two, or both.
+trait OneOrBoth: Copy + PartialEq {
+    const BOTH: Self;
 
-    fn confluent(self) -> bool {
-        matches!(self, ShareClient::Confluent | ShareClient::Both)
+    /// Whether the choice includes `one`.
+    fn includes(self, one: Self) -> bool {
+        self == one || self == Self::BOTH
     }
+}
+
+impl OneOrBoth for Door {
+    const BOTH: Self = Door::Both;
+}
+
+impl OneOrBoth for ShareClient {
+    const BOTH: Self = ShareClient::Both;
 }
 
 #[derive(Parser, Debug)]
@@ -220,11 +217,7 @@ struct Cli {
     #[command(flatten)]
     raw: RawArgs<QueueRawSizes>,
     #[command(flatten)]
-    run_dir: RunDirArgs,
-    #[command(flatten)]
-    output: OutputArgs,
-    #[command(flatten)]
-    progress: ProgressArgs,
+    run: RunArgs,
 }
 
 /// strand-queue-bench's raw-write sizes.
@@ -254,7 +247,7 @@ struct BrokerArgs {
     broker_pid: Option<u32>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 struct BrokerInfo {
     /// `spawned` or `running`.
     kind: String,
@@ -290,6 +283,18 @@ struct BrokerCpu {
     workload_cpu_seconds: Option<f64>,
     /// CPU seconds the broker process used in total, at the end of the run.
     total_cpu_seconds: Option<f64>,
+}
+
+impl MemoryReport {
+    /// Where a share door's checkpoint goes (`confluent`: the confluent-kafka drain's door).
+    fn share(&mut self, confluent: bool, c: ShareCheckpoint) -> &mut Option<Memory> {
+        match (confluent, c) {
+            (false, ShareCheckpoint::Published) => &mut self.after_share_publish,
+            (false, ShareCheckpoint::Drained) => &mut self.after_share_drain,
+            (true, ShareCheckpoint::Published) => &mut self.after_confluent_publish,
+            (true, ShareCheckpoint::Drained) => &mut self.after_confluent_drain,
+        }
+    }
 }
 
 /// Results divided by the machine's raw limits.
@@ -336,14 +341,36 @@ struct Target {
     met: Option<bool>,
 }
 
+impl Target {
+    /// [`TARGET_MSGS_PER_S`] and what was measured against it.
+    fn new(description: String, measured_msgs_per_s: Option<f64>) -> Self {
+        Target {
+            description,
+            msgs_per_s: TARGET_MSGS_PER_S,
+            measured_msgs_per_s,
+            met: measured_msgs_per_s.map(|m| m >= TARGET_MSGS_PER_S),
+        }
+    }
+
+    /// Met or not, with the figure measured (`unit`: what it counts per second).
+    fn verdict(&self, unit: &str) -> String {
+        match (self.met, self.measured_msgs_per_s) {
+            (Some(true), Some(m)) => format!("MET ({m:.0} {unit}/s)"),
+            (Some(false), Some(m)) => format!(
+                "NOT MET ({m:.0} {unit}/s, {:.0}% of it)",
+                m / self.msgs_per_s * 100.0
+            ),
+            _ => "not measured".to_string(),
+        }
+    }
+}
+
 /// "ShareConsumer similar": the share drain against the same figure, and against the HTTP drain of
 /// the same run.
 #[derive(Debug, Clone, Serialize)]
 struct ShareTarget {
-    description: String,
-    msgs_per_s: f64,
-    measured_msgs_per_s: Option<f64>,
-    met: Option<bool>,
+    #[serde(flatten)]
+    target: Target,
     /// The HTTP drain's msgs/s in this run (door `both`).
     http_drain_msgs_per_s: Option<f64>,
     /// Share drain msgs/s ÷ HTTP drain msgs/s.
@@ -415,21 +442,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
         steady_publish_batch: cli.steady_publish_batch,
     };
     params.validate()?;
-    let share_params = cli.door.share().then(|| ShareParams {
-        queue: format!("{}-share", params.backlog.queue),
+    let share_params = cli.door.includes(Door::Share).then(|| ShareParams {
+        backlog: Backlog {
+            queue: format!("{}-share", params.backlog.queue),
+            ..params.backlog.clone()
+        },
         group: format!("{}-share-group", params.backlog.queue),
-        partitions: params.backlog.partitions,
-        messages: params.backlog.messages,
-        message_bytes: params.backlog.message_bytes,
-        publishers: params.backlog.publishers,
-        publish_batch: params.backlog.publish_batch,
         consumers: params.workers,
         max_records: params.lease_batch,
         max_wait_ms: u32::try_from(params.lease_wait_ms).unwrap_or(u32::MAX),
         fetch_max_bytes: cli
             .share_fetch_max_bytes
             .unwrap_or(share_workload::DEFAULT_FETCH_MAX_BYTES),
-        timeout_secs: params.backlog.timeout_secs,
     });
     if let Some(s) = &share_params {
         s.validate()?;
@@ -437,9 +461,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             bail!("the share door needs the broker's Kafka listener: pass --bootstrap HOST:PORT with --http");
         }
     }
-    let show_progress = cli.progress.show();
+    let show_progress = cli.run.progress.show();
 
-    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run_dir, "strand-queue-bench")?;
+    let (run_dir, mut warnings) = cli.raw.run_dir(&cli.run.run_dir, "strand-queue-bench")?;
     if cli.broker.http.is_some() {
         warnings.push(
             "running broker (--http): its data directory may not be the disk the raw limits measured".into(),
@@ -450,12 +474,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let raw_parameters = cli.raw.parameters(publish_request_bytes, 0.0)?;
 
     let date_utc = utc_now_rfc3339();
-    let mut raw = RawLimitsPair {
-        before: cli
-            .raw
-            .measure(run_dir.path(), &raw_parameters, show_progress, "before")?,
-        ..RawLimitsPair::default()
-    };
+    let mut raw = cli
+        .raw
+        .measure_before(run_dir.path(), &raw_parameters, show_progress)?;
 
     let timeout = Duration::from_secs_f64(cli.timeout_secs);
     let mut process = None;
@@ -492,12 +513,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             kind: "running".into(),
             http: http.clone(),
             kafka: cli.broker.bootstrap.clone(),
-            binary: None,
-            version: None,
-            command: None,
             pid: cli.broker.broker_pid,
-            log: None,
-            stopped: None,
+            ..BrokerInfo::default()
         },
         (None, None) => bail!("nothing to benchmark: pass --spawn PATH or --http HOST:PORT"),
     };
@@ -527,54 +544,41 @@ fn run(cli: Cli) -> Result<ExitCode> {
     };
     let outcome = cli
         .door
-        .http()
+        .includes(Door::Http)
         .then(|| queue_workload::run(&broker.http, pid, &params, &bars, &mut checkpoint));
     let http_failed = matches!(outcome, Some(Err(_)));
-    let mut share_checkpoint = |c: ShareCheckpoint| {
-        let m = mem();
-        match c {
-            ShareCheckpoint::Published => memory.after_share_publish = m,
-            ShareCheckpoint::Drained => memory.after_share_drain = m,
-        }
-    };
-    let no_kafka = || anyhow::anyhow!("the share door needs the broker's Kafka listener (--bootstrap)");
+    let share_broker = broker.kafka.as_deref().map(|kafka| ShareBroker {
+        http: &broker.http,
+        bootstrap: kafka,
+        pid,
+        show_progress,
+    });
     // The share door runs after the HTTP door, unless that one failed.
-    let share_outcome =
-        match (&share_params, &broker.kafka) {
-            (Some(sp), Some(kafka)) if !http_failed && cli.share_client.native() => Some(
-                share_workload::run(&broker.http, kafka, pid, sp, show_progress, &mut share_checkpoint),
-            ),
-            (Some(_), None) if cli.share_client.native() => Some(Err(no_kafka())),
-            _ => None,
-        };
+    let share_outcome = share_door(
+        cli.share_client.includes(ShareClient::Native),
+        http_failed,
+        share_params.as_ref(),
+        share_broker,
+        |b, sp| share_workload::run(b, sp, &mut |c| *memory.share(false, c) = mem()),
+    );
     let share_failed = matches!(share_outcome, Some(Err(_)));
-    let mut confluent_checkpoint = |c: ShareCheckpoint| {
-        let m = mem();
-        match c {
-            ShareCheckpoint::Published => memory.after_confluent_publish = m,
-            ShareCheckpoint::Drained => memory.after_confluent_drain = m,
-        }
-    };
-    let confluent_outcome = match (&share_params, &broker.kafka) {
-        (Some(sp), Some(kafka)) if !http_failed && !share_failed && cli.share_client.confluent() => {
+    let confluent_outcome = share_door(
+        cli.share_client.includes(ShareClient::Confluent),
+        http_failed || share_failed,
+        share_params.as_ref(),
+        share_broker,
+        |b, sp| {
             let cp = ShareParams {
-                queue: format!("{}-share-confluent", params.backlog.queue),
+                backlog: Backlog {
+                    queue: format!("{}-share-confluent", params.backlog.queue),
+                    ..sp.backlog.clone()
+                },
                 group: format!("{}-share-confluent-group", params.backlog.queue),
                 ..sp.clone()
             };
-            Some(share_workload::run_confluent(
-                &broker.http,
-                kafka,
-                pid,
-                &cp,
-                &cli.python,
-                show_progress,
-                &mut confluent_checkpoint,
-            ))
-        }
-        (Some(_), None) if cli.share_client.confluent() => Some(Err(no_kafka())),
-        _ => None,
-    };
+            share_workload::run_confluent(b, &cp, &cli.python, &mut |c| *memory.share(true, c) = mem())
+        },
+    );
     let end_memory = mem();
     memory.peak_hwm_kib = end_memory.map(|m| m.hwm_kib);
     let total_cpu = pid.and_then(|p| cpu_seconds(Some(p)));
@@ -585,43 +589,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         },
         total_cpu_seconds: total_cpu,
     };
-    let mut problems = Vec::new();
-    let (result, mut error) = match outcome {
-        Some(Ok(r)) => {
-            problems.extend(r.problems.iter().cloned());
-            (Some(r), None)
-        }
-        Some(Err(e)) => (None, Some(format!("HTTP door: {e:#}"))),
-        None => (None, None),
-    };
-    let mut add_error = |e: String| {
-        error = Some(match error.take() {
-            Some(prev) => format!("{prev}; {e}"),
-            None => e,
-        });
-    };
-    let share = match share_outcome {
-        Some(Ok(r)) => {
-            problems.extend(r.problems.iter().cloned());
-            Some(r)
-        }
-        Some(Err(e)) => {
-            add_error(format!("share door: {e:#}"));
-            None
-        }
-        None => None,
-    };
-    let share_confluent = match confluent_outcome {
-        Some(Ok(r)) => {
-            problems.extend(r.problems.iter().cloned());
-            Some(r)
-        }
-        Some(Err(e)) => {
-            add_error(format!("share door (confluent-kafka): {e:#}"));
-            None
-        }
-        None => None,
-    };
+    let mut outcomes = Outcomes::default();
+    let result = outcomes.take("HTTP door", outcome, |r| &r.problems);
+    let share = outcomes.take("share door", share_outcome, |r| &r.problems);
+    let share_confluent = outcomes.take("share door (confluent-kafka)", confluent_outcome, |r| &r.problems);
+    let Outcomes { mut problems, errors } = outcomes;
+    let mut error = (!errors.is_empty()).then(|| errors.join("; "));
     if let Some(mut p) = process {
         if !p.is_running() {
             problems.push(format!("the broker exited during the run{}", p.log_tail()));
@@ -636,10 +609,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         );
     }
 
-    raw.after = cli
-        .raw
-        .measure(run_dir.path(), &raw_parameters, show_progress, "after")?;
-    warnings.extend(raw.drift_warning());
+    warnings.extend(
+        cli.raw
+            .measure_after(&mut raw, run_dir.path(), &raw_parameters, show_progress)?,
+    );
     let ratios = (!cli.raw.skip_raw && (result.is_some() || share.is_some()))
         .then(|| ratios(result.as_ref(), share.as_ref(), &raw, publish_request_bytes));
     let measured = result.as_ref().map(|r| r.drain.msgs_per_s);
@@ -647,29 +620,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
         let m = share.as_ref().map(|s| s.drain.msgs_per_s);
         let c = share_confluent.as_ref().map(|s| s.drain.msgs_per_s);
         ShareTarget {
-            description: format!(
-                "ShareConsumer similar: ≥ {TARGET_MSGS_PER_S:.0} records/s fetched and accepted with {} share \
-                 consumers, ShareFetch max_records {}",
-                sp.consumers, sp.max_records
+            target: Target::new(
+                format!(
+                    "ShareConsumer similar: ≥ {TARGET_MSGS_PER_S:.0} records/s fetched and accepted with {} \
+                     share consumers, ShareFetch max_records {}",
+                    sp.consumers, sp.max_records
+                ),
+                m,
             ),
-            msgs_per_s: TARGET_MSGS_PER_S,
-            measured_msgs_per_s: m,
-            met: m.map(|m| m >= TARGET_MSGS_PER_S),
             http_drain_msgs_per_s: measured,
             ratio_to_http_drain: m.zip(measured.filter(|h| *h > 0.0)).map(|(s, h)| s / h),
             confluent_msgs_per_s: c,
             confluent_ratio_to_http_drain: c.zip(measured.filter(|h| *h > 0.0)).map(|(s, h)| s / h),
         }
     });
-    let target = Target {
-        description: format!(
+    let target = Target::new(
+        format!(
             "≥ {TARGET_MSGS_PER_S:.0} messages/s leased and acked (drain phase) with {} workers in batches of {}",
             params.workers, params.lease_batch
         ),
-        msgs_per_s: TARGET_MSGS_PER_S,
-        measured_msgs_per_s: measured,
-        met: measured.map(|m| m >= TARGET_MSGS_PER_S),
-    };
+        measured,
+    );
 
     let failed = error.is_some() || !problems.is_empty();
     let report = Report {
@@ -699,16 +670,55 @@ fn run(cli: Cli) -> Result<ExitCode> {
         error,
     };
 
-    cli.output.emit(&render_text(&report), &report)?;
-    run_dir.finish(cli.run_dir.keep_data || failed)?;
+    cli.run.output.emit(&render_text(&report), &report)?;
+    run_dir.finish(cli.run.run_dir.keep_data || failed)?;
     Ok(exit_code(false, failed))
 }
 
-fn disk_at(raw: &RawLimitsPair, bytes: u64) -> impl Iterator<Item = &DiskResult> {
-    raw.before
-        .iter()
-        .chain(raw.after.iter())
-        .flat_map(move |r| r.disk.iter().filter(move |d| d.write_bytes == bytes))
+/// Runs a share door with `run` if it is `wanted` and the share door's parameters are there, unless
+/// an earlier door `failed`.
+fn share_door<R>(
+    wanted: bool,
+    failed: bool,
+    params: Option<&ShareParams>,
+    broker: Option<ShareBroker<'_>>,
+    run: impl FnOnce(ShareBroker<'_>, &ShareParams) -> Result<R>,
+) -> Option<Result<R>> {
+    match (params, broker) {
+        (Some(sp), Some(b)) if wanted && !failed => Some(run(b, sp)),
+        (Some(_), None) if wanted => Some(Err(anyhow::anyhow!(
+            "the share door needs the broker's Kafka listener (--bootstrap)"
+        ))),
+        _ => None,
+    }
+}
+
+/// The doors' problems and errors, gathered from their outcomes.
+#[derive(Default)]
+struct Outcomes {
+    problems: Vec<String>,
+    errors: Vec<String>,
+}
+
+impl Outcomes {
+    /// The result of `door`, if it ran and finished.
+    fn take<R>(
+        &mut self,
+        door: &str,
+        outcome: Option<Result<R>>,
+        problems: impl Fn(&R) -> &Vec<String>,
+    ) -> Option<R> {
+        match outcome? {
+            Ok(r) => {
+                self.problems.extend(problems(&r).iter().cloned());
+                Some(r)
+            }
+            Err(e) => {
+                self.errors.push(format!("{door}: {e:#}"));
+                None
+            }
+        }
+    }
 }
 
 fn ratios(
@@ -718,9 +728,10 @@ fn ratios(
     publish_request_bytes: u64,
 ) -> Ratios {
     let div = |a: f64, b: Option<f64>| b.filter(|b| *b > 0.0).map(|b| a / b);
-    let sync4_p50 = disk_at(raw, 4096).map(|d| d.fdatasync.p50_us).min();
+    let sync4_p50 = raw.disk_at(4096).map(|d| d.fdatasync.p50_us).min();
     let sync4_p99 = raw.best_fdatasync_p99_us(4096);
-    let syncs_per_s_4k = disk_at(raw, 4096)
+    let syncs_per_s_4k = raw
+        .disk_at(4096)
         .filter(|d| d.secs > 0.0)
         .map(|d| d.rounds as f64 / d.secs)
         .reduce(f64::max);
@@ -758,7 +769,8 @@ fn ratios(
         steady_e2e_p99_vs_fdatasync_4k_p99: r
             .and_then(|r| r.steady.as_ref())
             .and_then(|s| lat(&s.end_to_end, p99, sync4_p99)),
-        share_fetch_p99_vs_fdatasync_4k_p99: share.and_then(|s| lat(&s.drain.fetch_latency, p99, sync4_p99)),
+        share_fetch_p99_vs_fdatasync_4k_p99: share
+            .and_then(|s| lat(&s.drain.clients.fetch_latency, p99, sync4_p99)),
         share_drain_mb_per_s_vs_loopback: share.and_then(|s| div(s.drain.mb_per_s, loopback)),
     }
 }
@@ -811,68 +823,85 @@ fn latency_header(o: &mut String) {
     );
 }
 
-/// The HTTP publish that fills a share door's queue.
-fn render_door_publish(o: &mut String, door: &str, queue: &str, pb: &PublishResult) {
+/// The start of a share door's part of the table: the HTTP publish that filled its queue (`door`
+/// names it) and the drain's throughput (`drain` names it; `consumers`: who drained, `done`: what
+/// they did to the records). `with_header` when no earlier part printed the latency header.
+fn render_share_door<C>(
+    o: &mut String,
+    r: &ShareResult<C>,
+    with_header: bool,
+    (door, drain): (&str, &str),
+    (consumers, done): (&str, &str),
+) {
+    if with_header {
+        latency_header(o);
+    }
+    let pb = &r.publish;
+    let published = rate(pb.messages, "messages", pb.secs, pb.msgs_per_s, pb.mb_per_s);
     let _ = writeln!(
         o,
-        "{door} publish (HTTP, queue {queue}): {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {} requests; {}",
-        pb.messages,
-        pb.secs,
-        pb.msgs_per_s,
-        pb.mb_per_s,
+        "{door} publish (HTTP, queue {}): {published}; {} requests; {}",
+        r.queue,
         pb.requests,
         cpu_text(&pb.cpu)
     );
     lat_row(o, "publish request", &pb.request_latency);
-}
-
-/// The share door's part of the table; `with_header` when no HTTP table printed the latency header.
-fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
-    if with_header {
-        latency_header(o);
-    }
-    render_door_publish(o, "share", &sh.queue, &sh.publish);
-    let d = &sh.drain;
+    let d = &r.drain;
+    let what = format!("records {done}");
+    let drained = rate(d.records_accepted, &what, d.secs, d.msgs_per_s, d.mb_per_s);
     let _ = writeln!(
         o,
-        "share drain (group {}, {} native share consumers): {} records fetched+accepted in {:.2} s = {:.0} \
-         msgs/s, {:.1} MB/s; {}",
-        sh.group,
+        "{drain} (group {}, {} {consumers}): {drained}; {}",
+        r.group,
         d.consumers,
-        d.records_accepted,
-        d.secs,
-        d.msgs_per_s,
-        d.mb_per_s,
         cpu_text(&d.cpu)
     );
+}
+
+/// `n what in secs = msgs/s, MB/s`.
+fn rate(n: u64, what: &str, secs: f64, msgs_per_s: f64, mb_per_s: f64) -> String {
+    format!("{n} {what} in {secs:.2} s = {msgs_per_s:.0} msgs/s, {mb_per_s:.1} MB/s")
+}
+
+/// The share door's part of the table.
+fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
+    render_share_door(
+        o,
+        sh,
+        with_header,
+        ("share", "share drain"),
+        ("native share consumers", "fetched+accepted"),
+    );
+    let d = &sh.drain;
+    let f = &d.clients;
     let _ = writeln!(
         o,
         "  joined in {:.0} ms; {} ShareFetch ({} empty, {:.1} records each, {:.0} answer B/record), {} \
          ShareAcknowledge, {} heartbeats; consumers waited {:.0}% on fetches, {:.0}% on acknowledges; lock \
          {} ms; {} redeliveries; verified: {}",
-        d.join_secs * 1e3,
-        d.fetch_requests,
-        d.empty_fetches,
-        d.mean_fetch_batch,
-        d.fetch_answer_bytes_per_message,
-        d.acknowledge_requests,
-        d.heartbeats,
-        d.consumer_time_in_fetch * 100.0,
-        d.consumer_time_in_ack * 100.0,
-        d.acquisition_lock_timeout_ms
+        f.join_secs * 1e3,
+        f.fetch_requests,
+        f.empty_fetches,
+        f.mean_fetch_batch,
+        f.fetch_answer_bytes_per_message,
+        f.acknowledge_requests,
+        f.heartbeats,
+        f.consumer_time_in_fetch * 100.0,
+        f.consumer_time_in_ack * 100.0,
+        f.acquisition_lock_timeout_ms
             .map_or("?".to_string(), |ms| ms.to_string()),
         d.redeliveries,
         if d.verified { "yes" } else { "NO" }
     );
-    lat_row(o, "ShareFetch (non-empty)", &d.fetch_latency);
-    lat_row(o, "ShareAcknowledge", &d.acknowledge_latency);
-    lat_row(o, "fetch-to-ack", &d.fetch_to_ack);
+    lat_row(o, "ShareFetch (non-empty)", &f.fetch_latency);
+    lat_row(o, "ShareAcknowledge", &f.acknowledge_latency);
+    lat_row(o, "fetch-to-ack", &f.fetch_to_ack);
     let _ = writeln!(
         o,
         "  fetch-to-ack per record: {:.1} µs (mean per batch ÷ mean batch)",
-        d.fetch_to_ack_us_per_message
+        f.fetch_to_ack_us_per_message
     );
-    let per: Vec<String> = d
+    let per: Vec<String> = f
         .per_consumer
         .iter()
         .map(|c| format!("{:?}: {}", c.assigned_partitions, c.records_accepted))
@@ -886,35 +915,27 @@ fn render_share(o: &mut String, sh: &ShareResult, with_header: bool) {
 
 /// The confluent-kafka share drain's part of the table.
 fn render_confluent(o: &mut String, c: &ConfluentResult, with_header: bool) {
-    if with_header {
-        latency_header(o);
-    }
-    render_door_publish(o, "confluent", &c.queue, &c.publish);
     let d = &c.drain;
-    let _ = writeln!(
+    let f = &d.clients;
+    let consumers = format!("{} processes", f.client.as_deref().unwrap_or("confluent-kafka"));
+    render_share_door(
         o,
-        "confluent share drain (group {}, {} {} processes): {} records accepted in {:.2} s = {:.0} msgs/s, \
-         {:.1} MB/s; {}",
-        c.group,
-        d.consumers,
-        d.client.as_deref().unwrap_or("confluent-kafka"),
-        d.records_accepted,
-        d.secs,
-        d.msgs_per_s,
-        d.mb_per_s,
-        cpu_text(&d.cpu)
+        c,
+        with_header,
+        ("confluent", "confluent share drain"),
+        (&consumers, "accepted"),
     );
     let _ = writeln!(
         o,
         "  start-up (spawn to first record) {:.2} s; {} polls with records ({:.1} records each); {} redeliveries; \
          {} client errors; verified: {}; per consumer accepted: {:?}",
-        d.startup_secs,
-        d.polls_with_records,
-        d.mean_poll_batch,
+        f.startup_secs,
+        f.polls_with_records,
+        f.mean_poll_batch,
         d.redeliveries,
-        d.client_errors.len(),
+        f.client_errors.len(),
         if d.verified { "yes" } else { "NO" },
-        d.per_consumer_accepted
+        f.per_consumer_accepted
     );
 }
 
@@ -984,11 +1005,8 @@ fn render_text(r: &Report) -> String {
         let pb = &res.publish;
         let _ = writeln!(
             o,
-            "publish: {} messages in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {} requests ({:.0} request B/msg); {}",
-            pb.messages,
-            pb.secs,
-            pb.msgs_per_s,
-            pb.mb_per_s,
+            "publish: {}; {} requests ({:.0} request B/msg); {}",
+            rate(pb.messages, "messages", pb.secs, pb.msgs_per_s, pb.mb_per_s),
             pb.requests,
             pb.request_bytes_per_message,
             cpu_text(&pb.cpu)
@@ -999,11 +1017,14 @@ fn render_text(r: &Report) -> String {
         let w = &d.workers;
         let _ = writeln!(
             o,
-            "drain: {} messages leased+acked in {:.2} s = {:.0} msgs/s, {:.1} MB/s; {}",
-            w.messages_acked,
-            d.secs,
-            d.msgs_per_s,
-            d.mb_per_s,
+            "drain: {}; {}",
+            rate(
+                w.messages_acked,
+                "messages leased+acked",
+                d.secs,
+                d.msgs_per_s,
+                d.mb_per_s
+            ),
             cpu_text(&d.cpu)
         );
         let _ = writeln!(
@@ -1149,14 +1170,7 @@ fn render_text(r: &Report) -> String {
         o,
         "\ntarget {}: {}",
         r.target.description,
-        match (r.target.met, r.target.measured_msgs_per_s) {
-            (Some(true), Some(m)) => format!("MET ({m:.0} msgs/s)"),
-            (Some(false), Some(m)) => format!(
-                "NOT MET ({m:.0} msgs/s, {:.0}% of it)",
-                m / r.target.msgs_per_s * 100.0
-            ),
-            _ => "not measured".to_string(),
-        }
+        r.target.verdict("msgs")
     );
     if let Some(t) = &r.share_target {
         let vs_http = match (t.ratio_to_http_drain, t.http_drain_msgs_per_s) {
@@ -1166,16 +1180,9 @@ fn render_text(r: &Report) -> String {
         let _ = writeln!(
             o,
             "target {}: {}{}",
-            t.description,
-            match (t.met, t.measured_msgs_per_s) {
-                (Some(true), Some(m)) => format!("MET ({m:.0} records/s)"),
-                (Some(false), Some(m)) => format!(
-                    "NOT MET ({m:.0} records/s, {:.0}% of it)",
-                    m / t.msgs_per_s * 100.0
-                ),
-                _ => "not measured".to_string(),
-            },
-            if t.measured_msgs_per_s.is_some() {
+            t.target.description,
+            t.target.verdict("records"),
+            if t.target.measured_msgs_per_s.is_some() {
                 vs_http
             } else {
                 String::new()
@@ -1185,7 +1192,7 @@ fn render_text(r: &Report) -> String {
             let _ = writeln!(
                 o,
                 "  confluent-kafka ShareConsumer: {c:.0} records/s ({:.0}% of the target){}",
-                c / t.msgs_per_s * 100.0,
+                c / t.target.msgs_per_s * 100.0,
                 t.confluent_ratio_to_http_drain
                     .map_or(String::new(), |x| format!(", {x:.2}x the HTTP drain"))
             );

@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{NewTopic, TopicReplication};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -38,6 +37,7 @@ use strand_tools::cli::{OutputArgs, RunDirArgs, SpawnArgs};
 use strand_tools::host::{utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::report::{host_line, ClientInfo, ToolInfo};
 use strand_tools::run::{exit_code, main_of, RunDir};
+use strand_tools::workload::admin_client;
 
 /// Open files the broker needs besides one per non-empty partition (journal files, listeners,
 /// connections, the runtime's own descriptors), with room to spare.
@@ -732,14 +732,7 @@ fn create_topics(
     partitions: i32,
     timeout: Duration,
 ) -> Result<(f64, f64)> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("client.id", "strand-restart-bench-admin")
-        .create()
-        .context("creating the admin client")?;
-    let options = AdminOptions::new()
-        .operation_timeout(Some(timeout))
-        .request_timeout(Some(timeout));
+    let (admin, options) = admin_client(bootstrap, "strand-restart-bench-admin", timeout)?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
