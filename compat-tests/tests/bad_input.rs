@@ -428,6 +428,36 @@ fn truncated_or_garbage_requests_close_the_connection() {
     admin::assert_broker_serves(&bootstrap);
 }
 
+/// Bytes of a batch [`fill_disk`] produces, before its number.
+const FILLER_BYTES: usize = 128 * 1024;
+
+/// Batch `i` of [`fill_disk`]: [`FILLER_BYTES`] of 0x5a, then `i` in decimal.
+fn filler_batch(i: usize) -> bytes::Bytes {
+    one_record_batch(&[&[0x5au8; FILLER_BYTES][..], format!("{i}").as_bytes()].concat())
+}
+
+/// Produces [`filler_batch`]es to partition 0 of `topic` until the broker refuses one, which
+/// must be KAFKA_STORAGE_ERROR; returns the numbers of the batches it acknowledged (batch `n`
+/// of the list at offset `n`) and the number of the one it refused.
+fn fill_disk(c: &mut RawConn, topic: &str) -> (Vec<usize>, usize) {
+    let mut acked = Vec::new();
+    for i in 0..400 {
+        let (err, base) = admin::produce(c, topic, 0, filler_batch(i));
+        if err != 0 {
+            assert_eq!(
+                err,
+                errors::KAFKA_STORAGE_ERROR,
+                "a produce that hits a full disk is KAFKA_STORAGE_ERROR (refused batch {i})"
+            );
+            assert!(!acked.is_empty(), "some batches fit before the disk filled up");
+            return (acked, i);
+        }
+        assert_eq!(base, acked.len() as i64, "offsets are assigned in order");
+        acked.push(i);
+    }
+    panic!("400 batches of 128 KiB fitted on a 16 MiB file system: the disk never filled up");
+}
+
 /// A real full disk: the broker's data directory is a 16 MiB tmpfs (see
 /// `BrokerBuilder::small_disk`). Produce until the broker refuses: the refusal is
 /// KAFKA_STORAGE_ERROR (56); every acknowledged batch reads back intact at its offset and nothing
@@ -444,30 +474,9 @@ fn disk_full_is_kafka_storage_error() {
     admin::create_topic(&bootstrap, &other, 1, &[]);
     admin::produce_values(&mut c, &other, 0, &[b"written before the disk filled up"]);
 
-    // Produce 128 KiB batches until the broker refuses one; remember what it acknowledged.
-    let value = vec![0x5au8; 128 * 1024];
-    let mut acked: Vec<i64> = Vec::new();
-    let mut refused = None;
-    for i in 0..400 {
-        let batch = one_record_batch(&[&value[..], format!("{i}").as_bytes()].concat());
-        let (err, base) = admin::produce(&mut c, &topic, 0, batch);
-        if err == 0 {
-            assert_eq!(base, acked.len() as i64, "offsets are assigned in order");
-            acked.push(base);
-        } else {
-            refused = Some((i, err));
-            break;
-        }
-    }
-    let Some((at, err)) = refused else {
-        panic!("400 batches of 128 KiB fitted on a 16 MiB file system: the disk never filled up");
-    };
-    assert_eq!(
-        err,
-        errors::KAFKA_STORAGE_ERROR,
-        "a produce that hits a full disk is KAFKA_STORAGE_ERROR (refused batch {at})"
-    );
-    assert!(!acked.is_empty(), "some batches fit before the disk filled up");
+    let value = vec![0x5au8; FILLER_BYTES];
+    let (filled, _) = fill_disk(&mut c, &topic);
+    let acked: Vec<i64> = (0..filled.len() as i64).collect();
 
     // Every acknowledged batch reads back intact, at the offset it was acknowledged with.
     for (i, offset) in acked.iter().enumerate() {
@@ -545,30 +554,8 @@ fn writes_resume_once_a_full_disk_has_space_again() {
     q.publish(&queue, &[OutMessage::new("published before the disk filled up")])
         .expect("publish before the disk filled up");
 
-    // Produce 128 KiB batches until the broker refuses one; every batch i carries its number.
-    let value = vec![0x5au8; 128 * 1024];
-    let batch = |i: usize| one_record_batch(&[&value[..], format!("{i}").as_bytes()].concat());
-    let mut acked: Vec<usize> = Vec::new();
-    let mut refused = None;
-    for i in 0..400 {
-        let (err, base) = admin::produce(&mut c, &topic, 0, batch(i));
-        if err == 0 {
-            assert_eq!(base, acked.len() as i64, "offsets are assigned in order");
-            acked.push(i);
-        } else {
-            refused = Some((i, err));
-            break;
-        }
-    }
-    let Some((at, err)) = refused else {
-        panic!("400 batches of 128 KiB fitted on a 16 MiB file system: the disk never filled up");
-    };
-    assert_eq!(
-        err,
-        errors::KAFKA_STORAGE_ERROR,
-        "a produce that hits a full disk is KAFKA_STORAGE_ERROR (refused batch {at})"
-    );
-    assert!(!acked.is_empty(), "some batches fit before the disk filled up");
+    let value = vec![0x5au8; FILLER_BYTES];
+    let (mut acked, at) = fill_disk(&mut c, &topic);
     let full = q
         .publish(&queue, &[OutMessage::new("published on a full disk")])
         .expect_err("publishing on a full disk");
@@ -579,7 +566,7 @@ fn writes_resume_once_a_full_disk_has_space_again() {
     let mut next = at + 1;
     let mut refusals = 0;
     wait_for(Duration::from_secs(60), "produces to succeed again", || {
-        let (err, base) = admin::produce(&mut c, &topic, 0, batch(next));
+        let (err, base) = admin::produce(&mut c, &topic, 0, filler_batch(next));
         if err == 0 {
             assert_eq!(
                 base,
@@ -600,7 +587,7 @@ fn writes_resume_once_a_full_disk_has_space_again() {
         }
     });
     for _ in 0..8 {
-        let (err, base) = admin::produce(&mut c, &topic, 0, batch(next));
+        let (err, base) = admin::produce(&mut c, &topic, 0, filler_batch(next));
         assert_eq!(
             (err, base),
             (0, acked.len() as i64),

@@ -419,6 +419,17 @@ fn entry_mut<F: Fs>(slots: &mut [Slot<F>], id: LogId) -> Option<&mut Entry<F>> {
     slot.entry.as_mut()
 }
 
+/// Every live entry with its id.
+fn entries_mut<F: Fs>(slots: &mut [Slot<F>]) -> impl Iterator<Item = (LogId, &mut Entry<F>)> {
+    slots.iter_mut().enumerate().filter_map(|(i, s)| {
+        let id = LogId {
+            slot: i as u32,
+            generation: s.generation,
+        };
+        Some((id, s.entry.as_mut()?))
+    })
+}
+
 struct Inner<F: Fs> {
     slots: Vec<Slot<F>>,
     free: Vec<u32>,
@@ -1433,18 +1444,9 @@ impl<F: Fs> ShardStore<F> {
         let (journal, cuts) = {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
-            let cuts: Vec<(LogId, ResumeCut<F::File>, LogIoGuard)> = inner
-                .slots
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let generation = s.generation;
-                    let entry = s.entry.as_mut()?;
+            let cuts: Vec<(LogId, ResumeCut<F::File>, LogIoGuard)> = entries_mut(&mut inner.slots)
+                .filter_map(|(id, entry)| {
                     let cut = entry.log.resume_cut()?;
-                    let id = LogId {
-                        slot: i as u32,
-                        generation,
-                    };
                     Some((id, cut, LogIoGuard::new(&entry.io_users, &self.io_released)))
                 })
                 .collect();
@@ -1744,20 +1746,12 @@ impl<F: Fs> ShardStore<F> {
         let _segments = self.segments_lock.lock().await;
         let plans: Vec<(LogId, PathBuf, RetentionOutcome, LogIoGuard)> = {
             let mut inner = self.inner.borrow_mut();
-            inner
-                .slots
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let generation = s.generation;
-                    let entry = s.entry.as_mut()?;
+            entries_mut(&mut inner.slots)
+                .filter_map(|(id, entry)| {
                     let outcome = entry.log.plan_retention(now_ms);
                     (!outcome.deleted.is_empty()).then(|| {
                         (
-                            LogId {
-                                slot: i as u32,
-                                generation,
-                            },
+                            id,
                             entry.log.dir().to_path_buf(),
                             outcome,
                             LogIoGuard::new(&entry.io_users, &self.io_released),
