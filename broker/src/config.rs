@@ -224,6 +224,9 @@ pub struct Config {
     /// `strand.log.direct.cache.bytes`: with direct writes, each shard's budget for segments'
     /// most recent writes kept in memory to serve reads of them.
     pub log_direct_cache_bytes: usize,
+    /// `strand.storage.resume.free.bytes`: after a full disk, a shard takes writes again once
+    /// its data directory's file system has this many bytes available.
+    pub storage_resume_free_bytes: u64,
     /// `group.min.session.timeout.ms`.
     pub group_min_session_timeout_ms: i32,
     /// `group.max.session.timeout.ms`.
@@ -397,6 +400,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "Segment writes of 64 KiB or more go to the disk with O_DIRECT, so a growing log takes no page-cache pages, and its most recent writes are served from memory (strand.log.direct.cache.bytes). Set false to write through the page cache as Kafka does, on a host with memory to spare whose consumers lag further behind than that memory holds: they then read from the page cache instead of the disk."),
     key("strand.log.direct.cache.bytes", Long, Text("268435456"), Bytes,
         "With strand.log.direct.writes, each shard's memory for its segments' most recent writes, which serve consumers at the log's end. Lower it on a machine with little memory; raise it to serve consumers further behind from memory."),
+    key("strand.storage.resume.free.bytes", Long, Text("67108864"), Bytes,
+        "When a write fails because the disk is full, the shard refuses writes (KAFKA_STORAGE_ERROR, HTTP 503 storage_error) and checks every second for free space; once the data directory's file system has at least this much available, it cuts what the failed write left and takes writes again by itself, without a restart. Other I/O errors keep writes refused until a restart."),
     key("group.min.session.timeout.ms", Int, Text("6000"), Ms, "Smallest consumer session timeout allowed."),
     key("group.max.session.timeout.ms", Int, Text("1800000"), Ms, "Largest consumer session timeout allowed."),
     key("offsets.retention.minutes", Int, Text("10080"), Minutes, "Committed offsets of an empty group are kept this long."),
@@ -971,6 +976,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let log_drop_behind_bytes = r.int("strand.log.drop.behind.bytes", 0, i64::MAX)?;
     let log_direct_writes = r.boolean("strand.log.direct.writes")?;
     let log_direct_cache_bytes = r.int("strand.log.direct.cache.bytes", 0, i64::MAX)?;
+    let storage_resume_free_bytes = r.int("strand.storage.resume.free.bytes", 0, i64::MAX)?;
     let producer_id_expiration_ms = r.int("producer.id.expiration.ms", 1, I32_MAX)?;
     let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
     let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
@@ -1128,6 +1134,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         log_drop_behind_bytes,
         log_direct_writes,
         log_direct_cache_bytes,
+        storage_resume_free_bytes,
         group_min_session_timeout_ms,
         group_max_session_timeout_ms,
         offsets_retention_minutes,

@@ -143,7 +143,12 @@ pub(crate) fn describe() {
     );
     describe_gauge!(
         "strand_storage_offline",
-        "1 when a shard's storage refuses writes after an I/O error."
+        "1 when a shard's storage refuses writes after a failed write: until there is space again \
+         after a full disk (see strand_storage_resumes_total), until a restart after an I/O error."
+    );
+    describe_counter!(
+        "strand_storage_resumes_total",
+        "Times a shard's storage took writes again by itself after a full disk, once space was free."
     );
     describe_counter!("strand_checkpoints_total", "Checkpoints completed, by shard.");
     describe_counter!(
@@ -344,6 +349,7 @@ pub(crate) struct ShardMetrics {
     journal_fsync: Histogram,
     flush_failures: Counter,
     offline: Gauge,
+    resumes: Counter,
     checkpoints: Counter,
     journal_files_recycled: Counter,
     retention_segments: Counter,
@@ -400,6 +406,7 @@ impl ShardMetrics {
             journal_fsync: histogram!("strand_journal_fsync_seconds", &l()),
             flush_failures: counter!("strand_flush_failures_total", &l()),
             offline: gauge!("strand_storage_offline", &l()),
+            resumes: counter!("strand_storage_resumes_total", &l()),
             checkpoints: counter!("strand_checkpoints_total", &l()),
             journal_files_recycled: counter!("strand_journal_files_recycled_total", &l()),
             retention_segments: counter!("strand_retention_segments_deleted_total", &l()),
@@ -575,6 +582,12 @@ impl ShardMetrics {
             self.flush_failures.increment(1);
             self.offline.set(1.0);
         }
+    }
+
+    /// The storage took writes again after a full disk.
+    pub(crate) fn storage_resumed(&self) {
+        self.resumes.increment(1);
+        self.offline.set(0.0);
     }
 
     pub(crate) fn checkpoint(&self, stats: &CheckpointStats) {

@@ -262,6 +262,7 @@ async fn shard_main(
             journal_segment_bytes: config.journal_segment_bytes,
             journal_recycle_files: config.journal_recycle_files,
             direct_min_log_bytes: config.journal_direct_min_log_bytes,
+            resume_free_bytes: config.storage_resume_free_bytes,
             ..StoreConfig::default()
         },
     )

@@ -336,6 +336,18 @@ impl Broker {
         self.spawned("data_dir()").data_dir.clone()
     }
 
+    /// The data directory as the running broker sees it, through `/proc/<pid>/root`: with
+    /// [`BrokerBuilder::data_dir_limit`], on the small file system mounted over it in the
+    /// broker's own mount namespace, where a test can take space and give it back.
+    pub fn data_dir_seen_by_broker(&self) -> PathBuf {
+        let pid = self
+            .pid()
+            .unwrap_or_else(|| panic!("data_dir_seen_by_broker(): the broker is not running"));
+        let dir = self.data_dir();
+        let relative = dir.strip_prefix("/").unwrap_or(&dir);
+        PathBuf::from(format!("/proc/{pid}/root")).join(relative)
+    }
+
     /// The directory of one partition's log: `<log.dirs>/<topic>-<partition>` (Kafka's layout).
     pub fn partition_dir(&self, topic: &str, partition: i32) -> PathBuf {
         self.data_dir().join(format!("{topic}-{partition}"))

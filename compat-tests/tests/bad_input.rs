@@ -10,10 +10,12 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::records::Compression;
+use serde_json::json;
 use strand_compat_tests::admin::{self, errors, versions};
 use strand_compat_tests::data::Gen;
+use strand_compat_tests::queue_client::{LeaseOptions, OutMessage, QueueClient};
 use strand_compat_tests::raw::{self, RawConn};
-use strand_compat_tests::{unique_topic, Broker, BrokerBuilder};
+use strand_compat_tests::{unique_topic, wait_for, Broker, BrokerBuilder};
 
 const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
@@ -426,11 +428,42 @@ fn truncated_or_garbage_requests_close_the_connection() {
     admin::assert_broker_serves(&bootstrap);
 }
 
+/// Bytes of a batch [`fill_disk`] produces, before its number.
+const FILLER_BYTES: usize = 128 * 1024;
+
+/// Batch `i` of [`fill_disk`]: [`FILLER_BYTES`] of 0x5a, then `i` in decimal.
+fn filler_batch(i: usize) -> bytes::Bytes {
+    one_record_batch(&[&[0x5au8; FILLER_BYTES][..], format!("{i}").as_bytes()].concat())
+}
+
+/// Produces [`filler_batch`]es to partition 0 of `topic` until the broker refuses one, which
+/// must be KAFKA_STORAGE_ERROR; returns the numbers of the batches it acknowledged (batch `n`
+/// of the list at offset `n`) and the number of the one it refused.
+fn fill_disk(c: &mut RawConn, topic: &str) -> (Vec<usize>, usize) {
+    let mut acked = Vec::new();
+    for i in 0..400 {
+        let (err, base) = admin::produce(c, topic, 0, filler_batch(i));
+        if err != 0 {
+            assert_eq!(
+                err,
+                errors::KAFKA_STORAGE_ERROR,
+                "a produce that hits a full disk is KAFKA_STORAGE_ERROR (refused batch {i})"
+            );
+            assert!(!acked.is_empty(), "some batches fit before the disk filled up");
+            return (acked, i);
+        }
+        assert_eq!(base, acked.len() as i64, "offsets are assigned in order");
+        acked.push(i);
+    }
+    panic!("400 batches of 128 KiB fitted on a 16 MiB file system: the disk never filled up");
+}
+
 /// A real full disk: the broker's data directory is a 16 MiB tmpfs (see
 /// `BrokerBuilder::small_disk`). Produce until the broker refuses: the refusal is
 /// KAFKA_STORAGE_ERROR (56); every acknowledged batch reads back intact at its offset and nothing
-/// unacknowledged becomes visible; the shard stays offline for writes (Kafka's offline log
-/// directory, until a restart) while reads and metadata keep working.
+/// unacknowledged becomes visible; the shard stays offline for writes while the disk is full
+/// (`strand.storage.resume.free.bytes`, 64 MiB by default, is more than this file system holds)
+/// while reads and metadata keep working.
 #[test]
 fn disk_full_is_kafka_storage_error() {
     let broker = Broker::builder().small_disk().start();
@@ -441,30 +474,9 @@ fn disk_full_is_kafka_storage_error() {
     admin::create_topic(&bootstrap, &other, 1, &[]);
     admin::produce_values(&mut c, &other, 0, &[b"written before the disk filled up"]);
 
-    // Produce 128 KiB batches until the broker refuses one; remember what it acknowledged.
-    let value = vec![0x5au8; 128 * 1024];
-    let mut acked: Vec<i64> = Vec::new();
-    let mut refused = None;
-    for i in 0..400 {
-        let batch = one_record_batch(&[&value[..], format!("{i}").as_bytes()].concat());
-        let (err, base) = admin::produce(&mut c, &topic, 0, batch);
-        if err == 0 {
-            assert_eq!(base, acked.len() as i64, "offsets are assigned in order");
-            acked.push(base);
-        } else {
-            refused = Some((i, err));
-            break;
-        }
-    }
-    let Some((at, err)) = refused else {
-        panic!("400 batches of 128 KiB fitted on a 16 MiB file system: the disk never filled up");
-    };
-    assert_eq!(
-        err,
-        errors::KAFKA_STORAGE_ERROR,
-        "a produce that hits a full disk is KAFKA_STORAGE_ERROR (refused batch {at})"
-    );
-    assert!(!acked.is_empty(), "some batches fit before the disk filled up");
+    let value = vec![0x5au8; FILLER_BYTES];
+    let (filled, _) = fill_disk(&mut c, &topic);
+    let acked: Vec<i64> = (0..filled.len() as i64).collect();
 
     // Every acknowledged batch reads back intact, at the offset it was acknowledged with.
     for (i, offset) in acked.iter().enumerate() {
@@ -482,8 +494,8 @@ fn disk_full_is_kafka_storage_error() {
         "nothing unacknowledged became visible"
     );
 
-    // Writes stay refused (the log directory is offline until a restart, as in Kafka) while
-    // everything else keeps working: reads, metadata, other clients.
+    // Writes stay refused while the disk is full, while everything else keeps working: reads,
+    // metadata, other clients.
     let (err, _) = admin::produce(&mut c, &other, 0, one_record_batch(b"after"));
     assert_eq!(err, errors::KAFKA_STORAGE_ERROR);
     let f = admin::fetch(&mut c, &other, 0, 0, 1 << 20);
@@ -509,6 +521,146 @@ fn disk_full_is_kafka_storage_error() {
         metrics.contains("error=\"KafkaStorageError\""),
         "the refused produces are counted by error code"
     );
+}
+
+/// A full disk that gets space again: writes resume by themselves, without a restart. The
+/// data directory is a 16 MiB tmpfs of which the test first takes 5 MiB (a file in the broker's
+/// view of it); the broker takes writes again once 3 MiB are free
+/// (`strand.storage.resume.free.bytes`). Fill the disk by producing until the broker refuses
+/// (KAFKA_STORAGE_ERROR, answered, not timed out; the HTTP door answers 503 `storage_error`),
+/// then delete the file: produces succeed again at the next offsets, the HTTP door publishes,
+/// every acknowledged batch reads back in order at its offset, the resume is logged and counted,
+/// and the offline gauge is back to 0.
+#[test]
+fn writes_resume_once_a_full_disk_has_space_again() {
+    let broker = Broker::builder()
+        .small_disk()
+        .config("strand.storage.resume.free.bytes", 3 << 20)
+        .start();
+    let ballast = broker.data_dir_seen_by_broker().join("ballast");
+    std::fs::write(&ballast, vec![1u8; 5 << 20]).unwrap_or_else(|e| {
+        panic!(
+            "cannot take space in the broker's data directory ({}): {e}",
+            ballast.display()
+        )
+    });
+    let bootstrap = broker.bootstrap();
+    let mut c = admin::connect(&bootstrap);
+    let topic = admin::new_topic(&bootstrap, "refill", 1);
+    let mut q = QueueClient::new(&broker.http_addr());
+    let queue = unique_topic("refill-queue");
+    let (status, answer) = q.put_queue(&queue, &json!({})).expect("PUT queue");
+    assert_eq!(status, 201, "{answer}");
+    q.publish(&queue, &[OutMessage::new("published before the disk filled up")])
+        .expect("publish before the disk filled up");
+
+    let value = vec![0x5au8; FILLER_BYTES];
+    let (mut acked, at) = fill_disk(&mut c, &topic);
+    let full = q
+        .publish(&queue, &[OutMessage::new("published on a full disk")])
+        .expect_err("publishing on a full disk");
+    assert_eq!(full.status(), Some((503, "storage_error")), "{full:?}");
+
+    // Space again: the broker notices it by itself and takes writes again, at the next offsets.
+    std::fs::remove_file(&ballast).expect("give the space back");
+    let mut next = at + 1;
+    let mut refusals = 0;
+    wait_for(Duration::from_secs(60), "produces to succeed again", || {
+        let (err, base) = admin::produce(&mut c, &topic, 0, filler_batch(next));
+        if err == 0 {
+            assert_eq!(
+                base,
+                acked.len() as i64,
+                "the first batch after the disk had space again"
+            );
+            acked.push(next);
+            next += 1;
+            Some(())
+        } else {
+            assert_eq!(
+                err,
+                errors::KAFKA_STORAGE_ERROR,
+                "refused while the broker catches up"
+            );
+            refusals += 1;
+            None
+        }
+    });
+    for _ in 0..8 {
+        let (err, base) = admin::produce(&mut c, &topic, 0, filler_batch(next));
+        assert_eq!(
+            (err, base),
+            (0, acked.len() as i64),
+            "produce after the disk had space again"
+        );
+        acked.push(next);
+        next += 1;
+    }
+    q.publish(
+        &queue,
+        &[OutMessage::new("published after the disk had space again")],
+    )
+    .expect("the HTTP door publishes again");
+
+    // Every acknowledged batch, in order, at its offset; nothing else.
+    let mut offset = 0i64;
+    while offset < acked.len() as i64 {
+        let f = admin::fetch(&mut c, &topic, 0, offset, 1 << 20);
+        assert_eq!(f.error_code, 0);
+        assert!(!f.records.is_empty(), "nothing at offset {offset}");
+        for (o, _, v, _) in f.records {
+            assert_eq!(o, offset);
+            let i = acked[o as usize];
+            let v = v.expect("value");
+            assert_eq!(&v[..value.len()], &value[..], "record {o} intact");
+            assert_eq!(
+                &v[value.len()..],
+                format!("{i}").as_bytes(),
+                "record {o} is batch {i}"
+            );
+            offset += 1;
+        }
+    }
+    assert_eq!(admin::latest(&mut c, &topic, 0), acked.len() as i64);
+    // Both published messages are there for a consumer of the queue; the refused one is not.
+    let leased = q
+        .lease(
+            &queue,
+            &LeaseOptions {
+                max_messages: Some(10),
+                wait_ms: Some(1000),
+                ..LeaseOptions::default()
+            },
+        )
+        .expect("lease");
+    let payloads: Vec<&str> = leased.iter().filter_map(|m| m.payload.as_deref()).collect();
+    assert_eq!(
+        payloads,
+        [
+            "published before the disk filled up",
+            "published after the disk had space again"
+        ],
+        "{leased:?}"
+    );
+
+    let metrics = broker.metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("strand_storage_resumes_total") && l.ends_with(" 1")),
+        "the resume is counted: {refusals} refusals before it"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("strand_storage_offline") && l.ends_with(" 0")),
+        "the offline gauge is back to 0"
+    );
+    assert!(
+        broker.log_text().contains("takes writes again"),
+        "the resume is logged"
+    );
+    broker.assert_never_panicked("after a full disk had space again");
 }
 
 /// Bytes that decode into one-element arrays, short strings and small or extreme numbers more

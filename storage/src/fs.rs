@@ -50,6 +50,9 @@ pub trait FileHandle: 'static {
     fn seal(&self) -> bool {
         false
     }
+    /// Undoes [`FileHandle::seal`]: the file is the active segment again (a failed flush round
+    /// discarded the segments after it), and reserves space again where it did.
+    fn unseal(&self) {}
     /// A descriptor of this file (its own, to be closed by the caller) from which the `len`
     /// bytes at `pos` may be sent as they are (`sendfile`), from any thread, for as long as
     /// the caller holds it; `None` where they must be read with [`FileHandle::read_at`]
@@ -242,6 +245,8 @@ pub trait Fs: Clone + 'static {
     /// of many logs, and logs created together.
     async fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
     async fn exists(&self, path: &Path) -> bool;
+    /// Space left on the file system holding `path` (`statvfs`), for an unprivileged writer.
+    async fn space(&self, path: &Path) -> io::Result<FsSpace>;
 
     /// Reads a whole small file (metadata, checkpoints).
     async fn read_file(&self, path: &Path) -> io::Result<Bytes> {
@@ -276,6 +281,25 @@ pub trait Fs: Clone + 'static {
         }
         Ok(())
     }
+}
+
+/// What [`Fs::space`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Bytes an unprivileged writer may still allocate (`f_bavail` blocks).
+    pub available_bytes: u64,
+    /// Inodes left (`f_favail`); `None` where the file system has no fixed number of them
+    /// (it reports none at all, as btrfs does).
+    pub available_inodes: Option<u64>,
+}
+
+/// [`Fs::space`] of a real file system.
+fn statvfs_space(path: &Path) -> io::Result<FsSpace> {
+    let s = rustix::fs::statvfs(path)?;
+    Ok(FsSpace {
+        available_bytes: s.f_bavail.saturating_mul(s.f_frsize),
+        available_inodes: (s.f_files > 0).then_some(s.f_favail),
+    })
 }
 
 /// The temporary file [`Fs::write_file_atomic`] writes before renaming it over `path`.
@@ -370,6 +394,10 @@ impl Fs for StdFs {
 
     async fn exists(&self, path: &Path) -> bool {
         path.exists()
+    }
+
+    async fn space(&self, path: &Path) -> io::Result<FsSpace> {
+        statvfs_space(path)
     }
 }
 

@@ -111,7 +111,7 @@ use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 use glommio::sync::RwLock;
 use rustix::io::{Errno, ReadWriteFlags};
 
-use crate::fs::{direct_aligned, FileHandle, Fs, StageBuf, StdFs};
+use crate::fs::{direct_aligned, FileHandle, Fs, FsSpace, StageBuf, StdFs};
 use crate::region::FileRegions;
 
 /// A shard's file system on glommio; usable only inside a glommio executor. Clones share one
@@ -1154,6 +1154,12 @@ impl FileHandle for GlommioFile {
         }
     }
 
+    fn unseal(&self) {
+        if let Some(side) = &self.side {
+            side.sealed.set(false);
+        }
+    }
+
     async fn size(&self) -> io::Result<u64> {
         match &self.file {
             Inner::Buffered(f) => Ok(f.file_size().await?),
@@ -1557,6 +1563,12 @@ impl Fs for GlommioFs {
 
     async fn exists(&self, path: &Path) -> bool {
         StdFs.exists(path).await
+    }
+
+    /// A plain `statvfs` on the executor: it reads the superblock's counters, and runs about
+    /// once a second, only while the store is offline for want of space.
+    async fn space(&self, path: &Path) -> io::Result<FsSpace> {
+        StdFs.space(path).await
     }
 }
 

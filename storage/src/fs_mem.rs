@@ -20,7 +20,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 
-use crate::fs::{direct_aligned, FileHandle, Fs};
+use crate::fs::{direct_aligned, FileHandle, Fs, FsSpace};
 use crate::region::FileRegions;
 
 #[derive(Default, Debug)]
@@ -323,6 +323,10 @@ impl FileHandle for MemFile {
         Ok(())
     }
 
+    fn unseal(&self) {
+        self.sealed.set(false);
+    }
+
     fn seal(&self) -> bool {
         if !self.segment {
             return false;
@@ -531,6 +535,18 @@ impl Fs for MemFs {
     async fn exists(&self, path: &Path) -> bool {
         let state = self.state.borrow();
         state.files.contains_key(path) || state.dirs.contains(path)
+    }
+
+    /// What [`MemFs::set_capacity`] leaves; unlimited without one.
+    async fn space(&self, _path: &Path) -> io::Result<FsSpace> {
+        let state = self.state.borrow();
+        let available_bytes = state
+            .capacity_bytes
+            .map_or(u64::MAX, |cap| cap.saturating_sub(state.used_bytes()));
+        Ok(FsSpace {
+            available_bytes,
+            available_inodes: None,
+        })
     }
 }
 

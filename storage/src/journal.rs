@@ -546,6 +546,14 @@ impl<F: Fs> Journal<F> {
         })
     }
 
+    /// The current file and where its synced entries end. A failed round may have written
+    /// entries past that, valid ones even (its segment writes failed, not its journal write):
+    /// [`crate::ShardStore::try_resume`] cuts them off before the offsets they carry are given
+    /// out again, or replay after a crash could take them for the batches appended there since.
+    pub(crate) fn synced_end(&self) -> (Rc<F::File>, u64, PathBuf) {
+        (self.file.clone(), self.position, self.path.clone())
+    }
+
     /// Records that a round's write of `len` bytes at the current position is durable.
     pub(crate) fn advance(&mut self, len: u64) {
         self.position += len;

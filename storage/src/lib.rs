@@ -35,7 +35,10 @@ pub use log::{
 };
 pub use region::{FileRegion, FileRegions};
 pub use replay::{replay_journals, ReplayReport};
-pub use store::{AppendTicket, CheckpointStats, LogId, LogOffsets, RoundStats, ShardStore, StoreConfig};
+pub use store::{
+    AppendTicket, CheckpointStats, LogId, LogOffsets, Offline, ResumeOutcome, RoundStats, ShardStore,
+    StoreConfig,
+};
 
 /// Errors of the storage engine. I/O errors carry the operation and the path.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +63,10 @@ pub enum StorageError {
     Busy(&'static str),
     #[error("no such log (removed?)")]
     UnknownLog,
-    #[error("storage is offline for writes: {0}")]
-    Offline(String),
+    /// A failed flush round took the store offline for writes (see [`ShardStore::offline`]);
+    /// `disk_full`: it failed for want of space, and writes resume once there is space again.
+    #[error("storage is offline for writes: {reason}")]
+    Offline { reason: String, disk_full: bool },
     #[error("checkpoint failed: {0}")]
     Checkpoint(String),
     #[error("journal file {} was not replayed before the shard started", .0.display())]
@@ -82,11 +87,25 @@ impl StorageError {
     /// Whether the error means the disk is full.
     pub fn is_disk_full(&self) -> bool {
         match self {
-            StorageError::Io { source, .. } => source.raw_os_error() == Some(28),
-            StorageError::Offline(reason) => {
-                reason.contains("No space left") || reason.contains("os error 28")
-            }
+            StorageError::Io { source, .. } => io_disk_full(source),
+            StorageError::Offline { disk_full, .. } => *disk_full,
             _ => false,
         }
     }
+
+    /// Whether a flush round that failed with this error left the store as a restart would find
+    /// it once its unflushed tail is cut back: a write (or the creation of a segment file) was
+    /// refused for want of space, so nothing it touched was written past what it reports. A sync
+    /// that fails, even with `ENOSPC`, may have dropped written pages the journal vouches for,
+    /// and an I/O error may have damaged anything: only a restart's recovery is trusted after
+    /// those (as Kafka keeps a failed log directory offline until a restart, and as
+    /// PostgreSQL treats a failed `fsync`).
+    pub(crate) fn refused_for_space(&self) -> bool {
+        matches!(self, StorageError::Io { op: "write journal" | "write segment" | "create segment", source, .. } if io_disk_full(source))
+    }
+}
+
+/// `ENOSPC`, or a write the file system cut short (see `fs_glommio::short_write`).
+fn io_disk_full(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(28) || e.kind() == std::io::ErrorKind::StorageFull
 }

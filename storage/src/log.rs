@@ -66,7 +66,7 @@ use crate::index::{OffsetIndex, TimeIndex};
 use crate::notify::Notify;
 use crate::producer::{ProducerCheck, ProducerState};
 use crate::region::{FileRegion, FileRegions};
-use crate::segment::{self, relative, IndexFilesOnDisk, Segment};
+use crate::segment::{self, relative, IndexBuilder, IndexFilesOnDisk, Segment};
 use crate::StorageError;
 
 /// Settings of one partition log (the topic's effective configuration).
@@ -471,6 +471,117 @@ impl<Fl: FileHandle> DiscardPlan<Fl> {
     }
 }
 
+/// Makes a log's files end where the log does, durably, after a failed flush round discarded
+/// its unflushed tail ([`PartitionLog::discard_unflushed`]): what a restart's recovery would
+/// leave, so that the offsets above the high watermark, which were never acknowledged nor
+/// visible, may be given out again. The discard's own plan cuts the files back but syncs
+/// nothing, may fail, and leaves a segment file a failed round created: a crash after the
+/// offsets were given out again could then bring the discarded batches back in their place
+/// (recovery takes whatever valid batches a segment holds past its recovery point, and journal
+/// replay skips entries the log already has).
+pub(crate) struct ResumeCut<Fl> {
+    dir: PathBuf,
+    /// The active segment's base offset: segment files above it are the discarded segments'.
+    base: i64,
+    /// The active segment's file, if it has one (or a failed round created it).
+    file: Option<Rc<Fl>>,
+    /// The active segment's length: where its data ends.
+    len: u64,
+    /// The log's directory changes when the cut was planned, which its directory sync covers.
+    dir_changes: u64,
+    /// The active segment's indexes and largest timestamp, cut back to its last offset-index
+    /// entry, and where that is (position, offset): the discard cut them to the high watermark
+    /// without the batches between that entry and it, whose largest timestamp may be the
+    /// segment's. [`ResumeCut::run`] reads those batches again, as recovery does.
+    rescan: (u64, i64, IndexBuilder, OffsetIndex, TimeIndex),
+    index_interval_bytes: u64,
+}
+
+/// What [`ResumeCut::run`] hands back to [`PartitionLog::resume_cut_done`]: the directory changes
+/// its sync covered, and the active segment's rebuilt indexes.
+pub(crate) struct ResumeCutDone {
+    dir_changes: u64,
+    indexes: (IndexBuilder, OffsetIndex, TimeIndex),
+}
+
+impl<Fl: FileHandle> ResumeCut<Fl> {
+    /// Removes the segment files past the active segment (and the active one's, if it has no
+    /// data nor handle), cuts the active segment's file to its data, gives it back its
+    /// reservation of space if sealing took it (a roll the failed round made), syncs it and
+    /// the directory, and rebuilds its indexes' tail from its data. Returns what
+    /// [`PartitionLog::resume_cut_done`] takes.
+    pub(crate) async fn run<F: Fs<File = Fl>>(self, fs: &F) -> Result<ResumeCutDone, StorageError> {
+        let dir = &self.dir;
+        let names = fs
+            .list_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("list log directory", dir, e))?;
+        for name in names {
+            let Some((base, log_file)) = ["log", "index", "timeindex"]
+                .into_iter()
+                .find_map(|suffix| segment::parse_file_name(&name, suffix).map(|b| (b, suffix == "log")))
+            else {
+                continue;
+            };
+            let stale = base > self.base || (base == self.base && log_file && self.file.is_none());
+            if stale {
+                let path = dir.join(&name);
+                match fs.remove_file(&path).await {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(StorageError::io("remove discarded segment", &path, e));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(file) = &self.file {
+            file.unseal();
+            file.truncate(self.len)
+                .await
+                .map_err(|e| StorageError::io("cut discarded tail", dir, e))?;
+            file.fdatasync()
+                .await
+                .map_err(|e| StorageError::io("sync cut segment", dir, e))?;
+        }
+        fs.sync_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("sync log directory", dir, e))?;
+        let (from, offset, mut builder, mut index, mut time_index) = self.rescan;
+        if let Some(file) = self.file.as_ref().filter(|_| from < self.len) {
+            // Producer state was cut to the high watermark already.
+            let mut producers = ProducerState::default();
+            let out = segment::scan(
+                &**file,
+                self.base,
+                from,
+                offset,
+                self.len,
+                self.index_interval_bytes,
+                &mut builder,
+                &mut index,
+                &mut time_index,
+                &mut producers,
+            )
+            .await
+            .map_err(|e| StorageError::io("scan segment", dir, e))?;
+            if out.valid_size != self.len {
+                return Err(StorageError::Io {
+                    op: "scan segment",
+                    path: dir.clone(),
+                    source: std::io::Error::other(format!(
+                        "acknowledged data ends at {} of {} bytes ({:?})",
+                        out.valid_size, self.len, out.problem
+                    )),
+                });
+            }
+        }
+        Ok(ResumeCutDone {
+            dir_changes: self.dir_changes,
+            indexes: (builder, index, time_index),
+        })
+    }
+}
+
 const LOG_START_FILE: &str = "log-start-offset";
 const RECOVERY_POINT_FILE: &str = "recovery-point";
 const EPOCH_FILE: &str = "leader-epoch-checkpoint";
@@ -526,6 +637,10 @@ pub struct PartitionLog<F: Fs> {
     sealed_below: i64,
     /// Segment files cut back to their data by sealing so far (see `Segment::cut_seq`).
     cuts: u64,
+    /// A failed flush round discarded the unflushed tail ([`PartitionLog::discard_unflushed`]),
+    /// and no [`ResumeCut`] has made the files end where the log does since: until one has,
+    /// the store must not take writes again (see [`crate::ShardStore::try_resume`]).
+    tail_discarded: bool,
 }
 
 impl<F: Fs> PartitionLog<F> {
@@ -623,6 +738,7 @@ impl<F: Fs> PartitionLog<F> {
             retention_floor: None,
             sealed_below: 0,
             cuts: 0,
+            tail_discarded: false,
         };
 
         // A recovery point is usable only if its segment still exists and is at least that long
@@ -1329,6 +1445,7 @@ impl<F: Fs> PartitionLog<F> {
     /// After a failed flush round: throws away everything above the high watermark (nothing
     /// there was acknowledged). Synchronous; the returned plan cuts the files back.
     pub(crate) fn discard_unflushed(&mut self) -> DiscardPlan<F::File> {
+        self.tail_discarded = true;
         self.takes_in_flight = 0;
         self.staged.clear();
         self.staged_since = None;
@@ -1367,6 +1484,56 @@ impl<F: Fs> PartitionLog<F> {
     /// before it became durable was discarded, whatever offsets later appends reuse.
     pub fn discard_generation(&self) -> u64 {
         self.discard_generation
+    }
+
+    /// What must happen to this log's files before the store takes writes again after a failed
+    /// flush round discarded its tail, or `None` if it discarded nothing here (see
+    /// [`ResumeCut`]). Call with no round in flight and no discard plan running.
+    pub(crate) fn resume_cut(&mut self) -> Option<ResumeCut<F::File>> {
+        if !self.tail_discarded {
+            return None;
+        }
+        debug_assert!(self.staged.is_empty() && self.takes_in_flight == 0);
+        debug_assert_eq!(self.next_offset, self.high_watermark);
+        let seg = self.active();
+        // As recovery does when it cuts index entries: back to the last offset-index entry.
+        let (at, rel) = seg
+            .index
+            .last()
+            .map_or((0, 0), |e| (e.position, e.relative_offset));
+        let mut index = seg.index.clone();
+        let mut time_index = seg.time_index.clone();
+        index.truncate_to_position(at);
+        time_index.truncate_to_offset(rel);
+        let mut builder = IndexBuilder::default();
+        builder.reset(u64::from(at), &index, &time_index);
+        Some(ResumeCut {
+            dir: self.dir.clone(),
+            base: seg.base_offset,
+            // The file the round that failed created, if it had none before.
+            file: seg.file.clone().or_else(|| seg.created.borrow().clone()),
+            len: seg.size,
+            dir_changes: self.dir_changes,
+            rescan: (
+                u64::from(at),
+                seg.base_offset + i64::from(rel),
+                builder,
+                index,
+                time_index,
+            ),
+            index_interval_bytes: self.config.index_interval_bytes,
+        })
+    }
+
+    /// Records that a [`ResumeCut`] from [`PartitionLog::resume_cut`] ran: the files end where
+    /// the log does, durably, its directory sync covered the changes counted when it was
+    /// planned, and the active segment has its indexes rebuilt.
+    pub(crate) fn resume_cut_done(&mut self, done: ResumeCutDone) {
+        self.tail_discarded = false;
+        self.dir_synced(done.dir_changes);
+        let seg = self.active_mut();
+        (seg.index_builder, seg.index, seg.time_index) = done.indexes;
+        seg.index_dirty = true;
     }
 
     /// Removes every record at or after `offset`, which must be a batch boundary between the

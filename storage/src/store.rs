@@ -56,9 +56,16 @@
 //! directory meanwhile (the topic created again) waits for that.
 //!
 //! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
-//! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`] until a
-//! restart, while reads of durable data keep working. Nothing acknowledged is touched. This is
-//! Kafka's offline-log-directory behaviour, minus the reads.
+//! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`], while
+//! reads of durable data keep working. Nothing acknowledged is touched; everything above the
+//! high watermarks is thrown away in memory, as a restart's recovery would. After an I/O error,
+//! or a failed sync, writes stay refused until a restart (Kafka's offline log directory, minus
+//! the reads). After a write refused for want of space (`ENOSPC`), [`ShardStore::try_resume`],
+//! which the shard calls periodically, takes writes again once the file system has
+//! [`StoreConfig::resume_free_bytes`] free: it first makes the files end where the logs do,
+//! durably (the journal cut back to its synced end, each log's discarded tail cut from its
+//! segment files, its indexes rebuilt), so that no discarded batch can come back after a crash
+//! in place of one appended since at its offset.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -66,7 +73,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 
@@ -74,8 +81,8 @@ use crate::fs::{FileHandle, Fs};
 use crate::journal::{Journal, LogKey};
 use crate::log::{
     persist_log_start_offset, remove_segment_files, write_chunks, AppendInfo, CheckpointWork, DiscardPlan,
-    LogConfig, LogIoGuard, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, RetentionOutcome,
-    StagedWrites, WrittenChunk,
+    LogConfig, LogIoGuard, PartitionLog, ReadPlan, RecoveryPoint, RecoveryReport, ResumeCut,
+    RetentionOutcome, StagedWrites, WrittenChunk,
 };
 use crate::notify::Notify;
 use crate::StorageError;
@@ -121,7 +128,15 @@ pub struct StoreConfig {
     /// the file system instead of fsyncs per file (see [`ShardStore::checkpoint`]). 0, or
     /// `direct_min_log_bytes` 0 (the switch for file-system syncs), turns this off.
     pub checkpoint_syncfs_min_logs: usize,
+    /// After a full disk took the store offline, writes resume ([`ShardStore::try_resume`]) once
+    /// the file system has at least this many bytes available (and
+    /// [`RESUME_MIN_FREE_INODES`] inodes, where it counts them).
+    pub resume_free_bytes: u64,
 }
+
+/// Inodes a file system must have available for [`ShardStore::try_resume`]: new segment files
+/// (three per roll), journal files, checkpoint temporaries.
+pub const RESUME_MIN_FREE_INODES: u64 = 256;
 
 impl Default for StoreConfig {
     fn default() -> Self {
@@ -133,7 +148,64 @@ impl Default for StoreConfig {
             direct_min_log_bytes: 16 << 10,
             overlap_min_bytes: 64 << 10,
             checkpoint_syncfs_min_logs: 16,
+            resume_free_bytes: 64 << 20,
         }
+    }
+}
+
+/// Why a store refuses writes (see the module documentation, *Failure*).
+#[derive(Debug, Clone)]
+pub struct Offline {
+    /// The failed round's error.
+    pub reason: String,
+    /// The round failed because a write was refused for want of space: writes resume once
+    /// space is free again ([`ShardStore::try_resume`]). Otherwise they stay refused until a
+    /// restart.
+    pub disk_full: bool,
+    /// When the store went offline.
+    pub since: Instant,
+}
+
+/// What [`ShardStore::try_resume`] did.
+#[derive(Debug)]
+pub enum ResumeOutcome {
+    /// The store takes writes; nothing to do.
+    Online,
+    /// Offline for a reason free space does not cure (an I/O error): until a restart.
+    NotResumable,
+    /// Not enough space yet (see [`StoreConfig::resume_free_bytes`]).
+    WaitingForSpace(crate::fs::FsSpace),
+    /// A flush round, the clean-up of a failed one, or the store's shutdown is under way: try
+    /// again later.
+    Busy,
+    /// Bringing the files back failed; still offline (and for good if the error was not one of
+    /// space).
+    Failed(StorageError),
+    /// Writes are taken again.
+    Resumed {
+        /// How long writes were refused.
+        offline_for: Duration,
+        /// Logs whose discarded tails were cut from their files.
+        logs_cut: usize,
+        space: crate::fs::FsSpace,
+    },
+}
+
+impl Offline {
+    fn error(&self) -> StorageError {
+        StorageError::Offline {
+            reason: self.reason.clone(),
+            disk_full: self.disk_full,
+        }
+    }
+}
+
+/// Keeps the failure a round reports: the first, unless a later one is worse (not a write
+/// refused for space, which [`ShardStore::try_resume`] can recover from, while the other cannot).
+fn note_failure(slot: &mut Option<StorageError>, e: StorageError) {
+    match slot {
+        Some(first) if !first.refused_for_space() || e.refused_for_space() => {}
+        _ => *slot = Some(e),
     }
 }
 
@@ -298,8 +370,8 @@ impl<F: Fs> WrittenRound<F> {
             }
         }
         self.journal_bytes += later.journal_bytes;
-        if self.failure.is_none() {
-            self.failure = later.failure;
+        if let Some(e) = later.failure {
+            note_failure(&mut self.failure, e);
         }
         self.takes += later.takes;
         self.stats.writes += later.stats.writes;
@@ -347,6 +419,17 @@ fn entry_mut<F: Fs>(slots: &mut [Slot<F>], id: LogId) -> Option<&mut Entry<F>> {
     slot.entry.as_mut()
 }
 
+/// Every live entry with its id.
+fn entries_mut<F: Fs>(slots: &mut [Slot<F>]) -> impl Iterator<Item = (LogId, &mut Entry<F>)> {
+    slots.iter_mut().enumerate().filter_map(|(i, s)| {
+        let id = LogId {
+            slot: i as u32,
+            generation: s.generation,
+        };
+        Some((id, s.entry.as_mut()?))
+    })
+}
+
 struct Inner<F: Fs> {
     slots: Vec<Slot<F>>,
     free: Vec<u32>,
@@ -356,7 +439,7 @@ struct Inner<F: Fs> {
     /// syncs them.
     dir_sync_wanted: Vec<LogId>,
     journal: Journal<F>,
-    offline: Option<String>,
+    offline: Option<Offline>,
     /// Directories of removed logs not deleted yet (see [`ShardStore::remove_log`]).
     removing: Vec<PathBuf>,
 }
@@ -376,6 +459,8 @@ pub struct ShardStore<F: Fs> {
     takes_in_flight: Cell<u32>,
     /// Set by [`ShardStore::shutdown`]: the flusher starts no more rounds.
     closing: Cell<bool>,
+    /// Discard plans of failed rounds running ([`ShardStore::run_discards`]).
+    discarding: Cell<u32>,
     checkpoint_running: Cell<bool>,
     /// Notified when the last `LogIoGuard` of a log is dropped.
     io_released: Rc<Notify>,
@@ -415,6 +500,7 @@ impl<F: Fs> ShardStore<F> {
             work: Notify::new(),
             takes_in_flight: Cell::new(0),
             closing: Cell::new(false),
+            discarding: Cell::new(0),
             checkpoint_running: Cell::new(false),
             io_released: Rc::new(Notify::new()),
             segments_lock: futures::lock::Mutex::new(()),
@@ -667,6 +753,11 @@ impl<F: Fs> ShardStore<F> {
 
     /// Why writes are refused, if they are.
     pub fn offline_reason(&self) -> Option<String> {
+        self.inner.borrow().offline.as_ref().map(|o| o.reason.clone())
+    }
+
+    /// Whether writes are refused, why, and whether free space will cure it.
+    pub fn offline(&self) -> Option<Offline> {
         self.inner.borrow().offline.clone()
     }
 
@@ -680,8 +771,8 @@ impl<F: Fs> ShardStore<F> {
         now_ms: i64,
     ) -> Result<AppendTicket, StorageError> {
         let mut inner = self.inner.borrow_mut();
-        if let Some(reason) = &inner.offline {
-            return Err(StorageError::Offline(reason.clone()));
+        if let Some(offline) = &inner.offline {
+            return Err(offline.error());
         }
         let inner = &mut *inner;
         // Not `ok_or`: it builds (and drops) the error on every append.
@@ -725,7 +816,14 @@ impl<F: Fs> ShardStore<F> {
     }
 
     fn offline_error(&self) -> StorageError {
-        StorageError::Offline(self.offline_reason().unwrap_or_else(|| "flush failed".to_owned()))
+        match &self.inner.borrow().offline {
+            Some(offline) => offline.error(),
+            // Its round failed, and the store has been brought back since.
+            None => StorageError::Offline {
+                reason: "flush failed".to_owned(),
+                disk_full: false,
+            },
+        }
     }
 
     /// Notified after every flush round: fetch long-polls wait on it and re-check.
@@ -1099,9 +1197,7 @@ impl<F: Fs> ShardStore<F> {
                     }
                     parts.push((id, end, done));
                 }
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
+                Err(e) => note_failure(&mut failure, e),
             }
         }
         WrittenRound {
@@ -1123,9 +1219,9 @@ impl<F: Fs> ShardStore<F> {
         if round.failure.is_some() || round.syncs.is_empty() {
             return;
         }
-        if let Some(reason) = self.offline_reason() {
+        if self.offline().is_some() {
             // The round before failed and threw this one's appends away.
-            round.failure = Some(StorageError::Offline(reason));
+            round.failure = Some(self.offline_error());
             return;
         }
         let syncs = std::mem::take(&mut round.syncs);
@@ -1172,9 +1268,7 @@ impl<F: Fs> ShardStore<F> {
                     round.dir_synced.extend(dir_synced);
                     round.synced.push(synced);
                 }
-                Err(e) => {
-                    round.failure.get_or_insert(e);
-                }
+                Err(e) => note_failure(&mut round.failure, e),
             }
         }
     }
@@ -1205,15 +1299,38 @@ impl<F: Fs> ShardStore<F> {
             let mut inner = self.inner.borrow_mut();
             let inner = &mut *inner;
             if failure.is_none() {
-                if let Some(reason) = &inner.offline {
-                    failure = Some(StorageError::Offline(reason.clone()));
+                if let Some(offline) = &inner.offline {
+                    failure = Some(offline.error());
                 }
             }
             if let Some(err) = &failure {
                 let reason = err.to_string();
-                if inner.offline.is_none() {
-                    tracing::error!(error = %reason, "flush round failed; storage of this shard is now offline for writes");
-                    inner.offline = Some(reason.clone());
+                let disk_full = err.refused_for_space();
+                match &mut inner.offline {
+                    None => {
+                        if disk_full {
+                            tracing::error!(error = %reason, resume_free_bytes = self.config.resume_free_bytes, "flush round failed: the disk is full; storage of this shard is offline for writes until the file system has space again");
+                        } else {
+                            tracing::error!(error = %reason, "flush round failed; storage of this shard is offline for writes until a restart");
+                        }
+                        inner.offline = Some(Offline {
+                            reason: reason.clone(),
+                            disk_full,
+                            since: Instant::now(),
+                        });
+                    }
+                    // A round that overlapped a round failing for space failed otherwise: free
+                    // space cures the store no more.
+                    Some(offline)
+                        if offline.disk_full
+                            && !disk_full
+                            && !matches!(err, StorageError::Offline { .. }) =>
+                    {
+                        tracing::error!(error = %reason, "flush round failed; storage of this shard stays offline for writes until a restart");
+                        offline.reason = reason.clone();
+                        offline.disk_full = false;
+                    }
+                    Some(_) => {}
                 }
                 stats.error = Some(reason);
                 // Nothing of this round or staged after it was acknowledged: throw it away.
@@ -1273,10 +1390,100 @@ impl<F: Fs> ShardStore<F> {
         if discards.is_empty() {
             return;
         }
+        self.discarding.set(self.discarding.get() + 1);
         for d in discards {
             d.run(&self.fs).await;
         }
+        self.discarding.set(self.discarding.get() - 1);
         self.durable.notify_all();
+    }
+
+    /// Takes writes again after a full disk took the store offline, once the file system has
+    /// [`StoreConfig::resume_free_bytes`] available: the shard's housekeeping calls this about
+    /// once a second while the store is offline.
+    ///
+    /// The failed round left the store in memory as a restart's recovery would: every log ends
+    /// at its high watermark, with nothing staged, its producer state and leader epochs cut to
+    /// it ([`PartitionLog::discard_unflushed`]), and the journal's pending entries dropped. This
+    /// makes the files say the same, durably, before any offset above a high watermark is given
+    /// out again (those were never acknowledged nor visible, as after a restart): the journal
+    /// file is cut back to the end of its synced entries (a failed round may have written whole
+    /// entries past it), and each log that discarded a tail loses its segment files past the
+    /// active segment, which is cut to its data (giving back the space it reserved ahead) and
+    /// synced, with its directory ([`ResumeCut`]). Idle while a round, a discard, a checkpoint
+    /// or segment removals run. A failure leaves the store offline: a write refused for space
+    /// is tried again at the next call, any other error keeps it offline until a restart.
+    pub async fn try_resume(&self) -> ResumeOutcome {
+        match self.offline() {
+            None => return ResumeOutcome::Online,
+            Some(o) if !o.disk_full => return ResumeOutcome::NotResumable,
+            Some(_) => {}
+        }
+        let space = match self.fs.space(&self.root).await {
+            Ok(space) => space,
+            Err(e) => return ResumeOutcome::Failed(StorageError::io("check free space", &self.root, e)),
+        };
+        let enough = space.available_bytes >= self.config.resume_free_bytes
+            && space.available_inodes.is_none_or(|i| i >= RESUME_MIN_FREE_INODES);
+        if !enough {
+            return ResumeOutcome::WaitingForSpace(space);
+        }
+        let busy = || self.closing.get() || self.takes_in_flight.get() > 0 || self.discarding.get() > 0;
+        if busy() {
+            return ResumeOutcome::Busy;
+        }
+        // No checkpoint, retention or DeleteRecords beside the cuts.
+        let _segments = self.segments_lock.lock().await;
+        // Appends are refused while offline: no round can have started meanwhile.
+        if busy() {
+            return ResumeOutcome::Busy;
+        }
+        let Some(since) = self.offline().filter(|o| o.disk_full).map(|o| o.since) else {
+            return ResumeOutcome::NotResumable;
+        };
+        let (journal, cuts) = {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            let cuts: Vec<(LogId, ResumeCut<F::File>, LogIoGuard)> = entries_mut(&mut inner.slots)
+                .filter_map(|(id, entry)| {
+                    let cut = entry.log.resume_cut()?;
+                    Some((id, cut, LogIoGuard::new(&entry.io_users, &self.io_released)))
+                })
+                .collect();
+            (inner.journal.synced_end(), cuts)
+        };
+        let logs_cut = cuts.len();
+        let cut = async {
+            let (file, end, path) = journal;
+            file.truncate(end)
+                .await
+                .map_err(|e| StorageError::io("cut journal", &path, e))?;
+            file.fdatasync()
+                .await
+                .map_err(|e| StorageError::io("sync journal", &path, e))?;
+            for (id, cut, _io) in cuts {
+                let done = cut.run(&self.fs).await?;
+                if let Some(entry) = entry_mut(&mut self.inner.borrow_mut().slots, id) {
+                    entry.log.resume_cut_done(done);
+                }
+            }
+            Ok::<(), StorageError>(())
+        };
+        if let Err(e) = cut.await {
+            let mut inner = self.inner.borrow_mut();
+            if let Some(offline) = inner.offline.as_mut().filter(|_| !e.refused_for_space()) {
+                tracing::error!(error = %e, "could not bring storage back after a full disk; it stays offline for writes until a restart");
+                offline.reason = e.to_string();
+                offline.disk_full = false;
+            }
+            return ResumeOutcome::Failed(e);
+        }
+        self.inner.borrow_mut().offline = None;
+        ResumeOutcome::Resumed {
+            offline_for: since.elapsed(),
+            logs_cut,
+            space,
+        }
     }
 
     /// Syncs the directories of logs that a round journaled only because of directory changes
@@ -1340,7 +1547,9 @@ impl<F: Fs> ShardStore<F> {
     /// retired, and recycled or deleted by the next successful [`ShardStore::checkpoint`].
     /// Only the flusher calls this, between rounds.
     pub async fn rotate_journal(&self) -> Result<(), StorageError> {
-        if !self.inner.borrow().journal.has_entries() {
+        // Offline, the current file may hold a failed round's entries past its synced end, which
+        // `try_resume` cuts off: it must still be the current file then.
+        if !self.inner.borrow().journal.has_entries() || self.offline().is_some() {
             return Ok(());
         }
         assert!(
@@ -1537,20 +1746,12 @@ impl<F: Fs> ShardStore<F> {
         let _segments = self.segments_lock.lock().await;
         let plans: Vec<(LogId, PathBuf, RetentionOutcome, LogIoGuard)> = {
             let mut inner = self.inner.borrow_mut();
-            inner
-                .slots
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let generation = s.generation;
-                    let entry = s.entry.as_mut()?;
+            entries_mut(&mut inner.slots)
+                .filter_map(|(id, entry)| {
                     let outcome = entry.log.plan_retention(now_ms);
                     (!outcome.deleted.is_empty()).then(|| {
                         (
-                            LogId {
-                                slot: i as u32,
-                                generation,
-                            },
+                            id,
                             entry.log.dir().to_path_buf(),
                             outcome,
                             LogIoGuard::new(&entry.io_users, &self.io_released),

@@ -12,7 +12,7 @@ use strand_storage::fs::{Fs, StdFs};
 use strand_storage::fs_mem::MemFs;
 use strand_storage::{
     replay_journals, CheckpointStats, FileRegions, LogConfig, LogId, LogKey, PartitionLog, RecoveryReport,
-    ReplayReport, ShardStore, StorageError, StoreConfig,
+    ReplayReport, ResumeOutcome, ShardStore, StorageError, StoreConfig,
 };
 
 fn key(name: &str) -> LogKey {
@@ -115,11 +115,15 @@ async fn open_store_overlap<F: Fs>(
             direct_min_log_bytes,
             overlap_min_bytes,
             checkpoint_syncfs_min_logs,
+            resume_free_bytes: RESUME_FREE_BYTES,
         },
     )
     .await
     .unwrap()
 }
+
+/// What the tests' stores need free to take writes again after a full disk.
+const RESUME_FREE_BYTES: u64 = 64 << 10;
 
 /// A power loss that keeps none of the unsynced bytes, then start-up: the journal replay (which
 /// must report no problem) and a fresh store, every round journaled.
@@ -1968,6 +1972,117 @@ fn disk_full_fails_the_round_and_keeps_acknowledged_data() {
     });
 }
 
+/// Bytes the journal files of `fs` hold.
+fn journal_bytes_on(fs: &MemFs) -> u64 {
+    fs.paths()
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .map(|p| fs.contents(p).map_or(0, |c| c.len() as u64))
+        .sum()
+}
+
+/// A full disk takes the store offline; once space is free again (and only then)
+/// `try_resume` brings it back in place, and appends continue at the high watermark. The failed
+/// round wrote its batch to the journal (it fitted) but not to the segment (it did not): that
+/// journal entry, at the offset the next append gets again, must not come back after a crash in
+/// place of the batch acknowledged there since (replay reads the old file first).
+#[test]
+fn disk_full_then_space_freed_resumes_writes_in_place() {
+    block_on(async {
+        let fs = MemFs::new();
+        let (store, id, _) = store_with_log(&fs, "resume-0", &small_config()).await;
+        append_each(&store, id, 0..1, two_records);
+        let journal_before = journal_bytes_on(&fs);
+        store.flush_round().await;
+        // What a journaled round of one such batch adds to the journal.
+        let journal_growth = journal_bytes_on(&fs) - journal_before;
+        let acked = read_all(&store, id, 0).await;
+        assert_eq!(acked.len(), 1);
+
+        // Room for the journal entry of the next round, not for its segment write.
+        fs.set_capacity(Some(fs.used_bytes() + journal_growth));
+        let lost = store.append(id, &two_records(1), 0, 0).unwrap();
+        let stats = store.flush_round().await;
+        assert!(stats.error.is_some(), "the round hit the full disk: {stats:?}");
+        assert!(store.wait_durable(&lost).await.unwrap_err().is_disk_full());
+        let offline = store.offline().expect("offline after a full disk");
+        assert!(offline.disk_full, "{offline:?}");
+        assert!(store
+            .append(id, &two_records(2), 0, 0)
+            .unwrap_err()
+            .is_disk_full());
+
+        // Still full: nothing changes.
+        assert!(
+            matches!(store.try_resume().await, ResumeOutcome::WaitingForSpace(_)),
+            "no space yet"
+        );
+        assert!(store.offline().is_some());
+        // Some space, not enough.
+        fs.set_capacity(Some(fs.used_bytes() + RESUME_FREE_BYTES / 2));
+        assert!(matches!(
+            store.try_resume().await,
+            ResumeOutcome::WaitingForSpace(_)
+        ));
+        assert!(store.append(id, &two_records(2), 0, 0).is_err());
+
+        // Space again: writes resume, at the offset the failed batch had.
+        fs.set_capacity(None);
+        match store.try_resume().await {
+            ResumeOutcome::Resumed { logs_cut, .. } => assert_eq!(logs_cut, 1),
+            other => panic!("not resumed: {other:?}"),
+        }
+        assert!(store.offline().is_none());
+        assert!(matches!(store.try_resume().await, ResumeOutcome::Online));
+        assert_eq!(
+            read_all(&store, id, 0).await,
+            acked,
+            "acknowledged data untouched"
+        );
+        // The next round goes to a new journal file, the failed round's file waiting for a
+        // checkpoint to retire it (which the crash below prevents).
+        store.rotate_journal().await.unwrap();
+        let t = store.append(id, &two_records(3), 0, 0).unwrap();
+        assert_eq!(t.info.base_offset, 2, "the next offset is the high watermark");
+        store.flush_round().await;
+        store.wait_durable(&t).await.unwrap();
+        let after = read_all(&store, id, 0).await;
+        assert_eq!(after.len(), 2);
+        assert_eq!(after[0], acked[0]);
+        assert_eq!(
+            after[1].2,
+            stored(two_records(3), 2, 0),
+            "the new batch at offset 2"
+        );
+
+        // A power loss keeping nothing unsynced: every acknowledged batch comes back, the new
+        // one in place of the failed one.
+        drop(store);
+        fs.crash(|_| 0);
+        let report = replay(&fs, &small_config()).await;
+        assert!(report.problems.is_empty(), "{report:?}");
+        let (store, id, _) = store_with_log(&fs, "resume-0", &small_config()).await;
+        assert_eq!(read_all(&store, id, 0).await, after, "after a crash");
+    });
+}
+
+/// A failed fsync is not a full disk: the store stays offline until a restart, however much
+/// space is free.
+#[test]
+fn a_failed_fsync_does_not_resume() {
+    block_on(async {
+        let fs = MemFs::new();
+        let (store, id, _) = store_with_log(&fs, "noresume-0", &small_config()).await;
+        append_each(&store, id, 0..1, two_records);
+        fs.fail_next_fsyncs(1);
+        let stats = store.flush_round().await;
+        assert!(stats.error.is_some(), "{stats:?}");
+        assert!(!store.offline().expect("offline").disk_full);
+        assert!(matches!(store.try_resume().await, ResumeOutcome::NotResumable));
+        assert!(store.append(id, &two_records(1), 0, 0).is_err());
+    });
+}
+
 /// Seeded simulation: random appends over several logs, flush rounds, journal rotations,
 /// checkpoints, retention of nothing, and crashes that tear unsynced writes (including mid-round
 /// ones, made by failing the journal fsync), with segment files that reserve space past their
@@ -2017,6 +2132,10 @@ fn simulated_crashes_lose_nothing_acknowledged() {
             total.beside,
             "no simulated direct round ran beside a checkpoint: that goes untested",
         ),
+        (
+            total.resumed,
+            "no simulated store resumed after a full disk: that goes untested",
+        ),
     ] {
         assert!(seeds < 50 || count > 0, "{untested}");
     }
@@ -2042,6 +2161,8 @@ struct SimCounts {
     by_bytes: usize,
     /// Checkpoints that synced the file system instead of each file.
     syncfs: usize,
+    /// Stores that took writes again after a round failed on a full disk.
+    resumed: usize,
 }
 
 impl SimCounts {
@@ -2051,6 +2172,7 @@ impl SimCounts {
         self.beside += o.beside;
         self.by_bytes += o.by_bytes;
         self.syncfs += o.syncfs;
+        self.resumed += o.resumed;
     }
 
     /// A checkpoint that finished.
@@ -2065,8 +2187,9 @@ impl std::fmt::Display for SimCounts {
         write!(
             f,
             "{} rounds overlapped the round before, {} journal files recycled, {} direct rounds beside a \
-             checkpoint, {} direct by their bytes per log, {} checkpoints by file-system sync",
-            self.overlapped, self.recycled, self.beside, self.by_bytes, self.syncfs
+             checkpoint, {} direct by their bytes per log, {} checkpoints by file-system sync, {} \
+             stores resumed after a full disk",
+            self.overlapped, self.recycled, self.beside, self.by_bytes, self.syncfs, self.resumed
         )
     }
 }
@@ -2137,6 +2260,51 @@ async fn ack_durable_now<F: Fs>(
         }
     }
     *pending = still;
+}
+
+/// Moves the idempotent producer's pending appends that are durable now into `acked` (log 0's);
+/// the rest stay pending.
+async fn ack_producer_durable_now<F: Fs>(
+    store: &ShardStore<F>,
+    prod_pending: &mut Vec<(usize, strand_storage::AppendTicket)>,
+    prod: &mut [(i32, Vec<u8>, Option<i64>)],
+    acked: &mut BTreeMap<i64, Vec<u8>>,
+) {
+    let mut still = Vec::new();
+    for (i, t) in prod_pending.drain(..) {
+        match futures_lite::future::poll_once(store.wait_durable(&t)).await {
+            Some(Ok(())) => ack_producer(prod, acked, i, t.info.base_offset),
+            Some(Err(_)) => {}
+            None => still.push((i, t)),
+        }
+    }
+    *prod_pending = still;
+}
+
+/// The idempotent producer retries everything it has no acknowledgement for, in order, and
+/// once more its last batch: an acknowledged one must come back with its offsets.
+fn retry_producer(
+    store: &ShardStore<MemFs>,
+    id: LogId,
+    prod: &[(i32, Vec<u8>, Option<i64>)],
+    prod_pending: &mut Vec<(usize, strand_storage::AppendTicket)>,
+) {
+    prod_pending.clear();
+    for (i, (_seq, batch, acked_at)) in prod.iter().enumerate() {
+        if acked_at.is_some() && i + 1 != prod.len() {
+            continue;
+        }
+        let t = store
+            .append(id, batch, 3, 0)
+            .unwrap_or_else(|e| panic!("an in-order retry was refused: {e}"));
+        match acked_at {
+            Some(off) => assert_eq!(
+                t.info.base_offset, *off,
+                "a retry of an acknowledged batch gets its offsets"
+            ),
+            None => prod_pending.push((i, t)),
+        }
+    }
 }
 
 /// One seeded run of four lives; returns what it did of what simulations exist to test.
@@ -2280,22 +2448,7 @@ fn simulate(seed: u64) -> SimCounts {
             }
             // The producer retries everything it has no acknowledgement for, in order, and once
             // more an acknowledged batch: acknowledged ones must come back with their offsets.
-            prod_pending.clear();
-            for (i, (_seq, batch, acked_at)) in prod.iter().enumerate() {
-                if acked_at.is_some() && i + 1 != prod.len() {
-                    continue;
-                }
-                let t = store
-                    .append(ids[0], batch, 3, 0)
-                    .unwrap_or_else(|e| panic!("an in-order retry after a crash was refused: {e}"));
-                match acked_at {
-                    Some(off) => assert_eq!(
-                        t.info.base_offset, *off,
-                        "a retry of an acknowledged batch gets its offsets"
-                    ),
-                    None => prod_pending.push((i, t)),
-                }
-            }
+            retry_producer(&store, ids[0], &prod, &mut prod_pending);
             let steps = rng.gen_range(10..80);
             let mut pending: Vec<Pending> = Vec::new();
             for _ in 0..steps {
@@ -2371,15 +2524,7 @@ fn simulate(seed: u64) -> SimCounts {
                         }
                         // Acknowledge what is durable now; the rest stays pending.
                         ack_durable_now(&store, &mut pending, &mut acked).await;
-                        let mut still = Vec::new();
-                        for (i, t) in prod_pending.drain(..) {
-                            match futures_lite::future::poll_once(store.wait_durable(&t)).await {
-                                Some(Ok(())) => ack_producer(&mut prod, &mut acked[0], i, t.info.base_offset),
-                                Some(Err(_)) => {}
-                                None => still.push((i, t)),
-                            }
-                        }
-                        prod_pending = still;
+                        ack_producer_durable_now(&store, &mut prod_pending, &mut prod, &mut acked[0]).await;
                         if life_ends {
                             break;
                         }
@@ -2489,6 +2634,36 @@ fn simulate(seed: u64) -> SimCounts {
                             if let Ok(stats) = &r {
                                 counts.borrow_mut().checkpoint(stats);
                             }
+                        }
+                    }
+                    9 if rng.gen_bool(0.3) => {
+                        // The disk fills up: a round fails for want of space (or just fits), the
+                        // store stays offline while space is short, and takes writes again in
+                        // place once it is freed; appends continue at the high watermarks.
+                        fs.set_capacity(Some(fs.used_bytes() + rng.gen_range(0..6000)));
+                        let stats = store.flush_round().await;
+                        t!("round on a nearly full disk {:?}", stats);
+                        if stats.error.is_some() {
+                            let offline = store.offline().expect("offline after a failed round");
+                            assert!(offline.disk_full, "{offline:?}");
+                            assert!(
+                                matches!(store.try_resume().await, ResumeOutcome::WaitingForSpace(_)),
+                                "resumed without space"
+                            );
+                        }
+                        fs.set_capacity(None);
+                        let resumed = store.try_resume().await;
+                        t!("space freed: {resumed:?}");
+                        assert!(
+                            matches!(resumed, ResumeOutcome::Online | ResumeOutcome::Resumed { .. }),
+                            "{resumed:?}"
+                        );
+                        ack_durable_now(&store, &mut pending, &mut acked).await;
+                        ack_producer_durable_now(&store, &mut prod_pending, &mut prod, &mut acked[0]).await;
+                        if stats.error.is_some() {
+                            counts.borrow_mut().resumed += 1;
+                            // As a producer does after a retriable error.
+                            retry_producer(&store, ids[0], &prod, &mut prod_pending);
                         }
                     }
                     _ => {

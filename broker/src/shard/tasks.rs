@@ -1,11 +1,12 @@
 //! The shard core's own tasks: the group-commit flusher, the stall probe, and housekeeping
-//! (retention, idle producers, gauges), which the server spawns on each shard; and the timer
+//! (retention, idle producers, taking writes again after a full disk, gauges), which the server spawns on each shard; and the timer
 //! loop that drives a subsystem's sans-I/O state machine ([`Ticked`], [`tick_loop`]).
 
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use strand_storage::notify::Notify;
+use strand_storage::ResumeOutcome;
 
 use super::Shard;
 
@@ -114,12 +115,14 @@ pub(crate) async fn flusher(shard: Rc<Shard>) {
 /// How long the flusher waits when a pass could flush nothing although work is staged.
 const FLUSHER_BACKOFF: Duration = Duration::from_millis(1);
 
-/// Retention passes and gauges.
+/// Retention passes, idle producers, the probe for free space after a full disk (every
+/// second), and gauges.
 pub(crate) async fn housekeeping(shard: Rc<Shard>) {
     let retention_every =
         Duration::from_millis(u64::try_from(shard.config.retention_check_interval_ms).unwrap_or(300_000));
     let mut next_retention = Instant::now() + retention_every;
     let mut next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
+    let mut told_waiting = false;
     loop {
         glommio::timer::sleep(Duration::from_millis(1000).min(retention_every)).await;
         if Instant::now() >= next_retention {
@@ -130,7 +133,48 @@ pub(crate) async fn housekeeping(shard: Rc<Shard>) {
             shard.expire_producers();
             next_producer_expiry = Instant::now() + PRODUCER_EXPIRY_CHECK;
         }
+        if shard.store.offline().is_some_and(|o| o.disk_full) {
+            resume_storage(&shard, &mut told_waiting).await;
+        }
         shard.update_partition_gauges();
+    }
+}
+
+/// After a full disk took the shard's storage offline for writes: takes writes again once the
+/// file system has `strand.storage.resume.free.bytes` free (see `ShardStore::try_resume`).
+/// `told_waiting`: whether the wait for space was logged since the store went offline.
+async fn resume_storage(shard: &Shard, told_waiting: &mut bool) {
+    match shard.store.try_resume().await {
+        ResumeOutcome::Resumed {
+            offline_for,
+            logs_cut,
+            space,
+        } => {
+            *told_waiting = false;
+            shard.metrics.storage_resumed();
+            tracing::warn!(
+                shard = shard.id.0,
+                offline_ms = offline_for.as_millis() as u64,
+                logs_cut,
+                available_bytes = space.available_bytes,
+                "the disk has space again: storage of this shard takes writes again"
+            );
+        }
+        ResumeOutcome::WaitingForSpace(space) => {
+            if !std::mem::replace(told_waiting, true) {
+                tracing::warn!(
+                    shard = shard.id.0,
+                    available_bytes = space.available_bytes,
+                    available_inodes = space.available_inodes,
+                    needed_bytes = shard.config.storage_resume_free_bytes,
+                    "storage of this shard refuses writes until the disk has space again"
+                );
+            }
+        }
+        ResumeOutcome::Failed(e) => {
+            tracing::warn!(shard = shard.id.0, error = %e, "could not take writes again after a full disk");
+        }
+        ResumeOutcome::Online | ResumeOutcome::NotResumable | ResumeOutcome::Busy => {}
     }
 }
 
