@@ -489,11 +489,10 @@ pub(crate) struct ResumeCut<Fl> {
     len: u64,
     /// The log's directory changes when the cut was planned, which its directory sync covers.
     dir_changes: u64,
-    /// The active segment's indexes and largest timestamp, cut back to its last offset-index
-    /// entry, and where that is (position, offset): the discard cut them to the high watermark
-    /// without the batches between that entry and it, whose largest timestamp may be the
-    /// segment's. [`ResumeCut::run`] reads those batches again, as recovery does.
-    rescan: (u64, i64, IndexBuilder, OffsetIndex, TimeIndex),
+    /// The discard cut the active segment's indexes to the high watermark without the batches
+    /// since its last offset-index entry, whose largest timestamp may be the segment's:
+    /// [`ResumeCut::run`] reads those batches again, as recovery does.
+    rescan: TailRescan,
     index_interval_bytes: u64,
 }
 
@@ -546,39 +545,100 @@ impl<Fl: FileHandle> ResumeCut<Fl> {
         fs.sync_dir(dir)
             .await
             .map_err(|e| StorageError::io("sync log directory", dir, e))?;
-        let (from, offset, mut builder, mut index, mut time_index) = self.rescan;
-        if let Some(file) = self.file.as_ref().filter(|_| from < self.len) {
-            // Producer state was cut to the high watermark already.
-            let mut producers = ProducerState::default();
-            let out = segment::scan(
-                &**file,
-                self.base,
-                from,
-                offset,
-                self.len,
-                self.index_interval_bytes,
-                &mut builder,
-                &mut index,
-                &mut time_index,
-                &mut producers,
-            )
-            .await
-            .map_err(|e| StorageError::io("scan segment", dir, e))?;
-            if out.valid_size != self.len {
-                return Err(StorageError::Io {
-                    op: "scan segment",
-                    path: dir.clone(),
-                    source: std::io::Error::other(format!(
-                        "acknowledged data ends at {} of {} bytes ({:?})",
-                        out.valid_size, self.len, out.problem
-                    )),
-                });
+        let indexes = match &self.file {
+            Some(file) => {
+                self.rescan
+                    .run(&**file, self.base, self.len, self.index_interval_bytes, dir)
+                    .await?
             }
-        }
+            None => self.rescan.unchanged(),
+        };
         Ok(ResumeCutDone {
             dir_changes: self.dir_changes,
-            indexes: (builder, index, time_index),
+            indexes,
         })
+    }
+}
+
+/// A segment's indexes and running maximum cut back to its last offset-index entry, and where
+/// that entry is: what truncation leaves, to be completed by reading again the batches between
+/// that entry and the segment's end, as recovery and the appends built them. Truncation itself
+/// cuts the time index at the new end, which loses a maximum raised since the last entry.
+pub(crate) struct TailRescan {
+    from_position: u64,
+    from_offset: i64,
+    builder: IndexBuilder,
+    index: OffsetIndex,
+    time_index: TimeIndex,
+}
+
+impl TailRescan {
+    pub(crate) fn of<F: Fs>(seg: &Segment<F>) -> Self {
+        let (at, rel) = seg
+            .index
+            .last()
+            .map_or((0, 0), |e| (e.position, e.relative_offset));
+        let mut index = seg.index.clone();
+        let mut time_index = seg.time_index.clone();
+        index.truncate_to_position(at);
+        time_index.truncate_to_offset(rel);
+        let mut builder = IndexBuilder::default();
+        builder.reset(u64::from(at), &index, &time_index);
+        TailRescan {
+            from_position: u64::from(at),
+            from_offset: seg.base_offset + i64::from(rel),
+            builder,
+            index,
+            time_index,
+        }
+    }
+
+    /// The indexes as cut, for a segment with nothing after its last entry to read.
+    fn unchanged(self) -> (IndexBuilder, OffsetIndex, TimeIndex) {
+        (self.builder, self.index, self.time_index)
+    }
+
+    /// Reads the batches of `file` (a segment based at `base` whose data ends at `len`) after
+    /// the last entry and returns the completed indexes. Every byte up to `len` must be a whole
+    /// batch: what is read again was acknowledged.
+    async fn run<Fl: FileHandle>(
+        mut self,
+        file: &Fl,
+        base: i64,
+        len: u64,
+        index_interval_bytes: u64,
+        dir: &Path,
+    ) -> Result<(IndexBuilder, OffsetIndex, TimeIndex), StorageError> {
+        if self.from_position >= len {
+            return Ok(self.unchanged());
+        }
+        // Producer state is cut to the new end by the caller.
+        let mut producers = ProducerState::default();
+        let out = segment::scan(
+            file,
+            base,
+            self.from_position,
+            self.from_offset,
+            len,
+            index_interval_bytes,
+            &mut self.builder,
+            &mut self.index,
+            &mut self.time_index,
+            &mut producers,
+        )
+        .await
+        .map_err(|e| StorageError::io("scan segment", dir, e))?;
+        if out.valid_size != len {
+            return Err(StorageError::Io {
+                op: "scan segment",
+                path: dir.to_path_buf(),
+                source: std::io::Error::other(format!(
+                    "acknowledged data ends at {} of {len} bytes ({:?})",
+                    out.valid_size, out.problem
+                )),
+            });
+        }
+        Ok(self.unchanged())
     }
 }
 
@@ -1496,17 +1556,6 @@ impl<F: Fs> PartitionLog<F> {
         debug_assert!(self.staged.is_empty() && self.takes_in_flight == 0);
         debug_assert_eq!(self.next_offset, self.high_watermark);
         let seg = self.active();
-        // As recovery does when it cuts index entries: back to the last offset-index entry.
-        let (at, rel) = seg
-            .index
-            .last()
-            .map_or((0, 0), |e| (e.position, e.relative_offset));
-        let mut index = seg.index.clone();
-        let mut time_index = seg.time_index.clone();
-        index.truncate_to_position(at);
-        time_index.truncate_to_offset(rel);
-        let mut builder = IndexBuilder::default();
-        builder.reset(u64::from(at), &index, &time_index);
         Some(ResumeCut {
             dir: self.dir.clone(),
             base: seg.base_offset,
@@ -1514,13 +1563,8 @@ impl<F: Fs> PartitionLog<F> {
             file: seg.file.clone().or_else(|| seg.created.borrow().clone()),
             len: seg.size,
             dir_changes: self.dir_changes,
-            rescan: (
-                u64::from(at),
-                seg.base_offset + i64::from(rel),
-                builder,
-                index,
-                time_index,
-            ),
+            // As recovery does when it cuts index entries: back to the last offset-index entry.
+            rescan: TailRescan::of(seg),
             index_interval_bytes: self.config.index_interval_bytes,
         })
     }
@@ -1581,6 +1625,15 @@ impl<F: Fs> PartitionLog<F> {
                 .map_err(|e| StorageError::io("truncate segment", &seg.log_path, e))?;
         }
         seg.truncate_to(position, offset);
+        let seg = self.active();
+        if let Some(file) = seg.file.clone() {
+            let (rescan, base) = (TailRescan::of(seg), seg.base_offset);
+            let interval = self.config.index_interval_bytes;
+            let indexes = rescan.run(&*file, base, position, interval, &self.dir).await?;
+            let seg = self.active_mut();
+            (seg.index_builder, seg.index, seg.time_index) = indexes;
+        }
+        let seg = self.active_mut();
         seg.durable_size = seg.durable_size.min(position);
         seg.needs_sync = true;
         self.next_offset = offset;

@@ -1120,6 +1120,25 @@ fn a_restart_keeps_each_segments_largest_timestamp() {
     });
 }
 
+/// Truncating a suffix (a Raft follower whose log diverged from its leader's) keeps the largest
+/// timestamp of what stays, even when it was raised between the last two index entries.
+#[test]
+fn truncating_a_suffix_keeps_the_largest_timestamp_of_what_stays() {
+    block_on(async {
+        let fs = MemFs::new();
+        let cfg = one_segment_config(1024);
+        read_and_shut_down(filled_log(&fs, "truncts-0", &cfg, 0..80, timestamped(1000)).await).await;
+        let (mut log, _) = partition_log(&fs, "/data/truncts-0", cfg).await;
+        log.truncate_suffix(100).await.unwrap();
+        assert_eq!(log.high_watermark(), 100);
+        assert_lookups(&log, &[(1049, Some((97, 1049))), (1051, None)], Some((99, 1050))).await;
+        // A later batch with an older timestamp leaves the maximum where it was.
+        log.append(&value_batch(50, 1, 1), 0, 0).unwrap();
+        log.flush_exclusive().await.unwrap();
+        assert_lookups(&log, &[(1049, Some((97, 1049)))], Some((99, 1050))).await;
+    });
+}
+
 /// A checkpoint writes index files that cover batches appended but not yet durable, and a
 /// recovery point that does not. When a crash loses those batches, recovery cuts their entries,
 /// perhaps the one for the largest timestamp below the point, and reads the last index interval
