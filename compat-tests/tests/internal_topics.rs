@@ -24,7 +24,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::Compression;
 use kafka_protocol::ResponseError;
 use rdkafka::admin::{
-    AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
+    AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
 };
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -48,7 +48,6 @@ const RESERVED: [&str; 5] = [
     "__queue_state",
 ];
 const TOPIC_RESOURCE: i8 = 2;
-const GROUP_RESOURCE: i8 = 32;
 /// IncrementalAlterConfigs operations.
 const SET: i8 = 0;
 const DELETE: i8 = 1;
@@ -164,6 +163,32 @@ fn incremental_alter(
     )
 }
 
+/// Legacy AlterConfigs of topic `name` (every override it leaves out is removed), raw: rdkafka's
+/// `alter_configs` drops the per-resource errors. Returns the resource's (error code, message).
+fn legacy_alter(c: &mut RawConn, name: &str, configs: &[(&str, &str)]) -> (i16, String) {
+    use kafka_protocol::messages::alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let req = AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(TOPIC_RESOURCE)
+        .with_resource_name(s(name))
+        .with_configs(
+            configs
+                .iter()
+                .map(|(k, v)| AlterableConfig::default().with_name(s(k)).with_value(Some(s(v))))
+                .collect(),
+        )]);
+    let resp = c
+        .request(2, &req)
+        .unwrap_or_else(|e| panic!("AlterConfigs {name}: {e}"));
+    let r = &resp.responses[0];
+    (
+        r.error_code,
+        r.error_message
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_default(),
+    )
+}
+
 /// The value of `key` in DescribeConfigs of topic `topic` (rdkafka's admin API).
 fn describe_topic_config(bootstrap: &str, topic: &str, key: &str) -> Option<String> {
     let admin = admin_client(bootstrap);
@@ -258,9 +283,9 @@ fn a_queue_cannot_dead_letter_into_an_internal_topic() {
     broker.assert_never_panicked("internal dead-letter topics over HTTP");
 }
 
-/// The same rule over the Kafka config APIs: IncrementalAlterConfigs (raw), AlterConfigs and
-/// CreateTopics (rdkafka's admin API, and raw CreateTopics), for the queue setting and for a
-/// share group's `errors.deadletterqueue.topic.name`: INVALID_CONFIG, nothing changed.
+/// The same rule over the Kafka config APIs: IncrementalAlterConfigs and AlterConfigs (raw),
+/// CreateTopics (rdkafka's admin API, and raw), for the queue setting and for a share group's
+/// `errors.deadletterqueue.topic.name`: INVALID_CONFIG, nothing changed.
 #[test]
 fn kafka_config_apis_refuse_internal_dead_letter_topics() {
     let broker = start_broker();
@@ -288,14 +313,12 @@ fn kafka_config_apis_refuse_internal_dead_letter_topics() {
             assert!(message.contains(name), "{message}");
         }
 
-        let alter = AlterConfig::new(ResourceSpecifier::Topic(&topic)).set(DLQ_KEY, name);
-        let results = futures::executor::block_on(admin.alter_configs(&[alter], &admin_options()))
-            .expect("rdkafka alter_configs");
-        let r = results[0].as_ref().map(|_| ()).map_err(|(_, e)| *e);
+        let (err, message) = legacy_alter(&mut c, &topic, &[(DLQ_KEY, name)]);
         assert_eq!(
-            r,
-            Err(RDKafkaErrorCode::InvalidConfig),
-            "AlterConfigs {DLQ_KEY}={name}"
+            err,
+            code(ResponseError::InvalidConfig),
+            "AlterConfigs {DLQ_KEY}={name}: {}: {message}",
+            admin::err_name(err)
         );
 
         let created = unique_topic("dlq-create");
@@ -610,14 +633,12 @@ fn destructive_config_changes_on_internal_topics_are_refused() {
         }
     }
     // Legacy AlterConfigs replaces every override: leaving cleanup.policy out would remove it.
-    let admin = admin_client(&bootstrap);
-    let alter = AlterConfig::new(ResourceSpecifier::Topic(OFFSETS)).set("segment.bytes", "52428800");
-    let results = futures::executor::block_on(admin.alter_configs(&[alter], &admin_options()))
-        .expect("rdkafka alter_configs");
+    let (err, message) = legacy_alter(&mut c, OFFSETS, &[("segment.bytes", "52428800")]);
     assert_eq!(
-        results[0].as_ref().map(|_| ()).map_err(|(_, e)| *e),
-        Err(RDKafkaErrorCode::PolicyViolation),
-        "AlterConfigs on {OFFSETS} without cleanup.policy"
+        err,
+        code(ResponseError::PolicyViolation),
+        "AlterConfigs on {OFFSETS} without cleanup.policy: {}: {message}",
+        admin::err_name(err)
     );
     assert_eq!(
         describe_topic_config(&bootstrap, OFFSETS, "cleanup.policy").as_deref(),
@@ -636,16 +657,12 @@ fn destructive_config_changes_on_internal_topics_are_refused() {
         false,
     );
     assert_eq!(err, 0, "segment.bytes of {OFFSETS}: {message}");
-    let alter = AlterConfig::new(ResourceSpecifier::Topic(OFFSETS))
-        .set("cleanup.policy", "compact")
-        .set("segment.bytes", "104857600");
-    let results = futures::executor::block_on(admin.alter_configs(&[alter], &admin_options()))
-        .expect("rdkafka alter_configs");
-    assert!(
-        results[0].is_ok(),
-        "AlterConfigs keeping cleanup.policy: {:?}",
-        results[0]
+    let (err, message) = legacy_alter(
+        &mut c,
+        OFFSETS,
+        &[("cleanup.policy", "compact"), ("segment.bytes", "104857600")],
     );
+    assert_eq!(err, 0, "AlterConfigs keeping cleanup.policy: {message}");
     assert_eq!(
         describe_topic_config(&bootstrap, OFFSETS, "segment.bytes").as_deref(),
         Some("104857600")

@@ -107,12 +107,12 @@ fn resolve(path: &str) -> Result<Endpoint, ApiError> {
 /// A queue is a topic clients may create and write: a valid topic name, not a reserved one.
 fn check_queue(queue: &str) -> Result<(), ApiError> {
     validate_topic_name(queue).map_err(|e| ApiError::invalid_queue_name(format!("{queue:?}: {e}")))?;
-    match crate::internal_topics::is_reserved(queue) {
-        true => Err(ApiError::invalid_queue_name(format!(
+    if crate::internal_topics::is_reserved(queue) {
+        return Err(ApiError::invalid_queue_name(format!(
             "{queue} is reserved for the broker's internal state"
-        ))),
-        false => Ok(()),
+        )));
     }
+    Ok(())
 }
 
 /// Parses a JSON object body; an empty (or all-whitespace) body reads as `{}`. Anything but an
