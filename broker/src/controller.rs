@@ -183,6 +183,35 @@ pub(crate) fn apply_edits(
     Ok(config)
 }
 
+/// Refuses a topic config the internal-topic rules forbid ([`crate::internal_topics`]): a
+/// change of a setting that decides when an internal topic's records are deleted
+/// (POLICY_VIOLATION), and a queue dead-letter topic clients may not produce to
+/// (INVALID_CONFIG). `old` is `None` for a topic being created. Only what changes is checked,
+/// so a setting stored before these rules can still be corrected.
+pub(crate) fn check_topic_config(
+    topic: &str,
+    old: Option<&crate::config::TopicConfig>,
+    new: &crate::config::TopicConfig,
+) -> Result<(), AdminError> {
+    use crate::internal_topics::{refuse_config_change, refuse_dead_letter_target, PROTECTED_CONFIGS};
+    if let Some(old) = old {
+        for key in PROTECTED_CONFIGS {
+            if old.get(key) != new.get(key) {
+                if let Some(m) = refuse_config_change(topic, key) {
+                    return Err(AdminError::new(ResponseError::PolicyViolation, m));
+                }
+            }
+        }
+    }
+    let dlq = new.queue_settings().dead_letter_topic;
+    if dlq != old.and_then(|o| o.queue_settings().dead_letter_topic) {
+        if let Some(m) = dlq.as_deref().and_then(refuse_dead_letter_target) {
+            return Err(AdminError::new(ResponseError::InvalidConfig, m));
+        }
+    }
+    Ok(())
+}
+
 /// Per-topic result, in request order.
 #[derive(Debug, Clone)]
 pub(crate) struct TopicResult {
@@ -273,7 +302,21 @@ impl Controller {
                 for t in topics {
                     let id = TopicId(uuid::Uuid::new_v4());
                     let default_partitions = i32::try_from(shard.config.num_partitions).unwrap_or(1);
-                    match scratch.plan_create(&t, default_partitions, self.node_id, id) {
+                    let planned = match crate::internal_topics::refuse_client_create(&t.name) {
+                        // An existing one is TOPIC_ALREADY_EXISTS, as in Kafka.
+                        Some(m) if scratch.topic(&t.name).is_none() => {
+                            Err(AdminError::new(ResponseError::InvalidRequest, m))
+                        }
+                        _ => scratch
+                            .plan_create(&t, default_partitions, self.node_id, id)
+                            .and_then(|delta| match &delta {
+                                MetadataDelta::CreateTopic(m) => {
+                                    check_topic_config(&m.name, None, &m.config).map(|()| delta)
+                                }
+                                _ => Ok(delta),
+                            }),
+                    };
+                    match planned {
                         Ok(delta) => {
                             scratch.apply(&delta);
                             let topic = match &delta {
@@ -305,12 +348,12 @@ impl Controller {
                     };
                     match found {
                         Some(t) if t.internal => results.push(TopicResult {
-                            name: Some(t.name.clone()),
-                            id: t.id,
                             error: Some(AdminError::new(
                                 ResponseError::TopicDeletionDisabled,
-                                "Internal topics cannot be deleted.",
+                                crate::internal_topics::refuse_delete_topic(&t.name).unwrap_or_default(),
                             )),
+                            name: Some(t.name),
+                            id: t.id,
                             topic: None,
                         }),
                         Some(t) => {
@@ -351,7 +394,13 @@ impl Controller {
                     assignments,
                 } in topics
                 {
-                    match scratch.plan_create_partitions(&name, count, assignments.as_deref(), self.node_id) {
+                    let planned = match crate::internal_topics::refuse_create_partitions(&name) {
+                        Some(m) => Err(AdminError::new(ResponseError::PolicyViolation, m)),
+                        None => {
+                            scratch.plan_create_partitions(&name, count, assignments.as_deref(), self.node_id)
+                        }
+                    };
+                    match planned {
                         Ok(delta) => {
                             scratch.apply(&delta);
                             deltas.push(delta);
@@ -431,7 +480,9 @@ impl Controller {
                         ResponseError::UnknownTopicOrPartition,
                         format!("Topic {name} does not exist."),
                     )),
-                    Some(t) => apply_edits(&t.config, &edits, replace).map(|config| (t, config)),
+                    Some(t) => apply_edits(&t.config, &edits, replace).and_then(|config| {
+                        check_topic_config(&name, Some(&t.config), &config).map(|()| (t, config))
+                    }),
                 };
                 match result {
                     Ok((t, config)) => {

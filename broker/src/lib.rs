@@ -17,6 +17,7 @@ mod controller;
 mod fetch_session;
 mod group;
 mod handlers;
+mod internal_topics;
 pub mod metadata;
 mod metrics;
 mod queue;

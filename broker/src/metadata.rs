@@ -24,7 +24,8 @@ pub struct TopicMeta {
     pub id: TopicId,
     pub partitions: i32,
     pub config: TopicConfig,
-    /// Internal topics (`__consumer_offsets`, ...) are listed as internal in Metadata.
+    /// Kafka's internal topics (`__consumer_offsets`, ...; [`crate::internal_topics`]): listed
+    /// as internal in Metadata, written only by the broker.
     pub internal: bool,
 }
 
@@ -264,7 +265,7 @@ impl ClusterMetadata {
             id: new_id,
             partitions,
             config,
-            internal: t.name.starts_with("__"),
+            internal: crate::internal_topics::is_internal(&t.name),
         }))
     }
 
@@ -390,11 +391,12 @@ impl ClusterMetadata {
             md.topics.insert(
                 r.name.clone(),
                 TopicMeta {
+                    // From the name, not the file: older files marked every `__` name internal.
+                    internal: crate::internal_topics::is_internal(&r.name),
                     name: r.name,
                     id: TopicId(id),
                     partitions: r.partitions,
                     config,
-                    internal: r.internal,
                 },
             );
         }
@@ -574,6 +576,17 @@ mod tests {
         );
         let back = ClusterMetadata::from_json(&md.to_json()).unwrap();
         assert_eq!(back, md);
+        assert!(back.topic("__consumer_offsets").unwrap().internal);
+        // A name starting with `__` is not internal by that alone (Kafka's list is fixed), also
+        // when an older file marked it internal.
+        md.apply(&md.plan_create(&new_topic("__mine", 1), 1, 1, id(9)).unwrap());
+        assert!(!md.topic("__mine").unwrap().internal);
+        let mut old: serde_json::Value = serde_json::from_slice(&md.to_json()).unwrap();
+        for t in old["topics"].as_array_mut().unwrap() {
+            t["internal"] = serde_json::Value::Bool(true);
+        }
+        let back = ClusterMetadata::from_json(old.to_string().as_bytes()).unwrap();
+        assert!(!back.topic("__mine").unwrap().internal);
         assert!(back.topic("__consumer_offsets").unwrap().internal);
         assert_eq!(
             back.topic("t1").unwrap().config.get("retention.ms").as_deref(),

@@ -96,6 +96,45 @@ pub fn create_topics_request(
         .with_validate_only(validate_only)
 }
 
+/// A CreatePartitions request growing one topic to `count` partitions.
+pub fn create_partitions_request(name: &str, count: i32, validate_only: bool) -> CreatePartitionsRequest {
+    CreatePartitionsRequest::default()
+        .with_topics(vec![create_partitions_request::CreatePartitionsTopic::default()
+            .with_name(topic_name(name))
+            .with_count(count)
+            .with_assignments(None)])
+        .with_timeout_ms(30_000)
+        .with_validate_only(validate_only)
+}
+
+/// An OffsetCommit record of Kafka's own schema (key v1, value v3: no leader epoch, no expiry)
+/// setting `group`'s committed offset of `topic`/`partition`: what the group coordinator
+/// replays from `__consumer_offsets` at start-up. Returns (key, value).
+pub fn offset_commit_record(
+    group: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    metadata: &str,
+) -> (Vec<u8>, Vec<u8>) {
+    use bytes::BufMut;
+    let mut key = bytes::BytesMut::new();
+    key.put_i16(1);
+    key.put_i16(group.len() as i16);
+    key.put_slice(group.as_bytes());
+    key.put_i16(topic.len() as i16);
+    key.put_slice(topic.as_bytes());
+    key.put_i32(partition);
+    let mut value = bytes::BytesMut::new();
+    value.put_i16(3);
+    value.put_i64(offset);
+    value.put_i32(-1);
+    value.put_i16(metadata.len() as i16);
+    value.put_slice(metadata.as_bytes());
+    value.put_i64(now_ms());
+    (key.to_vec(), value.to_vec())
+}
+
 /// Creates a topic (error code must be NONE) and waits until Metadata shows all its
 /// partitions with a leader. Returns the topic id from the CreateTopics answer.
 pub fn create_topic(bootstrap: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) -> uuid::Uuid {

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
@@ -319,13 +318,7 @@ fn create_partitions_increases_and_refuses_decrease() {
     let mut c = admin::connect(&bootstrap);
     let topic = admin::new_topic(&bootstrap, "partitions", 3);
     let grow = |c: &mut RawConn, name: &str, count: i32, validate_only: bool| -> (i16, Option<String>) {
-        let req = CreatePartitionsRequest::default()
-            .with_topics(vec![CreatePartitionsTopic::default()
-                .with_name(admin::topic_name(name))
-                .with_count(count)
-                .with_assignments(None)])
-            .with_timeout_ms(30_000)
-            .with_validate_only(validate_only);
+        let req = admin::create_partitions_request(name, count, validate_only);
         let resp = c
             .request(versions::CREATE_PARTITIONS, &req)
             .expect("CreatePartitions");

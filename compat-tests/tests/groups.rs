@@ -3165,20 +3165,7 @@ fn producing_to_consumer_offsets_is_refused() {
     simple_commit(&mut c, &g, &topic, &[(0, 10, Some("real"))]);
     // A well-formed OffsetCommit record of Kafka's schema (key v1, value v3) for that group,
     // offered to every partition of __consumer_offsets.
-    let mut key = BytesMut::new();
-    key.put_i16(1);
-    key.put_i16(g.len() as i16);
-    key.put_slice(g.as_bytes());
-    key.put_i16(topic.len() as i16);
-    key.put_slice(topic.as_bytes());
-    key.put_i32(0);
-    let mut value = BytesMut::new();
-    value.put_i16(3);
-    value.put_i64(999);
-    value.put_i32(-1);
-    value.put_i16(8);
-    value.put_slice(b"injected");
-    value.put_i64(admin::now_ms());
+    let (key, value) = admin::offset_commit_record(&g, &topic, 0, 999, "injected");
     let mut answers = BTreeSet::new();
     for p in 0..50 {
         let rec = strand_compat_tests::raw::record(Some(&key), Some(&value), admin::now_ms());

@@ -10,7 +10,9 @@
 //! * `kcat` reads the dead-letter topic's failure-context headers;
 //! * bad input answers (400, 404, 405, 409, 413) and the broker serving on, losing nothing;
 //! * redrive of dead letters (same ids, fresh attempts), and a second redrive moving nothing;
-//! * the queue series on `/metrics`.
+//! * the queue series on `/metrics`;
+//! * a retried ack answers 200 again within its documented bound (also across a restart), and
+//!   409 `already_done` beyond it.
 //!
 //! Each test starts its own broker (the HTTP address comes from its ready file).
 
@@ -2255,4 +2257,94 @@ fn random_http_requests_get_4xx_and_never_take_the_broker_down() {
         "seed {seed}: answers by status {statuses:?} of {sent}: the seeds or the mutations do not reach the handlers"
     );
     eprintln!("{sent} random HTTP requests, answers by status {statuses:?}");
+}
+
+// ------------------------------------------------------------------------------------------
+// 9. Retried acks
+
+/// How many acknowledgements of a partition (per group) the broker remembers for retried acks
+/// (docs/http-api.md, `POST /v1/messages/{id}/ack`).
+const REMEMBERED_ACKS: usize = 1_000;
+
+/// A client whose ack answer was lost sends the same ack again: the documented answer is `200`
+/// again, also once the message's record has left the window (its ack moved the window's start
+/// past it) and across a `kill -9` and restart; only after `REMEMBERED_ACKS` later acks of the
+/// partition is it `409 already_done`.
+#[test]
+fn a_retried_ack_answers_200_again_within_its_bound() {
+    let mut broker = start_broker();
+    let mut c = QueueClient::new(&broker.http_addr());
+    let queue = new_queue(&mut c, "reack", json!({ "partitions": 1 }));
+    c.publish(&queue, &[OutMessage::new("first"), OutMessage::new("second")])
+        .unwrap_or_else(|e| panic!("publish: {e}"));
+    let opts = LeaseOptions {
+        max_messages: Some(500),
+        wait_ms: Some(2_000),
+        ..LeaseOptions::default()
+    };
+    let leased = c.lease(&queue, &opts).unwrap_or_else(|e| panic!("lease: {e}"));
+    assert_eq!(leased.len(), 2, "{leased:?}");
+    for m in &leased {
+        let s = c.ack(&m.id, m.generation).unwrap_or_else(|e| panic!("ack: {e}"));
+        assert_eq!(s.state, "acknowledged");
+    }
+    // Both acked in offset order: the window's start is past both, their records are gone.
+    let (first, second) = (&leased[0], &leased[1]);
+    for m in [first, second] {
+        let s = c
+            .ack(&m.id, m.generation)
+            .unwrap_or_else(|e| panic!("a retried ack of {} (its record out of the window): {e}", m.id));
+        assert_eq!((s.id.as_str(), s.state.as_str()), (m.id.as_str(), "acknowledged"));
+    }
+    // Another generation is still refused: only the very request that settled it answers 200.
+    let stale = c.ack(&first.id, first.generation + 1000);
+    assert!(
+        matches!(&stale, Err(CallError::Status { status: 409, code, .. }) if code == "already_done"),
+        "an ack naming another generation: {stale:?}"
+    );
+
+    broker.kill9();
+    broker.restart();
+    let mut c = QueueClient::new(&broker.http_addr());
+    let s = with_retries(|| c.ack(&first.id, first.generation))
+        .unwrap_or_else(|e| panic!("a retried ack after a restart: {e}"));
+    assert_eq!(s.state, "acknowledged");
+
+    // REMEMBERED_ACKS later acks of the partition push the first two out of the memory.
+    let mut acked = 0;
+    let mut last: Option<Leased> = None;
+    while acked < REMEMBERED_ACKS {
+        let n = (REMEMBERED_ACKS - acked).min(1_000);
+        let msgs: Vec<OutMessage> = (0..n)
+            .map(|i| OutMessage::new(format!("later {}", acked + i)))
+            .collect();
+        c.publish(&queue, &msgs)
+            .unwrap_or_else(|e| panic!("publish: {e}"));
+        let mut got = 0;
+        while got < n {
+            let leased = c.lease(&queue, &opts).unwrap_or_else(|e| panic!("lease: {e}"));
+            assert!(!leased.is_empty(), "nothing to lease after {got} of {n}");
+            let items: Vec<(&str, u64)> = leased.iter().map(|m| (m.id.as_str(), m.generation)).collect();
+            let answers = c
+                .ack_batch(None, &items)
+                .unwrap_or_else(|e| panic!("ack batch: {e}"));
+            assert!(answers.iter().all(|a| a.is_settled()), "{answers:?}");
+            got += leased.len();
+            last = leased.last().cloned();
+        }
+        acked += n;
+    }
+    let last = last.expect("a later message");
+    let s = c
+        .ack(&last.id, last.generation)
+        .unwrap_or_else(|e| panic!("a retried ack of the last one: {e}"));
+    assert_eq!(s.state, "acknowledged");
+    for m in [first, second] {
+        let r = c.ack(&m.id, m.generation);
+        assert!(
+            matches!(&r, Err(CallError::Status { status: 409, code, .. }) if code == "already_done"),
+            "a retried ack after {REMEMBERED_ACKS} later acks: {r:?}"
+        );
+    }
+    broker.assert_never_panicked("retried acks");
 }

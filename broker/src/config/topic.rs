@@ -520,7 +520,7 @@ static TOPIC_KEYS: &[TopicKey] = &[
         kind: Kind::TopicName,
         synonyms: &[],
         default: |_| String::new(),
-        doc: "Queue: topic that receives dead letters; empty means <topic>.dlq.",
+        doc: "Queue: topic that receives dead letters; empty means <topic>.dlq. Must be a topic clients may produce to, not an internal topic or a reserved name.",
     },
     TopicKey {
         name: QUEUE_ORDERING,

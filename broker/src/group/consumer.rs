@@ -36,9 +36,6 @@ use super::{
 pub(crate) const LEAVE_GROUP_EPOCH: i32 = -1;
 pub(crate) const STATIC_LEAVE_EPOCH: i32 = -2;
 
-/// Topics never matched by a subscription regular expression.
-const INTERNAL_TOPICS: [&str; 3] = ["__consumer_offsets", "__transaction_state", "__share_group_state"];
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MemberState {
     Stable,
@@ -302,7 +299,7 @@ impl ConsumerGroup {
             let matched: BTreeSet<String> = match Regex::new(&r) {
                 Ok(re) => all
                     .iter()
-                    .filter(|t| !INTERNAL_TOPICS.contains(&t.as_str()) && re.is_full_match(t))
+                    .filter(|t| !crate::internal_topics::is_internal(t) && re.is_full_match(t))
                     .cloned()
                     .collect(),
                 Err(_) => BTreeSet::new(),

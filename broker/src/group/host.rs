@@ -33,7 +33,7 @@ use crate::shard::tasks::{tick_loop, Ticked};
 use crate::shard::Shard;
 
 /// The internal topic of committed offsets and group state.
-pub(crate) const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub(crate) const OFFSETS_TOPIC: &str = crate::internal_topics::CONSUMER_OFFSETS;
 /// Upper bound for decompressing one `__consumer_offsets` batch while loading.
 const MAX_BATCH_DECOMPRESSED_BYTES: usize = 64 << 20;
 

@@ -12,6 +12,7 @@ use strand_protocol::types::{validate_topic_name, TopicId};
 
 use super::{str_bytes, Handler, Reply, RequestCtx};
 use crate::controller::{self, ControllerOp};
+use crate::internal_topics::is_reserved;
 use crate::metadata::{NewTopic, TopicMeta};
 use crate::shard::LEADER_EPOCH;
 
@@ -96,7 +97,8 @@ impl Handler for Metadata {
             let missing: Vec<NewTopic> = requested
                 .iter()
                 .filter_map(|t| t.name.as_ref().map(|n| n.0.as_str().to_owned()))
-                .filter(|n| md.topic(n).is_none() && validate_topic_name(n).is_ok())
+                // A reserved name is never auto-created: it reads as a missing topic.
+                .filter(|n| md.topic(n).is_none() && validate_topic_name(n).is_ok() && !is_reserved(n))
                 .map(|name| NewTopic {
                     name,
                     num_partitions: -1,
@@ -137,7 +139,7 @@ impl Handler for Metadata {
                         ResponseError::InvalidTopicException,
                         ctx.version,
                     ),
-                    None if allow_create => {
+                    None if allow_create && !is_reserved(n) => {
                         // Creation failed or raced with a deletion: retriable.
                         topic_error(
                             name.clone(),

@@ -15,6 +15,7 @@ use strand_protocol::types::{ShardId, TopicId};
 
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
 use crate::config::{LogSettings, TimestampType};
+use crate::internal_topics::refuse_client_append;
 use crate::shard::ops::{PartRef, ProduceOutcome, ProducePart, ShardRequest, ShardResponse};
 
 pub(crate) struct Produce;
@@ -27,24 +28,6 @@ enum Slot {
     Done(ProduceOutcome),
     /// Sent to a shard: (index into that shard's answer list).
     Sent(ShardId, usize),
-}
-
-/// Kafka's internal topics (`Topic.INTERNAL_TOPICS`). Only the broker writes them: a record a
-/// client appended to `__consumer_offsets` would be replayed by the group coordinator at the
-/// next start. Kafka refuses such produces with INVALID_TOPIC_EXCEPTION, except from its own
-/// admin client's id (`__admin_client`), which any client can claim; Strand refuses them all.
-/// The coordinator appends through the store, not through Produce.
-const INTERNAL_TOPICS: [&str; 3] = [
-    crate::group::host::OFFSETS_TOPIC,
-    "__transaction_state",
-    "__share_group_state",
-];
-
-/// Why a client may not produce to `topic`, if it may not.
-fn refuse_client_append(topic: &str) -> Option<String> {
-    INTERNAL_TOPICS
-        .contains(&topic)
-        .then(|| format!("Cannot append to internal topic {topic}"))
 }
 
 fn check_timestamps(settings: &LogSettings, base: i64, max: i64, now: i64) -> Result<(), String> {
@@ -242,24 +225,6 @@ impl Handler for Produce {
             for p in &t.partition_responses {
                 out.push(p.error_code);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clients_may_not_append_to_internal_topics() {
-        for topic in ["__consumer_offsets", "__transaction_state", "__share_group_state"] {
-            assert_eq!(
-                refuse_client_append(topic).as_deref(),
-                Some(format!("Cannot append to internal topic {topic}").as_str())
-            );
-        }
-        for topic in ["orders", "__consumer_offsets2", "_consumer_offsets", "__my_topic"] {
-            assert_eq!(refuse_client_append(topic), None, "{topic}");
         }
     }
 }

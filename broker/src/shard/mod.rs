@@ -303,6 +303,15 @@ impl Shard {
         let now = self.now_ms();
         let mut started = Vec::with_capacity(parts.len());
         for p in &parts {
+            // Every append made for a client (Produce, a queue's dead letters) passes here; the
+            // broker's own writes to internal topics go to the store directly.
+            if let Some(m) = crate::internal_topics::refuse_client_append(&p.part.topic) {
+                started.push(Err(ProduceOutcome::error(
+                    ResponseError::InvalidTopicException,
+                    Some(m),
+                )));
+                continue;
+            }
             let Some(log) = self.log_of(&p.part) else {
                 started.push(Err(ProduceOutcome::error(
                     ResponseError::UnknownTopicOrPartition,
@@ -544,6 +553,12 @@ impl Shard {
     async fn delete_records(&self, parts: Vec<(PartRef, i64)>) -> Vec<(i16, i64)> {
         let mut out = Vec::with_capacity(parts.len());
         for (p, offset) in parts {
+            // Kafka's `ReplicaManager.deleteRecordsOnLocalLog`: INVALID_TOPIC_EXCEPTION.
+            if let Some(m) = crate::internal_topics::refuse_delete_records(&p.topic) {
+                tracing::warn!(partition = p.partition, "DeleteRecords refused: {m}");
+                out.push((ResponseError::InvalidTopicException.code(), -1));
+                continue;
+            }
             let Some(log) = self.log_of(&p) else {
                 out.push((ResponseError::UnknownTopicOrPartition.code(), -1));
                 continue;

@@ -16,6 +16,9 @@ pub(crate) const MAX_VISIBILITY_MS: u64 = 12 * 3600 * 1000;
 pub(crate) const MAX_DELAY_MS: u64 = 90 * 24 * 3600 * 1000;
 /// Hard ceiling of the dedup window (1 day).
 pub(crate) const MAX_DEDUP_WINDOW_MS: u64 = 24 * 3600 * 1000;
+/// Acknowledgements a partition remembers (per group) after their messages left the window, so
+/// that a retried ack is answered `Acked` again: the most recent ones, kept across restarts.
+pub(crate) const REMEMBERED_ACKS: usize = 1_000;
 
 /// Whether a key's messages are delivered one at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,8 +36,12 @@
 //! share groups); anything else is refused: [`QueueError::StaleGeneration`] (HTTP 409), or
 //! [`QueueError::NotFound`] (404) for an unknown id. An expired lease is a failed attempt with
 //! reason `"lease expired"`. A retried ack (same generation, its answer lost) is answered again
-//! while the message is still in the window; once the start passed it, with
-//! [`QueueError::AlreadyDone`] (409).
+//! while the message is still in the window, and after that for the last
+//! [`config::REMEMBERED_ACKS`] acknowledgements of the partition (id, generation and offset,
+//! kept across restarts as `Done` records in snapshots); beyond that it is
+//! [`QueueError::AlreadyDone`] (409). Generations being unique in a partition, a remembered
+//! (id, generation) proves that very lease was acknowledged: an ack is never answered for a
+//! message that was dead-lettered instead.
 //!
 //! **Retries and dead letters.** A nack retries after its `delay_ms` or the queue's
 //! exponential [`Backoff`]. When a failed attempt was the `max_attempts`-th, or on reject, the
@@ -83,7 +87,7 @@
 //! limit), lease batch size, visibility timeout range and total lease lifetime (12 h), max
 //! attempts range (config), delay range, delayed messages, dedup entries and token length,
 //! message size (the caller measures, the engine knows the limit), consumer id and reason
-//! length, window span.
+//! length, window span; and, without an error, the remembered acknowledgements.
 //!
 //! # The protocol with the caller
 //!

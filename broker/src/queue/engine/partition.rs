@@ -8,7 +8,7 @@ use strand_protocol::types::{Offset, PartitionId};
 
 use super::config::{
     ConfigError, DeadLetterMode, LeaseDurability, Ordering, QueueConfig, MAX_CONSUMER_ID_BYTES,
-    MAX_DEDUP_TOKEN_BYTES, MAX_REASON_BYTES, REASON_LEASE_EXPIRED,
+    MAX_DEDUP_TOKEN_BYTES, MAX_REASON_BYTES, REASON_LEASE_EXPIRED, REMEMBERED_ACKS,
 };
 use super::dead_letter::{DeadLetterCause, DeadLetterRequest};
 use super::dedup::{DedupEntry, DedupTable};
@@ -479,6 +479,10 @@ pub(crate) struct QueuePartition {
     idx: Index,
     /// Redriven copies: id -> offset of the copy (ids whose origin is another offset).
     by_id: HashMap<MessageId, Offset>,
+    /// The last [`REMEMBERED_ACKS`] acknowledgements, oldest first: (id, generation of the
+    /// acked lease, offset). Generations are unique in a partition, so an entry is proof that
+    /// this very lease was acknowledged, whatever became of the record since.
+    recent_acks: VecDeque<(MessageId, Generation, Offset)>,
     dedup: DedupTable,
     /// Failed dead-letter appends to re-emit: (when, offset).
     dead_letter_retry: BTreeSet<(i64, Offset)>,
@@ -534,6 +538,7 @@ impl QueuePartition {
             log_end: Offset(0),
             detached: 0,
             by_id: HashMap::new(),
+            recent_acks: VecDeque::new(),
             dedup: DedupTable::default(),
             dead_letter_retry: BTreeSet::new(),
             gen_next: 1,
@@ -567,6 +572,8 @@ impl QueuePartition {
         let mut q = QueuePartition::empty(config, partition, now_ms)?;
         let mut max_gen = 0u64;
         let mut reserved = 0u64;
+        // Every acknowledgement replayed, in write order (a snapshot repeats some).
+        let mut acks: Vec<(MessageId, Generation, Offset)> = Vec::new();
         for rec in records {
             match rec {
                 StateRecord::Reset { start } => {
@@ -603,6 +610,9 @@ impl QueuePartition {
                     });
                     d.state = DeliveryState::Done(outcome);
                     d.generation = d.generation.max(generation);
+                    if outcome == DoneOutcome::Acked {
+                        acks.push((d.id, generation, offset));
+                    }
                 }
                 StateRecord::Dedup(r) => {
                     q.dedup.insert(
@@ -617,6 +627,16 @@ impl QueuePartition {
                 }
             }
         }
+        // The most recent distinct acknowledgements, oldest first.
+        let mut seen = std::collections::HashSet::new();
+        let mut recent: Vec<_> = acks
+            .into_iter()
+            .rev()
+            .filter(|(_, g, _)| seen.insert(*g))
+            .take(REMEMBERED_ACKS)
+            .collect();
+        recent.reverse();
+        q.recent_acks = recent.into();
         let start = q.start;
         q.records.retain(|off, d| *off >= start || !d.is_done());
         q.loaded_end = start;
@@ -882,7 +902,7 @@ impl QueuePartition {
 
     /// Whether the state log has grown enough that a [`Self::snapshot`] is worth writing.
     pub(crate) fn wants_snapshot(&self) -> bool {
-        let live = (self.records.len() + self.dedup.len()) as u64;
+        let live = (self.records.len() + self.dedup.len() + self.recent_acks.len()) as u64;
         self.records_since_snapshot >= 1024.max(2 * live)
     }
 
@@ -908,6 +928,32 @@ impl QueuePartition {
             reserved_up_to: Generation(self.gen_reserved),
         });
         recs.push(StateRecord::Start { start: self.start });
+        // Remembered acknowledgements of messages that left the window (the others are written
+        // with their records below): a redriven copy's with its id first.
+        for &(id, generation, offset) in &self.recent_acks {
+            if offset >= self.start || self.records.contains_key(&offset) {
+                continue;
+            }
+            if id != MessageId::new(self.partition, offset) {
+                recs.push(StateRecord::Delivery(DeliveryRecord {
+                    offset,
+                    id,
+                    key: None,
+                    enqueued_at_ms: 0,
+                    attempts: 0,
+                    generation,
+                    first_delivery_ms: None,
+                    last_delivery_ms: None,
+                    state: RecordedState::Available,
+                    last_reason: None,
+                }));
+            }
+            recs.push(StateRecord::Done {
+                offset,
+                generation,
+                outcome: DoneOutcome::Acked,
+            });
+        }
         for (off, d) in &self.records {
             if let Some(r) = d.to_record(*off) {
                 recs.push(r);
@@ -1388,6 +1434,22 @@ impl QueuePartition {
             _ => {}
         }
         let off = self.resolve(&item.target)?;
+        if let (SettleOp::Ack, Fence::Generation(g), MessageRef::Id(id)) =
+            (&item.op, &item.fence, &item.target)
+        {
+            let remembered = self.recent_acks.iter().find(|(i, gen, _)| i == id && gen == g);
+            // Still done (a reset may have made an offset deliverable again).
+            let done = |o: &Offset| self.records.get(o).map_or(*o < self.start, Delivery::is_done);
+            if let Some(&(id, _, offset)) = remembered.filter(|(_, _, o)| done(o)) {
+                // A retried ack (lost response) of an acknowledged lease: the same answer, once
+                // the first one is durable.
+                return Ok(Settled {
+                    offset,
+                    id,
+                    outcome: Outcome::Acked,
+                });
+            }
+        }
         let Some(d) = self.records.get(&off) else {
             return Err(if off < self.start {
                 QueueError::AlreadyDone
@@ -1403,6 +1465,7 @@ impl QueuePartition {
             }
         }
         let id = d.id;
+        let generation = d.generation;
         let leased_at = match (&d.state, &item.fence) {
             (DeliveryState::Leased { leased_at_ms, .. }, Fence::Generation(g)) if *g == d.generation => {
                 *leased_at_ms
@@ -1437,6 +1500,10 @@ impl QueuePartition {
             SettleOp::Ack => {
                 self.counters.acked += 1;
                 self.push_latency(now.saturating_sub(leased_at).max(0) as u64);
+                if self.recent_acks.len() >= REMEMBERED_ACKS {
+                    self.recent_acks.pop_front();
+                }
+                self.recent_acks.push_back((id, generation, off));
                 self.finish(off, DoneOutcome::Acked);
                 Outcome::Acked
             }
@@ -1805,6 +1872,11 @@ impl QueuePartition {
             self.start,
             self.loaded_end,
             self.log_end
+        );
+        ensure!(
+            self.recent_acks.len() <= REMEMBERED_ACKS,
+            "{} remembered acks",
+            self.recent_acks.len()
         );
         let mut expect = Index::new(&self.config);
         let mut detached = 0;

@@ -102,19 +102,28 @@ struct CopyView {
     dl_confirm_in_flight: bool,
     dl_appends: u32,
     ack_sent: bool,
+    /// The generations acks of this copy named (any life).
+    ack_gens: Vec<u64>,
+    /// Whether `acked_gen` is known: not when a crash found the message acked and below the
+    /// start (its ack durable, unanswered, the record forgotten); the engine's answer to a
+    /// retried ack must then name one of `ack_gens`, and pins it.
+    acked_gen_known: bool,
     /// Could have been in the delayed state (which alone lets the start pass a pending message).
     ever_delayed: bool,
 }
 
 impl CopyView {
     /// Counts an ack sent in `life` (those of an earlier life went with it).
-    fn ack_sent_in(&mut self, life: u32) {
+    fn ack_sent_in(&mut self, life: u32, gen: u64) {
         if self.ack_life != life {
             self.acks_in_flight = 0;
         }
         self.ack_life = life;
         self.acks_in_flight += 1;
         self.ack_sent = true;
+        if !self.ack_gens.contains(&gen) {
+            self.ack_gens.push(gen);
+        }
     }
 }
 
@@ -615,7 +624,9 @@ impl Sim {
                 );
                 match (spec.op, s.outcome) {
                     (SettleOp::Ack, Outcome::Acked) => {
-                        let retry = c.status == Status::Acked && c.acked_gen == spec.gen;
+                        let retry = c.status == Status::Acked
+                            && (c.acked_gen == spec.gen
+                                || (!c.acked_gen_known && c.ack_gens.contains(&spec.gen)));
                         check!(
                             self,
                             valid_now.is_some() || retry || self.uncertain,
@@ -633,6 +644,7 @@ impl Sim {
                         );
                         c.status = Status::Acked;
                         c.acked_gen = valid_now.map_or(spec.gen, |v| v.gen);
+                        c.acked_gen_known = true;
                         c.valid = None;
                     }
                     (
@@ -833,6 +845,8 @@ impl Sim {
                 dl_confirm_in_flight: false,
                 dl_appends: 0,
                 ack_sent: false,
+                ack_gens: Vec::new(),
+                acked_gen_known: true,
                 ever_delayed: deliver_at > 0 || expiry_delays,
             },
         );
@@ -974,7 +988,7 @@ impl Sim {
                 c.reject_requested = true;
             }
             if op == SettleOp::Ack {
-                c.ack_sent_in(self.life);
+                c.ack_sent_in(self.life, h.gen);
             }
             let mut item = h.settle(op, Some(format!("consumer {consumer} says {op:?}")));
             if by_owner {
@@ -1046,7 +1060,10 @@ impl Sim {
                 }) {
                     // A retried ack: same generation, Ack again.
                     let r = self.request_id();
-                    self.copies.get_mut(&h.offset).unwrap().ack_sent_in(self.life);
+                    self.copies
+                        .get_mut(&h.offset)
+                        .unwrap()
+                        .ack_sent_in(self.life, h.gen);
                     let item = h.settle(SettleOp::Ack, None);
                     self.q.settle(r, &[item], self.now).unwrap();
                     let spec = h.spec(c, SettleOp::Ack, false);
@@ -1244,6 +1261,7 @@ impl Sim {
                         "{off} lost: below the start, never acked nor dead-lettered"
                     );
                     c.status = Status::Acked;
+                    c.acked_gen_known = false;
                     self.stats.acked += 1;
                 }
                 (Some(DeliveryState::Done(DoneOutcome::Archived)), Status::Pending) => {
@@ -1371,7 +1389,10 @@ impl Sim {
                         self.copies.get_mut(&h.offset).unwrap().ever_delayed |= base_ms > 0;
                     }
                     if op == SettleOp::Ack {
-                        self.copies.get_mut(&h.offset).unwrap().ack_sent_in(self.life);
+                        self.copies
+                            .get_mut(&h.offset)
+                            .unwrap()
+                            .ack_sent_in(self.life, h.gen);
                     }
                     items.push(h.settle(op, Some("drain".into())));
                     specs.push(h.spec(c, op, false));

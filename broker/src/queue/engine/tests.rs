@@ -396,10 +396,67 @@ fn stale_generations_and_unknown_ids_are_refused() {
         )))
     );
     h.ack(&second).unwrap();
-    // Once the start passed it, the message is forgotten: any settle is refused.
-    assert_eq!(h.ack(&second), Err(QueueError::AlreadyDone));
-    assert!(h.ack(&first).is_err());
-    assert!(h.op(&second, SettleOp::Reject).is_err());
+    // Once the start passed it, the message is forgotten: only the very ack that settled it is
+    // answered again (remembered); any other settle is refused.
+    assert!(h.state(0).is_none());
+    assert_eq!(h.ack(&second).map(|s| s.outcome), Ok(Outcome::Acked));
+    assert_eq!(h.ack(&first), Err(QueueError::AlreadyDone));
+    assert_eq!(h.op(&second, SettleOp::Reject), Err(QueueError::AlreadyDone));
+}
+
+/// A client whose ack answer was lost retries it: the same answer, also once the message left
+/// the window, after a snapshot and after a crash, for the last `REMEMBERED_ACKS`
+/// acknowledgements; an older one, or another generation, is `AlreadyDone`.
+#[test]
+fn a_retried_ack_is_answered_again_within_its_bound() {
+    let mut h = H::new(cfg());
+    h.publish_n(2);
+    let leases = h.lease("w", 2, 30_000).unwrap();
+    for l in &leases {
+        h.ack(l).unwrap();
+    }
+    assert_eq!(h.q.start(), Offset(2));
+    let retried = |h: &mut H| -> Vec<Result<(Offset, Outcome), QueueError>> {
+        leases
+            .iter()
+            .map(|l| h.ack(l).map(|s| (s.offset, s.outcome)))
+            .collect()
+    };
+    let answered = vec![Ok((Offset(0), Outcome::Acked)), Ok((Offset(1), Outcome::Acked))];
+    assert_eq!(retried(&mut h), answered);
+    let other = Lease {
+        generation: Generation(leases[0].generation.0 + 100),
+        ..leases[0].clone()
+    };
+    assert_eq!(h.ack(&other), Err(QueueError::AlreadyDone));
+
+    h.crash();
+    assert_eq!(retried(&mut h), answered, "after a crash");
+    h.q.snapshot();
+    h.pump();
+    h.crash();
+    assert_eq!(retried(&mut h), answered, "after a snapshot and a crash");
+
+    // `REMEMBERED_ACKS - 1` later acks keep the second one; one more forgets it.
+    for n in 0..config::REMEMBERED_ACKS - 1 {
+        h.publish(None);
+        let l = h.lease_one("w", 30_000);
+        h.ack(&l).unwrap();
+        if n % 300 == 0 {
+            h.q.snapshot();
+            h.pump();
+        }
+    }
+    assert_eq!(h.ack(&leases[0]), Err(QueueError::AlreadyDone));
+    assert_eq!(h.ack(&leases[1]).map(|s| s.outcome), Ok(Outcome::Acked));
+    h.crash();
+    assert_eq!(h.ack(&leases[0]), Err(QueueError::AlreadyDone), "after a crash");
+    assert_eq!(
+        h.ack(&leases[1]).map(|s| s.outcome),
+        Ok(Outcome::Acked),
+        "after a crash"
+    );
+    h.q.check_invariants().unwrap();
 }
 
 #[test]

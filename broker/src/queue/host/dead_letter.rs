@@ -50,6 +50,11 @@ pub(super) async fn dead_letter_append(
         .and_then(|s| s.dead_letter_topic.clone());
     let dlq_name =
         share_dlq.unwrap_or_else(|| source.config.queue_settings().dead_letter_topic_of(&source.name));
+    // Stored before dead-letter targets were checked, or a share group's setting: the message
+    // waits (retried) until the setting names a topic clients may produce to.
+    if let Some(m) = crate::internal_topics::refuse_dead_letter_target(&dlq_name) {
+        return Err(m);
+    }
     let dlq = match md.topic(&dlq_name) {
         Some(t) => t.clone(),
         None => create_dead_letter_topic(shard, &dlq_name, source.partitions).await?,

@@ -47,6 +47,11 @@ impl QueueHost {
     ) -> Vec<Result<PublishedMessage, QueueFailure>> {
         let shard = &self.core;
         let n = messages.len();
+        // The doors refuse internal topics as queues already; the append below bypasses the
+        // core's produce path, so it is checked here too.
+        if let Some(m) = crate::internal_topics::refuse_client_append(topic) {
+            return vec![Err(QueueFailure::Invalid(m)); n];
+        }
         let engine = match self.engine(topic, partition, PRIMARY_GROUP).await {
             Ok(e) => e,
             Err(e) => return vec![Err(e); n],

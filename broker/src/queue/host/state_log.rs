@@ -5,8 +5,9 @@ use super::ops::QueueFailure;
 use std::path::Path;
 use strand_storage::LogConfig;
 
-/// Directory (under the log directory) of the engines' state logs.
-pub(crate) const STATE_DIR: &str = "__queue_state";
+/// Directory (under the log directory) of the engines' state logs: a reserved name, which no
+/// topic may take.
+pub(crate) const STATE_DIR: &str = crate::internal_topics::QUEUE_STATE;
 
 /// Longest encoded group name in a directory name.
 pub(super) const MAX_GROUP_DIR_BYTES: usize = 200;

@@ -13,7 +13,7 @@
 //! HEAD is served wherever GET is (same headers, no body). Any other path is 404 `not_found`;
 //! a known path with another method is 405 with `Allow`. Path segments are percent-decoded
 //! (an invalid escape or non-UTF-8 result is a 400); a queue must be a valid Kafka topic name
-//! (400 `invalid_queue_name`).
+//! and not a reserved one (`crate::internal_topics`) (400 `invalid_queue_name`).
 
 use serde::{Deserialize, Serialize};
 use strand_protocol::types::validate_topic_name;
@@ -104,8 +104,15 @@ fn resolve(path: &str) -> Result<Endpoint, ApiError> {
     })
 }
 
+/// A queue is a topic clients may create and write: a valid topic name, not a reserved one.
 fn check_queue(queue: &str) -> Result<(), ApiError> {
-    validate_topic_name(queue).map_err(|e| ApiError::invalid_queue_name(format!("{queue:?}: {e}")))
+    validate_topic_name(queue).map_err(|e| ApiError::invalid_queue_name(format!("{queue:?}: {e}")))?;
+    if crate::internal_topics::is_reserved(queue) {
+        return Err(ApiError::invalid_queue_name(format!(
+            "{queue} is reserved for the broker's internal state"
+        )));
+    }
+    Ok(())
 }
 
 /// Parses a JSON object body; an empty (or all-whitespace) body reads as `{}`. Anything but an

@@ -943,6 +943,11 @@ impl QueueApi for ShardQueues {
     async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError> {
         let t = self.topic(queue)?;
         let dlq_name = t.config.queue_settings().dead_letter_topic_of(&t.name);
+        // A setting stored before dead-letter targets were checked: no reading (and deleting)
+        // from an internal topic.
+        if let Some(m) = crate::internal_topics::refuse_dead_letter_target(&dlq_name) {
+            return Err(ApiError::invalid_setting(m));
+        }
         let Some(dlq) = self.shard.metadata().topic(&dlq_name).cloned() else {
             return Ok(Redriven { redriven: 0 });
         };

@@ -437,6 +437,9 @@ impl PutQueue {
             check(dlq != queue, || {
                 "`dead_letter_topic` must differ from the queue".to_owned()
             })?;
+            if let Some(m) = crate::internal_topics::refuse_dead_letter_target(dlq) {
+                return Err(ApiError::invalid_setting(format!("`dead_letter_topic`: {m}")));
+            }
         }
         if let Some(w) = self.dedup_window_ms {
             check(w <= MAX_DEDUP_WINDOW_MS, || {
