@@ -65,6 +65,9 @@ const MAX_SHARDS: usize = 1024;
 const MAX_CLUSTER_ID_LEN: usize = 255;
 const I32_MAX: i64 = i32::MAX as i64;
 const MIB: i64 = 1 << 20;
+/// Most partitions a topic may have, whatever `strand.max.partitions.per.topic` says (a bound,
+/// not a Kafka limit).
+pub const MAX_PARTITIONS_PER_TOPIC: i32 = 100_000;
 
 /// Where a configuration value came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -275,6 +278,12 @@ pub struct Config {
     /// `strand.max.producers.per.partition`: bound on producer states kept per partition; the
     /// least recently active are dropped first.
     pub max_producers_per_partition: u32,
+    /// `strand.max.partitions`: partitions the node holds in all, internal topics included.
+    pub max_partitions: u32,
+    /// `strand.max.partitions.per.topic`: partitions of one topic.
+    pub max_partitions_per_topic: u32,
+    /// `strand.max.partitions.per.request`: partitions one request creates.
+    pub max_partitions_per_request: u32,
     /// Keys set explicitly (any source), with their normalised text, for DescribeConfigs.
     explicit: BTreeMap<&'static str, Explicit>,
 }
@@ -430,6 +439,12 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "An idempotent producer's state is dropped after this long without a batch."),
     key("strand.max.producers.per.partition", Int, Text("10000"), Count("producers"),
         "Most idempotent producers whose state each partition keeps; the least recently active go first. Raise it if more producers write to one partition, at a little memory each."),
+    key("strand.max.partitions", Int, Text("15000"), Count("partitions"),
+        "Most partitions the node holds, internal topics included (__consumer_offsets takes offsets.topic.num.partitions). Creating more is refused with POLICY_VIOLATION (HTTP 409 partition_limit_reached), whether by CreateTopics, CreatePartitions, auto-creation through Metadata or the HTTP queue API; deleting topics makes room. Each partition holds a file descriptor, about 5 KiB of memory when idle, and adds to the time a restart takes before the node serves (at 15,000 on a busy 2-core VM: 1.2 s after a clean stop, 2.4 s after SIGKILL; BENCHMARKS.md#partition-limits). Raise it on a machine with more cores, memory and open files; lower it on a small one."),
+    key("strand.max.partitions.per.topic", Int, Text("10000"), Count("partitions"),
+        "Most partitions one topic may have, at most 100000; creating or growing a topic beyond it is refused with INVALID_PARTITIONS (HTTP 400 too_many_partitions). All of a topic's partitions are listed in one Metadata answer and spread over one group's members: raise it for a topic that needs more, lower it to keep one topic from taking the node's whole budget."),
+    key("strand.max.partitions.per.request", Int, Text("10000"), Count("partitions"),
+        "Most partitions one request may create, summed over its topics (CreateTopics, CreatePartitions; for an HTTP PUT, the queue's and its dead-letter topic's when that is created too). A request asking for more is refused whole with POLICY_VIOLATION (HTTP 400 too_many_partitions), as Kafka refuses a request of more than 10,000. Lower it to bound the work of one admin request."),
 ];
 
 /// Keys of KRaft/compose configs that do not apply to a single Strand node: accepted, no effect.
@@ -1042,6 +1057,28 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let offsets_retention_check_interval_ms = r.int("offsets.retention.check.interval.ms", 1, i64::MAX)?;
     let offset_metadata_max_bytes = r.int("offset.metadata.max.bytes", 0, I32_MAX)?;
     let max_producers_per_partition = r.int("strand.max.producers.per.partition", 1, I32_MAX)?;
+    let max_partitions: u32 = r.int("strand.max.partitions", 1, I32_MAX)?;
+    if max_partitions < offsets_topic_num_partitions {
+        return Err(r.blame(
+            "strand.max.partitions",
+            format!(
+                "must be at least offsets.topic.num.partitions ({offsets_topic_num_partitions}): __consumer_offsets counts too"
+            ),
+        ));
+    }
+    let max_partitions_per_topic: u32 = r.int(
+        "strand.max.partitions.per.topic",
+        1,
+        i64::from(MAX_PARTITIONS_PER_TOPIC),
+    )?;
+    // Only an explicit num.partitions can be above it (the default is 1).
+    if num_partitions > max_partitions_per_topic {
+        return Err(r.blame(
+            "num.partitions",
+            format!("must not exceed strand.max.partitions.per.topic ({max_partitions_per_topic})"),
+        ));
+    }
+    let max_partitions_per_request = r.int("strand.max.partitions.per.request", 1, I32_MAX)?;
     let group_min_session_timeout_ms: i32 = r.int("group.min.session.timeout.ms", 0, I32_MAX)?;
     let group_max_session_timeout_ms: i32 = r.int("group.max.session.timeout.ms", 0, I32_MAX)?;
     if group_min_session_timeout_ms > group_max_session_timeout_ms {
@@ -1140,6 +1177,9 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         offsets_retention_minutes,
         producer_id_expiration_ms,
         max_producers_per_partition,
+        max_partitions,
+        max_partitions_per_topic,
+        max_partitions_per_request,
         offsets_topic_num_partitions,
         group_initial_rebalance_delay_ms,
         group_max_size,

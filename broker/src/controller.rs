@@ -21,7 +21,10 @@ use strand_protocol::types::TopicId;
 use strand_storage::fs::Fs;
 use strand_storage::fs_glommio::GlommioFs;
 
-use crate::metadata::{AdminError, ClusterMetadata, MetadataDelta, NewTopic, TopicMeta};
+use crate::metadata::{
+    partitions_u64, AdminError, ClusterMetadata, MetadataDelta, NewTopic, PartitionLimit, PartitionLimits,
+    TopicMeta,
+};
 use crate::shard::service::Service;
 use crate::shard::{broadcast_metadata, Shard};
 
@@ -245,6 +248,53 @@ impl ControllerReply {
     }
 }
 
+/// A refusal by a partition limit: which limit, and Kafka's answer.
+pub(crate) type LimitRefusal = (PartitionLimit, AdminError);
+
+/// Counts and logs a refusal by a partition limit.
+fn refused((limit, e): LimitRefusal) -> LimitRefusal {
+    metrics::counter!("strand_partition_limit_refusals_total", "limit" => limit.label()).increment(1);
+    tracing::warn!(limit = limit.label(), error = %e.message, "partitions refused");
+    (limit, e)
+}
+
+/// Checks that a topic may have `topic_partitions` and that the node may hold `added` more.
+fn check_added(
+    md: &ClusterMetadata,
+    limits: &PartitionLimits,
+    topic_partitions: i32,
+    added: u64,
+) -> Result<(), LimitRefusal> {
+    limits
+        .check_topic(topic_partitions)
+        .map_err(|e| (PartitionLimit::Topic, e))?;
+    md.check_node_partitions(added, limits)
+        .map_err(|e| (PartitionLimit::Node, e))
+}
+
+/// The partition limits checked, against this shard's copy of the metadata, for a request that
+/// makes several controller operations (an HTTP PUT that creates a queue and its dead-letter
+/// topic): it may add `added` partitions in all and leave a topic with `topic_partitions`.
+/// Checking before the first operation keeps the request from being refused half done; each
+/// operation is checked again by the controller. A refusal is counted and logged.
+pub(crate) fn check_partitions_added(
+    shard: &Shard,
+    topic_partitions: i32,
+    added: u64,
+) -> Result<(), LimitRefusal> {
+    let limits = PartitionLimits::of(&shard.config);
+    limits
+        .check_topic(topic_partitions)
+        .map_err(|e| (PartitionLimit::Topic, e))
+        .and_then(|()| {
+            limits
+                .check_request(added)
+                .map_err(|e| (PartitionLimit::Request, e))
+        })
+        .and_then(|()| check_added(&shard.metadata(), &limits, topic_partitions, added))
+        .map_err(refused)
+}
+
 /// Producer ids are reserved in blocks of this size: one metadata write per block.
 const PRODUCER_ID_BLOCK: i64 = 1000;
 
@@ -297,24 +347,44 @@ impl Controller {
             | ControllerOp::AlterGroupConfig { validate_only, .. } => *validate_only,
             ControllerOp::DeleteTopics { .. } | ControllerOp::AllocateProducerId => false,
         };
+        let limits = PartitionLimits::of(&shard.config);
         match op {
             ControllerOp::CreateTopics { topics, .. } => {
+                let default_partitions = i32::try_from(shard.config.num_partitions).unwrap_or(1);
+                // Kafka refuses the whole request first when it asks for too many partitions.
+                let requested = topics
+                    .iter()
+                    .map(|t| t.requested_partitions(default_partitions))
+                    .fold(0u64, u64::saturating_add);
+                let too_many = limits
+                    .check_request(requested)
+                    .err()
+                    .map(|e| refused((PartitionLimit::Request, e)).1);
                 for t in topics {
                     let id = TopicId(uuid::Uuid::new_v4());
-                    let default_partitions = i32::try_from(shard.config.num_partitions).unwrap_or(1);
                     let planned = match crate::internal_topics::refuse_client_create(&t.name) {
                         // An existing one is TOPIC_ALREADY_EXISTS, as in Kafka.
                         Some(m) if scratch.topic(&t.name).is_none() => {
                             Err(AdminError::new(ResponseError::InvalidRequest, m))
                         }
-                        _ => scratch
-                            .plan_create(&t, default_partitions, self.node_id, id)
-                            .and_then(|delta| match &delta {
-                                MetadataDelta::CreateTopic(m) => {
-                                    check_topic_config(&m.name, None, &m.config).map(|()| delta)
-                                }
-                                _ => Ok(delta),
-                            }),
+                        _ => match &too_many {
+                            Some(e) => Err(e.clone()),
+                            None => scratch
+                                .plan_create(&t, default_partitions, self.node_id, id)
+                                .and_then(|delta| {
+                                    if let MetadataDelta::CreateTopic(m) = &delta {
+                                        check_topic_config(&m.name, None, &m.config)?;
+                                        check_added(
+                                            &scratch,
+                                            &limits,
+                                            m.partitions,
+                                            partitions_u64(m.partitions),
+                                        )
+                                        .map_err(|r| refused(r).1)?;
+                                    }
+                                    Ok(delta)
+                                }),
+                        },
                     };
                     match planned {
                         Ok(delta) => {
@@ -388,6 +458,18 @@ impl Controller {
                 }
             }
             ControllerOp::CreatePartitions { topics, .. } => {
+                let requested = topics
+                    .iter()
+                    .map(|t| {
+                        scratch
+                            .topic(&t.topic)
+                            .map_or(0, |m| partitions_u64(t.count.saturating_sub(m.partitions)))
+                    })
+                    .fold(0u64, u64::saturating_add);
+                let too_many = limits
+                    .check_request(requested)
+                    .err()
+                    .map(|e| refused((PartitionLimit::Request, e)).1);
                 for PartitionIncrease {
                     topic: name,
                     count,
@@ -396,9 +478,29 @@ impl Controller {
                 {
                     let planned = match crate::internal_topics::refuse_create_partitions(&name) {
                         Some(m) => Err(AdminError::new(ResponseError::PolicyViolation, m)),
-                        None => {
-                            scratch.plan_create_partitions(&name, count, assignments.as_deref(), self.node_id)
-                        }
+                        None => match &too_many {
+                            Some(e) => Err(e.clone()),
+                            None => {
+                                let current = scratch.topic(&name).map_or(0, |m| m.partitions);
+                                scratch
+                                    .plan_create_partitions(
+                                        &name,
+                                        count,
+                                        assignments.as_deref(),
+                                        self.node_id,
+                                    )
+                                    .and_then(|delta| {
+                                        check_added(
+                                            &scratch,
+                                            &limits,
+                                            count,
+                                            partitions_u64(count - current),
+                                        )
+                                        .map_err(|r| refused(r).1)?;
+                                        Ok(delta)
+                                    })
+                            }
+                        },
                     };
                     match planned {
                         Ok(delta) => {
@@ -579,6 +681,44 @@ mod tests {
 
     fn set(k: &str, v: &str) -> ConfigEdit {
         ConfigEdit::Set(k.into(), v.into())
+    }
+
+    #[test]
+    fn an_operation_is_checked_against_the_topic_then_the_node() {
+        let limits = PartitionLimits {
+            node: 20,
+            topic: 8,
+            request: 100,
+        };
+        let mut md = ClusterMetadata::default();
+        let offsets = NewTopic {
+            name: "__consumer_offsets".into(),
+            num_partitions: 10,
+            replication_factor: -1,
+            assignments: vec![],
+            configs: vec![],
+        };
+        md.apply(
+            &md.plan_create(&offsets, 1, 1, TopicId(uuid::Uuid::from_u128(1)))
+                .unwrap(),
+        );
+        assert_eq!(check_added(&md, &limits, 8, 10), Ok(()));
+        let refusal = |r: Result<(), LimitRefusal>| {
+            let (limit, e) = r.unwrap_err();
+            (limit, e.code)
+        };
+        assert_eq!(
+            refusal(check_added(&md, &limits, 9, 1)),
+            (PartitionLimit::Topic, ResponseError::InvalidPartitions)
+        );
+        assert_eq!(
+            refusal(check_added(&md, &limits, 8, 11)),
+            (PartitionLimit::Node, ResponseError::PolicyViolation)
+        );
+        assert_eq!(
+            refusal(check_added(&md, &limits, 9, 11)),
+            (PartitionLimit::Topic, ResponseError::InvalidPartitions)
+        );
     }
 
     #[test]

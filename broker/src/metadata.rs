@@ -12,10 +12,86 @@ use kafka_protocol::ResponseError;
 use serde::{Deserialize, Serialize};
 use strand_protocol::types::{validate_topic_name, ShardId, TopicId};
 
-use crate::config::{GroupConfig, TopicConfig};
+use crate::config::{Config, GroupConfig, TopicConfig};
 
-/// Most partitions a topic may have (a bound, not a Kafka limit).
-pub const MAX_PARTITIONS_PER_TOPIC: i32 = 100_000;
+pub use crate::config::MAX_PARTITIONS_PER_TOPIC;
+
+/// Which partition limit refused a creation: the label of `strand_partition_limit_refusals_total`
+/// and the HTTP door's answer depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionLimit {
+    /// `strand.max.partitions`: the node would hold too many.
+    Node,
+    /// `strand.max.partitions.per.topic`: one topic would have too many.
+    Topic,
+    /// `strand.max.partitions.per.request`: one request asks for too many.
+    Request,
+}
+
+impl PartitionLimit {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            PartitionLimit::Node => "node",
+            PartitionLimit::Topic => "topic",
+            PartitionLimit::Request => "request",
+        }
+    }
+}
+
+/// The broker's limits on partitions (`strand.max.partitions`, `.per.topic`, `.per.request`),
+/// which the controller applies to every way partitions are created: CreateTopics,
+/// CreatePartitions, auto-creation and the HTTP queue API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionLimits {
+    /// Partitions the node holds in all, internal topics included.
+    pub node: u64,
+    /// Partitions of one topic.
+    pub topic: i32,
+    /// Partitions one request creates.
+    pub request: u64,
+}
+
+impl PartitionLimits {
+    pub fn of(config: &Config) -> Self {
+        PartitionLimits {
+            node: u64::from(config.max_partitions),
+            topic: i32::try_from(config.max_partitions_per_topic).unwrap_or(MAX_PARTITIONS_PER_TOPIC),
+            request: u64::from(config.max_partitions_per_request),
+        }
+    }
+
+    /// Refuses a request that would create `requested` partitions in all, with Kafka's error
+    /// and words (Kafka refuses more than 10,000).
+    pub fn check_request(&self, requested: u64) -> Result<(), AdminError> {
+        if requested <= self.request {
+            return Ok(());
+        }
+        Err(AdminError::new(
+            ResponseError::PolicyViolation,
+            format!(
+                "Excessively large number of partitions per request: {requested} requested, \
+                 limit {} (strand.max.partitions.per.request).",
+                self.request
+            ),
+        ))
+    }
+
+    /// Refuses a topic of `partitions` partitions.
+    pub fn check_topic(&self, partitions: i32) -> Result<(), AdminError> {
+        if partitions <= self.topic {
+            return Ok(());
+        }
+        Err(AdminError::new(
+            ResponseError::InvalidPartitions,
+            format!(
+                "Number of partitions {partitions} is above the limit of {} partitions per topic \
+                 (strand.max.partitions.per.topic).",
+                self.topic
+            ),
+        ))
+    }
+}
 
 /// One topic.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +148,8 @@ pub struct ClusterMetadata {
     /// Config overrides per group id (IncrementalAlterConfigs on GROUP resources). A group
     /// needs no entry here to exist, and an entry does not make a group exist.
     group_configs: BTreeMap<String, GroupConfig>,
+    /// Partitions of all topics, internal ones included: kept by [`ClusterMetadata::apply`].
+    partitions: u64,
 }
 
 /// Why an admin operation is refused, with Kafka's error code and message.
@@ -103,6 +181,23 @@ pub struct NewTopic {
     pub configs: Vec<(String, Option<String>)>,
 }
 
+impl NewTopic {
+    /// The partitions the entry asks for, counted as Kafka counts them against its per-request
+    /// bound before any other check: the assignments when given, else the count (the default
+    /// for -1), nothing for an invalid count.
+    pub fn requested_partitions(&self, default_partitions: i32) -> u64 {
+        if !self.assignments.is_empty() {
+            return self.assignments.len() as u64;
+        }
+        let p = if self.num_partitions == -1 {
+            default_partitions
+        } else {
+            self.num_partitions
+        };
+        partitions_u64(p)
+    }
+}
+
 impl ClusterMetadata {
     pub fn topic(&self, name: &str) -> Option<&TopicMeta> {
         self.topics.get(name)
@@ -120,6 +215,27 @@ impl ClusterMetadata {
         self.topics.len()
     }
 
+    /// Partitions of all topics, internal ones included.
+    pub fn partition_count(&self) -> u64 {
+        self.partitions
+    }
+
+    /// Refuses adding `added` partitions when the node would then hold more than its limit.
+    pub fn check_node_partitions(&self, added: u64, limits: &PartitionLimits) -> Result<(), AdminError> {
+        let total = self.partitions.saturating_add(added);
+        if total <= limits.node {
+            return Ok(());
+        }
+        Err(AdminError::new(
+            ResponseError::PolicyViolation,
+            format!(
+                "Adding {added} partitions would bring the node to {total}, above its limit of {} \
+                 (strand.max.partitions); it holds {}, internal topics included.",
+                limits.node, self.partitions
+            ),
+        ))
+    }
+
     /// The config overrides of a group, if it has any.
     pub fn group_config(&self, group: &str) -> Option<&GroupConfig> {
         self.group_configs.get(group)
@@ -135,14 +251,21 @@ impl ClusterMetadata {
         match delta {
             MetadataDelta::CreateTopic(t) => {
                 self.by_id.insert(t.id, t.name.clone());
-                self.topics.insert(t.name.clone(), t.clone());
+                self.partitions += partitions_u64(t.partitions);
+                if let Some(old) = self.topics.insert(t.name.clone(), t.clone()) {
+                    self.partitions -= partitions_u64(old.partitions);
+                }
             }
             MetadataDelta::DeleteTopic { name, id } => {
-                self.topics.remove(name);
+                if let Some(old) = self.topics.remove(name) {
+                    self.partitions -= partitions_u64(old.partitions);
+                }
                 self.by_id.remove(id);
             }
             MetadataDelta::SetPartitionCount { name, partitions } => {
                 if let Some(t) = self.topics.get_mut(name) {
+                    self.partitions -= partitions_u64(t.partitions);
+                    self.partitions += partitions_u64(*partitions);
                     t.partitions = *partitions;
                 }
             }
@@ -388,7 +511,8 @@ impl ClusterMetadata {
                 return Err(format!("topic {}: {} partitions", r.name, r.partitions));
             }
             md.by_id.insert(TopicId(id), r.name.clone());
-            md.topics.insert(
+            md.partitions += partitions_u64(r.partitions);
+            let replaced = md.topics.insert(
                 r.name.clone(),
                 TopicMeta {
                     // From the name, not the file: older files marked every `__` name internal.
@@ -399,6 +523,9 @@ impl ClusterMetadata {
                     config,
                 },
             );
+            if let Some(old) = replaced {
+                md.partitions -= partitions_u64(old.partitions);
+            }
         }
         for r in file.group_configs {
             let config = GroupConfig::from_text(&r.config).map_err(|e| format!("group {}: {e}", r.group))?;
@@ -438,6 +565,11 @@ struct TopicRecord {
     config: String,
     #[serde(default)]
     internal: bool,
+}
+
+/// A partition count as an unsigned number (validated counts are positive; others count 0).
+pub fn partitions_u64(partitions: i32) -> u64 {
+    u64::try_from(partitions).unwrap_or(0)
 }
 
 /// The shard that owns a partition: deterministic, spreads a topic's partitions over shards
@@ -562,6 +694,125 @@ mod tests {
         let d = md.plan_create_partitions("t", 5, None, 1).unwrap();
         md.apply(&d);
         assert_eq!(md.topic("t").unwrap().partitions, 5);
+    }
+
+    fn limits(node: u64, topic: i32, request: u64) -> PartitionLimits {
+        PartitionLimits { node, topic, request }
+    }
+
+    #[test]
+    fn partition_count_follows_creates_deletes_growth_and_the_file() {
+        let mut md = ClusterMetadata::default();
+        assert_eq!(md.partition_count(), 0);
+        // Internal topics count like any other.
+        md.apply(
+            &md.plan_create(&new_topic("__consumer_offsets", 50), 1, 1, id(1))
+                .unwrap(),
+        );
+        md.apply(&md.plan_create(&new_topic("a", 3), 1, 1, id(2)).unwrap());
+        md.apply(&md.plan_create(&new_topic("b", -1), 4, 1, id(3)).unwrap());
+        assert_eq!(md.partition_count(), 57);
+        md.apply(&md.plan_create_partitions("a", 10, None, 1).unwrap());
+        assert_eq!(md.partition_count(), 64);
+        // Deleting a topic gives its partitions back; deleting it again changes nothing.
+        let delete_a = MetadataDelta::DeleteTopic {
+            name: "a".into(),
+            id: id(2),
+        };
+        md.apply(&delete_a);
+        md.apply(&delete_a);
+        assert_eq!(md.partition_count(), 54);
+        // A growth of a topic that is gone changes nothing.
+        md.apply(&MetadataDelta::SetPartitionCount {
+            name: "a".into(),
+            partitions: 99,
+        });
+        assert_eq!(md.partition_count(), 54);
+        // A create that replaces a topic of the same name counts the new one only.
+        let mut again = md.plan_create(&new_topic("c", 2), 1, 1, id(4)).unwrap();
+        md.apply(&again);
+        if let MetadataDelta::CreateTopic(t) = &mut again {
+            t.partitions = 5;
+        }
+        md.apply(&again);
+        assert_eq!(md.partition_count(), 59);
+        // Loaded from the file: the same total.
+        let back = ClusterMetadata::from_json(&md.to_json()).unwrap();
+        assert_eq!(back.partition_count(), 59);
+        assert_eq!(back, md);
+    }
+
+    #[test]
+    fn node_limit_counts_internal_topics_and_deletion_frees_budget() {
+        let l = limits(60, 100, 100);
+        let mut md = ClusterMetadata::default();
+        md.apply(
+            &md.plan_create(&new_topic("__consumer_offsets", 50), 1, 1, id(1))
+                .unwrap(),
+        );
+        assert_eq!(md.check_node_partitions(10, &l), Ok(()));
+        let e = md.check_node_partitions(11, &l).unwrap_err();
+        assert_eq!(e.code, ResponseError::PolicyViolation);
+        assert!(
+            e.message.contains("strand.max.partitions") && e.message.contains("it holds 50"),
+            "{}",
+            e.message
+        );
+        md.apply(&md.plan_create(&new_topic("t", 10), 1, 1, id(2)).unwrap());
+        assert_eq!(
+            md.check_node_partitions(1, &l).unwrap_err().code,
+            ResponseError::PolicyViolation
+        );
+        assert_eq!(md.check_node_partitions(0, &l), Ok(()));
+        md.apply(&MetadataDelta::DeleteTopic {
+            name: "t".into(),
+            id: id(2),
+        });
+        assert_eq!(md.check_node_partitions(10, &l), Ok(()));
+        // No overflow on absurd requests.
+        assert!(md.check_node_partitions(u64::MAX, &l).is_err());
+    }
+
+    #[test]
+    fn topic_and_request_limits() {
+        let l = limits(1000, 8, 12);
+        assert_eq!(l.check_topic(8), Ok(()));
+        let e = l.check_topic(9).unwrap_err();
+        assert_eq!(e.code, ResponseError::InvalidPartitions);
+        assert!(
+            e.message.contains("strand.max.partitions.per.topic"),
+            "{}",
+            e.message
+        );
+        assert_eq!(l.check_request(12), Ok(()));
+        let e = l.check_request(13).unwrap_err();
+        assert_eq!(e.code, ResponseError::PolicyViolation);
+        assert!(
+            e.message
+                .starts_with("Excessively large number of partitions per request"),
+            "Kafka's words first: {}",
+            e.message
+        );
+        let config = Config::default();
+        assert_eq!(
+            PartitionLimits::of(&config),
+            limits(
+                u64::from(config.max_partitions),
+                config.max_partitions_per_topic as i32,
+                u64::from(config.max_partitions_per_request)
+            )
+        );
+    }
+
+    #[test]
+    fn requested_partitions_count_as_kafka_counts_them() {
+        assert_eq!(new_topic("t", 7).requested_partitions(3), 7);
+        assert_eq!(new_topic("t", -1).requested_partitions(3), 3);
+        assert_eq!(new_topic("t", 0).requested_partitions(3), 0);
+        assert_eq!(new_topic("t", -5).requested_partitions(3), 0);
+        let mut manual = new_topic("t", -1);
+        manual.assignments = vec![(0, vec![1]), (1, vec![1])];
+        assert_eq!(manual.requested_partitions(3), 2);
     }
 
     #[test]

@@ -48,6 +48,10 @@ pub(crate) fn describe() {
         "strand_bad_requests_total",
         "Requests refused as malformed, oversized or unknown (connection closed), by reason."
     );
+    describe_counter!(
+        "strand_partition_limit_refusals_total",
+        "Topic creations and partition increases refused by a partition limit, by limit (node: strand.max.partitions, topic: .per.topic, request: .per.request)."
+    );
     describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
     describe_counter!(
         "strand_http_requests_total",

@@ -73,6 +73,13 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
     check_meta_properties(&log_dir, &config)?;
 
     let metadata = ensure_internal_topics(&log_dir, load_metadata(&log_dir)?, &config)?;
+    if metadata.partition_count() > u64::from(config.max_partitions) {
+        tracing::warn!(
+            partitions = metadata.partition_count(),
+            limit = config.max_partitions,
+            "the node holds more partitions than strand.max.partitions: new ones are refused until topics are deleted"
+        );
+    }
     // Groups map to the partitions of __consumer_offsets as it exists, whatever the setting says now.
     config.offsets_topic_num_partitions =
         crate::group::host::offsets_partitions_in_use(&metadata, config.offsets_topic_num_partitions);

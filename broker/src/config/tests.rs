@@ -93,6 +93,14 @@ fn defaults() {
     assert_eq!(c.group_min_session_timeout_ms, 6000);
     assert_eq!(c.group_max_session_timeout_ms, 1_800_000);
     assert_eq!(c.offsets_retention_minutes, 10_080);
+    assert_eq!(
+        (
+            c.max_partitions,
+            c.max_partitions_per_topic,
+            c.max_partitions_per_request
+        ),
+        (15_000, 10_000, 10_000)
+    );
     assert!(c
         .broker_entries()
         .iter()
@@ -314,6 +322,14 @@ fn invalid_values_name_key_value_and_source() {
             "at least group.min.session.timeout.ms (6000)",
         ),
         ("offsets.retention.minutes", "0", "from 1"),
+        ("strand.max.partitions", "0", "from 1"),
+        (
+            "strand.max.partitions",
+            "49",
+            "at least offsets.topic.num.partitions (50)",
+        ),
+        ("strand.max.partitions.per.topic", "100001", "from 1 to 100000"),
+        ("strand.max.partitions.per.request", "0", "from 1"),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (key, value, expected) in cases {
@@ -776,4 +792,32 @@ fn group_session_bounds() {
         msg.contains("`group.min.session.timeout.ms`") && msg.contains("(20)"),
         "{msg}"
     );
+}
+
+#[test]
+fn partition_limits() {
+    let c = load_args(&[
+        "strand.max.partitions=100",
+        "strand.max.partitions.per.topic=20",
+        "strand.max.partitions.per.request=30",
+        "num.partitions=20",
+    ])
+    .config;
+    assert_eq!(
+        (
+            c.max_partitions,
+            c.max_partitions_per_topic,
+            c.max_partitions_per_request
+        ),
+        (100, 20, 30)
+    );
+    // num.partitions must fit a topic.
+    let msg = load_err(&["strand.max.partitions.per.topic=20", "num.partitions=21"]);
+    assert!(
+        msg.contains("`num.partitions`") && msg.contains("strand.max.partitions.per.topic (20)"),
+        "{msg}"
+    );
+    // The node's limit counts __consumer_offsets.
+    let c = load_args(&["strand.max.partitions=3", "offsets.topic.num.partitions=3"]).config;
+    assert_eq!(c.max_partitions, 3);
 }

@@ -1,6 +1,7 @@
 //! Metadata (3): brokers, topics (with ids), partition leaders; creates topics on demand when
 //! `auto.create.topics.enable` and the client allow it.
 
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use kafka_protocol::messages::metadata_response::{
@@ -92,6 +93,11 @@ impl Handler for Metadata {
         // Auto-create what is missing, if allowed (v4+ lets the client say no).
         let allow_create =
             shard.config.auto_create_topics_enable && (ctx.version < 4 || req.allow_auto_topic_creation);
+        // Why a topic could not be auto-created (a partition limit, say): answered instead of a
+        // retriable error, so that a client stops asking for a creation that cannot succeed.
+        // (Kafka creates in the background and answers LEADER_NOT_AVAILABLE meanwhile, whatever
+        // the outcome.)
+        let mut refused: HashMap<String, ResponseError> = HashMap::new();
         if allow_create {
             let md = shard.metadata();
             let missing: Vec<NewTopic> = requested
@@ -120,6 +126,7 @@ impl Handler for Metadata {
                     if let (Some(name), Some(e)) = (r.name, r.error) {
                         if e.code != ResponseError::TopicAlreadyExists {
                             tracing::warn!(topic = %name, error = %e.message, "auto-creating topic failed");
+                            refused.insert(name, e.code);
                         }
                     }
                 }
@@ -139,15 +146,16 @@ impl Handler for Metadata {
                         ResponseError::InvalidTopicException,
                         ctx.version,
                     ),
-                    None if allow_create && !is_reserved(n) => {
-                        // Creation failed or raced with a deletion: retriable.
-                        topic_error(
-                            name.clone(),
-                            TopicId::ZERO,
-                            ResponseError::LeaderNotAvailable,
-                            ctx.version,
-                        )
-                    }
+                    None if allow_create && !is_reserved(n) => topic_error(
+                        name.clone(),
+                        TopicId::ZERO,
+                        // Else the creation raced with a deletion: retriable.
+                        refused
+                            .get(n)
+                            .copied()
+                            .unwrap_or(ResponseError::LeaderNotAvailable),
+                        ctx.version,
+                    ),
                     None => topic_error(
                         name.clone(),
                         TopicId::ZERO,

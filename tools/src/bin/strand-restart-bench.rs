@@ -208,7 +208,7 @@ struct FirstStart {
     ready_signal_secs: f64,
     memory_empty: Memory,
     open_files_empty: Option<usize>,
-    /// CreateTopics for all topics in one request, until its answer.
+    /// CreateTopics for all topics (requests of at most 10,000 partitions), until the answers.
     create_topics_secs: f64,
     /// CreateTopics sent → Metadata lists every partition with a leader.
     partitions_ready_secs: f64,
@@ -726,6 +726,10 @@ fn load_average() -> Option<String> {
 // Kafka clients
 // ---------------------------------------------------------------------------------------------
 
+/// Most partitions one CreateTopics may create (Kafka's bound, and Strand's default
+/// `strand.max.partitions.per.request`).
+const MAX_PARTITIONS_PER_REQUEST: i32 = 10_000;
+
 fn create_topics(
     bootstrap: &str,
     topics: &[String],
@@ -733,19 +737,26 @@ fn create_topics(
     timeout: Duration,
 ) -> Result<(f64, f64)> {
     let (admin, options) = admin_client(bootstrap, "strand-restart-bench-admin", timeout)?;
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
-        .collect();
+    // Kafka and Strand refuse a request creating more than 10,000 partitions: larger runs take
+    // several requests, one after the other.
+    let per_request = usize::try_from(MAX_PARTITIONS_PER_REQUEST / partitions.max(1))
+        .unwrap_or(1)
+        .max(1);
     let started = Instant::now();
-    let results = futures::executor::block_on(admin.create_topics(&new, &options))
-        .with_context(|| format!("CreateTopics on {bootstrap}"))?;
-    let created = started.elapsed().as_secs_f64();
-    for result in results {
-        if let Err((name, code)) = result {
-            bail!("CreateTopics {name} on {bootstrap}: {code}");
+    for chunk in topics.chunks(per_request) {
+        let new: Vec<NewTopic<'_>> = chunk
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        let results = futures::executor::block_on(admin.create_topics(&new, &options))
+            .with_context(|| format!("CreateTopics on {bootstrap}"))?;
+        for result in results {
+            if let Err((name, code)) = result {
+                bail!("CreateTopics {name} on {bootstrap}: {code}");
+            }
         }
     }
+    let created = started.elapsed().as_secs_f64();
     let deadline = started + timeout;
     let probe = Probe::new(bootstrap)?;
     loop {

@@ -22,9 +22,9 @@ use kafka_protocol::ResponseError;
 use strand_protocol::partitioner::partition_for_key;
 use strand_protocol::types::{Offset, PartitionId, ShardId};
 
-use crate::config::QUEUE_KEYS;
+use crate::config::{DEAD_LETTER_SUFFIX, QUEUE_KEYS};
 use crate::controller::{self, ConfigEdit, ControllerOp, PartitionIncrease};
-use crate::metadata::{NewTopic, TopicMeta};
+use crate::metadata::{partitions_u64, AdminError, NewTopic, PartitionLimit, TopicMeta};
 use crate::queue::doors::http::types::SettleActionKind;
 use crate::queue::doors::http::{
     ApiError, GroupStats, LeaseRequest, LeasedMessage, PeerGone, PublishMessage, Published, PutQueue,
@@ -327,6 +327,42 @@ impl ShardQueues {
         pairs
     }
 
+    /// Refuses, before anything changes, a PUT whose new partitions the partition limits do not
+    /// allow: the queue's (created or grown) and its dead-letter topic's when it will be created
+    /// too, as one request.
+    fn check_partition_limits(
+        &self,
+        queue: &str,
+        req: &PutQueue,
+        existing: Option<&TopicMeta>,
+    ) -> Result<(), ApiError> {
+        let current = existing.map_or(0, |t| t.partitions);
+        let target = match req.partitions {
+            Some(p) => i32::try_from(p).unwrap_or(i32::MAX),
+            None if existing.is_some() => current,
+            None => i32::try_from(self.shard.config.num_partitions).unwrap_or(1),
+        }
+        .max(current);
+        let dead_letter = match (&req.dead_letter_topic, existing) {
+            (Some(name), _) => name.clone(),
+            (None, Some(t)) => t.config.queue_settings().dead_letter_topic_of(queue),
+            (None, None) => format!("{queue}{DEAD_LETTER_SUFFIX}"),
+        };
+        let dead_letter_partitions = if self.shard.metadata().topic(&dead_letter).is_none() {
+            target
+        } else {
+            0
+        };
+        let added = partitions_u64(target - current) + partitions_u64(dead_letter_partitions);
+        if added == 0 {
+            return Ok(());
+        }
+        controller::check_partitions_added(&self.shard, target, added).map_err(|(limit, e)| match limit {
+            PartitionLimit::Node => ApiError::partition_limit_reached(e.message),
+            PartitionLimit::Topic | PartitionLimit::Request => ApiError::too_many_partitions(e.message),
+        })
+    }
+
     /// Creates the queue's dead-letter topic if it does not exist.
     async fn ensure_dead_letter_topic(&self, topic: &TopicMeta) -> Result<(), ApiError> {
         let name = topic.config.queue_settings().dead_letter_topic_of(&topic.name);
@@ -551,11 +587,25 @@ fn redrive_copy(
     ))
 }
 
+/// The answer to a refused topic creation or growth: the node's partition limit (reached by a
+/// request that passed the check before it, another having taken the room meanwhile), else an
+/// invalid setting.
+fn create_error(e: AdminError) -> ApiError {
+    if e.code == ResponseError::PolicyViolation {
+        ApiError::partition_limit_reached(e.message)
+    } else {
+        ApiError::invalid_setting(e.message)
+    }
+}
+
 impl QueueApi for ShardQueues {
     async fn put_queue(&self, queue: &str, req: PutQueue) -> Result<(bool, QueueInfo), ApiError> {
         req.validate(queue)?;
         let pairs = Self::config_pairs(&req);
         let existing = self.shard.metadata().topic(queue).cloned();
+        if !existing.as_ref().is_some_and(|t| t.internal) {
+            self.check_partition_limits(queue, &req, existing.as_ref())?;
+        }
         let created = match existing {
             None => {
                 let reply = controller::call(
@@ -581,7 +631,7 @@ impl QueueApi for ShardQueues {
                     None => true,
                     // Created concurrently: update it like an existing queue.
                     Some(e) if e.code == ResponseError::TopicAlreadyExists => false,
-                    Some(e) => return Err(ApiError::invalid_setting(e.message)),
+                    Some(e) => return Err(create_error(e)),
                 }
             }
             Some(t) if t.internal => {
@@ -618,7 +668,7 @@ impl QueueApi for ShardQueues {
                     )
                     .await;
                     if let Some(e) = reply.results.first().and_then(|r| r.error.clone()) {
-                        return Err(ApiError::invalid_setting(e.message));
+                        return Err(create_error(e));
                     }
                 }
             }

@@ -206,6 +206,19 @@ impl ApiError {
         ApiError::new(400, "invalid_setting", message)
     }
 
+    /// 400 `too_many_partitions`: the queue would have more partitions than one topic may
+    /// (`strand.max.partitions.per.topic`), or the PUT would create more than one request may
+    /// (`strand.max.partitions.per.request`).
+    pub(crate) fn too_many_partitions(message: impl Into<String>) -> ApiError {
+        ApiError::new(400, "too_many_partitions", message)
+    }
+
+    /// 409 `partition_limit_reached`: the node would hold more partitions than
+    /// `strand.max.partitions` allows.
+    pub(crate) fn partition_limit_reached(message: impl Into<String>) -> ApiError {
+        ApiError::new(409, "partition_limit_reached", message)
+    }
+
     /// 503 `unavailable`: the queue cannot serve now (state log failed, shutting down).
     pub(crate) fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError::new(503, "unavailable", message)
