@@ -93,6 +93,29 @@ fn syncfs_and_sync_do_not_reach_a_fuse_file_system() {
     );
 }
 
+/// Strand's storage makes many logs durable at once with `syncfs`; on a FUSE file system,
+/// where `syncfs` does nothing, it must sync the tree under its root instead.
+#[test]
+fn strand_storage_file_system_sync_is_durable_on_fuse() {
+    use strand_storage::fs::{block_on, Fs, StdFs};
+    let mut m = mount();
+    let mnt = m.fs.mountpoint().to_path_buf();
+    let root = mnt.join("data");
+    fs::create_dir(&root).unwrap();
+    File::open(&mnt).unwrap().sync_all().unwrap();
+    fs::create_dir_all(root.join("topic-0")).unwrap();
+    fs::write(root.join("topic-0/00000000000000000000.log"), b"acknowledged").unwrap();
+    fs::write(root.join("top"), b"level").unwrap();
+    block_on(StdFs.sync_filesystem(&root)).unwrap();
+    cut(&mut m);
+    assert_eq!(
+        fs::read(root.join("topic-0/00000000000000000000.log")).ok().as_deref(),
+        Some(&b"acknowledged"[..]),
+        "what sync_filesystem returned for was lost at the power cut"
+    );
+    assert_eq!(fs::read(root.join("top")).unwrap(), b"level");
+}
+
 #[test]
 fn fdatasync_after_o_direct_writes_and_fallocate_keeps_them() {
     let mut m = mount();
