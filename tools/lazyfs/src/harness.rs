@@ -37,16 +37,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
 use kafka_protocol::messages::{GroupId, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -253,7 +253,12 @@ struct CycleAcks {
     ack_unknown: Vec<String>,
 }
 
-fn produce(bootstrap: String, partitions: i32, first: u64, stop: Arc<AtomicBool>) -> Result<(Vec<(i32, i64, u64)>, u64)> {
+fn produce(
+    bootstrap: String,
+    partitions: i32,
+    first: u64,
+    stop: Arc<AtomicBool>,
+) -> Result<(AckedRecords, u64)> {
     let log = Arc::new(DeliveryLog {
         acked: Mutex::new(Vec::new()),
         in_flight: std::sync::atomic::AtomicUsize::new(0),
@@ -320,7 +325,7 @@ fn commit_loop(
     partitions: i32,
     mut last: BTreeMap<i32, i64>,
     stop: Arc<AtomicBool>,
-) -> (Vec<(i32, i64)>, Vec<(i32, i64)>) {
+) -> (Commits, Commits) {
     let mut acked = Vec::new();
     let mut sent = Vec::new();
     let mut conn: Option<RawConn> = None;
@@ -349,6 +354,12 @@ fn commit_loop(
     }
     (acked, sent)
 }
+
+/// (partition, offset, record number) of acknowledged records.
+type AckedRecords = Vec<(i32, i64, u64)>;
+
+/// (partition, offset) of commits.
+type Commits = Vec<(i32, i64)>;
 
 type Published = Vec<(String, i32, i64, String)>;
 
@@ -529,16 +540,29 @@ fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger) -> Resul
             .map_err(|e| anyhow::anyhow!("leasing from {QUEUE}: {e}"))?;
         for m in &leased {
             if ledger.acked.contains(&m.id) {
-                bail!("queue message {} ({:?}) was acked (acknowledged) and is delivered again", m.id, m.payload);
+                bail!(
+                    "queue message {} ({:?}) was acked (acknowledged) and is delivered again",
+                    m.id,
+                    m.payload
+                );
             }
             if let Some(want) = ledger.published.get(&m.id) {
                 if m.payload.as_deref() != Some(want.as_str()) {
-                    bail!("queue message {}: payload {:?}, published {want:?}", m.id, m.payload);
+                    bail!(
+                        "queue message {}: payload {:?}, published {want:?}",
+                        m.id,
+                        m.payload
+                    );
                 }
             }
             if let Some(id) = ledger.queue_offsets.get(&(m.partition, m.offset)) {
                 if *id != m.id {
-                    bail!("queue partition {} offset {}: published {id}, now {}", m.partition, m.offset, m.id);
+                    bail!(
+                        "queue partition {} offset {}: published {id}, now {}",
+                        m.partition,
+                        m.offset,
+                        m.id
+                    );
                 }
             }
         }
@@ -627,8 +651,9 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
     };
     let log_path = broker_dir.join("broker.log");
     for cycle in 0..=opts.cuts {
-        let broker = BrokerProcess::spawn_strand_at(&opts.strand, &data, &broker_dir, &args, Duration::from_secs(120))
-            .with_context(|| format!("cycle {cycle}: starting the broker"))?;
+        let broker =
+            BrokerProcess::spawn_strand_at(&opts.strand, &data, &broker_dir, &args, Duration::from_secs(120))
+                .with_context(|| format!("cycle {cycle}: starting the broker"))?;
         let checked = if cycle == 0 {
             setup(&broker, opts.partitions)
         } else {
@@ -671,13 +696,19 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
         let stopped = broker.kill().context("killing the broker")?;
         stop.store(true, Ordering::SeqCst);
         let mut acks = CycleAcks::default();
-        let (records, next) = producer.join().map_err(|_| anyhow::anyhow!("producer panicked"))??;
+        let (records, next) = producer
+            .join()
+            .map_err(|_| anyhow::anyhow!("producer panicked"))??;
         acks.records = records;
         ledger.next_record = next;
-        let (commits, sent) = committer.join().map_err(|_| anyhow::anyhow!("committer panicked"))?;
+        let (commits, sent) = committer
+            .join()
+            .map_err(|_| anyhow::anyhow!("committer panicked"))?;
         acks.commits = commits;
         acks.commits_sent = sent;
-        let (published, acked, unknown, next) = queue.join().map_err(|_| anyhow::anyhow!("queue client panicked"))?;
+        let (published, acked, unknown, next) = queue
+            .join()
+            .map_err(|_| anyhow::anyhow!("queue client panicked"))?;
         (acks.published, acks.acked, acks.ack_unknown) = (published, acked, unknown);
         ledger.next_message = next;
         merge(&mut ledger, acks)?;
@@ -696,7 +727,8 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
             ledger.acked.len(),
             stopped.how,
         ));
-        fs.restart().context("mounting the file system again after the cut")?;
+        fs.restart()
+            .context("mounting the file system again after the cut")?;
     }
     let stats = fs.stats();
     fs.unmount().context("unmounting")?;

@@ -9,26 +9,25 @@
 //! write at a page boundary. The tree starts as a copy of a backing directory and is written
 //! back there when the file system is unmounted (after a cut: what the disk held).
 //!
-//! # What the kernel passes to a FUSE file system (Linux 6.x, measured by `tests/bites.rs`)
+//! # What the kernel passes to a FUSE file system (Linux 6.18, measured by `tests/bites.rs`)
 //!
-//! - `write(2)`, `pwrite`, and io_uring writes: `FUSE_WRITE`, before the call returns (no
-//!   write-back cache is asked for). `O_DIRECT` opens work without `direct_io`: the kernel
-//!   passes the flag in `FUSE_OPEN` and sends the write straight from the caller's buffer,
-//!   without alignment rules of its own. io_uring operations arrive as the plain VFS calls they
-//!   become (a write, an `fsync`, an `fallocate`), from io_uring's worker threads.
-//! - `fsync`/`fdatasync` of a file: `FUSE_FSYNC` (the datasync flag set for `fdatasync`); of a
-//!   directory: `FUSE_FSYNCDIR`.
-//! - `fallocate`: `FUSE_FALLOCATE` for modes 0, `KEEP_SIZE`, `PUNCH_HOLE | KEEP_SIZE` and
-//!   `ZERO_RANGE`; the kernel refuses other modes itself (`EOPNOTSUPP`).
+//! - `write(2)`, `pwrite`, and io_uring writes: `FUSE_WRITE`, before the call returns (the
+//!   connection asks for no write-back cache). `O_DIRECT` opens work (no `direct_io` needed):
+//!   the kernel passes the flag in `FUSE_OPEN` and sends the writes on. io_uring operations
+//!   arrive as the VFS calls they become (a write, an `fsync`, an `fallocate`).
+//! - `fsync`/`fdatasync` of a file: `FUSE_FSYNC`; of a directory: `FUSE_FSYNCDIR`.
+//! - `fallocate`: `FUSE_FALLOCATE` (modes 0 and `KEEP_SIZE` measured; the model also takes
+//!   `PUNCH_HOLE | KEEP_SIZE` and `ZERO_RANGE`, and refuses others with `EOPNOTSUPP`).
 //! - `ftruncate`: `FUSE_SETATTR` with the size.
-//! - **`syncfs(2)` and `sync(2)` do not reach it**: the kernel sends `FUSE_SYNCFS` only to
-//!   virtiofs, and without a write-back cache it has nothing of its own to write, so the call
-//!   returns success having made nothing durable. A program that relies on `syncfs` loses data
-//!   on any FUSE file system; Strand detects one and syncs the files under its data directory
-//!   one by one instead (storage/src/fs.rs, `sync_tree`), and its `syncfs` paths themselves are
-//!   covered by the storage crash simulation (storage/tests/log_store.rs on `MemFs`).
-//! - `RWF_NOWAIT` reads are refused (`EOPNOTSUPP`: FUSE files do not support `IOCB_NOWAIT`
-//!   reads), which Strand detects and then reads through io_uring.
+//! - **`syncfs(2)` and `sync(2)` do not reach it**: they return success having made nothing
+//!   durable (the kernel sends `FUSE_SYNCFS` to virtiofs only; had it sent it here, the fuser
+//!   crate, which does not know it, would never have answered and the call would hang). A
+//!   program that relies on `syncfs` loses data on a FUSE file system at a power cut; Strand's
+//!   storage detects one and syncs every file and directory under its data directory instead
+//!   (`sync_filesystem_of` in storage/src/fs.rs). Its `syncfs` rounds and checkpoints are
+//!   covered by the storage crash simulation (storage/tests/log_store.rs, on `MemFs`).
+//! - `RWF_NOWAIT` reads are refused (`EOPNOTSUPP`); Strand detects it and reads through
+//!   io_uring instead.
 //!
 //! The [`harness`] module is the power-cut harness (`strand-lazyfs powercut`).
 

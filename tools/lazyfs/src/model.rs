@@ -628,7 +628,13 @@ impl Model {
     }
 
     /// Changes attributes other than the size.
-    pub fn set_attr(&mut self, ino: u64, perm: Option<u16>, uid: Option<u32>, gid: Option<u32>) -> Result<(), Errno> {
+    pub fn set_attr(
+        &mut self,
+        ino: u64,
+        perm: Option<u16>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<(), Errno> {
         self.check()?;
         let i = self.inode_mut(ino)?;
         if let Some(p) = perm {
@@ -821,16 +827,22 @@ impl Model {
                 let attr = self
                     .create(parent, &entry.file_name(), true, perm, meta.uid(), meta.gid())
                     .map_err(std::io::Error::from_raw_os_error)?;
-                self.inode_mut(attr.ino).map_err(std::io::Error::from_raw_os_error)?.refs = 0;
+                self.inode_mut(attr.ino)
+                    .map_err(std::io::Error::from_raw_os_error)?
+                    .refs = 0;
                 self.load_into(attr.ino, &entry.path())?;
             } else if meta.is_file() {
                 let attr = self
                     .create(parent, &entry.file_name(), false, perm, meta.uid(), meta.gid())
                     .map_err(std::io::Error::from_raw_os_error)?;
-                self.inode_mut(attr.ino).map_err(std::io::Error::from_raw_os_error)?.refs = 0;
+                self.inode_mut(attr.ino)
+                    .map_err(std::io::Error::from_raw_os_error)?
+                    .refs = 0;
                 let data = std::fs::read(entry.path())?;
-                self.write(attr.ino, 0, &data).map_err(std::io::Error::from_raw_os_error)?;
-                self.set_size(attr.ino, meta.len()).map_err(std::io::Error::from_raw_os_error)?;
+                self.write(attr.ino, 0, &data)
+                    .map_err(std::io::Error::from_raw_os_error)?;
+                self.set_size(attr.ino, meta.len())
+                    .map_err(std::io::Error::from_raw_os_error)?;
             }
         }
         Ok(())
@@ -993,7 +1005,8 @@ mod tests {
         m.fallocate(a, 0, 1 << 20, 0).unwrap();
         m.write(a, 0, &[1u8; 4096]).unwrap();
         m.sync(a).unwrap();
-        m.fallocate(a, 0, 8192, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE).unwrap();
+        m.fallocate(a, 0, 8192, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)
+            .unwrap();
         cut(&mut m, None);
         assert_eq!(m.attr(a).unwrap().size, 1 << 20);
         assert_eq!(m.read(a, 0, 4096).unwrap(), vec![1u8; 4096]);

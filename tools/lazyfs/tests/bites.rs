@@ -35,8 +35,17 @@ fn mount() -> Mounted {
 }
 
 fn sh(script: &str, dir: &Path) {
-    let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn cut(m: &mut Mounted) {
@@ -66,9 +75,16 @@ fn a_program_that_does_not_sync_loses_its_data_one_that_does_keeps_it() {
     assert!(!mnt.join("d/f").exists());
 
     // The atomic-replace idiom: write a temporary file, sync it, rename, sync the directory.
-    sh("printf v1 > cfg; sync cfg .; printf v2 > cfg.tmp; sync cfg.tmp; mv cfg.tmp cfg", &mnt);
+    sh(
+        "printf v1 > cfg; sync cfg .; printf v2 > cfg.tmp; sync cfg.tmp; mv cfg.tmp cfg",
+        &mnt,
+    );
     cut(&mut m);
-    assert_eq!(fs::read(mnt.join("cfg")).unwrap(), b"v1", "the rename was never synced");
+    assert_eq!(
+        fs::read(mnt.join("cfg")).unwrap(),
+        b"v1",
+        "the rename was never synced"
+    );
     sh("printf v2 > cfg.tmp; sync cfg.tmp; mv cfg.tmp cfg; sync .", &mnt);
     cut(&mut m);
     assert_eq!(fs::read(mnt.join("cfg")).unwrap(), b"v2");
@@ -109,7 +125,9 @@ fn strand_storage_file_system_sync_is_durable_on_fuse() {
     block_on(StdFs.sync_filesystem(&root)).unwrap();
     cut(&mut m);
     assert_eq!(
-        fs::read(root.join("topic-0/00000000000000000000.log")).ok().as_deref(),
+        fs::read(root.join("topic-0/00000000000000000000.log"))
+            .ok()
+            .as_deref(),
         Some(&b"acknowledged"[..]),
         "what sync_filesystem returned for was lost at the power cut"
     );
@@ -139,7 +157,11 @@ fn fdatasync_after_o_direct_writes_and_fallocate_keeps_them() {
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 3 * 4096).unwrap();
     let stats = m.fs.stats();
     assert_eq!(stats.direct_opens, 1, "{stats:?}");
-    assert_eq!(stats.fallocates.get(&libc::FALLOC_FL_KEEP_SIZE), Some(&1), "{stats:?}");
+    assert_eq!(
+        stats.fallocates.get(&libc::FALLOC_FL_KEEP_SIZE),
+        Some(&1),
+        "{stats:?}"
+    );
     assert_eq!(stats.fallocates.get(&0), Some(&1), "{stats:?}");
     assert_eq!(fs::metadata(&path).unwrap().len(), 3 * 4096);
 

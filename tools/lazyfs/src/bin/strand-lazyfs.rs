@@ -1,6 +1,6 @@
 //! `strand-lazyfs`: mount the lazy file system by hand, or run the power-cut harness.
 
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -9,7 +9,10 @@ use strand_lazyfs::harness::{self, Options};
 use strand_lazyfs::LazyFs;
 
 #[derive(Parser)]
-#[command(version, about = "A FUSE file system that forgets what was never synced, and the power-cut harness that runs Strand on it")]
+#[command(
+    version,
+    about = "A FUSE file system that forgets what was never synced, and the power-cut harness that runs Strand on it"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -81,7 +84,7 @@ fn run(cli: Cli) -> Result<()> {
             opts.tear = !no_tear;
             opts.broker_args = broker_arg;
             let summary = harness::run(&opts, |line| eprintln!("{line}"))?;
-            println!("{}", summary.render());
+            writeln!(std::io::stdout(), "{}", summary.render())?;
             Ok(())
         }
     }
@@ -90,15 +93,16 @@ fn run(cli: Cli) -> Result<()> {
 fn mount(backing: PathBuf, mountpoint: PathBuf) -> Result<()> {
     let mut fs = LazyFs::mount(&backing, &mountpoint).context("mounting")?;
     eprintln!("mounted {} at {}", backing.display(), mountpoint.display());
+    let mut out = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
-            ["cut"] => println!("{:?}", fs.power_cut(None)),
-            ["cut-tear", seed] => println!("{:?}", fs.power_cut(Some(seed.parse().context("seed")?))),
+            ["cut"] => writeln!(out, "{:?}", fs.power_cut(None))?,
+            ["cut-tear", seed] => writeln!(out, "{:?}", fs.power_cut(Some(seed.parse().context("seed")?)))?,
             ["restart"] => fs.restart().context("mounting again")?,
             ["sync"] => fs.sync_all(),
-            ["stats"] => println!("{:?}", fs.stats()),
+            ["stats"] => writeln!(out, "{:?}", fs.stats())?,
             ["quit"] => break,
             [] => {}
             _ => eprintln!("commands: cut, cut-tear SEED, restart, sync, stats, quit"),
