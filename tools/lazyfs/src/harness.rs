@@ -20,7 +20,9 @@
 //! the seed), the broker is killed, the file system is mounted again as the disk held it.
 //!
 //! The checks, after every restart: every acknowledged record is at its offset (so no offset
-//! was given to two records), no record is there twice; every group's committed offset is at
+//! was given to two records), no record is there twice (each partition is read from where the
+//! previous check ended, after checking that it still starts at 0 and ends past every
+//! acknowledged record; the last check reads everything); every group's committed offset is at
 //! least the last acknowledged commit, and no more than the last one sent; every acknowledged
 //! publish is still there (leasable) unless acknowledged as acked; no acked message is
 //! delivered again. The broker's log lines about recovery are counted for the summary.
@@ -185,9 +187,13 @@ struct Ledger {
     queue_offsets: BTreeMap<(i32, i64), String>,
     /// Acks answered as settled.
     acked: BTreeSet<String>,
-    /// Acks sent, answer unknown (the cut came first).
+    /// Acks sent, answer unknown (the cut came first): such a message may be acked or come
+    /// back, now or after a later cut (its ack may have been durable and its message still
+    /// leased when the broker came back).
     ack_unknown: BTreeSet<String>,
     next_message: u64,
+    /// Partition → the end of the part of it the last check read.
+    checked_upto: BTreeMap<i32, i64>,
 }
 
 fn record_size(n: u64) -> usize {
@@ -421,8 +427,9 @@ fn setup(broker: &BrokerProcess, partitions: i32) -> Result<()> {
     Ok(())
 }
 
-/// Reads a whole partition: offset → record number.
-fn read_partition(bootstrap: &str, partition: i32) -> Result<BTreeMap<i64, u64>> {
+/// Reads a partition from offset `from` to its end: offset → record number, and the
+/// watermarks.
+fn read_partition(bootstrap: &str, partition: i32, from: i64) -> Result<(BTreeMap<i64, u64>, (i64, i64))> {
     let consumer: BaseConsumer = client_config(bootstrap)
         .set("group.id", "powercut-reader")
         .set("enable.auto.commit", "false")
@@ -432,14 +439,15 @@ fn read_partition(bootstrap: &str, partition: i32) -> Result<BTreeMap<i64, u64>>
         .fetch_watermarks(TOPIC, partition, Duration::from_secs(30))
         .with_context(|| format!("watermarks of partition {partition}"))?;
     let mut out = BTreeMap::new();
-    if high <= low {
-        return Ok(out);
+    let start = from.max(low);
+    if high <= start {
+        return Ok((out, (low, high)));
     }
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(TOPIC, partition, Offset::Offset(low))?;
+    tpl.add_partition_offset(TOPIC, partition, Offset::Offset(start))?;
     consumer.assign(&tpl)?;
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut next = low;
+    let mut next = start;
     while next < high {
         if Instant::now() > deadline {
             bail!("partition {partition}: read up to {next} of {high} in 120 s");
@@ -468,27 +476,43 @@ fn read_partition(bootstrap: &str, partition: i32) -> Result<BTreeMap<i64, u64>>
             Some(Err(e)) => bail!("reading partition {partition}: {e}"),
         }
     }
-    Ok(out)
+    Ok((out, (low, high)))
 }
 
 /// Checks what the restarted broker holds against what was acknowledged.
-fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger) -> Result<()> {
-    // Records.
+/// `full`: read the whole topic, not only what was written since the last check.
+fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger, full: bool) -> Result<()> {
+    // Records: from where the last check ended (everything, when `full`); before it, that the
+    // log still starts at 0 (no retention here) and ends past every acknowledged record.
     let mut seen: BTreeMap<u64, (i32, i64)> = BTreeMap::new();
     for p in 0..partitions {
-        let log = read_partition(&broker.bootstrap, p)?;
+        let from = if full {
+            0
+        } else {
+            ledger.checked_upto.get(&p).copied().unwrap_or(0)
+        };
+        let (log, (low, high)) = read_partition(&broker.bootstrap, p, from)?;
+        if low != 0 {
+            bail!("partition {p} starts at {low}, not 0");
+        }
+        if let Some((&(_, last), n)) = ledger.records.range((p, i64::MIN)..=(p, i64::MAX)).next_back() {
+            if high <= last {
+                bail!("partition {p} ends at {high}: acknowledged record {n} at {last} is lost");
+            }
+        }
         for (&o, &n) in &log {
             if let Some(first) = seen.insert(n, (p, o)) {
                 bail!("record {n} is there twice: at {first:?} and at ({p}, {o})");
             }
         }
-        for (&(_, o), &n) in ledger.records.range((p, i64::MIN)..=(p, i64::MAX)) {
+        for (&(_, o), &n) in ledger.records.range((p, from)..=(p, i64::MAX)) {
             match log.get(&o) {
                 Some(&got) if got == n => {}
                 Some(&got) => bail!("partition {p} offset {o}: acknowledged record {n}, now record {got}"),
                 None => bail!("partition {p} offset {o}: acknowledged record {n} is lost"),
             }
         }
+        ledger.checked_upto.insert(p, high);
     }
     // Group commits.
     let consumer: BaseConsumer = client_config(&broker.bootstrap)
@@ -592,8 +616,6 @@ fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger) -> Resul
             );
         }
     }
-    // What an unknown ack did is settled now: either acked then, or leased and acked above.
-    ledger.ack_unknown.clear();
     Ok(())
 }
 
@@ -657,7 +679,7 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
         let checked = if cycle == 0 {
             setup(&broker, opts.partitions)
         } else {
-            verify(&broker, opts.partitions, &mut ledger)
+            verify(&broker, opts.partitions, &mut ledger, cycle == opts.cuts)
         };
         if let Err(e) = checked {
             let tail = broker.log_tail();
