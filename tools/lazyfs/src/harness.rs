@@ -25,7 +25,8 @@
 //! acknowledged record; the last check reads everything); every group's committed offset is at
 //! least the last acknowledged commit, and no more than the last one sent; every acknowledged
 //! publish is still there (leasable) unless acknowledged as acked; no acked message is
-//! delivered again. The broker's log lines about recovery are counted for the summary.
+//! delivered again. What the broker's recovery reported (logs cut back, journal problems) is
+//! counted for the summary.
 //!
 //! A seed fixes the schedule (how long each cycle runs, the record sizes, which tear), not the
 //! interleaving of the broker's threads with the clients: a failing seed is a scenario to rerun
@@ -123,8 +124,11 @@ pub struct Summary {
     /// Files and directories whose unsynced changes the cuts dropped, summed.
     pub files_reverted: u64,
     pub dirs_reverted: u64,
-    /// Lines of the broker's logs about recovering a torn or cut tail.
-    pub recovery_lines: u64,
+    /// The broker's recovery reports after the cuts, by kind (a partition log cut back, a
+    /// journal ending with an incomplete entry, another journal problem).
+    pub recovery: BTreeMap<&'static str, u64>,
+    /// A few of those lines, as examples.
+    pub recovery_examples: Vec<String>,
     /// Durability calls the file system saw.
     pub file_syncs: u64,
     pub dir_syncs: u64,
@@ -147,7 +151,7 @@ impl Summary {
              group commits acknowledged: {}\n\
              queue publishes acknowledged: {}, queue acks acknowledged: {}\n\
              cuts that tore a write: {}; files reverted: {}, directories reverted: {}\n\
-             broker recovery log lines: {}\n\
+             broker recovery reports: {:?}\n\
              file-system calls: {} file syncs, {} directory syncs, {} O_DIRECT opens, {} fallocates\n\
              time: {:.1} s, {:.2} s per cut",
             self.seed,
@@ -160,14 +164,18 @@ impl Summary {
             self.torn_writes,
             self.files_reverted,
             self.dirs_reverted,
-            self.recovery_lines,
+            self.recovery,
             self.file_syncs,
             self.dir_syncs,
             self.direct_opens,
             self.fallocates,
             self.elapsed.as_secs_f64(),
             per_cut.as_secs_f64(),
-        )
+        ) + &self
+            .recovery_examples
+            .iter()
+            .map(|l| format!("\n  e.g. {l}"))
+            .collect::<String>()
     }
 }
 
@@ -619,17 +627,18 @@ fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger, full: bo
     Ok(())
 }
 
-fn recovery_lines(log: &Path) -> u64 {
-    std::fs::read_to_string(log)
-        .map(|t| {
-            t.lines()
-                .filter(|l| {
-                    let l = l.to_ascii_lowercase();
-                    l.contains("torn") || l.contains("truncat") || l.contains("recover")
-                })
-                .count() as u64
-        })
-        .unwrap_or(0)
+/// What the broker's recovery said, in a log: (kind, line) of each line that reports a
+/// partition log cut back or a journal problem.
+fn recovery_lines(log: &Path) -> Vec<(&'static str, String)> {
+    const KINDS: [&str; 3] = [
+        "recovered partition log",
+        "journal ends with an incomplete entry",
+        "journal replay",
+    ];
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| KINDS.iter().find(|k| l.contains(*k)).map(|k| (*k, l.to_string())))
+        .collect()
 }
 
 /// Runs the harness. `progress` gets a line per cycle.
@@ -688,6 +697,13 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
                 opts.seed, summary.cuts
             )));
         }
+        // What recovery after the last cut said.
+        for (kind, line) in recovery_lines(&log_path) {
+            *summary.recovery.entry(kind).or_default() += 1;
+            if summary.recovery_examples.len() < 5 {
+                summary.recovery_examples.push(line);
+            }
+        }
         if cycle == opts.cuts {
             broker
                 .stop(Duration::from_secs(30))
@@ -738,7 +754,6 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
         summary.torn_writes += u32::from(report.torn.is_some());
         summary.files_reverted += report.files_reverted as u64;
         summary.dirs_reverted += report.dirs_reverted as u64;
-        summary.recovery_lines += recovery_lines(&log_path);
         progress(&format!(
             "cut {}/{}: after {run_ms} ms; {} records, {} commits, {} publishes, {} acks acknowledged so far; {report:?}; broker {}",
             cycle + 1,
