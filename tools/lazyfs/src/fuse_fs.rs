@@ -68,6 +68,20 @@ fn reply_entry(r: Result<Attr, i32>, reply: ReplyEntry) {
     }
 }
 
+fn reply_attr(r: Result<Attr, i32>, reply: ReplyAttr) {
+    match r {
+        Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn reply_opened(r: Result<(), i32>, reply: ReplyOpen) {
+    match r {
+        Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn reply_empty(r: Result<(), i32>, reply: ReplyEmpty) {
     match r {
         Ok(()) => reply.ok(),
@@ -91,10 +105,7 @@ impl Filesystem for LazyFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match lock(&self.model).attr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        reply_attr(lock(&self.model).attr(ino.0), reply);
     }
 
     fn setattr(
@@ -125,10 +136,7 @@ impl Filesystem for LazyFuse {
             }
             m.attr(ino.0)
         })();
-        match r {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        reply_attr(r, reply);
     }
 
     fn mknod(
@@ -185,10 +193,7 @@ impl Filesystem for LazyFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match lock(&self.model).open(ino.0, flags.0) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
-        }
+        reply_opened(lock(&self.model).open(ino.0, flags.0), reply);
     }
 
     fn read(
@@ -257,10 +262,7 @@ impl Filesystem for LazyFuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match lock(&self.model).open(ino.0, flags.0) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
-        }
+        reply_opened(lock(&self.model).open(ino.0, flags.0), reply);
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -288,20 +290,13 @@ impl Filesystem for LazyFuse {
         reply.ok();
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        lock(&self.model).release(ino.0);
-        reply.ok();
+    fn releasedir(&self, req: &Request, ino: INodeNo, fh: FileHandle, flags: OpenFlags, reply: ReplyEmpty) {
+        self.release(req, ino, fh, flags, None, false, reply);
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        reply_empty(lock(&self.model).sync(ino.0), reply);
+    /// A directory's entries become durable (the model tells files and directories apart).
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.fsync(req, ino, fh, datasync, reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -823,21 +823,26 @@ impl Model {
             let entry = entry?;
             let meta = entry.metadata()?;
             let perm = (meta.mode() & 0o7777) as u16;
+            if !meta.is_dir() && !meta.is_file() {
+                continue;
+            }
+            let attr = self
+                .create(
+                    parent,
+                    &entry.file_name(),
+                    meta.is_dir(),
+                    perm,
+                    meta.uid(),
+                    meta.gid(),
+                )
+                .map_err(std::io::Error::from_raw_os_error)?;
+            // Loading is no kernel lookup.
+            self.inode_mut(attr.ino)
+                .map_err(std::io::Error::from_raw_os_error)?
+                .refs = 0;
             if meta.is_dir() {
-                let attr = self
-                    .create(parent, &entry.file_name(), true, perm, meta.uid(), meta.gid())
-                    .map_err(std::io::Error::from_raw_os_error)?;
-                self.inode_mut(attr.ino)
-                    .map_err(std::io::Error::from_raw_os_error)?
-                    .refs = 0;
                 self.load_into(attr.ino, &entry.path())?;
-            } else if meta.is_file() {
-                let attr = self
-                    .create(parent, &entry.file_name(), false, perm, meta.uid(), meta.gid())
-                    .map_err(std::io::Error::from_raw_os_error)?;
-                self.inode_mut(attr.ino)
-                    .map_err(std::io::Error::from_raw_os_error)?
-                    .refs = 0;
+            } else {
                 let data = std::fs::read(entry.path())?;
                 self.write(attr.ino, 0, &data)
                     .map_err(std::io::Error::from_raw_os_error)?;
