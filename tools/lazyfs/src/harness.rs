@@ -193,6 +193,10 @@ struct Ledger {
     published: BTreeMap<String, String>,
     /// (partition, offset) → message id, of acknowledged publishes.
     queue_offsets: BTreeMap<(i32, i64), String>,
+    /// Message id → (partition, offset, the cycle its publish was acknowledged in).
+    published_at: BTreeMap<String, (i32, i64, u32)>,
+    /// The cycle running (its number of cuts before it).
+    cycle: u32,
     /// Acks answered as settled.
     acked: BTreeSet<String>,
     /// Acks sent, answer unknown (the cut came first): such a message may be acked or come
@@ -617,10 +621,17 @@ fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger, full: bo
             break;
         }
         if Instant::now() > deadline {
+            let examples: Vec<String> = left
+                .iter()
+                .take(5)
+                .map(|id| match ledger.published_at.get(id) {
+                    Some((p, o, c)) => format!("{id} (partition {p} offset {o}, acknowledged in cycle {c})"),
+                    None => id.clone(),
+                })
+                .collect();
             bail!(
-                "{} acknowledged queue publishes never came back (neither acked nor leasable), e.g. {:?}",
+                "{} acknowledged queue publishes never came back (neither acked nor leasable), e.g. {examples:?}",
                 left.len(),
-                &left[..left.len().min(5)]
             );
         }
     }
@@ -710,6 +721,7 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
                 .context("stopping the broker at the end")?;
             break;
         }
+        ledger.cycle = cycle;
         let run_ms = rng.gen_range(opts.run_ms.0..=opts.run_ms.1);
         let tear = opts.tear.then(|| rng.gen::<u64>());
         let stop = Arc::new(AtomicBool::new(false));
@@ -802,6 +814,7 @@ fn merge(ledger: &mut Ledger, acks: CycleAcks) -> Result<()> {
         if let Some(old) = ledger.queue_offsets.insert((p, o), id.clone()) {
             bail!("queue partition {p} offset {o} acknowledged for two publishes: {old} and {id}");
         }
+        ledger.published_at.insert(id.clone(), (p, o, ledger.cycle));
         ledger.published.insert(id, payload);
     }
     ledger.acked.extend(acks.acked);
