@@ -8,7 +8,8 @@
 //!
 //! - a Kafka producer (rdkafka, `enable.idempotence`, `acks=all`) sends records of seeded
 //!   sizes (every eighth one 20 KiB, so that flush rounds of several partitions carry enough
-//!   bytes to skip the journal) to a topic of several partitions; each delivery report is an
+//!   bytes to skip the journal; every 64th 96 KiB, so that segments are written with
+//!   `O_DIRECT`) to a topic of several partitions; each delivery report is an
 //!   acknowledged (partition, offset, record);
 //! - a consumer-group client commits rising offsets for the partitions (OffsetCommit,
 //!   synchronous), each answered commit acknowledged;
@@ -68,6 +69,10 @@ const QUEUE: &str = "powercut-queue";
 /// Every this many records one is [`LARGE_RECORD`] bytes.
 const LARGE_EVERY: u64 = 8;
 const LARGE_RECORD: usize = 20 << 10;
+/// Every this many records one is [`HUGE_RECORD`] bytes: a segment write of 64 KiB or more,
+/// which the broker writes with `O_DIRECT` into space it reserved with `fallocate`.
+const HUGE_EVERY: u64 = 64;
+const HUGE_RECORD: usize = 96 << 10;
 /// Records unacknowledged at once (the producer waits beyond it).
 const MAX_IN_FLIGHT: usize = 500;
 
@@ -133,6 +138,10 @@ pub struct Summary {
     pub file_syncs: u64,
     pub dir_syncs: u64,
     pub direct_opens: u64,
+    /// Segment bytes the broker wrote with `O_DIRECT` (its own metric, read before each cut).
+    /// glommio sets `O_DIRECT` with `fcntl` after the open, which FUSE never sees, so
+    /// `direct_opens` does not count its files.
+    pub direct_write_bytes: u64,
     pub fallocates: u64,
     pub elapsed: Duration,
 }
@@ -152,7 +161,8 @@ impl Summary {
              queue publishes acknowledged: {}, queue acks acknowledged: {}\n\
              cuts that tore a write: {}; files reverted: {}, directories reverted: {}\n\
              broker recovery reports: {:?}\n\
-             file-system calls: {} file syncs, {} directory syncs, {} O_DIRECT opens, {} fallocates\n\
+             file-system calls: {} file syncs, {} directory syncs, {} O_DIRECT opens, {} fallocates; \
+             {} segment bytes written with O_DIRECT (broker metric)\n\
              time: {:.1} s, {:.2} s per cut",
             self.seed,
             self.cuts,
@@ -169,6 +179,7 @@ impl Summary {
             self.dir_syncs,
             self.direct_opens,
             self.fallocates,
+            self.direct_write_bytes,
             self.elapsed.as_secs_f64(),
             per_cut.as_secs_f64(),
         ) + &self
@@ -209,7 +220,9 @@ struct Ledger {
 }
 
 fn record_size(n: u64) -> usize {
-    if n % LARGE_EVERY == LARGE_EVERY - 1 {
+    if n % HUGE_EVERY == HUGE_EVERY - 1 {
+        HUGE_RECORD
+    } else if n % LARGE_EVERY == LARGE_EVERY - 1 {
         LARGE_RECORD
     } else {
         50 + (n.wrapping_mul(2_654_435_761) % 900) as usize
@@ -638,6 +651,20 @@ fn verify(broker: &BrokerProcess, partitions: i32, ledger: &mut Ledger, full: bo
     Ok(())
 }
 
+/// `strand_direct_write_bytes_total` of the broker whose admin listener is `admin`, summed
+/// over shards and kinds (0 when it cannot be read).
+fn direct_write_bytes(admin: &str) -> u64 {
+    let mut conn = strand_tools::queue_client::HttpConn::new(admin);
+    let Ok(r) = conn.request("GET", "/metrics", None) else {
+        return 0;
+    };
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with("strand_direct_write_bytes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// What the broker's recovery said, in a log: (kind, line) of each line that reports a
 /// partition log cut back or a journal problem.
 fn recovery_lines(log: &Path) -> Vec<(&'static str, String)> {
@@ -742,6 +769,7 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
             thread::spawn(move || queue_loop(http, first, s))
         };
         thread::sleep(Duration::from_millis(run_ms));
+        summary.direct_write_bytes += broker.admin.as_deref().map_or(0, direct_write_bytes);
         let report = fs.power_cut(tear);
         let stopped = broker.kill().context("killing the broker")?;
         stop.store(true, Ordering::SeqCst);

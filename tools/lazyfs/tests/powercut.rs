@@ -23,7 +23,7 @@ fn strand_bin() -> PathBuf {
 fn acknowledged_writes_survive_power_cuts() {
     for seed in [1, 48] {
         let mut opts = Options::new(strand_bin(), seed, 3);
-        opts.run_ms = (300, 1500);
+        opts.run_ms = (1500, 3000);
         let summary = harness::run(&opts, |line| eprintln!("{line}")).unwrap_or_else(|e| panic!("{e:#}"));
         eprintln!("{}", summary.render());
         assert_eq!(summary.cuts, 3);
@@ -38,6 +38,15 @@ fn acknowledged_writes_survive_power_cuts() {
         assert!(
             summary.queue_acks_acked > 0,
             "no queue ack was acknowledged: {summary:?}"
+        );
+        // The broker's I/O modes ran on the lazy file system.
+        assert!(
+            summary.direct_write_bytes > 0,
+            "no segment was written with O_DIRECT: {summary:?}"
+        );
+        assert!(
+            summary.fallocates > 0,
+            "no space was reserved with fallocate: {summary:?}"
         );
     }
 }
