@@ -427,6 +427,10 @@ fn queue_loop(http: String, first: u64, stop: Arc<AtomicBool>) -> (Published, Ve
                 for (r, m) in results.iter().zip(&leased) {
                     if r.is_settled() {
                         acked.push(m.id.clone());
+                    } else if r.status.is_none_or(|s| s >= 500) {
+                        // A storage failure (the cut): the ack may have been made durable
+                        // before the failure it reports.
+                        unknown.push(m.id.clone());
                     }
                 }
             }
