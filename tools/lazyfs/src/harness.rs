@@ -14,7 +14,8 @@
 //! - a consumer-group client commits rising offsets for the partitions (OffsetCommit,
 //!   synchronous), each answered commit acknowledged;
 //! - an HTTP queue client publishes batches, leases them and acks them (batch ack), each
-//!   answered publish and settled ack acknowledged.
+//!   answered publish and settled ack acknowledged (an ack unanswered, or refused with a
+//!   storage failure, may or may not have been applied: its message may come back or not).
 //!
 //! Then the power goes off ([`LazyFs::power_cut`], from then on every file-system call fails,
 //! and what was never synced is gone, the last unsynced write torn at a page boundary chosen by
