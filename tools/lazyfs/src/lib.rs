@@ -91,9 +91,22 @@ impl LazyFs {
     }
 
     fn detach(&mut self) -> io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        // The kernel may still hold files closed a moment ago (their release travels to the
+        // file system after close returns): retry a busy unmount for a while. Without root
+        // the unmount is refused here and fuser goes through fusermount3 instead.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty()) {
+                // Unmounted: the session's thread ends (its device reads fail) and is joined.
+                Ok(()) => return session.join(),
+                Err(rustix::io::Errno::BUSY) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(_) => return session.umount_and_join(),
+            }
         }
     }
 
