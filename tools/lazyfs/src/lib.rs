@@ -13,15 +13,17 @@
 //!
 //! - `write(2)`, `pwrite`, and io_uring writes: `FUSE_WRITE`, before the call returns (the
 //!   connection asks for no write-back cache). `O_DIRECT` opens work (no `direct_io` needed):
-//!   the kernel passes the flag in `FUSE_OPEN` and sends the writes on. io_uring operations
-//!   arrive as the VFS calls they become (a write, an `fsync`, an `fallocate`).
+//!   the kernel passes the flag in `FUSE_OPEN` and sends the writes on. `O_DIRECT` set later
+//!   with `fcntl(F_SETFL)`, as glommio sets it, is not passed on (the harness counts the
+//!   broker's direct writes from its own metric); the writes arrive all the same. io_uring
+//!   operations arrive as the VFS calls they become (a write, an `fsync`, an `fallocate`).
 //! - `fsync`/`fdatasync` of a file: `FUSE_FSYNC`; of a directory: `FUSE_FSYNCDIR`.
 //! - `fallocate`: `FUSE_FALLOCATE` (modes 0 and `KEEP_SIZE` measured; the model also takes
 //!   `PUNCH_HOLE | KEEP_SIZE` and `ZERO_RANGE`, and refuses others with `EOPNOTSUPP`).
 //! - `ftruncate`: `FUSE_SETATTR` with the size.
 //! - **`syncfs(2)` and `sync(2)` do not reach it**: they return success having made nothing
-//!   durable (the kernel sends `FUSE_SYNCFS` to virtiofs only; had it sent it here, the fuser
-//!   crate, which does not know it, would never have answered and the call would hang). A
+//!   durable (the kernel's source sends `FUSE_SYNCFS` to virtiofs only; had it sent it here,
+//!   the fuser crate, which drops requests it does not know unanswered, would have hung it). A
 //!   program that relies on `syncfs` loses data on a FUSE file system at a power cut; Strand's
 //!   storage detects one and syncs every file and directory under its data directory instead
 //!   (`sync_filesystem_of` in storage/src/fs.rs). Its `syncfs` rounds and checkpoints are
