@@ -242,7 +242,8 @@ pub trait Fs: Clone + 'static {
     async fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Makes everything written to the file system holding `path` durable (`syncfs`): one call
     /// instead of a sync per file, for start-up recovery, direct flush rounds and checkpoints
-    /// of many logs, and logs created together.
+    /// of many logs, and logs created together. On a FUSE file system, which `syncfs` does
+    /// not reach, every file and directory under `path` is synced instead.
     async fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
     async fn exists(&self, path: &Path) -> bool;
     /// Space left on the file system holding `path` (`statvfs`), for an unprivileged writer.
@@ -389,7 +390,7 @@ impl Fs for StdFs {
 
     async fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
         let dir = std::fs::File::open(path)?;
-        rustix::fs::syncfs(&dir).map_err(io::Error::from)
+        sync_filesystem_of(&dir, path)
     }
 
     async fn exists(&self, path: &Path) -> bool {
@@ -399,6 +400,48 @@ impl Fs for StdFs {
     async fn space(&self, path: &Path) -> io::Result<FsSpace> {
         statvfs_space(path)
     }
+}
+
+/// `statfs`'s type of a FUSE file system (linux/magic.h).
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+
+/// `syncfs` of the file system holding the directory `dir`, opened at `path`. Linux passes
+/// `syncfs` on to FUSE file systems only for virtiofs: on any other FUSE file system it returns
+/// success having made nothing durable (tools/lazyfs measures it). There every file and
+/// directory under `path` is fsynced instead, which makes durable what `syncfs` would have,
+/// for the tree the caller asked about (the store's root, where every log lives).
+pub(crate) fn sync_filesystem_of(dir: &std::fs::File, path: &Path) -> io::Result<()> {
+    // `f_type`'s integer type differs between targets.
+    if rustix::fs::fstatfs(dir)?.f_type as u64 == FUSE_SUPER_MAGIC {
+        sync_tree(path)
+    } else {
+        rustix::fs::syncfs(dir).map_err(io::Error::from)
+    }
+}
+
+/// fsyncs every file and directory under `path`, children before their directory. Entries
+/// removed meanwhile (a deleted topic's log) are skipped: their removal is what the directory's
+/// fsync makes durable.
+fn sync_tree(path: &Path) -> io::Result<()> {
+    let skip_gone = |r: io::Result<()>| match r {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    };
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let child = entry.path();
+        let kind = match entry.file_type() {
+            Ok(kind) => kind,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if kind.is_dir() {
+            skip_gone(sync_tree(&child))?;
+        } else if kind.is_file() {
+            skip_gone(std::fs::File::open(&child).and_then(|f| f.sync_all()))?;
+        }
+    }
+    std::fs::File::open(path)?.sync_all()
 }
 
 fn std_list_dir(path: &Path) -> io::Result<Vec<String>> {

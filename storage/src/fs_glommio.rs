@@ -1556,8 +1556,9 @@ impl Fs for GlommioFs {
                 dir
             }
         };
+        let path = path.to_path_buf();
         glommio::executor()
-            .spawn_blocking(move || rustix::fs::syncfs(&*dir).map_err(io::Error::from))
+            .spawn_blocking(move || crate::fs::sync_filesystem_of(&dir, &path))
             .await
     }
 
