@@ -63,6 +63,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use strand_protocol::types::ShardId;
 
+use crate::config::Config;
 use crate::fetch_session::MovedSession;
 use crate::handlers::conn_info::{Affinity, ConnInfo, MIGRATE_AFTER_REQUESTS};
 use crate::handlers::{self, Dispatched, RequestCtx};
@@ -99,9 +100,6 @@ impl AsyncWrite for Half {
 
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
-/// Request bytes all connections of a shard may hold, Kafka frames and HTTP bodies together (at
-/// least one largest request of either).
-const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
 
 /// A response slot: the task computing the encoded response frame, and for a fetch the
 /// connection's fetch slot, held until the response is written.
@@ -134,11 +132,7 @@ impl Connections {
         Connections {
             live: Cell::new(0),
             max: config.max_connections_per_shard as usize,
-            request_memory: Rc::new(Semaphore::new(
-                SHARD_REQUEST_MEMORY_BYTES
-                    .max(u64::from(config.socket_request_max_bytes))
-                    .max(u64::from(config.http_max_body_bytes)),
-            )),
+            request_memory: Rc::new(Semaphore::new(request_memory_bytes(config))),
             subsystems,
         }
     }
@@ -156,6 +150,15 @@ impl Connections {
     pub(crate) fn close(&self) {
         self.request_memory.close();
     }
+}
+
+/// The request bytes all connections of a shard may hold, Kafka frames and HTTP bodies together
+/// (`strand.request.memory.bytes`), and at least what the largest request of either needs.
+fn request_memory_bytes(config: &Config) -> u64 {
+    config
+        .request_memory_bytes
+        .max(u64::from(config.socket_request_max_bytes))
+        .max(u64::from(config.http_max_body_bytes))
 }
 
 /// A connection handed to another shard: its socket and the bytes read but not yet served.
