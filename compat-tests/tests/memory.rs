@@ -59,7 +59,8 @@ fn documented_bound_kib() -> u64 {
 
 fn assert_within_bound(broker: &Broker, report: &FloodReport, requests: u64) {
     assert_eq!(
-        report.answered, requests,
+        report.answered,
+        requests,
         "every request of the flood is answered (a flood that did nothing proves nothing): {}",
         report.summary()
     );
@@ -72,11 +73,16 @@ fn assert_within_bound(broker: &Broker, report: &FloodReport, requests: u64) {
         report.summary()
     );
     assert_eq!(
-        report.bystander_failed, 0,
+        report.bystander_failed,
+        0,
         "a bystander's metadata requests failed during the flood: {}",
         report.summary()
     );
-    assert!(report.bystander_answered > 0, "no bystander request was answered: {}", report.summary());
+    assert!(
+        report.bystander_answered > 0,
+        "no bystander request was answered: {}",
+        report.summary()
+    );
     admin::assert_broker_serves(&broker.bootstrap());
 }
 
@@ -88,7 +94,8 @@ fn a_flood_of_large_produce_requests_stays_within_the_request_memory_bound() {
     let broker = flood_broker();
     let topic = unique_topic("flood");
     admin::create_topic(&broker.bootstrap(), &topic, 8, &[]);
-    let request = FloodRequest::produce(&topic, 8, (MAX_REQUEST - 64 * 1024) as usize).expect("a produce request");
+    let request =
+        FloodRequest::produce(&topic, 8, (MAX_REQUEST - 64 * 1024) as usize).expect("a produce request");
     let rounds = 3;
     let report = flood(&broker, &request, rounds);
     assert_within_bound(&broker, &report, (CONNECTIONS * rounds) as u64);

@@ -7,6 +7,7 @@
 //! strand-flood --kafka 127.0.0.1:9092 --pid 1234 --kind garbage
 //! ```
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -34,7 +35,11 @@ enum Kind {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "strand-flood", version, about = "Floods a broker with large requests and reports its peak resident memory.")]
+#[command(
+    name = "strand-flood",
+    version,
+    about = "Floods a broker with large requests and reports its peak resident memory."
+)]
 struct Cli {
     /// Start this strand binary (fresh data directory, ephemeral ports) instead of using a running broker.
     #[arg(long)]
@@ -90,7 +95,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 args.push("--override".into());
                 args.push(o.clone());
             }
-            Some(BrokerProcess::spawn_strand(binary, &dir, &args, Duration::from_secs(60))?)
+            Some(BrokerProcess::spawn_strand(
+                binary,
+                &dir,
+                &args,
+                Duration::from_secs(60),
+            )?)
         }
         None => None,
     };
@@ -121,8 +131,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         settle: Duration::from_secs(cli.settle_secs),
     };
     let report = run_flood(&request, &options)?;
-    println!("{}", report.summary());
-    println!("{}", serde_json::to_string(&report)?);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", report.summary())?;
+    writeln!(out, "{}", serde_json::to_string(&report)?)?;
     if let Some(mut b) = spawned {
         if !b.is_running() {
             bail!("the broker died:{}", b.log_tail());
