@@ -5,8 +5,9 @@
 //! shard owns it.
 //!
 //! Bounds: a frame larger than `socket.request.max.bytes` closes the connection before its body
-//! is read, and a frame's memory is reserved from the shard's request-memory semaphore (which
-//! HTTP bodies share) before its body is read; at most
+//! is read, and a frame's memory (twice its size for a Produce) is reserved from the shard's
+//! request-memory budget (`strand.request.memory.bytes`, which HTTP bodies share) before its
+//! body is read, into a buffer of exactly its size (see [`read_loop`]); at most
 //! `strand.max.inflight.requests.per.connection` responses are pending, after which the
 //! connection stops reading; at most one Fetch or ShareFetch is between its decoding and the end
 //! of writing its answer (a pipelined one waits, and the connection's reading with it, as in
