@@ -67,17 +67,11 @@ impl FloodRequest {
                     .with_records(Some(batch.clone()))
             })
             .collect();
-        let req = ProduceRequest::default()
-            .with_acks(1)
-            .with_timeout_ms(60_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
-                .with_partition_data(data)]);
-        Ok(FloodRequest {
-            name: format!("produce of {partitions} batches of {} bytes", batch.len()),
-            door: Door::Kafka,
-            bytes: Arc::new(produce_frame(&req)?),
-        })
+        kafka_produce(
+            topic,
+            data,
+            format!("produce of {partitions} batches of {} bytes", batch.len()),
+        )
     }
 
     /// A frame of `total_bytes` (size prefix included) that starts as a Produce request (of no
@@ -109,17 +103,11 @@ impl FloodRequest {
         let data = (0..n)
             .map(|i| PartitionProduceData::default().with_index(i as i32))
             .collect();
-        let req = ProduceRequest::default()
-            .with_acks(1)
-            .with_timeout_ms(60_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
-                .with_partition_data(data)]);
-        Ok(FloodRequest {
-            name: format!("produce naming {n} partitions without records"),
-            door: Door::Kafka,
-            bytes: Arc::new(produce_frame(&req)?),
-        })
+        kafka_produce(
+            topic,
+            data,
+            format!("produce naming {n} partitions without records"),
+        )
     }
 
     /// An HTTP publish to `queue` of one JSON body of about `total_bytes`: messages of about
@@ -149,6 +137,21 @@ impl FloodRequest {
             bytes: Arc::new(Bytes::from(bytes)),
         }
     }
+}
+
+/// A Produce (acks=1) of `data` to `topic`, as a flood request named `name`.
+fn kafka_produce(topic: &str, data: Vec<PartitionProduceData>, name: String) -> Result<FloodRequest> {
+    let req = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(60_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+            .with_partition_data(data)]);
+    Ok(FloodRequest {
+        name,
+        door: Door::Kafka,
+        bytes: Arc::new(produce_frame(&req)?),
+    })
 }
 
 fn produce_frame(req: &ProduceRequest) -> Result<Bytes> {
