@@ -203,6 +203,9 @@ pub struct Config {
     pub max_connections_per_shard: u32,
     /// `strand.http.max.body.bytes`: largest HTTP request body.
     pub http_max_body_bytes: u32,
+    /// `strand.request.memory.bytes`: each shard's memory for the requests it has read and not
+    /// yet answered (see `Connections::new` for the budget in effect).
+    pub request_memory_bytes: u64,
     /// `strand.max.inflight.requests.per.connection`.
     pub max_inflight_requests_per_connection: u32,
     /// `strand.shards` resolved: 0 in the config means one per available core. Always >= 1.
@@ -395,6 +398,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "host:port of the HTTP queue API (docs/http-api.md)."),
     key("strand.http.max.body.bytes", Int, Text("10485760"), Bytes,
         "Largest HTTP queue API request body; larger ones are refused with 413. Raise it to publish larger messages over HTTP."),
+    key("strand.request.memory.bytes", Long, Text("536870912"), Bytes,
+        "Each shard's memory for the requests it has read and not yet answered: Kafka request frames (a Produce counts twice its size: its records are copied for writing while it waits for its answer) and HTTP queue API bodies sent with a Content-Length. A request's memory is reserved, from its size prefix or Content-Length, before its body is read; a Kafka connection waiting for memory holds only its 64 KiB input buffer, and a frame larger than socket.request.max.bytes closes its connection unread. At least twice socket.request.max.bytes and strand.http.max.body.bytes are always allowed. Under Kafka requests of any size, the broker's resident memory stays below strand.shards x (this + strand.log.direct.cache.bytes) + 128 MiB + 64 KiB per open connection, apart from fetch answers (up to fetch.max.bytes per fetching connection) and the decoded form of requests naming very many partitions (about 50 bytes per partition named, not counted). Lower it on a small machine (large requests then wait for one another); raise it to serve more large requests at once."),
     key("strand.admin.listener", Str, Text("127.0.0.1:9644"), Unit::None,
         "host:port of the admin API: /metrics (Prometheus) and readiness."),
     key("strand.journal.segment.bytes", Long, Text("134217728"), Bytes,
@@ -974,6 +979,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     let max_connections = r.int("max.connections", 0, I32_MAX)?;
     let max_connections_per_shard = r.int("strand.max.connections.per.shard", 1, I32_MAX)?;
     let http_max_body_bytes = r.int("strand.http.max.body.bytes", 1024, I32_MAX)?;
+    let request_memory_bytes = r.int("strand.request.memory.bytes", 1, i64::MAX)?;
     let max_inflight_requests_per_connection =
         r.int("strand.max.inflight.requests.per.connection", 1, I32_MAX)?;
     let shards_configured: usize = r.int("strand.shards", 0, MAX_SHARDS as i64)?;
@@ -1161,6 +1167,7 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         max_connections,
         max_connections_per_shard,
         http_max_body_bytes,
+        request_memory_bytes,
         max_inflight_requests_per_connection,
         shards,
         http_listener,

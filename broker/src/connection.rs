@@ -5,8 +5,9 @@
 //! shard owns it.
 //!
 //! Bounds: a frame larger than `socket.request.max.bytes` closes the connection before its body
-//! is read, and a frame's memory is reserved from the shard's request-memory semaphore (which
-//! HTTP bodies share) before its body is read; at most
+//! is read, and a frame's memory (twice its size for a Produce) is reserved from the shard's
+//! request-memory budget (`strand.request.memory.bytes`, which HTTP bodies share) before its
+//! body is read, into a buffer of exactly its size (see [`read_loop`]); at most
 //! `strand.max.inflight.requests.per.connection` responses are pending, after which the
 //! connection stops reading; at most one Fetch or ShareFetch is between its decoding and the end
 //! of writing its answer (a pipelined one waits, and the connection's reading with it, as in
@@ -48,14 +49,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::{AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::TcpStream;
 use glommio::sync::{Semaphore, StaticPermit};
 use kafka_protocol::messages::ApiKey;
 use strand_protocol::fetch_frame::Piece;
-use strand_protocol::frame::{peek_frame_size, split_frame, FrameError};
+use strand_protocol::frame::{peek_frame_size, FrameError, MIN_REQUEST_FRAME_BYTES};
 use strand_protocol::header::{decode_request_header, RawHeader};
 use strand_storage::FileRegion;
 
@@ -63,6 +64,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use strand_protocol::types::ShardId;
 
+use crate::config::Config;
 use crate::fetch_session::MovedSession;
 use crate::handlers::conn_info::{Affinity, ConnInfo, MIGRATE_AFTER_REQUESTS};
 use crate::handlers::{self, Dispatched, RequestCtx};
@@ -99,10 +101,6 @@ impl AsyncWrite for Half {
 
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
-/// Request bytes all connections of a shard may hold, Kafka frames and HTTP bodies together (at
-/// least one largest request of either).
-const SHARD_REQUEST_MEMORY_BYTES: u64 = 512 << 20;
-
 /// A response slot: the task computing the encoded response frame, and for a fetch the
 /// connection's fetch slot, held until the response is written.
 struct Pending {
@@ -134,11 +132,7 @@ impl Connections {
         Connections {
             live: Cell::new(0),
             max: config.max_connections_per_shard as usize,
-            request_memory: Rc::new(Semaphore::new(
-                SHARD_REQUEST_MEMORY_BYTES
-                    .max(u64::from(config.socket_request_max_bytes))
-                    .max(u64::from(config.http_max_body_bytes)),
-            )),
+            request_memory: Rc::new(Semaphore::new(request_memory_bytes(config))),
             subsystems,
         }
     }
@@ -155,6 +149,27 @@ impl Connections {
     /// Refuses further request memory (shutdown): waiting readers end.
     pub(crate) fn close(&self) {
         self.request_memory.close();
+    }
+}
+
+/// The request bytes all connections of a shard may hold, Kafka frames and HTTP bodies together
+/// (`strand.request.memory.bytes`), and at least what the largest request of either needs.
+fn request_memory_bytes(config: &Config) -> u64 {
+    config
+        .request_memory_bytes
+        .max(2 * u64::from(config.socket_request_max_bytes))
+        .max(u64::from(config.http_max_body_bytes))
+}
+
+/// The request memory a Kafka frame of `size` bytes reserves: a Produce's records are copied
+/// into the owners' staging buffers while the request waits for its answer, and its frame is
+/// freed only once every copy is made, so it counts twice.
+fn frame_charge(api_key: i16, size: usize) -> u64 {
+    let size = size as u64;
+    if api_key == ApiKey::Produce as i16 {
+        2 * size
+    } else {
+        size
     }
 }
 
@@ -390,6 +405,13 @@ async fn hand_over(
 }
 
 /// Reads and starts requests until the connection closes or should move.
+///
+/// Every frame's memory is reserved from the shard's request memory before its body is read or
+/// copied, and every frame is a buffer of exactly its own size: a small frame (up to
+/// [`SMALL_FRAME_BYTES`]) is copied out of the connection's input buffer, so no request in
+/// flight keeps that buffer alive; a larger one is read straight into a buffer allocated for it
+/// once its memory is reserved. The input buffer never grows, so a connection holds
+/// [`READ_CHUNK_BYTES`] besides its reserved frames, waiting for memory or not.
 async fn read_loop(
     conns: &Rc<Connections>,
     mut reader: Half,
@@ -402,8 +424,6 @@ async fn read_loop(
     let request_memory = &conns.request_memory;
     let Input { buf } = input;
     let fetch_slot = Rc::new(Semaphore::new(1));
-    // Request memory reserved for the frame at the front of `buf`, taken before its body is read.
-    let mut reserved: Option<StaticPermit> = None;
     loop {
         loop {
             if let Some(to) = conn
@@ -412,17 +432,39 @@ async fn read_loop(
             {
                 return ReadEnd::Move(to);
             }
-            let frame = match split_frame(buf, max_frame) {
-                Ok(Some(f)) => f,
+            // An oversized frame is refused from its size prefix, before any of its body is read.
+            let size = match peek_frame_size(buf, max_frame) {
+                Ok(Some(size)) => size,
                 Ok(None) => break,
                 Err(e) => return ReadEnd::Close(Some(frame_error(shard, conn, e))),
             };
-            let permit = match reserved.take() {
-                Some(p) => p,
-                None => match request_memory.acquire_static_permit(frame.len() as u64).await {
-                    Ok(p) => p,
-                    Err(_) => return ReadEnd::Close(Some("shutting down")),
-                },
+            // A frame is charged once its header has arrived: a small one whole, a large one's
+            // api key (its body is read only once the charge is reserved).
+            let needed = if size <= SMALL_FRAME_BYTES {
+                4 + size
+            } else {
+                4 + MIN_REQUEST_FRAME_BYTES
+            };
+            if buf.len() < needed {
+                break;
+            }
+            let api_key = buf.get(4..).and_then(RawHeader::peek).map_or(-1, |h| h.api_key);
+            let charge = frame_charge(api_key, size);
+            let permit = match request_memory.acquire_static_permit(charge).await {
+                Ok(p) => p,
+                Err(_) => return ReadEnd::Close(Some("shutting down")),
+            };
+            buf.advance(4);
+            let frame = if size <= SMALL_FRAME_BYTES {
+                // A copy: a slice would keep the whole input buffer alive while it is served.
+                let frame = Bytes::copy_from_slice(buf.get(..size).unwrap_or_default());
+                buf.advance(size);
+                frame
+            } else {
+                match read_large_frame(&mut reader, buf, size).await {
+                    Ok(frame) => frame,
+                    Err(end) => return end,
+                }
             };
             match start_request(conns, conn, frame, permit, &fetch_slot).await {
                 Ok(Some(pending)) => {
@@ -434,24 +476,14 @@ async fn read_loop(
                 Err(reason) => return ReadEnd::Close(Some(reason)),
             }
         }
-        // Read more: as much as the frame at the front needs, in bounded chunks.
-        let need = match peek_frame_size(buf, max_frame) {
-            Ok(Some(size)) => {
-                if reserved.is_none() && size > READ_CHUNK_BYTES {
-                    // A large frame: hold its memory before reading its body, so the bytes all
-                    // connections of a shard buffer stay within the shard's budget.
-                    match request_memory.acquire_static_permit(size as u64).await {
-                        Ok(p) => reserved = Some(p),
-                        Err(_) => return ReadEnd::Close(Some("shutting down")),
-                    }
-                }
-                (4 + size).saturating_sub(buf.len())
-            }
-            Ok(None) => READ_CHUNK_BYTES,
-            Err(e) => return ReadEnd::Close(Some(frame_error(shard, conn, e))),
-        };
-        let chunk = need.clamp(READ_CHUNK_BYTES, 4 << 20);
-        let n = match reader.read_buf(buf, chunk).await {
+        // Read more into the input buffer: what is left of it holds less than one small frame,
+        // so there is room.
+        make_room(buf);
+        debug_assert!(buf.len() < READ_CHUNK_BYTES);
+        let n = match reader
+            .read_buf(buf, READ_CHUNK_BYTES.saturating_sub(buf.len()))
+            .await
+        {
             Ok(n) => n,
             Err(_) => return ReadEnd::Close(Some("read error")),
         };
@@ -459,6 +491,42 @@ async fn read_loop(
             return ReadEnd::Close(None);
         }
     }
+}
+
+/// Frames up to this size are read into the connection's input buffer (with their size prefix)
+/// and copied out; larger ones get a buffer of their own.
+const SMALL_FRAME_BYTES: usize = READ_CHUNK_BYTES - 4;
+
+/// Moves what `buf` holds (less than [`READ_CHUNK_BYTES`]) to the front of its allocation, or
+/// into a new one of [`READ_CHUNK_BYTES`] where that would overlap, so that it can take
+/// [`READ_CHUNK_BYTES`] in all without growing.
+fn make_room(buf: &mut BytesMut) {
+    let want = READ_CHUNK_BYTES.saturating_sub(buf.len());
+    if buf.capacity() - buf.len() >= want || buf.try_reclaim(want) {
+        return;
+    }
+    let mut fresh = BytesMut::with_capacity(READ_CHUNK_BYTES.max(buf.len()));
+    fresh.extend_from_slice(buf);
+    *buf = fresh;
+}
+
+/// Reads the body of a frame larger than [`SMALL_FRAME_BYTES`] (its size prefix is at the front
+/// of `buf`, already consumed by the caller) into a buffer of exactly `size` bytes: first what
+/// `buf` holds of it, then straight from the socket, never past the frame's end.
+async fn read_large_frame(reader: &mut Half, buf: &mut BytesMut, size: usize) -> Result<Bytes, ReadEnd> {
+    let mut frame = BytesMut::with_capacity(size);
+    let have = buf.len().min(size);
+    frame.extend_from_slice(buf.get(..have).unwrap_or_default());
+    buf.advance(have);
+    while frame.len() < size {
+        let rest = size - frame.len();
+        match reader.read_buf(&mut frame, rest).await {
+            Ok(0) => return Err(ReadEnd::Close(None)),
+            Ok(_) => {}
+            Err(_) => return Err(ReadEnd::Close(Some("read error"))),
+        }
+    }
+    Ok(frame.freeze())
 }
 
 fn frame_error(shard: &Shard, conn: &ConnInfo, e: FrameError) -> &'static str {
@@ -543,7 +611,14 @@ async fn start_request(
             .detach(),
             _fetch_slot: fetch_slot,
         })),
-        Dispatched::NoResponse => Ok(None),
+        Dispatched::NoResponse(work) => {
+            glommio::spawn_local(async move {
+                work.await;
+                drop(permit);
+            })
+            .detach();
+            Ok(None)
+        }
         Dispatched::Close(reason) => {
             shard.metrics.bad_request(reason);
             Err(reason)

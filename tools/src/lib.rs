@@ -37,6 +37,7 @@ pub mod broker;
 pub mod broker_metrics;
 pub mod cli;
 pub mod faultproxy;
+pub mod flood;
 pub mod host;
 pub mod kafka_wire;
 pub mod latency;

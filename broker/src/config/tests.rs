@@ -81,6 +81,7 @@ fn defaults() {
     assert_eq!(c.max_connections, 2_147_483_647);
     assert_eq!(c.max_connections_per_shard, 10_000);
     assert_eq!(c.max_inflight_requests_per_connection, 256);
+    assert_eq!(c.request_memory_bytes, 512 << 20);
     let cores = std::thread::available_parallelism()
         .unwrap()
         .get()
@@ -310,6 +311,7 @@ fn invalid_values_name_key_value_and_source() {
         ("max.connections", "-5", "from 0"),
         ("strand.max.connections.per.shard", "0", "from 1"),
         ("strand.max.inflight.requests.per.connection", "0", "from 1"),
+        ("strand.request.memory.bytes", "0", ">= 1"),
         ("strand.shards", "100000", "from 0 to 1024"),
         ("strand.http.listener", "8080", "host:port"),
         ("strand.admin.listener", "[::1:9644", "]"),

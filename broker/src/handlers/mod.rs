@@ -104,8 +104,9 @@ pub(crate) enum Reply<R> {
     Now(R),
     /// The response, once this future completes (runs concurrently with later requests).
     Later(LocalBoxFuture<'static, R>),
-    /// No response at all (Produce with acks=0).
-    None,
+    /// No response at all (Produce with acks=0), once this future completes: the request's
+    /// memory stays reserved until then.
+    None(LocalBoxFuture<'static, ()>),
 }
 
 /// A Kafka API handler.
@@ -141,8 +142,9 @@ pub(crate) type Frame = Vec<Piece<Arc<FileRegion>>>;
 pub(crate) enum Dispatched {
     /// The encoded response frame, once ready (`None`: encoding failed; close).
     Response(LocalBoxFuture<'static, Option<Frame>>),
-    /// Nothing to send.
-    NoResponse,
+    /// Nothing to send, once this future completes (the request's memory stays reserved until
+    /// then).
+    NoResponse(LocalBoxFuture<'static, ()>),
     /// Close the connection, as Kafka does for requests it cannot parse.
     Close(&'static str),
 }
@@ -192,7 +194,7 @@ async fn run<H: Handler>(ctx: Rc<RequestCtx>, body: Bytes) -> Dispatched {
             Dispatched::Response(async move { out }.boxed_local())
         }
         Reply::Later(fut) => Dispatched::Response(async move { finish(fut.await) }.boxed_local()),
-        Reply::None => Dispatched::NoResponse,
+        Reply::None(work) => Dispatched::NoResponse(work),
     }
 }
 

@@ -136,15 +136,17 @@ impl Handler for Produce {
         }
 
         // Send to owners in a fixed order; sends are awaited one by one so that this
-        // connection's requests reach each shard in the order they arrived.
-        let wait = acks != 0;
+        // connection's requests reach each shard in the order they arrived. Owners answer once
+        // the appends are durable, with acks=0 too: nobody is told, but the request's memory
+        // stays reserved until then, so a flood of acks=0 produces cannot stage more than the
+        // request-memory budget ahead of the disk.
         ctx.conn.affinity.produced(per_shard.keys().copied(), acks);
         let mut pending = Vec::with_capacity(per_shard.len());
         for (owner, parts) in per_shard {
             let n = parts.len();
             let request = ShardRequest::Produce {
                 parts,
-                wait,
+                wait: true,
                 arrived: Some(ctx.arrived),
             };
             match shard.dispatch(owner, request).await {
@@ -154,12 +156,8 @@ impl Handler for Produce {
         }
         if acks == 0 {
             // Kafka sends no response to acks=0; appends are staged already.
-            for (_, _, fut) in pending.into_iter() {
-                if let Some(f) = fut {
-                    glommio::spawn_local(f).detach();
-                }
-            }
-            return Reply::None;
+            let appended = join_all(pending.into_iter().filter_map(|(_, _, fut)| fut));
+            return Reply::None(appended.map(drop).boxed_local());
         }
         let version = ctx.version;
         Reply::Later(

@@ -57,6 +57,10 @@ enum State {
     Failed,
 }
 
+/// Bytes one read may bring past the end of a body (the connection reads at most this much at
+/// a time).
+const BODY_READ_SLACK_BYTES: usize = 64 * 1024;
+
 /// One connection's parsing state.
 #[derive(Debug)]
 pub(crate) struct Session {
@@ -179,7 +183,16 @@ impl Session {
                     };
                     let body = match head.framing {
                         Framing::Empty => return self.complete(head, Bytes::new()),
-                        Framing::Length(n) => Body::Length(n),
+                        Framing::Length(n) => {
+                            // The body's memory is reserved for exactly its size: room for it
+                            // and one more read, allocated once instead of doubled as it comes.
+                            if n > self.buf.len() {
+                                let mut exact = BytesMut::with_capacity(n + BODY_READ_SLACK_BYTES);
+                                exact.extend_from_slice(&self.buf);
+                                self.buf = exact;
+                            }
+                            Body::Length(n)
+                        }
                         Framing::Chunked => Body::Chunked(ChunkedDecoder::new(&self.limits), Vec::new()),
                     };
                     // 100 Continue only if the client is still waiting for it: not when the
@@ -208,6 +221,12 @@ impl Session {
                         Body::Length(n) => {
                             if self.buf.len() >= n {
                                 let body = self.buf.split_to(n).freeze();
+                                if n > BODY_READ_SLACK_BYTES {
+                                    // What follows the body (a next request's start) moves out,
+                                    // so that the connection does not keep a large body's buffer
+                                    // alive once its reservation is given back.
+                                    self.buf = BytesMut::from(&self.buf[..]);
+                                }
                                 return self.complete(head, body);
                             }
                             self.state = State::Body {
@@ -266,6 +285,47 @@ mod tests {
             }
         }
         events
+    }
+
+    /// A large body is buffered in one allocation of its size (plus one read), not grown by
+    /// doubling, and the session keeps none of it once the request is taken.
+    #[test]
+    fn a_large_body_takes_its_size_once_and_is_not_kept() {
+        let mut limits = limits();
+        limits.max_body_bytes = 4 << 20;
+        let mut s = Session::new(limits);
+        let n = 1 << 20;
+        let mut input = format!("POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: {n}\r\n\r\n").into_bytes();
+        input.extend(std::iter::repeat_n(b'x', n));
+        input.extend_from_slice(b"GET /q HTTP/1.1\r\n");
+        let mut most = 0;
+        let mut got = None;
+        for piece in input.chunks(16 * 1024) {
+            s.push(piece);
+            most = most.max(s.buf.capacity());
+            loop {
+                match s.poll() {
+                    Event::NeedMore => break,
+                    Event::Request(r) => got = Some(r),
+                    e => panic!("unexpected {e:?}"),
+                }
+            }
+        }
+        assert_eq!(got.map(|r| r.body.len()), Some(n), "the request and its body");
+        assert!(
+            most <= n + BODY_READ_SLACK_BYTES,
+            "the body's buffer grew to {most} bytes for a body of {n}"
+        );
+        assert!(
+            s.buf.capacity() <= BODY_READ_SLACK_BYTES,
+            "the session keeps {} bytes of buffer after the body was taken",
+            s.buf.capacity()
+        );
+        assert_eq!(
+            &s.buf[..],
+            b"GET /q HTTP/1.1\r\n",
+            "the next request's start is kept"
+        );
     }
 
     fn req(method: &str, path: &str, body: &[u8]) -> Event {
