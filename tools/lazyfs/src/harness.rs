@@ -27,8 +27,8 @@
 //! acknowledged record; the last check reads everything); every group's committed offset is at
 //! least the last acknowledged commit, and no more than the last one sent; every acknowledged
 //! publish is still there (leasable) unless acknowledged as acked; no acked message is
-//! delivered again. What the broker's recovery reported (logs cut back, journal problems) is
-//! counted for the summary.
+//! delivered again; and the broker logged no warning or error other than its recovery reports
+//! (logs cut back, journal problems), which are counted for the summary.
 //!
 //! A seed fixes the schedule (how long each cycle runs, the record sizes, which tear), not the
 //! interleaving of the broker's threads with the clients: a failing seed is a scenario to rerun
@@ -673,14 +673,36 @@ fn direct_write_bytes(admin: &str) -> u64 {
 /// What the broker's recovery said, in a log: (kind, line) of each line that reports a
 /// partition log cut back or a journal problem.
 fn recovery_lines(log: &Path) -> Vec<(&'static str, String)> {
-    const KINDS: [&str; 3] = [
-        "recovered partition log",
-        "journal ends with an incomplete entry",
-        "journal replay",
-    ];
     let text = std::fs::read_to_string(log).unwrap_or_default();
     text.lines()
-        .filter_map(|l| KINDS.iter().find(|k| l.contains(*k)).map(|k| (*k, l.to_string())))
+        .filter_map(|l| {
+            RECOVERY_KINDS
+                .iter()
+                .find(|k| l.contains(*k))
+                .map(|k| (*k, l.to_string()))
+        })
+        .collect()
+}
+
+/// The messages of the broker's recovery reports: a partition log cut back to where its valid
+/// batches end, a journal ending inside an entry, a journal entry that the log already has or
+/// that no longer continues it.
+const RECOVERY_KINDS: [&str; 3] = [
+    "recovered partition log",
+    "journal ends with an incomplete entry",
+    "journal replay",
+];
+
+/// What the broker logged at WARN or ERROR in `log` that is not a recovery report of
+/// [`recovery_lines`]: recovery may cut what a power cut left unsynced and says so, but any other
+/// complaint between the start and the end of the check (a checkpoint, state log or metadata
+/// file it could not read, a failed request) means the cut damaged something else.
+fn other_complaints(log: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|l| matches!(l.split_whitespace().nth(1), Some("WARN" | "ERROR")))
+        .filter(|l| !RECOVERY_KINDS.iter().any(|k| l.contains(*k)))
+        .map(str::to_string)
         .collect()
 }
 
@@ -740,7 +762,16 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Summary> {
                 opts.seed, summary.cuts
             )));
         }
-        // What recovery after the last cut said.
+        // What recovery after the last cut said: its reports of what it cut, and nothing else.
+        let complaints = other_complaints(&log_path);
+        if !complaints.is_empty() {
+            bail!(
+                "seed {} cycle {cycle}: after {} cuts the broker logged more than its recovery reports:\n  {}",
+                opts.seed,
+                summary.cuts,
+                complaints.join("\n  ")
+            );
+        }
         for (kind, line) in recovery_lines(&log_path) {
             *summary.recovery.entry(kind).or_default() += 1;
             if summary.recovery_examples.len() < 5 {
