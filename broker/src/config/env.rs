@@ -22,10 +22,19 @@ const IGNORED_VARS: &[&str] = &[
     "KAFKA_CLASSPATH",
     "STRAND_LOG",
     "STRAND_BIN",
+    "STRAND_PYTHON",
+    "STRAND_WRITE_CONFIG_DOC",
 ];
 
-/// Prefixes of variables that are ignored silently (test harness settings).
-const IGNORED_PREFIXES: &[&str] = &["STRAND_TEST_"];
+/// Prefixes of variables that are ignored silently (test, fuzzing and simulation settings: the
+/// test command exports some of them to every broker it starts).
+const IGNORED_PREFIXES: &[&str] = &[
+    "STRAND_TEST_",
+    "STRAND_FUZZ_",
+    "STRAND_SIM_",
+    "STRAND_QUEUE_SIM_",
+    "STRAND_SHARE_SIM_",
+];
 
 /// What an environment variable means for the configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,7 +135,14 @@ mod tests {
         for name in IGNORED_VARS {
             assert_eq!(classify(name), EnvVar::Ignored, "{name}");
         }
-        assert_eq!(classify("STRAND_TEST_KCAT"), EnvVar::Ignored);
+        for name in [
+            "STRAND_TEST_KCAT",
+            "STRAND_FUZZ_SEED",
+            "STRAND_SIM_SEEDS",
+            "STRAND_QUEUE_SIM_SEEDS",
+        ] {
+            assert_eq!(classify(name), EnvVar::Ignored, "{name}");
+        }
         assert_eq!(classify("KAFKA_LOG_DIRS"), key("log.dirs"));
         assert_eq!(classify("PATH"), EnvVar::Unrelated);
         assert_eq!(classify("kafka_node_id"), EnvVar::Unrelated);
