@@ -1,0 +1,18 @@
+//! A Kafka partition as a Raft group: the partition's log is the Raft log.
+//!
+//! - [`types`]: the openraft type configuration (entries are Kafka record batches, terms are
+//!   leader epochs, standard one-leader-per-term log ids).
+//! - [`entry_map`]: offset translation between Raft indexes and Kafka offsets.
+//! - [`replica_log`]: what the group needs from the log underneath, and an in-memory log that
+//!   loses unflushed writes on a simulated crash.
+//! - [`store`]: openraft's log storage and state machine over them.
+
+pub mod entry_map;
+pub mod replica_log;
+pub mod store;
+pub mod types;
+
+pub use entry_map::{EntryMap, PurgePoint, Slot};
+pub use replica_log::{InternalEntry, MemReplicaLog, ReplicaLog, StoredBatch, StoredVote};
+pub use store::{PartitionSnapshot, ReplicaStore};
+pub use types::{Applied, BrokerId, KafkaBatch, PartitionLogId, PartitionRaft};

@@ -1,0 +1,304 @@
+//! What a partition's Raft group needs from the log underneath it, and an in-memory log that
+//! loses what was not flushed when it "crashes" (for the simulation and the storage tests).
+//!
+//! The broker's implementation will sit on `strand_storage::PartitionLog` and the shard
+//! journal (batches in the segment files, internal entries and votes as journal records, so
+//! that one flush round orders them with the batches).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use openraft::Membership;
+use strand_protocol::batch::{patch_batch, BatchHeader};
+use strand_protocol::types::Offset;
+
+use super::entry_map::PurgePoint;
+use super::types::BrokerId;
+use crate::Term;
+
+/// A Raft-internal entry, recorded beside the log: it takes an index but no Kafka offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternalEntry {
+    pub index: u64,
+    pub term: Term,
+    /// `None` for a leader's blank entry.
+    pub membership: Option<Membership<BrokerId, ()>>,
+}
+
+/// A vote as stored: `(term, voted-for, committed)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredVote {
+    pub term: Term,
+    pub node: BrokerId,
+    pub committed: bool,
+}
+
+/// A batch as stored: its base offset and term are stamped into its header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBatch {
+    pub base_offset: Offset,
+    pub term: Term,
+    pub bytes: Bytes,
+}
+
+/// What a replica finds in its log after a restart, to rebuild its entry map from.
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    pub purged: Option<PurgePoint>,
+    /// The log's start offset (where entry 0 began, if nothing was purged).
+    pub start_offset: Offset,
+    pub internal: Vec<(u64, Term)>,
+    /// `(term, base offset, offset count)` of every batch from the purge point on.
+    pub batches: Vec<(Term, Offset, u32)>,
+    pub vote: Option<StoredVote>,
+}
+
+pub type LogFuture<T> = Pin<Box<dyn Future<Output = io::Result<T>>>>;
+
+/// The partition log as a Raft group uses it.
+///
+/// Appends are staged and become durable, in append order, at the next `flush`; a crash keeps
+/// a prefix of what was appended, everything flushed included. `truncate` and `save_vote` are
+/// durable when their future completes.
+pub trait ReplicaLog: 'static {
+    /// Stages `batch` at `base_offset`, stamped with `term` as its `partitionLeaderEpoch`.
+    fn append_batch(&self, base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<()>;
+
+    /// Stages an internal entry, ordered with the batches around it.
+    fn append_internal(&self, entry: InternalEntry) -> io::Result<()>;
+
+    /// Makes everything staged so far durable.
+    fn flush(&self) -> LogFuture<()>;
+
+    /// The stored batch whose base offset is `base_offset`.
+    fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch>;
+
+    /// The stored batches with base offsets in `from..to`, in order.
+    fn read_batches(&self, from: Offset, to: Offset) -> LogFuture<Vec<StoredBatch>>;
+
+    /// The internal entry recorded at `index`.
+    fn internal_entry(&self, index: u64) -> Option<InternalEntry>;
+
+    /// Drops the batches at or after `offset` and the internal entries after `after_index`.
+    fn truncate(&self, offset: Offset, after_index: Option<u64>) -> LogFuture<()>;
+
+    /// Forgets internal entries at or below the purge point and remembers the point.
+    fn save_purge_point(&self, purged: PurgePoint);
+
+    fn save_vote(&self, vote: StoredVote) -> LogFuture<()>;
+
+    fn vote(&self) -> Option<StoredVote>;
+
+    /// What is there, for rebuilding the entry map.
+    fn recover(&self) -> io::Result<Recovered>;
+}
+
+/// Simulated flush latency: the future a flush waits on before it makes its writes durable.
+pub type FlushDelay = Rc<dyn Fn() -> Pin<Box<dyn Future<Output = ()>>>>;
+
+#[derive(Debug, Clone, Default)]
+struct MemState {
+    batches: BTreeMap<i64, StoredBatch>,
+    internal: BTreeMap<u64, InternalEntry>,
+    purged: Option<PurgePoint>,
+}
+
+#[derive(Debug, Clone)]
+enum Staged {
+    Batch(StoredBatch),
+    Internal(InternalEntry),
+}
+
+struct MemInner {
+    /// What a reader sees: durable state plus staged appends.
+    live: MemState,
+    /// What survives a crash.
+    durable: MemState,
+    staged: Vec<Staged>,
+    vote: Option<StoredVote>,
+    start_offset: Offset,
+    flush_delay: Option<FlushDelay>,
+}
+
+/// An in-memory [`ReplicaLog`] that keeps only what was flushed across [`MemReplicaLog::crash`].
+#[derive(Clone)]
+pub struct MemReplicaLog {
+    inner: Rc<RefCell<MemInner>>,
+}
+
+impl MemReplicaLog {
+    pub fn new(start_offset: Offset) -> MemReplicaLog {
+        MemReplicaLog {
+            inner: Rc::new(RefCell::new(MemInner {
+                live: MemState::default(),
+                durable: MemState::default(),
+                staged: Vec::new(),
+                vote: None,
+                start_offset,
+                flush_delay: None,
+            })),
+        }
+    }
+
+    /// Makes every flush wait on `delay` first (a simulated fsync), opening a window in which
+    /// a crash loses staged appends.
+    pub fn set_flush_delay(&self, delay: FlushDelay) {
+        self.inner.borrow_mut().flush_delay = Some(delay);
+    }
+
+    /// A power cut: staged appends are lost; the log is what was durable.
+    pub fn crash(&self) {
+        let mut inner = self.inner.borrow_mut();
+        inner.staged.clear();
+        inner.live = inner.durable.clone();
+    }
+
+    /// Every stored batch, in offset order (for comparing replicas).
+    pub fn batches(&self) -> Vec<StoredBatch> {
+        self.inner.borrow().live.batches.values().cloned().collect()
+    }
+
+    /// Every durable batch, in offset order.
+    pub fn durable_batches(&self) -> Vec<StoredBatch> {
+        self.inner.borrow().durable.batches.values().cloned().collect()
+    }
+}
+
+fn stamp(base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<Bytes> {
+    let epoch = term
+        .as_leader_epoch()
+        .ok_or_else(|| io::Error::other(format!("term {} is beyond Kafka's leader epochs", term.0)))?;
+    let mut bytes = BytesMut::from(&batch[..]);
+    patch_batch(&mut bytes, base_offset.0, epoch.0);
+    Ok(bytes.freeze())
+}
+
+fn offset_count(bytes: &[u8]) -> io::Result<u32> {
+    let header = BatchHeader::parse(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
+    u32::try_from(header.offset_count()).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad offset count"))
+}
+
+impl ReplicaLog for MemReplicaLog {
+    fn append_batch(&self, base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<()> {
+        let stored = StoredBatch {
+            base_offset,
+            term,
+            bytes: stamp(base_offset, term, batch)?,
+        };
+        let mut inner = self.inner.borrow_mut();
+        if let Some((_, last)) = inner.live.batches.last_key_value() {
+            let next = last.base_offset.0 + i64::from(offset_count(&last.bytes)?);
+            assert_eq!(next, base_offset.0, "batches are appended at the log end");
+        }
+        inner.live.batches.insert(base_offset.0, stored.clone());
+        inner.staged.push(Staged::Batch(stored));
+        Ok(())
+    }
+
+    fn append_internal(&self, entry: InternalEntry) -> io::Result<()> {
+        let mut inner = self.inner.borrow_mut();
+        inner.live.internal.insert(entry.index, entry.clone());
+        inner.staged.push(Staged::Internal(entry));
+        Ok(())
+    }
+
+    fn flush(&self) -> LogFuture<()> {
+        let inner = Rc::clone(&self.inner);
+        let delay = self.inner.borrow().flush_delay.clone();
+        // What this flush covers: the appends staged before it was asked for.
+        let upto = self.inner.borrow().staged.len();
+        Box::pin(async move {
+            if let Some(delay) = delay {
+                delay().await;
+            }
+            let mut inner = inner.borrow_mut();
+            // A crash in between cleared the staged appends; they are not made durable.
+            let n = upto.min(inner.staged.len());
+            let done: Vec<Staged> = inner.staged.drain(..n).collect();
+            for s in done {
+                match s {
+                    Staged::Batch(b) => {
+                        inner.durable.batches.insert(b.base_offset.0, b);
+                    }
+                    Staged::Internal(e) => {
+                        inner.durable.internal.insert(e.index, e);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch> {
+        let found = self.inner.borrow().live.batches.get(&base_offset.0).cloned();
+        Box::pin(async move {
+            found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no batch at offset {}", base_offset.0)))
+        })
+    }
+
+    fn read_batches(&self, from: Offset, to: Offset) -> LogFuture<Vec<StoredBatch>> {
+        let found: Vec<StoredBatch> = if from < to {
+            self.inner.borrow().live.batches.range(from.0..to.0).map(|(_, b)| b.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn internal_entry(&self, index: u64) -> Option<InternalEntry> {
+        self.inner.borrow().live.internal.get(&index).cloned()
+    }
+
+    fn truncate(&self, offset: Offset, after_index: Option<u64>) -> LogFuture<()> {
+        let mut inner = self.inner.borrow_mut();
+        let keep_index = after_index.map_or(0, |i| i + 1);
+        let inner = &mut *inner;
+        for state in [&mut inner.live, &mut inner.durable] {
+            state.batches.retain(|o, _| *o < offset.0);
+            state.internal.retain(|i, _| *i < keep_index);
+        }
+        inner.staged.retain(|s| match s {
+            Staged::Batch(b) => b.base_offset < offset,
+            Staged::Internal(e) => e.index < keep_index,
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn save_purge_point(&self, purged: PurgePoint) {
+        let mut inner = self.inner.borrow_mut();
+        let inner = &mut *inner;
+        for state in [&mut inner.live, &mut inner.durable] {
+            state.internal.retain(|i, _| *i > purged.index);
+            state.purged = Some(purged);
+        }
+    }
+
+    fn save_vote(&self, vote: StoredVote) -> LogFuture<()> {
+        self.inner.borrow_mut().vote = Some(vote);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn vote(&self) -> Option<StoredVote> {
+        self.inner.borrow().vote
+    }
+
+    fn recover(&self) -> io::Result<Recovered> {
+        let inner = self.inner.borrow();
+        let mut batches = Vec::with_capacity(inner.live.batches.len());
+        for b in inner.live.batches.values() {
+            batches.push((b.term, b.base_offset, offset_count(&b.bytes)?));
+        }
+        Ok(Recovered {
+            purged: inner.live.purged,
+            start_offset: inner.start_offset,
+            internal: inner.live.internal.values().map(|e| (e.index, e.term)).collect(),
+            batches,
+            vote: inner.vote,
+        })
+    }
+}

@@ -1,0 +1,422 @@
+//! A partition replica as openraft sees it: log storage, log reader, state machine and
+//! snapshot builder, all over one [`ReplicaLog`] and one [`EntryMap`].
+//!
+//! - **Log storage.** `append` stamps each data entry's batch with the Kafka offset the entry
+//!   map gives it and its term, stages it in the partition log, and reports the entries flushed
+//!   once the log's flush returns. Internal entries are recorded beside the log. `truncate_after`
+//!   translates the Raft index into a Kafka offset and truncates the log there; `purge` only
+//!   forgets map entries (the batches stay: consumers read them; Kafka retention deletes them).
+//! - **State machine.** The data is already in the log, so applying an entry moves the *high
+//!   watermark* (the Kafka offset after the last applied batch) and answers the proposer with
+//!   the batch's base offset. The high watermark is the commit index, translated.
+//! - **Snapshots.** A snapshot is the log itself: its metadata (last log id, membership, the
+//!   Kafka offset after it) is cheap to build; installing one on a follower that is behind
+//!   writes the leader's batches it lacks. Here the batches travel inside the snapshot value;
+//!   the broker's transport is to ship segment files instead.
+//!
+//! The replica's state is one `Rc<RefCell<_>>`; no borrow is held across an `await`.
+
+use std::cell::RefCell;
+use std::fmt::Debug;
+use std::io;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::rc::Rc;
+
+use futures::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AsyncRuntime, EntryPayload, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StoredMembership,
+};
+use strand_protocol::batch::BatchHeader;
+use strand_protocol::types::Offset;
+
+use super::entry_map::{EntryMap, PurgePoint, Slot};
+use super::replica_log::{InternalEntry, ReplicaLog, StoredBatch, StoredVote};
+use super::types::{Applied, BrokerId, KafkaBatch, PartitionLogId, PartitionRaft};
+use crate::Term;
+
+type C<Rt> = PartitionRaft<Rt>;
+type Entry<Rt> = <C<Rt> as openraft::RaftTypeConfig>::Entry;
+type VoteT<Rt> = <C<Rt> as openraft::RaftTypeConfig>::Vote;
+type Stored = StoredMembership<Clid, BrokerId, ()>;
+type Meta = SnapshotMeta<Clid, BrokerId, ()>;
+type Snap = Snapshot<Clid, BrokerId, (), PartitionSnapshot>;
+type Clid = openraft::vote::leader_id_std::CommittedLeaderId<u64>;
+
+fn log_id(term: Term, index: u64) -> PartitionLogId {
+    PartitionLogId::new_term_index(term.0, index)
+}
+
+fn term_of(id: &PartitionLogId) -> Term {
+    Term(id.leader_id.term)
+}
+
+/// The snapshot value: where the log ends at the snapshot, and the batches a follower lacks.
+#[derive(Debug, Clone, Default)]
+pub struct PartitionSnapshot {
+    /// The Kafka offset after the snapshot's last entry.
+    pub next_offset: Offset,
+    /// Batches from the leader's log start up to `next_offset`; empty where the snapshot was
+    /// only built (its metadata), filled when it is sent.
+    pub batches: Vec<StoredBatch>,
+}
+
+struct Replica<L> {
+    log: L,
+    map: EntryMap,
+    applied: Option<PartitionLogId>,
+    membership: Stored,
+    high_watermark: Offset,
+    snapshot: Option<(Meta, Offset)>,
+}
+
+/// One partition replica's storage: a cheap handle, cloned into openraft's storage roles.
+pub struct ReplicaStore<Rt, L> {
+    inner: Rc<RefCell<Replica<L>>>,
+    _rt: PhantomData<fn() -> Rt>,
+}
+
+impl<Rt, L> Clone for ReplicaStore<Rt, L> {
+    fn clone(&self) -> Self {
+        ReplicaStore {
+            inner: Rc::clone(&self.inner),
+            _rt: PhantomData,
+        }
+    }
+}
+
+fn bad_data(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
+    /// Opens a replica over `log`, rebuilding the entry map from what the log holds.
+    ///
+    /// The state machine starts at the purge point (everything at or below it was applied
+    /// before); openraft re-applies committed entries above it, which only moves the high
+    /// watermark again.
+    pub fn open(log: L) -> io::Result<Self> {
+        let rec = log.recover()?;
+        let map = EntryMap::rebuild(rec.purged, rec.start_offset, rec.internal, rec.batches).map_err(bad_data)?;
+        let (applied, high_watermark) = match map.purged() {
+            Some(p) => (Some(log_id(p.term, p.index)), p.next_offset),
+            None => (None, rec.start_offset),
+        };
+        Ok(ReplicaStore {
+            inner: Rc::new(RefCell::new(Replica {
+                log,
+                map,
+                applied,
+                membership: Stored::default(),
+                high_watermark,
+                snapshot: None,
+            })),
+            _rt: PhantomData,
+        })
+    }
+
+    /// The Kafka offset after the last applied batch: what consumers may read up to.
+    pub fn high_watermark(&self) -> Offset {
+        self.inner.borrow().high_watermark
+    }
+
+    /// The Kafka offset after the last entry in the log (applied or not).
+    pub fn log_end_offset(&self) -> Offset {
+        self.inner.borrow().map.next_offset()
+    }
+
+    /// The Raft index and Kafka offset map of this replica, for checks.
+    pub fn entry_map(&self) -> EntryMap {
+        self.inner.borrow().map.clone()
+    }
+
+    /// Runs `f` on the log underneath.
+    pub fn with_log<R>(&self, f: impl FnOnce(&L) -> R) -> R {
+        f(&self.inner.borrow().log)
+    }
+
+    async fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry<Rt>>> {
+        let mut out = Vec::new();
+        for index in start..end {
+            let (slot, internal, read) = {
+                let inner = self.inner.borrow();
+                let Some(slot) = inner.map.get(index) else { break };
+                match slot {
+                    Slot::Data { base_offset, .. } => (slot, None, Some(inner.log.read_batch(base_offset))),
+                    Slot::Internal { .. } => (slot, inner.log.internal_entry(index), None),
+                }
+            };
+            let id = log_id(slot.term(), index);
+            let payload = match (slot, read) {
+                (Slot::Data { .. }, Some(read)) => EntryPayload::Normal(KafkaBatch(read.await?.bytes)),
+                _ => match internal {
+                    Some(InternalEntry {
+                        membership: Some(m), ..
+                    }) => EntryPayload::Membership(m),
+                    Some(InternalEntry { membership: None, .. }) => EntryPayload::Blank,
+                    None => return Err(bad_data(format!("internal entry {index} missing beside the log"))),
+                },
+            };
+            out.push(openraft::Entry { log_id: id, payload });
+        }
+        Ok(out)
+    }
+}
+
+fn range_bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s + 1,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e + 1,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogReader<C<Rt>> for ReplicaStore<Rt, L> {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<Rt>>, io::Error> {
+        let (start, end) = range_bounds(&range);
+        self.read_entries(start, end).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteT<Rt>>, io::Error> {
+        Ok(self.inner.borrow().log.vote().map(|v| {
+            if v.committed {
+                VoteT::<Rt>::new_committed(v.term.0, v.node)
+            } else {
+                VoteT::<Rt>::new(v.term.0, v.node)
+            }
+        }))
+    }
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt, L> {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<C<Rt>>, io::Error> {
+        let inner = self.inner.borrow();
+        Ok(LogState {
+            last_purged_log_id: inner.map.purged().map(|p| log_id(p.term, p.index)),
+            last_log_id: inner.map.last().map(|(t, i)| log_id(t, i)),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &VoteT<Rt>) -> Result<(), io::Error> {
+        let stored = StoredVote {
+            term: Term(vote.leader_id.term),
+            node: vote.leader_id.voted_for,
+            committed: vote.committed,
+        };
+        let fut = self.inner.borrow().log.save_vote(stored);
+        fut.await
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<C<Rt>>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry<Rt>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let flush = {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            for entry in entries {
+                let index = entry.log_id.index;
+                let term = term_of(&entry.log_id);
+                match entry.payload {
+                    EntryPayload::Normal(KafkaBatch(bytes)) => {
+                        let header = BatchHeader::parse(&bytes).map_err(|e| bad_data(format!("{e:?}")))?;
+                        let count = u32::try_from(header.offset_count())
+                            .ok()
+                            .filter(|c| *c > 0)
+                            .ok_or_else(|| bad_data("a batch must take at least one offset"))?;
+                        let base = inner.map.push_data(index, term, count);
+                        inner.log.append_batch(base, term, &bytes)?;
+                    }
+                    EntryPayload::Blank => {
+                        inner.map.push_internal(index, term);
+                        inner.log.append_internal(InternalEntry {
+                            index,
+                            term,
+                            membership: None,
+                        })?;
+                    }
+                    EntryPayload::Membership(m) => {
+                        inner.map.push_internal(index, term);
+                        inner.log.append_internal(InternalEntry {
+                            index,
+                            term,
+                            membership: Some(m),
+                        })?;
+                    }
+                }
+            }
+            inner.log.flush()
+        };
+        let result = flush.await;
+        let report = match &result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        };
+        callback.io_completed(report);
+        result
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<PartitionLogId>) -> Result<(), io::Error> {
+        let fut = {
+            let mut inner = self.inner.borrow_mut();
+            let index = last_log_id.map(|l| l.index);
+            let offset = inner.map.truncate_after(index);
+            inner.log.truncate(offset, index)
+        };
+        fut.await
+    }
+
+    async fn purge(&mut self, upto: PartitionLogId) -> Result<(), io::Error> {
+        let mut inner = self.inner.borrow_mut();
+        inner.map.purge(upto.index);
+        if let Some(p) = inner.map.purged() {
+            inner.log.save_purge_point(p);
+        }
+        Ok(())
+    }
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> RaftSnapshotBuilder<C<Rt>> for ReplicaStore<Rt, L> {
+    type SnapshotData = PartitionSnapshot;
+
+    async fn build_snapshot(&mut self) -> Result<Snap, io::Error> {
+        let mut inner = self.inner.borrow_mut();
+        let meta = Meta {
+            last_log_id: inner.applied,
+            last_membership: inner.membership.clone(),
+        };
+        let next_offset = inner.high_watermark;
+        inner.snapshot = Some((meta.clone(), next_offset));
+        Ok(Snapshot {
+            meta,
+            snapshot: PartitionSnapshot {
+                next_offset,
+                batches: Vec::new(),
+            },
+        })
+    }
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<Rt, L> {
+    type SnapshotData = PartitionSnapshot;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<PartitionLogId>, Stored), io::Error> {
+        let inner = self.inner.borrow();
+        Ok((inner.applied, inner.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<C<Rt>>, io::Error>> + Unpin + OptionalSend,
+    {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let answer = {
+                let mut inner = self.inner.borrow_mut();
+                let index = entry.log_id.index;
+                inner.applied = Some(entry.log_id);
+                match entry.payload {
+                    EntryPayload::Normal(_) => match inner.map.get(index) {
+                        Some(Slot::Data {
+                            base_offset,
+                            offset_count,
+                            ..
+                        }) => {
+                            let next = base_offset.plus(i64::from(offset_count));
+                            assert!(next >= inner.high_watermark, "the high watermark never goes back");
+                            inner.high_watermark = next;
+                            Applied::Batch { base_offset }
+                        }
+                        other => return Err(bad_data(format!("applying entry {index}: the map holds {other:?}"))),
+                    },
+                    EntryPayload::Blank => Applied::Internal,
+                    EntryPayload::Membership(m) => {
+                        inner.membership = Stored::new(Some(entry.log_id), m);
+                        Applied::Internal
+                    }
+                }
+            };
+            if let Some(responder) = responder {
+                responder.send(answer);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: PartitionSnapshot) -> Result<(), io::Error> {
+        let Some(last) = meta.last_log_id else {
+            return Err(bad_data("a snapshot without a last log id"));
+        };
+        let (have_it, from) = {
+            let inner = self.inner.borrow();
+            let have = inner.map.get(last.index).is_some_and(|s| s.term() == term_of(&last))
+                || inner.map.purged().is_some_and(|p| p.index >= last.index);
+            (have, inner.map.next_offset())
+        };
+        if !have_it {
+            // Behind the leader: write the batches this log lacks, then forget the entries the
+            // snapshot covers.
+            for b in snapshot.batches.iter().filter(|b| b.base_offset >= from && b.base_offset < snapshot.next_offset) {
+                let inner = self.inner.borrow();
+                inner.log.append_batch(b.base_offset, b.term, &b.bytes)?;
+            }
+            let flush = self.inner.borrow().log.flush();
+            flush.await?;
+            let purged = PurgePoint {
+                term: term_of(&last),
+                index: last.index,
+                next_offset: snapshot.next_offset,
+            };
+            let mut inner = self.inner.borrow_mut();
+            if inner.map.next_offset() > from {
+                return Err(bad_data("the log grew while a snapshot was installed"));
+            }
+            inner.map.reset_to(purged);
+            inner.log.save_purge_point(purged);
+        }
+        let mut inner = self.inner.borrow_mut();
+        inner.applied = Some(last);
+        inner.membership = meta.last_membership.clone();
+        inner.high_watermark = inner.high_watermark.max(snapshot.next_offset);
+        inner.snapshot = Some((meta.clone(), snapshot.next_offset));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snap>, io::Error> {
+        let (meta, next_offset, read) = {
+            let inner = self.inner.borrow();
+            let Some((meta, next_offset)) = inner.snapshot.clone() else {
+                return Ok(None);
+            };
+            let read = inner.log.read_batches(Offset(i64::MIN), next_offset);
+            (meta, next_offset, read)
+        };
+        let batches = read.await?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: PartitionSnapshot { next_offset, batches },
+        }))
+    }
+}
