@@ -99,15 +99,20 @@ impl EntryMap {
     /// Rebuilds the map after a restart: from the purge point (or the log's start), each index
     /// is an internal entry if `internal` (ascending `(index, term)`, as recorded beside the log)
     /// names it, else the next batch of `batches` (ascending `(term, base offset, offset count)`
-    /// as the log's headers give them). Fails if the two disagree (a batch not where the map
-    /// expects it, an internal entry beyond the batches' reach), which means the log and its
-    /// side records do not belong together.
+    /// as the log's headers give them).
+    ///
+    /// Internal entries are made durable before anything appended after them, but the batches
+    /// before one may have been lost with the rest of an unflushed tail: recorded internal
+    /// entries beyond the recovered log's reach are dropped and their indexes returned, so the
+    /// caller can forget them too (no append containing them was ever reported flushed). A gap
+    /// in the batches' offsets means the log and its side records do not belong together, and
+    /// fails.
     pub fn rebuild(
         purged: Option<PurgePoint>,
         start_offset: Offset,
         internal: impl IntoIterator<Item = (u64, Term)>,
         batches: impl IntoIterator<Item = (Term, Offset, u32)>,
-    ) -> Result<EntryMap, String> {
+    ) -> Result<(EntryMap, Vec<u64>), String> {
         let mut map = match purged {
             Some(p) => EntryMap::after_purge(p),
             None => EntryMap::new(start_offset),
@@ -137,16 +142,15 @@ impl EntryMap {
             let index = map.next_index();
             map.push_data(index, term, count);
         }
+        let mut dropped = Vec::new();
         for (index, term) in internal {
-            if index != map.next_index() {
-                return Err(format!(
-                    "internal entry {index} recorded but the log's entries end before {}",
-                    map.next_index()
-                ));
+            if dropped.is_empty() && index == map.next_index() {
+                map.push_internal(index, term);
+            } else {
+                dropped.push(index);
             }
-            map.push_internal(index, term);
         }
-        Ok(map)
+        Ok((map, dropped))
     }
 
     pub fn purged(&self) -> Option<PurgePoint> {
@@ -371,7 +375,8 @@ mod tests {
                     None => {}
                 }
             }
-            let rebuilt = EntryMap::rebuild(map.purged(), start_offset, internal, batches).map_err(TestCaseError::fail)?;
+            let (rebuilt, dropped) = EntryMap::rebuild(map.purged(), start_offset, internal, batches).map_err(TestCaseError::fail)?;
+            prop_assert!(dropped.is_empty());
             prop_assert_eq!(rebuilt.next_index(), map.next_index());
             prop_assert_eq!(rebuilt.next_offset(), map.next_offset());
             prop_assert_eq!(rebuilt.last(), map.last());
@@ -382,16 +387,24 @@ mod tests {
     }
 
     #[test]
-    fn a_rebuild_refuses_a_log_that_does_not_fit_its_side_records() {
-        // Entry 1 is recorded as internal, but the log's second batch starts where entry 1
-        // would: the batch would have to be entry 2, and then 3 is missing its internal record.
-        let err = EntryMap::rebuild(
+    fn a_rebuild_drops_internal_entries_past_a_lost_tail_and_refuses_gaps() {
+        // Entries: 0 batch, 1 internal, 2 batch, 3 batch (lost), 4 internal (durable: internal
+        // entries are synced at once), 5 internal. After a crash that lost batch 3, entries 4
+        // and 5 cannot be placed and are dropped.
+        let (map, dropped) = EntryMap::rebuild(
             None,
             Offset(0),
-            [(1, Term(1)), (5, Term(1))],
+            [(1, Term(1)), (4, Term(2)), (5, Term(2))],
             [(Term(1), Offset(0), 2), (Term(1), Offset(2), 3)],
-        );
-        assert!(err.is_err(), "{err:?}");
+        )
+        .expect("rebuilds");
+        assert_eq!(dropped, vec![4, 5]);
+        assert_eq!(map.next_index(), 3);
+        assert_eq!(map.next_offset(), Offset(5));
+        // An internal entry right at the end is kept.
+        let (map, dropped) = EntryMap::rebuild(None, Offset(0), [(1, Term(2))], [(Term(1), Offset(0), 2)]).expect("rebuilds");
+        assert!(dropped.is_empty());
+        assert_eq!(map.last(), Some((Term(2), 1)));
         let err = EntryMap::rebuild(None, Offset(0), [], [(Term(1), Offset(0), 2), (Term(1), Offset(3), 1)]);
         assert!(err.is_err(), "a gap in the offsets is refused: {err:?}");
     }

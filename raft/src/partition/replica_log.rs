@@ -62,15 +62,20 @@ pub type LogFuture<T> = Pin<Box<dyn Future<Output = io::Result<T>>>>;
 
 /// The partition log as a Raft group uses it.
 ///
-/// Appends are staged and become durable, in append order, at the next `flush`; a crash keeps
-/// a prefix of what was appended, everything flushed included. `truncate` and `save_vote` are
-/// durable when their future completes.
+/// Batches are staged and become durable, in append order, at the next `flush`; a crash keeps
+/// a prefix of them, everything flushed included. `append_internal`, `truncate` and
+/// `save_vote` are durable when their future completes.
 pub trait ReplicaLog: 'static {
     /// Stages `batch` at `base_offset`, stamped with `term` as its `partitionLeaderEpoch`.
     fn append_batch(&self, base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<()>;
 
-    /// Stages an internal entry, ordered with the batches around it.
-    fn append_internal(&self, entry: InternalEntry) -> io::Result<()>;
+    /// Records an internal entry durably: everything appended after it is durable no earlier.
+    /// (Internal entries are rare, one per leader change or membership change, so each may
+    /// cost a sync.)
+    fn append_internal(&self, entry: InternalEntry) -> LogFuture<()>;
+
+    /// Forgets internal entries that a restart found beyond the recovered log's end.
+    fn forget_internal(&self, indexes: &[u64]);
 
     /// Makes everything staged so far durable.
     fn flush(&self) -> LogFuture<()>;
@@ -108,18 +113,13 @@ struct MemState {
     purged: Option<PurgePoint>,
 }
 
-#[derive(Debug, Clone)]
-enum Staged {
-    Batch(StoredBatch),
-    Internal(InternalEntry),
-}
 
 struct MemInner {
     /// What a reader sees: durable state plus staged appends.
     live: MemState,
     /// What survives a crash.
     durable: MemState,
-    staged: Vec<Staged>,
+    staged: Vec<StoredBatch>,
     vote: Option<StoredVote>,
     start_offset: Offset,
     flush_delay: Option<FlushDelay>,
@@ -196,15 +196,23 @@ impl ReplicaLog for MemReplicaLog {
             assert_eq!(next, base_offset.0, "batches are appended at the log end");
         }
         inner.live.batches.insert(base_offset.0, stored.clone());
-        inner.staged.push(Staged::Batch(stored));
+        inner.staged.push(stored);
         Ok(())
     }
 
-    fn append_internal(&self, entry: InternalEntry) -> io::Result<()> {
+    fn append_internal(&self, entry: InternalEntry) -> LogFuture<()> {
         let mut inner = self.inner.borrow_mut();
         inner.live.internal.insert(entry.index, entry.clone());
-        inner.staged.push(Staged::Internal(entry));
-        Ok(())
+        inner.durable.internal.insert(entry.index, entry);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn forget_internal(&self, indexes: &[u64]) {
+        let mut inner = self.inner.borrow_mut();
+        for i in indexes {
+            inner.live.internal.remove(i);
+            inner.durable.internal.remove(i);
+        }
     }
 
     fn flush(&self) -> LogFuture<()> {
@@ -219,16 +227,9 @@ impl ReplicaLog for MemReplicaLog {
             let mut inner = inner.borrow_mut();
             // A crash in between cleared the staged appends; they are not made durable.
             let n = upto.min(inner.staged.len());
-            let done: Vec<Staged> = inner.staged.drain(..n).collect();
-            for s in done {
-                match s {
-                    Staged::Batch(b) => {
-                        inner.durable.batches.insert(b.base_offset.0, b);
-                    }
-                    Staged::Internal(e) => {
-                        inner.durable.internal.insert(e.index, e);
-                    }
-                }
+            let done: Vec<StoredBatch> = inner.staged.drain(..n).collect();
+            for b in done {
+                inner.durable.batches.insert(b.base_offset.0, b);
             }
             Ok(())
         })
@@ -262,10 +263,7 @@ impl ReplicaLog for MemReplicaLog {
             state.batches.retain(|o, _| *o < offset.0);
             state.internal.retain(|i, _| *i < keep_index);
         }
-        inner.staged.retain(|s| match s {
-            Staged::Batch(b) => b.base_offset < offset,
-            Staged::Internal(e) => e.index < keep_index,
-        });
+        inner.staged.retain(|b| b.base_offset < offset);
         Box::pin(async { Ok(()) })
     }
 

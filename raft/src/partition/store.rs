@@ -99,7 +99,11 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
     /// watermark again.
     pub fn open(log: L) -> io::Result<Self> {
         let rec = log.recover()?;
-        let map = EntryMap::rebuild(rec.purged, rec.start_offset, rec.internal, rec.batches).map_err(bad_data)?;
+        let (map, dropped) = EntryMap::rebuild(rec.purged, rec.start_offset, rec.internal, rec.batches).map_err(bad_data)?;
+        if !dropped.is_empty() {
+            tracing::info!(?dropped, "internal entries past the recovered log's end forgotten");
+            log.forget_internal(&dropped);
+        }
         let (applied, high_watermark) = match map.purged() {
             Some(p) => (Some(log_id(p.term, p.index)), p.next_offset),
             None => (None, rec.start_offset),
@@ -229,42 +233,36 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
         I: IntoIterator<Item = Entry<Rt>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let flush = {
-            let mut inner = self.inner.borrow_mut();
-            let inner = &mut *inner;
-            for entry in entries {
-                let index = entry.log_id.index;
-                let term = term_of(&entry.log_id);
-                match entry.payload {
-                    EntryPayload::Normal(KafkaBatch(bytes)) => {
-                        let header = BatchHeader::parse(&bytes).map_err(|e| bad_data(format!("{e:?}")))?;
-                        let count = u32::try_from(header.offset_count())
-                            .ok()
-                            .filter(|c| *c > 0)
-                            .ok_or_else(|| bad_data("a batch must take at least one offset"))?;
-                        let base = inner.map.push_data(index, term, count);
-                        inner.log.append_batch(base, term, &bytes)?;
-                    }
-                    EntryPayload::Blank => {
-                        inner.map.push_internal(index, term);
-                        inner.log.append_internal(InternalEntry {
-                            index,
-                            term,
-                            membership: None,
-                        })?;
-                    }
-                    EntryPayload::Membership(m) => {
-                        inner.map.push_internal(index, term);
-                        inner.log.append_internal(InternalEntry {
-                            index,
-                            term,
-                            membership: Some(m),
-                        })?;
-                    }
+        for entry in entries {
+            let index = entry.log_id.index;
+            let term = term_of(&entry.log_id);
+            let membership = match entry.payload {
+                EntryPayload::Normal(KafkaBatch(bytes)) => {
+                    let header = BatchHeader::parse(&bytes).map_err(|e| bad_data(format!("{e:?}")))?;
+                    let count = u32::try_from(header.offset_count())
+                        .ok()
+                        .filter(|c| *c > 0)
+                        .ok_or_else(|| bad_data("a batch must take at least one offset"))?;
+                    let mut inner = self.inner.borrow_mut();
+                    let base = inner.map.push_data(index, term, count);
+                    inner.log.append_batch(base, term, &bytes)?;
+                    continue;
                 }
-            }
-            inner.log.flush()
-        };
+                EntryPayload::Blank => None,
+                EntryPayload::Membership(m) => Some(m),
+            };
+            let durable = {
+                let mut inner = self.inner.borrow_mut();
+                inner.map.push_internal(index, term);
+                inner.log.append_internal(InternalEntry {
+                    index,
+                    term,
+                    membership,
+                })
+            };
+            durable.await?;
+        }
+        let flush = self.inner.borrow().log.flush();
         let result = flush.await;
         let report = match &result {
             Ok(()) => Ok(()),
