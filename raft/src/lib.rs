@@ -16,6 +16,8 @@
 //! This crate holds the mapping between Kafka's and Raft's vocabulary, so that both sides agree
 //! on it before the replication code lands.
 
+pub mod rt;
+
 use strand_protocol::types::{LeaderEpoch, Offset};
 
 /// A Raft term. A partition's Kafka leader epoch *is* the Raft term of its group.
