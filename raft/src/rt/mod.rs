@@ -17,7 +17,9 @@
 //! Join handles of both resolve to the task's output when awaited; dropping one does not cancel
 //! the task (tokio's semantics, which openraft assumes).
 
+pub mod glommio;
 pub mod sim;
 pub mod sync;
 
+pub use self::glommio::GlommioRuntime;
 pub use self::sim::{Sim, SimConfig, SimInstant, SimRuntime, TaskGroup};
