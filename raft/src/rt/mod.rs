@@ -21,5 +21,8 @@ pub mod glommio;
 pub mod sim;
 pub mod sync;
 
+#[cfg(test)]
+mod openraft_smoke;
+
 pub use self::glommio::GlommioRuntime;
 pub use self::sim::{Sim, SimConfig, SimInstant, SimRuntime, TaskGroup};
