@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::error::{
+    ClientWriteError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
 use openraft::network::RPCOption;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
@@ -326,32 +328,50 @@ async fn await_leader(
     leader
 }
 
-/// Writes `data` through `leader`; returns the entry's index.
-async fn write(nodes: &BTreeMap<u64, Node>, leader: u64, data: &str) -> u64 {
-    let response = nodes[&leader]
-        .client_write(data.to_string())
-        .await
-        .expect("the leader accepts the write");
-    assert_eq!(response.data, data, "the state machine's response comes back");
-    response.log_id.index
+/// Writes `data` through `leader`; returns the entry's index. A leader whose lease lapsed (a
+/// busy machine can stall a real-time run) or that lost its office answers ForwardToLeader
+/// before appending anything: find the leader again and retry, as a client would.
+async fn write(nodes: &BTreeMap<u64, Node>, leader: &mut u64, data: &str, wait_timeout: Duration) -> u64 {
+    for _ in 0..100 {
+        match nodes[&*leader].client_write(data.to_string()).await {
+            Ok(response) => {
+                assert_eq!(response.data, data, "the state machine's response comes back");
+                return response.log_id.index;
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Rt::sleep(Duration::from_millis(50)).await;
+                *leader = await_leader(nodes, *leader, None, wait_timeout).await;
+            }
+            Err(e) => panic!("the write of {data:?} failed: {e}"),
+        }
+    }
+    panic!("no leader took the write of {data:?}");
 }
 
-/// Waits until every node in `nodes` has applied `index` and follows `leader`.
-async fn await_applied(nodes: &BTreeMap<u64, Node>, index: u64, leader: u64, wait_timeout: Duration) {
+/// Waits until every node in `nodes` has applied `index`; returns whom each then follows.
+async fn await_applied(
+    nodes: &BTreeMap<u64, Node>,
+    index: u64,
+    wait_timeout: Duration,
+) -> BTreeMap<u64, Option<u64>> {
+    let mut followed = BTreeMap::new();
     for (id, raft) in nodes {
         let m = raft
             .wait(Some(wait_timeout))
             .applied_index_at_least(Some(index), "the writes are applied")
             .await
             .expect("every node applies the writes");
-        assert_eq!(m.current_leader, Some(leader), "node {id} follows the leader");
+        followed.insert(*id, m.current_leader);
     }
+    followed
 }
 
 /// What a smoke run observed.
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
     leader: u64,
+    /// Whom each node followed once it had applied the writes.
+    followed: BTreeMap<u64, Option<u64>>,
     /// Each node's applied data, by node id.
     applied: BTreeMap<u64, Vec<String>>,
 }
@@ -386,12 +406,12 @@ async fn smoke(latency: Duration, wait_timeout: Duration) -> Outcome {
         .initialize(BTreeMap::from([1u64, 2, 3].map(|id| (id, BasicNode::new("")))))
         .await
         .expect("the cluster initializes");
-    let leader = await_leader(&nodes, 1, None, wait_timeout).await;
+    let mut leader = await_leader(&nodes, 1, None, wait_timeout).await;
     let mut last_index = 0;
     for data in ["a", "b", "c"] {
-        last_index = write(&nodes, leader, data).await;
+        last_index = write(&nodes, &mut leader, data, wait_timeout).await;
     }
-    await_applied(&nodes, last_index, leader, wait_timeout).await;
+    let followed = await_applied(&nodes, last_index, wait_timeout).await;
     let applied = machines
         .iter()
         .map(|(id, sm)| (*id, sm.0.borrow().applied.clone()))
@@ -401,7 +421,11 @@ async fn smoke(latency: Duration, wait_timeout: Duration) -> Outcome {
         raft.shutdown().await.expect("a clean shutdown");
     }
     router.nodes.borrow_mut().clear();
-    Outcome { leader, applied }
+    Outcome {
+        leader,
+        followed,
+        applied,
+    }
 }
 
 fn assert_all_applied(outcome: &Outcome) {

@@ -19,6 +19,10 @@ mod on_sim {
     fn three_nodes_elect_replicate_and_apply() {
         let (outcome, _, elapsed) = run(1);
         assert_all_applied(&outcome);
+        assert!(
+            outcome.followed.values().all(|f| *f == Some(outcome.leader)),
+            "every node follows the leader: {outcome:?}"
+        );
         assert!(elapsed > Duration::ZERO, "virtual time passed: {elapsed:?}");
         assert!(
             elapsed < Duration::from_secs(30),
@@ -86,12 +90,16 @@ mod on_sim {
                 .initialize(BTreeMap::from([1u64, 2, 3].map(|id| (id, BasicNode::new("")))))
                 .await
                 .expect("the cluster initializes");
-            let leader = await_leader(&nodes, 1, None, wait).await;
+            let mut leader = await_leader(&nodes, 1, None, wait).await;
             let mut last = 0;
             for data in ["a", "b", "c"] {
-                last = write(&nodes, leader, data).await;
+                last = write(&nodes, &mut leader, data, wait).await;
             }
-            await_applied(&nodes, last, leader, wait).await;
+            let followed = await_applied(&nodes, last, wait).await;
+            assert!(
+                followed.values().all(|f| *f == Some(leader)),
+                "all follow {leader}: {followed:?}"
+            );
             leader
         });
         let tasks_before = sim.group_task_count(groups[&old_leader]);
@@ -107,10 +115,14 @@ mod on_sim {
         let via = *survivors.keys().next().expect("two survivors");
         let crashed_at = sim.now();
         let (new_leader, failover) = sim.block_on(async {
-            let leader = await_leader(&survivors, via, Some(old_leader), wait).await;
+            let mut leader = await_leader(&survivors, via, Some(old_leader), wait).await;
             let failover = sim.now() - crashed_at;
-            let last = write(&survivors, leader, "d").await;
-            await_applied(&survivors, last, leader, wait).await;
+            let last = write(&survivors, &mut leader, "d", wait).await;
+            let followed = await_applied(&survivors, last, wait).await;
+            assert!(
+                followed.values().all(|f| *f == Some(leader)),
+                "all follow {leader}: {followed:?}"
+            );
             (leader, failover)
         });
         for raft in survivors.values() {
