@@ -33,10 +33,12 @@
 //! from outside the simulation: wall-clock reads (`std::time::Instant::now()`), OS threads
 //! (`spawn_blocking` here runs the closure inline, on the driver's thread), real I/O, hashing
 //! with per-process random keys when the order of a hash map is observed, or global state left
-//! over from an earlier run on the same thread.
+//! over from an earlier run on the same thread. There is one clock for all tasks: clock skew
+//! between simulated nodes is not modelled.
 //!
-//! A task that panics fails the simulation: the panic is re-raised from the driver call (the
-//! seed and virtual time are printed to stderr first), as an assertion in the test itself would.
+//! A task that panics fails the simulation: the panic unwinds out of the driver call, as an
+//! assertion in the test itself would, and the seed and virtual time are printed to stderr; the
+//! simulation is not to be driven further.
 //! A run that cannot finish is reported, not hung: [`Sim::block_on`] panics when no task can run
 //! and no timer is left (a deadlock) or when the clock passes [`SimConfig::horizon`]; any driver
 //! call panics when one instant takes more than [`SimConfig::max_polls_per_instant`] polls (a

@@ -349,3 +349,14 @@ fn instant_arithmetic() {
     assert_eq!(format!("{:?}", t0 + Duration::from_secs(1)), "SimInstant(+1s)");
     let _ = sim;
 }
+
+/// `spawn_blocking` runs its closure at once on the driver's thread: no OS thread escapes the
+/// simulation.
+#[test]
+fn spawn_blocking_runs_inline() {
+    let sim = Sim::new(13);
+    let caller = std::thread::current().id();
+    let ran_on = sim.block_on(async { Rt::spawn_blocking(|| std::thread::current().id()).await });
+    assert_eq!(ran_on.unwrap(), caller);
+    assert_eq!(sim.elapsed(), Duration::ZERO);
+}
