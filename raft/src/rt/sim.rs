@@ -19,7 +19,8 @@
 //! The driver steps the world from outside, which is how a simulation test injects faults
 //! between steps: [`Sim::run_until_idle`] runs everything runnable at the current instant;
 //! [`Sim::run_for`] / [`Sim::run_until`] also fire the timers up to a virtual deadline;
-//! [`Sim::step`] jumps to the next timer. [`Sim::block_on`] drives a root future to completion.
+//! [`Sim::run_until_condition`] stops early once a predicate holds; [`Sim::step`] jumps to the
+//! next timer. [`Sim::block_on`] drives a root future to completion.
 //! Tasks belong to a [`TaskGroup`] (a simulated node): spawned tasks inherit their spawner's
 //! group, and [`Sim::kill_group`] drops every task of a group at once, as a crash would (their
 //! join handles resolve to an error; whatever state lives outside the tasks survives).
@@ -700,6 +701,27 @@ impl Sim {
     /// [`Sim::run_until`] `now + duration`.
     pub fn run_for(&self, duration: Duration) {
         self.run_until(self.now() + duration);
+    }
+
+    /// Like [`Sim::run_until`], but stops as soon as `done()` holds, checked each time the world
+    /// is idle (at the start and after each instant's timers have run). Returns whether it held;
+    /// if it never did, the clock ends at `deadline`.
+    pub fn run_until_condition(&self, deadline: SimInstant, mut done: impl FnMut() -> bool) -> bool {
+        let _enter = EnterGuard::new(&self.shared);
+        let _driving = DrivingGuard::new(&self.shared);
+        loop {
+            self.shared.run_until_idle();
+            if done() {
+                return true;
+            }
+            if !self.shared.fire_next(deadline.0) {
+                break;
+            }
+        }
+        if deadline.0 > self.shared.clock.get() {
+            self.shared.set_clock(deadline.0);
+        }
+        false
     }
 
     /// Runs until idle, then moves the clock to the next timer and runs what it woke. Returns the
