@@ -9,7 +9,7 @@
 //! drawn from a seeded generator (or first-in-first-out with `shuffle: false`), so the
 //! interleaving of tasks is explored by changing the seed and replayed by keeping it.
 //!
-//! Time is virtual: [`SimInstant::now()`] reads the clock of the simulation being driven on this
+//! Time is virtual: `SimInstant::now()` (openraft's `Instant` trait) reads the clock of the simulation being driven on this
 //! thread, and nothing else moves it. A sleep registers a timer at its deadline. Time advances only
 //! when no task can run: the driver sets the clock to the earliest deadline, wakes every timer due
 //! then (in the order they were registered) and runs the woken tasks. So every timer fires at
@@ -588,7 +588,7 @@ impl Sim {
         self.shared.clock.get() - self.shared.start
     }
 
-    /// Runs `f` with this simulation current: [`SimInstant::now()`], [`SimRuntime::spawn`],
+    /// Runs `f` with this simulation current: `SimInstant::now()` (openraft's `Instant` trait), [`SimRuntime::spawn`],
     /// sleeps and `thread_rng` then work from plain driver code.
     pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
         let _enter = EnterGuard::new(&self.shared);
