@@ -9,8 +9,8 @@
 //! drawn from a seeded generator (or first-in-first-out with `shuffle: false`), so the
 //! interleaving of tasks is explored by changing the seed and replayed by keeping it.
 //!
-//! Time is virtual: `SimInstant::now()` (openraft's `Instant` trait) reads the clock of the simulation being driven on this
-//! thread, and nothing else moves it. A sleep registers a timer at its deadline. Time advances only
+//! Time is virtual: `SimInstant::now()` (openraft's `Instant` trait) reads the clock of the
+//! simulation being driven on this thread, and nothing else moves it. A sleep registers a timer at its deadline. Time advances only
 //! when no task can run: the driver sets the clock to the earliest deadline, wakes every timer due
 //! then (in the order they were registered) and runs the woken tasks. So every timer fires at
 //! exactly its virtual deadline, a ten-minute sleep takes no wall time, and no task ever observes
