@@ -10,9 +10,10 @@
 //! interleaving of tasks is explored by changing the seed and replayed by keeping it.
 //!
 //! Time is virtual: `SimInstant::now()` (openraft's `Instant` trait) reads the clock of the
-//! simulation being driven on this thread, and nothing else moves it. A sleep registers a timer at its deadline. Time advances only
-//! when no task can run: the driver sets the clock to the earliest deadline, wakes every timer due
-//! then (in the order they were registered) and runs the woken tasks. So every timer fires at
+//! simulation being driven on this thread, and nothing else moves it. A sleep registers a timer
+//! at its deadline. Time advances only when no task can run: the driver sets the clock to the
+//! earliest deadline, wakes every timer due then (in the order they were registered) and runs the
+//! woken tasks. So every timer fires at
 //! exactly its virtual deadline, a ten-minute sleep takes no wall time, and no task ever observes
 //! the clock moving while it runs.
 //!
@@ -588,8 +589,8 @@ impl Sim {
         self.shared.clock.get() - self.shared.start
     }
 
-    /// Runs `f` with this simulation current: `SimInstant::now()` (openraft's `Instant` trait), [`SimRuntime::spawn`],
-    /// sleeps and `thread_rng` then work from plain driver code.
+    /// Runs `f` with this simulation current: `SimInstant::now()` (openraft's `Instant` trait),
+    /// [`SimRuntime::spawn`], sleeps and `thread_rng` then work from plain driver code.
     pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
         let _enter = EnterGuard::new(&self.shared);
         f()
