@@ -7,7 +7,8 @@
 //!   task was dropped unfinished, i.e. its executor ended first; a panicking task propagates out
 //!   of the executor, as every other shard task's does.
 //! - Time is `std::time::Instant`; sleeps and timeouts are glommio timers (`timer::Timer`), which
-//!   the reactor fires. They must be created on an executor thread.
+//!   the reactor fires. Like `spawn`, they must be called on a thread whose executor runs
+//!   (glommio panics otherwise); openraft calls them only from its own tasks.
 //! - Randomness is rand's thread-local generator.
 //! - Channels and the lock are the single-threaded ones of [`super::sync`].
 //!

@@ -9,17 +9,19 @@
 //! drawn from a seeded generator (or first-in-first-out with `shuffle: false`), so the
 //! interleaving of tasks is explored by changing the seed and replayed by keeping it.
 //!
-//! Time is virtual: [`SimInstant::now()`] reads the clock of the simulation being driven on this
-//! thread, and nothing else moves it. A sleep registers a timer at its deadline. Time advances only
-//! when no task can run: the driver sets the clock to the earliest deadline, wakes every timer due
-//! then (in the order they were registered) and runs the woken tasks. So every timer fires at
+//! Time is virtual: `SimInstant::now()` (openraft's `Instant` trait) reads the clock of the
+//! simulation being driven on this thread, and nothing else moves it. A sleep registers a timer
+//! at its deadline. Time advances only when no task can run: the driver sets the clock to the
+//! earliest deadline, wakes every timer due then (in the order they were registered) and runs the
+//! woken tasks. So every timer fires at
 //! exactly its virtual deadline, a ten-minute sleep takes no wall time, and no task ever observes
 //! the clock moving while it runs.
 //!
 //! The driver steps the world from outside, which is how a simulation test injects faults
 //! between steps: [`Sim::run_until_idle`] runs everything runnable at the current instant;
 //! [`Sim::run_for`] / [`Sim::run_until`] also fire the timers up to a virtual deadline;
-//! [`Sim::step`] jumps to the next timer. [`Sim::block_on`] drives a root future to completion.
+//! [`Sim::run_until_condition`] stops early once a predicate holds; [`Sim::step`] jumps to the
+//! next timer. [`Sim::block_on`] drives a root future to completion.
 //! Tasks belong to a [`TaskGroup`] (a simulated node): spawned tasks inherit their spawner's
 //! group, and [`Sim::kill_group`] drops every task of a group at once, as a crash would (their
 //! join handles resolve to an error; whatever state lives outside the tasks survives).
@@ -33,10 +35,12 @@
 //! from outside the simulation: wall-clock reads (`std::time::Instant::now()`), OS threads
 //! (`spawn_blocking` here runs the closure inline, on the driver's thread), real I/O, hashing
 //! with per-process random keys when the order of a hash map is observed, or global state left
-//! over from an earlier run on the same thread.
+//! over from an earlier run on the same thread. There is one clock for all tasks: clock skew
+//! between simulated nodes is not modelled.
 //!
-//! A task that panics fails the simulation: the panic is re-raised from the driver call (the
-//! seed and virtual time are printed to stderr first), as an assertion in the test itself would.
+//! A task that panics fails the simulation: the panic unwinds out of the driver call, as an
+//! assertion in the test itself would, and the seed and virtual time are printed to stderr; the
+//! simulation is not to be driven further.
 //! A run that cannot finish is reported, not hung: [`Sim::block_on`] panics when no task can run
 //! and no timer is left (a deadlock) or when the clock passes [`SimConfig::horizon`]; any driver
 //! call panics when one instant takes more than [`SimConfig::max_polls_per_instant`] polls (a
@@ -585,8 +589,8 @@ impl Sim {
         self.shared.clock.get() - self.shared.start
     }
 
-    /// Runs `f` with this simulation current: [`SimInstant::now()`], [`SimRuntime::spawn`],
-    /// sleeps and `thread_rng` then work from plain driver code.
+    /// Runs `f` with this simulation current: `SimInstant::now()` (openraft's `Instant` trait),
+    /// [`SimRuntime::spawn`], sleeps and `thread_rng` then work from plain driver code.
     pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
         let _enter = EnterGuard::new(&self.shared);
         f()
@@ -698,6 +702,27 @@ impl Sim {
     /// [`Sim::run_until`] `now + duration`.
     pub fn run_for(&self, duration: Duration) {
         self.run_until(self.now() + duration);
+    }
+
+    /// Like [`Sim::run_until`], but stops as soon as `done()` holds, checked each time the world
+    /// is idle (at the start and after each instant's timers have run). Returns whether it held;
+    /// if it never did, the clock ends at `deadline`.
+    pub fn run_until_condition(&self, deadline: SimInstant, mut done: impl FnMut() -> bool) -> bool {
+        let _enter = EnterGuard::new(&self.shared);
+        let _driving = DrivingGuard::new(&self.shared);
+        loop {
+            self.shared.run_until_idle();
+            if done() {
+                return true;
+            }
+            if !self.shared.fire_next(deadline.0) {
+                break;
+            }
+        }
+        if deadline.0 > self.shared.clock.get() {
+            self.shared.set_clock(deadline.0);
+        }
+        false
     }
 
     /// Runs until idle, then moves the clock to the next timer and runs what it woke. Returns the

@@ -14,7 +14,7 @@
 //!   `borrow_watched` does not mark seen; `borrow_and_update` does. `send` fails when no
 //!   receiver is left (the value is not stored), as tokio's does.
 //! - [`LocalOneshot`]: one value; the receiver fails once the sender is dropped unsent.
-//! - [`LocalMutex`]: `futures`' async mutex (fair wake-up of waiters), wrapped for the trait.
+//! - [`LocalMutex`]: `futures`' async mutex, wrapped for the trait.
 //! - [`Timeout`]: a future raced against a sleep of either runtime; the future is polled first.
 
 use std::cell::{Cell, Ref, RefCell};

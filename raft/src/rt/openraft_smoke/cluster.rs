@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::error::{
+    ClientWriteError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
 use openraft::network::RPCOption;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
@@ -289,10 +291,87 @@ impl RaftNetworkV2<Tc> for Conn {
     }
 }
 
+/// Heartbeats every 50 ms, elections after 150–300 ms of silence.
+fn test_config() -> Arc<Config> {
+    let config = Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 150,
+        election_timeout_max: 300,
+        ..Default::default()
+    };
+    Arc::new(config.validate().expect("a valid config"))
+}
+
+/// Waits until `node` sees a leader other than `not`, then until that leader's lease holds;
+/// returns the leader.
+async fn await_leader(
+    nodes: &BTreeMap<u64, Node>,
+    via: u64,
+    not: Option<u64>,
+    wait_timeout: Duration,
+) -> u64 {
+    let metrics = nodes[&via]
+        .wait(Some(wait_timeout))
+        .metrics(
+            |m| m.current_leader.is_some() && m.current_leader != not,
+            "a leader is elected",
+        )
+        .await
+        .expect("a leader within the timeout");
+    let leader = metrics.current_leader.expect("waited for it");
+    // A new leader takes writes once a quorum has acknowledged it (its lease).
+    nodes[&leader]
+        .wait(Some(wait_timeout))
+        .leader_with_quorum_acked(None, "the leader's lease")
+        .await
+        .expect("a quorum acknowledges the leader");
+    leader
+}
+
+/// Writes `data` through `leader`; returns the entry's index. A leader whose lease lapsed (a
+/// busy machine can stall a real-time run) or that lost its office answers ForwardToLeader
+/// before appending anything: find the leader again and retry, as a client would.
+async fn write(nodes: &BTreeMap<u64, Node>, leader: &mut u64, data: &str, wait_timeout: Duration) -> u64 {
+    for _ in 0..100 {
+        match nodes[&*leader].client_write(data.to_string()).await {
+            Ok(response) => {
+                assert_eq!(response.data, data, "the state machine's response comes back");
+                return response.log_id.index;
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Rt::sleep(Duration::from_millis(50)).await;
+                *leader = await_leader(nodes, *leader, None, wait_timeout).await;
+            }
+            Err(e) => panic!("the write of {data:?} failed: {e}"),
+        }
+    }
+    panic!("no leader took the write of {data:?}");
+}
+
+/// Waits until every node in `nodes` has applied `index`; returns whom each then follows.
+async fn await_applied(
+    nodes: &BTreeMap<u64, Node>,
+    index: u64,
+    wait_timeout: Duration,
+) -> BTreeMap<u64, Option<u64>> {
+    let mut followed = BTreeMap::new();
+    for (id, raft) in nodes {
+        let m = raft
+            .wait(Some(wait_timeout))
+            .applied_index_at_least(Some(index), "the writes are applied")
+            .await
+            .expect("every node applies the writes");
+        followed.insert(*id, m.current_leader);
+    }
+    followed
+}
+
 /// What a smoke run observed.
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
     leader: u64,
+    /// Whom each node followed once it had applied the writes.
+    followed: BTreeMap<u64, Option<u64>>,
     /// Each node's applied data, by node id.
     applied: BTreeMap<u64, Vec<String>>,
 }
@@ -301,13 +380,7 @@ struct Outcome {
 /// entries through it and waits until every node has applied them. `wait_timeout` bounds each
 /// wait in the runtime's time.
 async fn smoke(latency: Duration, wait_timeout: Duration) -> Outcome {
-    let config = Config {
-        heartbeat_interval: 50,
-        election_timeout_min: 150,
-        election_timeout_max: 300,
-        ..Default::default()
-    };
-    let config = Arc::new(config.validate().expect("a valid config"));
+    let config = test_config();
     let router = Router {
         latency,
         ..Router::default()
@@ -333,45 +406,26 @@ async fn smoke(latency: Duration, wait_timeout: Duration) -> Outcome {
         .initialize(BTreeMap::from([1u64, 2, 3].map(|id| (id, BasicNode::new("")))))
         .await
         .expect("the cluster initializes");
-    let metrics = nodes[&1]
-        .wait(Some(wait_timeout))
-        .metrics(|m| m.current_leader.is_some(), "a leader is elected")
-        .await
-        .expect("a leader within the timeout");
-    let leader = metrics.current_leader.expect("waited for it");
-    // A new leader takes writes once a quorum has acknowledged it (its lease).
-    nodes[&leader]
-        .wait(Some(wait_timeout))
-        .leader_with_quorum_acked(None, "the leader's lease")
-        .await
-        .expect("a quorum acknowledges the leader");
-
-    let mut last_index = None;
+    let mut leader = await_leader(&nodes, 1, None, wait_timeout).await;
+    let mut last_index = 0;
     for data in ["a", "b", "c"] {
-        let response = nodes[&leader]
-            .client_write(data.to_string())
-            .await
-            .expect("the leader accepts the write");
-        assert_eq!(response.data, data, "the state machine's response comes back");
-        last_index = Some(response.log_id.index);
+        last_index = write(&nodes, &mut leader, data, wait_timeout).await;
     }
-
-    let mut applied = BTreeMap::new();
-    for (id, raft) in &nodes {
-        let m = raft
-            .wait(Some(wait_timeout))
-            .applied_index_at_least(last_index, "the writes are applied")
-            .await
-            .expect("every node applies the writes");
-        assert_eq!(m.current_leader, Some(leader), "node {id} follows the leader");
-        applied.insert(*id, machines[id].0.borrow().applied.clone());
-    }
+    let followed = await_applied(&nodes, last_index, wait_timeout).await;
+    let applied = machines
+        .iter()
+        .map(|(id, sm)| (*id, sm.0.borrow().applied.clone()))
+        .collect();
 
     for raft in nodes.values() {
         raft.shutdown().await.expect("a clean shutdown");
     }
     router.nodes.borrow_mut().clear();
-    Outcome { leader, applied }
+    Outcome {
+        leader,
+        followed,
+        applied,
+    }
 }
 
 fn assert_all_applied(outcome: &Outcome) {

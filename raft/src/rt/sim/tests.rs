@@ -349,3 +349,38 @@ fn instant_arithmetic() {
     assert_eq!(format!("{:?}", t0 + Duration::from_secs(1)), "SimInstant(+1s)");
     let _ = sim;
 }
+
+/// `spawn_blocking` runs its closure at once on the driver's thread: no OS thread escapes the
+/// simulation.
+#[test]
+fn spawn_blocking_runs_inline() {
+    let sim = Sim::new(13);
+    let caller = std::thread::current().id();
+    let ran_on = sim.block_on(async { Rt::spawn_blocking(|| std::thread::current().id()).await });
+    assert_eq!(ran_on.unwrap(), caller);
+    assert_eq!(sim.elapsed(), Duration::ZERO);
+}
+
+/// `run_until_condition` stops at the first idle instant where the condition holds.
+#[test]
+fn run_until_condition_stops_when_it_holds() {
+    let sim = Sim::new(14);
+    let count = Rc::new(RefCell::new(0u32));
+    let c = count.clone();
+    sim.spawn(async move {
+        loop {
+            Rt::sleep(ms(10)).await;
+            *c.borrow_mut() += 1;
+        }
+    });
+    let start = sim.now();
+    assert!(sim.run_until_condition(start + Duration::from_secs(1), || *count.borrow() == 3));
+    assert_eq!(sim.now() - start, ms(30), "stopped at the instant it held");
+    assert!(!sim.run_until_condition(start + ms(100), || *count.borrow() == 100));
+    assert_eq!(
+        sim.now() - start,
+        ms(100),
+        "ran to the deadline when it never held"
+    );
+    assert_eq!(*count.borrow(), 10);
+}
