@@ -22,15 +22,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::{RPCError, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
 use openraft::{AsyncRuntime, Config, Raft, SnapshotPolicy};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::types::Offset;
-use strand_raft::partition::{Applied, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaStore, StoredBatch};
+use strand_raft::partition::{
+    Applied, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaStore, StoredBatch,
+};
 use strand_raft::rt::{Sim, SimRuntime, TaskGroup};
 
 type C = PartitionRaft<SimRuntime>;
@@ -40,6 +45,7 @@ type Vote = <C as openraft::RaftTypeConfig>::Vote;
 type Snapshot = openraft::type_config::alias::SnapshotOf<C, strand_raft::partition::PartitionSnapshot>;
 
 const NODES: u64 = 3;
+const CLIENTS: u64 = 4;
 
 /// One simulated broker: its log survives crashes; its Raft node and tasks do not.
 struct Replica {
@@ -100,7 +106,8 @@ struct Link {
 
 impl Link {
     async fn hop(&self, a: BrokerId, b: BrokerId) -> Result<(), String> {
-        SimRuntime::sleep(self.world.delay()).await;
+        let delay = self.world.delay();
+        SimRuntime::sleep(delay).await;
         if !self.world.link_up(a, b) {
             return Err(format!("{a} cannot reach {b}"));
         }
@@ -112,7 +119,9 @@ impl Link {
 
     async fn target(&self) -> Result<Node, String> {
         self.hop(self.from, self.to).await?;
-        self.world.raft_of(self.to).ok_or_else(|| format!("{} is down", self.to))
+        self.world
+            .raft_of(self.to)
+            .ok_or_else(|| format!("{} is down", self.to))
     }
 }
 
@@ -129,12 +138,19 @@ impl RaftNetworkV2<C> for Link {
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
         let node = self.target().await.map_err(unreachable)?;
-        let resp = node.append_entries(rpc).await.map_err(|e| unreachable(e.to_string()))?;
+        let resp = node
+            .append_entries(rpc)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
         self.hop(self.to, self.from).await.map_err(unreachable)?;
         Ok(resp)
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<C>, _option: RPCOption) -> Result<VoteResponse<C>, RPCError<C>> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<C>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
         let node = self.target().await.map_err(unreachable)?;
         let resp = node.vote(rpc).await.map_err(|e| unreachable(e.to_string()))?;
         self.hop(self.to, self.from).await.map_err(unreachable)?;
@@ -195,16 +211,26 @@ fn config() -> Arc<Config> {
 fn start(world: &Rc<World>, id: BrokerId) {
     let group = world.sim.new_group();
     let log = world.replicas.borrow()[&id].log.clone();
-    let store = Store::open(log).expect("the replica log reopens");
+    let store = world
+        .sim
+        .block_on(Store::open(log))
+        .expect("the replica log reopens");
     let net = Net {
         world: Rc::clone(world),
         from: id,
     };
     let config = Arc::clone(&world.config);
     let s2 = store.clone();
-    let handle = world.sim.spawn_in(group, async move { Raft::new(id, config, net, s2.clone(), s2).await });
+    let handle = world.sim.spawn_in(
+        group,
+        async move { Raft::new(id, config, net, s2.clone(), s2).await },
+    );
     world.sim.run_until_idle();
-    let raft = world.sim.block_on(handle).expect("not killed").expect("Raft starts");
+    let raft = world
+        .sim
+        .block_on(handle)
+        .expect("not killed")
+        .expect("Raft starts");
     let mut replicas = world.replicas.borrow_mut();
     let r = replicas.get_mut(&id).expect("known node");
     r.group = group;
@@ -241,11 +267,13 @@ fn produced_part(b: &[u8]) -> (&[u8], &[u8]) {
     (&b[8..12], &b[16..])
 }
 
-/// A client that keeps writing to whichever node leads.
-async fn client(world: Rc<World>) {
-    let mut n = 0u64;
+/// A client that keeps writing to whichever node leads, one write at a time; several run at
+/// once, so writes from different clients are in flight together.
+async fn client(world: Rc<World>, id: u64) {
+    let mut n = id << 32;
     loop {
-        SimRuntime::sleep(Duration::from_millis(world.rng.borrow_mut().gen_range(1..15))).await;
+        let pause = Duration::from_millis(world.rng.borrow_mut().gen_range(1..15));
+        SimRuntime::sleep(pause).await;
         let leader = {
             let ids: Vec<BrokerId> = world.replicas.borrow().keys().copied().collect();
             let mut found = None;
@@ -266,13 +294,25 @@ async fn client(world: Rc<World>) {
         let write = leader.client_write(KafkaBatch(bytes.clone()));
         match SimRuntime::timeout(Duration::from_secs(2), write).await {
             Ok(Ok(resp)) => match resp.data {
-                Applied::Batch { base_offset } => world.acked.borrow_mut().push(Acked { base_offset, batch: bytes }),
+                Applied::Batch { base_offset } => world.acked.borrow_mut().push(Acked {
+                    base_offset,
+                    batch: bytes,
+                }),
                 Applied::Internal => panic!("a batch was answered as an internal entry"),
             },
             _ => *world.unanswered.borrow_mut() += 1,
         }
     }
 }
+
+/// A replica as the checks see it: its id, what it holds, what survives a crash of it, and its
+/// high watermark (-1 while it is down).
+type View = (
+    BrokerId,
+    BTreeMap<i64, StoredBatch>,
+    BTreeMap<i64, StoredBatch>,
+    Offset,
+);
 
 fn batches_by_offset(bs: Vec<StoredBatch>) -> BTreeMap<i64, StoredBatch> {
     bs.into_iter().map(|b| (b.base_offset.0, b)).collect()
@@ -282,11 +322,16 @@ fn batches_by_offset(bs: Vec<StoredBatch>) -> BTreeMap<i64, StoredBatch> {
 fn check(world: &World, seed: u64, when: &str) {
     let replicas = world.replicas.borrow();
     // What each replica holds (live, or what survives for a crashed one) and its high watermark.
-    let views: Vec<(BrokerId, BTreeMap<i64, StoredBatch>, BTreeMap<i64, StoredBatch>, Offset)> = replicas
+    let views: Vec<View> = replicas
         .iter()
         .map(|(id, r)| {
             let hw = r.store.as_ref().map_or(Offset(-1), |s| s.high_watermark());
-            (*id, batches_by_offset(r.log.batches()), batches_by_offset(r.log.durable_batches()), hw)
+            (
+                *id,
+                batches_by_offset(r.log.batches()),
+                batches_by_offset(r.log.durable_batches()),
+                hw,
+            )
         })
         .collect();
     for (id, live, _, hw) in &views {
@@ -294,13 +339,19 @@ fn check(world: &World, seed: u64, when: &str) {
         let mut next: Option<i64> = None;
         for (o, b) in live {
             if let Some(n) = next {
-                assert_eq!(*o, n, "seed {seed} {when}: node {id} has a gap or overlap at offset {o}");
+                assert_eq!(
+                    *o, n,
+                    "seed {seed} {when}: node {id} has a gap or overlap at offset {o}"
+                );
             }
             let header = strand_protocol::batch::BatchHeader::parse(&b.bytes).expect("stored batches parse");
             next = Some(o + header.offset_count());
         }
         if hw.0 >= 0 {
-            assert!(next.unwrap_or(0) >= hw.0, "seed {seed} {when}: node {id}'s high watermark {hw:?} is past its log end");
+            assert!(
+                next.unwrap_or(0) >= hw.0,
+                "seed {seed} {when}: node {id}'s high watermark {hw:?} is past its log end"
+            );
         }
     }
     // Replicas agree below both high watermarks.
@@ -312,9 +363,14 @@ fn check(world: &World, seed: u64, when: &str) {
             let below = ha.0.min(hb.0);
             for (o, ba) in la.range(..below) {
                 let Some(bb) = lb.get(o) else {
-                    panic!("seed {seed} {when}: offset {o} below both high watermarks is on {a} but not on {b}");
+                    panic!(
+                        "seed {seed} {when}: offset {o} below both high watermarks is on {a} but not on {b}"
+                    );
                 };
-                assert_eq!(ba.bytes, bb.bytes, "seed {seed} {when}: nodes {a} and {b} differ at offset {o}");
+                assert_eq!(
+                    ba.bytes, bb.bytes,
+                    "seed {seed} {when}: nodes {a} and {b} differ at offset {o}"
+                );
             }
         }
     }
@@ -324,7 +380,8 @@ fn check(world: &World, seed: u64, when: &str) {
         let mut durable_on = 0;
         for (id, live, durable, hw) in &views {
             let matches = |m: &BTreeMap<i64, StoredBatch>| {
-                m.get(&o).is_some_and(|b| produced_part(&b.bytes) == produced_part(&acked.batch))
+                m.get(&o)
+                    .is_some_and(|b| produced_part(&b.bytes) == produced_part(&acked.batch))
             };
             if matches(durable) {
                 durable_on += 1;
@@ -377,9 +434,14 @@ fn run_seed(seed: u64, secs: u64) {
         let members: BTreeSet<BrokerId> = (1..=NODES).map(BrokerId).collect();
         let first = world.raft_of(BrokerId(1)).expect("node 1 is up");
         let init = sim.spawn(async move { first.initialize(members).await });
-        sim.block_on(init).expect("not killed").expect("the group initializes");
+        sim.block_on(init)
+            .expect("not killed")
+            .expect("the group initializes");
     });
-    sim.spawn(client(Rc::clone(&world)));
+    let clients = sim.new_group();
+    for id in 0..CLIENTS {
+        sim.spawn_in(clients, client(Rc::clone(&world), id));
+    }
 
     let mut crashes = 0;
     let steps = secs * 5;
@@ -403,7 +465,9 @@ fn run_seed(seed: u64, secs: u64) {
                 crashes += 1;
             }
             8..=29 if !down.is_empty() => start(&world, down[0]),
-            30..=35 if cut.is_empty() => world.replicas.borrow_mut().get_mut(&pick).expect("known").cut_off = true,
+            30..=35 if cut.is_empty() => {
+                world.replicas.borrow_mut().get_mut(&pick).expect("known").cut_off = true
+            }
             36..=50 if !cut.is_empty() => {
                 for id in cut {
                     world.replicas.borrow_mut().get_mut(&id).expect("known").cut_off = false;
@@ -413,10 +477,16 @@ fn run_seed(seed: u64, secs: u64) {
             _ => {}
         });
     }
-    // Heal everything and let the group settle: every replica converges.
+    // Stop writing, heal everything and let the group settle: every replica converges.
+    sim.kill_group(clients);
     sim.enter(|| {
-        let down: Vec<BrokerId> =
-            world.replicas.borrow().iter().filter(|(_, r)| r.raft.is_none()).map(|(i, _)| *i).collect();
+        let down: Vec<BrokerId> = world
+            .replicas
+            .borrow()
+            .iter()
+            .filter(|(_, r)| r.raft.is_none())
+            .map(|(i, _)| *i)
+            .collect();
         for id in down {
             start(&world, id);
         }
@@ -428,12 +498,46 @@ fn run_seed(seed: u64, secs: u64) {
     sim.run_for(Duration::from_secs(10));
     check(&world, seed, "after healing");
     let replicas = world.replicas.borrow();
-    let hws: Vec<Offset> = replicas.values().map(|r| r.store.as_ref().expect("all up").high_watermark()).collect();
+    let states: Vec<String> = replicas
+        .iter()
+        .map(|(id, r)| {
+            let m = r
+                .raft
+                .as_ref()
+                .expect("all up")
+                .metrics()
+                .borrow_watched()
+                .clone();
+            let store = r.store.as_ref().expect("all up");
+            format!(
+                "node {id}: {:?}, last log {:?}, applied {:?}, purged {:?}, high watermark {}, log end {}",
+                m.state,
+                m.last_log_index,
+                m.last_applied.map(|l| l.index),
+                m.purged.map(|l| l.index),
+                store.high_watermark().0,
+                store.log_end_offset().0
+            )
+        })
+        .collect();
+    let hws: Vec<Offset> = replicas
+        .values()
+        .map(|r| r.store.as_ref().expect("all up").high_watermark())
+        .collect();
     let logs: Vec<Vec<StoredBatch>> = replicas.values().map(|r| r.log.batches()).collect();
     let acked = world.acked.borrow();
-    assert!(hws.windows(2).all(|w| w[0] == w[1]), "seed {seed}: high watermarks differ after healing: {hws:?}");
-    assert!(logs.windows(2).all(|w| w[0] == w[1]), "seed {seed}: logs differ after healing");
-    assert!(!acked.is_empty(), "seed {seed}: no write was acknowledged in {secs} simulated seconds");
+    assert!(
+        hws.windows(2).all(|w| w[0] == w[1]),
+        "seed {seed}: high watermarks differ after healing: {states:#?}"
+    );
+    assert!(
+        logs.windows(2).all(|w| w[0] == w[1]),
+        "seed {seed}: logs differ after healing"
+    );
+    assert!(
+        !acked.is_empty(),
+        "seed {seed}: no write was acknowledged in {secs} simulated seconds"
+    );
     eprintln!(
         "seed {seed}: {} acknowledged, {} unanswered, {crashes} crashes, high watermark {}",
         acked.len(),

@@ -27,7 +27,11 @@ use crate::Term;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
     /// A record batch: Kafka offsets `base_offset .. base_offset + offset_count`.
-    Data { term: Term, base_offset: Offset, offset_count: u32 },
+    Data {
+        term: Term,
+        base_offset: Offset,
+        offset_count: u32,
+    },
     /// A Raft-internal entry; the Kafka offset it sits before is `offset_before`.
     Internal { term: Term, offset_before: Offset },
 }
@@ -157,6 +161,11 @@ impl EntryMap {
         self.purged
     }
 
+    /// The index of the first entry held above the purge point.
+    pub fn first_index(&self) -> u64 {
+        self.first_index
+    }
+
     /// The index the next appended entry takes.
     pub fn next_index(&self) -> u64 {
         self.first_index + self.slots.len() as u64
@@ -203,6 +212,7 @@ impl EntryMap {
     /// Records a data entry of `offset_count` offsets at `index`, which must be the next index;
     /// returns the Kafka offset its first record takes.
     pub fn push_data(&mut self, index: u64, term: Term, offset_count: u32) -> Offset {
+        self.start_at(index);
         assert_eq!(index, self.next_index(), "entries are appended in index order");
         assert!(offset_count > 0, "a batch takes at least one offset");
         self.assert_term_grows(term);
@@ -218,6 +228,7 @@ impl EntryMap {
 
     /// Records an internal entry at `index`, which must be the next index.
     pub fn push_internal(&mut self, index: u64, term: Term) {
+        self.start_at(index);
         assert_eq!(index, self.next_index(), "entries are appended in index order");
         self.assert_term_grows(term);
         self.slots.push_back(Slot::Internal {
@@ -226,9 +237,21 @@ impl EntryMap {
         });
     }
 
+    /// A map that has never held an entry starts at the index of its first one (openraft starts
+    /// a group's log at 0; a log whose entries were all truncated starts over wherever the
+    /// leader's next entry is).
+    fn start_at(&mut self, index: u64) {
+        if self.slots.is_empty() && self.purged.is_none() {
+            self.first_index = index;
+        }
+    }
+
     fn assert_term_grows(&self, term: Term) {
         if let Some((last, _)) = self.last() {
-            assert!(term >= last, "terms never go down along a log: {term:?} after {last:?}");
+            assert!(
+                term >= last,
+                "terms never go down along a log: {term:?} after {last:?}"
+            );
         }
     }
 
@@ -241,7 +264,11 @@ impl EntryMap {
             None => 0,
         };
         if let Some(p) = self.purged {
-            assert!(keep > p.index, "truncating committed entries at or below {}", p.index);
+            assert!(
+                keep > p.index,
+                "truncating committed entries at or below {}",
+                p.index
+            );
         }
         let keep_slots = usize::try_from(keep.saturating_sub(self.first_index)).unwrap_or(usize::MAX);
         self.slots.truncate(keep_slots);
@@ -249,21 +276,45 @@ impl EntryMap {
         self.next_offset
     }
 
-    /// Forgets the entries up to and including `index` (which must be held).
-    pub fn purge(&mut self, index: u64) {
+    /// Forgets the entries up to and including `index`, whose term is `term`. Purging past the
+    /// last entry held leaves the map empty, continuing after `index` at the same Kafka offset.
+    pub fn purge(&mut self, index: u64, term: Term) {
         if self.purged.is_some_and(|p| p.index >= index) {
             return;
         }
-        let slot = self.get(index).unwrap_or_else(|| panic!("purging entry {index}, which is not held"));
-        let drop = usize::try_from(index + 1 - self.first_index).unwrap_or(usize::MAX);
+        let point = match self.get(index) {
+            Some(slot) => {
+                assert_eq!(slot.term(), term, "purging entry {index} of another term");
+                PurgePoint {
+                    term,
+                    index,
+                    next_offset: slot.next_offset(),
+                }
+            }
+            None if index < self.first_index => {
+                // Before the first entry held (a log that started after it): nothing to drop.
+                let point = PurgePoint {
+                    term,
+                    index,
+                    next_offset: self.start_offset,
+                };
+                self.purged = Some(point);
+                return;
+            }
+            None => PurgePoint {
+                term,
+                index,
+                next_offset: self.next_offset,
+            },
+        };
+        let drop = usize::try_from(index + 1 - self.first_index)
+            .unwrap_or(usize::MAX)
+            .min(self.slots.len());
         self.slots.drain(..drop);
         self.first_index = index + 1;
-        self.start_offset = slot.next_offset();
-        self.purged = Some(PurgePoint {
-            term: slot.term(),
-            index,
-            next_offset: slot.next_offset(),
-        });
+        self.start_offset = point.next_offset;
+        self.next_offset = self.next_offset.max(point.next_offset);
+        self.purged = Some(point);
     }
 
     /// Replaces everything with a purge point received from the leader (a follower installing
@@ -305,7 +356,11 @@ mod tests {
 
     impl Model {
         fn offset_before(&self, index: usize, start: i64) -> i64 {
-            start + self.entries[..index].iter().filter_map(|(_, c)| c.map(i64::from)).sum::<i64>()
+            start
+                + self.entries[..index]
+                    .iter()
+                    .filter_map(|(_, c)| c.map(i64::from))
+                    .sum::<i64>()
         }
     }
 
@@ -344,7 +399,7 @@ mod tests {
                     Op::Purge { back } => {
                         let upto = model.entries.len().saturating_sub(usize::from(back) + 1);
                         if model.entries.is_empty() || upto < model.purged { continue; }
-                        map.purge(upto as u64);
+                        map.purge(upto as u64, model.entries[upto].0);
                         model.purged = upto + 1;
                     }
                 }
@@ -402,10 +457,16 @@ mod tests {
         assert_eq!(map.next_index(), 3);
         assert_eq!(map.next_offset(), Offset(5));
         // An internal entry right at the end is kept.
-        let (map, dropped) = EntryMap::rebuild(None, Offset(0), [(1, Term(2))], [(Term(1), Offset(0), 2)]).expect("rebuilds");
+        let (map, dropped) =
+            EntryMap::rebuild(None, Offset(0), [(1, Term(2))], [(Term(1), Offset(0), 2)]).expect("rebuilds");
         assert!(dropped.is_empty());
         assert_eq!(map.last(), Some((Term(2), 1)));
-        let err = EntryMap::rebuild(None, Offset(0), [], [(Term(1), Offset(0), 2), (Term(1), Offset(3), 1)]);
+        let err = EntryMap::rebuild(
+            None,
+            Offset(0),
+            [],
+            [(Term(1), Offset(0), 2), (Term(1), Offset(3), 1)],
+        );
         assert!(err.is_err(), "a gap in the offsets is refused: {err:?}");
     }
 
@@ -415,7 +476,7 @@ mod tests {
         let mut map = EntryMap::new(Offset(0));
         map.push_data(0, Term(1), 3);
         map.push_data(1, Term(1), 3);
-        map.purge(1);
+        map.purge(1, Term(1));
         map.truncate_after(Some(0));
     }
 }

@@ -13,7 +13,8 @@ use std::pin::Pin;
 use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
-use openraft::Membership;
+use openraft::vote::leader_id_std::CommittedLeaderId;
+use openraft::{Membership, StoredMembership};
 use strand_protocol::batch::{patch_batch, BatchHeader};
 use strand_protocol::types::Offset;
 
@@ -38,6 +39,14 @@ pub struct StoredVote {
     pub committed: bool,
 }
 
+/// The state a snapshot captures: the last entry it covers, the group's membership as of it,
+/// and the Kafka offset after it. Everything at or below `last` is in the log and committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub last: PurgePoint,
+    pub membership: StoredMembership<CommittedLeaderId<u64>, BrokerId, ()>,
+}
+
 /// A batch as stored: its base offset and term are stamped into its header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBatch {
@@ -56,6 +65,10 @@ pub struct Recovered {
     /// `(term, base offset, offset count)` of every batch from the purge point on.
     pub batches: Vec<(Term, Offset, u32)>,
     pub vote: Option<StoredVote>,
+    pub snapshot: Option<SnapshotRecord>,
+    /// Set while the leader's log was being installed from this offset on: a restart truncates
+    /// the log back to it.
+    pub installing_from: Option<Offset>,
 }
 
 pub type LogFuture<T> = Pin<Box<dyn Future<Output = io::Result<T>>>>;
@@ -89,13 +102,26 @@ pub trait ReplicaLog: 'static {
     /// The internal entry recorded at `index`.
     fn internal_entry(&self, index: u64) -> Option<InternalEntry>;
 
-    /// Drops the batches at or after `offset` and the internal entries after `after_index`.
-    fn truncate(&self, offset: Offset, after_index: Option<u64>) -> LogFuture<()>;
+    /// Drops the batches at or after `offset` and the internal entries after `keep_internal`
+    /// (all of them for `None`).
+    fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()>;
 
     /// Forgets internal entries at or below the purge point and remembers the point.
     fn save_purge_point(&self, purged: PurgePoint);
 
     fn save_vote(&self, vote: StoredVote) -> LogFuture<()>;
+
+    /// Records the latest snapshot durably: a restart starts the state machine from it.
+    fn save_snapshot(&self, snapshot: SnapshotRecord) -> LogFuture<()>;
+
+    /// Records durably that the leader's log is about to be written from `from` on (after a
+    /// truncation to `from`). Until [`ReplicaLog::finish_install`], a restart truncates the log
+    /// back to `from`: a half-installed log must not be taken for entries of this replica's own.
+    fn begin_install(&self, from: Offset) -> LogFuture<()>;
+
+    /// Atomically and durably: the snapshot record, the purge point at its last entry, internal
+    /// entries at or below it forgotten, and the install marker cleared.
+    fn finish_install(&self, snapshot: SnapshotRecord) -> LogFuture<()>;
 
     fn vote(&self) -> Option<StoredVote>;
 
@@ -113,7 +139,6 @@ struct MemState {
     purged: Option<PurgePoint>,
 }
 
-
 struct MemInner {
     /// What a reader sees: durable state plus staged appends.
     live: MemState,
@@ -121,6 +146,8 @@ struct MemInner {
     durable: MemState,
     staged: Vec<StoredBatch>,
     vote: Option<StoredVote>,
+    snapshot: Option<SnapshotRecord>,
+    installing_from: Option<Offset>,
     start_offset: Offset,
     flush_delay: Option<FlushDelay>,
 }
@@ -139,6 +166,8 @@ impl MemReplicaLog {
                 durable: MemState::default(),
                 staged: Vec::new(),
                 vote: None,
+                snapshot: None,
+                installing_from: None,
                 start_offset,
                 flush_delay: None,
             })),
@@ -179,8 +208,10 @@ fn stamp(base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<Bytes> {
 }
 
 fn offset_count(bytes: &[u8]) -> io::Result<u32> {
-    let header = BatchHeader::parse(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
-    u32::try_from(header.offset_count()).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad offset count"))
+    let header = BatchHeader::parse(bytes)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
+    u32::try_from(header.offset_count())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad offset count"))
 }
 
 impl ReplicaLog for MemReplicaLog {
@@ -238,13 +269,24 @@ impl ReplicaLog for MemReplicaLog {
     fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch> {
         let found = self.inner.borrow().live.batches.get(&base_offset.0).cloned();
         Box::pin(async move {
-            found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no batch at offset {}", base_offset.0)))
+            found.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no batch at offset {}", base_offset.0),
+                )
+            })
         })
     }
 
     fn read_batches(&self, from: Offset, to: Offset) -> LogFuture<Vec<StoredBatch>> {
         let found: Vec<StoredBatch> = if from < to {
-            self.inner.borrow().live.batches.range(from.0..to.0).map(|(_, b)| b.clone()).collect()
+            self.inner
+                .borrow()
+                .live
+                .batches
+                .range(from.0..to.0)
+                .map(|(_, b)| b.clone())
+                .collect()
         } else {
             Vec::new()
         };
@@ -255,9 +297,9 @@ impl ReplicaLog for MemReplicaLog {
         self.inner.borrow().live.internal.get(&index).cloned()
     }
 
-    fn truncate(&self, offset: Offset, after_index: Option<u64>) -> LogFuture<()> {
+    fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()> {
         let mut inner = self.inner.borrow_mut();
-        let keep_index = after_index.map_or(0, |i| i + 1);
+        let keep_index = keep_internal.map_or(0, |i| i.saturating_add(1));
         let inner = &mut *inner;
         for state in [&mut inner.live, &mut inner.durable] {
             state.batches.retain(|o, _| *o < offset.0);
@@ -285,6 +327,29 @@ impl ReplicaLog for MemReplicaLog {
         self.inner.borrow().vote
     }
 
+    fn save_snapshot(&self, snapshot: SnapshotRecord) -> LogFuture<()> {
+        self.inner.borrow_mut().snapshot = Some(snapshot);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn begin_install(&self, from: Offset) -> LogFuture<()> {
+        self.inner.borrow_mut().installing_from = Some(from);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn finish_install(&self, snapshot: SnapshotRecord) -> LogFuture<()> {
+        let mut inner = self.inner.borrow_mut();
+        let point = snapshot.last;
+        let inner = &mut *inner;
+        for state in [&mut inner.live, &mut inner.durable] {
+            state.internal.retain(|i, _| *i > point.index);
+            state.purged = Some(point);
+        }
+        inner.snapshot = Some(snapshot);
+        inner.installing_from = None;
+        Box::pin(async { Ok(()) })
+    }
+
     fn recover(&self) -> io::Result<Recovered> {
         let inner = self.inner.borrow();
         let mut batches = Vec::with_capacity(inner.live.batches.len());
@@ -297,6 +362,8 @@ impl ReplicaLog for MemReplicaLog {
             internal: inner.live.internal.values().map(|e| (e.index, e.term)).collect(),
             batches,
             vote: inner.vote,
+            snapshot: inner.snapshot.clone(),
+            installing_from: inner.installing_from,
         })
     }
 }

@@ -26,14 +26,14 @@ use std::rc::Rc;
 use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
-    AsyncRuntime, EntryPayload, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
-    StoredMembership,
+    AsyncRuntime, EntryPayload, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot,
+    SnapshotMeta, StoredMembership,
 };
 use strand_protocol::batch::BatchHeader;
 use strand_protocol::types::Offset;
 
 use super::entry_map::{EntryMap, PurgePoint, Slot};
-use super::replica_log::{InternalEntry, ReplicaLog, StoredBatch, StoredVote};
+use super::replica_log::{InternalEntry, ReplicaLog, SnapshotRecord, StoredBatch, StoredVote};
 use super::types::{Applied, BrokerId, KafkaBatch, PartitionLogId, PartitionRaft};
 use crate::Term;
 
@@ -97,25 +97,63 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
     /// The state machine starts at the purge point (everything at or below it was applied
     /// before); openraft re-applies committed entries above it, which only moves the high
     /// watermark again.
-    pub fn open(log: L) -> io::Result<Self> {
-        let rec = log.recover()?;
-        let (map, dropped) = EntryMap::rebuild(rec.purged, rec.start_offset, rec.internal, rec.batches).map_err(bad_data)?;
+    pub async fn open(log: L) -> io::Result<Self> {
+        let mut rec = log.recover()?;
+        if let Some(from) = rec.installing_from {
+            // A crash while the leader's log was being written: drop what was written of it.
+            tracing::info!(
+                offset = from.0,
+                "an interrupted install of the leader's log is rolled back"
+            );
+            // Internal entries above the replica's own applied entries were dropped when the
+            // install began; those left are its own.
+            let keep_internal = rec.internal.last().map(|(i, _)| *i);
+            log.truncate(from, keep_internal).await?;
+            rec = log.recover()?;
+            rec.installing_from = None;
+        }
+        let (map, dropped) =
+            EntryMap::rebuild(rec.purged, rec.start_offset, rec.internal, rec.batches).map_err(bad_data)?;
         if !dropped.is_empty() {
-            tracing::info!(?dropped, "internal entries past the recovered log's end forgotten");
+            tracing::info!(
+                ?dropped,
+                "internal entries past the recovered log's end forgotten"
+            );
             log.forget_internal(&dropped);
         }
-        let (applied, high_watermark) = match map.purged() {
-            Some(p) => (Some(log_id(p.term, p.index)), p.next_offset),
-            None => (None, rec.start_offset),
+        // The state machine starts from the last snapshot; openraft re-applies what the log
+        // holds above it (which only moves the high watermark again).
+        let (applied, membership, high_watermark, snapshot) = match rec.snapshot {
+            Some(s) => {
+                if map.purged().is_some_and(|p| p.index > s.last.index) {
+                    return Err(bad_data("the log was purged beyond its last snapshot"));
+                }
+                let meta = Meta {
+                    last_log_id: Some(log_id(s.last.term, s.last.index)),
+                    last_membership: s.membership.clone(),
+                };
+                (
+                    Some(log_id(s.last.term, s.last.index)),
+                    s.membership,
+                    s.last.next_offset,
+                    Some((meta, s.last.next_offset)),
+                )
+            }
+            None => {
+                if map.purged().is_some() {
+                    return Err(bad_data("the log was purged without a snapshot"));
+                }
+                (None, Stored::default(), rec.start_offset, None)
+            }
         };
         Ok(ReplicaStore {
             inner: Rc::new(RefCell::new(Replica {
                 log,
                 map,
                 applied,
-                membership: Stored::default(),
+                membership,
                 high_watermark,
-                snapshot: None,
+                snapshot,
             })),
             _rt: PhantomData,
         })
@@ -143,6 +181,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
 
     async fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry<Rt>>> {
         let mut out = Vec::new();
+        let start = start.max(self.inner.borrow().map.first_index());
         for index in start..end {
             let (slot, internal, read) = {
                 let inner = self.inner.borrow();
@@ -284,7 +323,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
 
     async fn purge(&mut self, upto: PartitionLogId) -> Result<(), io::Error> {
         let mut inner = self.inner.borrow_mut();
-        inner.map.purge(upto.index);
+        inner.map.purge(upto.index, term_of(&upto));
         if let Some(p) = inner.map.purged() {
             inner.log.save_purge_point(p);
         }
@@ -296,13 +335,29 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftSnapshotBuilder<C<Rt>> for ReplicaStor
     type SnapshotData = PartitionSnapshot;
 
     async fn build_snapshot(&mut self) -> Result<Snap, io::Error> {
-        let mut inner = self.inner.borrow_mut();
-        let meta = Meta {
-            last_log_id: inner.applied,
-            last_membership: inner.membership.clone(),
+        let (meta, next_offset, saved) = {
+            let inner = self.inner.borrow();
+            let meta = Meta {
+                last_log_id: inner.applied,
+                last_membership: inner.membership.clone(),
+            };
+            let next_offset = inner.high_watermark;
+            let saved = inner.applied.map(|last| {
+                inner.log.save_snapshot(SnapshotRecord {
+                    last: PurgePoint {
+                        term: term_of(&last),
+                        index: last.index,
+                        next_offset,
+                    },
+                    membership: inner.membership.clone(),
+                })
+            });
+            (meta, next_offset, saved)
         };
-        let next_offset = inner.high_watermark;
-        inner.snapshot = Some((meta.clone(), next_offset));
+        if let Some(saved) = saved {
+            saved.await?;
+        }
+        self.inner.borrow_mut().snapshot = Some((meta.clone(), next_offset));
         Ok(Snapshot {
             meta,
             snapshot: PartitionSnapshot {
@@ -343,7 +398,11 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                             inner.high_watermark = next;
                             Applied::Batch { base_offset }
                         }
-                        other => return Err(bad_data(format!("applying entry {index}: the map holds {other:?}"))),
+                        other => {
+                            return Err(bad_data(format!(
+                                "applying entry {index}: the map holds {other:?}"
+                            )))
+                        }
                     },
                     EntryPayload::Blank => Applied::Internal,
                     EntryPayload::Membership(m) => {
@@ -367,38 +426,70 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
         let Some(last) = meta.last_log_id else {
             return Err(bad_data("a snapshot without a last log id"));
         };
-        let (have_it, from) = {
-            let inner = self.inner.borrow();
-            let have = inner.map.get(last.index).is_some_and(|s| s.term() == term_of(&last))
-                || inner.map.purged().is_some_and(|p| p.index >= last.index);
-            (have, inner.map.next_offset())
+        let point = PurgePoint {
+            term: term_of(&last),
+            index: last.index,
+            next_offset: snapshot.next_offset,
         };
-        if !have_it {
-            // Behind the leader: write the batches this log lacks, then forget the entries the
-            // snapshot covers.
-            for b in snapshot.batches.iter().filter(|b| b.base_offset >= from && b.base_offset < snapshot.next_offset) {
+        let record = SnapshotRecord {
+            last: point,
+            membership: meta.last_membership.clone(),
+        };
+        let have_it = {
+            let inner = self.inner.borrow();
+            inner.map.get(last.index).is_some_and(|s| s.term() == point.term)
+                || inner.map.purged().is_some_and(|p| p.index >= last.index)
+        };
+        if have_it {
+            // Log matching: every entry up to the snapshot's is the leader's already.
+            let saved = self.inner.borrow().log.save_snapshot(record);
+            saved.await?;
+        } else {
+            // Behind the leader. Only the applied entries are known to be the leader's (they are
+            // committed); what follows may be a deposed leader's and is replaced by the leader's
+            // log from the high watermark on. openraft truncates only a conflict at the
+            // snapshot's own index, so this replica does the rest.
+            let (begin, from) = {
+                let inner = self.inner.borrow();
+                (
+                    inner.log.begin_install(inner.high_watermark),
+                    inner.high_watermark,
+                )
+            };
+            begin.await?;
+            let truncate = {
+                let mut inner = self.inner.borrow_mut();
+                let applied = inner.applied.map(|l| l.index);
+                let offset = inner.map.truncate_after(applied);
+                assert_eq!(
+                    offset, from,
+                    "the high watermark is where the applied entries end"
+                );
+                inner.log.truncate(offset, applied)
+            };
+            truncate.await?;
+            for b in snapshot
+                .batches
+                .iter()
+                .filter(|b| b.base_offset >= from && b.base_offset < point.next_offset)
+            {
                 let inner = self.inner.borrow();
                 inner.log.append_batch(b.base_offset, b.term, &b.bytes)?;
             }
             let flush = self.inner.borrow().log.flush();
             flush.await?;
-            let purged = PurgePoint {
-                term: term_of(&last),
-                index: last.index,
-                next_offset: snapshot.next_offset,
+            let finish = {
+                let mut inner = self.inner.borrow_mut();
+                inner.map.reset_to(point);
+                inner.log.finish_install(record)
             };
-            let mut inner = self.inner.borrow_mut();
-            if inner.map.next_offset() > from {
-                return Err(bad_data("the log grew while a snapshot was installed"));
-            }
-            inner.map.reset_to(purged);
-            inner.log.save_purge_point(purged);
+            finish.await?;
         }
         let mut inner = self.inner.borrow_mut();
         inner.applied = Some(last);
         inner.membership = meta.last_membership.clone();
-        inner.high_watermark = inner.high_watermark.max(snapshot.next_offset);
-        inner.snapshot = Some((meta.clone(), snapshot.next_offset));
+        inner.high_watermark = inner.high_watermark.max(point.next_offset);
+        inner.snapshot = Some((meta.clone(), point.next_offset));
         Ok(())
     }
 
@@ -416,5 +507,55 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
             meta,
             snapshot: PartitionSnapshot { next_offset, batches },
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::testing::log::{StoreBuilder, Suite};
+    use openraft::StorageError;
+
+    use super::*;
+    use crate::partition::MemReplicaLog;
+    use crate::rt::{Sim, SimRuntime};
+
+    struct Builder;
+
+    impl
+        StoreBuilder<
+            C<SimRuntime>,
+            ReplicaStore<SimRuntime, MemReplicaLog>,
+            ReplicaStore<SimRuntime, MemReplicaLog>,
+        > for Builder
+    {
+        async fn build(
+            &self,
+        ) -> Result<
+            (
+                (),
+                ReplicaStore<SimRuntime, MemReplicaLog>,
+                ReplicaStore<SimRuntime, MemReplicaLog>,
+            ),
+            StorageError<C<SimRuntime>>,
+        > {
+            let store = ReplicaStore::open(MemReplicaLog::new(Offset(0)))
+                .await
+                .map_err(|e| {
+                    StorageError::read(
+                        <C<SimRuntime> as openraft::type_config::TypeConfigExt>::err_from_error(&e),
+                    )
+                })?;
+            Ok(((), store.clone(), store))
+        }
+    }
+
+    /// openraft's own storage conformance suite (votes, log states, membership from log and
+    /// state machine, truncation, purging, reads), on internal entries: it cannot build
+    /// application data, which the replication simulation covers.
+    #[test]
+    fn passes_openraft_storage_suite() {
+        let sim = Sim::new(1);
+        sim.block_on(async { Suite::test_all(Builder).await })
+            .expect("the storage suite passes");
     }
 }
