@@ -12,7 +12,7 @@
 //!
 //! At the end it heals everything and checks that all replicas converge to the same log.
 //!
-//! `STRAND_SIM_RAFT_SEEDS=N` runs seeds `0..N` (default 24); `STRAND_SIM_RAFT_SEED=S` replays
+//! `STRAND_SIM_RAFT_SEEDS=N` runs seeds `0..N` (default 16); `STRAND_SIM_RAFT_SEED=S` replays
 //! one seed; `STRAND_SIM_RAFT_SECS` sets the simulated seconds per seed (default 20).
 
 use std::cell::RefCell;
@@ -557,7 +557,7 @@ fn replicas_never_lose_acknowledged_batches_and_agree_below_the_high_watermark()
         run_seed(seed, secs);
         return;
     }
-    for seed in 0..env_u64("STRAND_SIM_RAFT_SEEDS").unwrap_or(24) {
+    for seed in 0..env_u64("STRAND_SIM_RAFT_SEEDS").unwrap_or(16) {
         run_seed(seed, secs);
     }
 }
