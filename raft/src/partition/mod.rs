@@ -5,10 +5,13 @@
 //! - [`entry_map`]: offset translation between Raft indexes and Kafka offsets.
 //! - [`replica_log`]: what the group needs from the log underneath, and an in-memory log that
 //!   loses unflushed writes on a simulated crash.
+//! - [`side_state`]: the replica's Raft state beside its log (vote, snapshot record, purge
+//!   point, install marker, internal entries), one small file written atomically.
 //! - [`store`]: openraft's log storage and state machine over them.
 
 pub mod entry_map;
 pub mod replica_log;
+pub mod side_state;
 pub mod store;
 pub mod types;
 
