@@ -13,10 +13,15 @@
 //! order applies (`node.id` over `broker.id`, `log.dirs` over `log.dir`, ms over minutes over
 //! hours).
 //!
-//! Unknown keys warn; keys that only matter to a multi-node KRaft cluster are accepted silently
+//! Unknown keys warn; keys of a Kafka cluster that Strand does not read are accepted silently
 //! (an info note); an invalid value of a known key is an error naming key, value, source and what
 //! is expected. [`load`] takes all inputs explicitly and touches the process only to read the
 //! file and, if an advertised host must be derived, the machine's host name.
+//!
+//! The cluster keys (`process.roles`, `node.id`, `controller.quorum.voters`, ...) make
+//! [`Config::cluster`], a [`ClusterConfig`]: without `process.roles` a standalone node, with it
+//! a node of a KRaft-style cluster, the combination checked as Kafka checks it (module
+//! `cluster`). [`load`] logs it in one line.
 //!
 //! The module also describes configs for DescribeConfigs ([`Config::broker_entries`],
 //! [`TopicConfig::entries`]) and holds per-topic overrides ([`TopicConfig`]) and the effective
