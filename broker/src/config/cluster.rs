@@ -538,6 +538,16 @@ pub(super) fn build(
             .to_string(),
         ));
     };
+    let protocol = controller_protocol(&first_controller_name);
+    if protocol != SecurityProtocol::Plaintext {
+        return Err(r.blame(
+            "listener.security.protocol.map",
+            format!(
+                "controller listener {first_controller_name} uses security protocol {protocol}: SSL/SASL listeners \
+                 are not supported yet (only PLAINTEXT)"
+            ),
+        ));
+    }
     if roles.controller {
         if let Some(missing) = controller_names
             .iter()
@@ -567,16 +577,6 @@ pub(super) fn build(
                 missing_listener(&first_controller_name),
             ));
         };
-        let protocol = controller_protocol(&first_controller_name);
-        if protocol != SecurityProtocol::Plaintext {
-            return Err(r.blame(
-                "listener.security.protocol.map",
-                format!(
-                    "controller listener {first_controller_name} uses security protocol {protocol}: SSL/SASL listeners \
-                     are not supported yet (only PLAINTEXT)"
-                ),
-            ));
-        }
         let clash = resolved
             .listeners
             .iter()
@@ -608,16 +608,6 @@ pub(super) fn build(
                     "process.roles is just broker, so listeners must not hold a controller listener ({}, named in \
                      controller.listener.names): only controllers serve it",
                     c.configured
-                ),
-            ));
-        }
-        let protocol = controller_protocol(&first_controller_name);
-        if protocol != SecurityProtocol::Plaintext {
-            return Err(r.blame(
-                "listener.security.protocol.map",
-                format!(
-                    "controller listener {first_controller_name} uses security protocol {protocol}: SSL/SASL listeners \
-                     are not supported yet (only PLAINTEXT)"
                 ),
             ));
         }

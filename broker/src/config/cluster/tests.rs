@@ -872,6 +872,47 @@ fn refuses_a_controller_listener_that_is_not_plaintext() {
 }
 
 #[test]
+fn refuses_a_broker_only_node_whose_controllers_are_not_plaintext() {
+    let broker = isolated_broker("4", "kafka-1", "29092");
+    let base: Vec<(&str, &str)> = broker.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let msg = refused(
+        &base,
+        &[(
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+            Some("CONTROLLER:SASL_SSL,PLAINTEXT:PLAINTEXT,PLAINTEXT_HOST:PLAINTEXT"),
+        )],
+        "listener.security.protocol.map",
+    );
+    assert!(
+        msg.contains("SASL_SSL") && msg.contains("not supported yet"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_broker_only_node_uses_the_first_controller_listener_name() {
+    let mut broker = isolated_broker("4", "kafka-1", "29092");
+    broker.retain(|(k, _)| k != "KAFKA_CONTROLLER_LISTENER_NAMES");
+    broker.push((
+        "KAFKA_CONTROLLER_LISTENER_NAMES".into(),
+        "CONTROLLER,CONTROLLER2".into(),
+    ));
+    let loaded = load(None, broker, &[]).unwrap();
+    assert_eq!(
+        loaded.config.cluster.controller_listener_name.as_deref(),
+        Some("CONTROLLER")
+    );
+    assert!(
+        loaded
+            .warnings
+            .iter()
+            .any(|w| w.contains("uses only the first, CONTROLLER")),
+        "{:?}",
+        loaded.warnings
+    );
+}
+
+#[test]
 fn refuses_a_controller_listener_sharing_a_port() {
     let msg = refused(
         COMBINED_1,
