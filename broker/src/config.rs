@@ -13,10 +13,15 @@
 //! order applies (`node.id` over `broker.id`, `log.dirs` over `log.dir`, ms over minutes over
 //! hours).
 //!
-//! Unknown keys warn; keys that only matter to a multi-node KRaft cluster are accepted silently
+//! Unknown keys warn; keys of a Kafka cluster that Strand does not read are accepted silently
 //! (an info note); an invalid value of a known key is an error naming key, value, source and what
 //! is expected. [`load`] takes all inputs explicitly and touches the process only to read the
 //! file and, if an advertised host must be derived, the machine's host name.
+//!
+//! The cluster keys (`process.roles`, `node.id`, `controller.quorum.voters`, ...) make
+//! [`Config::cluster`], a [`ClusterConfig`]: without `process.roles` a standalone node, with it
+//! a node of a KRaft-style cluster, the combination checked as Kafka checks it (module
+//! `cluster`). [`load`] logs it in one line.
 //!
 //! The module also describes configs for DescribeConfigs ([`Config::broker_entries`],
 //! [`TopicConfig::entries`]) and holds per-topic overrides ([`TopicConfig`]) and the effective
@@ -27,6 +32,7 @@
 //! `docs/configuration.md` is generated from them ([`configuration_markdown`]); a test fails when
 //! the two differ.
 
+mod cluster;
 mod doc;
 mod entry;
 mod env;
@@ -35,6 +41,7 @@ mod listeners;
 mod properties;
 mod topic;
 
+pub use cluster::{ClusterConfig, ClusterId, ControllerListener, InterBrokerListener, ProcessRoles, Quorum};
 pub use doc::configuration_markdown;
 pub use entry::{ConfigEntry, ConfigSource, ConfigType, Unit};
 pub use group::{
@@ -163,11 +170,15 @@ pub struct Config {
     /// `cluster.id`.
     pub cluster_id: String,
     /// Kafka client listeners from `listeners`/`advertised.listeners` (controller listeners
-    /// excluded). Never empty; every one is PLAINTEXT.
+    /// excluded). Empty only on a controller-only node (`process.roles=controller`); every one
+    /// is PLAINTEXT.
     pub listeners: Vec<Listener>,
-    /// Listeners named in `controller.listener.names`, as `NAME://host:port`. Not served;
-    /// recorded for information.
+    /// Listeners named in `controller.listener.names`, as configured (`NAME://host:port`).
+    /// Not served: [`ClusterConfig::controller_listener`] is the one a controller uses.
     pub controller_listeners: Vec<String>,
+    /// The cluster this node belongs to: `process.roles`, `node.id`, the controller quorum,
+    /// the controller and inter-broker listeners, `cluster.id` and the replication settings.
+    pub cluster: ClusterConfig,
     /// `log.dirs` (alias `log.dir`): the single data directory.
     pub log_dir: PathBuf,
     /// `num.partitions`: partitions of auto-created topics and of CreateTopics with -1.
@@ -363,7 +374,32 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("listener.security.protocol.map", Str, Text(listeners::DEFAULT_PROTOCOL_MAP), Unit::None,
         "Security protocol of each listener name, NAME:PROTOCOL, comma-separated."),
     key("controller.listener.names", Str, Null, Unit::None,
-        "Listener names of a KRaft controller: accepted and not served (Strand runs no controller)."),
+        "Listener names of the controller quorum, comma-separated; the first is the one used. With the controller role its listener must be in listeners; a broker-only node must not have it in listeners. Checked, not served yet: the quorum does not run over the network yet."),
+    key("process.roles", Str, Null, Unit::None,
+        "broker, controller or broker,controller, as in a KRaft cluster. Unset: a standalone node, a broker and the only voter of its own controller quorum. Set: node.id and controller.quorum.voters (or controller.quorum.bootstrap.servers) are required, so is cluster.id unless the node is the only voter, and the listener settings are checked as Kafka checks them. Checked and logged at start-up; the node still runs standalone: forming a cluster is not built yet."),
+    key("controller.quorum.voters", Str, Null, Unit::None,
+        "The controller quorum: {id}@{host}:{port}, comma-separated, each voter's node id and the address of its controller listener. A node with the controller role must be one of them; a broker-only node must not. Checked, not used yet."),
+    key("controller.quorum.bootstrap.servers", Str, Null, Unit::None,
+        "Controllers to learn the quorum from, {host}:{port}, comma-separated, when controller.quorum.voters is not given. Checked, not used yet."),
+    key("inter.broker.listener.name", Str, Null, Unit::None,
+        "The client listener other brokers reach this one on (its advertised address); one of listeners. Defaults to the listener named after security.inter.broker.protocol. Checked, not used yet."),
+    key("security.inter.broker.protocol", Str, Text("PLAINTEXT"), Unit::None,
+        "Names the inter-broker listener when inter.broker.listener.name is not set (only one of the two may be set)."),
+    key("broker.rack", Str, Null, Unit::None, "The rack (or zone) of this node. Not used yet."),
+    key("replica.lag.time.max.ms", Long, Text("30000"), Ms,
+        "A follower that has not caught up with its leader's log end for this long leaves the in-sync replicas. Lower it to drop slow followers sooner, so acks=all waits less on them; raise it on a network with long pauses, so followers are not dropped and re-added. Not used yet: partitions are not replicated yet."),
+    key("default.replication.factor", Int, Text("1"), Count("replicas"),
+        "Replicas of auto-created topics and of CreateTopics asking for -1. Set 3 on a three-node cluster so a topic survives the loss of a node. Not used yet: partitions are not replicated yet."),
+    key("min.insync.replicas", Int, Text("1"), Count("replicas"),
+        "The default of the topic config min.insync.replicas: in-sync replicas an acks=all produce needs. With replication factor 3, 2 keeps writes safe while one node is down. Not enforced yet: partitions are not replicated yet."),
+    key("broker.session.timeout.ms", Int, Text("9000"), Ms,
+        "A broker whose heartbeats to the controller quorum stop for this long is fenced. Lower it for faster fail-over, at the risk of fencing a broker that only paused. Not used yet."),
+    key("broker.heartbeat.interval.ms", Int, Text("2000"), Ms,
+        "How often a broker heartbeats to the controller quorum; well below broker.session.timeout.ms. Not used yet."),
+    key("controller.quorum.election.timeout.ms", Int, Text("1000"), Ms,
+        "How long a controller voter waits without hearing from a leader before it starts an election. Lower it for faster fail-over of the controller, raise it on a slow network to avoid needless elections. Not used yet."),
+    key("controller.quorum.fetch.timeout.ms", Int, Text("2000"), Ms,
+        "How long a controller voter goes without a successful fetch from the leader before it becomes a candidate; a leader that hears from no majority for this long resigns. Not used yet."),
     key("log.dirs", Str, Text("./strand-data"), Unit::None, "The data directory (exactly one)."),
     key("log.dir", Str, Mirror("log.dirs"), Unit::None, "Alias of log.dirs."),
     key("num.partitions", Int, Text("1"), Count("partitions"),
@@ -455,11 +491,6 @@ static BROKER_KEYS: &[BrokerKey] = &[
 /// Keys of KRaft/compose configs that do not apply to a single Strand node: accepted, no effect.
 /// Extend here. (`confluent.*` keys are accepted too.)
 const IGNORED_KEYS: &[&str] = &[
-    "process.roles",
-    "controller.quorum.voters",
-    "controller.quorum.bootstrap.servers",
-    "inter.broker.listener.name",
-    "security.inter.broker.protocol",
     "offsets.topic.replication.factor",
     "transactional.id.expiration.ms",
     "transaction.max.timeout.ms",
@@ -473,9 +504,6 @@ const IGNORED_KEYS: &[&str] = &[
     "log.flush.interval.messages",
     "log.flush.interval.ms",
     "zookeeper.connect",
-    "broker.rack",
-    "min.insync.replicas",
-    "default.replication.factor",
     "unclean.leader.election.enable",
     "delete.topic.enable",
     "metadata.log.dir",
@@ -556,6 +584,7 @@ pub fn load(
     for note in &loaded.notes {
         tracing::info!("{note}");
     }
+    tracing::info!("{}", loaded.config.cluster);
     Ok(loaded)
 }
 
@@ -653,10 +682,12 @@ fn load_quietly(
             explicit: BTreeMap::new(),
         },
         &mut hostname,
+        &mut warnings,
+        &mut notes,
     )?;
     for controller in &config.controller_listeners {
         notes.push(format!(
-            "controller listener {controller} is not served (Strand runs no KRaft controller)"
+            "controller listener {controller} is not served yet (the controller quorum does not run over the network yet)"
         ));
     }
     Ok(Loaded {
@@ -928,7 +959,12 @@ impl Resolver {
     }
 }
 
-fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config, ConfigError> {
+fn build(
+    mut r: Resolver,
+    hostname: &mut dyn FnMut() -> String,
+    warnings: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<Config, ConfigError> {
     let node_id = NodeId(r.int("node.id", 0, I32_MAX)?);
     let cluster_id = r.required("cluster.id", |s| {
         if s.is_empty() || s.len() > MAX_CLUSTER_ID_LEN || s.chars().any(char::is_control) {
@@ -1103,7 +1139,10 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
     }
     let offsets_retention_minutes = r.int("offsets.retention.minutes", 1, I32_MAX)?;
 
-    // Listeners.
+    // Listeners and the cluster.
+    let roles = r
+        .parse("process.roles", |s| Ok((cluster::parse_roles(s)?, s.to_string())))?
+        .flatten();
     let protocol_map = r.required("listener.security.protocol.map", |s| {
         Ok((listeners::parse_protocol_map(s)?, s.to_string()))
     })?;
@@ -1120,7 +1159,8 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
         endpoints,
         advertised,
         &protocol_map,
-        &controller_names.unwrap_or_default(),
+        &controller_names.clone().unwrap_or_default(),
+        roles.is_none_or(|roles| roles.broker),
         hostname,
     )
     .map_err(|(blame, reason)| match blame {
@@ -1144,12 +1184,36 @@ fn build(mut r: Resolver, hostname: &mut dyn FnMut() -> String) -> Result<Config
             return Err(r.blame(key, format!("port {} is already used by {other}", addr.port)));
         }
     }
+    let controller_names = controller_names.unwrap_or_default();
+    let cluster = cluster::build(
+        &mut r,
+        cluster::Inputs {
+            node_id,
+            cluster_id: &cluster_id,
+            roles,
+            protocol_map: &protocol_map,
+            controller_names: &controller_names,
+            listeners: &resolved,
+            other_sockets: [
+                ("strand.http.listener", &http_listener),
+                ("strand.admin.listener", &admin_listener),
+            ],
+        },
+        warnings,
+        notes,
+    )?;
+    let controller_listeners = resolved
+        .controller
+        .iter()
+        .map(|c| c.configured.to_string())
+        .collect();
 
     Ok(Config {
         node_id,
         cluster_id,
         listeners: resolved.listeners,
-        controller_listeners: resolved.controller,
+        controller_listeners,
+        cluster,
         log_dir,
         num_partitions,
         auto_create_topics_enable,

@@ -239,13 +239,26 @@ pub(super) enum Blame {
     Advertised,
 }
 
+/// A listener of `listeners` named in `controller.listener.names`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ControllerEndpoint {
+    /// As configured (`NAME://host:port`, the host possibly empty).
+    pub(super) configured: Endpoint,
+    /// Bind address: an empty host becomes `0.0.0.0`.
+    pub(super) bind: HostPort,
+    /// From `advertised.listeners` if it names this listener, else the bind address; a wildcard
+    /// host becomes `hostname()`.
+    pub(super) advertised: HostPort,
+}
+
 /// The outcome of combining the listener settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Resolved {
     /// Kafka client listeners, in configuration order.
     pub(super) listeners: Vec<Listener>,
-    /// Controller listeners (`NAME://host:port`), recorded for information only.
-    pub(super) controller: Vec<String>,
+    /// Controller listeners, in configuration order: not client listeners; what they are for is
+    /// the cluster configuration's business.
+    pub(super) controller: Vec<ControllerEndpoint>,
 }
 
 /// Combines the listener settings into client listeners.
@@ -253,19 +266,29 @@ pub(super) struct Resolved {
 /// Controller listeners are set aside. Each client listener needs a protocol (from the map, or
 /// its own name if that is a protocol name) and it must be PLAINTEXT. Advertised entries must
 /// name a listener; a listener without one advertises its bind address; a wildcard advertised
-/// host becomes `hostname()`.
+/// host becomes `hostname()`. Without `client_listener_required` (a controller-only node) there
+/// may be no client listener at all.
 pub(super) fn resolve(
     endpoints: Vec<Endpoint>,
     advertised: Option<Vec<Endpoint>>,
     protocol_map: &BTreeMap<String, SecurityProtocol>,
     controller_names: &[String],
+    client_listener_required: bool,
     hostname: &mut dyn FnMut() -> String,
 ) -> Result<Resolved, (Blame, String)> {
     let mut listeners: Vec<Listener> = Vec::new();
     let mut controller = Vec::new();
     for ep in endpoints {
         if controller_names.contains(&ep.name) {
-            controller.push(ep.to_string());
+            let mut bind = ep.addr.clone();
+            if bind.host.is_empty() {
+                bind.host = "0.0.0.0".to_string();
+            }
+            controller.push(ControllerEndpoint {
+                advertised: bind.clone(),
+                bind,
+                configured: ep,
+            });
             continue;
         }
         let protocol = protocol_map
@@ -303,7 +326,7 @@ pub(super) fn resolve(
             bind,
         });
     }
-    if listeners.is_empty() {
+    if listeners.is_empty() && client_listener_required {
         return Err((
             Blame::Listeners,
             "no Kafka client listener: every listener is named in controller.listener.names".to_string(),
@@ -325,6 +348,9 @@ pub(super) fn resolve(
     let mut advertised_by_name: BTreeMap<String, HostPort> = BTreeMap::new();
     for ep in advertised.unwrap_or_default() {
         if controller_names.contains(&ep.name) {
+            if let Some(c) = controller.iter_mut().find(|c| c.configured.name == ep.name) {
+                c.advertised = ep.addr;
+            }
             continue;
         }
         if !listeners.iter().any(|l| l.name == ep.name) {
@@ -345,6 +371,11 @@ pub(super) fn resolve(
         }
         if l.advertised.is_wildcard() {
             l.advertised.host = host_cache.get_or_insert_with(&mut *hostname).clone();
+        }
+    }
+    for c in &mut controller {
+        if c.advertised.is_wildcard() {
+            c.advertised.host = host_cache.get_or_insert_with(&mut *hostname).clone();
         }
     }
     Ok(Resolved {
@@ -384,6 +415,7 @@ mod tests {
             advertised.map(|a| parse_endpoints(a).unwrap()),
             &parse_protocol_map(map).unwrap(),
             &parse_names(controller).unwrap(),
+            true,
             &mut || "myhost".to_string(),
         )
     }
@@ -484,11 +516,27 @@ mod tests {
         .unwrap();
         assert_eq!(r.listeners.len(), 1);
         assert_eq!(r.listeners[0].name, "PLAINTEXT");
-        assert_eq!(r.controller, vec!["CONTROLLER://:9093".to_string()]);
+        assert_eq!(r.controller.len(), 1);
+        assert_eq!(r.controller[0].configured.to_string(), "CONTROLLER://:9093");
+        assert_eq!(r.controller[0].bind, hp("0.0.0.0", 9093));
+        assert_eq!(r.controller[0].advertised, hp("localhost", 9093));
         let (blame, msg) =
             resolve_str("CONTROLLER://:9093", None, DEFAULT_PROTOCOL_MAP, "CONTROLLER").unwrap_err();
         assert_eq!(blame, Blame::Listeners);
         assert!(msg.contains("no Kafka client listener"), "{msg}");
+        // A controller-only node has no client listener; its controller listener advertises
+        // the machine's name when bound to all interfaces.
+        let r = resolve(
+            parse_endpoints("CONTROLLER://:9093").unwrap(),
+            None,
+            &default_map(),
+            &parse_names("CONTROLLER").unwrap(),
+            false,
+            &mut || "myhost".to_string(),
+        )
+        .unwrap();
+        assert!(r.listeners.is_empty());
+        assert_eq!(r.controller[0].advertised, hp("myhost", 9093));
     }
 
     #[test]

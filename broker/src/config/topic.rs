@@ -377,8 +377,8 @@ static TOPIC_KEYS: &[TopicKey] = &[
         ty: ConfigType::Int,
         unit: Unit::Count("replicas"),
         kind: Kind::Integer { min: 1, max: I32_MAX },
-        synonyms: &[],
-        default: |_| "1".to_string(),
+        synonyms: &["min.insync.replicas"],
+        default: |b| b.cluster.min_insync_replicas.to_string(),
         doc: "Minimum in-sync replicas for acks=all (a single node always has one).",
     },
     TopicKey {
