@@ -88,7 +88,7 @@ pub trait ReplicaLog: 'static {
     fn append_internal(&self, entry: InternalEntry) -> LogFuture<()>;
 
     /// Forgets internal entries that a restart found beyond the recovered log's end.
-    fn forget_internal(&self, indexes: &[u64]);
+    fn forget_internal(&self, indexes: &[u64]) -> LogFuture<()>;
 
     /// Makes everything staged so far durable.
     fn flush(&self) -> LogFuture<()>;
@@ -106,8 +106,9 @@ pub trait ReplicaLog: 'static {
     /// (all of them for `None`).
     fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()>;
 
-    /// Forgets internal entries at or below the purge point and remembers the point.
-    fn save_purge_point(&self, purged: PurgePoint);
+    /// Forgets internal entries at or below the purge point and remembers the point (losing it
+    /// in a crash only makes the next restart rebuild from further back).
+    fn save_purge_point(&self, purged: PurgePoint) -> LogFuture<()>;
 
     fn save_vote(&self, vote: StoredVote) -> LogFuture<()>;
 
@@ -126,7 +127,7 @@ pub trait ReplicaLog: 'static {
     fn vote(&self) -> Option<StoredVote>;
 
     /// What is there, for rebuilding the entry map.
-    fn recover(&self) -> io::Result<Recovered>;
+    fn recover(&self) -> LogFuture<Recovered>;
 }
 
 /// Simulated flush latency: the future a flush waits on before it makes its writes durable.
@@ -238,12 +239,13 @@ impl ReplicaLog for MemReplicaLog {
         Box::pin(async { Ok(()) })
     }
 
-    fn forget_internal(&self, indexes: &[u64]) {
+    fn forget_internal(&self, indexes: &[u64]) -> LogFuture<()> {
         let mut inner = self.inner.borrow_mut();
         for i in indexes {
             inner.live.internal.remove(i);
             inner.durable.internal.remove(i);
         }
+        Box::pin(async { Ok(()) })
     }
 
     fn flush(&self) -> LogFuture<()> {
@@ -309,13 +311,14 @@ impl ReplicaLog for MemReplicaLog {
         Box::pin(async { Ok(()) })
     }
 
-    fn save_purge_point(&self, purged: PurgePoint) {
+    fn save_purge_point(&self, purged: PurgePoint) -> LogFuture<()> {
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
         for state in [&mut inner.live, &mut inner.durable] {
             state.internal.retain(|i, _| *i > purged.index);
             state.purged = Some(purged);
         }
+        Box::pin(async { Ok(()) })
     }
 
     fn save_vote(&self, vote: StoredVote) -> LogFuture<()> {
@@ -350,20 +353,23 @@ impl ReplicaLog for MemReplicaLog {
         Box::pin(async { Ok(()) })
     }
 
-    fn recover(&self) -> io::Result<Recovered> {
-        let inner = self.inner.borrow();
-        let mut batches = Vec::with_capacity(inner.live.batches.len());
-        for b in inner.live.batches.values() {
-            batches.push((b.term, b.base_offset, offset_count(&b.bytes)?));
-        }
-        Ok(Recovered {
-            purged: inner.live.purged,
-            start_offset: inner.start_offset,
-            internal: inner.live.internal.values().map(|e| (e.index, e.term)).collect(),
-            batches,
-            vote: inner.vote,
-            snapshot: inner.snapshot.clone(),
-            installing_from: inner.installing_from,
-        })
+    fn recover(&self) -> LogFuture<Recovered> {
+        let recovered = (|| -> io::Result<Recovered> {
+            let inner = self.inner.borrow();
+            let mut batches = Vec::with_capacity(inner.live.batches.len());
+            for b in inner.live.batches.values() {
+                batches.push((b.term, b.base_offset, offset_count(&b.bytes)?));
+            }
+            Ok(Recovered {
+                purged: inner.live.purged,
+                start_offset: inner.start_offset,
+                internal: inner.live.internal.values().map(|e| (e.index, e.term)).collect(),
+                batches,
+                vote: inner.vote,
+                snapshot: inner.snapshot.clone(),
+                installing_from: inner.installing_from,
+            })
+        })();
+        Box::pin(async move { recovered })
     }
 }

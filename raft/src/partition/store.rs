@@ -98,7 +98,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
     /// before); openraft re-applies committed entries above it, which only moves the high
     /// watermark again.
     pub async fn open(log: L) -> io::Result<Self> {
-        let mut rec = log.recover()?;
+        let mut rec = log.recover().await?;
         if let Some(from) = rec.installing_from {
             // A crash while the leader's log was being written: drop what was written of it.
             tracing::info!(
@@ -109,7 +109,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
             // install began; those left are its own.
             let keep_internal = rec.internal.last().map(|(i, _)| *i);
             log.truncate(from, keep_internal).await?;
-            rec = log.recover()?;
+            rec = log.recover().await?;
             rec.installing_from = None;
         }
         let (map, dropped) =
@@ -119,7 +119,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 ?dropped,
                 "internal entries past the recovered log's end forgotten"
             );
-            log.forget_internal(&dropped);
+            log.forget_internal(&dropped).await?;
         }
         // The state machine starts from the last snapshot; openraft re-applies what the log
         // holds above it (which only moves the high watermark again).
@@ -322,12 +322,15 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
     }
 
     async fn purge(&mut self, upto: PartitionLogId) -> Result<(), io::Error> {
-        let mut inner = self.inner.borrow_mut();
-        inner.map.purge(upto.index, term_of(&upto));
-        if let Some(p) = inner.map.purged() {
-            inner.log.save_purge_point(p);
+        let saved = {
+            let mut inner = self.inner.borrow_mut();
+            inner.map.purge(upto.index, term_of(&upto));
+            inner.map.purged().map(|p| inner.log.save_purge_point(p))
+        };
+        match saved {
+            Some(saved) => saved.await,
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
