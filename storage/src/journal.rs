@@ -11,7 +11,15 @@
 //! sequence) then entries `[u32 payload length][u32 CRC-32C of payload, XOR the file's
 //! sequence mask][payload]`. An append's payload is `[u8 kind = 1][16-byte log
 //! incarnation][u16 name length][log directory name][i64 offset][data]`; a padding entry's is
-//! `[u8 kind = 2]` and zeros.
+//! `[u8 kind = 2]` and zeros; a truncation's is an append's with `kind = 3` and no data.
+//!
+//! Truncations: a [`EntryKind::Truncate`] entry at offset `o` voids every *earlier* entry of
+//! its log at an offset at or above `o` (a Raft follower's suffix that conflicted with a new
+//! leader's). It is written, and synced, before the log's files are cut (see
+//! [`crate::ShardStore::truncate_log`]); replay skips the entries it voids
+//! ([`crate::replay`]), so a batch cut from a log never comes back from the journal, neither in
+//! place of the batches appended at its offsets since nor in an empty place. An older binary
+//! reads the entry as damage and stops replaying its file there.
 //!
 //! Files are recycled: a file a checkpoint has covered is renamed `<shard>-<sequence>.free`
 //! (up to `StoreConfig::journal_recycle_files` per shard) and later renamed into the next
@@ -75,6 +83,9 @@ pub struct LogKey {
 pub enum EntryKind {
     /// A batch appended at `offset` (its base offset); `data` is the stored batch.
     Append = 1,
+    /// The log was cut at `offset`: earlier entries of the log at or above it are void. `data`
+    /// is empty.
+    Truncate = 3,
 }
 
 /// The kind byte of a padding entry, which fills a write up to a block boundary and is skipped
@@ -112,6 +123,15 @@ fn mask_entries(buf: &mut [u8], mask: u32) {
 
 /// Appends an `Append` entry to `buf`.
 pub fn encode_append(buf: &mut Vec<u8>, key: &LogKey, base_offset: i64, batch: &[u8]) {
+    encode_entry(buf, EntryKind::Append, key, base_offset, batch);
+}
+
+/// Appends a `Truncate` entry to `buf`.
+pub fn encode_truncate(buf: &mut Vec<u8>, key: &LogKey, offset: i64) {
+    encode_entry(buf, EntryKind::Truncate, key, offset, &[]);
+}
+
+fn encode_entry(buf: &mut Vec<u8>, kind: EntryKind, key: &LogKey, base_offset: i64, batch: &[u8]) {
     let name = key.dir_name.as_bytes();
     let payload_len = append_payload_bytes(key, batch.len());
     buf.reserve(ENTRY_OVERHEAD_BYTES + payload_len);
@@ -119,7 +139,7 @@ pub fn encode_append(buf: &mut Vec<u8>, key: &LogKey, base_offset: i64, batch: &
     let crc_at = buf.len();
     buf.extend_from_slice(&[0; 4]);
     let start = buf.len();
-    buf.push(EntryKind::Append as u8);
+    buf.push(kind as u8);
     buf.extend_from_slice(&key.incarnation);
     buf.extend_from_slice(&(name.len() as u16).to_be_bytes());
     buf.extend_from_slice(name);
@@ -207,6 +227,7 @@ fn decode_payload(body: &Bytes, payload_start: usize, payload: &[u8]) -> Option<
     let (&kind, rest) = payload.split_first()?;
     let kind = match kind {
         1 => EntryKind::Append,
+        3 => EntryKind::Truncate,
         _ => return None,
     };
     let incarnation: [u8; 16] = *rest.first_chunk::<16>()?;
@@ -521,6 +542,24 @@ impl<F: Fs> Journal<F> {
         debug_assert!(rest.is_empty(), "a staged chunk holds whole batches only");
     }
 
+    /// Stages a `Truncate` entry of `key` at `offset` (see the module documentation).
+    pub(crate) fn stage_truncate(&mut self, key: &LogKey, offset: i64) {
+        let entry = ENTRY_OVERHEAD_BYTES + append_payload_bytes(key, 0);
+        let fits = self
+            .pending
+            .last()
+            .is_some_and(|b| b.is_empty() || b.len() + entry <= PENDING_CHUNK_MAX_BYTES);
+        if !fits {
+            if let Some(full) = self.pending.last_mut() {
+                pad_to_block(full);
+            }
+            self.pending.push(Vec::with_capacity(entry + PAD_MAX_BYTES));
+        }
+        if let Some(buf) = self.pending.last_mut() {
+            encode_truncate(buf, key, offset);
+        }
+    }
+
     /// Takes the staged entries for a flush round.
     pub(crate) fn take_pending(&mut self) -> Option<PendingWrite<F::File>> {
         let total: usize = self.pending.iter().map(Vec::len).sum();
@@ -644,6 +683,30 @@ mod tests {
         let (entries, problem) = decode_entries(&Bytes::from(corrupt), 0);
         assert_eq!(entries.len(), 1);
         assert!(problem.unwrap().contains("CRC"));
+    }
+
+    #[test]
+    fn truncate_entries_round_trip_between_appends() {
+        let key = LogKey {
+            dir_name: "orders-3".into(),
+            incarnation: [7; 16],
+        };
+        let mut buf = Vec::new();
+        encode_append(&mut buf, &key, 42, b"batch-one");
+        encode_truncate(&mut buf, &key, 40);
+        encode_append(&mut buf, &key, 40, b"batch-two");
+        let (entries, problem) = decode_entries(&Bytes::from(buf), 0);
+        assert_eq!(problem, None);
+        let got: Vec<_> = entries.iter().map(|e| (e.kind, e.offset, e.data.len())).collect();
+        assert_eq!(
+            got,
+            [
+                (EntryKind::Append, 42, 9),
+                (EntryKind::Truncate, 40, 0),
+                (EntryKind::Append, 40, 9)
+            ]
+        );
+        assert_eq!(entries[1].key, key);
     }
 
     #[test]

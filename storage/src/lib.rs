@@ -59,6 +59,9 @@ pub enum StorageError {
     InvalidBatch(strand_protocol::batch::BatchError),
     #[error("offset {0} is not the start of a batch")]
     NotBatchBoundary(i64),
+    /// A follower's append must go at the log end offset ([`ShardStore::append_replica`]).
+    #[error("a replica's batch at offset {offset} does not continue the log (end offset {log_end_offset})")]
+    NotAtLogEnd { offset: i64, log_end_offset: i64 },
     #[error("log is busy: {0}")]
     Busy(&'static str),
     #[error("no such log (removed?)")]

@@ -560,6 +560,97 @@ impl<Fl: FileHandle> ResumeCut<Fl> {
     }
 }
 
+/// Where a store-level truncation cuts a segment (see [`PartitionLog::truncation_lookup`]).
+pub(crate) enum BoundaryLookup<Fl> {
+    /// At this position of the segment based at this offset (its end).
+    At(i64, u64),
+    /// At the batch starting at `offset`, to be found by reading the segment's file from
+    /// `from` (its index entry) up to `size`.
+    Scan {
+        file: Rc<Fl>,
+        path: Rc<Path>,
+        segment_base: i64,
+        from: u64,
+        size: u64,
+        offset: i64,
+    },
+}
+
+impl<Fl: FileHandle> BoundaryLookup<Fl> {
+    /// The segment's base offset and the position of the cut; [`StorageError::NotBatchBoundary`]
+    /// if no batch starts at the offset.
+    pub(crate) async fn run(self) -> Result<(i64, u64), StorageError> {
+        let (file, path, segment_base, mut pos, size, offset) = match self {
+            BoundaryLookup::At(base, pos) => return Ok((base, pos)),
+            BoundaryLookup::Scan {
+                file,
+                path,
+                segment_base,
+                from,
+                size,
+                offset,
+            } => (file, path, segment_base, from, size, offset),
+        };
+        while pos < size {
+            let Some((header, _)) = read_batch_at(&*file, pos, size, &path).await? else {
+                break;
+            };
+            if header.base_offset == offset {
+                return Ok((segment_base, pos));
+            }
+            if header.next_offset() > offset {
+                break;
+            }
+            pos += header.total_bytes() as u64;
+        }
+        Err(StorageError::NotBatchBoundary(offset))
+    }
+}
+
+/// Cuts a log's files where [`PartitionLog::cut_at`] cut the log, durably: the segment files
+/// past the new active segment are removed, newest first, each removal made durable by a
+/// directory sync before the next (a crash leaves a prefix of the segments, never one with a
+/// gap), then the active segment's file is cut and synced, and its indexes' tail read again.
+pub(crate) struct CutPlan<Fl> {
+    dir: PathBuf,
+    /// Base offsets of the segments removed, newest first.
+    removed: Vec<i64>,
+    file: Option<Rc<Fl>>,
+    base: i64,
+    len: u64,
+    rescan: TailRescan,
+    index_interval_bytes: u64,
+}
+
+impl<Fl: FileHandle> CutPlan<Fl> {
+    pub(crate) async fn run<F: Fs<File = Fl>>(
+        self,
+        fs: &F,
+    ) -> Result<(IndexBuilder, OffsetIndex, TimeIndex), StorageError> {
+        let dir = &self.dir;
+        for base in &self.removed {
+            remove_segment_files(fs, dir, *base).await;
+            fs.sync_dir(dir)
+                .await
+                .map_err(|e| StorageError::io("sync log directory", dir, e))?;
+        }
+        let Some(file) = &self.file else {
+            return Ok(self.rescan.unchanged());
+        };
+        // The segment is the active one again (it may have been rolled past and sealed).
+        file.unseal();
+        file.truncate(self.len)
+            .await
+            .map_err(|e| StorageError::io("truncate segment", dir, e))?;
+        file.fdatasync()
+            .await
+            .map_err(|e| StorageError::io("sync truncated segment", dir, e))?;
+        self.rescan
+            .run(&**file, self.base, self.len, self.index_interval_bytes, dir)
+            .await
+    }
+}
+
 /// A segment's indexes and running maximum cut back to its last offset-index entry, and where
 /// that entry is: what truncation leaves, to be completed by reading again the batches between
 /// that entry and the segment's end, as recovery and the appends built them. Truncation itself
@@ -1235,6 +1326,31 @@ impl<F: Fs> PartitionLog<F> {
         Ok(Appended::New(info, stored))
     }
 
+    /// A follower's append: `batch`, which its leader already accepted at `base_offset`, goes
+    /// there, stamped with `leader_epoch` (the Raft term) as its `partitionLeaderEpoch`. Refused
+    /// unless `base_offset` is the log end offset ([`StorageError::NotAtLogEnd`]): a follower's
+    /// log is the leader's, batch for batch, with no gap. The batch's CRC is checked (it came
+    /// over the network), the producer-sequence check is not (the leader did it), and producer
+    /// state is updated as journal replay updates it.
+    pub fn append_replica(
+        &mut self,
+        batch: &[u8],
+        base_offset: i64,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<(AppendInfo, &[u8]), StorageError> {
+        if base_offset != self.next_offset {
+            return Err(StorageError::NotAtLogEnd {
+                offset: base_offset,
+                log_end_offset: self.next_offset,
+            });
+        }
+        batch::check_batch(batch).map_err(StorageError::InvalidBatch)?;
+        let appended = self.append_unchecked(batch, leader_epoch, now_ms)?;
+        debug_assert_eq!(appended.0.base_offset, base_offset);
+        Ok(appended)
+    }
+
     /// [`PartitionLog::append`] without the producer-sequence check: for batches that were
     /// already accepted once (journal replay). Producer state is still updated.
     pub fn append_unchecked(
@@ -1577,6 +1693,121 @@ impl<F: Fs> PartitionLog<F> {
         self.dir_synced(done.dir_changes);
         let seg = self.active_mut();
         (seg.index_builder, seg.index, seg.time_index) = done.indexes;
+        seg.index_dirty = true;
+    }
+
+    /// Whether nothing is staged and no flush round is writing this log.
+    pub(crate) fn is_quiescent(&self) -> bool {
+        self.staged.is_empty() && self.takes_in_flight == 0
+    }
+
+    /// The first step of a store-level truncation at `offset` ([`crate::ShardStore::truncate_log`]),
+    /// with nothing staged or in flight: checks the range and says where to look for the batch
+    /// starting at `offset`, or `None` if `offset` is the log end (nothing to cut).
+    pub(crate) fn truncation_lookup(
+        &self,
+        offset: i64,
+    ) -> Result<Option<BoundaryLookup<F::File>>, StorageError> {
+        if offset < self.log_start_offset || offset > self.next_offset {
+            return Err(StorageError::OffsetOutOfRange {
+                offset,
+                log_start_offset: self.log_start_offset,
+                log_end_offset: self.next_offset,
+            });
+        }
+        debug_assert!(
+            self.is_quiescent(),
+            "truncation lookup while a round writes the log"
+        );
+        if offset == self.next_offset {
+            return Ok(None);
+        }
+        // The segment that will be the active one: the last based below `offset`.
+        let seg = self
+            .segments
+            .iter()
+            .rev()
+            .find(|s| s.base_offset < offset)
+            .unwrap_or_else(|| self.active_first());
+        if offset >= seg.next_offset {
+            return Ok(Some(BoundaryLookup::At(seg.base_offset, seg.size)));
+        }
+        let Some(file) = seg.file.clone() else {
+            return Err(StorageError::NotBatchBoundary(offset));
+        };
+        let entry = seg.index.lookup(relative(seg.base_offset, offset));
+        Ok(Some(BoundaryLookup::Scan {
+            file,
+            path: seg.log_path.clone(),
+            segment_base: seg.base_offset,
+            from: u64::from(entry.position),
+            size: seg.size,
+            offset,
+        }))
+    }
+
+    fn active_first(&self) -> &Segment<F> {
+        self.segments
+            .first()
+            .unwrap_or_else(|| unreachable!("log has no segment"))
+    }
+
+    /// The memory part of a store-level truncation: every batch at or after `offset` goes
+    /// (`position` is where it starts in the segment based at `segment_base`, found by a
+    /// [`BoundaryLookup`]), with the segments past it, its producer state, its leader epochs
+    /// from `offset` on (as Kafka's leader epoch cache is truncated with its log), and the high
+    /// watermark if it was above. The returned plan cuts the files, durably.
+    pub(crate) fn cut_at(&mut self, offset: i64, segment_base: i64, position: u64) -> CutPlan<F::File> {
+        debug_assert!(self.is_quiescent(), "truncation while a round writes the log");
+        let mut removed = Vec::new();
+        while self.segments.len() > 1 && self.active().base_offset > segment_base {
+            if let Some(seg) = self.segments.pop() {
+                removed.push(seg.base_offset);
+                self.mark_dir_changed();
+            }
+        }
+        assert_eq!(
+            self.active().base_offset,
+            segment_base,
+            "the lookup's segment is still there"
+        );
+        // Segments rolled past later may be based below where sealing had got to.
+        self.sealed_below = self.sealed_below.min(self.active().base_offset);
+        let seg = self.active_mut();
+        assert!(position <= seg.size, "cut past the segment's end");
+        seg.truncate_to(position, offset);
+        seg.durable_size = seg.durable_size.min(position);
+        seg.needs_sync = true;
+        let seg = self.active();
+        let plan = CutPlan {
+            dir: self.dir.clone(),
+            removed,
+            file: seg.file.clone(),
+            base: seg.base_offset,
+            len: position,
+            rescan: TailRescan::of(seg),
+            index_interval_bytes: self.config.index_interval_bytes,
+        };
+        self.next_offset = offset;
+        self.high_watermark = self.high_watermark.min(offset);
+        self.producers.truncate(offset);
+        let before = self.epochs.len();
+        self.epochs.retain(|(_, start)| *start < offset);
+        if self.epochs.len() != before {
+            self.epochs_dirty = true;
+        }
+        if self.last_checkpoint.is_some_and(|cp| cp.offset > offset) {
+            // The next checkpoint writes a point at or below the cut before anything is
+            // appended past it (`ShardStore::truncate_log` runs it at once).
+            self.last_checkpoint = None;
+        }
+        plan
+    }
+
+    /// Records that a [`CutPlan`] ran: the active segment gets its rebuilt indexes.
+    pub(crate) fn cut_done(&mut self, indexes: (IndexBuilder, OffsetIndex, TimeIndex)) {
+        let seg = self.active_mut();
+        (seg.index_builder, seg.index, seg.time_index) = indexes;
         seg.index_dirty = true;
     }
 

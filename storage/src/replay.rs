@@ -8,8 +8,22 @@
 //! recycling (`.free`) hold only entries a checkpoint covered and are removed unread; in the
 //! others, replay stops at the first entry whose CRC fails, with the file's sequence mask (see
 //! [`crate::journal`]).
+//!
+//! Truncations: a log's entry is *void* when a later `Truncate` entry of the same log is at or
+//! below its offset (a follower's suffix cut since; see [`crate::ShardStore::truncate_log`]).
+//! A first pass over the files finds the truncations, the second skips the void entries and
+//! applies the others as before. Why that is right: the truncation made its entry durable
+//! before cutting the log's files, and took no append of the log until the cut was durable. So
+//! after a crash the log's files hold either a prefix of the log as it was before the last
+//! truncation (the cut did not finish: the truncation never returned, and no later append
+//! exists), or a prefix of the log as it is now; and the entries that are not void are exactly
+//! the journaled batches of the log as it is now, in offset order. Applying those at the end
+//! of what the files hold, as for any log, gives back a prefix of the log as it was or as it
+//! is, never a batch cut by a truncation that returned, and never one in place of a batch
+//! appended since at its offset. Without the rule, an entry of a cut batch would be taken for
+//! the next append at the log's new end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use strand_protocol::batch::BatchHeader;
@@ -29,8 +43,55 @@ pub struct ReplayReport {
     pub entries_present: usize,
     /// Entries for logs that no longer exist (deleted topics).
     pub entries_orphaned: usize,
+    /// Entries a later truncation of their log voided (see the module documentation).
+    pub entries_voided: usize,
     pub logs_touched: usize,
     pub problems: Vec<String>,
+}
+
+/// A log's truncations in journal order: where each entry is (file, entry) and the smallest
+/// offset cut by it or any later one.
+#[derive(Default)]
+struct Truncations {
+    at: Vec<((usize, usize), i64)>,
+}
+
+impl Truncations {
+    /// Whether an entry at `position` with base offset `offset` is void: a later truncation
+    /// cut at or below its offset.
+    fn voids(&self, position: (usize, usize), offset: i64) -> bool {
+        let later = self.at.partition_point(|(p, _)| *p <= position);
+        self.at.get(later).is_some_and(|(_, min_cut)| *min_cut <= offset)
+    }
+}
+
+/// The first pass: every log's truncations (see the module documentation).
+async fn find_truncations<F: Fs>(
+    fs: &F,
+    files: &[(u16, u64, std::path::PathBuf)],
+) -> Result<HashMap<LogKey, Truncations>, StorageError> {
+    let mut out: HashMap<LogKey, Truncations> = HashMap::new();
+    for (file_index, (_, _, path)) in files.iter().enumerate() {
+        let (entries, _) = journal::read_file(fs, path).await?;
+        for (entry_index, entry) in entries.into_iter().enumerate() {
+            if entry.kind == EntryKind::Truncate {
+                out.entry(entry.key)
+                    .or_default()
+                    .at
+                    .push(((file_index, entry_index), entry.offset));
+            }
+        }
+    }
+    // Each truncation stands for the lowest cut from it on: an entry is void if any later one
+    // is at or below its offset.
+    for t in out.values_mut() {
+        let mut min = i64::MAX;
+        for (_, cut) in t.at.iter_mut().rev() {
+            min = min.min(*cut);
+            *cut = min;
+        }
+    }
+    Ok(out)
 }
 
 /// Replays every journal file under `root`. `log_config` says whether a log (directory name and
@@ -48,20 +109,30 @@ pub async fn replay_journals<F: Fs>(
     if files.is_empty() {
         return Ok(report);
     }
+    let truncations = find_truncations(fs, &files).await?;
     let mut logs: BTreeMap<String, PartitionLog<F>> = BTreeMap::new();
     let mut appended: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    for (shard, seq, path) in &files {
+    for (file_index, (shard, seq, path)) in files.iter().enumerate() {
         report.files += 1;
         let (entries, problem) = journal::read_file(fs, path).await?;
         if let Some(p) = problem {
             tracing::info!(shard, seq, problem = %p, "journal ends with an incomplete entry (expected after a crash)");
         }
-        for entry in entries {
-            let EntryKind::Append = entry.kind;
+        for (entry_index, entry) in entries.into_iter().enumerate() {
+            if entry.kind == EntryKind::Truncate {
+                continue;
+            }
             let Some(config) = log_config(&entry.key) else {
                 report.entries_orphaned += 1;
                 continue;
             };
+            let voided = truncations
+                .get(&entry.key)
+                .is_some_and(|t| t.voids((file_index, entry_index), entry.offset));
+            if voided {
+                report.entries_voided += 1;
+                continue;
+            }
             if !logs.contains_key(&entry.key.dir_name) {
                 let dir = root.join(&entry.key.dir_name);
                 let (log, rec) = PartitionLog::open(fs.clone(), dir, config, now_ms).await?;

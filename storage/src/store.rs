@@ -55,6 +55,22 @@
 //! but deletes its directory only when the last guard is dropped, and a log opened in the same
 //! directory meanwhile (the topic created again) waits for that.
 //!
+//! Replicas: a Raft follower appends what its leader accepted, at the offsets the leader gave
+//! it ([`ShardStore::append_replica`]: at the log end only, made durable by the same rounds),
+//! and cuts the suffix that conflicts with a new leader's log ([`ShardStore::truncate_log`]).
+//! A truncation waits for the flusher to write what the log has staged, refusing appends to the
+//! log meanwhile; writes a `Truncate` journal entry and waits for a round to sync it (a fence:
+//! replay skips every earlier entry of the log at or above the cut, see [`crate::replay`]);
+//! then cuts the files (segments past the cut removed newest first, each removal synced; the
+//! cut segment truncated and synced) and checkpoints the log, so that its recovery point,
+//! indexes and leader epochs on disk say no more than the log holds; and only then takes
+//! appends again. The fence comes first: a crash before it leaves the log as it was, a crash
+//! after it (the cut unfinished) a prefix of it, as the truncation never returned; the fence
+//! alone, without the cut, would let recovery keep cut batches that the files still hold, and
+//! the cut alone would let replay append a cut batch's journal entry at the new log end.
+//! Checkpointing the log instead of fencing would not do: its journal entries stay in the
+//! journal files until a checkpoint of every log has covered them.
+//!
 //! Failure: if a round fails (disk full, I/O error) its appends are answered with an error and
 //! the store goes *offline for writes*: later appends fail with [`StorageError::Offline`], while
 //! reads of durable data keep working. Nothing acknowledged is touched; everything above the
@@ -209,6 +225,36 @@ fn note_failure(slot: &mut Option<StorageError>, e: StorageError) {
     }
 }
 
+/// The error of an append to a log being truncated.
+const TRUNCATING: StorageError = StorageError::Busy("the log is being truncated");
+
+/// Ends a truncation ([`ShardStore::truncate_log`]): the log takes appends again, unless the
+/// truncation was abandoned (its future dropped) between its journal fence and the end of its
+/// cut: the fence voids the entries of batches the log still holds, so appending after them
+/// could lose acknowledged batches in a crash. The log then refuses appends until a restart,
+/// whose recovery and replay leave a prefix of it.
+struct TruncationGuard<'a, F: Fs> {
+    store: &'a ShardStore<F>,
+    id: LogId,
+    fenced: bool,
+}
+
+impl<F: Fs> Drop for TruncationGuard<'_, F> {
+    fn drop(&mut self) {
+        if self.fenced {
+            tracing::error!(
+                "a truncation was abandoned after its journal fence; the log refuses appends until a restart"
+            );
+            return;
+        }
+        if let Ok(mut inner) = self.store.inner.try_borrow_mut() {
+            if let Some(entry) = entry_mut(&mut inner.slots, self.id) {
+                entry.truncating = false;
+            }
+        }
+    }
+}
+
 /// How many logs [`ShardStore::open_logs`] opens at a time: each open is a handful of small
 /// file operations, and done one after the other, 10,000 partitions take a minute, mostly
 /// waiting.
@@ -291,6 +337,8 @@ struct TakenRound<F: Fs> {
     direct: bool,
     overlapped: bool,
     journal_write: Option<crate::journal::PendingWrite<F::File>>,
+    /// The truncation fences the journal write carries: those staged up to this count.
+    fences_upto: Option<u64>,
     logs: Vec<LogRound<F>>,
 }
 
@@ -324,6 +372,8 @@ struct WrittenRound<F: Fs> {
     failure: Option<StorageError>,
     /// Takes merged into this round, each counted in `ShardStore::takes_in_flight`.
     takes: u32,
+    /// See [`TakenRound::fences_upto`].
+    fences_upto: Option<u64>,
     /// Held until the round is finished: its logs' directories must outlive its I/O.
     io: Vec<LogIoGuard>,
 }
@@ -374,6 +424,7 @@ impl<F: Fs> WrittenRound<F> {
             note_failure(&mut self.failure, e);
         }
         self.takes += later.takes;
+        self.fences_upto = self.fences_upto.max(later.fences_upto);
         self.stats.writes += later.stats.writes;
         self.stats.wait_us = self.stats.wait_us.max(later.stats.wait_us);
         self.stats.logs = self.log_ids().len();
@@ -403,6 +454,9 @@ struct Entry<F: Fs> {
     dirty: bool,
     /// Guards out for I/O in the log's directory (see `LogIoGuard`).
     io_users: Rc<Cell<u32>>,
+    /// A truncation ([`ShardStore::truncate_log`]) runs: appends are refused. Stays set if the
+    /// truncation was abandoned after its journal fence (see `TruncationGuard`).
+    truncating: bool,
 }
 
 struct Slot<F: Fs> {
@@ -442,6 +496,12 @@ struct Inner<F: Fs> {
     offline: Option<Offline>,
     /// Directories of removed logs not deleted yet (see [`ShardStore::remove_log`]).
     removing: Vec<PathBuf>,
+    /// Truncation fences (`Truncate` journal entries, see [`ShardStore::truncate_log`]) staged
+    /// so far, taken by a round so far, and made durable by a round so far: each a count, in
+    /// staging order (rounds finish in the order they were taken).
+    fences_staged: u64,
+    fences_taken: u64,
+    fences_durable: u64,
 }
 
 /// The storage of one shard. Not `Send`: it lives on its shard's thread.
@@ -495,6 +555,9 @@ impl<F: Fs> ShardStore<F> {
                 removing: Vec::new(),
                 journal,
                 offline: None,
+                fences_staged: 0,
+                fences_taken: 0,
+                fences_durable: 0,
             }),
             durable: Notify::new(),
             work: Notify::new(),
@@ -663,6 +726,7 @@ impl<F: Fs> ShardStore<F> {
             log,
             dirty: false,
             io_users: Rc::new(Cell::new(0)),
+            truncating: false,
         };
         match inner.free.pop() {
             Some(slot) => {
@@ -779,6 +843,9 @@ impl<F: Fs> ShardStore<F> {
         let Some(entry) = entry_mut(&mut inner.slots, id) else {
             return Err(StorageError::UnknownLog);
         };
+        if entry.truncating {
+            return Err(TRUNCATING);
+        }
         // The journal entry is encoded by the flush round, which knows whether it needs one.
         let info = match entry.log.append(batch, leader_epoch, now_ms)? {
             crate::log::Appended::New(info, _stored) => info,
@@ -796,6 +863,195 @@ impl<F: Fs> ShardStore<F> {
         }
         self.work.notify_all();
         Ok(ticket)
+    }
+
+    /// A Raft follower's append (see [`PartitionLog::append_replica`]): `batch`, accepted by its
+    /// leader at `base_offset`, which must be the log end offset, goes there stamped with
+    /// `leader_epoch` (the term), without the producer-sequence check and with producer state
+    /// updated; staged like [`ShardStore::append`] and made durable by the same flush rounds.
+    /// Await [`ShardStore::wait_durable`] with the ticket. Refused while the log is being
+    /// truncated.
+    pub fn append_replica(
+        &self,
+        id: LogId,
+        batch: &[u8],
+        base_offset: i64,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendTicket, StorageError> {
+        let mut inner = self.inner.borrow_mut();
+        if let Some(offline) = &inner.offline {
+            return Err(offline.error());
+        }
+        let inner = &mut *inner;
+        let Some(entry) = entry_mut(&mut inner.slots, id) else {
+            return Err(StorageError::UnknownLog);
+        };
+        if entry.truncating {
+            return Err(TRUNCATING);
+        }
+        let (info, _) = entry
+            .log
+            .append_replica(batch, base_offset, leader_epoch, now_ms)?;
+        let ticket = AppendTicket {
+            id,
+            info,
+            discard_generation: entry.log.discard_generation(),
+        };
+        if !entry.dirty && entry.log.has_staged() {
+            entry.dirty = true;
+            inner.dirty.push(id);
+        }
+        self.work.notify_all();
+        Ok(ticket)
+    }
+
+    /// Removes every batch of the log at or after `offset`, durably (see the module
+    /// documentation, *Replicas*): a Raft follower's suffix that conflicts with its new
+    /// leader's log. `offset` must be a batch boundary in `[log start, log end]` (at the end,
+    /// nothing happens). Waits for the shard's flusher to write what the log has staged
+    /// (appends to the log are refused with [`StorageError::Busy`] until this returns) and for
+    /// a round to sync the truncation's journal fence. When it returns, the log ends at
+    /// `offset`, after a crash too, and appends continue there. The log's high watermark (its
+    /// durable end) moves down to `offset` if it was above.
+    ///
+    /// Precondition: nothing at or above `offset` was let out to clients. [`FileRegion`]s are
+    /// pages of the segment files that `sendfile` may still be sending, and a cut file gives
+    /// other bytes there: the caller truncates only above what clients could read (the Raft
+    /// commit index, which bounds what the broker serves). Appends' tickets at or above
+    /// `offset` must not be awaited after the truncation (they were durable before it; their
+    /// batches are gone).
+    ///
+    /// Errors: the range and the batch boundary are checked before anything is written.
+    /// A failed flush round fails it with the store offline. Once the fence is durable, a
+    /// failure to cut the files takes the store offline for writes until a restart, whose
+    /// recovery finishes what the cut began; dropping the future then leaves the log refusing
+    /// appends until a restart.
+    ///
+    /// [`FileRegion`]: crate::FileRegion
+    pub async fn truncate_log(&self, id: LogId, offset: i64) -> Result<(), StorageError> {
+        self.with_entry(id, |e| {
+            if e.truncating {
+                return Err(TRUNCATING);
+            }
+            e.truncating = true;
+            Ok(())
+        })??;
+        let mut guard = TruncationGuard {
+            store: self,
+            id,
+            fenced: false,
+        };
+        let result = self.truncate_log_inner(id, offset, &mut guard).await;
+        // Cut, or nothing written: appends are taken again. (A failure after the fence took the
+        // store offline.)
+        guard.fenced = false;
+        result
+    }
+
+    async fn truncate_log_inner(
+        &self,
+        id: LogId,
+        offset: i64,
+        guard: &mut TruncationGuard<'_, F>,
+    ) -> Result<(), StorageError> {
+        // 1. Nothing of the log staged or in flight (appends are refused from now on).
+        loop {
+            let wait = self.durable.wait();
+            if let Some(offline) = self.offline() {
+                return Err(offline.error());
+            }
+            if self.with_log(id, |l| l.is_quiescent())? {
+                break;
+            }
+            wait.await;
+        }
+        // 2. Where the cut goes: a batch boundary, checked before anything is written.
+        let Some(lookup) = self.with_log(id, |l| l.truncation_lookup(offset))?? else {
+            return Ok(());
+        };
+        let (segment_base, position) = lookup.run().await?;
+        // 3. The fence, durable.
+        let fence = {
+            let mut inner = self.inner.borrow_mut();
+            let inner = &mut *inner;
+            if let Some(offline) = &inner.offline {
+                return Err(offline.error());
+            }
+            let Some(entry) = entry_mut(&mut inner.slots, id) else {
+                return Err(StorageError::UnknownLog);
+            };
+            assert!(entry.log.is_quiescent(), "appends are refused while truncating");
+            assert!(
+                entry.log.log_end_offset() > offset,
+                "the log cannot shrink under a truncation"
+            );
+            inner.journal.stage_truncate(&entry.key, offset);
+            inner.fences_staged += 1;
+            inner.fences_staged
+        };
+        guard.fenced = true;
+        self.work.notify_all();
+        loop {
+            let wait = self.durable.wait();
+            {
+                let inner = self.inner.borrow();
+                if inner.fences_durable >= fence {
+                    break;
+                }
+                if let Some(offline) = &inner.offline {
+                    return Err(offline.error());
+                }
+            }
+            wait.await;
+        }
+        // 4. The cut and the log's checkpoint, with no checkpoint or segment removal beside.
+        let _segments = self.segments_lock.lock().await;
+        let (plan, io) = self.with_entry(id, |e| {
+            let io = LogIoGuard::new(&e.io_users, &self.io_released);
+            (e.log.cut_at(offset, segment_base, position), io)
+        })?;
+        let cut = async {
+            let indexes = plan.run(&self.fs).await?;
+            let mut work = self.with_entry(id, |e| {
+                e.log.cut_done(indexes);
+                e.log.checkpoint_work()
+            })?;
+            work.io = Some(io);
+            match work.run(&self.fs).await {
+                Ok(point) => self.with_entry(id, |e| e.log.checkpoint_done(point)),
+                Err(e) => {
+                    let _ = self.with_entry(id, |e| e.log.checkpoint_failed());
+                    Err(e)
+                }
+            }
+        };
+        if let Err(e) = cut.await {
+            self.go_offline_for_good(&e, "truncating a log failed");
+            return Err(e);
+        }
+        self.durable.notify_all();
+        Ok(())
+    }
+
+    /// Takes the store offline for writes until a restart (see the module documentation,
+    /// *Failure*), after `e`.
+    fn go_offline_for_good(&self, e: &StorageError, what: &str) {
+        let mut inner = self.inner.borrow_mut();
+        tracing::error!(error = %e, "{what}; storage of this shard is offline for writes until a restart");
+        match &mut inner.offline {
+            Some(offline) => {
+                offline.reason = e.to_string();
+                offline.disk_full = false;
+            }
+            None => {
+                inner.offline = Some(Offline {
+                    reason: e.to_string(),
+                    disk_full: false,
+                    since: Instant::now(),
+                })
+            }
+        }
     }
 
     /// Waits until the append is durable and visible. Fails if its flush round failed or the
@@ -839,7 +1095,8 @@ impl<F: Fs> ShardStore<F> {
 
     /// Whether a flush round has work.
     pub fn has_pending(&self) -> bool {
-        !self.inner.borrow().dirty.is_empty()
+        let inner = self.inner.borrow();
+        !inner.dirty.is_empty() || inner.fences_staged > inner.fences_taken
     }
 
     /// Waits until something is staged.
@@ -1011,7 +1268,10 @@ impl<F: Fs> ShardStore<F> {
         };
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
-        if inner.dirty.is_empty() {
+        // Truncation fences go in the journal write of a round taken alone: an overlapping
+        // take's journal write would go where the open round's does.
+        let fences = !overlapping && inner.fences_staged > inner.fences_taken;
+        if inner.dirty.is_empty() && !fences {
             return None;
         }
         let mut staged = 0;
@@ -1092,8 +1352,17 @@ impl<F: Fs> ShardStore<F> {
                 }
             }
         }
-        let journal_write = inner.journal.take_pending();
-        if writes.is_empty() {
+        // (An overlapping take is direct and stages no journal entries.)
+        let journal_write = if overlapping {
+            None
+        } else {
+            inner.journal.take_pending()
+        };
+        let fences_upto = fences.then(|| {
+            inner.fences_taken = inner.fences_staged;
+            inner.fences_staged
+        });
+        if writes.is_empty() && fences_upto.is_none() {
             return None;
         }
         self.takes_in_flight.set(in_flight + 1);
@@ -1110,6 +1379,7 @@ impl<F: Fs> ShardStore<F> {
             direct,
             overlapped: overlapping,
             journal_write,
+            fences_upto,
             logs: writes,
         })
     }
@@ -1123,6 +1393,7 @@ impl<F: Fs> ShardStore<F> {
             direct,
             overlapped,
             journal_write,
+            fences_upto,
             logs: writes,
         } = taken;
         let mut stats = RoundStats {
@@ -1210,6 +1481,7 @@ impl<F: Fs> ShardStore<F> {
             journal_bytes,
             failure,
             takes: 1,
+            fences_upto,
             io,
         }
     }
@@ -1292,6 +1564,7 @@ impl<F: Fs> ShardStore<F> {
             takes,
             dir_synced,
             synced,
+            fences_upto,
             ..
         } = round;
         let mut discards = Vec::new();
@@ -1347,6 +1620,9 @@ impl<F: Fs> ShardStore<F> {
             } else {
                 stats.journal_bytes = journal_bytes as usize;
                 inner.journal.advance(journal_bytes);
+                if let Some(upto) = fences_upto {
+                    inner.fences_durable = inner.fences_durable.max(upto);
+                }
                 // A directory sync after this round's creations covers them only if the log's
                 // directory did not change otherwise since the round took its writes (its own
                 // creations are counted below, as they complete).
@@ -1379,7 +1655,9 @@ impl<F: Fs> ShardStore<F> {
         self.takes_in_flight
             .set(self.takes_in_flight.get().saturating_sub(takes));
         stats.duration_us = started.elapsed().as_micros() as u64;
-        if stats.error.is_none() {
+        // A failure wakes its waiters once its discards have run (`run_discards`), or now if
+        // there are none (a truncation waiting for its fence).
+        if stats.error.is_none() || discards.is_empty() {
             self.durable.notify_all();
         }
         (stats, discards)
@@ -2090,6 +2368,358 @@ pub type SharedStore<F> = Rc<ShardStore<F>>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs_mem::MemFs;
+    use futures_lite::future::{block_on, poll_once};
+    use strand_protocol::batch::{build, BatchScanner};
+
+    fn root() -> PathBuf {
+        PathBuf::from("/data")
+    }
+
+    fn key() -> LogKey {
+        LogKey {
+            dir_name: "t-0".into(),
+            incarnation: [4; 16],
+        }
+    }
+
+    /// Segments of about four batches, an index entry every other batch.
+    fn config() -> LogConfig {
+        LogConfig {
+            segment_bytes: 400,
+            index_interval_bytes: 150,
+            ..LogConfig::default()
+        }
+    }
+
+    /// A batch of two records whose values carry `tag`.
+    fn batch(tag: u64) -> Vec<u8> {
+        let values: Vec<Vec<u8>> = (0..2).map(|i| format!("v{tag}-{i}").into_bytes()).collect();
+        let records: Vec<build::TestRecord<'_>> = values
+            .iter()
+            .map(|v| build::TestRecord {
+                key: None,
+                value: Some(v),
+                headers: vec![],
+                timestamp_delta: 0,
+            })
+            .collect();
+        build::batch(&records, 0)
+    }
+
+    /// A store whose every round is journaled, and one log in it.
+    async fn store_and_log(fs: &MemFs) -> (ShardStore<MemFs>, LogId) {
+        let store_config = StoreConfig {
+            direct_sync_max_logs: 0,
+            ..StoreConfig::default()
+        };
+        let store = ShardStore::open(fs.clone(), root(), 0, store_config)
+            .await
+            .unwrap();
+        let (id, _) = store.open_log(key(), config(), 0).await.unwrap();
+        (store, id)
+    }
+
+    /// A power loss keeping nothing unsynced, the start-up replay, and the store again.
+    async fn crash_and_reopen(fs: &MemFs) -> (ShardStore<MemFs>, LogId, crate::ReplayReport) {
+        fs.crash(|_| 0);
+        let report = crate::replay_journals(fs, &root(), |_| Some(config()), 0)
+            .await
+            .unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+        let (store, id) = store_and_log(fs).await;
+        (store, id, report)
+    }
+
+    /// Every stored batch: (base offset, epoch, records' values).
+    async fn read_all(store: &ShardStore<MemFs>, id: LogId) -> Vec<(i64, i32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut next = store.offsets(id).unwrap().log_start_offset;
+        while let Some(plan) = store.plan_read(id, next, 1 << 20).unwrap() {
+            let bytes = plan.execute().await.unwrap();
+            for b in BatchScanner::new(&bytes, true) {
+                let h = b.header;
+                if h.base_offset >= next {
+                    let body = bytes[b.position..b.position + h.total_bytes()].to_vec();
+                    out.push((h.base_offset, h.partition_leader_epoch, body));
+                    next = h.next_offset();
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the stored batch `b` carries the records of [`batch`] `tag`.
+    fn holds(b: &(i64, i32, Vec<u8>), tag: u64) -> bool {
+        let needle = format!("v{tag}-0");
+        b.2.windows(needle.len()).any(|w| w == needle.as_bytes())
+    }
+
+    /// Appends batches `tags` as a follower, in `epoch`, at the log end; one round.
+    async fn replicate(store: &ShardStore<MemFs>, id: LogId, tags: std::ops::Range<u64>, epoch: i32) {
+        let mut last = None;
+        for tag in tags {
+            let end = store.offsets(id).unwrap().log_end_offset;
+            last = Some(store.append_replica(id, &batch(tag), end, epoch, 0).unwrap());
+        }
+        store.flush_round().await;
+        if let Some(t) = last {
+            store.wait_durable(&t).await.unwrap();
+        }
+    }
+
+    /// Drives `fut` to its end with a flusher running rounds whenever something is staged.
+    async fn with_flusher<T>(store: &ShardStore<MemFs>, fut: impl Future<Output = T>) -> T {
+        futures::pin_mut!(fut);
+        for _ in 0..100 {
+            if let Some(out) = poll_once(fut.as_mut()).await {
+                return out;
+            }
+            if store.has_pending() {
+                store.flush_round().await;
+            }
+        }
+        panic!("no progress");
+    }
+
+    #[test]
+    fn a_replica_append_goes_only_at_the_log_end() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            let t = store.append_replica(id, &batch(0), 0, 5, 0).unwrap();
+            assert_eq!((t.info.base_offset, t.info.last_offset), (0, 1));
+            for wrong in [0, 1, 3] {
+                match store.append_replica(id, &batch(1), wrong, 5, 0) {
+                    Err(StorageError::NotAtLogEnd {
+                        offset,
+                        log_end_offset,
+                    }) => {
+                        assert_eq!((offset, log_end_offset), (wrong, 2))
+                    }
+                    other => panic!("a replica append at {wrong} of a log ending at 2: {other:?}"),
+                }
+            }
+            let mut corrupt = batch(1);
+            let last = corrupt.len() - 1;
+            corrupt[last] ^= 0xff;
+            assert!(matches!(
+                store.append_replica(id, &corrupt, 2, 5, 0),
+                Err(StorageError::InvalidBatch(_))
+            ));
+            let t = store.append_replica(id, &batch(1), 2, 6, 0).unwrap();
+            store.flush_round().await;
+            store.wait_durable(&t).await.unwrap();
+            let all = read_all(&store, id).await;
+            let got: Vec<(i64, i32)> = all.iter().map(|b| (b.0, b.1)).collect();
+            assert_eq!(got, [(0, 5), (2, 6)], "base offsets and terms stamped");
+            assert_eq!(store.with_log(id, |l| l.latest_epoch()).unwrap(), Some((6, 2)));
+        });
+    }
+
+    #[test]
+    fn a_replica_append_skips_the_sequence_check_but_updates_producer_state() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            let values = [b"a".to_vec(), b"b".to_vec()];
+            let records: Vec<build::TestRecord<'_>> = values
+                .iter()
+                .map(|v| build::TestRecord {
+                    key: None,
+                    value: Some(v),
+                    headers: vec![],
+                    timestamp_delta: 0,
+                })
+                .collect();
+            let first = build::batch_with_producer(&records, 0, 42, 0, 0);
+            store.append_replica(id, &first, 0, 1, 0).unwrap();
+            // Sequence 7 after 0..=1: a leader refuses the gap, a follower takes what its leader
+            // accepted.
+            let b = build::batch_with_producer(&records, 0, 42, 0, 7);
+            assert!(matches!(
+                store.append(id, &b, 1, 0),
+                Err(StorageError::Producer(_))
+            ));
+            let t = store.append_replica(id, &b, 2, 1, 0).unwrap();
+            store.flush_round().await;
+            store.wait_durable(&t).await.unwrap();
+            // The producer state knows it: the same batch sent to this replica as a new leader is
+            // a duplicate, answered with the replica's offsets, and the next sequence follows it.
+            let retry = store.append(id, &b, 2, 0).unwrap();
+            assert_eq!((retry.info.base_offset, retry.info.last_offset), (2, 3));
+            assert_eq!(store.offsets(id).unwrap().log_end_offset, 4);
+            let next = build::batch_with_producer(&records, 0, 42, 0, 9);
+            assert_eq!(store.append(id, &next, 2, 0).unwrap().info.base_offset, 4);
+        });
+    }
+
+    #[test]
+    fn a_truncation_waits_for_the_round_that_covers_the_log() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            replicate(&store, id, 0..4, 1).await;
+            let staged = store.append_replica(id, &batch(4), 8, 1, 0).unwrap();
+            let truncate = store.truncate_log(id, 4);
+            futures::pin_mut!(truncate);
+            assert!(
+                poll_once(truncate.as_mut()).await.is_none(),
+                "waits for the round"
+            );
+            assert!(
+                matches!(
+                    store.append_replica(id, &batch(5), 10, 1, 0),
+                    Err(StorageError::Busy(_))
+                ),
+                "appends wait for the truncation"
+            );
+            assert!(matches!(
+                store.append(id, &batch(5), 1, 0),
+                Err(StorageError::Busy(_))
+            ));
+            // The round writes the staged batch; the next one syncs the fence.
+            let round = store.flush_round().await;
+            assert_eq!((round.logs, round.journal_bytes > 0), (1, true));
+            store.wait_durable(&staged).await.unwrap();
+            assert!(
+                poll_once(truncate.as_mut()).await.is_none(),
+                "waits for its fence"
+            );
+            let round = store.flush_round().await;
+            assert_eq!(
+                (round.logs, round.journal_bytes > 0),
+                (0, true),
+                "a round of the fence alone"
+            );
+            poll_once(truncate.as_mut()).await.expect("done").unwrap();
+            let o = store.offsets(id).unwrap();
+            assert_eq!(
+                (o.high_watermark, o.log_end_offset),
+                (4, 4),
+                "the durable end moved down"
+            );
+            let all = read_all(&store, id).await;
+            assert_eq!(all.iter().map(|b| b.0).collect::<Vec<_>>(), [0, 2]);
+        });
+    }
+
+    #[test]
+    fn a_truncated_log_continues_densely_at_the_cut() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            // Several segments: the cut removes whole ones and cuts one.
+            replicate(&store, id, 0..12, 1).await;
+            assert!(store.with_log(id, |l| l.segment_count()).unwrap() >= 3);
+            with_flusher(&store, store.truncate_log(id, 6)).await.unwrap();
+            assert!(matches!(
+                store.append_replica(id, &batch(100), 8, 2, 0),
+                Err(StorageError::NotAtLogEnd {
+                    log_end_offset: 6,
+                    ..
+                })
+            ));
+            replicate(&store, id, 100..103, 2).await;
+            let t = store.append(id, &batch(200), 3, 0).unwrap();
+            assert_eq!(t.info.base_offset, 12, "the leader's append continues at the end");
+            store.flush_round().await;
+            store.wait_durable(&t).await.unwrap();
+            let all = read_all(&store, id).await;
+            let offsets: Vec<i64> = all.iter().map(|b| b.0).collect();
+            assert_eq!(offsets, [0, 2, 4, 6, 8, 10, 12]);
+            for (b, tag) in all.iter().zip([0, 1, 2, 100, 101, 102, 200]) {
+                assert!(holds(b, tag), "batch {tag} at {}", b.0);
+            }
+            // A restart finds the same.
+            drop(store);
+            let (store, id, _) = crash_and_reopen(&fs).await;
+            let again = read_all(&store, id).await;
+            assert_eq!(again, all);
+        });
+    }
+
+    #[test]
+    fn a_truncation_is_refused_outside_the_log_or_between_batch_boundaries() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            replicate(&store, id, 0..3, 1).await;
+            assert!(matches!(
+                with_flusher(&store, store.truncate_log(id, 7)).await,
+                Err(StorageError::OffsetOutOfRange { .. })
+            ));
+            assert!(matches!(
+                with_flusher(&store, store.truncate_log(id, 3)).await,
+                Err(StorageError::NotBatchBoundary(3))
+            ));
+            with_flusher(&store, store.truncate_log(id, 6)).await.unwrap();
+            assert!(!store.has_pending(), "a truncation at the end writes nothing");
+            // Nothing was written: the log takes appends again, where it ended.
+            store.append_replica(id, &batch(3), 6, 1, 0).unwrap();
+        });
+    }
+
+    #[test]
+    fn a_truncated_batch_does_not_come_back_from_the_journal() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            // Journaled, and in the segments only unsynced.
+            replicate(&store, id, 0..6, 1).await;
+            with_flusher(&store, store.truncate_log(id, 4)).await.unwrap();
+            drop(store);
+            let (store, id, report) = crash_and_reopen(&fs).await;
+            assert_eq!(store.offsets(id).unwrap().log_end_offset, 4, "{report:?}");
+            assert_eq!(report.entries_voided, 4, "the entries at 4..12 are void");
+            // Again with batches appended at the cut since: they, not the cut ones, are there.
+            replicate(&store, id, 10..12, 2).await;
+            drop(store);
+            let (store, id, _) = crash_and_reopen(&fs).await;
+            let all = read_all(&store, id).await;
+            assert_eq!(
+                all.iter().map(|b| (b.0, b.1)).collect::<Vec<_>>(),
+                [(0, 1), (2, 1), (4, 2), (6, 2)]
+            );
+            assert!(holds(&all[2], 10) && holds(&all[3], 11));
+        });
+    }
+
+    #[test]
+    fn leader_epochs_are_cut_with_the_log() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            replicate(&store, id, 0..2, 1).await; // 0..4 in epoch 1
+            replicate(&store, id, 2..4, 2).await; // 4..8 in epoch 2
+            replicate(&store, id, 4..6, 3).await; // 8..12 in epoch 3
+            let epochs = |store: &ShardStore<MemFs>, id| {
+                store
+                    .with_log(id, |l| {
+                        (
+                            l.latest_epoch(),
+                            l.end_offset_for_epoch(2),
+                            l.end_offset_for_epoch(3),
+                        )
+                    })
+                    .unwrap()
+            };
+            assert_eq!(epochs(&store, id), (Some((3, 8)), Some((2, 8)), Some((3, 12))));
+            with_flusher(&store, store.truncate_log(id, 6)).await.unwrap();
+            // Epoch 3 is gone; epoch 2 ends at the log end (Kafka answers OffsetForLeaderEpoch
+            // for a larger epoch with the largest it has).
+            assert_eq!(epochs(&store, id), (Some((2, 4)), Some((2, 6)), Some((2, 6))));
+            with_flusher(&store, store.truncate_log(id, 4)).await.unwrap();
+            assert_eq!(epochs(&store, id), (Some((1, 0)), Some((1, 4)), Some((1, 4))));
+            // Durably: the epoch file says the same after a crash.
+            drop(store);
+            let (store, id, _) = crash_and_reopen(&fs).await;
+            assert_eq!(epochs(&store, id), (Some((1, 0)), Some((1, 4)), Some((1, 4))));
+            // A new epoch starts where the log continues.
+            replicate(&store, id, 10..11, 4).await;
+            assert_eq!(store.with_log(id, |l| l.latest_epoch()).unwrap(), Some((4, 4)));
+        });
+    }
 
     #[test]
     fn topic_id_base64() {
