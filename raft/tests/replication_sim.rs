@@ -12,11 +12,16 @@
 //!
 //! At the end it heals everything and checks that all replicas converge to the same log.
 //!
+//! It runs twice: over the in-memory replica log, and over the storage engine itself (a
+//! `ShardStore` on `MemFs` with its flusher and checkpoints, whose crash keeps what was synced
+//! and a torn prefix of what was not, followed by the journal replay of a start-up).
+//!
 //! `STRAND_SIM_RAFT_SEEDS=N` runs seeds `0..N` (default 16); `STRAND_SIM_RAFT_SEED=S` replays
 //! one seed; `STRAND_SIM_RAFT_SECS` sets the simulated seconds per seed (default 20).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,25 +38,206 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::types::Offset;
+use strand_raft::partition::shard_log::ShardReplicaLog;
 use strand_raft::partition::{
-    Applied, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaStore, StoredBatch,
+    Applied, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaLog, ReplicaStore, StoredBatch,
 };
 use strand_raft::rt::{Sim, SimRuntime, TaskGroup};
+use strand_storage::fs_mem::MemFs;
+use strand_storage::log::LogConfig;
+use strand_storage::store::{LogId, ShardStore, StoreConfig};
+use strand_storage::{replay_journals, LogKey};
 
 type C = PartitionRaft<SimRuntime>;
-type Store = ReplicaStore<SimRuntime, MemReplicaLog>;
-type Node = Raft<C, Store>;
+type Store<B> = ReplicaStore<SimRuntime, <B as Backend>::Log>;
+type Node<B> = Raft<C, Store<B>>;
 type Vote = <C as openraft::RaftTypeConfig>::Vote;
 type Snapshot = openraft::type_config::alias::SnapshotOf<C, strand_raft::partition::PartitionSnapshot>;
+
+/// Where a simulated replica keeps its log, and what a crash of it keeps.
+trait Backend: 'static {
+    type Log: ReplicaLog + Clone;
+    /// The log a (re)started replica opens its store over.
+    fn log(&self) -> Self::Log;
+    /// Tasks the storage needs while the node runs, spawned in the node's group.
+    fn spawn_tasks(&self, sim: &Sim, group: TaskGroup);
+    /// What the log holds, and what of it would survive a crash now.
+    fn batches(&self, sim: &Sim) -> (Vec<StoredBatch>, Vec<StoredBatch>);
+    /// A power cut (the node's tasks are already gone), then what a start-up recovers.
+    fn crash(&self, sim: &Sim, rng: &mut ChaCha8Rng);
+}
+
+/// The in-memory replica log.
+struct MemBackend(MemReplicaLog);
+
+impl Backend for MemBackend {
+    type Log = MemReplicaLog;
+
+    fn log(&self) -> MemReplicaLog {
+        self.0.clone()
+    }
+
+    fn spawn_tasks(&self, _sim: &Sim, _group: TaskGroup) {}
+
+    fn batches(&self, _sim: &Sim) -> (Vec<StoredBatch>, Vec<StoredBatch>) {
+        (self.0.batches(), self.0.durable_batches())
+    }
+
+    fn crash(&self, _sim: &Sim, _rng: &mut ChaCha8Rng) {
+        self.0.crash();
+    }
+}
+
+/// The storage engine: a shard store on `MemFs`, one partition log, its side file.
+struct ShardBackend {
+    fs: MemFs,
+    store: RefCell<Rc<ShardStore<MemFs>>>,
+    id: Cell<LogId>,
+    log: RefCell<ShardReplicaLog<MemFs>>,
+    /// Draws the device latency of each flush round.
+    rng: Rc<RefCell<ChaCha8Rng>>,
+}
+
+const PARTITION_DIR: &str = "sim-0";
+
+fn data_root() -> PathBuf {
+    PathBuf::from("/data")
+}
+
+fn log_config() -> LogConfig {
+    LogConfig {
+        // Small segments, so that rolls, indexes and checkpoints of several segments happen.
+        segment_bytes: 16 << 10,
+        ..LogConfig::default()
+    }
+}
+
+impl ShardBackend {
+    fn open(sim: &Sim, fs: MemFs, seed: u64) -> ShardBackend {
+        let (store, id, log) = sim.block_on(Self::recover(fs.clone()));
+        ShardBackend {
+            rng: Rc::new(RefCell::new(ChaCha8Rng::seed_from_u64(seed))),
+            fs,
+            store: RefCell::new(store),
+            id: Cell::new(id),
+            log: RefCell::new(log),
+        }
+    }
+
+    /// Start-up: journal replay, the store, the partition's log and its replica log.
+    async fn recover(fs: MemFs) -> (Rc<ShardStore<MemFs>>, LogId, ShardReplicaLog<MemFs>) {
+        let report = replay_journals(&fs, &data_root(), |_| Some(log_config()), 0)
+            .await
+            .expect("journal replay");
+        assert!(report.problems.is_empty(), "replay reported problems: {report:?}");
+        let config = StoreConfig {
+            journal_segment_bytes: 256 << 10,
+            ..StoreConfig::default()
+        };
+        let store = Rc::new(
+            ShardStore::open(fs, data_root(), 0, config)
+                .await
+                .expect("the store opens"),
+        );
+        let key = LogKey {
+            dir_name: PARTITION_DIR.to_owned(),
+            incarnation: [7; 16],
+        };
+        let (id, _) = store.open_log(key, log_config(), 0).await.expect("the log opens");
+        let log = ShardReplicaLog::open(
+            Rc::clone(&store),
+            id,
+            data_root().join(PARTITION_DIR),
+            Rc::new(|| 0),
+        )
+        .await
+        .expect("the replica log opens");
+        (store, id, log)
+    }
+}
+
+/// The shard's flusher, as the broker runs it: flush rounds, directory syncs, journal rotation
+/// and checkpoints.
+async fn flusher(store: Rc<ShardStore<MemFs>>, rng: Rc<RefCell<ChaCha8Rng>>) {
+    loop {
+        {
+            let work = store.wait_for_work();
+            let tick = SimRuntime::sleep(Duration::from_millis(500));
+            futures::pin_mut!(work);
+            futures::pin_mut!(tick);
+            futures::future::select(work, tick).await;
+        }
+        if store.has_pending() {
+            // The device's write latency: a crash meanwhile finds the round's writes unsynced.
+            let latency = Duration::from_micros(rng.borrow_mut().gen_range(100..3_000));
+            SimRuntime::sleep(latency).await;
+            store.flush_pending(4, |_| {}).await;
+            store.sync_changed_dirs().await;
+        }
+        if store.wants_checkpoint() || store.has_uncheckpointed_changes() {
+            store.rotate_journal().await.expect("journal rotation");
+            let s = Rc::clone(&store);
+            SimRuntime::spawn(async move {
+                s.checkpoint().await.expect("checkpoint");
+            });
+        }
+        // Flush rounds and checkpoints take no virtual time: yield to the others.
+        SimRuntime::sleep(Duration::from_micros(500)).await;
+    }
+}
+
+impl Backend for ShardBackend {
+    type Log = ShardReplicaLog<MemFs>;
+
+    fn log(&self) -> ShardReplicaLog<MemFs> {
+        self.log.borrow().clone()
+    }
+
+    fn spawn_tasks(&self, sim: &Sim, group: TaskGroup) {
+        sim.spawn_in(
+            group,
+            flusher(Rc::clone(&self.store.borrow()), Rc::clone(&self.rng)),
+        );
+    }
+
+    fn batches(&self, sim: &Sim) -> (Vec<StoredBatch>, Vec<StoredBatch>) {
+        let log = self.log();
+        let all = sim
+            .block_on(log.read_batches(Offset(0), Offset(i64::MAX)))
+            .expect("the log reads");
+        let store = self.store.borrow();
+        let durable_end = store
+            .offsets(self.id.get())
+            .expect("the log is open")
+            .high_watermark;
+        let durable = all
+            .iter()
+            .filter(|b| {
+                let h = strand_protocol::batch::BatchHeader::parse(&b.bytes).expect("stored batches parse");
+                h.next_offset() <= durable_end
+            })
+            .cloned()
+            .collect();
+        (all, durable)
+    }
+
+    fn crash(&self, sim: &Sim, rng: &mut ChaCha8Rng) {
+        self.fs.crash(|n| rng.gen_range(0..=n));
+        let (store, id, log) = sim.block_on(Self::recover(self.fs.clone()));
+        *self.store.borrow_mut() = store;
+        self.id.set(id);
+        *self.log.borrow_mut() = log;
+    }
+}
 
 const NODES: u64 = 3;
 const CLIENTS: u64 = 4;
 
 /// One simulated broker: its log survives crashes; its Raft node and tasks do not.
-struct Replica {
-    log: MemReplicaLog,
-    store: Option<Store>,
-    raft: Option<Node>,
+struct Replica<B: Backend> {
+    backend: B,
+    store: Option<Store<B>>,
+    raft: Option<Node<B>>,
     group: TaskGroup,
     /// Nodes this one cannot exchange messages with (a network partition).
     cut_off: bool,
@@ -64,10 +250,10 @@ struct Acked {
     batch: Bytes,
 }
 
-struct World {
+struct World<B: Backend> {
     sim: Rc<Sim>,
     config: Arc<Config>,
-    replicas: RefCell<BTreeMap<BrokerId, Replica>>,
+    replicas: RefCell<BTreeMap<BrokerId, Replica<B>>>,
     rng: RefCell<ChaCha8Rng>,
     loss_percent: RefCell<u32>,
     acked: RefCell<Vec<Acked>>,
@@ -75,7 +261,7 @@ struct World {
     unanswered: RefCell<u64>,
 }
 
-impl World {
+impl<B: Backend> World<B> {
     fn link_up(&self, a: BrokerId, b: BrokerId) -> bool {
         let replicas = self.replicas.borrow();
         let up = |id: BrokerId| replicas.get(&id).is_some_and(|r| r.raft.is_some() && !r.cut_off);
@@ -91,20 +277,20 @@ impl World {
         loss > 0 && self.rng.borrow_mut().gen_range(0..100) < loss
     }
 
-    fn raft_of(&self, id: BrokerId) -> Option<Node> {
+    fn raft_of(&self, id: BrokerId) -> Option<Node<B>> {
         self.replicas.borrow().get(&id).and_then(|r| r.raft.clone())
     }
 }
 
 /// The network between two simulated nodes: each message is delayed (so messages reorder),
 /// may be lost either way, and is not delivered across a cut.
-struct Link {
-    world: Rc<World>,
+struct Link<B: Backend> {
+    world: Rc<World<B>>,
     from: BrokerId,
     to: BrokerId,
 }
 
-impl Link {
+impl<B: Backend> Link<B> {
     async fn hop(&self, a: BrokerId, b: BrokerId) -> Result<(), String> {
         let delay = self.world.delay();
         SimRuntime::sleep(delay).await;
@@ -117,7 +303,7 @@ impl Link {
         Ok(())
     }
 
-    async fn target(&self) -> Result<Node, String> {
+    async fn target(&self) -> Result<Node<B>, String> {
         self.hop(self.from, self.to).await?;
         self.world
             .raft_of(self.to)
@@ -129,7 +315,7 @@ fn unreachable(msg: String) -> RPCError<C> {
     RPCError::Unreachable(Unreachable::from_string(msg))
 }
 
-impl RaftNetworkV2<C> for Link {
+impl<B: Backend> RaftNetworkV2<C> for Link<B> {
     type SnapshotData = strand_raft::partition::PartitionSnapshot;
 
     async fn append_entries(
@@ -175,15 +361,15 @@ impl RaftNetworkV2<C> for Link {
     }
 }
 
-struct Net {
-    world: Rc<World>,
+struct Net<B: Backend> {
+    world: Rc<World<B>>,
     from: BrokerId,
 }
 
-impl RaftNetworkFactory<C> for Net {
-    type Network = Link;
+impl<B: Backend> RaftNetworkFactory<C> for Net<B> {
+    type Network = Link<B>;
 
-    async fn new_client(&mut self, target: BrokerId, _node: &()) -> Link {
+    async fn new_client(&mut self, target: BrokerId, _node: &()) -> Link<B> {
         Link {
             world: Rc::clone(&self.world),
             from: self.from,
@@ -208,12 +394,15 @@ fn config() -> Arc<Config> {
 }
 
 /// Starts (or restarts) node `id` over its log, in a fresh task group.
-fn start(world: &Rc<World>, id: BrokerId) {
+fn start<B: Backend>(world: &Rc<World<B>>, id: BrokerId) {
     let group = world.sim.new_group();
-    let log = world.replicas.borrow()[&id].log.clone();
+    let log = world.replicas.borrow()[&id].backend.log();
+    world.replicas.borrow()[&id]
+        .backend
+        .spawn_tasks(&world.sim, group);
     let store = world
         .sim
-        .block_on(Store::open(log))
+        .block_on(Store::<B>::open(log))
         .expect("the replica log reopens");
     let net = Net {
         world: Rc::clone(world),
@@ -239,7 +428,7 @@ fn start(world: &Rc<World>, id: BrokerId) {
 }
 
 /// A crash: the node's tasks die, unflushed writes are lost, the log stays.
-fn crash(world: &Rc<World>, id: BrokerId) {
+fn crash<B: Backend>(world: &Rc<World<B>>, id: BrokerId) {
     let group = {
         let mut replicas = world.replicas.borrow_mut();
         let r = replicas.get_mut(&id).expect("known node");
@@ -248,7 +437,14 @@ fn crash(world: &Rc<World>, id: BrokerId) {
         r.group
     };
     world.sim.kill_group(group);
-    world.replicas.borrow().get(&id).expect("known node").log.crash();
+    let mut rng = world.rng.borrow_mut();
+    world
+        .replicas
+        .borrow()
+        .get(&id)
+        .expect("known node")
+        .backend
+        .crash(&world.sim, &mut rng);
 }
 
 fn payload(n: u64, records: usize) -> Bytes {
@@ -269,7 +465,7 @@ fn produced_part(b: &[u8]) -> (&[u8], &[u8]) {
 
 /// A client that keeps writing to whichever node leads, one write at a time; several run at
 /// once, so writes from different clients are in flight together.
-async fn client(world: Rc<World>, id: u64) {
+async fn client<B: Backend>(world: Rc<World<B>>, id: u64) {
     let mut n = id << 32;
     loop {
         let pause = Duration::from_millis(world.rng.borrow_mut().gen_range(1..15));
@@ -319,19 +515,15 @@ fn batches_by_offset(bs: Vec<StoredBatch>) -> BTreeMap<i64, StoredBatch> {
 }
 
 /// The invariants, checked between steps.
-fn check(world: &World, seed: u64, when: &str) {
+fn check<B: Backend>(world: &World<B>, seed: u64, when: &str) {
     let replicas = world.replicas.borrow();
     // What each replica holds (live, or what survives for a crashed one) and its high watermark.
     let views: Vec<View> = replicas
         .iter()
         .map(|(id, r)| {
             let hw = r.store.as_ref().map_or(Offset(-1), |s| s.high_watermark());
-            (
-                *id,
-                batches_by_offset(r.log.batches()),
-                batches_by_offset(r.log.durable_batches()),
-                hw,
-            )
+            let (all, durable) = r.backend.batches(&world.sim);
+            (*id, batches_by_offset(all), batches_by_offset(durable), hw)
         })
         .collect();
     for (id, live, _, hw) in &views {
@@ -398,7 +590,7 @@ fn check(world: &World, seed: u64, when: &str) {
     }
 }
 
-fn run_seed(seed: u64, secs: u64) {
+fn run_seed<B: Backend>(seed: u64, secs: u64, backend: impl Fn(&Rc<World<B>>) -> B) {
     let sim = Rc::new(Sim::new(seed));
     let world = Rc::new(World {
         sim: Rc::clone(&sim),
@@ -410,16 +602,11 @@ fn run_seed(seed: u64, secs: u64) {
         unanswered: RefCell::new(0),
     });
     for i in 1..=NODES {
-        let log = MemReplicaLog::new(Offset(0));
-        let w = Rc::clone(&world);
-        log.set_flush_delay(Rc::new(move || {
-            let d = Duration::from_micros(w.rng.borrow_mut().gen_range(100..3_000));
-            Box::pin(SimRuntime::sleep(d))
-        }));
+        let backend = sim.enter(|| backend(&world));
         world.replicas.borrow_mut().insert(
             BrokerId(i),
             Replica {
-                log,
+                backend,
                 store: None,
                 raft: None,
                 group: sim.new_group(),
@@ -461,6 +648,11 @@ fn run_seed(seed: u64, secs: u64) {
         };
         sim.enter(|| match roll {
             0..=7 if down.is_empty() => {
+                crash(&world, pick);
+                crashes += 1;
+            }
+            // Now and then a second node goes down too: the group stops until one returns.
+            0..=2 if down.len() == 1 && !down.contains(&pick) => {
                 crash(&world, pick);
                 crashes += 1;
             }
@@ -524,7 +716,10 @@ fn run_seed(seed: u64, secs: u64) {
         .values()
         .map(|r| r.store.as_ref().expect("all up").high_watermark())
         .collect();
-    let logs: Vec<Vec<StoredBatch>> = replicas.values().map(|r| r.log.batches()).collect();
+    let logs: Vec<Vec<StoredBatch>> = replicas
+        .values()
+        .map(|r| r.backend.batches(&world.sim).0)
+        .collect();
     let acked = world.acked.borrow();
     assert!(
         hws.windows(2).all(|w| w[0] == w[1]),
@@ -550,14 +745,38 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-#[test]
-fn replicas_never_lose_acknowledged_batches_and_agree_below_the_high_watermark() {
+fn mem_backend(world: &Rc<World<MemBackend>>) -> MemBackend {
+    let log = MemReplicaLog::new(Offset(0));
+    let w = Rc::clone(world);
+    log.set_flush_delay(Rc::new(move || {
+        let d = Duration::from_micros(w.rng.borrow_mut().gen_range(100..3_000));
+        Box::pin(SimRuntime::sleep(d))
+    }));
+    MemBackend(log)
+}
+
+fn shard_backend(world: &Rc<World<ShardBackend>>) -> ShardBackend {
+    let seed = world.rng.borrow_mut().gen();
+    ShardBackend::open(&world.sim, MemFs::new(), seed)
+}
+
+fn run_seeds<B: Backend>(backend: impl Fn(&Rc<World<B>>) -> B + Copy) {
     let secs = env_u64("STRAND_SIM_RAFT_SECS").unwrap_or(20);
     if let Some(seed) = env_u64("STRAND_SIM_RAFT_SEED") {
-        run_seed(seed, secs);
+        run_seed(seed, secs, backend);
         return;
     }
     for seed in 0..env_u64("STRAND_SIM_RAFT_SEEDS").unwrap_or(16) {
-        run_seed(seed, secs);
+        run_seed(seed, secs, backend);
     }
+}
+
+#[test]
+fn replicas_never_lose_acknowledged_batches_and_agree_below_the_high_watermark() {
+    run_seeds(mem_backend);
+}
+
+#[test]
+fn the_same_holds_over_the_storage_engine_with_power_cuts() {
+    run_seeds(shard_backend);
 }

@@ -7,10 +7,12 @@
 //!   loses unflushed writes on a simulated crash.
 //! - [`side_state`]: the replica's Raft state beside its log (vote, snapshot record, purge
 //!   point, install marker, internal entries), one small file written atomically.
+//! - [`shard_log`]: the replica log over a shard store's partition log (the broker's).
 //! - [`store`]: openraft's log storage and state machine over them.
 
 pub mod entry_map;
 pub mod replica_log;
+pub mod shard_log;
 pub mod side_state;
 pub mod store;
 pub mod types;

@@ -502,7 +502,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
             let Some((meta, next_offset)) = inner.snapshot.clone() else {
                 return Ok(None);
             };
-            let read = inner.log.read_batches(Offset(i64::MIN), next_offset);
+            let read = inner.log.read_batches(Offset::ZERO, next_offset);
             (meta, next_offset, read)
         };
         let batches = read.await?;

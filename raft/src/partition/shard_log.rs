@@ -1,0 +1,428 @@
+//! [`ReplicaLog`] over a partition log of a shard's store: the batches are the segment log's
+//! own (stored once, served to consumers as they are), made durable by the shard's group
+//! commit; the Raft state beside them is one [`SideState`] file in the log's directory.
+//!
+//! - **Appends** go through `ShardStore::append_replica` at the base offset the entry map
+//!   gives (the leader's own proposals too: their producer checks happen before they are
+//!   proposed), so the shard's flush rounds make them durable with everything else.
+//! - **The unflushed tail** is kept in memory until its round is durable: openraft may send a
+//!   leader's entries to followers before they are durable locally, and the store serves only
+//!   durable data.
+//! - **Flushes** wait for the last append's round. A truncation first waits for every
+//!   pending append, so no flush waits across one (a truncation moves the store's durable end
+//!   down, which a flush waiting on it would never see pass again).
+//! - **Truncations** cut the log first and the side file second: a crash between them leaves
+//!   internal entries beyond the cut, which a restart either drops (beyond the log's end) or
+//!   keeps as entries this replica never acknowledged the loss of — as if the truncation had
+//!   not happened, which Raft tolerates because nothing depending on it was answered.
+//! - **Side-file writes** are serialised, and each writes the state as it is when it runs, so
+//!   the last one written holds every change made before it.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use futures::lock::Mutex;
+use strand_protocol::batch::{patch_batch, BatchHeader, BatchScanner};
+use strand_protocol::types::Offset;
+use strand_storage::fs::Fs;
+use strand_storage::store::{AppendTicket, LogId, ShardStore};
+use strand_storage::StorageError;
+
+use super::entry_map::PurgePoint;
+use super::replica_log::{
+    InternalEntry, LogFuture, Recovered, ReplicaLog, SnapshotRecord, StoredBatch, StoredVote,
+};
+use super::side_state::SideState;
+use crate::Term;
+
+/// The name of the side file in a partition's directory.
+pub const SIDE_STATE_FILE: &str = "raft-state";
+/// How much one read asks for; a larger batch still comes whole (KIP-74).
+const READ_CHUNK_BYTES: usize = 1 << 20;
+
+fn io_err(e: StorageError) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// A wake-everyone event with a generation, runtime-independent.
+#[derive(Default)]
+struct Event {
+    generation: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl Event {
+    fn fire(&self) {
+        self.generation.set(self.generation.get() + 1);
+        for w in std::mem::take(&mut *self.wakers.borrow_mut()) {
+            w.wake();
+        }
+    }
+}
+
+struct EventWait {
+    event: Rc<Shared>,
+    seen: u64,
+}
+
+impl Future for EventWait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.event.durable_event.generation.get() != self.seen {
+            return Poll::Ready(());
+        }
+        self.event
+            .durable_event
+            .wakers
+            .borrow_mut()
+            .push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+struct Pending {
+    seq: u64,
+    ticket: AppendTicket,
+    batch: StoredBatch,
+}
+
+struct Shared {
+    /// Appends made so far, and the highest of them known durable.
+    appended_seq: Cell<u64>,
+    durable_seq: Cell<u64>,
+    durable_event: Event,
+    pending: RefCell<VecDeque<Pending>>,
+    side: RefCell<SideState>,
+    side_writes: Mutex<()>,
+}
+
+/// A partition's Raft log on a shard store (see the module documentation).
+pub struct ShardReplicaLog<F: Fs> {
+    store: Rc<ShardStore<F>>,
+    id: LogId,
+    side_path: PathBuf,
+    now_ms: Rc<dyn Fn() -> i64>,
+    shared: Rc<Shared>,
+}
+
+impl<F: Fs> Clone for ShardReplicaLog<F> {
+    fn clone(&self) -> Self {
+        ShardReplicaLog {
+            store: Rc::clone(&self.store),
+            id: self.id,
+            side_path: self.side_path.clone(),
+            now_ms: Rc::clone(&self.now_ms),
+            shared: Rc::clone(&self.shared),
+        }
+    }
+}
+
+impl<F: Fs> ShardReplicaLog<F> {
+    /// The replica log of the open log `id`, whose directory is `dir`; reads its side file.
+    pub async fn open(
+        store: Rc<ShardStore<F>>,
+        id: LogId,
+        dir: PathBuf,
+        now_ms: Rc<dyn Fn() -> i64>,
+    ) -> io::Result<Self> {
+        let side_path = dir.join(SIDE_STATE_FILE);
+        let side = if store.fs().exists(&side_path).await {
+            let bytes = store.fs().read_file(&side_path).await?;
+            SideState::decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+        } else {
+            SideState::default()
+        };
+        Ok(ShardReplicaLog {
+            store,
+            id,
+            side_path,
+            now_ms,
+            shared: Rc::new(Shared {
+                appended_seq: Cell::new(0),
+                durable_seq: Cell::new(0),
+                durable_event: Event::default(),
+                pending: RefCell::new(VecDeque::new()),
+                side: RefCell::new(side),
+                side_writes: Mutex::new(()),
+            }),
+        })
+    }
+
+    /// Writes the side state as it is when the write runs (see the module documentation).
+    fn write_side(&self, change: impl FnOnce(&mut SideState)) -> LogFuture<()> {
+        change(&mut self.shared.side.borrow_mut());
+        let shared = Rc::clone(&self.shared);
+        let store = Rc::clone(&self.store);
+        let path = self.side_path.clone();
+        Box::pin(async move {
+            let _turn = shared.side_writes.lock().await;
+            let bytes = shared.side.borrow().encode();
+            store.fs().write_file_atomic(&path, bytes).await
+        })
+    }
+
+    /// Waits until every append made so far is durable.
+    fn wait_pending(&self) -> LogFuture<()> {
+        let target = self.shared.appended_seq.get();
+        let last = self.shared.pending.borrow().back().map(|p| (p.seq, p.ticket));
+        let shared = Rc::clone(&self.shared);
+        let store = Rc::clone(&self.store);
+        Box::pin(async move {
+            let Some((seq, ticket)) = last else { return Ok(()) };
+            loop {
+                if shared.durable_seq.get() >= target {
+                    return Ok(());
+                }
+                let woken = EventWait {
+                    seen: shared.durable_event.generation.get(),
+                    event: Rc::clone(&shared),
+                };
+                let durable = store.wait_durable(&ticket);
+                futures::pin_mut!(durable);
+                match futures::future::select(durable, woken).await {
+                    futures::future::Either::Left((result, _)) => {
+                        result.map_err(io_err)?;
+                        mark_durable(&shared, seq);
+                        return Ok(());
+                    }
+                    futures::future::Either::Right(_) => continue,
+                }
+            }
+        })
+    }
+
+    async fn read_from_store(&self, from: Offset, to: Offset) -> io::Result<Vec<StoredBatch>> {
+        let mut out = Vec::new();
+        let start = self.store.offsets(self.id).map_err(io_err)?.log_start_offset;
+        let mut at = from.max(Offset(start));
+        while at < to {
+            let plan = self
+                .store
+                .plan_read(self.id, at.0, READ_CHUNK_BYTES)
+                .map_err(io_err)?;
+            let Some(plan) = plan else { break };
+            let bytes = plan.execute().await.map_err(io_err)?;
+            if bytes.is_empty() {
+                break;
+            }
+            let mut progressed = false;
+            for found in BatchScanner::new(&bytes, false) {
+                let h = found.header;
+                let base = Offset(h.base_offset);
+                if h.next_offset() <= at.0 {
+                    continue;
+                }
+                if base >= to {
+                    return Ok(out);
+                }
+                let end = found.position + h.total_bytes();
+                let slice = bytes.slice(found.position..end);
+                out.push(StoredBatch {
+                    base_offset: base,
+                    term: Term::from_leader_epoch(strand_protocol::types::LeaderEpoch(
+                        h.partition_leader_epoch,
+                    ))
+                    .unwrap_or(Term(0)),
+                    bytes: slice,
+                });
+                at = Offset(h.next_offset());
+                progressed = true;
+            }
+            if !progressed {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn mark_durable(shared: &Shared, seq: u64) {
+    if seq > shared.durable_seq.get() {
+        shared.durable_seq.set(seq);
+        let mut pending = shared.pending.borrow_mut();
+        while pending.front().is_some_and(|p| p.seq <= seq) {
+            pending.pop_front();
+        }
+    }
+    shared.durable_event.fire();
+}
+
+impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
+    fn append_batch(&self, base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<()> {
+        let epoch = term
+            .as_leader_epoch()
+            .ok_or_else(|| io::Error::other(format!("term {} is beyond Kafka's leader epochs", term.0)))?;
+        let ticket = self
+            .store
+            .append_replica(self.id, batch, base_offset.0, epoch.0, (self.now_ms)())
+            .map_err(io_err)?;
+        let mut stamped = BytesMut::from(&batch[..]);
+        patch_batch(&mut stamped, base_offset.0, epoch.0);
+        let seq = self.shared.appended_seq.get() + 1;
+        self.shared.appended_seq.set(seq);
+        self.shared.pending.borrow_mut().push_back(Pending {
+            seq,
+            ticket,
+            batch: StoredBatch {
+                base_offset,
+                term,
+                bytes: stamped.freeze(),
+            },
+        });
+        Ok(())
+    }
+
+    fn append_internal(&self, entry: InternalEntry) -> LogFuture<()> {
+        self.write_side(|s| {
+            s.internal.insert(entry.index, entry);
+        })
+    }
+
+    fn forget_internal(&self, indexes: &[u64]) -> LogFuture<()> {
+        let indexes = indexes.to_vec();
+        self.write_side(move |s| {
+            for i in indexes {
+                s.internal.remove(&i);
+            }
+        })
+    }
+
+    fn flush(&self) -> LogFuture<()> {
+        self.wait_pending()
+    }
+
+    fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch> {
+        let cached = self
+            .shared
+            .pending
+            .borrow()
+            .iter()
+            .find(|p| p.batch.base_offset == base_offset)
+            .map(|p| p.batch.clone());
+        let me = self.clone();
+        Box::pin(async move {
+            if let Some(b) = cached {
+                return Ok(b);
+            }
+            let found = me.read_from_store(base_offset, base_offset.plus(1)).await?;
+            found
+                .into_iter()
+                .find(|b| b.base_offset == base_offset)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("no batch at offset {}", base_offset.0),
+                    )
+                })
+        })
+    }
+
+    fn read_batches(&self, from: Offset, to: Offset) -> LogFuture<Vec<StoredBatch>> {
+        let cached: Vec<StoredBatch> = self
+            .shared
+            .pending
+            .borrow()
+            .iter()
+            .filter(|p| p.batch.base_offset >= from && p.batch.base_offset < to)
+            .map(|p| p.batch.clone())
+            .collect();
+        let me = self.clone();
+        Box::pin(async move {
+            let mut out = me.read_from_store(from, to).await?;
+            let durable_end = out.last().map(|b| b.base_offset);
+            out.extend(
+                cached
+                    .into_iter()
+                    .filter(|b| durable_end.is_none_or(|d| b.base_offset > d)),
+            );
+            Ok(out)
+        })
+    }
+
+    fn internal_entry(&self, index: u64) -> Option<InternalEntry> {
+        self.shared.side.borrow().internal.get(&index).cloned()
+    }
+
+    fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()> {
+        let me = self.clone();
+        Box::pin(async move {
+            me.wait_pending().await?;
+            me.store.truncate_log(me.id, offset.0).await.map_err(io_err)?;
+            let keep = keep_internal.map_or(0, |k| k.saturating_add(1));
+            me.write_side(|s| s.internal.retain(|i, _| *i < keep)).await
+        })
+    }
+
+    fn save_purge_point(&self, purged: PurgePoint) -> LogFuture<()> {
+        self.write_side(|s| {
+            s.internal.retain(|i, _| *i > purged.index);
+            s.purged = Some(purged);
+        })
+    }
+
+    fn save_vote(&self, vote: StoredVote) -> LogFuture<()> {
+        self.write_side(|s| s.vote = Some(vote))
+    }
+
+    fn vote(&self) -> Option<StoredVote> {
+        self.shared.side.borrow().vote
+    }
+
+    fn save_snapshot(&self, snapshot: SnapshotRecord) -> LogFuture<()> {
+        self.write_side(|s| s.snapshot = Some(snapshot))
+    }
+
+    fn begin_install(&self, from: Offset) -> LogFuture<()> {
+        self.write_side(|s| s.installing_from = Some(from))
+    }
+
+    fn finish_install(&self, snapshot: SnapshotRecord) -> LogFuture<()> {
+        self.write_side(|s| {
+            let point = snapshot.last;
+            s.internal.retain(|i, _| *i > point.index);
+            s.purged = Some(point);
+            s.snapshot = Some(snapshot);
+            s.installing_from = None;
+        })
+    }
+
+    fn recover(&self) -> LogFuture<Recovered> {
+        let me = self.clone();
+        Box::pin(async move {
+            let side = me.shared.side.borrow().clone();
+            let offsets = me.store.offsets(me.id).map_err(io_err)?;
+            let start_offset = Offset(offsets.log_start_offset);
+            let from = side
+                .purged
+                .map_or(start_offset, |p| p.next_offset.max(start_offset));
+            let batches = me
+                .read_from_store(from, Offset(offsets.log_end_offset))
+                .await?
+                .into_iter()
+                .map(|b| {
+                    let count = BatchHeader::parse(&b.bytes)
+                        .map(|h| h.offset_count())
+                        .unwrap_or(1);
+                    (b.term, b.base_offset, u32::try_from(count).unwrap_or(1))
+                })
+                .collect();
+            Ok(Recovered {
+                purged: side.purged,
+                start_offset,
+                internal: side.internal.values().map(|e| (e.index, e.term)).collect(),
+                batches,
+                vote: side.vote,
+                snapshot: side.snapshot,
+                installing_from: side.installing_from,
+            })
+        })
+    }
+}
