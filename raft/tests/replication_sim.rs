@@ -40,7 +40,8 @@ use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::types::Offset;
 use strand_raft::partition::shard_log::ShardReplicaLog;
 use strand_raft::partition::{
-    Applied, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaLog, ReplicaStore, StoredBatch,
+    Applied, Applier, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaLog, ReplicaStore,
+    StoredBatch,
 };
 use strand_raft::rt::{Sim, SimRuntime, TaskGroup};
 use strand_storage::fs_mem::MemFs;
@@ -236,11 +237,23 @@ const CLIENTS: u64 = 4;
 /// One simulated broker: its log survives crashes; its Raft node and tasks do not.
 struct Replica<B: Backend> {
     backend: B,
+    /// What this life of the node's state machine was given, in order.
+    applied: Rc<Recorder>,
     store: Option<Store<B>>,
     raft: Option<Node<B>>,
     group: TaskGroup,
     /// Nodes this one cannot exchange messages with (a network partition).
     cut_off: bool,
+}
+
+/// A state machine beside the log that records every batch it is given.
+#[derive(Default)]
+struct Recorder(RefCell<Vec<(i64, Bytes)>>);
+
+impl Applier for Recorder {
+    fn apply(&self, base_offset: Offset, batch: &Bytes) {
+        self.0.borrow_mut().push((base_offset.0, batch.clone()));
+    }
 }
 
 /// An acknowledged write: what the client sent and where it was answered to be.
@@ -400,10 +413,18 @@ fn start<B: Backend>(world: &Rc<World<B>>, id: BrokerId) {
     world.replicas.borrow()[&id]
         .backend
         .spawn_tasks(&world.sim, group);
+    let recorder = Rc::new(Recorder::default());
+    let applier: Rc<dyn Applier> = recorder.clone();
     let store = world
         .sim
-        .block_on(Store::<B>::open(log))
+        .block_on(Store::<B>::open_with(log, Some(applier)))
         .expect("the replica log reopens");
+    world
+        .replicas
+        .borrow_mut()
+        .get_mut(&id)
+        .expect("known node")
+        .applied = recorder;
     let net = Net {
         world: Rc::clone(world),
         from: id,
@@ -546,6 +567,32 @@ fn check<B: Backend>(world: &World<B>, seed: u64, when: &str) {
             );
         }
     }
+    // Each running state machine was given exactly its log below the high watermark, in order.
+    for ((id, live, _, hw), r) in views.iter().zip(replicas.values()) {
+        if hw.0 < 0 {
+            continue;
+        }
+        let applied = r.applied.0.borrow();
+        let expected: Vec<(&i64, &StoredBatch)> = live.range(..hw.0).collect();
+        assert_eq!(
+            applied.len(),
+            expected.len(),
+            "seed {seed} {when}: node {id}'s state machine was given {} batches, its log holds {} below the high watermark",
+            applied.len(),
+            expected.len()
+        );
+        for ((o, b), (ao, ab)) in expected.iter().zip(applied.iter()) {
+            assert_eq!(
+                **o, *ao,
+                "seed {seed} {when}: node {id} applied offset {ao} where its log has {o}"
+            );
+            assert_eq!(
+                produced_part(&b.bytes),
+                produced_part(ab),
+                "seed {seed} {when}: node {id} applied other bytes at {o}"
+            );
+        }
+    }
     // Replicas agree below both high watermarks.
     for (a, la, _, ha) in &views {
         for (b, lb, _, hb) in &views {
@@ -607,6 +654,7 @@ fn run_seed<B: Backend>(seed: u64, secs: u64, backend: impl Fn(&Rc<World<B>>) ->
             BrokerId(i),
             Replica {
                 backend,
+                applied: Rc::new(Recorder::default()),
                 store: None,
                 raft: None,
                 group: sim.new_group(),

@@ -19,5 +19,5 @@ pub mod types;
 
 pub use entry_map::{EntryMap, PurgePoint, Slot};
 pub use replica_log::{InternalEntry, MemReplicaLog, ReplicaLog, StoredBatch, StoredVote};
-pub use store::{PartitionSnapshot, ReplicaStore};
+pub use store::{Applier, PartitionSnapshot, ReplicaStore};
 pub use types::{Applied, BrokerId, KafkaBatch, PartitionLogId, PartitionRaft};

@@ -23,6 +23,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::rc::Rc;
 
+use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
@@ -63,9 +64,20 @@ pub struct PartitionSnapshot {
     pub batches: Vec<StoredBatch>,
 }
 
+/// What a group does with its committed batches besides moving the high watermark: the
+/// controller quorum's metadata log builds the cluster state from them, a queue's state log its
+/// delivery records. A data partition has none.
+pub trait Applier: 'static {
+    /// A committed batch, given once per life of the replica, in offset order, starting from
+    /// the log's start when the replica opens. `batch` is as produced: read its records, not its
+    /// `baseOffset`.
+    fn apply(&self, base_offset: Offset, batch: &Bytes);
+}
+
 struct Replica<L> {
     log: L,
     map: EntryMap,
+    applier: Option<Rc<dyn Applier>>,
     applied: Option<PartitionLogId>,
     membership: Stored,
     high_watermark: Offset,
@@ -98,6 +110,12 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
     /// before); openraft re-applies committed entries above it, which only moves the high
     /// watermark again.
     pub async fn open(log: L) -> io::Result<Self> {
+        Self::open_with(log, None).await
+    }
+
+    /// [`ReplicaStore::open`] for a group whose committed batches go to `applier` as well; it
+    /// is given every batch below the high watermark first.
+    pub async fn open_with(log: L, applier: Option<Rc<dyn Applier>>) -> io::Result<Self> {
         let mut rec = log.recover().await?;
         if let Some(from) = rec.installing_from {
             // A crash while the leader's log was being written: drop what was written of it.
@@ -146,10 +164,16 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 (None, Stored::default(), rec.start_offset, None)
             }
         };
+        if let Some(applier) = &applier {
+            for b in log.read_batches(Offset::ZERO, high_watermark).await? {
+                applier.apply(b.base_offset, &b.bytes);
+            }
+        }
         Ok(ReplicaStore {
             inner: Rc::new(RefCell::new(Replica {
                 log,
                 map,
+                applier,
                 applied,
                 membership,
                 high_watermark,
@@ -390,7 +414,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 let index = entry.log_id.index;
                 inner.applied = Some(entry.log_id);
                 match entry.payload {
-                    EntryPayload::Normal(_) => match inner.map.get(index) {
+                    EntryPayload::Normal(KafkaBatch(bytes)) => match inner.map.get(index) {
                         Some(Slot::Data {
                             base_offset,
                             offset_count,
@@ -399,6 +423,9 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                             let next = base_offset.plus(i64::from(offset_count));
                             assert!(next >= inner.high_watermark, "the high watermark never goes back");
                             inner.high_watermark = next;
+                            if let Some(applier) = &inner.applier {
+                                applier.apply(base_offset, &bytes);
+                            }
                             Applied::Batch { base_offset }
                         }
                         other => {
@@ -487,6 +514,21 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 inner.log.finish_install(record)
             };
             finish.await?;
+        }
+        // The applier gets what the snapshot covers beyond what it was given.
+        let (applier, old_high_watermark) = {
+            let inner = self.inner.borrow();
+            (inner.applier.clone(), inner.high_watermark)
+        };
+        if let Some(applier) = applier {
+            let read = self
+                .inner
+                .borrow()
+                .log
+                .read_batches(old_high_watermark, point.next_offset);
+            for b in read.await? {
+                applier.apply(b.base_offset, &b.bytes);
+            }
         }
         let mut inner = self.inner.borrow_mut();
         inner.applied = Some(last);
