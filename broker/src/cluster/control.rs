@@ -1,0 +1,814 @@
+//! The controller's decisions: functions from the state (and the active controller's soft
+//! state, [`Liveness`]) to the records the quorum leader proposes, modelled on Kafka's
+//! `ClusterControlManager`, `ReplicationControlManager`, `BrokerHeartbeatManager` and
+//! `PartitionChangeBuilder`.
+//!
+//! A decision must be made against a state that already holds every record proposed before it
+//! (the leader applies its proposals to its own copy as it proposes them, as Kafka's active
+//! controller does), so that two decisions never build on the same partition epoch. Each
+//! decision applies its records to a scratch copy as it builds them: a decision whose records
+//! would break an invariant fails here, on the leader, not on the nodes that apply it.
+//!
+//! Elections follow Kafka without unclean election and without eligible leader replicas: a
+//! partition's leader stays while it is in the ISR and active; otherwise the first replica (in
+//! preference order) that is in the ISR and active leads; if there is none the partition goes
+//! offline (leader -1) with its last ISR kept, and the first of those brokers to come back leads
+//! again. Every leader change bumps the leader epoch; every change bumps the partition epoch.
+
+use std::collections::BTreeMap;
+
+use kafka_protocol::ResponseError;
+use strand_protocol::types::{validate_topic_name, LeaderEpoch, NodeId, PartitionId, TopicId};
+
+use super::placement::{place, Load};
+use super::record::{
+    BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId, MetadataOffset, PartitionChange,
+    PartitionEpoch, PartitionRecord, Record, RegisterBroker, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS, MAX_REPLICAS,
+    MAX_STRING_BYTES,
+};
+use super::state::{ClusterState, PartitionRegistration};
+use crate::metadata::{AdminError, MAX_PARTITIONS_PER_TOPIC};
+
+/// Kafka's `broker.session.timeout.ms` default.
+pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 9_000;
+
+/// The controller's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// A broker whose last heartbeat is this old is fenced (`broker.session.timeout.ms`).
+    pub session_timeout_ms: u64,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            session_timeout_ms: DEFAULT_SESSION_TIMEOUT_MS,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Contact {
+    last_contact_ms: u64,
+    /// The broker's metadata position: the offset of the next record it will apply.
+    metadata_offset: MetadataOffset,
+    /// While in controlled shutdown: the offset every active broker must reach (so that every
+    /// broker has seen the leadership moves) before this one is told to stop.
+    shutdown_offset: Option<MetadataOffset>,
+}
+
+/// The active controller's soft state: when each broker last sent a heartbeat and how far it
+/// has applied the metadata log. Not replicated (heartbeats would flood the log): a controller
+/// that becomes active starts every broker with a fresh session ([`Liveness::activate`]), so a
+/// controller fail-over delays fencing by up to one session timeout, as in Kafka.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Liveness {
+    contacts: BTreeMap<NodeId, Contact>,
+}
+
+impl Liveness {
+    /// The soft state of a controller that has just become active.
+    pub fn activate(state: &ClusterState, now_ms: u64) -> Liveness {
+        let mut l = Liveness::default();
+        for b in state.brokers() {
+            l.reset(b.id, now_ms);
+        }
+        l
+    }
+
+    fn reset(&mut self, broker: NodeId, now_ms: u64) {
+        self.contacts.insert(
+            broker,
+            Contact {
+                last_contact_ms: now_ms,
+                metadata_offset: MetadataOffset(0),
+                shutdown_offset: None,
+            },
+        );
+    }
+
+    /// When the broker was last heard from.
+    pub fn last_contact_ms(&self, broker: NodeId) -> Option<u64> {
+        self.contacts.get(&broker).map(|c| c.last_contact_ms)
+    }
+}
+
+/// A BrokerRegistration request, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerRegistrationRequest {
+    pub broker: NodeId,
+    pub incarnation: IncarnationId,
+    pub endpoints: Vec<Endpoint>,
+    pub rack: Option<String>,
+    pub shards: u16,
+}
+
+/// A BrokerHeartbeat request, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub broker: NodeId,
+    pub epoch: BrokerEpoch,
+    /// The offset of the next metadata record the broker will apply.
+    pub metadata_offset: MetadataOffset,
+    /// The broker asks to be fenced (it is not ready to serve).
+    pub want_fence: bool,
+    /// The broker asks to shut down (controlled shutdown when it leads anything).
+    pub want_shutdown: bool,
+}
+
+/// The BrokerHeartbeat response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    /// The broker has applied its own registration.
+    pub is_caught_up: bool,
+    pub is_fenced: bool,
+    /// The broker may stop now: it leads nothing and every live broker knows.
+    pub should_shut_down: bool,
+}
+
+/// A topic to create, after the broker resolved defaults (`num.partitions`,
+/// `default.replication.factor`) and validated the configs' values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateTopic {
+    pub name: String,
+    pub id: TopicId,
+    pub partitions: i32,
+    pub replication_factor: i16,
+    pub configs: Vec<(String, String)>,
+}
+
+/// An ISR member as AlterPartition names it: with the broker epoch the leader saw (KIP-903),
+/// `None` to skip that check (older request versions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IsrMember {
+    pub broker: NodeId,
+    pub epoch: Option<BrokerEpoch>,
+}
+
+/// One partition of an AlterPartition request (KIP-497), from its leader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AlterPartition {
+    pub broker: NodeId,
+    pub broker_epoch: BrokerEpoch,
+    pub topic: TopicId,
+    pub partition: PartitionId,
+    pub leader_epoch: LeaderEpoch,
+    pub partition_epoch: PartitionEpoch,
+    pub new_isr: Vec<IsrMember>,
+}
+
+/// What AlterPartition answers on success: the partition as it now is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AlterPartitionReply {
+    pub leader: Option<NodeId>,
+    pub isr: Vec<NodeId>,
+    pub leader_epoch: LeaderEpoch,
+    pub partition_epoch: PartitionEpoch,
+}
+
+/// Records built against a scratch copy of the state, each applied as it is added.
+struct Batch {
+    state: ClusterState,
+    records: Vec<Record>,
+}
+
+impl Batch {
+    fn new(state: &ClusterState) -> Batch {
+        Batch {
+            state: state.clone(),
+            records: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, r: Record) {
+        self.state.apply(&r);
+        self.records.push(r);
+    }
+
+    fn finish(self) -> Vec<Record> {
+        if cfg!(debug_assertions) {
+            self.state.check_invariants();
+        }
+        self.records
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Election {
+    /// Keep the leader if it may lead, else the first replica in the ISR that may.
+    Online,
+    /// The first replica if it may lead, else as `Online`.
+    Preferred,
+}
+
+/// The change that gives a partition `target_isr` (the current ISR when empty: an ISR never
+/// becomes empty, its last member stays as the one to wait for) and a leader that is in it and
+/// `acceptable`; `None` when nothing changes.
+fn change(
+    topic: TopicId,
+    partition: PartitionId,
+    part: &PartitionRegistration,
+    target_isr: Vec<NodeId>,
+    acceptable: &dyn Fn(NodeId) -> bool,
+    election: Election,
+) -> Option<PartitionChange> {
+    let isr = if target_isr.is_empty() {
+        part.isr.clone()
+    } else {
+        target_isr
+    };
+    let valid = |b: NodeId| isr.contains(&b) && acceptable(b);
+    let current = part.leader.filter(|l| valid(*l));
+    let first_valid = || part.replica_brokers().find(|b| valid(*b));
+    let leader = match election {
+        Election::Online => current.or_else(first_valid),
+        Election::Preferred => part
+            .preferred_leader()
+            .filter(|p| valid(*p))
+            .or(current)
+            .or_else(first_valid),
+    };
+    if leader == part.leader && isr == part.isr {
+        return None;
+    }
+    let leader_epoch = if leader == part.leader {
+        part.leader_epoch
+    } else {
+        LeaderEpoch(part.leader_epoch.0 + 1)
+    };
+    Some(PartitionChange {
+        topic,
+        partition,
+        leader,
+        isr,
+        leader_epoch,
+        partition_epoch: PartitionEpoch(part.partition_epoch.0 + 1),
+        shards: None,
+    })
+}
+
+/// Moves leadership and ISR membership away from `broker` (about to be fenced or to shut
+/// down): it is removed from every ISR it is in, except as the last member.
+fn move_away(batch: &mut Batch, broker: NodeId) {
+    let state = &batch.state;
+    let acceptable = |b: NodeId| b != broker && state.is_active(b);
+    let changes: Vec<_> = state
+        .partitions()
+        .filter(|(_, _, p)| p.isr.contains(&broker) || p.leader == Some(broker))
+        .filter_map(|(t, i, p)| {
+            let target = p.isr.iter().copied().filter(|b| *b != broker).collect();
+            change(t, i, p, target, &acceptable, Election::Online)
+        })
+        .collect();
+    for c in changes {
+        batch.push(Record::PartitionChange(c));
+    }
+}
+
+/// Fences an unfenced broker: its partitions first, then the broker.
+fn fence(batch: &mut Batch, broker: NodeId) {
+    let Some(epoch) = batch.state.broker(broker).filter(|b| !b.fenced).map(|b| b.epoch) else {
+        return;
+    };
+    move_away(batch, broker);
+    batch.push(Record::BrokerFenced { broker, epoch });
+}
+
+/// Unfences a broker, then gives it the offline partitions whose ISR it is in.
+fn unfence(batch: &mut Batch, broker: NodeId, epoch: BrokerEpoch) {
+    batch.push(Record::BrokerUnfenced { broker, epoch });
+    let state = &batch.state;
+    let acceptable = |b: NodeId| state.is_active(b);
+    let changes: Vec<_> = state
+        .partitions()
+        .filter(|(_, _, p)| p.leader.is_none() && p.isr.contains(&broker))
+        .filter_map(|(t, i, p)| change(t, i, p, p.isr.clone(), &acceptable, Election::Online))
+        .collect();
+    for c in changes {
+        batch.push(Record::PartitionChange(c));
+    }
+}
+
+fn invalid_request(message: impl Into<String>) -> AdminError {
+    AdminError::new(ResponseError::InvalidRequest, message)
+}
+
+/// Registers a broker (BrokerRegistration). A retry by the same process (same incarnation)
+/// keeps its epoch and fencing; a new process (new incarnation) gets a new epoch, its previous
+/// incarnation's leaderships and ISR places are moved away first (it restarted, so what it
+/// held in memory is gone), and it starts fenced until its heartbeats show it caught up.
+///
+/// Kafka instead refuses a new incarnation with DUPLICATE_BROKER_REGISTRATION while the old
+/// one's session lives, which makes a restarted broker wait out the session timeout; here the
+/// newest process wins, so two live processes configured with the same `node.id` take the id
+/// from each other (each re-registration fences the other).
+pub fn register_broker(
+    state: &ClusterState,
+    liveness: &mut Liveness,
+    req: &BrokerRegistrationRequest,
+    now_ms: u64,
+) -> Result<(Vec<Record>, BrokerEpoch), AdminError> {
+    if req.broker.0 < 0 {
+        return Err(invalid_request(format!("Invalid broker id {}.", req.broker)));
+    }
+    if req.shards == 0 {
+        return Err(invalid_request("A broker registers at least one shard."));
+    }
+    if req.endpoints.len() > MAX_ENDPOINTS {
+        return Err(invalid_request(format!("More than {MAX_ENDPOINTS} listeners.")));
+    }
+    for (k, e) in req.endpoints.iter().enumerate() {
+        if e.listener.is_empty() || e.listener.len() > MAX_STRING_BYTES || e.host.len() > MAX_STRING_BYTES {
+            return Err(invalid_request(format!("Invalid listener {:?}.", e.listener)));
+        }
+        if req.endpoints[..k].iter().any(|o| o.listener == e.listener) {
+            return Err(invalid_request(format!(
+                "Listener {} registered twice.",
+                e.listener
+            )));
+        }
+    }
+    if req.rack.as_ref().is_some_and(|r| r.len() > MAX_STRING_BYTES) {
+        return Err(invalid_request("Rack name too long."));
+    }
+    let mut batch = Batch::new(state);
+    let existing = state.broker(req.broker);
+    let epoch = match existing {
+        Some(old) if old.incarnation == req.incarnation => {
+            if old.shards != req.shards {
+                return Err(invalid_request(format!(
+                    "Broker {} changed its shard count from {} to {} without restarting.",
+                    req.broker, old.shards, req.shards
+                )));
+            }
+            if old.endpoints != req.endpoints || old.rack != req.rack {
+                batch.push(Record::RegisterBroker(RegisterBroker {
+                    broker: req.broker,
+                    incarnation: req.incarnation,
+                    epoch: old.epoch,
+                    endpoints: req.endpoints.clone(),
+                    rack: req.rack.clone(),
+                    shards: req.shards,
+                }));
+            }
+            old.epoch
+        }
+        _ => {
+            fence(&mut batch, req.broker);
+            let offset = batch.state.next_offset().0;
+            let epoch = BrokerEpoch(i64::try_from(offset).unwrap_or(i64::MAX));
+            batch.push(Record::RegisterBroker(RegisterBroker {
+                broker: req.broker,
+                incarnation: req.incarnation,
+                epoch,
+                endpoints: req.endpoints.clone(),
+                rack: req.rack.clone(),
+                shards: req.shards,
+            }));
+            reshard(&mut batch, req.broker, req.shards);
+            liveness.reset(req.broker, now_ms);
+            epoch
+        }
+    };
+    Ok((batch.finish(), epoch))
+}
+
+/// Moves the replicas of a broker that came back with fewer shards onto shards it has.
+fn reshard(batch: &mut Batch, broker: NodeId, shards: u16) {
+    let mut load = Load::of(&batch.state);
+    let changes: Vec<_> = batch
+        .state
+        .partitions()
+        .filter(|(_, _, p)| {
+            p.replicas
+                .iter()
+                .any(|r| r.broker == broker && r.shard.0 >= shards)
+        })
+        .map(|(t, i, p)| {
+            let new_shards = p
+                .replicas
+                .iter()
+                .enumerate()
+                .map(|(k, r)| {
+                    if r.broker == broker && r.shard.0 >= shards {
+                        load.move_shard(broker, r.shard, shards, k == 0)
+                    } else {
+                        r.shard
+                    }
+                })
+                .collect();
+            PartitionChange {
+                topic: t,
+                partition: i,
+                leader: p.leader,
+                isr: p.isr.clone(),
+                leader_epoch: p.leader_epoch,
+                partition_epoch: PartitionEpoch(p.partition_epoch.0 + 1),
+                shards: Some(new_shards),
+            }
+        })
+        .collect();
+    for c in changes {
+        batch.push(Record::PartitionChange(c));
+    }
+}
+
+/// Handles a BrokerHeartbeat: records the contact and moves the broker between fenced,
+/// unfenced, controlled shutdown and stopped as Kafka's `BrokerHeartbeatManager` does. A fenced
+/// broker is unfenced once it has applied its own registration; a broker that wants to shut
+/// down while leading partitions enters controlled shutdown (its leaderships move away at once)
+/// and is told to stop, and fenced, once every active broker has applied the moves.
+pub fn heartbeat(
+    state: &ClusterState,
+    liveness: &mut Liveness,
+    hb: &Heartbeat,
+    now_ms: u64,
+) -> Result<(Vec<Record>, HeartbeatReply), AdminError> {
+    let Some(reg) = state.broker(hb.broker).filter(|b| b.epoch == hb.epoch) else {
+        return Err(AdminError::new(
+            ResponseError::StaleBrokerEpoch,
+            format!("No registration of broker {} at epoch {}.", hb.broker, hb.epoch.0),
+        ));
+    };
+    let caught_up = i64::try_from(hb.metadata_offset.0).unwrap_or(i64::MAX) > reg.epoch.0;
+    let contact = liveness.contacts.entry(hb.broker).or_insert(Contact {
+        last_contact_ms: now_ms,
+        metadata_offset: hb.metadata_offset,
+        shutdown_offset: None,
+    });
+    contact.last_contact_ms = contact.last_contact_ms.max(now_ms);
+    contact.metadata_offset = contact.metadata_offset.max(hb.metadata_offset);
+    let shutdown_offset = contact.shutdown_offset;
+    let mut batch = Batch::new(state);
+    let mut stop = false;
+    if reg.in_controlled_shutdown {
+        // Leads nothing (applying the shutdown record asserted it); stops once every other
+        // active broker has seen the moves.
+        let lowest = liveness
+            .contacts
+            .iter()
+            .filter(|(b, _)| **b != hb.broker && state.is_active(**b))
+            .map(|(_, c)| c.metadata_offset)
+            .min();
+        if lowest.is_none_or(|l| shutdown_offset.is_none_or(|s| l >= s)) {
+            fence(&mut batch, hb.broker);
+            stop = true;
+        }
+    } else if reg.fenced {
+        stop = hb.want_shutdown;
+        if !hb.want_shutdown && !hb.want_fence && caught_up {
+            unfence(&mut batch, hb.broker, reg.epoch);
+        }
+    } else if hb.want_fence {
+        fence(&mut batch, hb.broker);
+        stop = hb.want_shutdown;
+    } else if hb.want_shutdown {
+        if state.leader_count(hb.broker) > 0 {
+            move_away(&mut batch, hb.broker);
+            batch.push(Record::BrokerShutdown {
+                broker: hb.broker,
+                epoch: reg.epoch,
+            });
+            if let Some(c) = liveness.contacts.get_mut(&hb.broker) {
+                c.shutdown_offset = Some(batch.state.next_offset());
+            }
+        } else {
+            fence(&mut batch, hb.broker);
+            stop = true;
+        }
+    }
+    let is_fenced = batch.state.broker(hb.broker).is_none_or(|b| b.fenced);
+    Ok((
+        batch.finish(),
+        HeartbeatReply {
+            is_caught_up: caught_up,
+            is_fenced,
+            should_shut_down: stop,
+        },
+    ))
+}
+
+/// Fences every unfenced broker whose last heartbeat is `session_timeout_ms` old or older,
+/// electing new leaders for what it led. The active controller calls it on a timer.
+pub fn fence_stale_brokers(
+    state: &ClusterState,
+    liveness: &Liveness,
+    config: &ControllerConfig,
+    now_ms: u64,
+) -> Vec<Record> {
+    let mut batch = Batch::new(state);
+    for b in state.brokers().filter(|b| !b.fenced) {
+        let last = liveness.last_contact_ms(b.id).unwrap_or(0);
+        if now_ms.saturating_sub(last) >= config.session_timeout_ms {
+            fence(&mut batch, b.id);
+        }
+    }
+    batch.finish()
+}
+
+/// Creates a topic (CreateTopics): the topic, its config overrides, then its partitions placed
+/// over the active brokers ([`super::placement`]), each led by its first replica with every
+/// replica in its ISR.
+pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Record>, AdminError> {
+    validate_topic_name(&req.name).map_err(|m| AdminError::new(ResponseError::InvalidTopicException, m))?;
+    if state.topic_by_name(&req.name).is_some() {
+        return Err(AdminError::new(
+            ResponseError::TopicAlreadyExists,
+            format!("Topic '{}' already exists.", req.name),
+        ));
+    }
+    if req.name.contains(['.', '_']) {
+        let norm = req.name.replace('.', "_");
+        if let Some(other) = state.topics().find(|t| t.name.replace('.', "_") == norm) {
+            return Err(AdminError::new(
+                ResponseError::InvalidTopicException,
+                format!(
+                    "Topic '{}' collides with existing topic: {} ('.' and '_' are interchangeable in metric names)",
+                    req.name, other.name
+                ),
+            ));
+        }
+    }
+    if req.id.is_zero() || state.topic(req.id).is_some() {
+        return Err(invalid_request(format!("Topic id {} is not new.", req.id)));
+    }
+    if req.partitions <= 0 {
+        return Err(AdminError::new(
+            ResponseError::InvalidPartitions,
+            "Number of partitions must be larger than 0.",
+        ));
+    }
+    if req.partitions > MAX_PARTITIONS_PER_TOPIC {
+        return Err(AdminError::new(
+            ResponseError::InvalidPartitions,
+            format!(
+                "Number of partitions {} is above the limit of {MAX_PARTITIONS_PER_TOPIC}.",
+                req.partitions
+            ),
+        ));
+    }
+    let rf = u16::try_from(req.replication_factor).unwrap_or(0);
+    if usize::from(rf) > MAX_REPLICAS {
+        return Err(AdminError::new(
+            ResponseError::InvalidReplicationFactor,
+            format!("Replication factor {rf} is above the limit of {MAX_REPLICAS}."),
+        ));
+    }
+    if req.configs.len() > MAX_CONFIG_ENTRIES
+        || req
+            .configs
+            .iter()
+            .any(|(k, v)| k.len() > MAX_STRING_BYTES || v.len() > MAX_STRING_BYTES)
+    {
+        return Err(AdminError::new(
+            ResponseError::InvalidConfig,
+            "Too many or too long configs.",
+        ));
+    }
+    let placement = place(state, req.partitions.unsigned_abs(), rf)?;
+    let mut batch = Batch::new(state);
+    batch.push(Record::Topic {
+        name: req.name.clone(),
+        id: req.id,
+    });
+    if !req.configs.is_empty() {
+        batch.push(Record::Config(ConfigRecord {
+            resource: ConfigResource::Topic(req.name.clone()),
+            entries: req
+                .configs
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect(),
+        }));
+    }
+    for (p, replicas) in placement.into_iter().enumerate() {
+        let isr: Vec<NodeId> = replicas.iter().map(|r| r.broker).collect();
+        batch.push(Record::Partition(PartitionRecord {
+            topic: req.id,
+            partition: PartitionId(p as i32),
+            leader: isr.first().copied(),
+            isr,
+            replicas,
+            leader_epoch: LeaderEpoch(0),
+            partition_epoch: PartitionEpoch(0),
+        }));
+    }
+    Ok(batch.finish())
+}
+
+/// Deletes a topic (DeleteTopics).
+pub fn delete_topic(state: &ClusterState, id: TopicId) -> Result<Vec<Record>, AdminError> {
+    if state.topic(id).is_none() {
+        return Err(AdminError::new(
+            ResponseError::UnknownTopicId,
+            format!("No topic with id {id}."),
+        ));
+    }
+    Ok(vec![Record::RemoveTopic { id }])
+}
+
+/// Changes config overrides (the broker validated keys and values; `None` removes a key).
+pub fn alter_configs(
+    state: &ClusterState,
+    resource: ConfigResource,
+    entries: Vec<(String, Option<String>)>,
+) -> Result<Vec<Record>, AdminError> {
+    if let ConfigResource::Topic(name) = &resource {
+        if state.topic_by_name(name).is_none() {
+            return Err(AdminError::new(
+                ResponseError::UnknownTopicOrPartition,
+                format!("The topic '{name}' does not exist."),
+            ));
+        }
+    }
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    if entries.len() > MAX_CONFIG_ENTRIES
+        || entries.iter().any(|(k, v)| {
+            k.len() > MAX_STRING_BYTES || v.as_ref().is_some_and(|v| v.len() > MAX_STRING_BYTES)
+        })
+    {
+        return Err(AdminError::new(
+            ResponseError::InvalidConfig,
+            "Too many or too long configs.",
+        ));
+    }
+    Ok(vec![Record::Config(ConfigRecord { resource, entries })])
+}
+
+fn partition_error(code: ResponseError, message: impl Into<String>) -> AdminError {
+    AdminError::new(code, message)
+}
+
+/// Handles one partition of an AlterPartition request from its leader: an ISR shrink or
+/// expansion. Checked as Kafka checks it (KIP-497, KIP-903): a request from the future (an
+/// epoch above ours) gets NOT_CONTROLLER, an older leader epoch FENCED_LEADER_EPOCH, a broker
+/// that does not lead INVALID_REQUEST, an older partition epoch INVALID_UPDATE_VERSION, an ISR
+/// that is not a subset of the replicas or leaves out the leader INVALID_REQUEST, and a new
+/// member that is fenced, shutting down or of another broker epoch INELIGIBLE_REPLICA.
+pub fn alter_partition(
+    state: &ClusterState,
+    req: &AlterPartition,
+) -> Result<(Vec<Record>, AlterPartitionReply), AdminError> {
+    if state
+        .broker(req.broker)
+        .is_none_or(|b| b.epoch != req.broker_epoch)
+    {
+        return Err(partition_error(
+            ResponseError::StaleBrokerEpoch,
+            format!(
+                "Broker {} is not registered at epoch {}.",
+                req.broker, req.broker_epoch.0
+            ),
+        ));
+    }
+    let Some(topic) = state.topic(req.topic) else {
+        return Err(partition_error(
+            ResponseError::UnknownTopicId,
+            format!("No topic {}.", req.topic),
+        ));
+    };
+    let Some(part) = topic.partition(req.partition) else {
+        return Err(partition_error(
+            ResponseError::UnknownTopicOrPartition,
+            format!("No partition {}-{}.", topic.name, req.partition),
+        ));
+    };
+    let name = || format!("{}-{}", topic.name, req.partition);
+    if req.leader_epoch > part.leader_epoch || req.partition_epoch > part.partition_epoch {
+        return Err(partition_error(
+            ResponseError::NotController,
+            format!("{}: the request's epochs are ahead of this controller's.", name()),
+        ));
+    }
+    if req.leader_epoch < part.leader_epoch {
+        return Err(partition_error(
+            ResponseError::FencedLeaderEpoch,
+            format!(
+                "{}: leader epoch {} is not {}.",
+                name(),
+                req.leader_epoch,
+                part.leader_epoch
+            ),
+        ));
+    }
+    if part.leader != Some(req.broker) {
+        return Err(partition_error(
+            ResponseError::InvalidRequest,
+            format!("{}: broker {} is not the leader.", name(), req.broker),
+        ));
+    }
+    if req.partition_epoch < part.partition_epoch {
+        return Err(partition_error(
+            ResponseError::InvalidUpdateVersion,
+            format!(
+                "{}: partition epoch {} is not {}.",
+                name(),
+                req.partition_epoch.0,
+                part.partition_epoch.0
+            ),
+        ));
+    }
+    let isr: Vec<NodeId> = req.new_isr.iter().map(|m| m.broker).collect();
+    let duplicate = isr.iter().enumerate().any(|(k, b)| isr[..k].contains(b));
+    if isr.is_empty() || duplicate || isr.iter().any(|b| !part.has_replica(*b)) {
+        return Err(partition_error(
+            ResponseError::InvalidRequest,
+            format!("{}: ISR {isr:?} is not a set of its replicas.", name()),
+        ));
+    }
+    if !isr.contains(&req.broker) {
+        return Err(partition_error(
+            ResponseError::InvalidRequest,
+            format!("{}: ISR {isr:?} leaves out the leader.", name()),
+        ));
+    }
+    for m in &req.new_isr {
+        let eligible = state
+            .broker(m.broker)
+            .is_some_and(|b| b.is_active() && m.epoch.is_none_or(|e| e == b.epoch));
+        if !eligible {
+            return Err(partition_error(
+                ResponseError::IneligibleReplica,
+                format!(
+                    "{}: broker {} is not registered at that epoch, fenced or shutting down.",
+                    name(),
+                    m.broker
+                ),
+            ));
+        }
+    }
+    let acceptable = |b: NodeId| state.is_active(b);
+    let records: Vec<Record> = change(req.topic, req.partition, part, isr, &acceptable, Election::Online)
+        .map(Record::PartitionChange)
+        .into_iter()
+        .collect();
+    let mut batch = Batch::new(state);
+    for r in records {
+        batch.push(r);
+    }
+    let reply = match batch.state.partition(req.topic, req.partition) {
+        Some(p) => AlterPartitionReply {
+            leader: p.leader,
+            isr: p.isr.clone(),
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+        },
+        None => unreachable!("the partition was just found"),
+    };
+    Ok((batch.finish(), reply))
+}
+
+/// Preferred-leader election (ElectLeaders PREFERRED, and the periodic leader balancing of
+/// `auto.leader.rebalance.enable`): gives each partition back to its first replica when that
+/// replica is in the ISR and active. With `which` = `None`, every partition, answering only
+/// those that were moved or could not be; otherwise each named partition, with
+/// ELECTION_NOT_NEEDED when the preferred replica leads already and
+/// PREFERRED_LEADER_NOT_AVAILABLE when it cannot lead.
+#[allow(clippy::type_complexity)]
+pub fn elect_preferred_leaders(
+    state: &ClusterState,
+    which: Option<&[(TopicId, PartitionId)]>,
+) -> (
+    Vec<Record>,
+    Vec<((TopicId, PartitionId), Result<(), ResponseError>)>,
+) {
+    let all: Vec<(TopicId, PartitionId)>;
+    let targets = match which {
+        Some(w) => w,
+        None => {
+            all = state.partitions().map(|(t, p, _)| (t, p)).collect();
+            &all
+        }
+    };
+    let acceptable = |b: NodeId| state.is_active(b);
+    let mut batch = Batch::new(state);
+    let mut results = Vec::new();
+    for (t, p) in targets {
+        let result = match state.partition(*t, *p) {
+            None => Err(ResponseError::UnknownTopicOrPartition),
+            Some(part) if part.leader.is_some() && part.leader == part.preferred_leader() => {
+                Err(ResponseError::ElectionNotNeeded)
+            }
+            Some(_) => {
+                let part = batch.state.partition(*t, *p);
+                let c = part.and_then(|part| {
+                    change(*t, *p, part, part.isr.clone(), &acceptable, Election::Preferred)
+                        .filter(|c| c.leader == part.preferred_leader())
+                });
+                match c {
+                    Some(c) => {
+                        batch.push(Record::PartitionChange(c));
+                        Ok(())
+                    }
+                    None => Err(ResponseError::PreferredLeaderNotAvailable),
+                }
+            }
+        };
+        if which.is_some() || result != Err(ResponseError::ElectionNotNeeded) {
+            results.push(((*t, *p), result));
+        }
+    }
+    (batch.finish(), results)
+}

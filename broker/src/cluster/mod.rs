@@ -1,0 +1,39 @@
+//! The cluster metadata that the controller quorum replicates, as a deterministic, sans-I/O
+//! state machine modelled on Kafka's KRaft controller.
+//!
+//! - [`record`]: the entries of the metadata log ([`Record`]) and their versioned encoding.
+//! - [`state`]: [`ClusterState`], built by applying records in log order; the queries Metadata
+//!   and DescribeCluster need (live brokers and their endpoints per listener; each partition's
+//!   leader, leader epoch, replicas, ISR and offline replicas).
+//! - [`control`]: the active controller's decisions, functions from the state, the soft
+//!   liveness state and a `now_ms` to the records the quorum leader proposes: broker
+//!   registration, heartbeats and fencing, topic creation with replica placement
+//!   ([`placement`]), leader election on fencing and controlled shutdown, AlterPartition ISR
+//!   changes, preferred-leader election.
+//!
+//! No I/O, no clock, no randomness: time comes in as `now_ms`, topic ids from the caller, and
+//! placement is a function of the state. The Raft group that orders the records, the RPCs that
+//! carry requests to the active controller, and the broker side that acts on the state are
+//! built elsewhere.
+
+pub mod control;
+pub mod placement;
+pub mod record;
+pub mod state;
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+pub use control::{
+    alter_configs, alter_partition, create_topic, delete_topic, elect_preferred_leaders, fence_stale_brokers,
+    heartbeat, register_broker, AlterPartition, AlterPartitionReply, BrokerRegistrationRequest,
+    ControllerConfig, CreateTopic, Heartbeat, HeartbeatReply, IsrMember, Liveness,
+    DEFAULT_SESSION_TIMEOUT_MS,
+};
+pub use record::{
+    BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId, MetadataOffset, PartitionChange,
+    PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica,
+};
+pub use state::{BrokerRegistration, ClusterState, PartitionRegistration, PartitionView, TopicState};
