@@ -11,6 +11,8 @@ use crate::metadata::AdminError;
 /// A cluster as the quorum leader sees it: its state, its soft state, and a clock.
 pub(super) struct Harness {
     pub(super) state: ClusterState,
+    /// Another node applying the decoded records: must stay identical to `state`.
+    replica: ClusterState,
     pub(super) liveness: Liveness,
     pub(super) config: ControllerConfig,
     pub(super) now_ms: u64,
@@ -31,6 +33,7 @@ impl Harness {
     pub(super) fn new() -> Harness {
         Harness {
             state: ClusterState::default(),
+            replica: ClusterState::default(),
             liveness: Liveness::default(),
             config: ControllerConfig::default(),
             now_ms: 0,
@@ -39,15 +42,24 @@ impl Harness {
         }
     }
 
-    /// Applies records as the quorum would, checking every invariant afterwards and that the
-    /// records survive their encoding.
+    /// Applies records as the quorum would, checking every invariant afterwards, and applies
+    /// their decoded bytes on a second node, which must end up identical.
     pub(super) fn commit(&mut self, records: &[Record]) {
         for r in records {
-            let decoded = Record::decode(&r.encode());
-            assert_eq!(decoded.as_ref(), Ok(r));
             self.state.apply(r);
+            match Record::decode(&r.encode()) {
+                Ok(decoded) => {
+                    assert_eq!(&decoded, r);
+                    self.replica.apply(&decoded);
+                }
+                Err(e) => panic!("{r:?} does not decode: {e}"),
+            }
         }
         self.state.check_invariants();
+        assert_eq!(
+            self.replica, self.state,
+            "two nodes applied the same records differently"
+        );
     }
 
     pub(super) fn register_with(
@@ -384,9 +396,15 @@ fn create_topic_spreads_leaders_and_refuses_too_high_a_replication_factor() {
 
 #[test]
 fn leaders_stay_even_over_brokers_and_shards_across_topics() {
+    for racks in [[None, None, None], [Some("a"), Some("b"), Some("c")]] {
+        leaders_even_with(racks);
+    }
+}
+
+fn leaders_even_with(racks: [Option<&str>; 3]) {
     let mut h = Harness::new();
-    for id in 1..=3 {
-        h.join(id, None, 3);
+    for (id, rack) in (1..=3).zip(racks) {
+        h.join(id, rack, 3);
     }
     // Topics of sizes that do not divide evenly; the extras go to the least loaded brokers.
     for (k, size) in [1, 2, 4, 5, 7, 1, 1, 2].iter().enumerate() {
