@@ -166,28 +166,38 @@ pub struct AlterPartitionReply {
     pub partition_epoch: PartitionEpoch,
 }
 
-/// Records built against a scratch copy of the state, each applied as it is added.
-struct Batch {
-    state: ClusterState,
+/// Records built against a scratch copy of the state, each applied as it is added. The copy is
+/// taken on the first record, so a decision that writes nothing (most heartbeats) costs nothing.
+struct Batch<'a> {
+    base: &'a ClusterState,
+    scratch: Option<ClusterState>,
     records: Vec<Record>,
 }
 
-impl Batch {
-    fn new(state: &ClusterState) -> Batch {
+impl<'a> Batch<'a> {
+    fn new(base: &'a ClusterState) -> Batch<'a> {
         Batch {
-            state: state.clone(),
+            base,
+            scratch: None,
             records: Vec::new(),
         }
     }
 
+    /// The state with the batch's records applied.
+    fn state(&self) -> &ClusterState {
+        self.scratch.as_ref().unwrap_or(self.base)
+    }
+
     fn push(&mut self, r: Record) {
-        self.state.apply(&r);
+        self.scratch.get_or_insert_with(|| self.base.clone()).apply(&r);
         self.records.push(r);
     }
 
     fn finish(self) -> Vec<Record> {
-        if cfg!(debug_assertions) {
-            self.state.check_invariants();
+        if let Some(s) = &self.scratch {
+            if cfg!(debug_assertions) {
+                s.check_invariants();
+            }
         }
         self.records
     }
@@ -249,8 +259,8 @@ fn change(
 
 /// Moves leadership and ISR membership away from `broker` (about to be fenced or to shut
 /// down): it is removed from every ISR it is in, except as the last member.
-fn move_away(batch: &mut Batch, broker: NodeId) {
-    let state = &batch.state;
+fn move_away(batch: &mut Batch<'_>, broker: NodeId) {
+    let state = batch.state();
     let acceptable = |b: NodeId| b != broker && state.is_active(b);
     let changes: Vec<_> = state
         .partitions()
@@ -266,8 +276,13 @@ fn move_away(batch: &mut Batch, broker: NodeId) {
 }
 
 /// Fences an unfenced broker: its partitions first, then the broker.
-fn fence(batch: &mut Batch, broker: NodeId) {
-    let Some(epoch) = batch.state.broker(broker).filter(|b| !b.fenced).map(|b| b.epoch) else {
+fn fence(batch: &mut Batch<'_>, broker: NodeId) {
+    let Some(epoch) = batch
+        .state()
+        .broker(broker)
+        .filter(|b| !b.fenced)
+        .map(|b| b.epoch)
+    else {
         return;
     };
     move_away(batch, broker);
@@ -275,9 +290,9 @@ fn fence(batch: &mut Batch, broker: NodeId) {
 }
 
 /// Unfences a broker, then gives it the offline partitions whose ISR it is in.
-fn unfence(batch: &mut Batch, broker: NodeId, epoch: BrokerEpoch) {
+fn unfence(batch: &mut Batch<'_>, broker: NodeId, epoch: BrokerEpoch) {
     batch.push(Record::BrokerUnfenced { broker, epoch });
-    let state = &batch.state;
+    let state = batch.state();
     let acceptable = |b: NodeId| state.is_active(b);
     let changes: Vec<_> = state
         .partitions()
@@ -355,7 +370,7 @@ pub fn register_broker(
         }
         _ => {
             fence(&mut batch, req.broker);
-            let offset = batch.state.next_offset().0;
+            let offset = batch.state().next_offset().0;
             let epoch = BrokerEpoch(i64::try_from(offset).unwrap_or(i64::MAX));
             batch.push(Record::RegisterBroker(RegisterBroker {
                 broker: req.broker,
@@ -374,10 +389,10 @@ pub fn register_broker(
 }
 
 /// Moves the replicas of a broker that came back with fewer shards onto shards it has.
-fn reshard(batch: &mut Batch, broker: NodeId, shards: u16) {
-    let mut load = Load::of(&batch.state);
+fn reshard(batch: &mut Batch<'_>, broker: NodeId, shards: u16) {
+    let mut load = Load::of(batch.state());
     let changes: Vec<_> = batch
-        .state
+        .state()
         .partitions()
         .filter(|(_, _, p)| {
             p.replicas
@@ -450,7 +465,10 @@ pub fn heartbeat(
             .filter(|(b, _)| **b != hb.broker && state.is_active(**b))
             .map(|(_, c)| c.metadata_offset)
             .min();
-        if lowest.is_none_or(|l| shutdown_offset.is_none_or(|s| l >= s)) {
+        // A controller that became active since does not know the offset of the moves: every
+        // record it has is at least as new.
+        let target = shutdown_offset.unwrap_or(state.next_offset());
+        if lowest.is_none_or(|l| l >= target) {
             fence(&mut batch, hb.broker);
             stop = true;
         }
@@ -470,14 +488,14 @@ pub fn heartbeat(
                 epoch: reg.epoch,
             });
             if let Some(c) = liveness.contacts.get_mut(&hb.broker) {
-                c.shutdown_offset = Some(batch.state.next_offset());
+                c.shutdown_offset = Some(batch.state().next_offset());
             }
         } else {
             fence(&mut batch, hb.broker);
             stop = true;
         }
     }
-    let is_fenced = batch.state.broker(hb.broker).is_none_or(|b| b.fenced);
+    let is_fenced = batch.state().broker(hb.broker).is_none_or(|b| b.fenced);
     Ok((
         batch.finish(),
         HeartbeatReply {
@@ -566,13 +584,14 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
         ));
     }
     let placement = place(state, req.partitions.unsigned_abs(), rf)?;
-    let mut batch = Batch::new(state);
-    batch.push(Record::Topic {
+    // New records only: nothing here depends on another record of the batch.
+    let mut records = Vec::with_capacity(placement.len() + 2);
+    records.push(Record::Topic {
         name: req.name.clone(),
         id: req.id,
     });
     if !req.configs.is_empty() {
-        batch.push(Record::Config(ConfigRecord {
+        records.push(Record::Config(ConfigRecord {
             resource: ConfigResource::Topic(req.name.clone()),
             entries: req
                 .configs
@@ -583,7 +602,7 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
     }
     for (p, replicas) in placement.into_iter().enumerate() {
         let isr: Vec<NodeId> = replicas.iter().map(|r| r.broker).collect();
-        batch.push(Record::Partition(PartitionRecord {
+        records.push(Record::Partition(PartitionRecord {
             topic: req.id,
             partition: PartitionId(p as i32),
             leader: isr.first().copied(),
@@ -593,7 +612,7 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
             partition_epoch: PartitionEpoch(0),
         }));
     }
-    Ok(batch.finish())
+    Ok(records)
 }
 
 /// Deletes a topic (DeleteTopics).
@@ -740,24 +759,25 @@ pub fn alter_partition(
         }
     }
     let acceptable = |b: NodeId| state.is_active(b);
-    let records: Vec<Record> = change(req.topic, req.partition, part, isr, &acceptable, Election::Online)
-        .map(Record::PartitionChange)
-        .into_iter()
-        .collect();
-    let mut batch = Batch::new(state);
-    for r in records {
-        batch.push(r);
-    }
-    let reply = match batch.state.partition(req.topic, req.partition) {
-        Some(p) => AlterPartitionReply {
-            leader: p.leader,
-            isr: p.isr.clone(),
-            leader_epoch: p.leader_epoch,
-            partition_epoch: p.partition_epoch,
-        },
-        None => unreachable!("the partition was just found"),
+    // The leader is in the new ISR and active, so it stays: only the ISR changes.
+    let reply_of = |leader, isr: &[NodeId], leader_epoch, partition_epoch| AlterPartitionReply {
+        leader,
+        isr: isr.to_vec(),
+        leader_epoch,
+        partition_epoch,
     };
-    Ok((batch.finish(), reply))
+    Ok(
+        match change(req.topic, req.partition, part, isr, &acceptable, Election::Online) {
+            Some(c) => {
+                let reply = reply_of(c.leader, &c.isr, c.leader_epoch, c.partition_epoch);
+                (vec![Record::PartitionChange(c)], reply)
+            }
+            None => (
+                Vec::new(),
+                reply_of(part.leader, &part.isr, part.leader_epoch, part.partition_epoch),
+            ),
+        },
+    )
 }
 
 /// Preferred-leader election (ElectLeaders PREFERRED, and the periodic leader balancing of
@@ -783,7 +803,10 @@ pub fn elect_preferred_leaders(
         }
     };
     let acceptable = |b: NodeId| state.is_active(b);
-    let mut batch = Batch::new(state);
+    // One change per partition, each from the partition as it is: none depends on another. A
+    // partition named twice is elected once.
+    let mut records = Vec::new();
+    let mut done = BTreeMap::new();
     let mut results = Vec::new();
     for (t, p) in targets {
         let result = match state.partition(*t, *p) {
@@ -791,24 +814,23 @@ pub fn elect_preferred_leaders(
             Some(part) if part.leader.is_some() && part.leader == part.preferred_leader() => {
                 Err(ResponseError::ElectionNotNeeded)
             }
-            Some(_) => {
-                let part = batch.state.partition(*t, *p);
-                let c = part.and_then(|part| {
-                    change(*t, *p, part, part.isr.clone(), &acceptable, Election::Preferred)
-                        .filter(|c| c.leader == part.preferred_leader())
-                });
+            Some(_) if done.contains_key(&(*t, *p)) => done.get(&(*t, *p)).copied().unwrap_or(Ok(())),
+            Some(part) => {
+                let c = change(*t, *p, part, part.isr.clone(), &acceptable, Election::Preferred)
+                    .filter(|c| c.leader == part.preferred_leader());
                 match c {
                     Some(c) => {
-                        batch.push(Record::PartitionChange(c));
+                        records.push(Record::PartitionChange(c));
                         Ok(())
                     }
                     None => Err(ResponseError::PreferredLeaderNotAvailable),
                 }
             }
         };
+        done.insert((*t, *p), result);
         if which.is_some() || result != Err(ResponseError::ElectionNotNeeded) {
             results.push(((*t, *p), result));
         }
     }
-    (batch.finish(), results)
+    (records, results)
 }

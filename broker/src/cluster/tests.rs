@@ -799,3 +799,43 @@ fn apply_refuses_a_leader_outside_the_isr() {
         shards: None,
     }));
 }
+
+#[test]
+fn controlled_shutdown_after_a_controller_fail_over_still_waits_for_the_others() {
+    let mut h = three();
+    h.create("t", 1, 3, 3).unwrap();
+    let reply = h.beat(2, false, true).unwrap();
+    assert!(!reply.should_shut_down);
+    // A new active controller knows neither the shutdown's offset nor where the others are.
+    h.liveness = Liveness::activate(&h.state, h.now_ms);
+    let reply = h.beat(2, false, true).unwrap();
+    assert!(
+        !reply.should_shut_down,
+        "released before the others were heard from"
+    );
+    h.beat(1, false, false).unwrap();
+    h.beat(3, false, false).unwrap();
+    assert!(h.beat(2, false, true).unwrap().should_shut_down);
+}
+
+#[test]
+fn a_partition_named_twice_is_elected_once() {
+    let mut h = three();
+    let t = h.create("t", 1, 1, 3).unwrap();
+    let pref = h.part(t, 0).preferred_leader().unwrap();
+    h.beat(pref.0, true, false).unwrap();
+    h.beat(pref.0, false, false).unwrap();
+    let twice = [(t, PartitionId(0)), (t, PartitionId(0))];
+    let (records, results) = elect_preferred_leaders(&h.state, Some(&twice));
+    assert!(records.is_empty());
+    assert_eq!(results.len(), 2);
+    assert!(results
+        .iter()
+        .all(|r| r.1 == Err(ResponseError::PreferredLeaderNotAvailable)));
+    h.alter(t, 0, &[1, 2, 3]).unwrap();
+    let (records, results) = elect_preferred_leaders(&h.state, Some(&twice));
+    assert_eq!(records.len(), 1);
+    assert!(results.iter().all(|r| r.1.is_ok()));
+    h.commit(&records);
+    assert_eq!(h.part(t, 0).leader, Some(pref));
+}
