@@ -5,6 +5,7 @@
 //! - [`state`]: [`ClusterState`], built by applying records in log order; the queries Metadata
 //!   and DescribeCluster need (live brokers and their endpoints per listener; each partition's
 //!   leader, leader epoch, replicas, ISR and offline replicas).
+//! - [`snapshot`]: the state as bytes, for the quorum's Raft snapshots.
 //! - [`control`]: the active controller's decisions, functions from the state, the soft
 //!   liveness state and a `now_ms` to the records the quorum leader proposes: broker
 //!   registration, heartbeats and fencing, topic creation with replica placement
@@ -19,6 +20,7 @@
 pub mod control;
 pub mod placement;
 pub mod record;
+pub mod snapshot;
 pub mod state;
 
 #[cfg(test)]

@@ -176,7 +176,7 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-fn bad(what: impl Into<String>) -> DecodeError {
+pub(super) fn bad(what: impl Into<String>) -> DecodeError {
     DecodeError(what.into())
 }
 
@@ -402,46 +402,52 @@ impl Record {
     }
 }
 
-struct Writer(Vec<u8>);
+pub(super) struct Writer(pub(super) Vec<u8>);
 
 impl Writer {
-    fn head(&mut self, kind: u8) {
+    pub(super) fn head(&mut self, kind: u8) {
         self.u8(kind);
         self.u8(VERSION);
     }
-    fn u8(&mut self, v: u8) {
+    pub(super) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u16(&mut self, v: u16) {
+    pub(super) fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_be_bytes());
     }
-    fn i32(&mut self, v: i32) {
+    pub(super) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_be_bytes());
     }
-    fn i64(&mut self, v: i64) {
+    pub(super) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_be_bytes());
     }
-    fn uuid(&mut self, v: uuid::Uuid) {
+    pub(super) fn i32(&mut self, v: i32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    pub(super) fn i64(&mut self, v: i64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    pub(super) fn uuid(&mut self, v: uuid::Uuid) {
         self.0.extend_from_slice(v.as_bytes());
     }
-    fn node(&mut self, v: NodeId) {
+    pub(super) fn node(&mut self, v: NodeId) {
         self.i32(v.0);
     }
-    fn leader(&mut self, v: Option<NodeId>) {
+    pub(super) fn leader(&mut self, v: Option<NodeId>) {
         self.i32(v.map_or(-1, |n| n.0));
     }
     /// Counts are bounded by the producers of records (asserted here: a bug otherwise).
-    fn count(&mut self, n: usize) {
+    pub(super) fn count(&mut self, n: usize) {
         let n = u16::try_from(n);
         assert!(n.is_ok(), "metadata record list too long");
         self.u16(n.unwrap_or(u16::MAX));
     }
-    fn str(&mut self, s: &str) {
+    pub(super) fn str(&mut self, s: &str) {
         assert!(s.len() <= MAX_STRING_BYTES, "metadata record string too long");
         self.count(s.len());
         self.0.extend_from_slice(s.as_bytes());
     }
-    fn opt_str(&mut self, s: Option<&str>) {
+    pub(super) fn opt_str(&mut self, s: Option<&str>) {
         match s {
             None => self.u8(0),
             Some(s) => {
@@ -450,7 +456,7 @@ impl Writer {
             }
         }
     }
-    fn nodes(&mut self, nodes: &[NodeId]) {
+    pub(super) fn nodes(&mut self, nodes: &[NodeId]) {
         self.count(nodes.len());
         for n in nodes {
             self.node(*n);
@@ -458,53 +464,59 @@ impl Writer {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+    pub(super) fn take<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         let Some((head, rest)) = self.0.split_first_chunk::<N>() else {
             return Err(bad("truncated"));
         };
         self.0 = rest;
         Ok(*head)
     }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(super) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take::<1>()?[0])
     }
-    fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(super) fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_be_bytes(self.take()?))
     }
-    fn i32(&mut self) -> Result<i32, DecodeError> {
+    pub(super) fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.take()?))
+    }
+    pub(super) fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.take()?))
+    }
+    pub(super) fn i32(&mut self) -> Result<i32, DecodeError> {
         Ok(i32::from_be_bytes(self.take()?))
     }
-    fn i64(&mut self) -> Result<i64, DecodeError> {
+    pub(super) fn i64(&mut self) -> Result<i64, DecodeError> {
         Ok(i64::from_be_bytes(self.take()?))
     }
-    fn uuid(&mut self) -> Result<uuid::Uuid, DecodeError> {
+    pub(super) fn uuid(&mut self) -> Result<uuid::Uuid, DecodeError> {
         Ok(uuid::Uuid::from_bytes(self.take()?))
     }
-    fn node(&mut self) -> Result<NodeId, DecodeError> {
+    pub(super) fn node(&mut self) -> Result<NodeId, DecodeError> {
         let n = self.i32()?;
         if n < 0 {
             return Err(bad(format!("broker id {n}")));
         }
         Ok(NodeId(n))
     }
-    fn leader(&mut self) -> Result<Option<NodeId>, DecodeError> {
+    pub(super) fn leader(&mut self) -> Result<Option<NodeId>, DecodeError> {
         match self.i32()? {
             -1 => Ok(None),
             n if n >= 0 => Ok(Some(NodeId(n))),
             n => Err(bad(format!("leader {n}"))),
         }
     }
-    fn count(&mut self, max: usize, what: &str) -> Result<usize, DecodeError> {
+    pub(super) fn count(&mut self, max: usize, what: &str) -> Result<usize, DecodeError> {
         let n = usize::from(self.u16()?);
         if n > max {
             return Err(bad(format!("{n} {what}, above the limit of {max}")));
         }
         Ok(n)
     }
-    fn str(&mut self) -> Result<String, DecodeError> {
+    pub(super) fn str(&mut self) -> Result<String, DecodeError> {
         let n = self.count(MAX_STRING_BYTES, "string bytes")?;
         let Some((s, rest)) = self.0.split_at_checked(n) else {
             return Err(bad("truncated string"));
@@ -512,14 +524,14 @@ impl Reader<'_> {
         self.0 = rest;
         String::from_utf8(s.to_vec()).map_err(|_| bad("string is not UTF-8"))
     }
-    fn opt_str(&mut self) -> Result<Option<String>, DecodeError> {
+    pub(super) fn opt_str(&mut self) -> Result<Option<String>, DecodeError> {
         match self.u8()? {
             0 => Ok(None),
             1 => Ok(Some(self.str()?)),
             other => Err(bad(format!("optional string flag {other}"))),
         }
     }
-    fn nodes(&mut self) -> Result<Vec<NodeId>, DecodeError> {
+    pub(super) fn nodes(&mut self) -> Result<Vec<NodeId>, DecodeError> {
         let n = self.count(MAX_REPLICAS, "brokers")?;
         let mut v = Vec::with_capacity(n);
         for _ in 0..n {

@@ -1,7 +1,8 @@
 //! A seeded simulation of the controller: random registrations, restarts, heartbeats (some
 //! lagging behind the log), crashes, controlled shutdowns, time advances with session-timeout
 //! fencing, topic creations, ISR changes (some with stale epochs), preferred elections,
-//! controller fail-overs and topic deletions, with every invariant checked after every step.
+//! controller fail-overs and topic deletions, with every invariant checked after every step,
+//! a second node applying the decoded records, and a snapshot restoring the same state.
 //!
 //! Every run is a function of its seed. `STRAND_CLUSTER_SIM_SEED=<n>` runs that seed alone,
 //! `STRAND_CLUSTER_SIM_SEEDS=<count>` sets how many seeds the default run covers; a failure
@@ -426,6 +427,13 @@ impl Sim {
     /// The checks after every step, beyond the state's own invariants.
     fn check(&mut self) {
         self.h.state.check_invariants();
+        // A node restored from a snapshot taken now holds the same state.
+        let restored = ClusterState::from_snapshot(&self.h.state.to_snapshot());
+        assert_eq!(
+            restored.as_ref(),
+            Ok(&self.h.state),
+            "the snapshot does not restore the state"
+        );
         let mut seen = BTreeMap::new();
         for (t, p, part) in self.h.state.partitions() {
             if let Some((leader, le, pe)) = self.partition_epochs.get(&(t, p)).copied() {

@@ -103,11 +103,11 @@ pub struct PartitionView {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterState {
     /// The offset the next applied record takes.
-    next_offset: MetadataOffset,
-    brokers: BTreeMap<NodeId, BrokerRegistration>,
-    topics: BTreeMap<TopicId, TopicState>,
-    topics_by_name: BTreeMap<String, TopicId>,
-    configs: BTreeMap<ConfigResource, BTreeMap<String, String>>,
+    pub(super) next_offset: MetadataOffset,
+    pub(super) brokers: BTreeMap<NodeId, BrokerRegistration>,
+    pub(super) topics: BTreeMap<TopicId, TopicState>,
+    pub(super) topics_by_name: BTreeMap<String, TopicId>,
+    pub(super) configs: BTreeMap<ConfigResource, BTreeMap<String, String>>,
 }
 
 impl ClusterState {
@@ -422,15 +422,26 @@ impl ClusterState {
     /// A fenced or shutting-down broker leads nothing and is in no ISR of a partition that has
     /// a leader.
     fn assert_leads_nothing(&self, broker: NodeId, why: &str) {
+        if let Err(e) = self.leads_nothing(broker, why) {
+            panic!("{e}");
+        }
+    }
+
+    fn leads_nothing(&self, broker: NodeId, why: &str) -> Result<(), String> {
         for (t, p, part) in self.partitions() {
-            assert!(
-                part.leader != Some(broker),
-                "broker {broker} {why} but leads {t}-{p}"
-            );
-            assert!(
-                part.leader.is_none() || !part.isr.contains(&broker),
-                "broker {broker} {why} but is in the ISR of {t}-{p}"
-            );
+            if part.leader == Some(broker) {
+                return Err(format!("broker {broker} {why} but leads {t}-{p}"));
+            }
+            if part.leader.is_some() && part.isr.contains(&broker) {
+                return Err(format!("broker {broker} {why} but is in the ISR of {t}-{p}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn assert_partition(&self, p: &PartitionRegistration, t: TopicId, i: PartitionId, whole: bool) {
+        if let Err(e) = self.partition_valid(p, t, i, whole) {
+            panic!("{e}");
         }
     }
 
@@ -438,74 +449,120 @@ impl ClusterState {
     /// one that holds only between decisions, not between the records of one: a partition is
     /// offline only while no ISR member is alive (fencing a partition's last ISR member first
     /// leaves it leaderless, then fences the broker).
-    fn assert_partition(&self, p: &PartitionRegistration, t: TopicId, i: PartitionId, whole: bool) {
-        assert!(!p.replicas.is_empty(), "{t}-{i} has no replicas");
-        for (k, r) in p.replicas.iter().enumerate() {
-            let b = self.brokers.get(&r.broker);
-            assert!(
-                b.is_some(),
-                "{t}-{i}: replica on unregistered broker {}",
-                r.broker
-            );
-            assert!(
-                b.is_some_and(|b| r.shard.0 < b.shards),
-                "{t}-{i}: replica on broker {} shard {} beyond its shard count",
-                r.broker,
-                r.shard
-            );
-            assert!(
-                !p.replicas[..k].iter().any(|o| o.broker == r.broker),
-                "{t}-{i}: broker {} holds two replicas",
-                r.broker
-            );
+    fn partition_valid(
+        &self,
+        p: &PartitionRegistration,
+        t: TopicId,
+        i: PartitionId,
+        whole: bool,
+    ) -> Result<(), String> {
+        if p.replicas.is_empty() {
+            return Err(format!("{t}-{i} has no replicas"));
         }
-        assert!(!p.isr.is_empty(), "{t}-{i}: empty ISR");
+        for (k, r) in p.replicas.iter().enumerate() {
+            let Some(b) = self.brokers.get(&r.broker) else {
+                return Err(format!("{t}-{i}: replica on unregistered broker {}", r.broker));
+            };
+            if r.shard.0 >= b.shards {
+                return Err(format!(
+                    "{t}-{i}: replica on broker {} shard {} beyond its shard count",
+                    r.broker, r.shard
+                ));
+            }
+            if p.replicas.iter().take(k).any(|o| o.broker == r.broker) {
+                return Err(format!("{t}-{i}: broker {} holds two replicas", r.broker));
+            }
+        }
+        if p.isr.is_empty() {
+            return Err(format!("{t}-{i}: empty ISR"));
+        }
         for (k, b) in p.isr.iter().enumerate() {
-            assert!(p.has_replica(*b), "{t}-{i}: ISR member {b} is not a replica");
-            assert!(!p.isr[..k].contains(b), "{t}-{i}: {b} twice in the ISR");
+            if !p.has_replica(*b) {
+                return Err(format!("{t}-{i}: ISR member {b} is not a replica"));
+            }
+            if p.isr.iter().take(k).any(|o| o == b) {
+                return Err(format!("{t}-{i}: {b} twice in the ISR"));
+            }
         }
         match p.leader {
             Some(l) => {
-                assert!(
-                    p.isr.contains(&l),
-                    "{t}-{i}: leader {l} not in the ISR {:?}",
-                    p.isr
-                );
-                for b in &p.isr {
-                    assert!(
-                        self.is_active(*b),
-                        "{t}-{i}: ISR member {b} is fenced or shutting down"
-                    );
+                if !p.isr.contains(&l) {
+                    return Err(format!("{t}-{i}: leader {l} not in the ISR {:?}", p.isr));
+                }
+                if let Some(b) = p.isr.iter().find(|b| !self.is_active(**b)) {
+                    return Err(format!("{t}-{i}: ISR member {b} is fenced or shutting down"));
                 }
             }
             // Offline only while no ISR member could lead: unclean election is off, so the
             // partition waits for one of them to return.
             None if whole => {
-                for b in &p.isr {
-                    assert!(
-                        !self.is_active(*b),
-                        "{t}-{i}: offline although ISR member {b} is alive"
-                    );
+                if let Some(b) = p.isr.iter().find(|b| self.is_active(**b)) {
+                    return Err(format!("{t}-{i}: offline although ISR member {b} is alive"));
                 }
             }
             None => {}
         }
+        if p.leader_epoch.0 < 0 || p.partition_epoch.0 < 0 || p.partition_epoch.0 < p.leader_epoch.0 {
+            return Err(format!(
+                "{t}-{i}: epochs {} / {} (a leader change is a partition change too)",
+                p.leader_epoch, p.partition_epoch.0
+            ));
+        }
+        Ok(())
+    }
+
+    /// The first broken invariant of the whole state, if any.
+    pub fn invariant_violation(&self) -> Option<String> {
+        for (t, p, part) in self.partitions() {
+            if let Err(e) = self.partition_valid(part, t, p, true) {
+                return Some(e);
+            }
+        }
+        for b in self.brokers.values() {
+            if b.shards == 0 {
+                return Some(format!("broker {} has no shards", b.id));
+            }
+            if b.fenced && b.in_controlled_shutdown {
+                return Some(format!("broker {} fenced and in controlled shutdown", b.id));
+            }
+            if !b.is_active() {
+                if let Err(e) = self.leads_nothing(b.id, "is not active") {
+                    return Some(e);
+                }
+            }
+            if u64::try_from(b.epoch.0).map_or(true, |e| e >= self.next_offset.0) {
+                return Some(format!(
+                    "broker {} epoch {} is not an applied offset",
+                    b.id, b.epoch.0
+                ));
+            }
+        }
+        if self.topics.len() != self.topics_by_name.len() {
+            return Some("topic names and ids disagree".into());
+        }
+        for (name, id) in &self.topics_by_name {
+            if self.topics.get(id).map(|t| t.name.as_str()) != Some(name.as_str()) {
+                return Some(format!("topic {name} is not topic {id}"));
+            }
+        }
+        for (resource, entries) in &self.configs {
+            if entries.is_empty() {
+                return Some(format!("empty config entry for {resource:?}"));
+            }
+            if let ConfigResource::Topic(name) = resource {
+                if !self.topics_by_name.contains_key(name) {
+                    return Some(format!("configs of unknown topic {name}"));
+                }
+            }
+        }
+        None
     }
 
     /// Checks every invariant over the whole state (tests and simulations call it after every
     /// step; `apply` checks what each record touches).
     pub fn check_invariants(&self) {
-        for (t, p, part) in self.partitions() {
-            self.assert_partition(part, t, p, true);
-        }
-        for b in self.brokers.values() {
-            if !b.is_active() {
-                self.assert_leads_nothing(b.id, "not active");
-            }
-        }
-        assert_eq!(self.topics.len(), self.topics_by_name.len());
-        for (name, id) in &self.topics_by_name {
-            assert_eq!(self.topics.get(id).map(|t| t.name.as_str()), Some(name.as_str()));
+        if let Some(v) = self.invariant_violation() {
+            panic!("{v}");
         }
     }
 }
