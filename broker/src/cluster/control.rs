@@ -23,8 +23,8 @@ use strand_protocol::types::{validate_topic_name, LeaderEpoch, NodeId, Partition
 use super::placement::{place, Load};
 use super::record::{
     BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId, MetadataOffset, PartitionChange,
-    PartitionEpoch, PartitionRecord, Record, RegisterBroker, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS, MAX_REPLICAS,
-    MAX_STRING_BYTES,
+    PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS,
+    MAX_REPLICAS, MAX_STRING_BYTES,
 };
 use super::state::{ClusterState, PartitionRegistration};
 use crate::metadata::{AdminError, MAX_PARTITIONS_PER_TOPIC};
@@ -132,8 +132,13 @@ pub struct HeartbeatReply {
 pub struct CreateTopic {
     pub name: String,
     pub id: TopicId,
+    /// -1 with manual assignments.
     pub partitions: i32,
+    /// -1 with manual assignments.
     pub replication_factor: i16,
+    /// Manual assignments (partition, replicas in preference order); empty: placed by the
+    /// controller.
+    pub assignments: Vec<(i32, Vec<NodeId>)>,
     pub configs: Vec<(String, String)>,
 }
 
@@ -524,9 +529,9 @@ pub fn fence_stale_brokers(
     batch.finish()
 }
 
-/// Creates a topic (CreateTopics): the topic, its config overrides, then its partitions placed
-/// over the active brokers ([`super::placement`]), each led by its first replica with every
-/// replica in its ISR.
+/// Creates a topic (CreateTopics): the topic, its config overrides, then its partitions, placed
+/// over the active brokers ([`super::placement`]) or as manually assigned, each with its active
+/// replicas as ISR and the first of them as leader.
 pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Record>, AdminError> {
     validate_topic_name(&req.name).map_err(|m| AdminError::new(ResponseError::InvalidTopicException, m))?;
     if state.topic_by_name(&req.name).is_some() {
@@ -550,28 +555,6 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
     if req.id.is_zero() || state.topic(req.id).is_some() {
         return Err(invalid_request(format!("Topic id {} is not new.", req.id)));
     }
-    if req.partitions <= 0 {
-        return Err(AdminError::new(
-            ResponseError::InvalidPartitions,
-            "Number of partitions must be larger than 0.",
-        ));
-    }
-    if req.partitions > MAX_PARTITIONS_PER_TOPIC {
-        return Err(AdminError::new(
-            ResponseError::InvalidPartitions,
-            format!(
-                "Number of partitions {} is above the limit of {MAX_PARTITIONS_PER_TOPIC}.",
-                req.partitions
-            ),
-        ));
-    }
-    let rf = u16::try_from(req.replication_factor).unwrap_or(0);
-    if usize::from(rf) > MAX_REPLICAS {
-        return Err(AdminError::new(
-            ResponseError::InvalidReplicationFactor,
-            format!("Replication factor {rf} is above the limit of {MAX_REPLICAS}."),
-        ));
-    }
     if req.configs.len() > MAX_CONFIG_ENTRIES
         || req
             .configs
@@ -583,9 +566,49 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
             "Too many or too long configs.",
         ));
     }
-    let placement = place(state, req.partitions.unsigned_abs(), rf)?;
+    let assignment = if req.assignments.is_empty() {
+        if req.partitions <= 0 {
+            return Err(AdminError::new(
+                ResponseError::InvalidPartitions,
+                "Number of partitions must be larger than 0.",
+            ));
+        }
+        check_partition_limit(req.partitions)?;
+        let rf = u16::try_from(req.replication_factor).unwrap_or(0);
+        if usize::from(rf) > MAX_REPLICAS {
+            return Err(AdminError::new(
+                ResponseError::InvalidReplicationFactor,
+                format!("Replication factor {rf} is above the limit of {MAX_REPLICAS}."),
+            ));
+        }
+        place(state, req.partitions.unsigned_abs(), rf)?
+    } else {
+        if req.partitions != -1 || req.replication_factor != -1 {
+            return Err(invalid_request(
+                "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
+            ));
+        }
+        let mut by_index: BTreeMap<i32, &Vec<NodeId>> = BTreeMap::new();
+        for (p, replicas) in &req.assignments {
+            if by_index.insert(*p, replicas).is_some() {
+                return Err(AdminError::new(
+                    ResponseError::InvalidReplicaAssignment,
+                    format!("Found multiple manual partition assignments for partition {p}"),
+                ));
+            }
+        }
+        if by_index.keys().copied().ne(0..by_index.len() as i32) {
+            return Err(AdminError::new(
+                ResponseError::InvalidReplicaAssignment,
+                "partitions should be a consecutive 0-based integer sequence",
+            ));
+        }
+        check_partition_limit(i32::try_from(by_index.len()).unwrap_or(i32::MAX))?;
+        let lists: Vec<&Vec<NodeId>> = by_index.into_values().collect();
+        manual(state, &lists, None, 0)?
+    };
     // New records only: nothing here depends on another record of the batch.
-    let mut records = Vec::with_capacity(placement.len() + 2);
+    let mut records = Vec::with_capacity(assignment.len() + 2);
     records.push(Record::Topic {
         name: req.name.clone(),
         id: req.id,
@@ -600,11 +623,105 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
                 .collect(),
         }));
     }
-    for (p, replicas) in placement.into_iter().enumerate() {
-        let isr: Vec<NodeId> = replicas.iter().map(|r| r.broker).collect();
+    partition_records(state, req.id, 0, assignment, &mut records);
+    Ok(records)
+}
+
+fn check_partition_limit(partitions: i32) -> Result<(), AdminError> {
+    if partitions > MAX_PARTITIONS_PER_TOPIC {
+        return Err(AdminError::new(
+            ResponseError::InvalidPartitions,
+            format!("Number of partitions {partitions} is above the limit of {MAX_PARTITIONS_PER_TOPIC}."),
+        ));
+    }
+    Ok(())
+}
+
+/// Manual assignments checked as Kafka checks them: every broker registered, none twice, the
+/// same replica count everywhere (`rf` when adding to a topic), and at least one active replica
+/// per partition. Shards are chosen by load as for placed replicas.
+fn manual(
+    state: &ClusterState,
+    lists: &[&Vec<NodeId>],
+    rf: Option<usize>,
+    first_partition: i32,
+) -> Result<Vec<Vec<Replica>>, AdminError> {
+    let refuse = |m: String| AdminError::new(ResponseError::InvalidReplicaAssignment, m);
+    let mut rf = rf;
+    let mut load = Load::of(state);
+    let mut out = Vec::with_capacity(lists.len());
+    for (i, replicas) in lists.iter().enumerate() {
+        let partition = first_partition.saturating_add(i32::try_from(i).unwrap_or(i32::MAX));
+        if replicas.is_empty() {
+            return Err(refuse(
+                "The manual partition assignment includes an empty replica list.".into(),
+            ));
+        }
+        if replicas.len() > MAX_REPLICAS {
+            return Err(refuse(format!(
+                "More than {MAX_REPLICAS} replicas for partition {partition}."
+            )));
+        }
+        for (k, b) in replicas.iter().enumerate() {
+            if state.broker(*b).is_none() {
+                return Err(refuse(format!(
+                    "The manual partition assignment includes broker {b}, but no such broker is registered."
+                )));
+            }
+            if replicas[..k].contains(b) {
+                return Err(refuse(format!(
+                    "The manual partition assignment includes the broker {b} more than once."
+                )));
+            }
+        }
+        match rf {
+            Some(n) if n != replicas.len() => {
+                return Err(refuse(format!(
+                "The manual partition assignment includes a partition with {} replica(s), but this is not \
+                     consistent with previous partitions, which have {n} replica(s).",
+                replicas.len()
+            )))
+            }
+            _ => rf = Some(replicas.len()),
+        }
+        if !replicas.iter().any(|b| state.is_active(*b)) {
+            return Err(refuse(format!(
+                "All brokers specified in the manual partition assignment for partition {partition} are fenced or \
+                 in controlled shutdown."
+            )));
+        }
+        // The preferred leader's shard is chosen as a leader's (where leadership returns).
+        let placed = replicas
+            .iter()
+            .enumerate()
+            .map(|(k, b)| Replica {
+                broker: *b,
+                shard: load.take_shard(*b, state.broker(*b).map_or(1, |r| r.shards), k == 0),
+            })
+            .collect();
+        out.push(placed);
+    }
+    Ok(out)
+}
+
+/// The partition records of new partitions from `first`: the active replicas are the ISR, the
+/// first of them leads.
+fn partition_records(
+    state: &ClusterState,
+    topic: TopicId,
+    first: i32,
+    assignment: Vec<Vec<Replica>>,
+    records: &mut Vec<Record>,
+) {
+    for (i, replicas) in assignment.into_iter().enumerate() {
+        let isr: Vec<NodeId> = replicas
+            .iter()
+            .map(|r| r.broker)
+            .filter(|b| state.is_active(*b))
+            .collect();
         records.push(Record::Partition(PartitionRecord {
-            topic: req.id,
-            partition: PartitionId(p as i32),
+            topic,
+            partition: PartitionId(first.saturating_add(i32::try_from(i).unwrap_or(i32::MAX))),
             leader: isr.first().copied(),
             isr,
             replicas,
@@ -612,7 +729,106 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
             partition_epoch: PartitionEpoch(0),
         }));
     }
+}
+
+/// Adds partitions to a topic (CreatePartitions) up to `count` in all, with the replica count of
+/// its existing partitions, placed by the controller or as manually assigned.
+pub fn create_partitions(
+    state: &ClusterState,
+    name: &str,
+    count: i32,
+    assignments: Option<&[Vec<NodeId>]>,
+) -> Result<Vec<Record>, AdminError> {
+    let Some(topic) = state.topic_by_name(name) else {
+        return Err(AdminError::new(
+            ResponseError::UnknownTopicOrPartition,
+            format!("The topic '{name}' does not exist."),
+        ));
+    };
+    let current = i32::try_from(topic.partitions.len()).unwrap_or(i32::MAX);
+    if count == current {
+        return Err(AdminError::new(
+            ResponseError::InvalidPartitions,
+            format!("Topic already has {current} partition(s)."),
+        ));
+    }
+    if count < current {
+        return Err(AdminError::new(
+            ResponseError::InvalidPartitions,
+            format!(
+                "The topic {name} currently has {current} partition(s); {count} would not be an increase."
+            ),
+        ));
+    }
+    check_partition_limit(count)?;
+    let additional = count - current;
+    let rf = topic.partitions.first().map_or(1, |p| p.replicas.len());
+    let assignment = match assignments {
+        Some(a) => {
+            if a.len() != additional.unsigned_abs() as usize {
+                return Err(AdminError::new(
+                    ResponseError::InvalidReplicaAssignment,
+                    format!(
+                        "Attempted to add {additional} additional partition(s), but only {} assignment(s) were specified.",
+                        a.len()
+                    ),
+                ));
+            }
+            let lists: Vec<&Vec<NodeId>> = a.iter().collect();
+            manual(state, &lists, Some(rf), current)?
+        }
+        None => place(
+            state,
+            additional.unsigned_abs(),
+            u16::try_from(rf).unwrap_or(u16::MAX),
+        )?,
+    };
+    let mut records = Vec::with_capacity(assignment.len());
+    partition_records(state, topic.id, current, assignment, &mut records);
     Ok(records)
+}
+
+/// Producer ids one AllocateProducerIds hands a broker, as in Kafka.
+pub const PRODUCER_ID_BLOCK_SIZE: i64 = 1000;
+
+/// A block of producer ids for one broker: `first` to `first + len - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerIdBlock {
+    pub first: i64,
+    pub len: i64,
+}
+
+/// Hands a broker the next block of producer ids (AllocateProducerIds, KIP-730), so that no two
+/// brokers, and no broker before and after a restart, give out the same id.
+pub fn allocate_producer_ids(
+    state: &ClusterState,
+    broker: NodeId,
+    broker_epoch: BrokerEpoch,
+) -> Result<(Vec<Record>, ProducerIdBlock), AdminError> {
+    if state.broker(broker).is_none_or(|b| b.epoch != broker_epoch) {
+        return Err(AdminError::new(
+            ResponseError::StaleBrokerEpoch,
+            format!("Broker {broker} is not registered at epoch {}.", broker_epoch.0),
+        ));
+    }
+    let first = state.next_producer_id();
+    let Some(next) = first.checked_add(PRODUCER_ID_BLOCK_SIZE) else {
+        return Err(AdminError::new(
+            ResponseError::UnknownServerError,
+            "Exhausted all producerIds as the next block's end producerId has exceeded the int64 type limit",
+        ));
+    };
+    Ok((
+        vec![Record::ProducerIds {
+            broker,
+            broker_epoch,
+            next_producer_id: next,
+        }],
+        ProducerIdBlock {
+            first,
+            len: PRODUCER_ID_BLOCK_SIZE,
+        },
+    ))
 }
 
 /// Deletes a topic (DeleteTopics).

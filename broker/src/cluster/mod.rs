@@ -10,7 +10,7 @@
 //!   liveness state and a `now_ms` to the records the quorum leader proposes: broker
 //!   registration, heartbeats and fencing, topic creation with replica placement
 //!   ([`placement`]), leader election on fencing and controlled shutdown, AlterPartition ISR
-//!   changes, preferred-leader election.
+//!   changes, preferred-leader election, CreatePartitions, producer-id blocks.
 //!
 //! No I/O, no clock, no randomness: time comes in as `now_ms`, topic ids from the caller, and
 //! placement is a function of the state. The Raft group that orders the records, the RPCs that
@@ -29,10 +29,10 @@ mod sim;
 mod tests;
 
 pub use control::{
-    alter_configs, alter_partition, create_topic, delete_topic, elect_preferred_leaders, fence_stale_brokers,
-    heartbeat, register_broker, AlterPartition, AlterPartitionReply, BrokerRegistrationRequest,
-    ControllerConfig, CreateTopic, Heartbeat, HeartbeatReply, IsrMember, Liveness,
-    DEFAULT_SESSION_TIMEOUT_MS,
+    allocate_producer_ids, alter_configs, alter_partition, create_partitions, create_topic, delete_topic,
+    elect_preferred_leaders, fence_stale_brokers, heartbeat, register_broker, AlterPartition,
+    AlterPartitionReply, BrokerRegistrationRequest, ControllerConfig, CreateTopic, Heartbeat, HeartbeatReply,
+    IsrMember, Liveness, ProducerIdBlock, DEFAULT_SESSION_TIMEOUT_MS, PRODUCER_ID_BLOCK_SIZE,
 };
 pub use record::{
     BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId, MetadataOffset, PartitionChange,

@@ -139,6 +139,13 @@ pub enum Record {
     RemoveTopic {
         id: TopicId,
     },
+    /// A block of producer ids was handed to a broker (KIP-730): ids below `next_producer_id`
+    /// are never handed out again.
+    ProducerIds {
+        broker: NodeId,
+        broker_epoch: BrokerEpoch,
+        next_producer_id: i64,
+    },
 }
 
 /// The most replicas one partition may have.
@@ -162,6 +169,7 @@ mod tag {
     pub(super) const PARTITION_CHANGE: u8 = 7;
     pub(super) const CONFIG: u8 = 8;
     pub(super) const REMOVE_TOPIC: u8 = 9;
+    pub(super) const PRODUCER_IDS: u8 = 10;
 }
 
 /// Why bytes are not a record.
@@ -270,6 +278,16 @@ impl Record {
             Record::RemoveTopic { id } => {
                 w.head(tag::REMOVE_TOPIC);
                 w.uuid(id.0);
+            }
+            Record::ProducerIds {
+                broker,
+                broker_epoch,
+                next_producer_id,
+            } => {
+                w.head(tag::PRODUCER_IDS);
+                w.node(*broker);
+                w.i64(broker_epoch.0);
+                w.i64(*next_producer_id);
             }
         }
         w.0
@@ -392,6 +410,11 @@ impl Record {
             }
             tag::REMOVE_TOPIC => Record::RemoveTopic {
                 id: TopicId(r.uuid()?),
+            },
+            tag::PRODUCER_IDS => Record::ProducerIds {
+                broker: r.node()?,
+                broker_epoch: BrokerEpoch(r.i64()?),
+                next_producer_id: r.i64()?,
             },
             other => return Err(bad(format!("unknown record type {other}"))),
         };
@@ -608,6 +631,11 @@ mod tests {
                 entries: vec![("a".into(), Some("1".into())), ("b".into(), None)],
             }),
             Record::RemoveTopic { id: t },
+            Record::ProducerIds {
+                broker: NodeId(2),
+                broker_epoch: BrokerEpoch(17),
+                next_producer_id: 2000,
+            },
         ]
     }
 
@@ -669,7 +697,7 @@ mod tests {
             let len = (x % 48) as usize;
             let mut bytes: Vec<u8> = (0..len).map(|i| (x >> (i % 8 * 8)) as u8).collect();
             if let Some(b) = bytes.get_mut(0) {
-                *b = (*b % 10).max(1);
+                *b = (*b % 11).max(1);
             }
             if let Some(b) = bytes.get_mut(1) {
                 *b = 0;

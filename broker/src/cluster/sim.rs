@@ -1,8 +1,9 @@
 //! A seeded simulation of the controller: random registrations, restarts, heartbeats (some
 //! lagging behind the log), crashes, controlled shutdowns, time advances with session-timeout
-//! fencing, topic creations, ISR changes (some with stale epochs), preferred elections,
-//! controller fail-overs and topic deletions, with every invariant checked after every step,
-//! a second node applying the decoded records, and a snapshot restoring the same state.
+//! fencing, topic creations and growth, producer-id blocks, ISR changes (some with stale
+//! epochs), preferred elections, controller fail-overs and topic deletions, with every
+//! invariant checked after every step, a second node applying the decoded records, and a
+//! snapshot restoring the same state.
 //!
 //! Every run is a function of its seed. `STRAND_CLUSTER_SIM_SEED=<n>` runs that seed alone,
 //! `STRAND_CLUSTER_SIM_SEEDS=<count>` sets how many seeds the default run covers; a failure
@@ -72,6 +73,8 @@ struct Counts {
     offline_seen: u32,
     restarts: u32,
     balanced_checks: u32,
+    grown: u32,
+    producer_blocks: u32,
 }
 
 struct Sim {
@@ -299,6 +302,7 @@ impl Sim {
             id: tid(k),
             partitions,
             replication_factor: rf,
+            assignments: vec![],
             configs: vec![],
         };
         match create_topic(&self.h.state, &req) {
@@ -327,6 +331,59 @@ impl Sim {
                 self.counts.refused_rf += 1;
             }
         }
+    }
+
+    fn grow(&mut self) {
+        let topics: Vec<(String, usize, usize)> = self
+            .h
+            .state
+            .topics()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.partitions.len(),
+                    t.partitions.first().map_or(0, |p| p.replicas.len()),
+                )
+            })
+            .collect();
+        let Some(k) = self.rng.pick(&(0..topics.len()).collect::<Vec<_>>()) else {
+            return;
+        };
+        let (name, current, rf) = topics[k].clone();
+        let count = (current + 1 + self.rng.below(4) as usize) as i32;
+        let active = self.h.state.brokers().filter(|b| b.is_active()).count();
+        match create_partitions(&self.h.state, &name, count, None) {
+            Ok(records) => {
+                assert!(rf <= active);
+                self.commit(&records);
+                if active != self.processes.len() {
+                    self.pristine_brokers = false;
+                }
+                self.counts.grown += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code, ResponseError::InvalidReplicationFactor, "{e:?}");
+                assert!(rf > active);
+            }
+        }
+    }
+
+    fn allocate(&mut self) {
+        let Some(b) = self.rng.pick(&self.running()) else {
+            return;
+        };
+        let Some((_, epoch)) = self.h.epochs.get(&b).copied() else {
+            return;
+        };
+        let before = self.h.state.next_producer_id();
+        let (records, block) = match allocate_producer_ids(&self.h.state, b, epoch) {
+            Ok(x) => x,
+            Err(e) => panic!("producer ids refused to a registered broker: {e:?}"),
+        };
+        self.commit(&records);
+        assert_eq!(block.first, before, "a block must start where the last one ended");
+        assert_eq!(self.h.state.next_producer_id(), before + block.len);
+        self.counts.producer_blocks += 1;
     }
 
     fn alter(&mut self) {
@@ -528,7 +585,9 @@ impl Sim {
                     }
                 }
             }
-            68..=77 => self.create(),
+            68..=73 => self.create(),
+            74..=75 => self.grow(),
+            76..=77 => self.allocate(),
             78..=89 => self.alter(),
             90..=94 => self.elect(),
             95..=97 => {
@@ -597,6 +656,8 @@ fn simulation_keeps_every_invariant() {
         total.offline_seen += counts.offline_seen;
         total.restarts += counts.restarts;
         total.balanced_checks += counts.balanced_checks;
+        total.grown += counts.grown;
+        total.producer_blocks += counts.producer_blocks;
     }
     eprintln!("{total:?}");
     // A run that exercised nothing proves nothing.
@@ -613,6 +674,8 @@ fn simulation_keeps_every_invariant() {
         ("offline_seen", c.offline_seen),
         ("restarts", c.restarts),
         ("balanced_checks", c.balanced_checks),
+        ("grown", c.grown),
+        ("producer_blocks", c.producer_blocks),
     ] {
         assert!(v > 0, "the simulation never exercised {what}: {c:?}");
     }

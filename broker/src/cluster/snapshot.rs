@@ -3,7 +3,7 @@
 //! every record.
 //!
 //! The layout (big-endian, strings and lists as in [`super::record`]): a format byte, the next
-//! offset, then the brokers, the topics with their partitions, and the configs, each list
+//! offset and the next producer id, then the brokers, the topics with their partitions, and the configs, each list
 //! preceded by a `u32` count. Reading bounds every count, allocates only as bytes arrive, and
 //! checks every invariant of the result: a snapshot that decodes into a state the records
 //! could not have produced is refused with an error, never served and never a panic.
@@ -49,6 +49,7 @@ impl ClusterState {
         let mut w = Writer(Vec::with_capacity(1024));
         w.u8(FORMAT);
         w.u64(self.next_offset.0);
+        w.i64(self.next_producer_id);
         count(&mut w, self.brokers.len());
         for b in self.brokers.values() {
             w.node(b.id);
@@ -109,6 +110,7 @@ impl ClusterState {
         }
         let mut state = ClusterState {
             next_offset: MetadataOffset(r.u64()?),
+            next_producer_id: r.i64()?,
             ..ClusterState::default()
         };
         for _ in 0..read_count(&mut r, MAX_SNAPSHOT_BROKERS, "brokers")? {

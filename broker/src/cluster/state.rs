@@ -108,6 +108,8 @@ pub struct ClusterState {
     pub(super) topics: BTreeMap<TopicId, TopicState>,
     pub(super) topics_by_name: BTreeMap<String, TopicId>,
     pub(super) configs: BTreeMap<ConfigResource, BTreeMap<String, String>>,
+    /// Producer ids below this have been handed out.
+    pub(super) next_producer_id: i64,
 }
 
 impl ClusterState {
@@ -188,6 +190,11 @@ impl ClusterState {
         })
     }
 
+    /// Producer ids below this have been handed out (InitProducerId on any broker).
+    pub fn next_producer_id(&self) -> i64 {
+        self.next_producer_id
+    }
+
     /// The config overrides of a resource (empty: none).
     pub fn configs(&self, resource: &ConfigResource) -> Option<&BTreeMap<String, String>> {
         self.configs.get(resource)
@@ -248,6 +255,19 @@ impl ClusterState {
             Record::Partition(p) => self.apply_partition(p),
             Record::PartitionChange(c) => self.apply_change(c),
             Record::Config(c) => self.apply_config(c),
+            Record::ProducerIds {
+                broker,
+                broker_epoch,
+                next_producer_id,
+            } => {
+                self.registration_mut(*broker, *broker_epoch, "ProducerIds");
+                assert!(
+                    *next_producer_id > self.next_producer_id,
+                    "producer ids handed out twice: {next_producer_id} after {}",
+                    self.next_producer_id
+                );
+                self.next_producer_id = *next_producer_id;
+            }
             Record::RemoveTopic { id } => {
                 let t = self.topics.remove(id);
                 assert!(t.is_some(), "removing unknown topic {id}");
@@ -536,6 +556,9 @@ impl ClusterState {
                     b.id, b.epoch.0
                 ));
             }
+        }
+        if self.next_producer_id < 0 {
+            return Some(format!("next producer id {}", self.next_producer_id));
         }
         if self.topics.len() != self.topics_by_name.len() {
             return Some("topic names and ids disagree".into());

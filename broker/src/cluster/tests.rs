@@ -126,6 +126,7 @@ impl Harness {
             id: tid(k),
             partitions,
             replication_factor: rf,
+            assignments: vec![],
             configs: vec![],
         };
         let records = create_topic(&self.state, &req)?;
@@ -722,6 +723,7 @@ fn configs_and_topic_removal() {
         id: tid(5),
         partitions: 1,
         replication_factor: 1,
+        assignments: vec![],
         configs: vec![("cleanup.policy".into(), "compact".into())],
     };
     let records = create_topic(&h.state, &req).unwrap();
@@ -838,4 +840,132 @@ fn a_partition_named_twice_is_elected_once() {
     assert!(results.iter().all(|r| r.1.is_ok()));
     h.commit(&records);
     assert_eq!(h.part(t, 0).leader, Some(pref));
+}
+
+#[test]
+fn manual_assignments_are_checked_as_kafka_checks_them() {
+    let mut h = three();
+    h.beat(3, true, false).unwrap();
+    let req = |assignments: Vec<(i32, Vec<i32>)>| CreateTopic {
+        name: "m".into(),
+        id: tid(9),
+        partitions: -1,
+        replication_factor: -1,
+        assignments: assignments
+            .into_iter()
+            .map(|(p, r)| (p, r.into_iter().map(n).collect()))
+            .collect(),
+        configs: vec![],
+    };
+    let code = |h: &Harness, r: &CreateTopic| create_topic(&h.state, r).unwrap_err().code;
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![1, 2]), (2, vec![2, 1])])),
+        ResponseError::InvalidReplicaAssignment
+    );
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![1, 2]), (0, vec![2, 1])])),
+        ResponseError::InvalidReplicaAssignment
+    );
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![1, 1])])),
+        ResponseError::InvalidReplicaAssignment
+    );
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![1, 7])])),
+        ResponseError::InvalidReplicaAssignment
+    );
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![1, 2]), (1, vec![1])])),
+        ResponseError::InvalidReplicaAssignment
+    );
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![3])])),
+        ResponseError::InvalidReplicaAssignment,
+        "only fenced"
+    );
+    assert_eq!(
+        code(&h, &req(vec![(0, vec![])])),
+        ResponseError::InvalidReplicaAssignment
+    );
+    let both = CreateTopic {
+        partitions: 1,
+        ..req(vec![(0, vec![1])])
+    };
+    assert_eq!(code(&h, &both), ResponseError::InvalidRequest);
+    // Broker 3 is fenced: it is a replica but not in the ISR, and does not lead.
+    let records = create_topic(&h.state, &req(vec![(1, vec![2, 3]), (0, vec![3, 1])])).unwrap();
+    h.commit(&records);
+    let p0 = h.part(tid(9), 0);
+    assert_eq!(p0.replica_brokers().collect::<Vec<_>>(), vec![n(3), n(1)]);
+    assert_eq!(p0.isr, vec![n(1)]);
+    assert_eq!(p0.leader, Some(n(1)));
+    let p1 = h.part(tid(9), 1);
+    assert_eq!(p1.leader, Some(n(2)));
+    assert_eq!(p1.isr, vec![n(2)]);
+    // When broker 3 returns and catches up, the preferred election gives it partition 0.
+    h.beat(3, false, false).unwrap();
+    h.alter(tid(9), 0, &[1, 3]).unwrap();
+    h.commit(&elect_preferred_leaders(&h.state, None).0);
+    assert_eq!(h.part(tid(9), 0).leader, Some(n(3)));
+}
+
+#[test]
+fn create_partitions_adds_placed_or_assigned_partitions() {
+    let mut h = three();
+    let t = h.create("t", 1, 2, 2).unwrap();
+    let code = |h: &Harness, count, a: Option<&[Vec<NodeId>]>| {
+        create_partitions(&h.state, "t", count, a).unwrap_err().code
+    };
+    assert_eq!(code(&h, 2, None), ResponseError::InvalidPartitions);
+    assert_eq!(code(&h, 1, None), ResponseError::InvalidPartitions);
+    assert_eq!(
+        create_partitions(&h.state, "nope", 3, None).unwrap_err().code,
+        ResponseError::UnknownTopicOrPartition
+    );
+    assert_eq!(
+        code(&h, 4, Some(&[vec![n(1), n(2)]])),
+        ResponseError::InvalidReplicaAssignment,
+        "one short"
+    );
+    assert_eq!(
+        code(&h, 3, Some(&[vec![n(1)]])),
+        ResponseError::InvalidReplicaAssignment,
+        "other RF"
+    );
+    let records = create_partitions(&h.state, "t", 5, None).unwrap();
+    assert_eq!(records.len(), 3);
+    h.commit(&records);
+    for p in 2..5 {
+        let part = h.part(t, p);
+        assert_eq!(part.replicas.len(), 2, "the topic's replication factor");
+        assert_eq!(part.leader, part.preferred_leader());
+    }
+    // The three new leaders went one to each broker (the topic had two partitions).
+    let mut leaders: Vec<_> = (0..5).map(|p| h.part(t, p).leader.unwrap()).collect();
+    leaders.sort();
+    leaders.dedup();
+    assert_eq!(leaders.len(), 3);
+    let records = create_partitions(&h.state, "t", 6, Some(&[vec![n(3), n(1)]])).unwrap();
+    h.commit(&records);
+    assert_eq!(h.part(t, 5).leader, Some(n(3)));
+}
+
+#[test]
+fn producer_id_blocks_never_overlap_and_survive_a_snapshot() {
+    let mut h = three();
+    let mut blocks = Vec::new();
+    for b in [1, 2, 1, 3] {
+        let (records, block) = allocate_producer_ids(&h.state, n(b), h.epochs[&n(b)].1).unwrap();
+        h.commit(&records);
+        blocks.push(block);
+    }
+    for w in blocks.windows(2) {
+        assert_eq!(w[1].first, w[0].first + w[0].len);
+    }
+    assert_eq!(blocks[0].first, 0);
+    assert_eq!(h.state.next_producer_id(), 4 * PRODUCER_ID_BLOCK_SIZE);
+    let e = allocate_producer_ids(&h.state, n(1), BrokerEpoch(999)).unwrap_err();
+    assert_eq!(e.code, ResponseError::StaleBrokerEpoch);
+    let restored = ClusterState::from_snapshot(&h.state.to_snapshot()).unwrap();
+    assert_eq!(restored.next_producer_id(), 4 * PRODUCER_ID_BLOCK_SIZE);
 }
