@@ -5,9 +5,11 @@
 //!
 //! A decision must be made against a state that already holds every record proposed before it
 //! (the leader applies its proposals to its own copy as it proposes them, as Kafka's active
-//! controller does), so that two decisions never build on the same partition epoch. Each
-//! decision applies its records to a scratch copy as it builds them: a decision whose records
-//! would break an invariant fails here, on the leader, not on the nodes that apply it.
+//! controller does), so that two decisions never build on the same partition epoch. Decisions
+//! whose records build on each other (registration, fencing, unfencing, controlled shutdown)
+//! apply them to a scratch copy as they go, taken on the first record, so a broken record
+//! fails on the leader that built it; the others write records that each depend only on the
+//! state as it is.
 //!
 //! Elections follow Kafka without unclean election and without eligible leader replicas: a
 //! partition's leader stays while it is in the ISR and active; otherwise the first replica (in

@@ -38,4 +38,6 @@ pub use record::{
     BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId, MetadataOffset, PartitionChange,
     PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica,
 };
-pub use state::{BrokerRegistration, ClusterState, PartitionRegistration, PartitionView, TopicState};
+pub use state::{
+    BrokerRegistration, ClusterState, HostedReplica, PartitionRegistration, PartitionView, TopicState,
+};

@@ -99,6 +99,16 @@ pub struct PartitionView {
     pub offline_replicas: Vec<NodeId>,
 }
 
+/// A replica a broker hosts ([`ClusterState::hosted_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostedReplica {
+    pub topic: TopicId,
+    pub partition: PartitionId,
+    pub shard: ShardId,
+    pub leader: bool,
+    pub leader_epoch: LeaderEpoch,
+}
+
 /// The replicated cluster metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterState {
@@ -193,6 +203,21 @@ impl ClusterState {
     /// Producer ids below this have been handed out (InitProducerId on any broker).
     pub fn next_producer_id(&self) -> i64 {
         self.next_producer_id
+    }
+
+    /// The partitions with a replica on `broker`, by topic id then partition: the shard of the
+    /// broker that owns each, and whether the broker leads it. What a broker opens, and which
+    /// of them it serves writes for, after applying records.
+    pub fn hosted_by(&self, broker: NodeId) -> impl Iterator<Item = HostedReplica> + '_ {
+        self.partitions().filter_map(move |(topic, partition, p)| {
+            p.shard_of(broker).map(|shard| HostedReplica {
+                topic,
+                partition,
+                shard,
+                leader: p.leader == Some(broker),
+                leader_epoch: p.leader_epoch,
+            })
+        })
     }
 
     /// The config overrides of a resource (empty: none).

@@ -654,6 +654,25 @@ fn controlled_shutdown_moves_leadership_before_the_broker_stops() {
 }
 
 #[test]
+fn a_broker_knows_what_it_hosts_and_leads() {
+    let mut h = three();
+    let t = h.create("t", 1, 4, 2).unwrap();
+    let hosted: Vec<_> = h.state.hosted_by(n(1)).collect();
+    let expected: Vec<i32> = (0..4).filter(|p| h.part(t, *p).has_replica(n(1))).collect();
+    assert_eq!(hosted.iter().map(|r| r.partition.0).collect::<Vec<_>>(), expected);
+    for r in &hosted {
+        let part = h.part(t, r.partition.0);
+        assert_eq!(Some(r.shard), part.shard_of(n(1)));
+        assert_eq!(r.leader, part.leader == Some(n(1)));
+    }
+    assert_eq!(
+        hosted.iter().filter(|r| r.leader).count(),
+        h.state.leader_count(n(1))
+    );
+    assert_eq!(h.state.hosted_by(n(7)).count(), 0);
+}
+
+#[test]
 fn restart_with_fewer_shards_moves_replicas_onto_existing_shards() {
     let mut h = Harness::new();
     for id in 1..=2 {
