@@ -3,7 +3,8 @@
 //! fencing, topic creations and growth, producer-id blocks, ISR changes (some with stale
 //! epochs), preferred elections, controller fail-overs and topic deletions, with every
 //! invariant checked after every step, a second node applying the decoded records, and a
-//! snapshot restoring the same state.
+//! snapshot restoring the same state. Each run ends by bringing every broker back: every
+//! partition must then be online, fully in sync and led by its preferred replica.
 //!
 //! Every run is a function of its seed. `STRAND_CLUSTER_SIM_SEED=<n>` runs that seed alone,
 //! `STRAND_CLUSTER_SIM_SEEDS=<count>` sets how many seeds the default run covers; a failure
@@ -75,6 +76,7 @@ struct Counts {
     balanced_checks: u32,
     grown: u32,
     producer_blocks: u32,
+    settled: u32,
 }
 
 struct Sim {
@@ -604,6 +606,87 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// Brings every broker back and lets the cluster heal: afterwards every partition must be
+    /// online, have every replica in its ISR and be led by its preferred replica.
+    fn settle(&mut self) {
+        for p in self.processes.values_mut() {
+            p.stopping = false;
+        }
+        for _ in 0..4 {
+            for b in self.ids() {
+                if !self.processes[&b].running {
+                    self.start(b);
+                }
+            }
+            for b in self.ids() {
+                let Some((_, epoch)) = self.h.epochs.get(&b).copied() else {
+                    continue;
+                };
+                let hb = Heartbeat {
+                    broker: b,
+                    epoch,
+                    metadata_offset: self.h.state.next_offset(),
+                    want_fence: false,
+                    want_shutdown: false,
+                };
+                let (records, reply) =
+                    match heartbeat(&self.h.state, &mut self.h.liveness, &hb, self.h.now_ms) {
+                        Ok(x) => x,
+                        Err(e) => panic!("settling heartbeat refused: {e:?}"),
+                    };
+                self.commit(&records);
+                if reply.should_shut_down {
+                    // It was in controlled shutdown: it stops, and comes back next round.
+                    self.crash(b);
+                }
+            }
+            self.check();
+        }
+        for b in self.h.state.brokers() {
+            assert!(
+                b.is_active(),
+                "broker {} still not active after settling: {b:?}",
+                b.id
+            );
+        }
+        let parts: Vec<(TopicId, PartitionId)> = self.h.state.partitions().map(|(t, p, _)| (t, p)).collect();
+        for (t, p) in parts {
+            let part = self.h.part(t, p.0);
+            let Some(leader) = part.leader else {
+                panic!("{t}-{p} offline with every broker back: {part:?}");
+            };
+            let req = AlterPartition {
+                broker: leader,
+                broker_epoch: self.h.epochs[&leader].1,
+                topic: t,
+                partition: p,
+                leader_epoch: part.leader_epoch,
+                partition_epoch: part.partition_epoch,
+                new_isr: part
+                    .replica_brokers()
+                    .map(|b| IsrMember {
+                        broker: b,
+                        epoch: Some(self.h.epochs[&b].1),
+                    })
+                    .collect(),
+            };
+            match alter_partition(&self.h.state, &req) {
+                Ok((records, _)) => self.commit(&records),
+                Err(e) => panic!("{t}-{p}: expanding the ISR refused: {e:?}"),
+            }
+        }
+        let (records, _) = elect_preferred_leaders(&self.h.state, None);
+        self.commit(&records);
+        self.check();
+        for (t, p, part) in self.h.state.partitions() {
+            assert_eq!(part.leader, part.preferred_leader(), "{t}-{p}");
+            assert_eq!(part.isr.len(), part.replicas.len(), "{t}-{p}");
+        }
+        self.counts.settled += 1;
+    }
+}
+
 fn run(seed: u64, steps: u32) -> Counts {
     let mut sim = Sim::new(seed);
     // Everyone starts at once, as a cluster does.
@@ -613,6 +696,7 @@ fn run(seed: u64, steps: u32) -> Counts {
     for _ in 0..steps {
         sim.step();
     }
+    sim.settle();
     sim.counts
 }
 
@@ -658,6 +742,7 @@ fn simulation_keeps_every_invariant() {
         total.balanced_checks += counts.balanced_checks;
         total.grown += counts.grown;
         total.producer_blocks += counts.producer_blocks;
+        total.settled += counts.settled;
     }
     eprintln!("{total:?}");
     // A run that exercised nothing proves nothing.
@@ -676,6 +761,7 @@ fn simulation_keeps_every_invariant() {
         ("balanced_checks", c.balanced_checks),
         ("grown", c.grown),
         ("producer_blocks", c.producer_blocks),
+        ("settled", c.settled),
     ] {
         assert!(v > 0, "the simulation never exercised {what}: {c:?}");
     }
