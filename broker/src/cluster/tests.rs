@@ -988,3 +988,22 @@ fn producer_id_blocks_never_overlap_and_survive_a_snapshot() {
     let restored = ClusterState::from_snapshot(&h.state.to_snapshot()).unwrap();
     assert_eq!(restored.next_producer_id(), 4 * PRODUCER_ID_BLOCK_SIZE);
 }
+
+#[test]
+fn a_fenced_broker_asking_to_shut_down_stops_at_once() {
+    let mut h = three();
+    h.create("t", 1, 3, 3).unwrap();
+    h.beat(3, true, false).unwrap();
+    let before = h.state.next_offset();
+    let reply = h.beat(3, false, true).unwrap();
+    assert!(reply.should_shut_down && reply.is_fenced);
+    assert_eq!(
+        h.state.next_offset(),
+        before,
+        "nothing to write: it was fenced already"
+    );
+    // An unfenced broker asking to be fenced and to stop: fenced, then stops.
+    let reply = h.beat(2, true, true).unwrap();
+    assert!(reply.should_shut_down && reply.is_fenced);
+    assert_eq!(h.state.leader_count(n(2)), 0);
+}
