@@ -12,15 +12,20 @@
 //! racks the partition does not use yet before doubling up on a rack.
 //!
 //! Shards: each replica is given the shard of its broker that owns the fewest preferred
-//! leaderships (for a leader replica) or the fewest replicas (for a follower) at that moment, so
-//! leaders spread over each broker's cores across all topics. The controller records the shard
-//! in the partition rather than leaving it to a hash on the broker: a hash of topic and partition
-//! spreads one topic's partitions over shards, but the partitions a broker leads are every n-th
-//! partition (n brokers), and when n and the shard count share a factor they fall on a fraction
-//! of the shards (3 brokers of 3 shards: every leader of a topic on one shard). Only the
-//! controller sees every broker's load, so only it can keep leaders even per core across topics.
-//! Kafka records where on a broker a replica lives in the same place (the log directory of each
-//! replica, KIP-858).
+//! leaderships (for the preferred leader) or the fewest replicas (for a follower) at that
+//! moment, so leaders spread over each broker's cores across all topics. The controller records
+//! the shard in the partition rather than leaving it to the broker's own rule
+//! ([`crate::metadata::owner_shard`]: round-robin over shards from a per-topic hashed start).
+//! That rule spreads one topic's partitions over shards, but the partitions one broker leads are
+//! every n-th partition (n brokers, leaders round-robin), and when n and the shard count share a
+//! factor they fall on a fraction of the shards (3 brokers of 3 shards: all of a broker's leaders
+//! of a topic on one shard). Only the controller sees every broker's load, so only it can keep
+//! leaders even per core across topics; and with the shard in the metadata, a node sending a
+//! partition's Raft messages to another addresses the right shard there directly. A broker that
+//! returns with fewer shards has its replicas on missing shards moved when it registers: the
+//! partition logs are not per shard and start-up replays every shard's journal before any
+//! shard opens a log, so across a restart a move is only a change of owner. Kafka records where
+//! on a broker a replica lives in the same place (the log directory of each replica, KIP-858).
 
 use std::collections::BTreeMap;
 
