@@ -28,6 +28,7 @@ use super::record::{
     PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS,
     MAX_REPLICAS, MAX_STRING_BYTES,
 };
+use super::snapshot::{MAX_SNAPSHOT_BROKERS, MAX_SNAPSHOT_TOPICS};
 use super::state::{ClusterState, PartitionRegistration};
 use crate::metadata::{AdminError, MAX_PARTITIONS_PER_TOPIC};
 
@@ -353,8 +354,14 @@ pub fn register_broker(
     if req.rack.as_ref().is_some_and(|r| r.len() > MAX_STRING_BYTES) {
         return Err(invalid_request("Rack name too long."));
     }
-    let mut batch = Batch::new(state);
     let existing = state.broker(req.broker);
+    if existing.is_none() && state.brokers().count() >= MAX_SNAPSHOT_BROKERS as usize {
+        return Err(AdminError::new(
+            ResponseError::PolicyViolation,
+            format!("The cluster holds the most brokers it may ({MAX_SNAPSHOT_BROKERS})."),
+        ));
+    }
+    let mut batch = Batch::new(state);
     let epoch = match existing {
         Some(old) if old.incarnation == req.incarnation => {
             if old.shards != req.shards {
@@ -556,6 +563,18 @@ pub fn create_topic(state: &ClusterState, req: &CreateTopic) -> Result<Vec<Recor
     }
     if req.id.is_zero() || state.topic(req.id).is_some() {
         return Err(invalid_request(format!("Topic id {} is not new.", req.id)));
+    }
+    let full = |what: &str| {
+        Err(AdminError::new(
+            ResponseError::PolicyViolation,
+            format!("The cluster holds the most {what} it may ({MAX_SNAPSHOT_TOPICS})."),
+        ))
+    };
+    if state.topics().count() >= MAX_SNAPSHOT_TOPICS as usize {
+        return full("topics");
+    }
+    if !req.configs.is_empty() && state.config_resource_count() >= MAX_SNAPSHOT_TOPICS as usize {
+        return full("config resources");
     }
     if req.configs.len() > MAX_CONFIG_ENTRIES
         || req
@@ -861,7 +880,11 @@ pub fn alter_configs(
     if entries.is_empty() {
         return Ok(Vec::new());
     }
-    if entries.len() > MAX_CONFIG_ENTRIES
+    let name_len = match &resource {
+        ConfigResource::Topic(n) | ConfigResource::Group(n) | ConfigResource::Queue(n) => n.len(),
+    };
+    if name_len > MAX_STRING_BYTES
+        || entries.len() > MAX_CONFIG_ENTRIES
         || entries.iter().any(|(k, v)| {
             k.len() > MAX_STRING_BYTES || v.as_ref().is_some_and(|v| v.len() > MAX_STRING_BYTES)
         })
@@ -869,6 +892,30 @@ pub fn alter_configs(
         return Err(AdminError::new(
             ResponseError::InvalidConfig,
             "Too many or too long configs.",
+        ));
+    }
+    // The resource's overrides after the change, and the resources then: both bounded, as a
+    // snapshot reads them.
+    let current = state.configs(&resource);
+    let mut keys: std::collections::BTreeSet<&str> = current
+        .map(|c| c.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    for (k, v) in &entries {
+        match v {
+            Some(_) => keys.insert(k),
+            None => keys.remove(k.as_str()),
+        };
+    }
+    if keys.len() > MAX_CONFIG_ENTRIES {
+        return Err(AdminError::new(
+            ResponseError::InvalidConfig,
+            format!("A resource may have at most {MAX_CONFIG_ENTRIES} config overrides."),
+        ));
+    }
+    if current.is_none() && state.config_resource_count() >= MAX_SNAPSHOT_TOPICS as usize {
+        return Err(AdminError::new(
+            ResponseError::PolicyViolation,
+            format!("The cluster holds the most config resources it may ({MAX_SNAPSHOT_TOPICS})."),
         ));
     }
     Ok(vec![Record::Config(ConfigRecord { resource, entries })])

@@ -220,6 +220,11 @@ impl ClusterState {
         })
     }
 
+    /// How many resources have config overrides.
+    pub fn config_resource_count(&self) -> usize {
+        self.configs.len()
+    }
+
     /// The config overrides of a resource (empty: none).
     pub fn configs(&self, resource: &ConfigResource) -> Option<&BTreeMap<String, String>> {
         self.configs.get(resource)
