@@ -1,7 +1,9 @@
 //! The cluster metadata that the controller quorum replicates, as a deterministic, sans-I/O
 //! state machine modelled on Kafka's KRaft controller.
 //!
-//! - [`record`]: the entries of the metadata log ([`Record`]) and their versioned encoding.
+//! - [`record`]: the records of the metadata log ([`Record`]) and their versioned encoding; the
+//!   records of one controller decision form one Raft entry ([`encode_batch`]), committed
+//!   together.
 //! - [`state`]: [`ClusterState`], built by applying records in log order; the queries Metadata
 //!   and DescribeCluster need (live brokers and their endpoints per listener; each partition's
 //!   leader, leader epoch, replicas, ISR and offline replicas).
@@ -35,8 +37,8 @@ pub use control::{
     IsrMember, Liveness, ProducerIdBlock, DEFAULT_SESSION_TIMEOUT_MS, PRODUCER_ID_BLOCK_SIZE,
 };
 pub use record::{
-    BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId, MetadataOffset, PartitionChange,
-    PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica,
+    decode_batch, encode_batch, BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId,
+    MetadataOffset, PartitionChange, PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica,
 };
 pub use state::{
     BrokerRegistration, ClusterState, HostedReplica, PartitionRegistration, PartitionView, TopicState,

@@ -425,6 +425,54 @@ impl Record {
     }
 }
 
+/// The most records one batch (one decision, one Raft entry) may hold.
+pub const MAX_BATCH_RECORDS: u32 = 1 << 20;
+
+/// The records of one controller decision as one Raft entry: `[u32 count]` then each record as
+/// `[u32 length][record]`. A decision's records are committed together or not at all: between
+/// two records of one decision the state may be one no decision leaves (a partition offline
+/// while the broker about to be fenced still counts as alive), and a new controller must never
+/// find it so.
+pub fn encode_batch(records: &[Record]) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(16 + 64 * records.len()));
+    let count = u32::try_from(records.len());
+    assert!(
+        count.as_ref().is_ok_and(|c| *c <= MAX_BATCH_RECORDS),
+        "metadata batch too long"
+    );
+    w.u32(count.unwrap_or(u32::MAX));
+    for r in records {
+        let bytes = r.encode();
+        w.u32(u32::try_from(bytes.len()).unwrap_or(u32::MAX));
+        w.0.extend_from_slice(&bytes);
+    }
+    w.0
+}
+
+/// Reads one batch; every byte must belong to it.
+pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Record>, DecodeError> {
+    let mut r = Reader(bytes);
+    let count = r.u32()?;
+    if count > MAX_BATCH_RECORDS {
+        return Err(bad(format!(
+            "{count} records in a batch, above the limit of {MAX_BATCH_RECORDS}"
+        )));
+    }
+    let mut records = Vec::new();
+    for _ in 0..count {
+        let len = usize::try_from(r.u32()?).unwrap_or(usize::MAX);
+        let Some((one, rest)) = r.0.split_at_checked(len) else {
+            return Err(bad("truncated batch"));
+        };
+        records.push(Record::decode(one)?);
+        r.0 = rest;
+    }
+    if !r.0.is_empty() {
+        return Err(bad(format!("{} bytes after the batch", r.0.len())));
+    }
+    Ok(records)
+}
+
 pub(super) struct Writer(pub(super) Vec<u8>);
 
 impl Writer {
@@ -685,6 +733,29 @@ mod tests {
         .encode();
         c[2 + 16 + 4..2 + 16 + 8].copy_from_slice(&(-2i32).to_be_bytes());
         assert!(Record::decode(&c).is_err());
+    }
+
+    #[test]
+    fn batches_round_trip_and_refuse_bad_bytes() {
+        let records = samples();
+        let bytes = encode_batch(&records);
+        assert_eq!(decode_batch(&bytes).unwrap(), records);
+        assert_eq!(decode_batch(&encode_batch(&[])).unwrap(), vec![]);
+        for cut in 0..bytes.len() {
+            assert!(decode_batch(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode_batch(&long).is_err());
+        assert!(decode_batch(&u32::MAX.to_be_bytes())
+            .unwrap_err()
+            .0
+            .contains("limit"));
+        // A record length that runs past the end.
+        let mut b = 1u32.to_be_bytes().to_vec();
+        b.extend_from_slice(&1000u32.to_be_bytes());
+        b.extend_from_slice(&[5, 0]);
+        assert!(decode_batch(&b).is_err());
     }
 
     #[test]

@@ -237,6 +237,17 @@ impl ClusterState {
             .count()
     }
 
+    /// Applies the records of one decision (one committed Raft entry, [`super::decode_batch`]).
+    /// Debug builds then check every invariant, which holds between decisions.
+    pub fn apply_batch(&mut self, records: &[Record]) {
+        for r in records {
+            self.apply(r);
+        }
+        if cfg!(debug_assertions) {
+            self.check_invariants();
+        }
+    }
+
     /// Applies one record. Panics on a record that breaks an invariant: the controller that
     /// proposed it has a bug, and a state that went wrong must not be served.
     pub fn apply(&mut self, record: &Record) {

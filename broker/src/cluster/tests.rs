@@ -42,18 +42,19 @@ impl Harness {
         }
     }
 
-    /// Applies records as the quorum would, checking every invariant afterwards, and applies
-    /// their decoded bytes on a second node, which must end up identical.
+    /// Applies a decision's records as the quorum would, checking every invariant afterwards,
+    /// and applies them decoded from their batch bytes (the Raft entry) on a second node, which
+    /// must end up identical.
     pub(super) fn commit(&mut self, records: &[Record]) {
         for r in records {
             self.state.apply(r);
-            match Record::decode(&r.encode()) {
-                Ok(decoded) => {
-                    assert_eq!(&decoded, r);
-                    self.replica.apply(&decoded);
-                }
-                Err(e) => panic!("{r:?} does not decode: {e}"),
+        }
+        match decode_batch(&encode_batch(records)) {
+            Ok(decoded) => {
+                assert_eq!(decoded, records);
+                self.replica.apply_batch(&decoded);
             }
+            Err(e) => panic!("{records:?} does not decode: {e}"),
         }
         self.state.check_invariants();
         assert_eq!(
