@@ -2,9 +2,14 @@
 //!
 //! `apply` is pure and deterministic: every controller and every broker that applies the same
 //! records holds the same state. A record that breaks an invariant is a bug in the controller
-//! that proposed it, so `apply` asserts rather than returns an error; the records of one
-//! controller decision are ordered so that each of them leaves the state valid (partitions are
-//! moved away from a broker before the record that fences it).
+//! that proposed it, so `apply` asserts rather than returns an error. The records of one
+//! controller decision are ordered so that each keeps what `apply` checks (partitions are moved
+//! away from a broker before the record that fences it); one invariant holds only between
+//! decisions, a partition being offline only while no member of its ISR is alive, and
+//! [`ClusterState::check_invariants`] checks it with the rest after a whole decision.
+//!
+//! Offsets count records, not Raft entries: a broker's epoch is the offset of its registration
+//! record, and a broker that reports having applied past it has seen its own registration.
 
 use std::collections::BTreeMap;
 
