@@ -11,6 +11,7 @@
 
 mod admin;
 mod clock;
+pub mod cluster;
 pub mod config;
 mod connection;
 mod controller;
