@@ -21,23 +21,21 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
-use openraft::error::{RPCError, StreamingError, Unreachable};
-use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
-};
 use openraft::{AsyncRuntime, Config, Raft, SnapshotPolicy};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::types::Offset;
+use strand_raft::partition::local_net::{Hops, LocalNet};
 use strand_raft::partition::shard_log::ShardReplicaLog;
 use strand_raft::partition::{
     Applied, Applier, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaLog, ReplicaStore,
@@ -52,8 +50,6 @@ use strand_storage::{replay_journals, LogKey};
 type C = PartitionRaft<SimRuntime>;
 type Store<B> = ReplicaStore<SimRuntime, <B as Backend>::Log>;
 type Node<B> = Raft<C, Store<B>>;
-type Vote = <C as openraft::RaftTypeConfig>::Vote;
-type Snapshot = openraft::type_config::alias::SnapshotOf<C, strand_raft::partition::PartitionSnapshot>;
 
 /// Where a simulated replica keeps its log, and what a crash of it keeps.
 trait Backend: 'static {
@@ -295,99 +291,34 @@ impl<B: Backend> World<B> {
     }
 }
 
-/// The network between two simulated nodes: each message is delayed (so messages reorder),
-/// may be lost either way, and is not delivered across a cut.
-struct Link<B: Backend> {
-    world: Rc<World<B>>,
-    from: BrokerId,
-    to: BrokerId,
-}
+/// The network between simulated nodes: each message is delayed (so messages reorder), may be
+/// lost either way, and is not delivered across a cut.
+impl<B: Backend> Hops for World<B> {
+    type Sm = Store<B>;
+    type Rt = SimRuntime;
 
-impl<B: Backend> Link<B> {
-    async fn hop(&self, a: BrokerId, b: BrokerId) -> Result<(), String> {
-        let delay = self.world.delay();
-        SimRuntime::sleep(delay).await;
-        if !self.world.link_up(a, b) {
-            return Err(format!("{a} cannot reach {b}"));
-        }
-        if self.world.lost() {
-            return Err(format!("message {a} -> {b} lost"));
-        }
-        Ok(())
+    fn hop(
+        self: &Rc<Self>,
+        from: BrokerId,
+        to: BrokerId,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>>>> {
+        let delay = self.delay();
+        let world = Rc::clone(self);
+        Box::pin(async move {
+            SimRuntime::sleep(delay).await;
+            // Decided on arrival: a node may have gone down meanwhile.
+            if !world.link_up(from, to) {
+                return Err(format!("{from} cannot reach {to}"));
+            }
+            if world.lost() {
+                return Err(format!("message {from} -> {to} lost"));
+            }
+            Ok(())
+        })
     }
 
-    async fn target(&self) -> Result<Node<B>, String> {
-        self.hop(self.from, self.to).await?;
-        self.world
-            .raft_of(self.to)
-            .ok_or_else(|| format!("{} is down", self.to))
-    }
-}
-
-fn unreachable(msg: String) -> RPCError<C> {
-    RPCError::Unreachable(Unreachable::from_string(msg))
-}
-
-impl<B: Backend> RaftNetworkV2<C> for Link<B> {
-    type SnapshotData = strand_raft::partition::PartitionSnapshot;
-
-    async fn append_entries(
-        &mut self,
-        rpc: AppendEntriesRequest<C>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
-        let node = self.target().await.map_err(unreachable)?;
-        let resp = node
-            .append_entries(rpc)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        self.hop(self.to, self.from).await.map_err(unreachable)?;
-        Ok(resp)
-    }
-
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<C>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<C>, RPCError<C>> {
-        let node = self.target().await.map_err(unreachable)?;
-        let resp = node.vote(rpc).await.map_err(|e| unreachable(e.to_string()))?;
-        self.hop(self.to, self.from).await.map_err(unreachable)?;
-        Ok(resp)
-    }
-
-    async fn full_snapshot(
-        &mut self,
-        vote: Vote,
-        snapshot: Snapshot,
-        _cancel: impl std::future::Future<Output = openraft::error::ReplicationClosed> + 'static,
-        _option: RPCOption,
-    ) -> Result<SnapshotResponse<C>, StreamingError<C>> {
-        let stream_err = |m: String| StreamingError::Unreachable(Unreachable::from_string(m));
-        let node = self.target().await.map_err(stream_err)?;
-        let resp = node
-            .install_full_snapshot(vote, snapshot)
-            .await
-            .map_err(|e| stream_err(e.to_string()))?;
-        self.hop(self.to, self.from).await.map_err(stream_err)?;
-        Ok(resp)
-    }
-}
-
-struct Net<B: Backend> {
-    world: Rc<World<B>>,
-    from: BrokerId,
-}
-
-impl<B: Backend> RaftNetworkFactory<C> for Net<B> {
-    type Network = Link<B>;
-
-    async fn new_client(&mut self, target: BrokerId, _node: &()) -> Link<B> {
-        Link {
-            world: Rc::clone(&self.world),
-            from: self.from,
-            to: target,
-        }
+    fn raft(&self, id: BrokerId) -> Option<Node<B>> {
+        self.raft_of(id)
     }
 }
 
@@ -425,10 +356,7 @@ fn start<B: Backend>(world: &Rc<World<B>>, id: BrokerId) {
         .get_mut(&id)
         .expect("known node")
         .applied = recorder;
-    let net = Net {
-        world: Rc::clone(world),
-        from: id,
-    };
+    let net = LocalNet::new(Rc::clone(world), id);
     let config = Arc::clone(&world.config);
     let s2 = store.clone();
     let handle = world.sim.spawn_in(

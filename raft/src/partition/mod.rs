@@ -9,8 +9,10 @@
 //!   point, install marker, internal entries), one small file written atomically.
 //! - [`shard_log`]: the replica log over a shard store's partition log (the broker's).
 //! - [`store`]: openraft's log storage and state machine over them.
+//! - [`local_net`]: an in-process network between replicas, for simulations and tests.
 
 pub mod entry_map;
+pub mod local_net;
 pub mod replica_log;
 pub mod shard_log;
 pub mod side_state;
