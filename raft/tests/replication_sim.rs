@@ -247,8 +247,9 @@ struct Replica<B: Backend> {
 struct Recorder(RefCell<Vec<(i64, Bytes)>>);
 
 impl Applier for Recorder {
-    fn apply(&self, base_offset: Offset, batch: &Bytes) {
+    fn apply(&self, base_offset: Offset, batch: &Bytes) -> Result<(), String> {
         self.0.borrow_mut().push((base_offset.0, batch.clone()));
+        Ok(())
     }
 }
 

@@ -14,13 +14,16 @@
 //!   ([`placement`]), leader election on fencing and controlled shutdown, AlterPartition ISR
 //!   changes, preferred-leader election, CreatePartitions, producer-id blocks.
 //!
-//! No I/O, no clock, no randomness: time comes in as `now_ms`, topic ids from the caller, and
-//! placement is a function of the state. The Raft group that orders the records, the RPCs that
-//! carry requests to the active controller, and the broker side that acts on the state are
-//! built elsewhere.
+//! - [`quorum`]: the Raft group of the controllers that orders the records: the metadata log,
+//!   stored as a Kafka partition log, and the active controller's decisions run on it.
+//!
+//! Apart from [`quorum`], no I/O, no clock, no randomness: time comes in as `now_ms`, topic ids
+//! from the caller, and placement is a function of the state. The RPCs that carry requests to
+//! the active controller and the broker side that acts on the state are not built yet.
 
 pub mod control;
 pub mod placement;
+pub mod quorum;
 pub mod record;
 pub mod snapshot;
 pub mod state;

@@ -70,8 +70,9 @@ pub struct PartitionSnapshot {
 pub trait Applier: 'static {
     /// A committed batch, given once per life of the replica, in offset order, starting from
     /// the log's start when the replica opens. `batch` is as produced: read its records, not its
-    /// `baseOffset`.
-    fn apply(&self, base_offset: Offset, batch: &Bytes);
+    /// `baseOffset`. An error means the committed log cannot be applied (a corrupt or foreign
+    /// batch): the replica stops, as on a storage error.
+    fn apply(&self, base_offset: Offset, batch: &Bytes) -> Result<(), String>;
 }
 
 struct Replica<L> {
@@ -166,7 +167,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
         };
         if let Some(applier) = &applier {
             for b in log.read_batches(Offset::ZERO, high_watermark).await? {
-                applier.apply(b.base_offset, &b.bytes);
+                applier.apply(b.base_offset, &b.bytes).map_err(bad_data)?;
             }
         }
         Ok(ReplicaStore {
@@ -424,7 +425,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                             assert!(next >= inner.high_watermark, "the high watermark never goes back");
                             inner.high_watermark = next;
                             if let Some(applier) = &inner.applier {
-                                applier.apply(base_offset, &bytes);
+                                applier.apply(base_offset, &bytes).map_err(bad_data)?;
                             }
                             Applied::Batch { base_offset }
                         }
@@ -527,7 +528,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 .log
                 .read_batches(old_high_watermark, point.next_offset);
             for b in read.await? {
-                applier.apply(b.base_offset, &b.bytes);
+                applier.apply(b.base_offset, &b.bytes).map_err(bad_data)?;
             }
         }
         let mut inner = self.inner.borrow_mut();

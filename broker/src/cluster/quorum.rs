@@ -1,0 +1,222 @@
+//! The controller quorum: the metadata log as a Raft group of the controllers.
+//!
+//! The log is stored as KRaft stores it, as a Kafka partition log (`__cluster_metadata-0`),
+//! through the same replica storage as every partition (`strand_raft::partition`): one
+//! controller decision is one Kafka batch holding one record per metadata [`Record`] (its value
+//! the record's encoding), so the decision commits or is lost whole, and the log's Kafka offsets
+//! are the metadata offsets [`ClusterState`] numbers records with. The group's applier
+//! ([`MetadataApplier`]) builds the state from the committed batches, replaying the log from its
+//! start when a controller opens it.
+//!
+//! Decisions run one at a time on the leader ([`Controller::decide`]): each first waits until
+//! the state has applied everything committed before it (a read index, so a new leader never
+//! decides on a state that misses its predecessor's last records), then commits its records
+//! and returns once they are applied. The broker-side RPCs that carry requests to the active
+//! controller and the brokers that act on the state are not built yet.
+
+use std::cell::{Ref, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
+use openraft::network::RaftNetworkFactory;
+use openraft::{AsyncRuntime, Config, Raft, ReadPolicy};
+use strand_protocol::batch::build::{batch, TestRecord};
+use strand_protocol::records::decode_records;
+use strand_protocol::types::Offset;
+use strand_raft::partition::{
+    Applied, Applier, BrokerId, KafkaBatch, PartitionRaft, ReplicaLog, ReplicaStore,
+};
+
+use super::control::Liveness;
+use super::record::{MetadataOffset, Record};
+use super::state::ClusterState;
+use crate::metadata::AdminError;
+
+/// The metadata log's topic, as Kafka names it.
+pub const METADATA_TOPIC: &str = "__cluster_metadata";
+/// The most one decision's batch may decompress to when it is read back.
+const MAX_DECISION_BYTES: usize = 64 << 20;
+
+/// One decision's records as one Kafka batch: a record per metadata record.
+pub fn decision_batch(records: &[Record], now_ms: i64) -> Bytes {
+    let encoded: Vec<Vec<u8>> = records.iter().map(Record::encode).collect();
+    let kafka: Vec<TestRecord<'_>> = encoded
+        .iter()
+        .map(|v| TestRecord {
+            value: Some(v),
+            ..TestRecord::default()
+        })
+        .collect();
+    Bytes::from(batch(&kafka, now_ms))
+}
+
+/// The metadata records of one decision's batch.
+pub fn decision_records(batch: &Bytes) -> Result<Vec<Record>, String> {
+    let records = decode_records(batch, MAX_DECISION_BYTES).map_err(|e| format!("metadata batch: {e}"))?;
+    records
+        .iter()
+        .map(|r| {
+            let value = r.value.as_ref().ok_or("a metadata record without a value")?;
+            Record::decode(value).map_err(|e| format!("metadata record: {e}"))
+        })
+        .collect()
+}
+
+/// Builds the cluster state from the metadata log's committed batches.
+#[derive(Default)]
+pub struct MetadataApplier {
+    state: RefCell<ClusterState>,
+}
+
+impl MetadataApplier {
+    pub fn state(&self) -> Ref<'_, ClusterState> {
+        self.state.borrow()
+    }
+}
+
+impl Applier for MetadataApplier {
+    fn apply(&self, base_offset: Offset, batch: &Bytes) -> Result<(), String> {
+        let records = decision_records(batch)?;
+        let mut state = self.state.borrow_mut();
+        let expected = state.next_offset();
+        if u64::try_from(base_offset.0).ok() != Some(expected.0) {
+            return Err(format!(
+                "metadata batch at offset {} but the state expects {}",
+                base_offset.0, expected.0
+            ));
+        }
+        state.apply_batch(&records);
+        Ok(())
+    }
+}
+
+/// Why a decision did not commit.
+#[derive(Debug)]
+pub enum ControllerError {
+    /// The decision itself refused (an error code for the client).
+    Refused(AdminError),
+    /// This controller is not the quorum's leader (`leader`: the one it knows of).
+    NotController { leader: Option<BrokerId> },
+    /// The quorum failed to commit (shut down, storage error).
+    Failed(String),
+}
+
+/// One controller of the quorum.
+pub struct Controller<Rt: AsyncRuntime, L: ReplicaLog> {
+    id: BrokerId,
+    raft: Raft<PartitionRaft<Rt>, ReplicaStore<Rt, L>>,
+    applier: Rc<MetadataApplier>,
+    /// The soft state the active controller keeps beside the log (heartbeat times), and the
+    /// term it was started in: a controller that becomes active starts it afresh.
+    liveness: RefCell<(u64, Liveness)>,
+    /// Decisions run one at a time.
+    turn: futures::lock::Mutex<()>,
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
+    /// Opens the metadata log `log` and starts the controller's Raft node.
+    pub async fn start<N>(id: BrokerId, config: Arc<Config>, network: N, log: L) -> io::Result<Self>
+    where
+        N: RaftNetworkFactory<PartitionRaft<Rt>>,
+        N::Network: openraft::network::NetSnapshot<
+            PartitionRaft<Rt>,
+            SnapshotData = strand_raft::partition::PartitionSnapshot,
+        >,
+    {
+        let applier = Rc::new(MetadataApplier::default());
+        let dyn_applier: Rc<dyn Applier> = applier.clone();
+        let store = ReplicaStore::<Rt, L>::open_with(log, Some(dyn_applier)).await?;
+        let raft = Raft::new(id, config, network, store.clone(), store)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(Controller {
+            id,
+            raft,
+            applier,
+            liveness: RefCell::new((0, Liveness::default())),
+            turn: futures::lock::Mutex::new(()),
+        })
+    }
+
+    pub fn raft(&self) -> &Raft<PartitionRaft<Rt>, ReplicaStore<Rt, L>> {
+        &self.raft
+    }
+
+    /// The state as applied here (a follower's may lag the leader's).
+    pub fn state(&self) -> Ref<'_, ClusterState> {
+        self.applier.state()
+    }
+
+    /// Runs `decide` on the current state and commits the records it returns; answers its
+    /// value once they are applied. Only the quorum's leader decides.
+    pub async fn decide<T>(
+        &self,
+        now_ms: i64,
+        decide: impl FnOnce(&ClusterState, &mut Liveness) -> Result<(Vec<Record>, T), AdminError>,
+    ) -> Result<T, ControllerError> {
+        let _turn = self.turn.lock().await;
+        self.raft
+            .ensure_linearizable(ReadPolicy::ReadIndex)
+            .await
+            .map_err(|e| match e {
+                RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+                    ControllerError::NotController { leader: f.leader_id }
+                }
+                // No quorum to confirm leadership: another controller may lead.
+                RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)) => {
+                    ControllerError::NotController { leader: None }
+                }
+                RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
+            })?;
+        let term = {
+            use openraft::async_runtime::WatchReceiver;
+            self.raft.metrics().borrow_watched().current_term
+        };
+        let (records, value) = {
+            let state = self.applier.state();
+            let mut liveness = self.liveness.borrow_mut();
+            if liveness.0 != term {
+                *liveness = (
+                    term,
+                    Liveness::activate(&state, u64::try_from(now_ms).unwrap_or(0)),
+                );
+            }
+            decide(&state, &mut liveness.1).map_err(ControllerError::Refused)?
+        };
+        if records.is_empty() {
+            return Ok(value);
+        }
+        let expected = self.applier.state().next_offset();
+        let written = self
+            .raft
+            .client_write(KafkaBatch(decision_batch(&records, now_ms)))
+            .await
+            .map_err(|e| match e {
+                RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                    ControllerError::NotController { leader: f.leader_id }
+                }
+                RaftError::APIError(e) => ControllerError::Failed(e.to_string()),
+                RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
+            })?;
+        match written.data {
+            Applied::Batch { base_offset } if u64::try_from(base_offset.0).ok() == Some(expected.0) => {
+                Ok(value)
+            }
+            other => Err(ControllerError::Failed(format!(
+                "controller {}: the decision landed at {other:?}, expected metadata offset {}",
+                self.id, expected.0
+            ))),
+        }
+    }
+
+    /// The offset the next metadata record takes here.
+    pub fn next_offset(&self) -> MetadataOffset {
+        self.applier.state().next_offset()
+    }
+}
+
+#[cfg(test)]
+mod tests;
