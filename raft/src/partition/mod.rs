@@ -10,9 +10,11 @@
 //! - [`shard_log`]: the replica log over a shard store's partition log (the broker's).
 //! - [`store`]: openraft's log storage and state machine over them.
 //! - [`local_net`]: an in-process network between replicas, for simulations and tests.
+//! - [`quiesce`]: idle groups stop their timers; node liveness stands in for their heartbeats.
 
 pub mod entry_map;
 pub mod local_net;
+pub mod quiesce;
 pub mod replica_log;
 pub mod shard_log;
 pub mod side_state;

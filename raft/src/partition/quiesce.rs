@@ -1,0 +1,210 @@
+//! Quiescing idle groups: a node hosting thousands of partition groups cannot afford each one's
+//! timers. A group with no activity (no write, no log change) for `idle_after_ms` stops its
+//! Raft ticker (no heartbeats, no election timer, no wake-ups); activity wakes it again. What a
+//! quiesced follower would have learned from its leader's heartbeats, that the leader is gone,
+//! it learns from node liveness instead: each node hears from each peer on a per-node-pair
+//! channel (one message per pair and interval, whatever the number of groups), and when a peer
+//! has been silent for `peer_timeout_ms` the groups it leads here wake with elections on.
+//!
+//! Sans-I/O: the host feeds it activity, peers heard from and the time, and applies the
+//! [`Action`]s it returns to the groups' Rafts ([`apply`]).
+
+use std::collections::BTreeMap;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{AsyncRuntime, Raft};
+
+use super::types::{BrokerId, PartitionRaft};
+
+/// When groups quiesce and when a silent peer counts as gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuiesceConfig {
+    /// A group with no activity for this long quiesces. Longer than a heartbeat interval, so
+    /// that the last commit index has reached the followers.
+    pub idle_after_ms: u64,
+    /// A peer not heard from for this long is taken for gone: the quiesced groups it leads
+    /// here wake and elect.
+    pub peer_timeout_ms: u64,
+}
+
+/// What to do to a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Stop its ticker.
+    Quiesce,
+    /// Start its ticker again (a leader also renews its lease at once).
+    Wake,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct GroupState {
+    last_activity_ms: u64,
+    quiesced: bool,
+}
+
+/// The quiescing state of the groups one node hosts.
+#[derive(Debug, Clone)]
+pub struct Quiescer<G> {
+    config: QuiesceConfig,
+    groups: BTreeMap<G, GroupState>,
+    peers: BTreeMap<BrokerId, u64>,
+}
+
+impl<G: Ord + Copy> Quiescer<G> {
+    pub fn new(config: QuiesceConfig) -> Self {
+        Quiescer {
+            config,
+            groups: BTreeMap::new(),
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// A group the node hosts from now on, active.
+    pub fn add(&mut self, group: G, now_ms: u64) {
+        self.groups.insert(
+            group,
+            GroupState {
+                last_activity_ms: now_ms,
+                quiesced: false,
+            },
+        );
+    }
+
+    pub fn remove(&mut self, group: G) {
+        self.groups.remove(&group);
+    }
+
+    /// Something happened in `group` (a write, a change of its log or leader): it stays or
+    /// becomes active. Returns [`Action::Wake`] if it was quiesced.
+    pub fn activity(&mut self, group: G, now_ms: u64) -> Option<Action> {
+        let g = self.groups.get_mut(&group)?;
+        g.last_activity_ms = g.last_activity_ms.max(now_ms);
+        if g.quiesced {
+            g.quiesced = false;
+            return Some(Action::Wake);
+        }
+        None
+    }
+
+    /// A message from `peer` arrived.
+    pub fn peer_heard(&mut self, peer: BrokerId, now_ms: u64) {
+        let at = self.peers.entry(peer).or_insert(now_ms);
+        *at = (*at).max(now_ms);
+    }
+
+    /// Whether `peer` has been heard from within the timeout (a peer never heard from counts as
+    /// alive until the timeout has passed since the first tick that asked).
+    fn peer_silent(&mut self, peer: BrokerId, now_ms: u64) -> bool {
+        let at = *self.peers.entry(peer).or_insert(now_ms);
+        now_ms.saturating_sub(at) > self.config.peer_timeout_ms
+    }
+
+    pub fn is_quiesced(&self, group: G) -> bool {
+        self.groups.get(&group).is_some_and(|g| g.quiesced)
+    }
+
+    pub fn quiesced_count(&self) -> usize {
+        self.groups.values().filter(|g| g.quiesced).count()
+    }
+
+    /// The actions due at `now_ms`. `leader_of` says who leads each group as this node knows it
+    /// (`None`: no leader known); `me` is this node.
+    pub fn tick(
+        &mut self,
+        now_ms: u64,
+        me: BrokerId,
+        leader_of: impl Fn(G) -> Option<BrokerId>,
+    ) -> Vec<(G, Action)> {
+        let mut actions = Vec::new();
+        let ids: Vec<G> = self.groups.keys().copied().collect();
+        for id in ids {
+            let leader = leader_of(id);
+            let silent_leader = match leader {
+                Some(l) if l == me => false,
+                Some(l) => self.peer_silent(l, now_ms),
+                None => true,
+            };
+            let Some(g) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            if g.quiesced {
+                if silent_leader {
+                    // Its leader is gone (or unknown): elect.
+                    g.quiesced = false;
+                    g.last_activity_ms = now_ms;
+                    actions.push((id, Action::Wake));
+                }
+            } else if !silent_leader && now_ms.saturating_sub(g.last_activity_ms) >= self.config.idle_after_ms
+            {
+                g.quiesced = true;
+                actions.push((id, Action::Quiesce));
+            }
+        }
+        actions
+    }
+}
+
+/// Applies an action to a group's Raft.
+pub async fn apply<Rt, Sm>(raft: &Raft<PartitionRaft<Rt>, Sm>, action: Action)
+where
+    Rt: AsyncRuntime,
+    Sm: RaftStateMachine<PartitionRaft<Rt>>,
+{
+    match action {
+        Action::Quiesce => raft.runtime_config().tick(false),
+        Action::Wake => {
+            raft.runtime_config().tick(true);
+            // A leader whose lease lapsed while quiesced takes writes again once a round of
+            // heartbeats is acknowledged; start that round now rather than at the next tick.
+            // A node that is shutting down has nothing to renew.
+            let _ = raft.trigger().heartbeat().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: QuiesceConfig = QuiesceConfig {
+        idle_after_ms: 500,
+        peer_timeout_ms: 1_000,
+    };
+
+    #[test]
+    fn idle_groups_quiesce_and_activity_wakes_them() {
+        let mut q = Quiescer::new(CONFIG);
+        q.add(1u32, 0);
+        q.add(2u32, 0);
+        let me = BrokerId(1);
+        assert!(q.tick(400, me, |_| Some(me)).is_empty());
+        q.activity(2, 400);
+        assert_eq!(q.tick(500, me, |_| Some(me)), vec![(1, Action::Quiesce)]);
+        assert_eq!(q.tick(900, me, |_| Some(me)), vec![(2, Action::Quiesce)]);
+        assert_eq!(q.activity(1, 1_000), Some(Action::Wake));
+        assert_eq!(q.activity(1, 1_001), None);
+        assert_eq!(q.quiesced_count(), 1);
+    }
+
+    #[test]
+    fn groups_led_by_a_silent_peer_wake_to_elect() {
+        let mut q = Quiescer::new(CONFIG);
+        let me = BrokerId(1);
+        q.add(1u32, 0);
+        q.add(2u32, 0);
+        let leader = |g: u32| Some(if g == 1 { BrokerId(2) } else { BrokerId(3) });
+        q.peer_heard(BrokerId(2), 0);
+        q.peer_heard(BrokerId(3), 0);
+        assert_eq!(q.tick(600, me, leader).len(), 2, "both quiesce");
+        q.peer_heard(BrokerId(3), 1_200);
+        // Node 2 has been silent for 1,100 ms: the group it leads wakes; node 3's stays.
+        assert_eq!(q.tick(1_100, me, leader), vec![(1, Action::Wake)]);
+        assert!(q.is_quiesced(2));
+        // A group with no known leader never quiesces.
+        q.add(3u32, 1_100);
+        assert!(q
+            .tick(5_000, me, |g| if g == 3 { None } else { leader(g) })
+            .iter()
+            .all(|(g, _)| *g != 3));
+    }
+}
