@@ -17,6 +17,7 @@
 //! on it before the replication code lands.
 
 pub mod partition;
+pub mod transport;
 
 use strand_protocol::types::{LeaderEpoch, Offset};
 

@@ -1,0 +1,54 @@
+//! The node-to-node layer of partition replication: how the Raft groups of many partitions
+//! talk between brokers.
+//!
+//! - [`codec`]: the binary frames every Raft message of a partition group travels in, each
+//!   tagged with its group and a request id.
+//!
+//! # Wire format
+//!
+//! A connection carries frames in both directions. All integers are big-endian.
+//!
+//! | field        | bytes | meaning                                                              |
+//! |--------------|-------|----------------------------------------------------------------------|
+//! | length       | 4     | bytes after this field; at most the frame bound (16 MiB by default)  |
+//! | version      | 1     | `1`; anything else closes the connection                             |
+//! | kind         | 1     | the message kind, below                                              |
+//! | request id   | 8     | chosen by the requester; a response repeats its request's            |
+//! | body         | rest  | per kind, below; nothing may follow it                               |
+//!
+//! | kind | message               | body                                                                      |
+//! |------|-----------------------|---------------------------------------------------------------------------|
+//! | 1    | vote                  | group, vote, last log id?, leadership transfer (bool)                     |
+//! | 2    | pre-vote              | as vote                                                                   |
+//! | 3    | vote reply            | group, vote, granted (bool), last log id?                                 |
+//! | 4    | append entries        | group, vote, prev log id?, leader commit?, u32 count, entries             |
+//! | 5    | append reply          | group, append reply                                                       |
+//! | 6    | snapshot chunk        | group, vote, snapshot meta, next offset (i64), chunk index (u32), last (bool), u32 count, batches |
+//! | 7    | snapshot reply        | group, vote                                                               |
+//! | 8    | transfer leader       | group, from-leader vote, target node (u64), last log id?                  |
+//! | 9    | transfer-leader reply | group, tag (0 ok; 1 vote changed: expected vote, actual vote; 2 log not flushed: expected log id?, actual log id?) |
+//! | 10   | heartbeats            | u32 count, heartbeat entries (group, vote, prev log id?, leader commit?)  |
+//! | 11   | heartbeat replies     | u32 count, (group, append reply) pairs                                    |
+//! | 12   | refused               | group, reason (1 unknown group, 2 unavailable, 3 unsupported)             |
+//!
+//! | field          | encoding                                                                      |
+//! |----------------|-------------------------------------------------------------------------------|
+//! | group          | topic id (16-byte uuid), partition index (i32)                                |
+//! | vote           | term (u64), voted-for node (u64), committed (bool)                            |
+//! | log id         | term (u64), index (u64)                                                       |
+//! | `x?`           | tag byte 0 (absent) or 1 followed by `x`                                      |
+//! | bool           | one byte, 0 or 1                                                              |
+//! | entry          | log id, payload tag: 0 blank; 1 Kafka batch (u32 length, bytes); 2 membership |
+//! | membership     | u32 config count (≤ 2), each a u32 count of node ids (u64); u32 count of all node ids (voters and learners) |
+//! | snapshot meta  | last log id?, membership log id?, membership                                  |
+//! | batch          | base offset (i64), term (u64), u32 length, bytes                              |
+//! | append reply   | tag: 0 success; 1 partial success, log id?; 2 conflict; 3 higher vote, vote   |
+//!
+//! Decoding never panics and never trusts a length: a frame longer than the bound is refused
+//! from its prefix alone, and every count is checked against the bytes left in the frame
+//! before anything is allocated for it. Kafka batches are decoded as slices of the received
+//! frame (`Bytes`), not copied.
+
+pub mod codec;
+
+pub use codec::{Codec, DecodeError, EncodeError, Frame, GroupId, Message, RequestId};
