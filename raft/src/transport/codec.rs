@@ -16,8 +16,8 @@ use openraft::impls::leader_id_std;
 use openraft::{EntryPayload, Membership, SnapshotMeta, StoredMembership};
 use strand_protocol::types::{Offset, PartitionId, TopicId};
 
-use crate::partition::{BrokerId, KafkaBatch, PartitionLogId, StoredBatch};
 use crate::Term;
+use crate::partition::{BrokerId, KafkaBatch, PartitionLogId, StoredBatch};
 
 /// The only protocol version this codec speaks.
 pub const WIRE_VERSION: u8 = 1;

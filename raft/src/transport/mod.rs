@@ -3,6 +3,9 @@
 //!
 //! - [`codec`]: the binary frames every Raft message of a partition group travels in, each
 //!   tagged with its group and a request id.
+//! - [`heartbeat`]: heartbeat coalescing per node pair: the heartbeats of all groups a node
+//!   leads, bound for one peer, leave in one frame per tick, and the peer answers them in one
+//!   frame (sans I/O).
 //!
 //! # Wire format
 //!
@@ -48,7 +51,24 @@
 //! from its prefix alone, and every count is checked against the bytes left in the frame
 //! before anything is allocated for it. Kafka batches are decoded as slices of the received
 //! frame (`Bytes`), not copied.
+//!
+//! # Heartbeats
+//!
+//! openraft gives heartbeats a client of their own (`RaftNetworkFactory::new_heartbeat_client`):
+//! each group's leader sends, per follower and heartbeat interval, an append-entries without
+//! entries. Sent one by one, a node leading 1,000 groups sends 1,000 frames to each follower per
+//! interval. Here a heartbeat is queued in a per-peer [`heartbeat::HeartbeatOutbox`] instead,
+//! and each tick turns a peer's queue into one `heartbeats` frame of lightweight entries (group,
+//! vote, the log id the leader believes the follower holds, commit log id); the follower hands
+//! each entry to its group as an empty append-entries and merges the answers into one
+//! `heartbeat replies` frame ([`heartbeat::ReplyMerger`]), which the outbox splits back to the
+//! waiting heartbeat workers. A group missing from the answer (the follower does not know it)
+//! is reported as no reply; a lost frame fails all its heartbeats, which openraft retries at the
+//! next interval. Redpanda's heartbeat manager batches the same way, one request per target
+//! node; it sends only the group id for caught-up followers, where openraft's heartbeat check
+//! also needs the leader's vote and matching log id, so those travel too.
 
 pub mod codec;
+pub mod heartbeat;
 
 pub use codec::{Codec, DecodeError, EncodeError, Frame, GroupId, Message, RequestId};
