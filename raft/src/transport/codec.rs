@@ -16,8 +16,8 @@ use openraft::impls::leader_id_std;
 use openraft::{EntryPayload, Membership, SnapshotMeta, StoredMembership};
 use strand_protocol::types::{Offset, PartitionId, TopicId};
 
-use crate::Term;
 use crate::partition::{BrokerId, KafkaBatch, PartitionLogId, StoredBatch};
+use crate::Term;
 
 /// The only protocol version this codec speaks.
 pub const WIRE_VERSION: u8 = 1;
@@ -514,7 +514,7 @@ fn membership_len(m: &PartitionMembership) -> usize {
     4 + configs + 4 + 8 * m.nodes().count()
 }
 
-fn entry_len(e: &PartitionEntry) -> usize {
+pub(super) fn entry_len(e: &PartitionEntry) -> usize {
     LOG_ID_BYTES
         + 1
         + match &e.payload {

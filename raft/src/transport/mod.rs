@@ -6,6 +6,9 @@
 //! - [`heartbeat`]: heartbeat coalescing per node pair: the heartbeats of all groups a node
 //!   leads, bound for one peer, leave in one frame per tick, and the peer answers them in one
 //!   frame (sans I/O).
+//! - [`network`]: openraft's `RaftNetworkFactory`/`RaftNetworkV2` for partition groups over a
+//!   small [`network::Connection`] trait (send a request to a peer, await its answer), and the
+//!   receiving [`network::Server`] that hands requests to the groups' Rafts.
 //!
 //! # Wire format
 //!
@@ -70,5 +73,6 @@
 
 pub mod codec;
 pub mod heartbeat;
+pub mod network;
 
 pub use codec::{Codec, DecodeError, EncodeError, Frame, GroupId, Message, RequestId};
