@@ -245,6 +245,11 @@ pub enum Message {
         group: GroupId,
         reason: RefuseReason,
     },
+    /// The first request on a connection names the node that opened it; the answer names the
+    /// node that accepted it.
+    Hello {
+        node: BrokerId,
+    },
 }
 
 impl Message {
@@ -262,6 +267,7 @@ impl Message {
             Message::Heartbeats(_) => 10,
             Message::HeartbeatReplies(_) => 11,
             Message::Refused { .. } => 12,
+            Message::Hello { .. } => 13,
         }
     }
 
@@ -596,6 +602,7 @@ fn body_len(message: &Message) -> usize {
                 .sum::<usize>()
         }
         Message::Refused { .. } => GROUP_BYTES + 1,
+        Message::Hello { .. } => 8,
     }
 }
 
@@ -780,6 +787,7 @@ fn put_body(message: &Message, out: &mut BytesMut) {
             put_group(group, out);
             out.put_u8(reason.code());
         }
+        Message::Hello { node } => out.put_u64(node.0),
     }
 }
 
@@ -1096,6 +1104,9 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
         12 => Message::Refused {
             group: r.group()?,
             reason: RefuseReason::from_code(r.u8("refuse reason")?)?,
+        },
+        13 => Message::Hello {
+            node: BrokerId(r.u64("hello node")?),
         },
         kind => return Err(DecodeError::UnknownKind(kind)),
     })

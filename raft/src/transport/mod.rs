@@ -9,6 +9,8 @@
 //! - [`network`]: openraft's `RaftNetworkFactory`/`RaftNetworkV2` for partition groups over a
 //!   small [`network::Connection`] trait (send a request to a peer, await its answer), and the
 //!   receiving [`network::Server`] that hands requests to the groups' Rafts.
+//! - [`tcp`]: the broker's connection: glommio TCP, one connection per peer node multiplexed
+//!   by request id, reconnecting with backoff; and the accepting side.
 //!
 //! # Wire format
 //!
@@ -36,6 +38,7 @@
 //! | 10   | heartbeats            | u32 count, heartbeat entries (group, vote, prev log id?, leader commit?)  |
 //! | 11   | heartbeat replies     | u32 count, (group, append reply) pairs                                    |
 //! | 12   | refused               | group, reason (1 unknown group, 2 unavailable, 3 unsupported)             |
+//! | 13   | hello                 | node id (u64): first request on a connection, and its answer              |
 //!
 //! | field          | encoding                                                                      |
 //! |----------------|-------------------------------------------------------------------------------|
@@ -74,5 +77,6 @@
 pub mod codec;
 pub mod heartbeat;
 pub mod network;
+pub mod tcp;
 
 pub use codec::{Codec, DecodeError, EncodeError, Frame, GroupId, Message, RequestId};

@@ -692,6 +692,8 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
             | Message::TransferLeaderReply { group, .. }
             | Message::Refused { group, .. } => refused(group, RefuseReason::Unsupported),
             Message::HeartbeatReplies(_) => Message::HeartbeatReplies(Vec::new()),
+            // Connections answer hellos themselves; a server has nothing to add.
+            Message::Hello { node } => Message::Hello { node },
         }
     }
 

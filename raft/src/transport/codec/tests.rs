@@ -218,6 +218,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
             ]
         )
             .prop_map(|(group, reason)| Message::Refused { group, reason }),
+        any::<u64>().prop_map(|n| Message::Hello { node: BrokerId(n) }),
     ]
 }
 
