@@ -270,19 +270,6 @@ impl Message {
             Message::Hello { .. } => 13,
         }
     }
-
-    /// Whether this message answers a request (and so is matched by its request id).
-    pub fn is_response(&self) -> bool {
-        matches!(
-            self,
-            Message::VoteReply { .. }
-                | Message::AppendReply { .. }
-                | Message::SnapshotReply { .. }
-                | Message::TransferLeaderReply { .. }
-                | Message::HeartbeatReplies(_)
-                | Message::Refused { .. }
-        )
-    }
 }
 
 /// One frame: a message and the request id it carries (its own for a request, the request's

@@ -9,12 +9,18 @@
 //! - [`network`]: openraft's `RaftNetworkFactory`/`RaftNetworkV2` for partition groups over a
 //!   small [`network::Connection`] trait (send a request to a peer, await its answer), and the
 //!   receiving [`network::Server`] that hands requests to the groups' Rafts.
-//! - [`tcp`]: the broker's connection: glommio TCP, one connection per peer node multiplexed
-//!   by request id, reconnecting with backoff; and the accepting side.
+//! - [`tcp`]: a connection over glommio TCP, for the broker (not wired into it yet): one
+//!   connection per peer node multiplexed by request id, reconnecting with backoff; and the
+//!   accepting side.
+//!
+//! Nothing here runs a broker's groups yet: the broker has to create a [`network::NodeNetwork`]
+//! per node (shard), call its `tick` every few milliseconds, give each group's `Raft` the
+//! group's factory, and route accepted requests to a [`network::Server`].
 //!
 //! # Wire format
 //!
-//! A connection carries frames in both directions. All integers are big-endian.
+//! A connection carries requests from the node that opened it, and their answers back, in
+//! frames. All integers are big-endian.
 //!
 //! | field        | bytes | meaning                                                              |
 //! |--------------|-------|----------------------------------------------------------------------|

@@ -137,8 +137,11 @@ impl<Rt: AsyncRuntime, Conn: Connection> NodeNetwork<Rt, Conn> {
     }
 
     /// Sends everything the heartbeat outbox holds, one frame per peer (or more, past the
-    /// per-frame bound), each in a task of its own. Returns the number of frames sent. Call it
-    /// once per tick, a fraction of the heartbeat interval.
+    /// per-frame bound), each in a task of its own. Returns the number of frames sent.
+    ///
+    /// Call it once per tick. A heartbeat waits in the outbox up to one tick, and openraft
+    /// gives it three quarters of `heartbeat_interval` to be answered, so the tick must be a
+    /// small fraction of the interval (the tests use a fifth).
     pub fn tick(self: &Rc<Self>) -> usize {
         let batches = self.heartbeats.borrow_mut().drain_for_tick();
         let sent = batches.len();
