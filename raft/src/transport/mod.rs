@@ -9,6 +9,8 @@
 //! - [`network`]: openraft's `RaftNetworkFactory`/`RaftNetworkV2` for partition groups over a
 //!   small [`network::Connection`] trait (send a request to a peer, await its answer), and the
 //!   receiving [`network::Server`] that hands requests to the groups' Rafts.
+//! - [`mem`]: an in-memory network of nodes for tests and the simulation; every request and
+//!   answer goes through the codec; links can be cut and healed.
 //! - [`tcp`]: a connection over glommio TCP, for the broker (not wired into it yet): one
 //!   connection per peer node multiplexed by request id, reconnecting with backoff; and the
 //!   accepting side.
@@ -82,6 +84,7 @@
 
 pub mod codec;
 pub mod heartbeat;
+pub mod mem;
 pub mod network;
 pub mod tcp;
 

@@ -1,11 +1,12 @@
 //! The adapter end to end: real openraft groups (on a test runtime) over an in-memory network
 //! whose every request and answer is encoded and decoded by the codec.
 
-use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
 use openraft::{Config, EntryPayload};
 use openraft_rt_tokio::TokioRuntime;
 use strand_protocol::batch::build;
@@ -13,7 +14,8 @@ use strand_protocol::types::{Offset, PartitionId, TopicId};
 
 use super::*;
 use crate::partition::{KafkaBatch, MemReplicaLog, PartitionLogId, ReplicaStore};
-use crate::transport::codec::{Frame, PartitionEntry, RequestId};
+use crate::transport::codec::PartitionEntry;
+use crate::transport::mem::MemNetwork;
 
 type Rt = TokioRuntime;
 type Store = ReplicaStore<Rt, MemReplicaLog>;
@@ -24,13 +26,6 @@ fn group(n: u8) -> GroupId {
         topic: TopicId(uuid::Uuid::from_bytes([n; 16])),
         partition: PartitionId(i32::from(n)),
     }
-}
-
-/// What crossed the in-memory network.
-#[derive(Default)]
-struct Traffic {
-    /// `(from, to, message)` of every request, as decoded by the receiver.
-    requests: Vec<(BrokerId, BrokerId, Message)>,
 }
 
 #[derive(Clone, Default)]
@@ -44,66 +39,22 @@ impl GroupRafts<Rt> for Groups {
     }
 }
 
-type Servers = HashMap<BrokerId, Rc<Server<Rt, Groups>>>;
-
-#[derive(Clone, Default)]
+/// An in-memory network that records every request `(from, to, message)`.
+#[derive(Clone)]
 struct MemNet {
-    servers: Rc<RefCell<Servers>>,
-    traffic: Rc<RefCell<Traffic>>,
-    down: Rc<RefCell<HashSet<BrokerId>>>,
-    codec: Codec,
+    net: MemNetwork<Rt, Groups>,
+    requests: Rc<RefCell<Vec<(BrokerId, BrokerId, Message)>>>,
 }
 
-struct MemConn {
-    local: BrokerId,
-    net: MemNet,
-    next_request: Cell<u64>,
-}
-
-fn net_err(e: impl fmt::Display) -> ConnectionError {
-    ConnectionError::Network(e.to_string())
-}
-
-impl Connection for MemConn {
-    fn call(
-        &self,
-        peer: BrokerId,
-        request: Message,
-    ) -> impl Future<Output = Result<Message, ConnectionError>> {
-        let net = self.net.clone();
-        let local = self.local;
-        let request_id = RequestId(self.next_request.get());
-        self.next_request.set(request_id.0 + 1);
-        async move {
-            if net.down.borrow().contains(&peer) {
-                return Err(ConnectionError::Unreachable(format!("{peer} is down")));
-            }
-            let server = net.servers.borrow().get(&peer).cloned();
-            let server = server.ok_or_else(|| ConnectionError::Unreachable(format!("no node {peer}")))?;
-            let wire = net
-                .codec
-                .encode_to_bytes(&Frame {
-                    request_id,
-                    message: request,
-                })
-                .map_err(net_err)?;
-            let frame = net.codec.decode_prefixed(wire).map_err(net_err)?;
-            net.traffic
-                .borrow_mut()
-                .requests
-                .push((local, peer, frame.message.clone()));
-            let answer = server.handle(local, frame.message).await;
-            let wire = net
-                .codec
-                .encode_to_bytes(&Frame {
-                    request_id: frame.request_id,
-                    message: answer,
-                })
-                .map_err(net_err)?;
-            let back = net.codec.decode_prefixed(wire).map_err(net_err)?;
-            assert_eq!(back.request_id, request_id);
-            Ok(back.message)
-        }
+impl Default for MemNet {
+    fn default() -> Self {
+        let net = MemNetwork::new(Codec::default());
+        let requests = Rc::new(RefCell::new(Vec::new()));
+        let r = Rc::clone(&requests);
+        net.set_observer(Box::new(move |from, to, m| {
+            r.borrow_mut().push((from, to, m.clone()))
+        }));
+        MemNet { net, requests }
     }
 }
 
@@ -126,12 +77,7 @@ fn raft_config() -> Arc<Config> {
 }
 
 async fn start_node(net: &MemNet, id: BrokerId, groups: &[GroupId], config: NetworkConfig) -> Node {
-    let conn = MemConn {
-        local: id,
-        net: net.clone(),
-        next_request: Cell::new(0),
-    };
-    let network = NodeNetwork::<Rt, _>::new(id, conn, config);
+    let network = NodeNetwork::<Rt, _>::new(id, net.net.connection(id), config);
     let rafts = Groups::default();
     let mut logs = HashMap::new();
     for g in groups {
@@ -143,9 +89,8 @@ async fn start_node(net: &MemNet, id: BrokerId, groups: &[GroupId], config: Netw
         rafts.0.borrow_mut().insert(*g, raft);
         logs.insert(*g, log);
     }
-    net.servers
-        .borrow_mut()
-        .insert(id, Rc::new(Server::new(rafts.clone(), ServerLimits::default())));
+    net.net
+        .add_server(id, Rc::new(Server::new(rafts.clone(), ServerLimits::default())));
     // The heartbeat pump: a tick a fifth of the heartbeat interval.
     let pump = Rc::clone(&network);
     let _detached = Rt::spawn(async move {
@@ -163,16 +108,28 @@ fn batch(n: usize) -> KafkaBatch {
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
 
-/// The node that leads `g`, once one does (leadership may move on a slow machine; the tests
-/// follow it rather than assume it).
+/// The node that leads `g` in the highest term any node knows of, once one does (leadership
+/// may move on a slow machine, and an isolated leader keeps believing in itself for a while;
+/// the tests follow leadership rather than assume it).
 async fn leader_of(nodes: &HashMap<u64, Node>, g: GroupId) -> u64 {
-    let any = nodes.values().next().unwrap().groups.raft(g).unwrap();
-    let m = any
-        .wait(WAIT)
-        .metrics(|m| m.current_leader.is_some(), "a leader")
-        .await
-        .unwrap();
-    m.current_leader.unwrap().0
+    for _ in 0..6_000 {
+        let views: Vec<_> = nodes
+            .values()
+            .map(|n| n.groups.raft(g).unwrap().metrics().borrow_watched().clone())
+            .collect();
+        let newest = views
+            .iter()
+            .filter(|m| m.current_leader.is_some())
+            .max_by_key(|m| m.current_term);
+        if let Some(leader) = newest.and_then(|m| m.current_leader) {
+            let own = views.iter().find(|m| m.id == leader);
+            if own.is_some_and(|m| m.state == openraft::ServerState::Leader) {
+                return leader.0;
+            }
+        }
+        Rt::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no leader of {g}");
 }
 
 /// Proposes `b` to the group's leader, following leadership changes.
@@ -199,9 +156,8 @@ async fn write(nodes: &HashMap<u64, Node>, g: GroupId, b: KafkaBatch) {
 }
 
 fn heartbeat_frames(net: &MemNet, from: u64, to: u64) -> usize {
-    net.traffic
+    net.requests
         .borrow()
-        .requests
         .iter()
         .filter(|(f, t, m)| *f == BrokerId(from) && *t == BrokerId(to) && matches!(m, Message::Heartbeats(_)))
         .count()
@@ -273,7 +229,7 @@ fn three_nodes_replicate_two_groups_with_coalesced_heartbeats() {
             )
             .await;
         assert!(sent.is_ok(), "no coalesced heartbeat frame was sent");
-        for (_, _, m) in &net.traffic.borrow().requests {
+        for (_, _, m) in net.requests.borrow().iter() {
             if let Message::Heartbeats(hs) = m {
                 assert!(
                     !hs.is_empty() && hs.len() <= 2,
@@ -286,6 +242,89 @@ fn three_nodes_replicate_two_groups_with_coalesced_heartbeats() {
             for g in &gs {
                 node.groups.raft(*g).unwrap().shutdown().await.unwrap();
             }
+        }
+    });
+}
+
+#[test]
+fn an_isolated_leader_is_replaced_and_steps_down_when_the_link_heals() {
+    let mut rt = Rt::new(1);
+    rt.block_on(async {
+        let net = MemNet::default();
+        let g = group(3);
+        let mut nodes = HashMap::new();
+        for id in 1..=3 {
+            nodes.insert(
+                id,
+                start_node(&net, BrokerId(id), &[g], NetworkConfig::default()).await,
+            );
+        }
+        let members: BTreeSet<BrokerId> = (1..=3).map(BrokerId).collect();
+        nodes[&1]
+            .groups
+            .raft(g)
+            .unwrap()
+            .initialize(members)
+            .await
+            .unwrap();
+        write(&nodes, g, batch(1)).await;
+        let old = leader_of(&nodes, g).await;
+        let old_term = nodes[&old]
+            .groups
+            .raft(g)
+            .unwrap()
+            .metrics()
+            .borrow_watched()
+            .current_term;
+
+        // Cut the leader off: the other two elect one of themselves in a later term.
+        for n in (1..=3).filter(|n| *n != old) {
+            net.net.cut(BrokerId(old), BrokerId(n));
+        }
+        let other = (1..=3).find(|n| *n != old).unwrap();
+        let m = nodes[&other]
+            .groups
+            .raft(g)
+            .unwrap()
+            .wait(WAIT)
+            .metrics(
+                |m| m.current_term > old_term && m.current_leader.is_some_and(|l| l != BrokerId(old)),
+                "a new leader",
+            )
+            .await
+            .unwrap();
+        let new = m.current_leader.unwrap().0;
+        write(&nodes, g, batch(2)).await;
+
+        // Healed, the old leader learns the higher term and follows; everyone has both batches.
+        for n in 1..=3 {
+            net.net.heal(BrokerId(old), BrokerId(n));
+        }
+        nodes[&old]
+            .groups
+            .raft(g)
+            .unwrap()
+            .wait(WAIT)
+            .metrics(
+                |m| m.current_leader == Some(BrokerId(new)),
+                "the old leader follows",
+            )
+            .await
+            .unwrap();
+        write(&nodes, g, batch(3)).await;
+        let leader = nodes[&leader_of(&nodes, g).await].groups.raft(g).unwrap();
+        let applied = leader.metrics().borrow_watched().last_applied.map(|id| id.index);
+        for node in nodes.values() {
+            let raft = node.groups.raft(g).unwrap();
+            raft.wait(WAIT)
+                .applied_index_at_least(applied, "caught up")
+                .await
+                .unwrap();
+            let offsets: Vec<Offset> = node.logs[&g].batches().iter().map(|b| b.base_offset).collect();
+            assert_eq!(offsets, vec![Offset(0), Offset(1), Offset(3)]);
+        }
+        for node in nodes.values() {
+            node.groups.raft(g).unwrap().shutdown().await.unwrap();
         }
     });
 }
@@ -333,9 +372,8 @@ fn a_new_replica_catches_up_from_a_snapshot_sent_in_chunks() {
 
         assert_eq!(nodes[&2].logs[&g].batches(), nodes[&1].logs[&g].batches());
         let chunks: Vec<(u32, bool, usize)> = net
-            .traffic
-            .borrow()
             .requests
+            .borrow()
             .iter()
             .filter_map(|(_, _, m)| match m {
                 Message::Snapshot { chunk, .. } => Some((chunk.chunk_index, chunk.last, chunk.batches.len())),
@@ -343,7 +381,7 @@ fn a_new_replica_catches_up_from_a_snapshot_sent_in_chunks() {
             })
             .collect();
         assert_eq!(chunks, vec![(0, false, 1), (1, false, 1), (2, true, 1)]);
-        let server = net.servers.borrow()[&BrokerId(2)].clone();
+        let server = net.net.server(BrokerId(2)).unwrap();
         assert_eq!(server.snapshots_in_progress(), 0);
         for node in nodes.values() {
             node.groups.raft(g).unwrap().shutdown().await.unwrap();
