@@ -295,3 +295,50 @@ fn a_broken_connection_fails_its_requests_and_the_next_request_reconnects() {
         assert_eq!(accepted.get(), 2);
     });
 }
+
+/// Reads until the peer closes the connection; returns what arrived before.
+async fn read_to_close(stream: &Rc<RefCell<TcpStream>>) -> BytesMut {
+    let mut buf = BytesMut::new();
+    while read_some(stream, &mut buf).await.unwrap_or(0) > 0 {}
+    buf
+}
+
+#[test]
+fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
+    run(|| async {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let addr = start_server(BrokerId(2), echo_handler(Rc::clone(&seen)));
+        let codec = Codec::default();
+        let lock = Mutex::new(());
+
+        // A request before any hello: the connection is closed, nothing is handled.
+        let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
+        let request = Frame {
+            request_id: RequestId(1),
+            message: vote_request(1),
+        };
+        write_frame(&stream, &lock, &codec.encode_to_bytes(&request).unwrap())
+            .await
+            .unwrap();
+        assert!(read_to_close(&stream).await.is_empty());
+        assert!(seen.borrow().is_empty());
+
+        // After a hello, a frame longer than the bound closes the connection too.
+        let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
+        let hello = Frame {
+            request_id: RequestId(0),
+            message: Message::Hello { node: BrokerId(1) },
+        };
+        write_frame(&stream, &lock, &codec.encode_to_bytes(&hello).unwrap())
+            .await
+            .unwrap();
+        write_frame(&stream, &lock, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
+            .await
+            .unwrap();
+        let mut answers = read_to_close(&stream).await;
+        let answer = codec.decode_from(&mut answers).unwrap().unwrap();
+        assert_eq!(answer.message, Message::Hello { node: BrokerId(2) });
+        assert!(answers.is_empty(), "nothing answered after the oversized frame");
+        assert!(seen.borrow().is_empty());
+    });
+}
