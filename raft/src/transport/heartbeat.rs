@@ -19,9 +19,10 @@
 //! and keep being replaced by newer ones).
 //!
 //! The waiter type `W` is whatever the caller uses to wake a worker (a oneshot sender in the
-//! network adapter, a plain id in tests).
+//! network adapter, a plain id in tests). Everything here is ordered (no hash-map iteration),
+//! so a seeded simulation replays the same frames and answers in the same order.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use super::codec::{AppendReply, GroupId, Heartbeat, HeartbeatReply};
 use crate::partition::BrokerId;
@@ -83,20 +84,20 @@ struct Queued<W> {
 struct PeerQueue<W> {
     /// Groups in arrival order, each once; `queued` holds their heartbeats.
     order: VecDeque<GroupId>,
-    queued: HashMap<GroupId, Queued<W>>,
+    queued: BTreeMap<GroupId, Queued<W>>,
     in_flight: usize,
 }
 
 struct InFlight<W> {
     peer: BrokerId,
-    waiters: HashMap<GroupId, W>,
+    waiters: BTreeMap<GroupId, W>,
 }
 
 /// The sending side of heartbeat coalescing: queues per peer, one frame per peer per tick.
 pub struct HeartbeatOutbox<W> {
     limits: OutboxLimits,
     peers: BTreeMap<BrokerId, PeerQueue<W>>,
-    in_flight: HashMap<BatchId, InFlight<W>>,
+    in_flight: BTreeMap<BatchId, InFlight<W>>,
     next_batch: u64,
 }
 
@@ -109,7 +110,7 @@ impl<W> HeartbeatOutbox<W> {
         HeartbeatOutbox {
             limits,
             peers: BTreeMap::new(),
-            in_flight: HashMap::new(),
+            in_flight: BTreeMap::new(),
             next_batch: 0,
         }
     }
@@ -124,7 +125,7 @@ impl<W> HeartbeatOutbox<W> {
     ) -> Result<Option<W>, PushError<W>> {
         let queue = self.peers.entry(peer).or_insert_with(|| PeerQueue {
             order: VecDeque::new(),
-            queued: HashMap::new(),
+            queued: BTreeMap::new(),
             in_flight: 0,
         });
         let group = heartbeat.group;
@@ -158,7 +159,7 @@ impl<W> HeartbeatOutbox<W> {
             while !queue.order.is_empty() && queue.in_flight < self.limits.max_in_flight_per_peer {
                 let take = queue.order.len().min(self.limits.max_per_frame);
                 let mut heartbeats = Vec::with_capacity(take);
-                let mut waiters = HashMap::with_capacity(take);
+                let mut waiters = BTreeMap::new();
                 for group in queue.order.drain(..take) {
                     let queued = queue.queued.remove(&group);
                     assert!(queued.is_some(), "a queued group without its heartbeat");
@@ -233,7 +234,7 @@ impl<W> HeartbeatOutbox<W> {
 /// [`Message::Heartbeats`]: super::Message::Heartbeats
 #[derive(Debug)]
 pub struct ReplyMerger {
-    expected: HashMap<GroupId, bool>,
+    expected: BTreeMap<GroupId, bool>,
     replies: Vec<HeartbeatReply>,
 }
 
@@ -241,7 +242,7 @@ impl ReplyMerger {
     /// Splits a received frame's heartbeats: the merger, and the heartbeats to hand each to its
     /// group. A group named twice in one frame is handled once (the later entry).
     pub fn split(heartbeats: Vec<Heartbeat>) -> (ReplyMerger, Vec<Heartbeat>) {
-        let mut latest: HashMap<GroupId, Heartbeat> = HashMap::with_capacity(heartbeats.len());
+        let mut latest: BTreeMap<GroupId, Heartbeat> = BTreeMap::new();
         for h in heartbeats {
             latest.insert(h.group, h);
         }
@@ -406,6 +407,34 @@ mod tests {
         let second = outbox.drain_for_tick();
         assert_eq!(second.len(), 1);
         assert_eq!(second[0].heartbeats, vec![hb(gs[4], 1)]);
+    }
+
+    #[test]
+    fn splitting_and_answering_follow_group_order() {
+        // Given in reverse group order, with one group twice.
+        let mut gs = groups(100);
+        gs.sort();
+        let mut frame: Vec<Heartbeat> = gs.iter().rev().map(|g| hb(*g, 1)).collect();
+        frame.push(hb(gs[7], 2));
+        let (_, to_groups) = ReplyMerger::split(frame);
+        assert_eq!(to_groups.iter().map(|h| h.group).collect::<Vec<_>>(), gs);
+        assert_eq!(
+            to_groups[7],
+            hb(gs[7], 2),
+            "the later entry of a repeated group wins"
+        );
+
+        let mut outbox = HeartbeatOutbox::new(OutboxLimits::default());
+        for (i, g) in gs.iter().enumerate().rev() {
+            outbox.push(BrokerId(2), hb(*g, 1), i).unwrap();
+        }
+        let frame = outbox.drain_for_tick().pop().unwrap();
+        let waiters: Vec<usize> = outbox
+            .on_response(frame.batch, vec![])
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect();
+        assert_eq!(waiters, (0..100).collect::<Vec<_>>());
     }
 
     #[test]

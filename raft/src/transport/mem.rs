@@ -10,7 +10,7 @@
 //! when each task runs).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use openraft::AsyncRuntime;
@@ -24,8 +24,8 @@ pub type Observer = Box<dyn FnMut(BrokerId, BrokerId, &Message)>;
 
 struct Inner<Rt, G> {
     codec: Codec,
-    servers: RefCell<HashMap<BrokerId, Rc<Server<Rt, G>>>>,
-    cut: RefCell<HashSet<(BrokerId, BrokerId)>>,
+    servers: RefCell<BTreeMap<BrokerId, Rc<Server<Rt, G>>>>,
+    cut: RefCell<BTreeSet<(BrokerId, BrokerId)>>,
     observer: RefCell<Option<Observer>>,
 }
 
@@ -51,8 +51,8 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> MemNetwork<Rt, G> {
         MemNetwork {
             inner: Rc::new(Inner {
                 codec,
-                servers: RefCell::new(HashMap::new()),
-                cut: RefCell::new(HashSet::new()),
+                servers: RefCell::new(BTreeMap::new()),
+                cut: RefCell::new(BTreeSet::new()),
                 observer: RefCell::new(None),
             }),
         }

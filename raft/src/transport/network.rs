@@ -20,7 +20,7 @@
 //! answer.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -610,7 +610,7 @@ struct Assembly {
 pub struct Server<Rt, G> {
     groups: G,
     limits: ServerLimits,
-    snapshots: RefCell<HashMap<(BrokerId, GroupId), Assembly>>,
+    snapshots: RefCell<BTreeMap<(BrokerId, GroupId), Assembly>>,
     next_assembly: Cell<u64>,
     _rt: PhantomData<fn() -> Rt>,
 }
@@ -620,7 +620,7 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
         Server {
             groups,
             limits,
-            snapshots: RefCell::new(HashMap::new()),
+            snapshots: RefCell::new(BTreeMap::new()),
             next_assembly: Cell::new(0),
             _rt: PhantomData,
         }
