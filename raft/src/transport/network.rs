@@ -84,7 +84,8 @@ pub struct NetworkConfig {
     pub heartbeats: OutboxLimits,
     /// How long a coalesced heartbeat frame may wait for its answer.
     pub heartbeat_timeout: Duration,
-    /// Bytes of batches per snapshot chunk (at most the frame bound minus the chunk's header).
+    /// Bytes of batches per snapshot chunk: a chunk holds up to this many, or one larger batch.
+    /// Below half the frame bound.
     pub snapshot_chunk_bytes: usize,
 }
 
@@ -309,8 +310,10 @@ impl<Rt: AsyncRuntime, Conn: Connection> GroupNetwork<Rt, Conn> {
         let empty = Message::Append {
             group,
             req: AppendMsg {
+                vote: req.vote,
+                prev_log_id: req.prev_log_id,
+                leader_commit: req.leader_commit,
                 entries: Vec::new(),
-                ..req.clone()
             },
         };
         let mut size = codec.encoded_len(&empty) - super::codec::LENGTH_PREFIX_BYTES;

@@ -499,6 +499,7 @@ fn an_append_too_large_for_a_frame_is_cut_to_a_partial_success() {
         });
         let config = NetworkConfig {
             codec: Codec::new(1_000),
+            snapshot_chunk_bytes: 100,
             ..NetworkConfig::default()
         };
         let network = NodeNetwork::<Rt, _>::new(BrokerId(1), conn, config);
