@@ -173,6 +173,9 @@ pub enum RefuseReason {
     Unavailable,
     /// The node does not serve this kind of request.
     Unsupported,
+    /// The request breaks Raft's rules (entries out of order, log ids beyond the leader's
+    /// term): only a broken or hostile peer sends it, and it is not handed to the group.
+    Invalid,
 }
 
 impl RefuseReason {
@@ -181,6 +184,7 @@ impl RefuseReason {
             RefuseReason::UnknownGroup => 1,
             RefuseReason::Unavailable => 2,
             RefuseReason::Unsupported => 3,
+            RefuseReason::Invalid => 4,
         }
     }
 
@@ -189,6 +193,7 @@ impl RefuseReason {
             1 => Ok(RefuseReason::UnknownGroup),
             2 => Ok(RefuseReason::Unavailable),
             3 => Ok(RefuseReason::Unsupported),
+            4 => Ok(RefuseReason::Invalid),
             _ => Err(DecodeError::BadTag {
                 what: "refuse reason",
                 tag: code,

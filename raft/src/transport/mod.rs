@@ -45,7 +45,7 @@
 //! | 9    | transfer-leader reply | group, tag (0 ok; 1 vote changed: expected vote, actual vote; 2 log not flushed: expected log id?, actual log id?) |
 //! | 10   | heartbeats            | u32 count, heartbeat entries (group, vote, prev log id?, leader commit?)  |
 //! | 11   | heartbeat replies     | u32 count, (group, append reply) pairs                                    |
-//! | 12   | refused               | group, reason (1 unknown group, 2 unavailable, 3 unsupported)             |
+//! | 12   | refused               | group, reason (1 unknown group, 2 unavailable, 3 unsupported, 4 invalid)  |
 //! | 13   | hello                 | node id (u64): first request on a connection, and its answer              |
 //!
 //! | field          | encoding                                                                      |

@@ -42,7 +42,7 @@ use super::codec::{
     SnapshotReply, TransferLeaderMsg, TransferLeaderRejected, VoteMsg, VoteReply,
 };
 use super::heartbeat::{HeartbeatOutbox, HeartbeatOutcome, OutboxLimits, PushError, ReplyMerger};
-use crate::partition::{BrokerId, PartitionRaft, PartitionSnapshot, StoredBatch};
+use crate::partition::{BrokerId, PartitionLogId, PartitionRaft, PartitionSnapshot, StoredBatch};
 
 type C<Rt> = PartitionRaft<Rt>;
 
@@ -644,6 +644,10 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
                 let Some(raft) = self.groups.raft(group) else {
                     return refused(group, RefuseReason::UnknownGroup);
                 };
+                if let Err(why) = check_append(&req) {
+                    tracing::warn!(%group, "refusing an append from node {from}: {why}");
+                    return refused(group, RefuseReason::Invalid);
+                }
                 match raft.append_entries(append_request(req)).await {
                     Ok(r) => Message::AppendReply {
                         group,
@@ -662,6 +666,8 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
                         leader_commit: h.leader_commit,
                         entries: Vec::new(),
                     };
+                    // An invalid heartbeat gets no answer (the sender reads it as none).
+                    check_append(&req).ok()?;
                     let r = raft.append_entries(append_request(req)).await.ok()?;
                     Some((h.group, append_reply(r)))
                 }))
@@ -741,6 +747,11 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
         let Some(raft) = self.groups.raft(group) else {
             return refused(RefuseReason::UnknownGroup);
         };
+        if let Err(why) = check_snapshot(&chunk) {
+            tracing::warn!(%group, "refusing a snapshot chunk from node {from}: {why}");
+            self.snapshots.borrow_mut().remove(&(from, group));
+            return refused(RefuseReason::Invalid);
+        }
         let vote = chunk.vote;
         let key = (from, group);
         let complete = {
@@ -822,6 +833,46 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
     pub fn snapshots_in_progress(&self) -> usize {
         self.snapshots.borrow().len()
     }
+}
+
+/// The leader's term bounds every log id it sends.
+fn within_term(id: &Option<PartitionLogId>, vote: &PartitionVote) -> bool {
+    id.is_none_or(|id| id.leader_id.term <= vote.leader_id.term)
+}
+
+/// What openraft assumes of an append-entries and does not check in release builds: entries
+/// follow `prev_log_id` one index at a time, log ids never go backwards, and nothing is from a
+/// term after the leader's.
+fn check_append(req: &AppendMsg) -> Result<(), &'static str> {
+    if !within_term(&req.prev_log_id, &req.vote) || !within_term(&req.leader_commit, &req.vote) {
+        return Err("a log id beyond the leader's term");
+    }
+    let mut prev = req.prev_log_id;
+    for e in &req.entries {
+        let next_index = prev.map_or(0, |p| p.index.saturating_add(1));
+        if e.log_id.index != next_index || prev.is_some_and(|p| p.leader_id.term > e.log_id.leader_id.term) {
+            return Err("entries out of order");
+        }
+        if e.log_id.leader_id.term > req.vote.leader_id.term {
+            return Err("an entry beyond the leader's term");
+        }
+        prev = Some(e.log_id);
+    }
+    Ok(())
+}
+
+/// A snapshot never holds log ids beyond its leader's term (openraft asserts it).
+fn check_snapshot(chunk: &SnapshotChunk) -> Result<(), &'static str> {
+    let meta = &chunk.meta;
+    if !within_term(&meta.last_log_id, &chunk.vote)
+        || !within_term(meta.last_membership.log_id(), &chunk.vote)
+    {
+        return Err("a snapshot log id beyond the leader's term");
+    }
+    if meta.last_membership.log_id() > &meta.last_log_id {
+        return Err("a snapshot membership after its last log id");
+    }
+    Ok(())
 }
 
 fn append_request<Rt: AsyncRuntime>(req: AppendMsg) -> AppendEntriesRequest<C<Rt>> {

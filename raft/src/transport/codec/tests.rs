@@ -214,7 +214,8 @@ fn arb_message() -> impl Strategy<Value = Message> {
             prop_oneof![
                 Just(RefuseReason::UnknownGroup),
                 Just(RefuseReason::Unavailable),
-                Just(RefuseReason::Unsupported)
+                Just(RefuseReason::Unsupported),
+                Just(RefuseReason::Invalid)
             ]
         )
             .prop_map(|(group, reason)| Message::Refused { group, reason }),

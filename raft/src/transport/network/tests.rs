@@ -720,3 +720,95 @@ fn the_server_refuses_unknown_groups_and_bounds_snapshot_assembly() {
         }
     });
 }
+
+fn entry_at(term: u64, index: u64) -> PartitionEntry {
+    PartitionEntry {
+        log_id: PartitionLogId::new_term_index(term, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+fn append(prev: Option<(u64, u64)>, entries: &[(u64, u64)]) -> AppendMsg {
+    AppendMsg {
+        vote: vote(), // term 4
+        prev_log_id: prev.map(|(t, i)| PartitionLogId::new_term_index(t, i)),
+        leader_commit: None,
+        entries: entries.iter().map(|(t, i)| entry_at(*t, *i)).collect(),
+    }
+}
+
+#[test]
+fn appends_that_break_raft_rules_are_caught() {
+    assert_eq!(check_append(&append(None, &[(1, 0), (1, 1), (4, 2)])), Ok(()));
+    assert_eq!(check_append(&append(Some((2, 9)), &[(2, 10), (3, 11)])), Ok(()));
+    assert_eq!(check_append(&append(Some((2, 9)), &[])), Ok(()));
+    assert!(
+        check_append(&append(None, &[(1, 1)])).is_err(),
+        "not from index 0"
+    );
+    assert!(check_append(&append(Some((2, 9)), &[(2, 11)])).is_err(), "a gap");
+    assert!(
+        check_append(&append(Some((2, 9)), &[(2, 10), (2, 10)])).is_err(),
+        "a repeat"
+    );
+    assert!(
+        check_append(&append(Some((3, 9)), &[(2, 10)])).is_err(),
+        "a term going back"
+    );
+    assert!(
+        check_append(&append(Some((2, 9)), &[(5, 10)])).is_err(),
+        "after the leader's term"
+    );
+    assert!(
+        check_append(&append(Some((5, 9)), &[])).is_err(),
+        "prev after the leader's term"
+    );
+    let mut commit_ahead = append(None, &[]);
+    commit_ahead.leader_commit = Some(PartitionLogId::new_term_index(5, 1));
+    assert!(
+        check_append(&commit_ahead).is_err(),
+        "commit after the leader's term"
+    );
+    assert!(
+        check_append(&append(Some((2, u64::MAX)), &[(2, 0)])).is_err(),
+        "index overflow"
+    );
+}
+
+#[test]
+fn the_server_refuses_invalid_requests_without_handing_them_to_the_group() {
+    let mut rt = Rt::new(1);
+    rt.block_on(async {
+        let net = MemNet::default();
+        let node = start_node(&net, BrokerId(2), &[group(7)], NetworkConfig::default()).await;
+        let server = Server::new(node.groups.clone(), ServerLimits::default());
+        let peer = BrokerId(1);
+        let invalid = Message::Refused {
+            group: group(7),
+            reason: RefuseReason::Invalid,
+        };
+        let gap = Message::Append {
+            group: group(7),
+            req: append(None, &[(1, 0), (1, 2)]),
+        };
+        assert_eq!(server.handle(peer, gap).await, invalid);
+        let mut c = chunk(0, true, 10);
+        c.meta.last_log_id = Some(PartitionLogId::new_term_index(9, 10)); // the vote's term is 4
+        assert_eq!(
+            server
+                .handle(
+                    peer,
+                    Message::Snapshot {
+                        group: group(7),
+                        chunk: c
+                    }
+                )
+                .await,
+            invalid
+        );
+        // The group saw none of it: it never learned of term 4.
+        let raft = node.groups.raft(group(7)).unwrap();
+        assert_eq!(raft.metrics().borrow_watched().current_term, 0);
+        raft.shutdown().await.unwrap();
+    });
+}
