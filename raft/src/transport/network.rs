@@ -14,6 +14,9 @@
 //! [`Raft`] (found through [`GroupRafts`]) and returns the answer: a coalesced heartbeat frame
 //! is split into one empty append-entries per group and the answers merged; snapshot chunks are
 //! assembled per (peer, group) within a byte bound and installed when the last one arrives.
+//! Appends and snapshots that break rules openraft assumes but does not check in release
+//! builds (entries out of order, log ids beyond the leader's term) are refused before they
+//! reach the group.
 //!
 //! The connection is the part that differs between the broker (TCP) and the simulation (an
 //! in-memory network): anything that can send a request message to a peer and return its
