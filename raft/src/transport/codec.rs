@@ -3,8 +3,9 @@
 //! See the [module docs](super) for the wire format. Decoding works on one whole frame held in
 //! a [`Bytes`]: the Kafka batches of append entries and snapshot chunks come out as slices of
 //! that frame (reference-counted, not copied). Every length and count is checked against the
-//! bytes left in the frame before anything is allocated for it, so a hostile frame costs at
-//! most a constant factor of its own size.
+//! bytes left in the frame before anything is allocated for it, and no vector reserves more
+//! up front than the bytes left; a decoded message holds at most a constant factor of its
+//! frame's size (an entry's in-memory form is larger than its 17 bytes on the wire).
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
@@ -842,6 +843,12 @@ impl Reader {
         Ok(n)
     }
 
+    /// A vector for `n` decoded items, reserving no more memory up front than the bytes left
+    /// in the frame (it grows only as items actually decode).
+    fn vec<T>(&self, n: usize) -> Vec<T> {
+        Vec::with_capacity(n.min(self.buf.remaining() / std::mem::size_of::<T>().max(1)))
+    }
+
     /// A length-prefixed byte string, sliced out of the frame without copying.
     fn bytes(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
         let n = self.count(1, what)?;
@@ -886,7 +893,7 @@ impl Reader {
 
     fn node_ids(&mut self, what: &'static str) -> Result<Vec<BrokerId>, DecodeError> {
         let n = self.count(8, what)?;
-        let mut ids = Vec::with_capacity(n);
+        let mut ids = self.vec(n);
         for _ in 0..n {
             ids.push(BrokerId(self.u64(what)?));
         }
@@ -898,7 +905,7 @@ impl Reader {
         if n > MAX_MEMBERSHIP_CONFIGS {
             return Err(DecodeError::Invalid("membership with more than two configs"));
         }
-        let mut configs = Vec::with_capacity(n);
+        let mut configs = self.vec(n);
         for _ in 0..n {
             let ids = self.node_ids("membership config")?;
             let set: BTreeSet<BrokerId> = ids.iter().copied().collect();
@@ -987,7 +994,7 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
             let prev_log_id = r.opt_log_id()?;
             let leader_commit = r.opt_log_id()?;
             let n = r.count(ENTRY_MIN_BYTES, "entries")?;
-            let mut entries = Vec::with_capacity(n);
+            let mut entries = r.vec(n);
             for _ in 0..n {
                 entries.push(r.entry()?);
             }
@@ -1013,7 +1020,7 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
             let chunk_index = r.u32("snapshot chunk index")?;
             let last = r.bool("snapshot last chunk")?;
             let n = r.count(BATCH_MIN_BYTES, "snapshot batches")?;
-            let mut batches = Vec::with_capacity(n);
+            let mut batches = r.vec(n);
             for _ in 0..n {
                 let base_offset = Offset(r.i64("snapshot batch")?);
                 let term = Term(r.u64("snapshot batch")?);
@@ -1071,7 +1078,7 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
         }
         10 => {
             let n = r.count(HEARTBEAT_MIN_BYTES, "heartbeats")?;
-            let mut hs = Vec::with_capacity(n);
+            let mut hs = r.vec(n);
             for _ in 0..n {
                 hs.push(Heartbeat {
                     group: r.group()?,
@@ -1084,7 +1091,7 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
         }
         11 => {
             let n = r.count(HEARTBEAT_REPLY_MIN_BYTES, "heartbeat replies")?;
-            let mut rs = Vec::with_capacity(n);
+            let mut rs = r.vec(n);
             for _ in 0..n {
                 rs.push(HeartbeatReply {
                     group: r.group()?,
