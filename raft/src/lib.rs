@@ -18,6 +18,7 @@
 
 pub mod partition;
 pub mod rt;
+pub mod transport;
 
 use strand_protocol::types::{LeaderEpoch, Offset};
 

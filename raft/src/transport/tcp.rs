@@ -1,0 +1,413 @@
+//! The broker's [`Connection`]: glommio TCP, one connection per peer node, multiplexed.
+//!
+//! Outbound ([`TcpConnections`]): the first request to a peer opens a connection to the
+//! address the resolver gives (the cluster metadata's), says [`Message::Hello`] with the local
+//! node id and checks that the answer names the peer it meant to reach (a node restarted under
+//! another id at the same address is not talked to). Requests of all groups then share that
+//! connection: each gets a request id, is written whole under the connection's write lock, and
+//! waits for the answer carrying its id, which a reader task routes back; answers arrive in any
+//! order. At most `max_in_flight_per_peer` requests wait per connection; a request whose
+//! caller gave up (openraft's timeout) stops waiting and frees its slot. When the connection
+//! breaks, every waiting request fails and the next request reconnects. A connect that fails
+//! makes the peer unreachable for a backoff that doubles per failed attempt, from
+//! `backoff_min` to `backoff_max`, read from an injected clock; during it requests fail at once
+//! without touching the network (openraft backs off on its own too).
+//!
+//! Inbound ([`serve`]): each accepted connection must start with a hello; every later frame is
+//! a request, handed to the handler (the node's [`Server`](super::network::Server)) in a task
+//! of its own, at most `max_requests_per_connection` at once (past that the connection is not
+//! read until one finishes), and its answer written back with the request's id.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use futures::future::Either;
+use futures::io::{AsyncWrite, AsyncWriteExt};
+use futures::lock::Mutex;
+use futures_channel::oneshot;
+use glommio::net::{TcpListener, TcpStream};
+use glommio::sync::Semaphore;
+
+use super::codec::{Codec, Frame, Message, RequestId};
+use super::network::{Connection, ConnectionError};
+use crate::partition::BrokerId;
+
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Settings of a node's TCP connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpConfig {
+    pub codec: Codec,
+    pub connect_timeout: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    pub max_in_flight_per_peer: usize,
+    pub max_requests_per_connection: usize,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            codec: Codec::default(),
+            connect_timeout: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(5),
+            max_in_flight_per_peer: 4_096,
+            max_requests_per_connection: 4_096,
+        }
+    }
+}
+
+impl TcpConfig {
+    /// How long a peer stays unreachable after its `failures`-th failed connect in a row.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(32);
+        self.backoff_min
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.backoff_max)
+    }
+}
+
+/// Where a peer node listens, from the cluster metadata.
+pub type Resolve = Box<dyn Fn(BrokerId) -> Option<SocketAddr>>;
+/// The clock backoff is measured with.
+pub type Clock = Rc<dyn Fn() -> Instant>;
+
+/// Half of a TCP stream shared by a connection's reader and writers. All run on one thread and
+/// borrow the stream only inside a poll call, so the `RefCell` never conflicts.
+struct Half(Rc<RefCell<TcpStream>>);
+
+impl AsyncWrite for Half {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
+    }
+}
+
+async fn read_some(stream: &Rc<RefCell<TcpStream>>, buf: &mut BytesMut) -> io::Result<usize> {
+    futures::future::poll_fn(|cx| stream.borrow_mut().poll_read_buf(cx, buf, READ_CHUNK_BYTES)).await
+}
+
+async fn write_frame(stream: &Rc<RefCell<TcpStream>>, lock: &Mutex<()>, bytes: &[u8]) -> io::Result<()> {
+    let _held = lock.lock().await;
+    let mut w = Half(Rc::clone(stream));
+    w.write_all(bytes).await?;
+    w.flush().await
+}
+
+/// One open outbound connection.
+struct Wire {
+    stream: Rc<RefCell<TcpStream>>,
+    write: Mutex<()>,
+    pending: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
+    next_id: Cell<u64>,
+    closed: Cell<bool>,
+    /// Stops the reader task, which drops its hold on the socket.
+    stop_reader: RefCell<Option<oneshot::Sender<()>>>,
+}
+
+impl Wire {
+    /// Fails every waiting request (their senders are dropped), refuses new ones and stops the
+    /// reader; the socket closes when the last request holding the connection is done.
+    fn close(&self) {
+        self.closed.set(true);
+        self.pending.borrow_mut().clear();
+        if let Some(stop) = self.stop_reader.borrow_mut().take() {
+            let _ = stop.send(());
+        }
+    }
+
+    async fn request(&self, config: &TcpConfig, message: Message) -> Result<Message, ConnectionError> {
+        if self.closed.get() {
+            return Err(ConnectionError::Network("connection closed".into()));
+        }
+        if self.pending.borrow().len() >= config.max_in_flight_per_peer {
+            return Err(ConnectionError::Unreachable("too many requests in flight".into()));
+        }
+        let id = self.next_id.get();
+        self.next_id.set(id.wrapping_add(1));
+        let bytes = config
+            .codec
+            .encode_to_bytes(&Frame {
+                request_id: RequestId(id),
+                message,
+            })
+            .map_err(|e| ConnectionError::Network(e.to_string()))?;
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(id, tx);
+        // Whether answered, failed or abandoned, the request leaves the table.
+        let _forget = Forget { wire: self, id };
+        if let Err(e) = write_frame(&self.stream, &self.write, &bytes).await {
+            self.close();
+            return Err(ConnectionError::Network(format!("write failed: {e}")));
+        }
+        rx.await
+            .map_err(|_| ConnectionError::Network("connection closed".into()))
+    }
+}
+
+struct Forget<'a> {
+    wire: &'a Wire,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.wire.pending.borrow_mut().remove(&self.id);
+    }
+}
+
+/// Routes answers to their requests until the connection breaks, sends garbage or is closed.
+async fn read_answers(wire: Rc<Wire>, codec: Codec, mut stop: oneshot::Receiver<()>) {
+    let mut buf = BytesMut::new();
+    loop {
+        loop {
+            match codec.decode_from(&mut buf) {
+                Ok(Some(frame)) => {
+                    let waiter = wire.pending.borrow_mut().remove(&frame.request_id.0);
+                    if let Some(tx) = waiter {
+                        let _ = tx.send(frame.message);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("closing a raft connection: {e}");
+                    wire.close();
+                    return;
+                }
+            }
+        }
+        let read = std::pin::pin!(read_some(&wire.stream, &mut buf));
+        match futures::future::select(read, &mut stop).await {
+            Either::Left((Ok(n), _)) if n > 0 => {}
+            Either::Left(_) | Either::Right(_) => {
+                wire.close();
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Link {
+    connect: Mutex<()>,
+    up: RefCell<Option<Rc<Wire>>>,
+    failures: Cell<u32>,
+    retry_at: Cell<Option<Instant>>,
+}
+
+impl Link {
+    /// The open connection; a closed one is let go.
+    fn open_wire(&self) -> Option<Rc<Wire>> {
+        let mut up = self.up.borrow_mut();
+        if up.as_ref().is_some_and(|w| w.closed.get()) {
+            *up = None;
+        }
+        up.clone()
+    }
+}
+
+/// A node's outbound connections, one per peer.
+pub struct TcpConnections {
+    local: BrokerId,
+    resolve: Resolve,
+    clock: Clock,
+    config: TcpConfig,
+    links: RefCell<HashMap<BrokerId, Rc<Link>>>,
+}
+
+impl TcpConnections {
+    pub fn new(local: BrokerId, resolve: Resolve, clock: Clock, config: TcpConfig) -> Self {
+        assert!(config.max_in_flight_per_peer > 0, "requests need a slot");
+        TcpConnections {
+            local,
+            resolve,
+            clock,
+            config,
+            links: RefCell::new(HashMap::new()),
+        }
+    }
+
+    fn link(&self, peer: BrokerId) -> Rc<Link> {
+        Rc::clone(self.links.borrow_mut().entry(peer).or_default())
+    }
+
+    fn backing_off(&self, link: &Link) -> bool {
+        link.retry_at.get().is_some_and(|at| (self.clock)() < at)
+    }
+
+    async fn wire(&self, peer: BrokerId) -> Result<Rc<Wire>, ConnectionError> {
+        let link = self.link(peer);
+        if let Some(w) = link.open_wire() {
+            return Ok(w);
+        }
+        if self.backing_off(&link) {
+            return Err(ConnectionError::Unreachable(format!("backing off from {peer}")));
+        }
+        let _connecting = link.connect.lock().await;
+        // Another request may have connected, or failed to, while this one waited.
+        if let Some(w) = link.open_wire() {
+            return Ok(w);
+        }
+        if self.backing_off(&link) {
+            return Err(ConnectionError::Unreachable(format!("backing off from {peer}")));
+        }
+        match self.open(peer).await {
+            Ok(w) => {
+                link.failures.set(0);
+                link.retry_at.set(None);
+                *link.up.borrow_mut() = Some(Rc::clone(&w));
+                Ok(w)
+            }
+            Err(why) => {
+                let failures = link.failures.get().saturating_add(1);
+                link.failures.set(failures);
+                link.retry_at
+                    .set(Some((self.clock)() + self.config.backoff(failures)));
+                Err(ConnectionError::Unreachable(why))
+            }
+        }
+    }
+
+    async fn open(&self, peer: BrokerId) -> Result<Rc<Wire>, String> {
+        let addr = (self.resolve)(peer).ok_or_else(|| format!("no address for node {peer}"))?;
+        let stream = TcpStream::connect_timeout(addr, self.config.connect_timeout)
+            .await
+            .map_err(|e| format!("connecting to node {peer} at {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let wire = Rc::new(Wire {
+            stream: Rc::new(RefCell::new(stream)),
+            write: Mutex::new(()),
+            pending: RefCell::new(HashMap::new()),
+            next_id: Cell::new(0),
+            closed: Cell::new(false),
+            stop_reader: RefCell::new(Some(stop_tx)),
+        });
+        glommio::spawn_local(read_answers(Rc::clone(&wire), self.config.codec, stop_rx)).detach();
+        let hello = wire
+            .request(&self.config, Message::Hello { node: self.local })
+            .await;
+        match hello {
+            Ok(Message::Hello { node }) if node == peer => Ok(wire),
+            other => {
+                wire.close();
+                Err(format!("node {peer} at {addr} answered hello with {other:?}"))
+            }
+        }
+    }
+}
+
+impl Connection for TcpConnections {
+    async fn call(&self, peer: BrokerId, request: Message) -> Result<Message, ConnectionError> {
+        let wire = self.wire(peer).await?;
+        wire.request(&self.config, request).await
+    }
+}
+
+/// Accepts peers' connections on `listener` and answers their requests with `handler`, until
+/// accepting fails.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    local: BrokerId,
+    config: TcpConfig,
+    handler: Rc<H>,
+) -> io::Error
+where
+    H: Fn(BrokerId, Message) -> F + 'static,
+    F: Future<Output = Message> + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                glommio::spawn_local(serve_connection(stream, local, config, Rc::clone(&handler))).detach();
+            }
+            Err(e) => return io::Error::other(e.to_string()),
+        }
+    }
+}
+
+async fn serve_connection<H, F>(stream: TcpStream, local: BrokerId, config: TcpConfig, handler: Rc<H>)
+where
+    H: Fn(BrokerId, Message) -> F + 'static,
+    F: Future<Output = Message> + 'static,
+{
+    let _ = stream.set_nodelay(true);
+    let stream = Rc::new(RefCell::new(stream));
+    let write = Rc::new(Mutex::new(()));
+    let slots = Rc::new(Semaphore::new(config.max_requests_per_connection as u64));
+    let codec = config.codec;
+    let mut buf = BytesMut::new();
+    let mut peer: Option<BrokerId> = None;
+    loop {
+        let frame = match codec.decode_from(&mut buf) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => match read_some(&stream, &mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            },
+            Err(e) => {
+                tracing::warn!("closing a raft connection from {peer:?}: {e}");
+                return;
+            }
+        };
+        let Some(from) = peer else {
+            let Message::Hello { node } = frame.message else {
+                tracing::warn!("closing a raft connection that did not start with a hello");
+                return;
+            };
+            peer = Some(node);
+            let answer = Frame {
+                request_id: frame.request_id,
+                message: Message::Hello { node: local },
+            };
+            let Ok(bytes) = codec.encode_to_bytes(&answer) else {
+                return;
+            };
+            if write_frame(&stream, &write, &bytes).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let Ok(permit) = slots.acquire_static_permit(1).await else {
+            return;
+        };
+        let handler = Rc::clone(&handler);
+        let stream = Rc::clone(&stream);
+        let write = Rc::clone(&write);
+        glommio::spawn_local(async move {
+            let answer = handler(from, frame.message).await;
+            let frame = Frame {
+                request_id: frame.request_id,
+                message: answer,
+            };
+            match codec.encode_to_bytes(&frame) {
+                Ok(bytes) => {
+                    let _ = write_frame(&stream, &write, &bytes).await;
+                }
+                Err(e) => tracing::warn!("an answer to node {from} does not fit a frame: {e}"),
+            }
+            drop(permit);
+        })
+        .detach();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests;
