@@ -1862,6 +1862,52 @@ fn appends_staged_during_a_round_s_fsyncs_are_written_under_them() {
     });
 }
 
+/// A truncation's journal fence goes in a round taken alone (see `ShardStore::truncate_log`):
+/// under a steady load of direct rounds of another log, each written under the previous one's
+/// syncs, the flusher's loop still takes one, and the truncation ends.
+#[test]
+fn a_truncation_ends_under_a_load_of_overlapping_rounds() {
+    block_on(async {
+        let fs = MemFs::new();
+        let (store, busy, _) = overlapping_store(&fs, 1, "busy-0").await;
+        let (follower, _) = store.open_log(key("f-0"), small_config(), 0).await.unwrap();
+        for tag in 0..3 {
+            let end = store.offsets(follower).unwrap().log_end_offset;
+            store
+                .append_replica(follower, &value_batch(tag, 2, 0), end, 1, 0)
+                .unwrap();
+        }
+        store.flush_round().await;
+        store.sync_changed_dirs().await;
+        store.append(busy, &big_batch(1, 2, 200), 0, 0).unwrap();
+        let truncate = store.truncate_log(follower, 2);
+        futures::pin_mut!(truncate);
+        let truncated = std::cell::Cell::new(false);
+        let mut tag = 1u8;
+        let (rounds, _) = flush_until(
+            &store,
+            10_000,
+            |step| {
+                if step > 3 && !truncated.get() {
+                    if let std::task::Poll::Ready(r) = poll_step(truncate.as_mut()) {
+                        r.unwrap();
+                        truncated.set(true);
+                    }
+                }
+                tag = tag.wrapping_add(1);
+                store.append(busy, &big_batch(tag, 2, 200), 0, 0).unwrap();
+            },
+            || truncated.get(),
+        );
+        assert!(
+            rounds.iter().any(|r| r.overlapped),
+            "rounds overlapped: {rounds:?}"
+        );
+        assert!(truncated.get(), "the truncation ended under the load");
+        assert_eq!(store.offsets(follower).unwrap().log_end_offset, 2);
+    });
+}
+
 /// A segment sealed (cut back to its data) while a round's `fdatasync` of it is in flight: that
 /// sync may not cover the cut, so the segment keeps its mark and a later sync covers it before a
 /// recovery point passes it. A power loss then finds it ending at its data. The roll is made at
@@ -2839,9 +2885,7 @@ fn simulate(seed: u64) -> SimCounts {
                             let truncate = store.truncate_log(id, cut);
                             futures::pin_mut!(truncate);
                             let mut flush: Option<
-                                std::pin::Pin<
-                                    Box<dyn std::future::Future<Output = strand_storage::RoundStats> + '_>,
-                                >,
+                                std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>,
                             > = None;
                             let waker = futures::task::noop_waker();
                             let mut cx = std::task::Context::from_waker(&waker);
@@ -2860,15 +2904,27 @@ fn simulate(seed: u64) -> SimCounts {
                                         done = true;
                                     }
                                 }
+                                // The flusher's loop (whose rounds may overlap; it hands back
+                                // control when a directory sync or a rotation is due) or single
+                                // rounds.
                                 if flush.is_none() && store.has_pending() {
-                                    flush = Some(Box::pin(store.flush_round()));
+                                    let on_round = |s: &strand_storage::RoundStats| {
+                                        t!("round beside a truncation {s:?}");
+                                        assert!(s.error.is_none(), "{s:?}");
+                                        counts.borrow_mut().overlapped += usize::from(s.overlapped);
+                                    };
+                                    flush = Some(if rng.gen_bool(0.5) {
+                                        Box::pin(store.flush_pending(3, on_round))
+                                    } else {
+                                        let store = &store;
+                                        Box::pin(async move {
+                                            let s = store.flush_round().await;
+                                            on_round(&s);
+                                        })
+                                    });
                                 }
                                 if let Some(f) = flush.as_mut() {
-                                    if let std::task::Poll::Ready(stats) =
-                                        std::future::Future::poll(f.as_mut(), &mut cx)
-                                    {
-                                        t!("round beside a truncation {stats:?}");
-                                        assert!(stats.error.is_none(), "{stats:?}");
+                                    if std::future::Future::poll(f.as_mut(), &mut cx).is_ready() {
                                         flush = None;
                                     }
                                 }
