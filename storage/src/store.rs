@@ -1701,7 +1701,8 @@ impl<F: Fs> ShardStore<F> {
     /// file is cut back to the end of its synced entries (a failed round may have written whole
     /// entries past it), and each log that discarded a tail loses its segment files past the
     /// active segment, which is cut to its data (giving back the space it reserved ahead) and
-    /// synced, with its directory ([`ResumeCut`]). Idle while a round, a discard, a checkpoint
+    /// synced, with its directory, and its recovery point if that lay in a discarded segment
+    /// ([`ResumeCut`]). Idle while a round, a discard, a checkpoint
     /// or segment removals run. A failure leaves the store offline: a write refused for space
     /// is tried again at the next call, any other error keeps it offline until a restart.
     pub async fn try_resume(&self) -> ResumeOutcome {
@@ -2439,7 +2440,6 @@ mod tests {
         let report = crate::replay_journals(fs, &root(), |_| Some(config()), 0)
             .await
             .unwrap();
-        assert!(report.problems.is_empty(), "{report:?}");
         let (store, id) = store_and_log(fs).await;
         (store, id, report)
     }
@@ -2683,6 +2683,7 @@ mod tests {
             with_flusher(&store, store.truncate_log(id, 4)).await.unwrap();
             drop(store);
             let (store, id, report) = crash_and_reopen(&fs).await;
+            assert!(report.problems.is_empty(), "{report:?}");
             assert_eq!(store.offsets(id).unwrap().log_end_offset, 4, "{report:?}");
             assert_eq!(report.entries_voided, 4, "the entries at 4..12 are void");
             // Again with batches appended at the cut since: they, not the cut ones, are there.
@@ -2695,6 +2696,40 @@ mod tests {
                 [(0, 1), (2, 1), (4, 2), (6, 2)]
             );
             assert!(holds(&all[2], 10) && holds(&all[3], 11));
+        });
+    }
+
+    #[test]
+    fn a_cut_that_fails_after_its_fence_takes_the_store_offline_and_recovery_keeps_a_prefix() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            replicate(&store, id, 0..6, 1).await;
+            let before = read_all(&store, id).await;
+            {
+                let truncate = store.truncate_log(id, 4);
+                futures::pin_mut!(truncate);
+                assert!(poll_once(truncate.as_mut()).await.is_none());
+                store.flush_round().await; // the fence, durable
+                fs.set_fail_fsync(true);
+                let e = poll_once(truncate.as_mut()).await.expect("done").unwrap_err();
+                assert!(matches!(e, StorageError::Io { .. }), "{e}");
+            }
+            let offline = store.offline().expect("offline");
+            assert!(!offline.disk_full, "until a restart: {offline:?}");
+            assert!(matches!(store.try_resume().await, ResumeOutcome::NotResumable));
+            assert!(matches!(
+                store.append_replica(id, &batch(9), 12, 2, 0),
+                Err(StorageError::Offline { .. })
+            ));
+            drop(store);
+            fs.set_fail_fsync(false);
+            // The truncation never returned: the log comes back as a prefix of what it held,
+            // at least up to the cut. (Recovery drops the empty file of a segment whose data
+            // the crash took, which the cut's directory sync had made durable.)
+            let (store, id, _) = crash_and_reopen(&fs).await;
+            let after = read_all(&store, id).await;
+            assert!(after.len() >= 2 && before.starts_with(&after), "{after:?}");
         });
     }
 
