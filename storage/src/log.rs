@@ -1375,7 +1375,9 @@ impl<F: Fs> PartitionLog<F> {
     /// unless `base_offset` is the log end offset ([`StorageError::NotAtLogEnd`]): a follower's
     /// log is the leader's, batch for batch, with no gap. The batch's CRC is checked (it came
     /// over the network), the producer-sequence check is not (the leader did it), and producer
-    /// state is updated as journal replay updates it.
+    /// state is updated as journal replay updates it. An epoch begins where the first batch of
+    /// a larger one goes; a smaller one (Raft terms do not go down along a log) is stamped but
+    /// begins nothing.
     pub fn append_replica(
         &mut self,
         batch: &[u8],
