@@ -494,16 +494,12 @@ pub(crate) struct ResumeCut<Fl> {
     /// [`ResumeCut::run`] reads those batches again, as recovery does.
     rescan: TailRescan,
     index_interval_bytes: u64,
-    /// The recovery point lies in a segment the discard removed: it goes (see
-    /// [`ResumeCut::run`]).
-    remove_point: bool,
 }
 
 /// What [`ResumeCut::run`] hands back to [`PartitionLog::resume_cut_done`]: the directory changes
 /// its sync covered, and the active segment's rebuilt indexes.
 pub(crate) struct ResumeCutDone {
     dir_changes: u64,
-    point_removed: bool,
     indexes: (IndexBuilder, OffsetIndex, TimeIndex),
 }
 
@@ -515,22 +511,6 @@ impl<Fl: FileHandle> ResumeCut<Fl> {
     /// [`PartitionLog::resume_cut_done`] takes.
     pub(crate) async fn run<F: Fs<File = Fl>>(self, fs: &F) -> Result<ResumeCutDone, StorageError> {
         let dir = &self.dir;
-        // A recovery point in a discarded segment vouches that the segments behind it end at
-        // their data, and the active one, which takes appends again, does not: it goes before
-        // that segment is unsealed (the directory sync below makes that durable first, as the
-        // next checkpoint writes a new one).
-        if self.remove_point {
-            let point = dir.join(RECOVERY_POINT_FILE);
-            match fs.remove_file(&point).await {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(StorageError::io("remove recovery point", &point, e));
-                }
-                _ => {}
-            }
-            fs.sync_dir(dir)
-                .await
-                .map_err(|e| StorageError::io("sync log directory", dir, e))?;
-        }
         let names = fs
             .list_dir(dir)
             .await
@@ -575,7 +555,6 @@ impl<Fl: FileHandle> ResumeCut<Fl> {
         };
         Ok(ResumeCutDone {
             dir_changes: self.dir_changes,
-            point_removed: self.remove_point,
             indexes,
         })
     }
@@ -1728,11 +1707,6 @@ impl<F: Fs> PartitionLog<F> {
             // As recovery does when it cuts index entries: back to the last offset-index entry.
             rescan: TailRescan::of(seg),
             index_interval_bytes: self.config.index_interval_bytes,
-            // A point at the start of a segment the discard popped (one that had no file yet
-            // when the last checkpoint took the high watermark there).
-            remove_point: self
-                .last_checkpoint
-                .is_some_and(|cp| cp.segment_base > seg.base_offset),
         })
     }
 
@@ -1741,9 +1715,6 @@ impl<F: Fs> PartitionLog<F> {
     /// planned, and the active segment has its indexes rebuilt.
     pub(crate) fn resume_cut_done(&mut self, done: ResumeCutDone) {
         self.tail_discarded = false;
-        if done.point_removed {
-            self.last_checkpoint = None;
-        }
         self.dir_synced(done.dir_changes);
         let seg = self.active_mut();
         (seg.index_builder, seg.index, seg.time_index) = done.indexes;
@@ -2204,7 +2175,11 @@ impl<F: Fs> PartitionLog<F> {
             }
         }
         let active = self.active();
-        let (segment_base, position, offset) = if active.file.is_some() || active.base_offset == hw {
+        // Never at the start of a segment without a file (one a roll began, at the high
+        // watermark, and no round has written yet): a crash or a failed round can take that
+        // segment away, and the one before it takes appends again, with space reserved past
+        // them, while the point would vouch that it ends at its data.
+        let (segment_base, position, offset) = if active.file.is_some() {
             (
                 active.base_offset,
                 active.durable_size,

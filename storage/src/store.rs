@@ -1701,8 +1701,7 @@ impl<F: Fs> ShardStore<F> {
     /// file is cut back to the end of its synced entries (a failed round may have written whole
     /// entries past it), and each log that discarded a tail loses its segment files past the
     /// active segment, which is cut to its data (giving back the space it reserved ahead) and
-    /// synced, with its directory, and its recovery point if that lay in a discarded segment
-    /// ([`ResumeCut`]). Idle while a round, a discard, a checkpoint
+    /// synced, with its directory ([`ResumeCut`]). Idle while a round, a discard, a checkpoint
     /// or segment removals run. A failure leaves the store offline: a write refused for space
     /// is tried again at the next call, any other error keeps it offline until a restart.
     pub async fn try_resume(&self) -> ResumeOutcome {
