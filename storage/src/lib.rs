@@ -8,7 +8,8 @@
 //! - Batches are stored exactly as received; only `baseOffset` and `partitionLeaderEpoch` are
 //!   patched. Every batch is CRC-checked when appended (debug builds) and when recovery reads
 //!   it back.
-//! - An offset is never reused once it was acknowledged or made visible.
+//! - An offset is never reused once it was acknowledged or made visible, but by a Raft
+//!   follower's truncation ([`ShardStore::truncate_log`]), above what clients could read.
 //! - All state of a shard's logs is touched by that shard's thread only (nothing here is `Send`).
 //! - I/O goes through the [`fs::Fs`] trait; glommio appears only in [`fs_glommio`].
 

@@ -11,8 +11,8 @@
 //! watermark are durable (journal fsynced) and written to their segment file; only they are
 //! served to readers. Offsets are assigned by [`PartitionLog::append`] in call order and never
 //! reused: a suffix is only ever removed below the high watermark by an explicit truncation
-//! (a Raft follower's, later), or above it when a flush round fails before anything was
-//! acknowledged.
+//! (a Raft follower's, [`crate::ShardStore::truncate_log`], above what clients could read), or
+//! above it when a flush round fails before anything was acknowledged.
 //!
 //! Files: a log is a directory (`<topic>-<partition>`, or a queue state log's
 //! `__queue_state/<topic>-<partition>/<group>`) in Kafka's layout: per segment a
@@ -607,12 +607,21 @@ impl<Fl: FileHandle> BoundaryLookup<Fl> {
     }
 }
 
-/// Cuts a log's files where [`PartitionLog::cut_at`] cut the log, durably: the segment files
-/// past the new active segment are removed, newest first, each removal made durable by a
-/// directory sync before the next (a crash leaves a prefix of the segments, never one with a
-/// gap), then the active segment's file is cut and synced, and its indexes' tail read again.
+/// Cuts a log's files where [`PartitionLog::cut_at`] cut the log, durably. First the recovery
+/// point goes (removed, and the directory synced): it may lie past the cut, and once appends
+/// have grown the cut segment past it again, recovery would trust it, with its producer
+/// snapshot, over other batches (a crash before the truncation's checkpoint writes a new one
+/// costs a scan of the log instead). And the epoch file is replaced by the cut epochs: recovery
+/// drops epochs that begin past the log's end, but not those that begin where batches of
+/// another epoch were appended since (a scan without a point finds the epochs of whatever
+/// batches past the cut a crash leaves). Then the segment files past the new active segment are
+/// removed, newest first, each removal made durable by a directory sync before the next (a
+/// crash leaves a prefix of the segments, never one with a gap), then the active segment's
+/// file is cut and synced, and its indexes' tail read again.
 pub(crate) struct CutPlan<Fl> {
     dir: PathBuf,
+    /// The epoch file's new content.
+    epochs: Vec<u8>,
     /// Base offsets of the segments removed, newest first.
     removed: Vec<i64>,
     file: Option<Rc<Fl>>,
@@ -628,6 +637,20 @@ impl<Fl: FileHandle> CutPlan<Fl> {
         fs: &F,
     ) -> Result<(IndexBuilder, OffsetIndex, TimeIndex), StorageError> {
         let dir = &self.dir;
+        let point = dir.join(RECOVERY_POINT_FILE);
+        match fs.remove_file(&point).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StorageError::io("remove recovery point", &point, e));
+            }
+            _ => {}
+        }
+        fs.sync_dir(dir)
+            .await
+            .map_err(|e| StorageError::io("sync log directory", dir, e))?;
+        let epochs = dir.join(EPOCH_FILE);
+        fs.write_file_atomic(&epochs, self.epochs)
+            .await
+            .map_err(|e| StorageError::io("write leader epochs", &epochs, e))?;
         for base in &self.removed {
             remove_segment_files(fs, dir, *base).await;
             fs.sync_dir(dir)
@@ -1331,7 +1354,9 @@ impl<F: Fs> PartitionLog<F> {
     /// unless `base_offset` is the log end offset ([`StorageError::NotAtLogEnd`]): a follower's
     /// log is the leader's, batch for batch, with no gap. The batch's CRC is checked (it came
     /// over the network), the producer-sequence check is not (the leader did it), and producer
-    /// state is updated as journal replay updates it.
+    /// state is updated as journal replay updates it. An epoch begins where the first batch of
+    /// a larger one goes; a smaller one (Raft terms do not go down along a log) is stamped but
+    /// begins nothing.
     pub fn append_replica(
         &mut self,
         batch: &[u8],
@@ -1778,16 +1803,6 @@ impl<F: Fs> PartitionLog<F> {
         seg.truncate_to(position, offset);
         seg.durable_size = seg.durable_size.min(position);
         seg.needs_sync = true;
-        let seg = self.active();
-        let plan = CutPlan {
-            dir: self.dir.clone(),
-            removed,
-            file: seg.file.clone(),
-            base: seg.base_offset,
-            len: position,
-            rescan: TailRescan::of(seg),
-            index_interval_bytes: self.config.index_interval_bytes,
-        };
         self.next_offset = offset;
         self.high_watermark = self.high_watermark.min(offset);
         self.producers.truncate(offset);
@@ -1796,11 +1811,20 @@ impl<F: Fs> PartitionLog<F> {
         if self.epochs.len() != before {
             self.epochs_dirty = true;
         }
-        if self.last_checkpoint.is_some_and(|cp| cp.offset > offset) {
-            // The next checkpoint writes a point at or below the cut before anything is
-            // appended past it (`ShardStore::truncate_log` runs it at once).
-            self.last_checkpoint = None;
-        }
+        let seg = self.active();
+        let plan = CutPlan {
+            dir: self.dir.clone(),
+            epochs: encode_epochs(&self.epochs),
+            removed,
+            file: seg.file.clone(),
+            base: seg.base_offset,
+            len: position,
+            rescan: TailRescan::of(seg),
+            index_interval_bytes: self.config.index_interval_bytes,
+        };
+        // The plan removes the recovery point; the truncation's checkpoint writes a new one
+        // (a new file, whose directory entry it syncs).
+        self.last_checkpoint = None;
         plan
     }
 
@@ -1812,12 +1836,13 @@ impl<F: Fs> PartitionLog<F> {
     }
 
     /// Removes every record at or after `offset`, which must be a batch boundary between the
-    /// log start and end. A Raft follower needs this when its log diverges from the leader's.
+    /// log start and end, for an exclusive owner (tools, tests): the files are cut, but nothing
+    /// is synced and no journal is fenced. A shard's logs are truncated through
+    /// [`crate::ShardStore::truncate_log`], which is durable, journal replay included.
     ///
-    /// Nothing calls it below the high watermark yet, which is what keeps [`FileRegion`]s
-    /// valid: the pages `sendfile` queues on a socket are the page cache's own until the client
-    /// reads them, so a truncation below the high watermark must first wait for the regions in
-    /// flight.
+    /// Like that one, only above what clients could read, which keeps [`FileRegion`]s valid:
+    /// the pages `sendfile` queues on a socket are the page cache's own until the client reads
+    /// them.
     pub async fn truncate_suffix(&mut self, offset: i64) -> Result<(), StorageError> {
         if offset < self.log_start_offset || offset > self.next_offset {
             return Err(StorageError::OffsetOutOfRange {
@@ -2150,7 +2175,11 @@ impl<F: Fs> PartitionLog<F> {
             }
         }
         let active = self.active();
-        let (segment_base, position, offset) = if active.file.is_some() || active.base_offset == hw {
+        // Never at the start of a segment without a file (one a roll began, at the high
+        // watermark, and no round has written yet): a crash or a failed round can take that
+        // segment away, and the one before it takes appends again, with space reserved past
+        // them, while the point would vouch that it ends at its data.
+        let (segment_base, position, offset) = if active.file.is_some() {
             (
                 active.base_offset,
                 active.durable_size,

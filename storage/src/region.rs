@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Bytes of a segment file to send to a client as they are (`sendfile`), from the file's own
 /// descriptor: whole batches, below the high watermark, so never rewritten while a client may
 /// still be sent them: appends only add after the end, retention and topic deletion unlink
-/// whole files (the descriptor keeps the bytes readable), and nothing truncates below the high
-/// watermark (see [`crate::PartitionLog::truncate_suffix`]). Regions alive at once are bounded
+/// whole files (the descriptor keeps the bytes readable), and a truncation cuts only above what
+/// clients could read (see [`crate::ShardStore::truncate_log`]). Regions alive at once are bounded
 /// process-wide ([`FileRegions`]), so that they never take the descriptors segments and
 /// connections need.
 #[derive(Debug)]

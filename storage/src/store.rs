@@ -61,10 +61,10 @@
 //! A truncation waits for the flusher to write what the log has staged, refusing appends to the
 //! log meanwhile; writes a `Truncate` journal entry and waits for a round to sync it (a fence:
 //! replay skips every earlier entry of the log at or above the cut, see [`crate::replay`]);
-//! then cuts the files (segments past the cut removed newest first, each removal synced; the
-//! cut segment truncated and synced) and checkpoints the log, so that its recovery point,
-//! indexes and leader epochs on disk say no more than the log holds; and only then takes
-//! appends again. The fence comes first: a crash before it leaves the log as it was, a crash
+//! then cuts the files (the recovery point removed and the epoch file rewritten first, so that
+//! neither speaks for batches appended at the cut offsets later; segments past the cut removed
+//! newest first, each removal synced; the cut segment truncated and synced) and checkpoints the
+//! log, so that its recovery point and indexes are back; and only then takes appends again. The fence comes first: a crash before it leaves the log as it was, a crash
 //! after it (the cut unfinished) a prefix of it, as the truncation never returned; the fence
 //! alone, without the cut, would let recovery keep cut batches that the files still hold, and
 //! the cut alone would let replay append a cut batch's journal entry at the new log end.
@@ -911,9 +911,11 @@ impl<F: Fs> ShardStore<F> {
     /// leader's log. `offset` must be a batch boundary in `[log start, log end]` (at the end,
     /// nothing happens). Waits for the shard's flusher to write what the log has staged
     /// (appends to the log are refused with [`StorageError::Busy`] until this returns) and for
-    /// a round to sync the truncation's journal fence. When it returns, the log ends at
-    /// `offset`, after a crash too, and appends continue there. The log's high watermark (its
-    /// durable end) moves down to `offset` if it was above.
+    /// a round to sync the truncation's journal fence, holding the lock that keeps checkpoints,
+    /// retention and DeleteRecords away meanwhile: a flusher must not wait for a checkpoint
+    /// before it runs rounds (the shard's spawns its checkpoints). When it returns, the log
+    /// ends at `offset`, after a crash too, and appends continue there. The log's high
+    /// watermark (its durable end) moves down to `offset` if it was above.
     ///
     /// Precondition: nothing at or above `offset` was let out to clients. [`FileRegion`]s are
     /// pages of the segment files that `sendfile` may still be sending, and a cut file gives
@@ -966,7 +968,12 @@ impl<F: Fs> ShardStore<F> {
             }
             wait.await;
         }
-        // 2. Where the cut goes: a batch boundary, checked before anything is written.
+        // 2. No checkpoint, retention or DeleteRecords beside the rest (which would change the
+        // segments under the lookup, or write the log's files under the cut). The flusher runs
+        // rounds while waiting for a checkpoint (it spawns them), so the fence's round below is
+        // not held up by this.
+        let _segments = self.segments_lock.lock().await;
+        // Where the cut goes: a batch boundary, checked before anything is written.
         let Some(lookup) = self.with_log(id, |l| l.truncation_lookup(offset))?? else {
             return Ok(());
         };
@@ -1005,8 +1012,7 @@ impl<F: Fs> ShardStore<F> {
             }
             wait.await;
         }
-        // 4. The cut and the log's checkpoint, with no checkpoint or segment removal beside.
-        let _segments = self.segments_lock.lock().await;
+        // 4. The cut and the log's checkpoint.
         let (plan, io) = self.with_entry(id, |e| {
             let io = LogIoGuard::new(&e.io_users, &self.io_released);
             (e.log.cut_at(offset, segment_base, position), io)
@@ -1269,8 +1275,15 @@ impl<F: Fs> ShardStore<F> {
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
         // Truncation fences go in the journal write of a round taken alone: an overlapping
-        // take's journal write would go where the open round's does.
-        let fences = !overlapping && inner.fences_staged > inner.fences_taken;
+        // take's journal write would go where the open round's does. While one waits, no
+        // overlapping round is taken: under a steady load of direct rounds, each written under
+        // the previous one's syncs, the fence would wait for the chain to end (at the latest
+        // when `flush_pending` has run its `max_rounds`).
+        let fences_waiting = inner.fences_staged > inner.fences_taken;
+        if overlapping && fences_waiting {
+            return None;
+        }
+        let fences = fences_waiting;
         if inner.dirty.is_empty() && !fences {
             return None;
         }
@@ -2426,7 +2439,6 @@ mod tests {
         let report = crate::replay_journals(fs, &root(), |_| Some(config()), 0)
             .await
             .unwrap();
-        assert!(report.problems.is_empty(), "{report:?}");
         let (store, id) = store_and_log(fs).await;
         (store, id, report)
     }
@@ -2670,6 +2682,7 @@ mod tests {
             with_flusher(&store, store.truncate_log(id, 4)).await.unwrap();
             drop(store);
             let (store, id, report) = crash_and_reopen(&fs).await;
+            assert!(report.problems.is_empty(), "{report:?}");
             assert_eq!(store.offsets(id).unwrap().log_end_offset, 4, "{report:?}");
             assert_eq!(report.entries_voided, 4, "the entries at 4..12 are void");
             // Again with batches appended at the cut since: they, not the cut ones, are there.
@@ -2682,6 +2695,40 @@ mod tests {
                 [(0, 1), (2, 1), (4, 2), (6, 2)]
             );
             assert!(holds(&all[2], 10) && holds(&all[3], 11));
+        });
+    }
+
+    #[test]
+    fn a_cut_that_fails_after_its_fence_takes_the_store_offline_and_recovery_keeps_a_prefix() {
+        block_on(async {
+            let fs = MemFs::new();
+            let (store, id) = store_and_log(&fs).await;
+            replicate(&store, id, 0..6, 1).await;
+            let before = read_all(&store, id).await;
+            {
+                let truncate = store.truncate_log(id, 4);
+                futures::pin_mut!(truncate);
+                assert!(poll_once(truncate.as_mut()).await.is_none());
+                store.flush_round().await; // the fence, durable
+                fs.set_fail_fsync(true);
+                let e = poll_once(truncate.as_mut()).await.expect("done").unwrap_err();
+                assert!(matches!(e, StorageError::Io { .. }), "{e}");
+            }
+            let offline = store.offline().expect("offline");
+            assert!(!offline.disk_full, "until a restart: {offline:?}");
+            assert!(matches!(store.try_resume().await, ResumeOutcome::NotResumable));
+            assert!(matches!(
+                store.append_replica(id, &batch(9), 12, 2, 0),
+                Err(StorageError::Offline { .. })
+            ));
+            drop(store);
+            fs.set_fail_fsync(false);
+            // The truncation never returned: the log comes back as a prefix of what it held,
+            // at least up to the cut. (Recovery drops the empty file of a segment whose data
+            // the crash took, which the cut's directory sync had made durable.)
+            let (store, id, _) = crash_and_reopen(&fs).await;
+            let after = read_all(&store, id).await;
+            assert!(after.len() >= 2 && before.starts_with(&after), "{after:?}");
         });
     }
 
