@@ -834,35 +834,14 @@ impl<F: Fs> ShardStore<F> {
         leader_epoch: i32,
         now_ms: i64,
     ) -> Result<AppendTicket, StorageError> {
-        let mut inner = self.inner.borrow_mut();
-        if let Some(offline) = &inner.offline {
-            return Err(offline.error());
-        }
-        let inner = &mut *inner;
-        // Not `ok_or`: it builds (and drops) the error on every append.
-        let Some(entry) = entry_mut(&mut inner.slots, id) else {
-            return Err(StorageError::UnknownLog);
-        };
-        if entry.truncating {
-            return Err(TRUNCATING);
-        }
-        // The journal entry is encoded by the flush round, which knows whether it needs one.
-        let info = match entry.log.append(batch, leader_epoch, now_ms)? {
-            crate::log::Appended::New(info, _stored) => info,
-            // A retry of a batch already appended: answer with its offsets once durable.
-            crate::log::Appended::Duplicate(info) => info,
-        };
-        let ticket = AppendTicket {
-            id,
-            info,
-            discard_generation: entry.log.discard_generation(),
-        };
-        if !entry.dirty && entry.log.has_staged() {
-            entry.dirty = true;
-            inner.dirty.push(id);
-        }
-        self.work.notify_all();
-        Ok(ticket)
+        self.stage(id, |log| {
+            // The journal entry is encoded by the flush round, which knows whether it needs one.
+            Ok(match log.append(batch, leader_epoch, now_ms)? {
+                crate::log::Appended::New(info, _stored) => info,
+                // A retry of a batch already appended: answer with its offsets once durable.
+                crate::log::Appended::Duplicate(info) => info,
+            })
+        })
     }
 
     /// A Raft follower's append (see [`PartitionLog::append_replica`]): `batch`, accepted by its
@@ -879,20 +858,33 @@ impl<F: Fs> ShardStore<F> {
         leader_epoch: i32,
         now_ms: i64,
     ) -> Result<AppendTicket, StorageError> {
+        self.stage(id, |log| {
+            let (info, _) = log.append_replica(batch, base_offset, leader_epoch, now_ms)?;
+            Ok(info)
+        })
+    }
+
+    /// The shared part of [`ShardStore::append`] and [`ShardStore::append_replica`]: refused
+    /// while the store is offline or the log is being truncated; `append` stages the batch in
+    /// the log; the log joins the next flush round.
+    fn stage(
+        &self,
+        id: LogId,
+        append: impl FnOnce(&mut PartitionLog<F>) -> Result<AppendInfo, StorageError>,
+    ) -> Result<AppendTicket, StorageError> {
         let mut inner = self.inner.borrow_mut();
         if let Some(offline) = &inner.offline {
             return Err(offline.error());
         }
         let inner = &mut *inner;
+        // Not `ok_or`: it builds (and drops) the error on every append.
         let Some(entry) = entry_mut(&mut inner.slots, id) else {
             return Err(StorageError::UnknownLog);
         };
         if entry.truncating {
             return Err(TRUNCATING);
         }
-        let (info, _) = entry
-            .log
-            .append_replica(batch, base_offset, leader_epoch, now_ms)?;
+        let info = append(&mut entry.log)?;
         let ticket = AppendTicket {
             id,
             info,
