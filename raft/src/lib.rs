@@ -1,20 +1,19 @@
-//! Raft replication of partition logs — the next step, not yet wired in.
+//! Raft replication of partition logs (openraft 0.10), built and tested here, not yet used by
+//! the broker, which still runs one node.
 //!
-//! Today Strand runs as one node: a write is acknowledged once the shard journal holding it is
-//! fsynced (see `strand-storage`). Replication will put each partition's log behind a Raft group
-//! (openraft 0.10, with a small glommio runtime adapter of ours), and the storage API was shaped
-//! for that:
+//! - [`partition`]: a Kafka partition as a Raft group whose log is the partition's own log
+//!   (offset translation, replica storage on the shard store, the state machine beside the log,
+//!   quiescing of idle groups).
+//! - [`transport`]: how the groups of many partitions talk between nodes.
+//! - [`rt`]: openraft's runtime on glommio, and the deterministic simulation runtime.
 //!
-//! | Raft needs                          | `strand_storage::PartitionLog` / `ShardStore` offers          |
+//! | Raft needs                          | the storage engine offers (`ShardStore`)                      |
 //! |-------------------------------------|----------------------------------------------------------------|
-//! | append entries with their term      | `append(batch, leader_epoch, ..)`: each batch carries its epoch |
-//! | read entries by index               | `plan_read(offset, ..)`                                        |
-//! | truncate a conflicting suffix       | `truncate_suffix(offset)`                                      |
-//! | purge a prefix (snapshot/retention) | `delete_records(offset)` / retention                           |
-//! | know what is durable (flushed)      | `high_watermark()` after a flush round                        |
-//!
-//! This crate holds the mapping between Kafka's and Raft's vocabulary, so that both sides agree
-//! on it before the replication code lands.
+//! | append entries with their term      | `append_replica(batch, base offset, term)`                     |
+//! | read entries by index               | `plan_read(offset)`, with the entry map translating indexes    |
+//! | truncate a conflicting suffix       | `truncate_log(offset)`, durable across replay                  |
+//! | know what is durable (flushed)      | `wait_durable(ticket)` after a flush round                     |
+//! | vote, snapshot record, internal entries | the side file `raft-state` in the partition's directory    |
 
 pub mod partition;
 pub mod rt;
