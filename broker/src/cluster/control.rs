@@ -467,21 +467,21 @@ pub fn heartbeat(
     });
     contact.last_contact_ms = contact.last_contact_ms.max(now_ms);
     contact.metadata_offset = contact.metadata_offset.max(hb.metadata_offset);
-    let shutdown_offset = contact.shutdown_offset;
     let mut batch = Batch::new(state);
     let mut stop = false;
     if reg.in_controlled_shutdown {
         // Leads nothing (applying the shutdown record asserted it); stops once every other
-        // active broker has seen the moves.
+        // active broker has seen the moves. A controller that became active since does not know
+        // the offset of the moves: every record it has is at least as new, so it waits for its
+        // log end as it is now (not as it will be: under steady metadata changes a moving target
+        // would never be reached).
+        let target = *contact.shutdown_offset.get_or_insert(state.next_offset());
         let lowest = liveness
             .contacts
             .iter()
             .filter(|(b, _)| **b != hb.broker && state.is_active(**b))
             .map(|(_, c)| c.metadata_offset)
             .min();
-        // A controller that became active since does not know the offset of the moves: every
-        // record it has is at least as new.
-        let target = shutdown_offset.unwrap_or(state.next_offset());
         if lowest.is_none_or(|l| l >= target) {
             fence(&mut batch, hb.broker);
             stop = true;
