@@ -467,21 +467,21 @@ pub fn heartbeat(
     });
     contact.last_contact_ms = contact.last_contact_ms.max(now_ms);
     contact.metadata_offset = contact.metadata_offset.max(hb.metadata_offset);
-    let shutdown_offset = contact.shutdown_offset;
     let mut batch = Batch::new(state);
     let mut stop = false;
     if reg.in_controlled_shutdown {
         // Leads nothing (applying the shutdown record asserted it); stops once every other
-        // active broker has seen the moves.
+        // active broker has seen the moves. A controller that became active since does not know
+        // the offset of the moves: every record it has is at least as new, so it waits for its
+        // log end as it is now (not as it will be: under steady metadata changes a moving target
+        // would never be reached).
+        let target = *contact.shutdown_offset.get_or_insert(state.next_offset());
         let lowest = liveness
             .contacts
             .iter()
             .filter(|(b, _)| **b != hb.broker && state.is_active(**b))
             .map(|(_, c)| c.metadata_offset)
             .min();
-        // A controller that became active since does not know the offset of the moves: every
-        // record it has is at least as new.
-        let target = shutdown_offset.unwrap_or(state.next_offset());
         if lowest.is_none_or(|l| l >= target) {
             fence(&mut batch, hb.broker);
             stop = true;
@@ -921,10 +921,6 @@ pub fn alter_configs(
     Ok(vec![Record::Config(ConfigRecord { resource, entries })])
 }
 
-fn partition_error(code: ResponseError, message: impl Into<String>) -> AdminError {
-    AdminError::new(code, message)
-}
-
 /// Handles one partition of an AlterPartition request from its leader: an ISR shrink or
 /// expansion. Checked as Kafka checks it (KIP-497, KIP-903): a request from the future (an
 /// epoch above ours) gets NOT_CONTROLLER, an older leader epoch FENCED_LEADER_EPOCH, a broker
@@ -939,7 +935,7 @@ pub fn alter_partition(
         .broker(req.broker)
         .is_none_or(|b| b.epoch != req.broker_epoch)
     {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::StaleBrokerEpoch,
             format!(
                 "Broker {} is not registered at epoch {}.",
@@ -948,26 +944,26 @@ pub fn alter_partition(
         ));
     }
     let Some(topic) = state.topic(req.topic) else {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::UnknownTopicId,
             format!("No topic {}.", req.topic),
         ));
     };
     let Some(part) = topic.partition(req.partition) else {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::UnknownTopicOrPartition,
             format!("No partition {}-{}.", topic.name, req.partition),
         ));
     };
     let name = || format!("{}-{}", topic.name, req.partition);
     if req.leader_epoch > part.leader_epoch || req.partition_epoch > part.partition_epoch {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::NotController,
             format!("{}: the request's epochs are ahead of this controller's.", name()),
         ));
     }
     if req.leader_epoch < part.leader_epoch {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::FencedLeaderEpoch,
             format!(
                 "{}: leader epoch {} is not {}.",
@@ -978,13 +974,13 @@ pub fn alter_partition(
         ));
     }
     if part.leader != Some(req.broker) {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::InvalidRequest,
             format!("{}: broker {} is not the leader.", name(), req.broker),
         ));
     }
     if req.partition_epoch < part.partition_epoch {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::InvalidUpdateVersion,
             format!(
                 "{}: partition epoch {} is not {}.",
@@ -997,13 +993,13 @@ pub fn alter_partition(
     let isr: Vec<NodeId> = req.new_isr.iter().map(|m| m.broker).collect();
     let duplicate = isr.iter().enumerate().any(|(k, b)| isr[..k].contains(b));
     if isr.is_empty() || duplicate || isr.iter().any(|b| !part.has_replica(*b)) {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::InvalidRequest,
             format!("{}: ISR {isr:?} is not a set of its replicas.", name()),
         ));
     }
     if !isr.contains(&req.broker) {
-        return Err(partition_error(
+        return Err(AdminError::new(
             ResponseError::InvalidRequest,
             format!("{}: ISR {isr:?} leaves out the leader.", name()),
         ));
@@ -1013,7 +1009,7 @@ pub fn alter_partition(
             .broker(m.broker)
             .is_some_and(|b| b.is_active() && m.epoch.is_none_or(|e| e == b.epoch));
         if !eligible {
-            return Err(partition_error(
+            return Err(AdminError::new(
                 ResponseError::IneligibleReplica,
                 format!(
                     "{}: broker {} is not registered at that epoch, fenced or shutting down.",
@@ -1044,6 +1040,9 @@ pub fn alter_partition(
         },
     )
 }
+
+/// Per partition: elected, or why not.
+pub type ElectionResults = Vec<((TopicId, PartitionId), Result<(), ResponseError>)>;
 
 /// Preferred-leader election (ElectLeaders PREFERRED, and the periodic leader balancing of
 /// `auto.leader.rebalance.enable`): gives each partition back to its first replica when that

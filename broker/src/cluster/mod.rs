@@ -36,8 +36,9 @@ mod tests;
 pub use control::{
     allocate_producer_ids, alter_configs, alter_partition, create_partitions, create_topic, delete_topic,
     elect_preferred_leaders, fence_stale_brokers, heartbeat, register_broker, AlterPartition,
-    AlterPartitionReply, BrokerRegistrationRequest, ControllerConfig, CreateTopic, Heartbeat, HeartbeatReply,
-    IsrMember, Liveness, ProducerIdBlock, DEFAULT_SESSION_TIMEOUT_MS, PRODUCER_ID_BLOCK_SIZE,
+    AlterPartitionReply, BrokerRegistrationRequest, ControllerConfig, CreateTopic, ElectionResults,
+    Heartbeat, HeartbeatReply, IsrMember, Liveness, ProducerIdBlock, DEFAULT_SESSION_TIMEOUT_MS,
+    PRODUCER_ID_BLOCK_SIZE,
 };
 pub use record::{
     decode_batch, encode_batch, BrokerEpoch, ConfigRecord, ConfigResource, Endpoint, IncarnationId,

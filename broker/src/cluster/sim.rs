@@ -7,8 +7,8 @@
 //! partition must then be online, fully in sync and led by its preferred replica.
 //!
 //! Every run is a function of its seed. `STRAND_CLUSTER_SIM_SEED=<n>` runs that seed alone,
-//! `STRAND_CLUSTER_SIM_SEEDS=<count>` sets how many seeds the default run covers; a failure
-//! names its seed.
+//! `STRAND_CLUSTER_SIM_SEEDS=<count>` sets how many seeds the default run covers and
+//! `STRAND_CLUSTER_SIM_STEPS=<n>` the steps of each; a failure names its seed.
 
 use std::collections::BTreeMap;
 
@@ -700,6 +700,14 @@ fn run(seed: u64, steps: u32) -> Counts {
     sim.counts
 }
 
+/// Steps per run: `STRAND_CLUSTER_SIM_STEPS`, 400 by default.
+fn steps() -> u32 {
+    std::env::var("STRAND_CLUSTER_SIM_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400)
+}
+
 fn seeds() -> Vec<u64> {
     if let Some(seed) = std::env::var("STRAND_CLUSTER_SIM_SEED")
         .ok()
@@ -717,8 +725,9 @@ fn seeds() -> Vec<u64> {
 #[test]
 fn simulation_keeps_every_invariant() {
     let mut total = Counts::default();
+    let steps = steps();
     for seed in seeds() {
-        let counts = match std::panic::catch_unwind(|| run(seed, 400)) {
+        let counts = match std::panic::catch_unwind(|| run(seed, steps)) {
             Ok(c) => c,
             Err(e) => {
                 let msg = e
@@ -726,7 +735,9 @@ fn simulation_keeps_every_invariant() {
                     .cloned()
                     .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_default();
-                panic!("seed {seed} failed (replay: STRAND_CLUSTER_SIM_SEED={seed}): {msg}");
+                panic!(
+                    "seed {seed} failed (replay: STRAND_CLUSTER_SIM_SEED={seed} STRAND_CLUSTER_SIM_STEPS={steps}): {msg}"
+                );
             }
         };
         total.topics += counts.topics;

@@ -474,14 +474,9 @@ impl ClusterState {
         epoch: BrokerEpoch,
         what: &str,
     ) -> &mut BrokerRegistration {
-        let b = self.brokers.get_mut(&broker);
-        assert!(
-            b.as_ref().is_some_and(|b| b.epoch == epoch),
-            "{what} for broker {broker} at a stale epoch {epoch:?}"
-        );
-        match b {
+        match self.brokers.get_mut(&broker).filter(|b| b.epoch == epoch) {
             Some(b) => b,
-            None => unreachable!(),
+            None => panic!("{what} for broker {broker} at a stale epoch {epoch:?}"),
         }
     }
 

@@ -841,6 +841,21 @@ fn controlled_shutdown_after_a_controller_fail_over_still_waits_for_the_others()
 }
 
 #[test]
+fn controlled_shutdown_after_a_fail_over_is_not_starved_by_new_records() {
+    let mut h = three();
+    h.create("t", 1, 3, 3).unwrap();
+    assert!(!h.beat(2, false, true).unwrap().should_shut_down);
+    h.liveness = Liveness::activate(&h.state, h.now_ms);
+    assert!(!h.beat(2, false, true).unwrap().should_shut_down);
+    h.beat(1, false, false).unwrap();
+    h.beat(3, false, false).unwrap();
+    // Metadata keeps changing: the others are behind the log end again, but past the point the
+    // new controller waits for.
+    h.create("u", 2, 1, 1).unwrap();
+    assert!(h.beat(2, false, true).unwrap().should_shut_down);
+}
+
+#[test]
 fn a_partition_named_twice_is_elected_once() {
     let mut h = three();
     let t = h.create("t", 1, 1, 3).unwrap();
