@@ -270,6 +270,22 @@ pub struct GroupNetwork<Rt, Conn> {
 }
 
 impl<Rt: AsyncRuntime, Conn: Connection> GroupNetwork<Rt, Conn> {
+    /// Sends a vote or pre-vote request and reads its answer.
+    async fn ask_vote(
+        &self,
+        request: Message,
+        option: &RPCOption,
+    ) -> Result<VoteResponse<C<Rt>>, RPCError<C<Rt>>> {
+        let answer = self
+            .node
+            .call(RPCTypes::Vote, self.target, request, option)
+            .await?;
+        match answer {
+            Message::VoteReply { group, reply } if group == self.group => Ok(vote_response(reply)),
+            other => Err(unexpected(self.group, &other)),
+        }
+    }
+
     async fn heartbeat(&self, req: AppendMsg, option: &RPCOption) -> Result<AppendReply, RPCError<C<Rt>>> {
         let (tx, rx) = oneshot::channel();
         let hb = Heartbeat {
@@ -389,14 +405,7 @@ impl<Rt: AsyncRuntime, Conn: Connection> RaftNetworkV2<C<Rt>> for GroupNetwork<R
             group: self.group,
             req: vote_msg(rpc),
         };
-        let answer = self
-            .node
-            .call(RPCTypes::Vote, self.target, request, &option)
-            .await?;
-        match answer {
-            Message::VoteReply { group, reply } if group == self.group => Ok(vote_response(reply)),
-            other => Err(unexpected(self.group, &other)),
-        }
+        self.ask_vote(request, &option).await
     }
 
     async fn pre_vote(
@@ -408,14 +417,7 @@ impl<Rt: AsyncRuntime, Conn: Connection> RaftNetworkV2<C<Rt>> for GroupNetwork<R
             group: self.group,
             req: vote_msg(rpc),
         };
-        let answer = self
-            .node
-            .call(RPCTypes::Vote, self.target, request, &option)
-            .await?;
-        match answer {
-            Message::VoteReply { group, reply } if group == self.group => Ok(vote_response(reply)),
-            other => Err(unexpected(self.group, &other)),
-        }
+        self.ask_vote(request, &option).await
     }
 
     async fn full_snapshot(
