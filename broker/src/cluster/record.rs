@@ -198,12 +198,7 @@ impl Record {
                 w.node(r.broker);
                 w.uuid(r.incarnation.0);
                 w.i64(r.epoch.0);
-                w.count(r.endpoints.len());
-                for e in &r.endpoints {
-                    w.str(&e.listener);
-                    w.str(&e.host);
-                    w.u16(e.port);
-                }
+                w.endpoints(&r.endpoints);
                 w.opt_str(r.rack.as_deref());
                 w.u16(r.shards);
             }
@@ -309,11 +304,7 @@ impl Record {
                 let n = r.count(MAX_ENDPOINTS, "endpoints")?;
                 let mut endpoints = Vec::with_capacity(n);
                 for _ in 0..n {
-                    endpoints.push(Endpoint {
-                        listener: r.str()?,
-                        host: r.str()?,
-                        port: r.u16()?,
-                    });
+                    endpoints.push(r.endpoint()?);
                 }
                 let rack = r.opt_str()?;
                 let shards = r.u16()?;
@@ -527,6 +518,14 @@ impl Writer {
             }
         }
     }
+    pub(super) fn endpoints(&mut self, endpoints: &[Endpoint]) {
+        self.count(endpoints.len());
+        for e in endpoints {
+            self.str(&e.listener);
+            self.str(&e.host);
+            self.u16(e.port);
+        }
+    }
     pub(super) fn nodes(&mut self, nodes: &[NodeId]) {
         self.count(nodes.len());
         for n in nodes {
@@ -601,6 +600,13 @@ impl Reader<'_> {
             1 => Ok(Some(self.str()?)),
             other => Err(bad(format!("optional string flag {other}"))),
         }
+    }
+    pub(super) fn endpoint(&mut self) -> Result<Endpoint, DecodeError> {
+        Ok(Endpoint {
+            listener: self.str()?,
+            host: self.str()?,
+            port: self.u16()?,
+        })
     }
     pub(super) fn nodes(&mut self) -> Result<Vec<NodeId>, DecodeError> {
         let n = self.count(MAX_REPLICAS, "brokers")?;

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use strand_protocol::types::{validate_topic_name, LeaderEpoch, ShardId, TopicId};
 
 use super::record::{
-    bad, BrokerEpoch, ConfigResource, DecodeError, Endpoint, IncarnationId, MetadataOffset, PartitionEpoch,
-    Reader, Replica, Writer, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS, MAX_REPLICAS,
+    bad, BrokerEpoch, ConfigResource, DecodeError, IncarnationId, MetadataOffset, PartitionEpoch, Reader,
+    Replica, Writer, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS, MAX_REPLICAS,
 };
 use super::state::{BrokerRegistration, ClusterState, PartitionRegistration, TopicState};
 use crate::metadata::MAX_PARTITIONS_PER_TOPIC;
@@ -55,12 +55,7 @@ impl ClusterState {
             w.node(b.id);
             w.uuid(b.incarnation.0);
             w.i64(b.epoch.0);
-            w.count(b.endpoints.len());
-            for e in &b.endpoints {
-                w.str(&e.listener);
-                w.str(&e.host);
-                w.u16(e.port);
-            }
+            w.endpoints(&b.endpoints);
             w.opt_str(b.rack.as_deref());
             w.u16(b.shards);
             w.u8(u8::from(b.fenced));
@@ -119,11 +114,7 @@ impl ClusterState {
             let epoch = BrokerEpoch(r.i64()?);
             let mut endpoints = Vec::new();
             for _ in 0..r.count(MAX_ENDPOINTS, "endpoints")? {
-                endpoints.push(Endpoint {
-                    listener: r.str()?,
-                    host: r.str()?,
-                    port: r.u16()?,
-                });
+                endpoints.push(r.endpoint()?);
             }
             let rack = r.opt_str()?;
             let shards = r.u16()?;
