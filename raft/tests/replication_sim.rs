@@ -12,9 +12,11 @@
 //!
 //! At the end it heals everything and checks that all replicas converge to the same log.
 //!
-//! It runs twice: over the in-memory replica log, and over the storage engine itself (a
-//! `ShardStore` on `MemFs` with its flusher and checkpoints, whose crash keeps what was synced
-//! and a torn prefix of what was not, followed by the journal replay of a start-up).
+//! It runs three times: over the in-memory replica log; the same with the nodes talking
+//! through the transport (every message encoded and decoded, heartbeats coalesced per node
+//! pair, requests handled by each node's transport server); and over the storage engine itself
+//! (a `ShardStore` on `MemFs` with its flusher and checkpoints, whose crash keeps what was
+//! synced and a torn prefix of what was not, followed by the journal replay of a start-up).
 //!
 //! `STRAND_SIM_RAFT_SEEDS=N` runs seeds `0..N` (default 16); `STRAND_SIM_RAFT_SEED=S` replays
 //! one seed; `STRAND_SIM_RAFT_SECS` sets the simulated seconds per seed (default 20).
@@ -35,6 +37,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::types::Offset;
+use strand_protocol::types::{PartitionId, TopicId};
 use strand_raft::partition::local_net::{Hops, LocalNet};
 use strand_raft::partition::shard_log::ShardReplicaLog;
 use strand_raft::partition::{
@@ -42,6 +45,10 @@ use strand_raft::partition::{
     StoredBatch,
 };
 use strand_raft::rt::{Sim, SimRuntime, TaskGroup};
+use strand_raft::transport::codec::{Codec, Frame, GroupId, Message, RequestId};
+use strand_raft::transport::network::{
+    Connection, ConnectionError, GroupRafts, NetworkConfig, NodeNetwork, Server, ServerLimits,
+};
 use strand_storage::fs_mem::MemFs;
 use strand_storage::log::LogConfig;
 use strand_storage::store::{LogId, ShardStore, StoreConfig};
@@ -269,6 +276,10 @@ struct World<B: Backend> {
     acked: RefCell<Vec<Acked>>,
     /// Failed or unanswered writes (they may or may not have been committed).
     unanswered: RefCell<u64>,
+    /// Whether nodes talk through the transport (codec, node networks, coalesced heartbeats,
+    /// servers) rather than straight to each other's Rafts.
+    wire: bool,
+    servers: RefCell<BTreeMap<BrokerId, Rc<NodeServer<B>>>>,
 }
 
 impl<B: Backend> World<B> {
@@ -323,6 +334,74 @@ impl<B: Backend> Hops for World<B> {
     }
 }
 
+/// A node's transport server.
+type NodeServer<B> = Server<SimRuntime, OneGroup<B>>;
+
+/// The group every simulated node replicates, as the transport names it.
+const GROUP: GroupId = GroupId {
+    topic: TopicId(uuid::Uuid::from_u128(0x5eed)),
+    partition: PartitionId(0),
+};
+
+/// A node's group, for its transport server.
+struct OneGroup<B: Backend> {
+    world: Rc<World<B>>,
+    id: BrokerId,
+}
+
+impl<B: Backend> GroupRafts<SimRuntime> for OneGroup<B> {
+    type StateMachine = Store<B>;
+
+    fn raft(&self, group: GroupId) -> Option<Node<B>> {
+        if group != GROUP {
+            return None;
+        }
+        self.world.raft_of(self.id)
+    }
+}
+
+/// A node's connection to the others over the simulated network: each frame is encoded and
+/// decoded with the codec, delayed, lost or cut like any other message, and handled by the
+/// peer's transport server.
+struct WireConn<B: Backend> {
+    world: Rc<World<B>>,
+    from: BrokerId,
+    next_request: Cell<u64>,
+}
+
+impl<B: Backend> WireConn<B> {
+    fn through_the_wire(&self, message: Message) -> Result<Message, ConnectionError> {
+        let codec = Codec::default();
+        let request_id = RequestId(self.next_request.get());
+        self.next_request.set(request_id.0 + 1);
+        let bytes = codec
+            .encode_to_bytes(&Frame { request_id, message })
+            .map_err(|e| ConnectionError::Network(e.to_string()))?;
+        let frame = codec
+            .decode_prefixed(bytes)
+            .map_err(|e| ConnectionError::Network(e.to_string()))?;
+        Ok(frame.message)
+    }
+}
+
+impl<B: Backend> Connection for WireConn<B> {
+    async fn call(&self, peer: BrokerId, request: Message) -> Result<Message, ConnectionError> {
+        let request = self.through_the_wire(request)?;
+        self.world
+            .hop(self.from, peer)
+            .await
+            .map_err(ConnectionError::Unreachable)?;
+        let server = self.world.servers.borrow().get(&peer).cloned();
+        let server = server.ok_or_else(|| ConnectionError::Unreachable(format!("{peer} has no server")))?;
+        let answer = server.handle(self.from, request).await;
+        self.world
+            .hop(peer, self.from)
+            .await
+            .map_err(ConnectionError::Network)?;
+        self.through_the_wire(answer)
+    }
+}
+
 fn config() -> Arc<Config> {
     let config = Config {
         cluster_name: "partition-sim".into(),
@@ -357,13 +436,46 @@ fn start<B: Backend>(world: &Rc<World<B>>, id: BrokerId) {
         .get_mut(&id)
         .expect("known node")
         .applied = recorder;
-    let net = LocalNet::new(Rc::clone(world), id);
     let config = Arc::clone(&world.config);
     let s2 = store.clone();
-    let handle = world.sim.spawn_in(
-        group,
-        async move { Raft::new(id, config, net, s2.clone(), s2).await },
-    );
+    let handle = if world.wire {
+        let network = NodeNetwork::<SimRuntime, _>::new(
+            id,
+            WireConn {
+                world: Rc::clone(world),
+                from: id,
+                next_request: Cell::new(0),
+            },
+            NetworkConfig::default(),
+        );
+        let server = Server::new(
+            OneGroup {
+                world: Rc::clone(world),
+                id,
+            },
+            ServerLimits::default(),
+        );
+        world.servers.borrow_mut().insert(id, Rc::new(server));
+        // The node's heartbeat pump: a tick a fifth of the heartbeat interval.
+        let pump = Rc::clone(&network);
+        world.sim.spawn_in(group, async move {
+            loop {
+                SimRuntime::sleep(Duration::from_millis(10)).await;
+                pump.tick();
+            }
+        });
+        let net = network.factory(GROUP);
+        world.sim.spawn_in(
+            group,
+            async move { Raft::new(id, config, net, s2.clone(), s2).await },
+        )
+    } else {
+        let net = LocalNet::new(Rc::clone(world), id);
+        world.sim.spawn_in(
+            group,
+            async move { Raft::new(id, config, net, s2.clone(), s2).await },
+        )
+    };
     world.sim.run_until_idle();
     let raft = world
         .sim
@@ -566,7 +678,7 @@ fn check<B: Backend>(world: &World<B>, seed: u64, when: &str) {
     }
 }
 
-fn run_seed<B: Backend>(seed: u64, secs: u64, backend: impl Fn(&Rc<World<B>>) -> B) {
+fn run_seed<B: Backend>(seed: u64, secs: u64, wire: bool, backend: impl Fn(&Rc<World<B>>) -> B) {
     let sim = Rc::new(Sim::new(seed));
     let world = Rc::new(World {
         sim: Rc::clone(&sim),
@@ -576,6 +688,8 @@ fn run_seed<B: Backend>(seed: u64, secs: u64, backend: impl Fn(&Rc<World<B>>) ->
         loss_percent: RefCell::new(0),
         acked: RefCell::new(Vec::new()),
         unanswered: RefCell::new(0),
+        wire,
+        servers: RefCell::new(BTreeMap::new()),
     });
     for i in 1..=NODES {
         let backend = sim.enter(|| backend(&world));
@@ -737,23 +851,28 @@ fn shard_backend(world: &Rc<World<ShardBackend>>) -> ShardBackend {
     ShardBackend::open(&world.sim, MemFs::new(), seed)
 }
 
-fn run_seeds<B: Backend>(backend: impl Fn(&Rc<World<B>>) -> B + Copy) {
+fn run_seeds<B: Backend>(wire: bool, backend: impl Fn(&Rc<World<B>>) -> B + Copy) {
     let secs = env_u64("STRAND_SIM_RAFT_SECS").unwrap_or(20);
     if let Some(seed) = env_u64("STRAND_SIM_RAFT_SEED") {
-        run_seed(seed, secs, backend);
+        run_seed(seed, secs, wire, backend);
         return;
     }
     for seed in 0..env_u64("STRAND_SIM_RAFT_SEEDS").unwrap_or(16) {
-        run_seed(seed, secs, backend);
+        run_seed(seed, secs, wire, backend);
     }
 }
 
 #[test]
 fn replicas_never_lose_acknowledged_batches_and_agree_below_the_high_watermark() {
-    run_seeds(mem_backend);
+    run_seeds(false, mem_backend);
+}
+
+#[test]
+fn the_same_holds_through_the_transport() {
+    run_seeds(true, mem_backend);
 }
 
 #[test]
 fn the_same_holds_over_the_storage_engine_with_power_cuts() {
-    run_seeds(shard_backend);
+    run_seeds(false, shard_backend);
 }
