@@ -69,6 +69,10 @@ trait Backend: 'static {
     fn batches(&self, sim: &Sim) -> (Vec<StoredBatch>, Vec<StoredBatch>);
     /// A power cut (the node's tasks are already gone), then what a start-up recovers.
     fn crash(&self, sim: &Sim, rng: &mut ChaCha8Rng);
+    /// Checks what the log says of leader epochs against the terms its batches carry.
+    fn check_epochs(&self, _sim: &Sim) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The in-memory replica log.
@@ -223,6 +227,47 @@ impl Backend for ShardBackend {
             .cloned()
             .collect();
         (all, durable)
+    }
+
+    /// OffsetForLeaderEpoch's answer comes from the store's epoch cache: for every term its
+    /// batches carry, the cache must end the term where the next term's first batch starts (or
+    /// at the log end), through truncations and crashes. A term's blank entry takes no offset,
+    /// so the cache needs no entry of its own for it.
+    fn check_epochs(&self, sim: &Sim) -> Result<(), String> {
+        let (all, _) = self.batches(sim);
+        let store = self.store.borrow();
+        let id = self.id.get();
+        let log_end = store.offsets(id).map_err(|e| e.to_string())?.log_end_offset;
+        let mut terms: Vec<(u64, i64)> = Vec::new();
+        for b in &all {
+            if terms.last().is_none_or(|(t, _)| *t != b.term.0) {
+                terms.push((b.term.0, b.base_offset.0));
+            }
+        }
+        // Every epoch from the first to one past the last: the answer is the largest term at or
+        // below it that batches carry, ending where the next term's batches start.
+        let (Some(first), Some(last)) = (terms.first(), terms.last()) else {
+            return Ok(());
+        };
+        for epoch in first.0..=last.0 + 1 {
+            let at = terms.partition_point(|(t, _)| *t <= epoch) - 1;
+            let found = terms[at].0;
+            let expected_end = terms.get(at + 1).map_or(log_end, |(_, start)| *start);
+            let epoch = i32::try_from(epoch).map_err(|_| "term beyond an epoch")?;
+            let expected = Some((
+                i32::try_from(found).map_err(|_| "term beyond an epoch")?,
+                expected_end,
+            ));
+            let got = store
+                .with_log(id, |l| l.end_offset_for_epoch(epoch))
+                .map_err(|e| e.to_string())?;
+            if got != expected {
+                return Err(format!(
+                    "OffsetForLeaderEpoch({epoch}): the cache answers {got:?}, the batches say {expected:?}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn crash(&self, sim: &Sim, rng: &mut ChaCha8Rng) {
@@ -606,6 +651,11 @@ fn check<B: Backend>(world: &World<B>, seed: u64, when: &str) {
                 next.unwrap_or(0) >= hw.0,
                 "seed {seed} {when}: node {id}'s high watermark {hw:?} is past its log end"
             );
+        }
+    }
+    for (id, r) in replicas.iter() {
+        if let Err(e) = r.backend.check_epochs(&world.sim) {
+            panic!("seed {seed} {when}: node {id}: {e}");
         }
     }
     // Each running state machine was given exactly its log below the high watermark, in order.
