@@ -38,14 +38,14 @@ use openraft::raft::{
     TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::storage::RaftStateMachine;
-use openraft::{AsyncRuntime, RPCTypes, Raft, RaftNetworkFactory, RaftNetworkV2, Snapshot};
+use openraft::{AsyncRuntime, EntryPayload, RPCTypes, Raft, RaftNetworkFactory, RaftNetworkV2, Snapshot};
 
 use super::codec::{
     AppendMsg, AppendReply, Codec, GroupId, Heartbeat, Message, PartitionVote, RefuseReason, SnapshotChunk,
     SnapshotReply, TransferLeaderMsg, TransferLeaderRejected, VoteMsg, VoteReply,
 };
 use super::heartbeat::{HeartbeatOutbox, HeartbeatOutcome, OutboxLimits, PushError, ReplyMerger};
-use crate::partition::{BrokerId, PartitionLogId, PartitionRaft, PartitionSnapshot, StoredBatch};
+use crate::partition::{BrokerId, KafkaBatch, PartitionLogId, PartitionRaft, PartitionSnapshot, StoredBatch};
 
 type C<Rt> = PartitionRaft<Rt>;
 
@@ -861,9 +861,20 @@ fn check_append(req: &AppendMsg) -> Result<(), &'static str> {
         if e.log_id.leader_id.term > req.vote.leader_id.term {
             return Err("an entry beyond the leader's term");
         }
+        if let EntryPayload::Normal(KafkaBatch(b)) = &e.payload {
+            if !is_one_batch(b) {
+                return Err("an entry that is not one valid record batch");
+            }
+        }
         prev = Some(e.log_id);
     }
     Ok(())
+}
+
+/// A batch a peer sent is stored as it is: it must be exactly one Kafka v2 batch whose CRC and
+/// record count hold (the produce path's own check), or the replica's storage would fail on it.
+fn is_one_batch(bytes: &[u8]) -> bool {
+    strand_protocol::batch::validate_produce_batch(bytes, bytes.len()).is_ok()
 }
 
 /// A snapshot never holds log ids beyond its leader's term (openraft asserts it).
@@ -876,6 +887,9 @@ fn check_snapshot(chunk: &SnapshotChunk) -> Result<(), &'static str> {
     }
     if meta.last_membership.log_id() > &meta.last_log_id {
         return Err("a snapshot membership after its last log id");
+    }
+    if !chunk.batches.iter().all(|b| is_one_batch(&b.bytes)) {
+        return Err("a snapshot batch that is not one valid record batch");
     }
     Ok(())
 }

@@ -621,9 +621,26 @@ fn chunk(index: u32, last: bool, bytes: usize) -> SnapshotChunk {
         batches: vec![StoredBatch {
             base_offset: Offset(i64::from(index)),
             term: crate::Term(4),
-            bytes: Bytes::from(vec![0u8; bytes]),
+            bytes: valid_batch(bytes),
         }],
     }
+}
+
+/// A valid one-record batch of `bytes` bytes, or the smallest there is if that is more.
+fn valid_batch(bytes: usize) -> Bytes {
+    let smallest = strand_protocol::batch::build::simple(1, 0);
+    let value_len = bytes.saturating_sub(smallest.len());
+    (value_len..value_len + 8)
+        .map(|n| {
+            let value = vec![7u8; n];
+            let record = strand_protocol::batch::build::TestRecord {
+                value: Some(&value),
+                ..Default::default()
+            };
+            Bytes::from(strand_protocol::batch::build::batch(&[record], 0))
+        })
+        .find(|b| b.len() >= bytes)
+        .expect("a batch that large")
 }
 
 #[test]
@@ -772,6 +789,24 @@ fn appends_that_break_raft_rules_are_caught() {
     assert!(
         check_append(&append(Some((2, u64::MAX)), &[(2, 0)])).is_err(),
         "index overflow"
+    );
+    let mut garbage = append(None, &[]);
+    garbage.entries.push(data_entry(0, 100));
+    assert!(
+        check_append(&garbage).is_err(),
+        "a payload that is not a record batch"
+    );
+    let mut good = append(None, &[]);
+    good.entries.push(PartitionEntry {
+        log_id: PartitionLogId::new_term_index(4, 0),
+        payload: EntryPayload::Normal(KafkaBatch(valid_batch(100))),
+    });
+    assert_eq!(check_append(&good), Ok(()));
+    let mut bad_chunk = chunk(0, true, 100);
+    bad_chunk.batches[0].bytes = Bytes::from(vec![0u8; 100]);
+    assert!(
+        check_snapshot(&bad_chunk).is_err(),
+        "a snapshot batch that is not a record batch"
     );
 }
 
