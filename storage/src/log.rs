@@ -1771,6 +1771,20 @@ impl<F: Fs> PartitionLog<F> {
         }))
     }
 
+    /// A truncation's bookkeeping once the active segment ends at `offset`: the log end, the
+    /// high watermark if it was above, the producer state and the leader epochs from `offset`
+    /// on (as Kafka's leader epoch cache is truncated with its log).
+    fn forget_from(&mut self, offset: i64) {
+        self.next_offset = offset;
+        self.high_watermark = self.high_watermark.min(offset);
+        self.producers.truncate(offset);
+        let before = self.epochs.len();
+        self.epochs.retain(|(_, start)| *start < offset);
+        if self.epochs.len() != before {
+            self.epochs_dirty = true;
+        }
+    }
+
     fn active_first(&self) -> &Segment<F> {
         self.segments
             .first()
@@ -1803,14 +1817,7 @@ impl<F: Fs> PartitionLog<F> {
         seg.truncate_to(position, offset);
         seg.durable_size = seg.durable_size.min(position);
         seg.needs_sync = true;
-        self.next_offset = offset;
-        self.high_watermark = self.high_watermark.min(offset);
-        self.producers.truncate(offset);
-        let before = self.epochs.len();
-        self.epochs.retain(|(_, start)| *start < offset);
-        if self.epochs.len() != before {
-            self.epochs_dirty = true;
-        }
+        self.forget_from(offset);
         let seg = self.active();
         let plan = CutPlan {
             dir: self.dir.clone(),
@@ -1892,14 +1899,7 @@ impl<F: Fs> PartitionLog<F> {
         let seg = self.active_mut();
         seg.durable_size = seg.durable_size.min(position);
         seg.needs_sync = true;
-        self.next_offset = offset;
-        self.high_watermark = self.high_watermark.min(offset);
-        self.producers.truncate(offset);
-        let before = self.epochs.len();
-        self.epochs.retain(|(_, start)| *start < offset);
-        if self.epochs.len() != before {
-            self.epochs_dirty = true;
-        }
+        self.forget_from(offset);
         if self.last_checkpoint.is_some_and(|cp| cp.offset > offset) {
             self.last_checkpoint = None;
         }
