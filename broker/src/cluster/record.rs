@@ -226,11 +226,7 @@ impl Record {
                 w.head(tag::PARTITION);
                 w.uuid(p.topic.0);
                 w.i32(p.partition.0);
-                w.count(p.replicas.len());
-                for r in &p.replicas {
-                    w.node(r.broker);
-                    w.u16(r.shard.0);
-                }
+                w.replicas(&p.replicas);
                 w.nodes(&p.isr);
                 w.leader(p.leader);
                 w.i32(p.leader_epoch.0);
@@ -336,14 +332,7 @@ impl Record {
             tag::PARTITION => {
                 let topic = TopicId(r.uuid()?);
                 let partition = PartitionId(r.i32()?);
-                let n = r.count(MAX_REPLICAS, "replicas")?;
-                let mut replicas = Vec::with_capacity(n);
-                for _ in 0..n {
-                    replicas.push(Replica {
-                        broker: r.node()?,
-                        shard: ShardId(r.u16()?),
-                    });
-                }
+                let replicas = r.replicas()?;
                 Record::Partition(PartitionRecord {
                     topic,
                     partition,
@@ -526,6 +515,13 @@ impl Writer {
             self.u16(e.port);
         }
     }
+    pub(super) fn replicas(&mut self, replicas: &[Replica]) {
+        self.count(replicas.len());
+        for r in replicas {
+            self.node(r.broker);
+            self.u16(r.shard.0);
+        }
+    }
     pub(super) fn nodes(&mut self, nodes: &[NodeId]) {
         self.count(nodes.len());
         for n in nodes {
@@ -607,6 +603,17 @@ impl Reader<'_> {
             host: self.str()?,
             port: self.u16()?,
         })
+    }
+    pub(super) fn replicas(&mut self) -> Result<Vec<Replica>, DecodeError> {
+        let n = self.count(MAX_REPLICAS, "replicas")?;
+        let mut replicas = Vec::with_capacity(n);
+        for _ in 0..n {
+            replicas.push(Replica {
+                broker: self.node()?,
+                shard: ShardId(self.u16()?),
+            });
+        }
+        Ok(replicas)
     }
     pub(super) fn nodes(&mut self) -> Result<Vec<NodeId>, DecodeError> {
         let n = self.count(MAX_REPLICAS, "brokers")?;

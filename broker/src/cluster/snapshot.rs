@@ -12,11 +12,11 @@
 
 use std::collections::BTreeMap;
 
-use strand_protocol::types::{validate_topic_name, LeaderEpoch, ShardId, TopicId};
+use strand_protocol::types::{validate_topic_name, LeaderEpoch, TopicId};
 
 use super::record::{
     bad, BrokerEpoch, ConfigResource, DecodeError, IncarnationId, MetadataOffset, PartitionEpoch, Reader,
-    Replica, Writer, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS, MAX_REPLICAS,
+    Writer, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS,
 };
 use super::state::{BrokerRegistration, ClusterState, PartitionRegistration, TopicState};
 use crate::metadata::MAX_PARTITIONS_PER_TOPIC;
@@ -67,11 +67,7 @@ impl ClusterState {
             w.uuid(t.id.0);
             count(&mut w, t.partitions.len());
             for p in &t.partitions {
-                w.count(p.replicas.len());
-                for r in &p.replicas {
-                    w.node(r.broker);
-                    w.u16(r.shard.0);
-                }
+                w.replicas(&p.replicas);
                 w.nodes(&p.isr);
                 w.leader(p.leader);
                 w.i32(p.leader_epoch.0);
@@ -144,15 +140,8 @@ impl ClusterState {
             let max = MAX_PARTITIONS_PER_TOPIC.unsigned_abs();
             let mut partitions = Vec::new();
             for _ in 0..read_count(&mut r, max, "partitions")? {
-                let mut replicas = Vec::new();
-                for _ in 0..r.count(MAX_REPLICAS, "replicas")? {
-                    replicas.push(Replica {
-                        broker: r.node()?,
-                        shard: ShardId(r.u16()?),
-                    });
-                }
                 partitions.push(PartitionRegistration {
-                    replicas,
+                    replicas: r.replicas()?,
                     isr: r.nodes()?,
                     leader: r.leader()?,
                     leader_epoch: LeaderEpoch(r.i32()?),
