@@ -194,6 +194,8 @@ pub struct ReadPlan<Fl> {
     /// End of visible (durable) bytes in this segment.
     end_position: u64,
     target_offset: i64,
+    /// Batches at or above this offset are not read (a replicated log's commit cap).
+    end_offset: i64,
     max_bytes: usize,
     index_interval_bytes: u64,
 }
@@ -806,6 +808,9 @@ pub struct PartitionLog<F: Fs> {
     /// Retention never deletes a segment holding an offset at or above this (the queue engine's
     /// undelivered messages). `None`: no floor.
     retention_floor: Option<i64>,
+    /// A replicated log's commit offset (`None`: not replicated): clients see no further
+    /// (see [`PartitionLog::visible_end`]).
+    commit_cap: Option<i64>,
     /// Segments behind the active one and based below this are sealed (see
     /// [`PartitionLog::seal_behind`]).
     sealed_below: i64,
@@ -910,6 +915,7 @@ impl<F: Fs> PartitionLog<F> {
             unsynced_initial_files: None,
             producers: ProducerState::default(),
             retention_floor: None,
+            commit_cap: None,
             sealed_below: 0,
             cuts: 0,
             tail_discarded: false,
@@ -1203,9 +1209,34 @@ impl<F: Fs> PartitionLog<F> {
         self.next_offset
     }
 
-    /// Offsets below this are durable and readable.
+    /// Offsets below this are durable and readable (by the log's own replica; clients read
+    /// up to [`PartitionLog::visible_end`]).
     pub fn high_watermark(&self) -> i64 {
         self.high_watermark
+    }
+
+    /// What clients may see of the log: its durable end, capped at the commit offset for a
+    /// replicated log. Client reads, ListOffsets, DeleteRecords and retention stop here.
+    pub fn visible_end(&self) -> i64 {
+        match self.commit_cap {
+            Some(cap) => self.high_watermark.min(cap),
+            None => self.high_watermark,
+        }
+    }
+
+    /// Sets (or, with `None`, lifts) the commit cap of a replicated log. The commit offset of a
+    /// Raft group never moves backward, so neither does the cap while it is set.
+    pub fn set_commit_cap(&mut self, cap: Option<i64>) {
+        debug_assert!(
+            !matches!((self.commit_cap, cap), (Some(old), Some(new)) if new < old),
+            "the commit cap moved backward"
+        );
+        self.commit_cap = cap;
+    }
+
+    /// The commit cap, if the log is replicated.
+    pub fn commit_cap(&self) -> Option<i64> {
+        self.commit_cap
     }
 
     /// Total bytes of all segments, including bytes not yet flushed.
@@ -1347,6 +1378,14 @@ impl<F: Fs> PartitionLog<F> {
         }
         let (info, stored) = self.append_unchecked(validated, leader_epoch, now_ms)?;
         Ok(Appended::New(info, stored))
+    }
+
+    /// What [`PartitionLog::append`] would do with `validated` as far as its producer's
+    /// sequence goes, without appending it: a replicated log's leader checks a batch this way
+    /// before proposing it (its replicas append it with [`PartitionLog::append_replica`]).
+    pub fn check_producer(&self, validated: &[u8]) -> Result<ProducerCheck, StorageError> {
+        let header = BatchHeader::parse(validated).map_err(StorageError::InvalidBatch)?;
+        Ok(self.producers.check(&header))
     }
 
     /// A follower's append: `batch`, which its leader already accepted at `base_offset`, goes
@@ -1914,14 +1953,35 @@ impl<F: Fs> PartitionLog<F> {
         offset: i64,
         max_bytes: usize,
     ) -> Result<Option<ReadPlan<F::File>>, StorageError> {
-        if offset < self.log_start_offset || offset > self.high_watermark {
+        self.plan_read_to(offset, max_bytes, self.visible_end())
+    }
+
+    /// As [`PartitionLog::plan_read`], but up to the durable end whatever the commit cap: a
+    /// replica's own reads of its log (what a leader sends its followers).
+    pub fn plan_replica_read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Option<ReadPlan<F::File>>, StorageError> {
+        self.plan_read_to(offset, max_bytes, self.high_watermark)
+    }
+
+    /// Plans a read of the batches below `end` (a batch boundary at or below the durable end).
+    fn plan_read_to(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        end: i64,
+    ) -> Result<Option<ReadPlan<F::File>>, StorageError> {
+        debug_assert!(end <= self.high_watermark);
+        if offset < self.log_start_offset || offset > end {
             return Err(StorageError::OffsetOutOfRange {
                 offset,
                 log_start_offset: self.log_start_offset,
-                log_end_offset: self.high_watermark,
+                log_end_offset: end,
             });
         }
-        if offset == self.high_watermark {
+        if offset == end {
             return Ok(None);
         }
         let i = self.segments.partition_point(|s| s.base_offset <= offset);
@@ -1947,6 +2007,7 @@ impl<F: Fs> PartitionLog<F> {
             start_position: u64::from(entry.position),
             end_position: seg.durable_size,
             target_offset: offset,
+            end_offset: end,
             max_bytes,
             index_interval_bytes: self.config.index_interval_bytes,
         }))
@@ -2009,11 +2070,12 @@ impl<F: Fs> PartitionLog<F> {
 
     /// Checks a DeleteRecords target: `Ok(true)` if it moves the log start offset forward.
     pub fn check_log_start_offset(&self, offset: i64) -> Result<bool, StorageError> {
-        if offset > self.high_watermark || offset < 0 {
+        let end = self.visible_end();
+        if offset > end || offset < 0 {
             return Err(StorageError::OffsetOutOfRange {
                 offset,
                 log_start_offset: self.log_start_offset,
-                log_end_offset: self.high_watermark,
+                log_end_offset: end,
             });
         }
         Ok(offset > self.log_start_offset)
@@ -2107,7 +2169,13 @@ impl<F: Fs> PartitionLog<F> {
     /// Whether the retention floor forbids deleting the first segment (it may hold an offset at
     /// or above the floor: the next segment starts above it).
     fn floor_blocks(&self) -> bool {
-        match (self.retention_floor, self.segments.get(1)) {
+        // A replicated log's uncommitted suffix may still be cut by its Raft group: retention
+        // stops below the commit offset too.
+        let floor = match (self.retention_floor, self.commit_cap) {
+            (Some(f), Some(c)) => Some(f.min(c)),
+            (f, c) => f.or(c),
+        };
+        match (floor, self.segments.get(1)) {
             (Some(floor), Some(next)) => next.base_offset > floor,
             _ => false,
         }
@@ -2360,6 +2428,12 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
             let mut skipped_to = 0usize;
             let mut scanner = BatchScanner::new(&buf, false);
             for b in scanner.by_ref() {
+                if b.header.base_offset >= self.end_offset {
+                    if first.is_none() {
+                        return Ok(Bytes::new());
+                    }
+                    break;
+                }
                 match first {
                     None if b.header.next_offset() <= self.target_offset => {
                         skipped_to = b.position + b.header.total_bytes();
@@ -2390,7 +2464,7 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
                         pos += total as u64;
                         continue;
                     }
-                    if pos + total as u64 > self.end_position {
+                    if pos + total as u64 > self.end_position || h.base_offset >= self.end_offset {
                         return Ok(Bytes::new());
                     }
                     return read_io(&*self.file, pos, total, path).await;
@@ -2446,7 +2520,7 @@ impl<Fl: FileHandle> ReadPlan<Fl> {
                 return Ok(None);
             };
             let next = pos + h.total_bytes() as u64;
-            if next > self.end_position {
+            if next > self.end_position || h.base_offset >= self.end_offset {
                 complete = true;
                 break;
             }

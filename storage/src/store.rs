@@ -802,10 +802,12 @@ impl<F: Fs> ShardStore<F> {
         self.with_entry(id, |e| f(&e.log))
     }
 
+    /// The log's offsets as clients see them: the high watermark is
+    /// [`PartitionLog::visible_end`] (capped at a replicated log's commit offset).
     pub fn offsets(&self, id: LogId) -> Result<LogOffsets, StorageError> {
         self.with_log(id, |l| LogOffsets {
             log_start_offset: l.log_start_offset(),
-            high_watermark: l.high_watermark(),
+            high_watermark: l.visible_end(),
             log_end_offset: l.log_end_offset(),
             size_bytes: l.size_bytes(),
         })
@@ -2094,7 +2096,43 @@ impl<F: Fs> ShardStore<F> {
             .sum()
     }
 
-    /// Plans a read (see [`PartitionLog::plan_read`]); execute it with [`ReadPlan::execute`].
+    /// The producer-sequence check of a batch, without appending it
+    /// ([`PartitionLog::check_producer`]).
+    pub fn check_producer(
+        &self,
+        id: LogId,
+        batch: &[u8],
+    ) -> Result<crate::producer::ProducerCheck, StorageError> {
+        self.with_log(id, |l| l.check_producer(batch))?
+    }
+
+    /// Sets the commit cap of a replicated log ([`PartitionLog::set_commit_cap`]) and wakes
+    /// whoever waits for data ([`ShardStore::durable_notify`]) if it moved.
+    pub fn set_commit_cap(&self, id: LogId, cap: Option<i64>) -> Result<(), StorageError> {
+        let moved = self.with_entry(id, |e| {
+            let moved = e.log.commit_cap() != cap;
+            e.log.set_commit_cap(cap);
+            moved
+        })?;
+        if moved {
+            self.durable.notify_all();
+        }
+        Ok(())
+    }
+
+    /// Plans a replica's read of its own log, up to the durable end whatever the commit cap
+    /// ([`PartitionLog::plan_replica_read`]).
+    pub fn plan_replica_read(
+        &self,
+        id: LogId,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Option<ReadPlan<F::File>>, StorageError> {
+        self.with_log(id, |l| l.plan_replica_read(offset, max_bytes))?
+    }
+
+    /// Plans a client's read (see [`PartitionLog::plan_read`]), below the visible end; execute
+    /// it with [`ReadPlan::execute`].
     pub fn plan_read(
         &self,
         id: LogId,

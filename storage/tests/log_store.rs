@@ -404,6 +404,52 @@ fn append_flush_read_round_trip() {
     });
 }
 
+#[test]
+fn a_commit_cap_bounds_what_clients_see_but_not_what_the_replica_reads() {
+    block_on(async {
+        let fs = MemFs::new();
+        let (store, id, _) = store_with_log(&fs, "t-0", &small_config()).await;
+        let b1 = value_batch(1, 3, 100);
+        let b2 = value_batch(2, 2, 200);
+        store.append(id, &b1, 5, 0).unwrap();
+        let t2 = store.append(id, &b2, 5, 0).unwrap();
+        store.flush_round().await;
+        store.wait_durable(&t2).await.unwrap();
+        // Replicated, with only the first batch committed.
+        store.set_commit_cap(id, Some(3)).unwrap();
+        assert_eq!(store.offsets(id).unwrap().high_watermark, 3);
+        let all = read_all(&store, id, 0).await;
+        assert_eq!(all.len(), 1, "clients read up to the commit offset: {all:?}");
+        assert_eq!(all[0].0, 0);
+        assert!(store.plan_read(id, 3, 1000).unwrap().is_none());
+        assert!(
+            store.plan_read(id, 4, 1000).is_err(),
+            "beyond the commit offset is out of range"
+        );
+        assert!(
+            store.delete_records(id, 4).await.is_err(),
+            "DeleteRecords stops there too"
+        );
+        // A client read that starts below the cap and could take both batches stops at it.
+        let plan = store.plan_read(id, 0, 1 << 20).unwrap().unwrap();
+        let bytes = plan.execute().await.unwrap();
+        assert_eq!(BatchScanner::new(&bytes, true).count(), 1);
+        // The replica itself reads everything durable.
+        let plan = store.plan_replica_read(id, 0, 1 << 20).unwrap().unwrap();
+        let bytes = plan.execute().await.unwrap();
+        assert_eq!(BatchScanner::new(&bytes, true).count(), 2);
+        // The commit offset moves: waiting readers are woken and see the rest.
+        let woken = store.durable_notify().wait();
+        store.set_commit_cap(id, Some(5)).unwrap();
+        woken.await;
+        assert_eq!(store.offsets(id).unwrap().high_watermark, 5);
+        assert_eq!(read_all(&store, id, 0).await.len(), 2);
+        // A cap above the durable end shows the durable end.
+        store.set_commit_cap(id, Some(50)).unwrap();
+        assert_eq!(store.offsets(id).unwrap().high_watermark, 5);
+    });
+}
+
 /// A checkpoint in flight: the journal rotated, I/O slow from now on, and the checkpoint polled
 /// once, so that its fsyncs have started and do not finish unless it is polled again.
 async fn start_checkpoint<'a>(
