@@ -251,11 +251,22 @@ pub enum Message {
         group: GroupId,
         reason: RefuseReason,
     },
-    /// The first request on a connection names the node that opened it; the answer names the
-    /// node that accepted it.
+    /// The first request on a connection names the node that opened it and the shard of the
+    /// receiving node the connection is for (the shard that holds the groups it will name); the
+    /// answer names the node that accepted it and repeats the shard.
     Hello {
         node: BrokerId,
+        shard: u16,
     },
+    /// A request of a layer above Raft (the broker's controller RPCs), opaque here: its type
+    /// and its body, which the receiver decodes (bounded by the frame).
+    Control {
+        kind: u16,
+        body: Bytes,
+    },
+    /// The answer to a [`Message::Control`]: its body, or `None` when the receiving node serves
+    /// no control requests.
+    ControlReply(Option<Bytes>),
 }
 
 impl Message {
@@ -274,6 +285,8 @@ impl Message {
             Message::HeartbeatReplies(_) => 11,
             Message::Refused { .. } => 12,
             Message::Hello { .. } => 13,
+            Message::Control { .. } => 14,
+            Message::ControlReply(_) => 15,
         }
     }
 }
@@ -595,7 +608,9 @@ fn body_len(message: &Message) -> usize {
                 .sum::<usize>()
         }
         Message::Refused { .. } => GROUP_BYTES + 1,
-        Message::Hello { .. } => 8,
+        Message::Hello { .. } => 10,
+        Message::Control { body, .. } => 2 + 4 + body.len(),
+        Message::ControlReply(body) => 1 + body.as_ref().map_or(0, |b| 4 + b.len()),
     }
 }
 
@@ -780,7 +795,21 @@ fn put_body(message: &Message, out: &mut BytesMut) {
             put_group(group, out);
             out.put_u8(reason.code());
         }
-        Message::Hello { node } => out.put_u64(node.0),
+        Message::Hello { node, shard } => {
+            out.put_u64(node.0);
+            out.put_u16(*shard);
+        }
+        Message::Control { kind, body } => {
+            out.put_u16(*kind);
+            put_bytes(body, out);
+        }
+        Message::ControlReply(body) => match body {
+            None => out.put_u8(0),
+            Some(b) => {
+                out.put_u8(1);
+                put_bytes(b, out);
+            }
+        },
     }
 }
 
@@ -802,6 +831,11 @@ impl Reader {
     fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         self.need(1, what)?;
         Ok(self.buf.get_u8())
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        self.need(2, what)?;
+        Ok(self.buf.get_u16())
     }
 
     fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
@@ -1106,7 +1140,22 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
         },
         13 => Message::Hello {
             node: BrokerId(r.u64("hello node")?),
+            shard: r.u16("hello shard")?,
         },
+        14 => Message::Control {
+            kind: r.u16("control kind")?,
+            body: r.bytes("control body")?,
+        },
+        15 => Message::ControlReply(match r.u8("control reply")? {
+            0 => None,
+            1 => Some(r.bytes("control reply body")?),
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "control reply",
+                    tag,
+                })
+            }
+        }),
         kind => return Err(DecodeError::UnknownKind(kind)),
     })
 }

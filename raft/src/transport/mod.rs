@@ -11,13 +11,17 @@
 //!   receiving [`network::Server`] that hands requests to the groups' Rafts.
 //! - [`mem`]: an in-memory network of nodes for tests and the simulation; every request and
 //!   answer goes through the codec; links can be cut and healed.
-//! - [`tcp`]: a connection over glommio TCP, for the broker (not wired into it yet): one
-//!   connection per peer node multiplexed by request id, reconnecting with backoff; and the
-//!   accepting side.
+//! - [`tcp`]: a connection over glommio TCP, for the broker: one connection per peer node and
+//!   target shard (named in the hello), multiplexed by request id, reconnecting with backoff;
+//!   and the accepting side.
 //!
-//! Nothing here runs a broker's groups yet: the broker has to create a [`network::NodeNetwork`]
-//! per node (shard), call its `tick` every few milliseconds, give each group's `Raft` the
-//! group's factory, and route accepted requests to a [`network::Server`].
+//! The broker's replication subsystem creates a [`network::NodeNetwork`] per shard, calls its
+//! `tick` every few milliseconds, gives each group's `Raft` the group's factory, and hands the
+//! connections its Kafka listeners recognise as a node's to a [`network::Server`].
+//!
+//! The broker's controller quorum runs its metadata group over this layer too, and sends its
+//! controller requests as control messages (kinds 14 and 15), which this layer carries without
+//! decoding.
 //!
 //! # Wire format
 //!
@@ -46,7 +50,9 @@
 //! | 10   | heartbeats            | u32 count, heartbeat entries (group, vote, prev log id?, leader commit?)  |
 //! | 11   | heartbeat replies     | u32 count, (group, append reply) pairs                                    |
 //! | 12   | refused               | group, reason (1 unknown group, 2 unavailable, 3 unsupported, 4 invalid)  |
-//! | 13   | hello                 | node id (u64): first request on a connection, and its answer              |
+//! | 13   | hello                 | node id (u64), shard (u16): first request on a connection, and its answer |
+//! | 14   | control request       | type (u16), u32 length, bytes: a request of the layer above, opaque here  |
+//! | 15   | control reply         | tag 0 (this node serves no control requests) or 1, u32 length, bytes      |
 //!
 //! | field          | encoding                                                                      |
 //! |----------------|-------------------------------------------------------------------------------|

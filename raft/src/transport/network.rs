@@ -710,7 +710,10 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
             | Message::Refused { group, .. } => refused(group, RefuseReason::Unsupported),
             Message::HeartbeatReplies(_) => Message::HeartbeatReplies(Vec::new()),
             // Connections answer hellos themselves; a server has nothing to add.
-            Message::Hello { node } => Message::Hello { node },
+            Message::Hello { node, shard } => Message::Hello { node, shard },
+            // Control requests belong to the layer above, which answers them before they reach
+            // the groups' server.
+            Message::Control { .. } | Message::ControlReply(_) => Message::ControlReply(None),
         }
     }
 

@@ -2,8 +2,9 @@
 //!
 //! Outbound ([`TcpConnections`]): the first request to a peer opens a connection to the
 //! address the resolver gives (the cluster metadata's), says [`Message::Hello`] with the local
-//! node id and checks that the answer names the peer it meant to reach (a node restarted under
-//! another id at the same address is not talked to). Requests of all groups then share that
+//! node id and the peer's shard the connection is for (one `TcpConnections` per target shard),
+//! and checks that the answer names the peer it meant to reach and repeats the shard (a node
+//! restarted under another id at the same address is not talked to). Requests of all groups then share that
 //! connection: each gets a request id, is written whole under the connection's write lock, and
 //! waits for the answer carrying its id, which a reader task routes back; answers arrive in any
 //! order. At most `max_in_flight_per_peer` requests wait per connection; a request whose
@@ -13,7 +14,8 @@
 //! `backoff_min` to `backoff_max`, read from an injected clock; during it requests fail at once
 //! without touching the network (openraft backs off on its own too).
 //!
-//! Inbound ([`serve`]): each accepted connection must start with a hello; every later frame is
+//! Inbound ([`serve`], or [`serve_stream`] for a connection accepted elsewhere, e.g. a Kafka
+//! listener that recognised the hello): each connection must start with a hello; every later frame is
 //! a request, handed to the handler (the node's [`Server`](super::network::Server)) in a task
 //! of its own, at most `max_requests_per_connection` at once (past that the connection is not
 //! read until one finishes), and its answer written back with the request's id.
@@ -59,7 +61,10 @@ impl Default for TcpConfig {
             codec: Codec::default(),
             connect_timeout: Duration::from_secs(1),
             backoff_min: Duration::from_millis(50),
-            backoff_max: Duration::from_secs(5),
+            // A restarted peer is called again within this: its partitions' fail-over waits on
+            // it (Kafka's `reconnect.backoff.max.ms` is 1 s). A connect attempt to a dead peer
+            // twice a second costs nothing.
+            backoff_max: Duration::from_millis(400),
             max_in_flight_per_peer: 4_096,
             max_requests_per_connection: 4_096,
         }
@@ -225,6 +230,8 @@ impl Link {
 /// A node's outbound connections, one per peer.
 pub struct TcpConnections {
     local: BrokerId,
+    /// The peers' shard this node's connections are for (named in the hello).
+    target_shard: u16,
     resolve: Resolve,
     clock: Clock,
     config: TcpConfig,
@@ -236,11 +243,18 @@ impl TcpConnections {
         assert!(config.max_in_flight_per_peer > 0, "requests need a slot");
         TcpConnections {
             local,
+            target_shard: 0,
             resolve,
             clock,
             config,
             links: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Connections for the peers' shard `shard` (0 unless set).
+    pub fn with_target_shard(mut self, shard: u16) -> Self {
+        self.target_shard = shard;
+        self
     }
 
     fn link(&self, peer: BrokerId) -> Rc<Link> {
@@ -301,10 +315,16 @@ impl TcpConnections {
         });
         glommio::spawn_local(read_answers(Rc::clone(&wire), self.config.codec, stop_rx)).detach();
         let hello = wire
-            .request(&self.config, Message::Hello { node: self.local })
+            .request(
+                &self.config,
+                Message::Hello {
+                    node: self.local,
+                    shard: self.target_shard,
+                },
+            )
             .await;
         match hello {
-            Ok(Message::Hello { node }) if node == peer => Ok(wire),
+            Ok(Message::Hello { node, shard }) if node == peer && shard == self.target_shard => Ok(wire),
             other => {
                 wire.close();
                 Err(format!("node {peer} at {addr} answered hello with {other:?}"))
@@ -335,15 +355,31 @@ where
     loop {
         match listener.accept().await {
             Ok(stream) => {
-                glommio::spawn_local(serve_connection(stream, local, config, Rc::clone(&handler))).detach();
+                glommio::spawn_local(serve_stream(
+                    stream,
+                    BytesMut::new(),
+                    local,
+                    config,
+                    Rc::clone(&handler),
+                ))
+                .detach();
             }
             Err(e) => return io::Error::other(e.to_string()),
         }
     }
 }
 
-async fn serve_connection<H, F>(stream: TcpStream, local: BrokerId, config: TcpConfig, handler: Rc<H>)
-where
+/// Serves one peer's connection, whose first `received` bytes were already read from it (a
+/// listener that looked at the first frame to tell a peer from a Kafka client), until it
+/// closes or sends something unacceptable. The hello is answered with the shard it named:
+/// which shard serves a connection is the caller's choice.
+pub async fn serve_stream<H, F>(
+    stream: TcpStream,
+    received: BytesMut,
+    local: BrokerId,
+    config: TcpConfig,
+    handler: Rc<H>,
+) where
     H: Fn(BrokerId, Message) -> F + 'static,
     F: Future<Output = Message> + 'static,
 {
@@ -352,7 +388,7 @@ where
     let write = Rc::new(Mutex::new(()));
     let slots = Rc::new(Semaphore::new(config.max_requests_per_connection as u64));
     let codec = config.codec;
-    let mut buf = BytesMut::new();
+    let mut buf = received;
     let mut peer: Option<BrokerId> = None;
     loop {
         let frame = match codec.decode_from(&mut buf) {
@@ -367,14 +403,14 @@ where
             }
         };
         let Some(from) = peer else {
-            let Message::Hello { node } = frame.message else {
+            let Message::Hello { node, shard } = frame.message else {
                 tracing::warn!("closing a raft connection that did not start with a hello");
                 return;
             };
             peer = Some(node);
             let answer = Frame {
                 request_id: frame.request_id,
-                message: Message::Hello { node: local },
+                message: Message::Hello { node: local, shard },
             };
             let Ok(bytes) = codec.encode_to_bytes(&answer) else {
                 return;

@@ -219,7 +219,12 @@ fn arb_message() -> impl Strategy<Value = Message> {
             ]
         )
             .prop_map(|(group, reason)| Message::Refused { group, reason }),
-        any::<u64>().prop_map(|n| Message::Hello { node: BrokerId(n) }),
+        (any::<u64>(), any::<u16>()).prop_map(|(n, shard)| Message::Hello {
+            node: BrokerId(n),
+            shard
+        }),
+        (any::<u16>(), arb_bytes()).prop_map(|(kind, body)| Message::Control { kind, body }),
+        proptest::option::of(arb_bytes()).prop_map(Message::ControlReply),
     ]
 }
 
@@ -415,4 +420,49 @@ fn an_invalid_membership_is_refused() {
         Codec::default().decode_frame(Bytes::from(body)),
         Err(DecodeError::Invalid("membership"))
     );
+}
+
+#[test]
+fn a_control_request_encodes_to_these_bytes() {
+    let frame = Frame {
+        request_id: RequestId(7),
+        message: Message::Control {
+            kind: 0x0102,
+            body: Bytes::from_static(b"ab"),
+        },
+    };
+    let bytes = Codec::default().encode_to_bytes(&frame).unwrap();
+    assert_eq!(
+        &bytes[..],
+        &[0, 0, 0, 18, 1, 14, 0, 0, 0, 0, 0, 0, 0, 7, 1, 2, 0, 0, 0, 2, b'a', b'b']
+    );
+    assert_eq!(Codec::default().decode_prefixed(bytes).unwrap(), frame);
+}
+
+#[test]
+fn control_bodies_are_bounded_by_the_frame() {
+    // A control body announcing more bytes than the frame holds.
+    let mut raw = vec![0, 0, 0, 16, 1, 14, 0, 0, 0, 0, 0, 0, 0, 1, 0, 9];
+    raw.extend_from_slice(&u32::MAX.to_be_bytes());
+    raw[3] = u8::try_from(raw.len() - 4).unwrap();
+    let e = Codec::default().decode_prefixed(Bytes::from(raw)).unwrap_err();
+    assert!(matches!(e, DecodeError::BadCount { .. }), "{e:?}");
+    // A reply tag that is neither absent nor present.
+    let raw = vec![0, 0, 0, 11, 1, 15, 0, 0, 0, 0, 0, 0, 0, 1, 2];
+    let e = Codec::default().decode_prefixed(Bytes::from(raw)).unwrap_err();
+    assert_eq!(
+        e,
+        DecodeError::BadTag {
+            what: "control reply",
+            tag: 2
+        }
+    );
+    // A reply for a node that serves no control requests is one tag byte.
+    let frame = Frame {
+        request_id: RequestId(1),
+        message: Message::ControlReply(None),
+    };
+    let bytes = Codec::default().encode_to_bytes(&frame).unwrap();
+    assert_eq!(bytes.len(), 4 + 10 + 1);
+    assert_eq!(Codec::default().decode_prefixed(bytes).unwrap(), frame);
 }

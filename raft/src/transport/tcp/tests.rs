@@ -258,7 +258,7 @@ fn start_closing_server(id: BrokerId, accepted: Rc<Cell<usize>>) -> SocketAddr {
                 };
                 let answer = if hello {
                     hello = false;
-                    Message::Hello { node: id }
+                    Message::Hello { node: id, shard: 0 }
                 } else if first {
                     break;
                 } else {
@@ -327,7 +327,10 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
         let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
         let hello = Frame {
             request_id: RequestId(0),
-            message: Message::Hello { node: BrokerId(1) },
+            message: Message::Hello {
+                node: BrokerId(1),
+                shard: 3,
+            },
         };
         write_frame(&stream, &lock, &codec.encode_to_bytes(&hello).unwrap())
             .await
@@ -337,7 +340,14 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
             .unwrap();
         let mut answers = read_to_close(&stream).await;
         let answer = codec.decode_from(&mut answers).unwrap().unwrap();
-        assert_eq!(answer.message, Message::Hello { node: BrokerId(2) });
+        assert_eq!(
+            answer.message,
+            Message::Hello {
+                node: BrokerId(2),
+                shard: 3
+            },
+            "the answer repeats the shard"
+        );
         assert!(answers.is_empty(), "nothing answered after the oversized frame");
         assert!(seen.borrow().is_empty());
     });
