@@ -270,6 +270,8 @@ fn world(seed: u64, quiescing: bool) -> Rc<World> {
         heartbeat_interval: 100,
         election_timeout_min: 500,
         election_timeout_max: 1_000,
+        // As the broker's partition groups.
+        enable_pre_vote: Some(true),
         ..Default::default()
     };
     let w = Rc::new(World {

@@ -453,6 +453,8 @@ fn config() -> Arc<Config> {
         heartbeat_interval: 50,
         election_timeout_min: 300,
         election_timeout_max: 600,
+        // As the broker's partition groups.
+        enable_pre_vote: Some(true),
         // Snapshots and purges often, so that followers behind the purge point are sent the log.
         snapshot_policy: SnapshotPolicy::LogsSinceLast(16),
         max_in_snapshot_log_to_keep: 4,

@@ -93,9 +93,6 @@ pub trait ReplicaLog: 'static {
     /// Makes everything staged so far durable.
     fn flush(&self) -> LogFuture<()>;
 
-    /// The stored batch whose base offset is `base_offset`.
-    fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch>;
-
     /// The stored batches with base offsets in `from..to`, in order.
     fn read_batches(&self, from: Offset, to: Offset) -> LogFuture<Vec<StoredBatch>>;
 
@@ -265,18 +262,6 @@ impl ReplicaLog for MemReplicaLog {
                 inner.durable.batches.insert(b.base_offset.0, b);
             }
             Ok(())
-        })
-    }
-
-    fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch> {
-        let found = self.inner.borrow().live.batches.get(&base_offset.0).cloned();
-        Box::pin(async move {
-            found.ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("no batch at offset {}", base_offset.0),
-                )
-            })
         })
     }
 

@@ -206,7 +206,7 @@ impl<F: Fs> ShardReplicaLog<F> {
         while at < to {
             let plan = self
                 .store
-                .plan_read(self.id, at.0, READ_CHUNK_BYTES)
+                .plan_replica_read(self.id, at.0, READ_CHUNK_BYTES)
                 .map_err(io_err)?;
             let Some(plan) = plan else { break };
             let bytes = plan.execute().await.map_err(io_err)?;
@@ -297,32 +297,6 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
 
     fn flush(&self) -> LogFuture<()> {
         self.wait_pending()
-    }
-
-    fn read_batch(&self, base_offset: Offset) -> LogFuture<StoredBatch> {
-        let cached = self
-            .shared
-            .pending
-            .borrow()
-            .iter()
-            .find(|p| p.batch.base_offset == base_offset)
-            .map(|p| p.batch.clone());
-        let me = self.clone();
-        Box::pin(async move {
-            if let Some(b) = cached {
-                return Ok(b);
-            }
-            let found = me.read_from_store(base_offset, base_offset.plus(1)).await?;
-            found
-                .into_iter()
-                .find(|b| b.base_offset == base_offset)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("no batch at offset {}", base_offset.0),
-                    )
-                })
-        })
     }
 
     fn read_batches(&self, from: Offset, to: Offset) -> LogFuture<Vec<StoredBatch>> {

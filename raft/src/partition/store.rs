@@ -83,7 +83,13 @@ struct Replica<L> {
     membership: Stored,
     high_watermark: Offset,
     snapshot: Option<(Meta, Offset)>,
+    on_flushed: Option<FlushedBatches>,
 }
+
+/// Told of the batches of each append once they are durable in the local log, with the base
+/// offset each was stored at: a leader answers acks=1 writes with it (the batch is the very
+/// `Bytes` it proposed).
+pub type FlushedBatches = Rc<dyn Fn(&[(Bytes, Offset)])>;
 
 /// One partition replica's storage: a cheap handle, cloned into openraft's storage roles.
 pub struct ReplicaStore<Rt, L> {
@@ -179,9 +185,15 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 membership,
                 high_watermark,
                 snapshot,
+                on_flushed: None,
             })),
             _rt: PhantomData,
         })
+    }
+
+    /// Sets what is told of batches once appended durably ([`FlushedBatches`]).
+    pub fn set_on_flushed(&self, f: FlushedBatches) {
+        self.inner.borrow_mut().on_flushed = Some(f);
     }
 
     /// The Kafka offset after the last applied batch: what consumers may read up to.
@@ -205,21 +217,52 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
     }
 
     async fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry<Rt>>> {
-        let mut out = Vec::new();
-        let start = start.max(self.inner.borrow().map.first_index());
-        for index in start..end {
-            let (slot, internal, read) = {
-                let inner = self.inner.borrow();
+        // The slots first, then the range's batches in one read: the log's reads fill chunks
+        // with consecutive batches, where one read per batch would read (and hold) a chunk
+        // for each.
+        let (slots, internals, read) = {
+            let inner = self.inner.borrow();
+            let start = start.max(inner.map.first_index());
+            let mut slots = Vec::new();
+            let mut internals = Vec::new();
+            let mut data: Option<(Offset, Offset)> = None;
+            for index in start..end {
                 let Some(slot) = inner.map.get(index) else { break };
                 match slot {
-                    Slot::Data { base_offset, .. } => (slot, None, Some(inner.log.read_batch(base_offset))),
-                    Slot::Internal { .. } => (slot, inner.log.internal_entry(index), None),
+                    Slot::Data {
+                        base_offset,
+                        offset_count,
+                        ..
+                    } => {
+                        let next = Offset(base_offset.0 + i64::from(offset_count));
+                        data = Some(data.map_or((base_offset, next), |(first, _)| (first, next)));
+                    }
+                    Slot::Internal { .. } => internals.push(inner.log.internal_entry(index)),
                 }
-            };
+                slots.push((index, slot));
+            }
+            let read = data.map(|(first, next)| inner.log.read_batches(first, next));
+            (slots, internals, read)
+        };
+        let mut batches = match read {
+            Some(read) => read.await?.into_iter(),
+            None => Vec::new().into_iter(),
+        };
+        let mut internals = internals.into_iter();
+        let mut out = Vec::with_capacity(slots.len());
+        for (index, slot) in slots {
             let id = log_id(slot.term(), index);
-            let payload = match (slot, read) {
-                (Slot::Data { .. }, Some(read)) => EntryPayload::Normal(KafkaBatch(read.await?.bytes)),
-                _ => match internal {
+            let payload = match slot {
+                Slot::Data { base_offset, .. } => match batches.find(|b| b.base_offset >= base_offset) {
+                    Some(b) if b.base_offset == base_offset => EntryPayload::Normal(KafkaBatch(b.bytes)),
+                    _ => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!("no batch at offset {} for entry {index}", base_offset.0),
+                        ))
+                    }
+                },
+                Slot::Internal { .. } => match internals.next().flatten() {
                     Some(InternalEntry {
                         membership: Some(m), ..
                     }) => EntryPayload::Membership(m),
@@ -297,6 +340,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
         I: IntoIterator<Item = Entry<Rt>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let mut appended = Vec::new();
         for entry in entries {
             let index = entry.log_id.index;
             let term = term_of(&entry.log_id);
@@ -310,6 +354,9 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
                     let mut inner = self.inner.borrow_mut();
                     let base = inner.map.push_data(index, term, count);
                     inner.log.append_batch(base, term, &bytes)?;
+                    if inner.on_flushed.is_some() {
+                        appended.push((bytes, base));
+                    }
                     continue;
                 }
                 EntryPayload::Blank => None,
@@ -332,6 +379,12 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
             Ok(()) => Ok(()),
             Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
         };
+        if result.is_ok() && !appended.is_empty() {
+            let on_flushed = self.inner.borrow().on_flushed.clone();
+            if let Some(f) = on_flushed {
+                f(&appended);
+            }
+        }
         callback.io_completed(report);
         result
     }
@@ -593,6 +646,53 @@ mod tests {
                 })?;
             Ok(((), store.clone(), store))
         }
+    }
+
+    /// The flushed-append observer hears of each appended batch, with the offset it took,
+    /// once the log's flush returned, as the very bytes that were appended.
+    #[test]
+    fn appended_batches_are_reported_once_flushed_with_their_offsets() {
+        use strand_protocol::batch::build::{batch, TestRecord};
+        let sim = Sim::new(1);
+        sim.block_on(async {
+            let mut store = ReplicaStore::<SimRuntime, _>::open(MemReplicaLog::new(Offset(0)))
+                .await
+                .unwrap();
+            let seen: Rc<RefCell<Vec<(usize, Offset)>>> = Rc::default();
+            let s2 = Rc::clone(&seen);
+            store.set_on_flushed(Rc::new(move |bs: &[(Bytes, Offset)]| {
+                s2.borrow_mut()
+                    .extend(bs.iter().map(|(b, o)| (b.as_ptr() as usize, *o)));
+            }));
+            let three = Bytes::from(batch(
+                &[
+                    TestRecord::default(),
+                    TestRecord::default(),
+                    TestRecord::default(),
+                ],
+                0,
+            ));
+            let one = Bytes::from(batch(&[TestRecord::default()], 0));
+            let entry = |index: u64, b: &Bytes| Entry::<SimRuntime> {
+                log_id: log_id(Term(1), index),
+                payload: EntryPayload::Normal(KafkaBatch(b.clone())),
+            };
+            let blank = Entry::<SimRuntime> {
+                log_id: log_id(Term(1), 1),
+                payload: EntryPayload::Blank,
+            };
+            store
+                .append(vec![blank, entry(2, &three), entry(3, &one)], IOFlushed::noop())
+                .await
+                .unwrap();
+            assert_eq!(
+                *seen.borrow(),
+                vec![
+                    (three.as_ptr() as usize, Offset(0)),
+                    (one.as_ptr() as usize, Offset(3))
+                ]
+            );
+        });
     }
 
     /// openraft's own storage conformance suite (votes, log states, membership from log and
