@@ -11,11 +11,16 @@
 //! fails on the leader that built it; the others write records that each depend only on the
 //! state as it is.
 //!
-//! Elections follow Kafka without unclean election and without eligible leader replicas: a
-//! partition's leader stays while it is in the ISR and active; otherwise the first replica (in
-//! preference order) that is in the ISR and active leads; if there is none the partition goes
-//! offline (leader -1) with its last ISR kept, and the first of those brokers to come back leads
-//! again. Every leader change bumps the leader epoch; every change bumps the partition epoch.
+//! Leaders are elected by the partitions' Raft groups, not by the controller (as in Redpanda):
+//! a replica that wins its group's election reports it ([`leader_elected`]), and the controller
+//! records it as the partition's leader with the Raft term as its leader epoch, the epoch its
+//! batches carry. So a partition's leader epoch is the term of the election that made its
+//! leader, and OffsetForLeaderEpoch answers from the epochs stamped in the log. The controller
+//! only takes leadership away: a leader that is fenced or enters controlled shutdown is recorded
+//! as none (leader -1, the epoch kept) until its group elects and reports a new one. ISR changes
+//! follow Kafka: a fenced or stopping broker leaves every ISR (except as its last member), a
+//! leader reports shrinks and expansions with AlterPartition. Every change bumps the partition
+//! epoch.
 
 use std::collections::BTreeMap;
 
@@ -29,7 +34,7 @@ use super::record::{
     MAX_REPLICAS, MAX_STRING_BYTES,
 };
 use super::snapshot::{MAX_SNAPSHOT_BROKERS, MAX_SNAPSHOT_TOPICS};
-use super::state::{ClusterState, PartitionRegistration};
+use super::state::{BrokerRegistration, ClusterState, PartitionRegistration, TopicState};
 use crate::metadata::{AdminError, MAX_PARTITIONS_PER_TOPIC};
 
 /// Kafka's `broker.session.timeout.ms` default.
@@ -165,6 +170,17 @@ pub struct AlterPartition {
     pub new_isr: Vec<IsrMember>,
 }
 
+/// A partition group's report that a replica won its election (see [`leader_elected`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderElected {
+    pub broker: NodeId,
+    pub broker_epoch: BrokerEpoch,
+    pub topic: TopicId,
+    pub partition: PartitionId,
+    /// The Raft term the broker was elected in.
+    pub leader_epoch: LeaderEpoch,
+}
+
 /// What AlterPartition answers on success: the partition as it now is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AlterPartitionReply {
@@ -211,55 +227,33 @@ impl<'a> Batch<'a> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Election {
-    /// Keep the leader if it may lead, else the first replica in the ISR that may.
-    Online,
-    /// The first replica if it may lead, else as `Online`.
-    Preferred,
-}
-
 /// The change that gives a partition `target_isr` (the current ISR when empty: an ISR never
-/// becomes empty, its last member stays as the one to wait for) and a leader that is in it and
-/// `acceptable`; `None` when nothing changes.
+/// becomes empty, its last member stays as the one to wait for), keeping its leader while it is
+/// in it and `acceptable`, and recording none otherwise (the group elects the next one, which
+/// reports itself); `None` when nothing changes. The leader epoch stays: only an election
+/// (a higher Raft term) raises it.
 fn change(
     topic: TopicId,
     partition: PartitionId,
     part: &PartitionRegistration,
     target_isr: Vec<NodeId>,
     acceptable: &dyn Fn(NodeId) -> bool,
-    election: Election,
 ) -> Option<PartitionChange> {
     let isr = if target_isr.is_empty() {
         part.isr.clone()
     } else {
         target_isr
     };
-    let valid = |b: NodeId| isr.contains(&b) && acceptable(b);
-    let current = part.leader.filter(|l| valid(*l));
-    let first_valid = || part.replica_brokers().find(|b| valid(*b));
-    let leader = match election {
-        Election::Online => current.or_else(first_valid),
-        Election::Preferred => part
-            .preferred_leader()
-            .filter(|p| valid(*p))
-            .or(current)
-            .or_else(first_valid),
-    };
+    let leader = part.leader.filter(|l| isr.contains(l) && acceptable(*l));
     if leader == part.leader && isr == part.isr {
         return None;
     }
-    let leader_epoch = if leader == part.leader {
-        part.leader_epoch
-    } else {
-        LeaderEpoch(part.leader_epoch.0 + 1)
-    };
     Some(PartitionChange {
         topic,
         partition,
         leader,
         isr,
-        leader_epoch,
+        leader_epoch: part.leader_epoch,
         partition_epoch: PartitionEpoch(part.partition_epoch.0 + 1),
         shards: None,
     })
@@ -275,7 +269,7 @@ fn move_away(batch: &mut Batch<'_>, broker: NodeId) {
         .filter(|(_, _, p)| p.isr.contains(&broker) || p.leader == Some(broker))
         .filter_map(|(t, i, p)| {
             let target = p.isr.iter().copied().filter(|b| *b != broker).collect();
-            change(t, i, p, target, &acceptable, Election::Online)
+            change(t, i, p, target, &acceptable)
         })
         .collect();
     for c in changes {
@@ -297,19 +291,9 @@ fn fence(batch: &mut Batch<'_>, broker: NodeId) {
     batch.push(Record::BrokerFenced { broker, epoch });
 }
 
-/// Unfences a broker, then gives it the offline partitions whose ISR it is in.
+/// Unfences a broker. It leads nothing yet: its groups' elections, reported, make it a leader.
 fn unfence(batch: &mut Batch<'_>, broker: NodeId, epoch: BrokerEpoch) {
     batch.push(Record::BrokerUnfenced { broker, epoch });
-    let state = batch.state();
-    let acceptable = |b: NodeId| state.is_active(b);
-    let changes: Vec<_> = state
-        .partitions()
-        .filter(|(_, _, p)| p.leader.is_none() && p.isr.contains(&broker))
-        .filter_map(|(t, i, p)| change(t, i, p, p.isr.clone(), &acceptable, Election::Online))
-        .collect();
-    for c in changes {
-        batch.push(Record::PartitionChange(c));
-    }
 }
 
 fn invalid_request(message: impl Into<String>) -> AdminError {
@@ -521,7 +505,7 @@ pub fn heartbeat(
 }
 
 /// Fences every unfenced broker whose last heartbeat is `session_timeout_ms` old or older,
-/// electing new leaders for what it led. The active controller calls it on a timer.
+/// taking away the leaderships it held. The active controller calls it on a timer.
 pub fn fence_stale_brokers(
     state: &ClusterState,
     liveness: &Liveness,
@@ -921,6 +905,109 @@ pub fn alter_configs(
     Ok(vec![Record::Config(ConfigRecord { resource, entries })])
 }
 
+/// The broker reporting about a partition, registered at `broker_epoch`, and the partition:
+/// STALE_BROKER_EPOCH, UNKNOWN_TOPIC_ID or UNKNOWN_TOPIC_OR_PARTITION otherwise.
+fn reporter_and_partition(
+    state: &ClusterState,
+    broker: NodeId,
+    broker_epoch: BrokerEpoch,
+    topic: TopicId,
+    partition: PartitionId,
+) -> Result<(&BrokerRegistration, &TopicState, &PartitionRegistration), AdminError> {
+    let Some(b) = state.broker(broker).filter(|b| b.epoch == broker_epoch) else {
+        return Err(AdminError::new(
+            ResponseError::StaleBrokerEpoch,
+            format!("Broker {broker} is not registered at epoch {}.", broker_epoch.0),
+        ));
+    };
+    let Some(t) = state.topic(topic) else {
+        return Err(AdminError::new(
+            ResponseError::UnknownTopicId,
+            format!("No topic {topic}."),
+        ));
+    };
+    let Some(p) = t.partition(partition) else {
+        return Err(AdminError::new(
+            ResponseError::UnknownTopicOrPartition,
+            format!("No partition {}-{partition}.", t.name),
+        ));
+    };
+    Ok((b, t, p))
+}
+
+/// Handles a partition group's report of its elected leader: `broker` won the election of
+/// `leader_epoch` (the Raft term). Recorded as the leader, with that epoch, when it is newer than
+/// the partition's (or the same epoch with no leader recorded: the same leader reporting again
+/// after it was taken away); the broker joins the ISR if it had left it, and members that are
+/// fenced or shutting down leave it. Refused: a broker
+/// not registered at `broker_epoch` (STALE_BROKER_EPOCH), fenced or shutting down
+/// (INELIGIBLE_REPLICA), not a replica (INVALID_REQUEST), or an older epoch, or the same epoch
+/// with another leader (FENCED_LEADER_EPOCH: a report that an election already overtook).
+pub fn leader_elected(
+    state: &ClusterState,
+    req: &LeaderElected,
+) -> Result<(Vec<Record>, AlterPartitionReply), AdminError> {
+    let (broker, topic, part) =
+        reporter_and_partition(state, req.broker, req.broker_epoch, req.topic, req.partition)?;
+    let name = || format!("{}-{}", topic.name, req.partition);
+    if !broker.is_active() {
+        return Err(AdminError::new(
+            ResponseError::IneligibleReplica,
+            format!("{}: broker {} is fenced or shutting down.", name(), req.broker),
+        ));
+    }
+    if !part.has_replica(req.broker) {
+        return Err(AdminError::new(
+            ResponseError::InvalidRequest,
+            format!("{}: broker {} is not a replica.", name(), req.broker),
+        ));
+    }
+    let reply = |p: &PartitionRegistration| AlterPartitionReply {
+        leader: p.leader,
+        isr: p.isr.clone(),
+        leader_epoch: p.leader_epoch,
+        partition_epoch: p.partition_epoch,
+    };
+    let same = req.leader_epoch == part.leader_epoch;
+    if same && part.leader == Some(req.broker) {
+        return Ok((Vec::new(), reply(part)));
+    }
+    if req.leader_epoch < part.leader_epoch || (same && part.leader.is_some()) {
+        return Err(AdminError::new(
+            ResponseError::FencedLeaderEpoch,
+            format!(
+                "{}: leader epoch {} is older than {} (led by {:?}).",
+                name(),
+                req.leader_epoch,
+                part.leader_epoch,
+                part.leader
+            ),
+        ));
+    }
+    // Raft elects only a replica holding every committed entry, so the winner joins the ISR;
+    // members that are fenced or shutting down leave it (a led partition's ISR is active).
+    let mut isr: Vec<NodeId> = part.isr.iter().copied().filter(|b| state.is_active(*b)).collect();
+    if !isr.contains(&req.broker) {
+        isr.push(req.broker);
+    }
+    let c = PartitionChange {
+        topic: req.topic,
+        partition: req.partition,
+        leader: Some(req.broker),
+        isr,
+        leader_epoch: req.leader_epoch,
+        partition_epoch: PartitionEpoch(part.partition_epoch.0 + 1),
+        shards: None,
+    };
+    let r = AlterPartitionReply {
+        leader: c.leader,
+        isr: c.isr.clone(),
+        leader_epoch: c.leader_epoch,
+        partition_epoch: c.partition_epoch,
+    };
+    Ok((vec![Record::PartitionChange(c)], r))
+}
+
 /// Handles one partition of an AlterPartition request from its leader: an ISR shrink or
 /// expansion. Checked as Kafka checks it (KIP-497, KIP-903): a request from the future (an
 /// epoch above ours) gets NOT_CONTROLLER, an older leader epoch FENCED_LEADER_EPOCH, a broker
@@ -931,30 +1018,8 @@ pub fn alter_partition(
     state: &ClusterState,
     req: &AlterPartition,
 ) -> Result<(Vec<Record>, AlterPartitionReply), AdminError> {
-    if state
-        .broker(req.broker)
-        .is_none_or(|b| b.epoch != req.broker_epoch)
-    {
-        return Err(AdminError::new(
-            ResponseError::StaleBrokerEpoch,
-            format!(
-                "Broker {} is not registered at epoch {}.",
-                req.broker, req.broker_epoch.0
-            ),
-        ));
-    }
-    let Some(topic) = state.topic(req.topic) else {
-        return Err(AdminError::new(
-            ResponseError::UnknownTopicId,
-            format!("No topic {}.", req.topic),
-        ));
-    };
-    let Some(part) = topic.partition(req.partition) else {
-        return Err(AdminError::new(
-            ResponseError::UnknownTopicOrPartition,
-            format!("No partition {}-{}.", topic.name, req.partition),
-        ));
-    };
+    let (_, topic, part) =
+        reporter_and_partition(state, req.broker, req.broker_epoch, req.topic, req.partition)?;
     let name = || format!("{}-{}", topic.name, req.partition);
     if req.leader_epoch > part.leader_epoch || req.partition_epoch > part.partition_epoch {
         return Err(AdminError::new(
@@ -1027,74 +1092,14 @@ pub fn alter_partition(
         leader_epoch,
         partition_epoch,
     };
-    Ok(
-        match change(req.topic, req.partition, part, isr, &acceptable, Election::Online) {
-            Some(c) => {
-                let reply = reply_of(c.leader, &c.isr, c.leader_epoch, c.partition_epoch);
-                (vec![Record::PartitionChange(c)], reply)
-            }
-            None => (
-                Vec::new(),
-                reply_of(part.leader, &part.isr, part.leader_epoch, part.partition_epoch),
-            ),
-        },
-    )
-}
-
-/// Per partition: elected, or why not.
-pub type ElectionResults = Vec<((TopicId, PartitionId), Result<(), ResponseError>)>;
-
-/// Preferred-leader election (ElectLeaders PREFERRED, and the periodic leader balancing of
-/// `auto.leader.rebalance.enable`): gives each partition back to its first replica when that
-/// replica is in the ISR and active. With `which` = `None`, every partition, answering only
-/// those that were moved or could not be; otherwise each named partition, with
-/// ELECTION_NOT_NEEDED when the preferred replica leads already and
-/// PREFERRED_LEADER_NOT_AVAILABLE when it cannot lead.
-#[allow(clippy::type_complexity)]
-pub fn elect_preferred_leaders(
-    state: &ClusterState,
-    which: Option<&[(TopicId, PartitionId)]>,
-) -> (
-    Vec<Record>,
-    Vec<((TopicId, PartitionId), Result<(), ResponseError>)>,
-) {
-    let all: Vec<(TopicId, PartitionId)>;
-    let targets = match which {
-        Some(w) => w,
-        None => {
-            all = state.partitions().map(|(t, p, _)| (t, p)).collect();
-            &all
+    Ok(match change(req.topic, req.partition, part, isr, &acceptable) {
+        Some(c) => {
+            let reply = reply_of(c.leader, &c.isr, c.leader_epoch, c.partition_epoch);
+            (vec![Record::PartitionChange(c)], reply)
         }
-    };
-    let acceptable = |b: NodeId| state.is_active(b);
-    // One change per partition, each from the partition as it is: none depends on another. A
-    // partition named twice is elected once.
-    let mut records = Vec::new();
-    let mut done = BTreeMap::new();
-    let mut results = Vec::new();
-    for (t, p) in targets {
-        let result = match state.partition(*t, *p) {
-            None => Err(ResponseError::UnknownTopicOrPartition),
-            Some(part) if part.leader.is_some() && part.leader == part.preferred_leader() => {
-                Err(ResponseError::ElectionNotNeeded)
-            }
-            Some(_) if done.contains_key(&(*t, *p)) => done.get(&(*t, *p)).copied().unwrap_or(Ok(())),
-            Some(part) => {
-                let c = change(*t, *p, part, part.isr.clone(), &acceptable, Election::Preferred)
-                    .filter(|c| c.leader == part.preferred_leader());
-                match c {
-                    Some(c) => {
-                        records.push(Record::PartitionChange(c));
-                        Ok(())
-                    }
-                    None => Err(ResponseError::PreferredLeaderNotAvailable),
-                }
-            }
-        };
-        done.insert((*t, *p), result);
-        if which.is_some() || result != Err(ResponseError::ElectionNotNeeded) {
-            results.push(((*t, *p), result));
-        }
-    }
-    (records, results)
+        None => (
+            Vec::new(),
+            reply_of(part.leader, &part.isr, part.leader_epoch, part.partition_epoch),
+        ),
+    })
 }

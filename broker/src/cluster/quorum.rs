@@ -10,9 +10,13 @@
 //!
 //! Decisions run one at a time on the leader ([`Controller::decide`]): each first waits until
 //! the state has applied everything committed before it (a read index, so a new leader never
-//! decides on a state that misses its predecessor's last records), then commits its records
-//! and returns once they are applied. The broker-side RPCs that carry requests to the active
-//! controller and the brokers that act on the state are not built yet.
+//! decides on a state that misses its predecessor's last records) and everything in the
+//! leader's own log (a leader restarted in its own term holds entries it appended before), then
+//! commits its records and returns once they are applied. A committed decision whose partition
+//! changes were built on an older state is skipped whole by every node alike
+//! ([`ClusterState::try_apply_batch`]). [`super::node`] runs it in the broker and carries
+//! requests to it ([`super::rpc`]). The applier keeps the last [`RECENT_RECORDS`] records, which
+//! brokers that fetch the metadata are sent.
 
 use std::cell::{Ref, RefCell};
 use std::io;
@@ -65,15 +69,35 @@ pub fn decision_records(batch: &Bytes) -> Result<Vec<Record>, String> {
         .collect()
 }
 
-/// Builds the cluster state from the metadata log's committed batches.
+/// Records the applier keeps after they are applied, for brokers that fetch the metadata
+/// (a broker further behind gets a snapshot of the state).
+pub const RECENT_RECORDS: usize = 4_096;
+
+/// Builds the cluster state from the metadata log's committed batches, and keeps the most
+/// recent records for brokers that fetch them ([`MetadataApplier::records_from`]).
 #[derive(Default)]
 pub struct MetadataApplier {
     state: RefCell<ClusterState>,
+    /// The last records applied (at most [`RECENT_RECORDS`]), the last at `next_offset - 1`.
+    recent: RefCell<std::collections::VecDeque<Record>>,
 }
 
 impl MetadataApplier {
     pub fn state(&self) -> Ref<'_, ClusterState> {
         self.state.borrow()
+    }
+
+    /// Up to `max` applied records from `from` on, if they are still kept (`Some(empty)` for a
+    /// requester that is up to date, `None` when it is too far behind or ahead).
+    pub fn records_from(&self, from: MetadataOffset, max: usize) -> Option<Vec<Record>> {
+        let next = self.state.borrow().next_offset().0;
+        let recent = self.recent.borrow();
+        let first = next - recent.len() as u64;
+        if from.0 < first || from.0 > next {
+            return None;
+        }
+        let skip = usize::try_from(from.0 - first).ok()?;
+        Some(recent.iter().skip(skip).take(max).cloned().collect())
     }
 }
 
@@ -89,6 +113,11 @@ impl Applier for MetadataApplier {
             ));
         }
         state.apply_batch(&records);
+        let mut recent = self.recent.borrow_mut();
+        recent.extend(records);
+        while recent.len() > RECENT_RECORDS {
+            recent.pop_front();
+        }
         Ok(())
     }
 }
@@ -104,6 +133,10 @@ pub enum ControllerError {
     Failed(String),
 }
 
+/// How long a decision waits for the active controller's own log to be applied (see
+/// [`Controller::decide`]); then it is refused as NotController, which callers retry.
+const LOG_APPLIED_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// One controller of the quorum.
 pub struct Controller<Rt: AsyncRuntime, L: ReplicaLog> {
     id: BrokerId,
@@ -112,8 +145,9 @@ pub struct Controller<Rt: AsyncRuntime, L: ReplicaLog> {
     /// The soft state the active controller keeps beside the log (heartbeat times), and the
     /// term it was started in: a controller that becomes active starts it afresh.
     liveness: RefCell<(u64, Liveness)>,
-    /// Decisions run one at a time.
-    turn: futures::lock::Mutex<()>,
+    /// Decisions run one at a time, each until its records are applied or refused, even when
+    /// the caller stops waiting (see [`Controller::decide`]).
+    turn: Arc<futures::lock::Mutex<()>>,
 }
 
 impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
@@ -137,7 +171,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
             raft,
             applier,
             liveness: RefCell::new((0, Liveness::default())),
-            turn: futures::lock::Mutex::new(()),
+            turn: Arc::new(futures::lock::Mutex::new(())),
         })
     }
 
@@ -157,7 +191,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
         now_ms: i64,
         decide: impl FnOnce(&ClusterState, &mut Liveness) -> Result<(Vec<Record>, T), AdminError>,
     ) -> Result<T, ControllerError> {
-        let _turn = self.turn.lock().await;
+        let turn = Arc::clone(&self.turn).lock_owned().await;
         self.raft
             .ensure_linearizable(ReadPolicy::ReadIndex)
             .await
@@ -171,10 +205,21 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
                 }
                 RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
             })?;
-        let term = {
+        // A controller that restarts as the leader of its own term (openraft resumes a vote it
+        // had committed) holds entries it appended before the restart that are not applied yet,
+        // and the read index may not cover them: a decision made now would be built on a state
+        // older than entries that will commit before it. Its whole log is applied first.
+        let (term, last_log) = {
             use openraft::async_runtime::WatchReceiver;
-            self.raft.metrics().borrow_watched().current_term
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            (m.current_term, m.last_log_index)
         };
+        self.raft
+            .wait(Some(LOG_APPLIED_WAIT))
+            .applied_index_at_least(last_log, "the controller's log applied")
+            .await
+            .map_err(|_| ControllerError::NotController { leader: None })?;
         let (records, value) = {
             let state = self.applier.state();
             let mut liveness = self.liveness.borrow_mut();
@@ -190,10 +235,20 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
             return Ok(value);
         }
         let expected = self.applier.state().next_offset();
-        let written = self
-            .raft
-            .client_write(KafkaBatch(decision_batch(&records, now_ms)))
+        // The write runs in a task of its own that holds the turn until Raft answers: a caller
+        // that stops waiting (an RPC deadline) must not let the next decision be made on a
+        // state without records that may still commit, which would put two decisions built on
+        // the same state in the log.
+        let raft = self.raft.clone();
+        let batch = KafkaBatch(decision_batch(&records, now_ms));
+        let write = Rt::spawn(async move {
+            let written = raft.client_write(batch).await;
+            drop(turn);
+            written
+        });
+        let written = write
             .await
+            .map_err(|e| ControllerError::Failed(format!("the decision's write task ended: {e}")))?
             .map_err(|e| match e {
                 RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
                     ControllerError::NotController { leader: f.leader_id }
@@ -210,6 +265,11 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
                 self.id, expected.0
             ))),
         }
+    }
+
+    /// The applier, for brokers that fetch the metadata.
+    pub fn applier(&self) -> &MetadataApplier {
+        &self.applier
     }
 
     /// The offset the next metadata record takes here.

@@ -1,10 +1,11 @@
 //! A seeded simulation of the controller: random registrations, restarts, heartbeats (some
 //! lagging behind the log), crashes, controlled shutdowns, time advances with session-timeout
 //! fencing, topic creations and growth, producer-id blocks, ISR changes (some with stale
-//! epochs), preferred elections, controller fail-overs and topic deletions, with every
-//! invariant checked after every step, a second node applying the decoded records, and a
-//! snapshot restoring the same state. Each run ends by bringing every broker back: every
-//! partition must then be online, fully in sync and led by its preferred replica.
+//! epochs), partition groups' election reports (some stale, some from fenced or foreign
+//! brokers), controller fail-overs and topic deletions, with every invariant checked after every
+//! step, a second node applying the decoded records, and a snapshot restoring the same state.
+//! Each run ends by bringing every broker back and letting the groups elect: every partition
+//! must then be online and fully in sync.
 //!
 //! Every run is a function of its seed. `STRAND_CLUSTER_SIM_SEED=<n>` runs that seed alone,
 //! `STRAND_CLUSTER_SIM_SEEDS=<count>` sets how many seeds the default run covers and
@@ -70,7 +71,8 @@ struct Counts {
     controlled_shutdowns: u32,
     isr_changes: u32,
     refused_alters: u32,
-    preferred_moves: u32,
+    elections: u32,
+    refused_elections: u32,
     offline_seen: u32,
     restarts: u32,
     balanced_checks: u32,
@@ -446,29 +448,53 @@ impl Sim {
         }
     }
 
+    /// A partition group's election report: a random replica (or, rarely, a broker that is
+    /// none) in a term around the partition's epoch, as a late or stale report would be.
     fn elect(&mut self) {
-        let (records, results) = elect_preferred_leaders(&self.h.state, None);
-        self.commit(&records);
-        for ((t, p), r) in results {
-            let part = self.h.part(t, p.0);
-            match r {
-                Ok(()) => {
-                    assert_eq!(part.leader, part.preferred_leader());
-                    self.counts.preferred_moves += 1;
-                }
-                Err(e) => {
-                    assert_eq!(e, ResponseError::PreferredLeaderNotAvailable);
-                    let pref = part.preferred_leader().unwrap_or(NodeId(-1));
-                    assert!(!part.isr.contains(&pref) || !self.h.state.is_active(pref));
-                }
+        let parts: Vec<(TopicId, PartitionId)> = self.h.state.partitions().map(|(t, p, _)| (t, p)).collect();
+        let Some((t, p)) = self.rng.pick(&parts) else {
+            return;
+        };
+        let part = self.h.part(t, p.0);
+        let candidates: Vec<NodeId> = if self.rng.chance(5) {
+            self.ids()
+        } else {
+            part.replica_brokers().collect()
+        };
+        let Some(b) = self.rng.pick(&candidates) else {
+            return;
+        };
+        let Some((_, broker_epoch)) = self.h.epochs.get(&b).copied() else {
+            return;
+        };
+        let term = LeaderEpoch(part.leader_epoch.0 + i32::try_from(self.rng.below(3)).unwrap_or(0) - 1)
+            .max(LeaderEpoch(0));
+        let req = LeaderElected {
+            broker: b,
+            broker_epoch,
+            topic: t,
+            partition: p,
+            leader_epoch: term,
+        };
+        let eligible = self.h.state.is_active(b) && part.has_replica(b);
+        let newer = term > part.leader_epoch
+            || (term == part.leader_epoch && (part.leader.is_none() || part.leader == Some(b)));
+        match leader_elected(&self.h.state, &req) {
+            Ok((records, reply)) => {
+                assert!(eligible && newer, "{t}-{p}: {req:?} recorded over {part:?}");
+                self.commit(&records);
+                let now = self.h.part(t, p.0);
+                assert_eq!((now.leader, now.leader_epoch), (Some(b), term));
+                assert!(now.isr.contains(&b));
+                assert_eq!(reply.partition_epoch, now.partition_epoch);
+                self.counts.elections += 1;
             }
-        }
-        // Afterwards every partition whose preferred replica could lead is led by it.
-        for (_, _, part) in self.h.state.partitions() {
-            if let Some(pref) = part.preferred_leader() {
-                if part.isr.contains(&pref) && self.h.state.is_active(pref) {
-                    assert_eq!(part.leader, Some(pref));
-                }
+            Err(e) => {
+                assert!(
+                    !eligible || !newer,
+                    "{t}-{p}: {req:?} refused ({e:?}) over {part:?}"
+                );
+                self.counts.refused_elections += 1;
             }
         }
     }
@@ -498,8 +524,14 @@ impl Sim {
             if let Some((leader, le, pe)) = self.partition_epochs.get(&(t, p)).copied() {
                 assert!(part.leader_epoch >= le, "{t}-{p}: leader epoch went back");
                 assert!(part.partition_epoch >= pe, "{t}-{p}: partition epoch went back");
-                if part.leader != leader {
+                if part.leader.is_some() && leader.is_some() && part.leader != leader {
                     assert!(part.leader_epoch > le, "{t}-{p}: new leader, same epoch");
+                }
+                if part.leader.is_none() {
+                    assert_eq!(
+                        part.leader_epoch, le,
+                        "{t}-{p}: a leader taken away keeps its epoch"
+                    );
                 }
             }
             if let Some(l) = part.leader {
@@ -607,8 +639,9 @@ impl Sim {
 }
 
 impl Sim {
-    /// Brings every broker back and lets the cluster heal: afterwards every partition must be
-    /// online, have every replica in its ISR and be led by its preferred replica.
+    /// Brings every broker back and lets the cluster heal: every leaderless group elects its
+    /// first ISR member in the next term; afterwards every partition must be online and have
+    /// every replica in its ISR.
     fn settle(&mut self) {
         for p in self.processes.values_mut() {
             p.stopping = false;
@@ -652,7 +685,22 @@ impl Sim {
         }
         let parts: Vec<(TopicId, PartitionId)> = self.h.state.partitions().map(|(t, p, _)| (t, p)).collect();
         for (t, p) in parts {
-            let part = self.h.part(t, p.0);
+            let mut part = self.h.part(t, p.0);
+            if part.leader.is_none() {
+                let winner = part.isr[0];
+                let req = LeaderElected {
+                    broker: winner,
+                    broker_epoch: self.h.epochs[&winner].1,
+                    topic: t,
+                    partition: p,
+                    leader_epoch: LeaderEpoch(part.leader_epoch.0 + 1),
+                };
+                match leader_elected(&self.h.state, &req) {
+                    Ok((records, _)) => self.commit(&records),
+                    Err(e) => panic!("{t}-{p}: the election of {winner} refused: {e:?}"),
+                }
+                part = self.h.part(t, p.0);
+            }
             let Some(leader) = part.leader else {
                 panic!("{t}-{p} offline with every broker back: {part:?}");
             };
@@ -676,11 +724,9 @@ impl Sim {
                 Err(e) => panic!("{t}-{p}: expanding the ISR refused: {e:?}"),
             }
         }
-        let (records, _) = elect_preferred_leaders(&self.h.state, None);
-        self.commit(&records);
         self.check();
         for (t, p, part) in self.h.state.partitions() {
-            assert_eq!(part.leader, part.preferred_leader(), "{t}-{p}");
+            assert!(part.leader.is_some(), "{t}-{p}");
             assert_eq!(part.isr.len(), part.replicas.len(), "{t}-{p}");
         }
         self.counts.settled += 1;
@@ -747,7 +793,8 @@ fn simulation_keeps_every_invariant() {
         total.controlled_shutdowns += counts.controlled_shutdowns;
         total.isr_changes += counts.isr_changes;
         total.refused_alters += counts.refused_alters;
-        total.preferred_moves += counts.preferred_moves;
+        total.elections += counts.elections;
+        total.refused_elections += counts.refused_elections;
         total.offline_seen += counts.offline_seen;
         total.restarts += counts.restarts;
         total.balanced_checks += counts.balanced_checks;
@@ -766,7 +813,8 @@ fn simulation_keeps_every_invariant() {
         ("controlled_shutdowns", c.controlled_shutdowns),
         ("isr_changes", c.isr_changes),
         ("refused_alters", c.refused_alters),
-        ("preferred_moves", c.preferred_moves),
+        ("elections", c.elections),
+        ("refused_elections", c.refused_elections),
         ("offline_seen", c.offline_seen),
         ("restarts", c.restarts),
         ("balanced_checks", c.balanced_checks),

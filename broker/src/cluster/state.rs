@@ -11,7 +11,7 @@
 //! Offsets count records, not Raft entries: a broker's epoch is the offset of its registration
 //! record, and a broker that reports having applied past it has seen its own registration.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use strand_protocol::types::{validate_topic_name, LeaderEpoch, NodeId, PartitionId, ShardId, TopicId};
 
@@ -225,6 +225,11 @@ impl ClusterState {
         })
     }
 
+    /// The resources with config overrides, in order.
+    pub fn config_resources(&self) -> impl Iterator<Item = (&ConfigResource, &BTreeMap<String, String>)> {
+        self.configs.iter()
+    }
+
     /// How many resources have config overrides.
     pub fn config_resource_count(&self) -> usize {
         self.configs.len()
@@ -243,51 +248,119 @@ impl ClusterState {
     }
 
     /// Applies the records of one decision (one committed Raft entry, [`super::decode_batch`]).
-    /// Debug builds then check every invariant, which holds between decisions.
+    /// Debug builds then check every invariant, which holds between decisions. Panics on a
+    /// record that breaks an invariant: the controller that proposed it has a bug, and a state
+    /// that went wrong must not be served.
     pub fn apply_batch(&mut self, records: &[Record]) {
-        for r in records {
-            self.apply(r);
-        }
-        if cfg!(debug_assertions) {
-            self.check_invariants();
+        if let Err(e) = self.try_apply_batch(records) {
+            panic!("{e}");
         }
     }
 
-    /// Applies one record. Panics on a record that breaks an invariant: the controller that
-    /// proposed it has a bug, and a state that went wrong must not be served.
+    /// [`ClusterState::apply_batch`] for records that came over the network (a broker-only
+    /// node's fetch): a record that breaks an invariant is an error, not a panic. The records
+    /// before it stay applied; the caller drops the state and starts again from a snapshot.
+    pub fn try_apply_batch(&mut self, records: &[Record]) -> Result<(), String> {
+        if let Some(why) = self.stale_changes(records) {
+            // A decision built on an older state of the partitions is in the log. The
+            // controller decides one at a time on an up-to-date state
+            // (`quorum::Controller::decide`), so this is a bug; but the batch is committed, and
+            // refusing it would stop every node that applies it, at every restart. Every node
+            // skips the whole decision alike (its other records were built on the same state),
+            // so the states stay equal; the controller decides again on the state it has.
+            tracing::error!(
+                offset = self.next_offset.0,
+                records = records.len(),
+                %why,
+                ?records,
+                "a metadata decision built on an older state was skipped"
+            );
+            // Tests and the simulations still stop on it.
+            if cfg!(debug_assertions) {
+                return Err(why);
+            }
+            self.next_offset = MetadataOffset(self.next_offset.0 + records.len() as u64);
+            return Ok(());
+        }
+        for r in records {
+            self.try_apply(r)?;
+        }
+        if cfg!(debug_assertions) {
+            if let Some(v) = self.invariant_violation() {
+                return Err(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Why `records` (one decision) were built on an older state than this one: a partition
+    /// change whose epoch is not the one after the partition's (counting the decision's own
+    /// earlier changes to it).
+    fn stale_changes(&self, records: &[Record]) -> Option<String> {
+        let mut epochs: HashMap<(TopicId, PartitionId), i32> = HashMap::new();
+        for r in records {
+            if let Record::PartitionChange(c) = r {
+                let key = (c.topic, c.partition);
+                let current = match epochs.get(&key) {
+                    Some(e) => *e,
+                    None => self.partition(c.topic, c.partition)?.partition_epoch.0,
+                };
+                if c.partition_epoch.0 != current + 1 {
+                    return Some(format!(
+                        "{}-{}: change to partition epoch {} at epoch {current}",
+                        c.topic, c.partition, c.partition_epoch.0
+                    ));
+                }
+                epochs.insert(key, c.partition_epoch.0);
+            }
+        }
+        None
+    }
+
+    /// Applies one record; panics on one that breaks an invariant (see
+    /// [`ClusterState::apply_batch`]).
     pub fn apply(&mut self, record: &Record) {
+        if let Err(e) = self.try_apply(record) {
+            panic!("{e}");
+        }
+    }
+
+    /// Applies one record, or refuses it, unapplied, when it breaks an invariant.
+    pub fn try_apply(&mut self, record: &Record) -> Result<(), String> {
         let offset = self.next_offset;
         match record {
-            Record::RegisterBroker(r) => self.apply_register(r, offset),
+            Record::RegisterBroker(r) => self.apply_register(r, offset)?,
             Record::BrokerFenced { broker, epoch } => {
-                let b = self.registration_mut(*broker, *epoch, "BrokerFenced");
-                assert!(!b.fenced, "broker {broker} fenced twice");
+                let b = self.registration(*broker, *epoch, "BrokerFenced")?;
+                ensure(!b.fenced, || format!("broker {broker} fenced twice"))?;
+                self.leads_nothing(*broker, "fenced")?;
+                let b = self.registration_mut(*broker, *epoch, "BrokerFenced")?;
                 b.fenced = true;
                 b.in_controlled_shutdown = false;
-                self.assert_leads_nothing(*broker, "fenced");
             }
             Record::BrokerUnfenced { broker, epoch } => {
-                let b = self.registration_mut(*broker, *epoch, "BrokerUnfenced");
-                assert!(b.fenced, "broker {broker} unfenced but not fenced");
+                let b = self.registration_mut(*broker, *epoch, "BrokerUnfenced")?;
+                ensure(b.fenced, || format!("broker {broker} unfenced but not fenced"))?;
                 b.fenced = false;
             }
             Record::BrokerShutdown { broker, epoch } => {
-                let b = self.registration_mut(*broker, *epoch, "BrokerShutdown");
-                assert!(
-                    !b.fenced && !b.in_controlled_shutdown,
-                    "broker {broker} entered controlled shutdown while fenced or shutting down"
-                );
-                b.in_controlled_shutdown = true;
-                self.assert_leads_nothing(*broker, "in controlled shutdown");
+                let b = self.registration(*broker, *epoch, "BrokerShutdown")?;
+                ensure(!b.fenced && !b.in_controlled_shutdown, || {
+                    format!("broker {broker} entered controlled shutdown while fenced or shutting down")
+                })?;
+                self.leads_nothing(*broker, "in controlled shutdown")?;
+                self.registration_mut(*broker, *epoch, "BrokerShutdown")?
+                    .in_controlled_shutdown = true;
             }
             Record::Topic { name, id } => {
-                assert!(validate_topic_name(name).is_ok(), "bad topic name {name:?}");
-                assert!(!id.is_zero(), "topic {name} with the zero id");
-                assert!(
-                    !self.topics_by_name.contains_key(name),
-                    "topic {name} created twice"
-                );
-                assert!(!self.topics.contains_key(id), "topic id {id} reused");
+                ensure(validate_topic_name(name).is_ok(), || {
+                    format!("bad topic name {name:?}")
+                })?;
+                ensure(!id.is_zero(), || format!("topic {name} with the zero id"))?;
+                ensure(!self.topics_by_name.contains_key(name), || {
+                    format!("topic {name} created twice")
+                })?;
+                ensure(!self.topics.contains_key(id), || format!("topic id {id} reused"))?;
                 self.topics_by_name.insert(name.clone(), *id);
                 self.topics.insert(
                     *id,
@@ -298,62 +371,70 @@ impl ClusterState {
                     },
                 );
             }
-            Record::Partition(p) => self.apply_partition(p),
-            Record::PartitionChange(c) => self.apply_change(c),
-            Record::Config(c) => self.apply_config(c),
+            Record::Partition(p) => self.apply_partition(p)?,
+            Record::PartitionChange(c) => self.apply_change(c)?,
+            Record::Config(c) => self.apply_config(c)?,
             Record::ProducerIds {
                 broker,
                 broker_epoch,
                 next_producer_id,
             } => {
-                self.registration_mut(*broker, *broker_epoch, "ProducerIds");
-                assert!(
-                    *next_producer_id > self.next_producer_id,
-                    "producer ids handed out twice: {next_producer_id} after {}",
-                    self.next_producer_id
-                );
+                self.registration(*broker, *broker_epoch, "ProducerIds")?;
+                ensure(*next_producer_id > self.next_producer_id, || {
+                    format!(
+                        "producer ids handed out twice: {next_producer_id} after {}",
+                        self.next_producer_id
+                    )
+                })?;
                 self.next_producer_id = *next_producer_id;
             }
             Record::RemoveTopic { id } => {
-                let t = self.topics.remove(id);
-                assert!(t.is_some(), "removing unknown topic {id}");
-                if let Some(t) = t {
-                    self.topics_by_name.remove(&t.name);
-                    self.configs.remove(&ConfigResource::Topic(t.name));
-                }
+                let Some(t) = self.topics.remove(id) else {
+                    return Err(format!("removing unknown topic {id}"));
+                };
+                self.topics_by_name.remove(&t.name);
+                self.configs.remove(&ConfigResource::Topic(t.name));
             }
         }
         self.next_offset = MetadataOffset(offset.0 + 1);
+        Ok(())
     }
 
-    fn apply_register(&mut self, r: &RegisterBroker, offset: MetadataOffset) {
-        assert!(r.shards >= 1, "broker {} registered with no shards", r.broker);
+    fn apply_register(&mut self, r: &RegisterBroker, offset: MetadataOffset) -> Result<(), String> {
+        ensure(r.shards >= 1, || {
+            format!("broker {} registered with no shards", r.broker)
+        })?;
         let amend = match self.brokers.get(&r.broker) {
             Some(old) if old.incarnation == r.incarnation => {
-                assert_eq!(old.epoch, r.epoch, "an amended registration keeps its epoch");
-                assert_eq!(
-                    old.shards, r.shards,
-                    "one process does not change its shard count"
-                );
+                ensure(old.epoch == r.epoch, || {
+                    format!("broker {}: an amended registration keeps its epoch", r.broker)
+                })?;
+                ensure(old.shards == r.shards, || {
+                    format!("broker {}: one process does not change its shard count", r.broker)
+                })?;
                 true
             }
             Some(old) => {
-                assert!(
-                    old.fenced,
-                    "broker {} re-registered before its old incarnation was fenced",
-                    r.broker
-                );
-                assert!(r.epoch > old.epoch, "broker epochs only grow");
+                ensure(old.fenced, || {
+                    format!(
+                        "broker {} re-registered before its old incarnation was fenced",
+                        r.broker
+                    )
+                })?;
+                ensure(r.epoch > old.epoch, || {
+                    format!("broker {}: broker epochs only grow", r.broker)
+                })?;
                 false
             }
             None => false,
         };
         if !amend {
-            assert_eq!(
-                r.epoch.0,
-                i64::try_from(offset.0).unwrap_or(-1),
-                "a new broker epoch is its registration's offset"
-            );
+            ensure(i64::try_from(offset.0).ok() == Some(r.epoch.0), || {
+                format!(
+                    "broker {}: a new broker epoch ({}) is its registration's offset ({})",
+                    r.broker, r.epoch.0, offset.0
+                )
+            })?;
         }
         let (fenced, in_controlled_shutdown) = match self.brokers.get(&r.broker) {
             Some(old) if amend => (old.fenced, old.in_controlled_shutdown),
@@ -372,19 +453,22 @@ impl ClusterState {
                 in_controlled_shutdown,
             },
         );
+        Ok(())
     }
 
-    fn apply_partition(&mut self, p: &PartitionRecord) {
-        assert_eq!(
-            p.leader_epoch,
-            LeaderEpoch(0),
-            "a new partition starts at leader epoch 0"
-        );
-        assert_eq!(
-            p.partition_epoch,
-            PartitionEpoch(0),
-            "a new partition starts at partition epoch 0"
-        );
+    fn apply_partition(&mut self, p: &PartitionRecord) -> Result<(), String> {
+        ensure(p.leader_epoch == LeaderEpoch(0), || {
+            format!(
+                "{}-{}: a new partition starts at leader epoch 0",
+                p.topic, p.partition
+            )
+        })?;
+        ensure(p.partition_epoch == PartitionEpoch(0), || {
+            format!(
+                "{}-{}: a new partition starts at partition epoch 0",
+                p.topic, p.partition
+            )
+        })?;
         let reg = PartitionRegistration {
             replicas: p.replicas.clone(),
             isr: p.isr.clone(),
@@ -392,38 +476,46 @@ impl ClusterState {
             leader_epoch: p.leader_epoch,
             partition_epoch: p.partition_epoch,
         };
-        self.assert_partition(&reg, p.topic, p.partition, false);
-        let t = self.topics.get_mut(&p.topic);
-        assert!(t.is_some(), "partition of unknown topic {}", p.topic);
-        if let Some(t) = t {
-            assert_eq!(
-                usize::try_from(p.partition.0).ok(),
-                Some(t.partitions.len()),
-                "partitions of {} are created in order",
-                t.name
-            );
-            t.partitions.push(reg);
-        }
+        self.partition_valid(&reg, p.topic, p.partition)?;
+        let Some(t) = self.topics.get_mut(&p.topic) else {
+            return Err(format!("partition of unknown topic {}", p.topic));
+        };
+        ensure(
+            usize::try_from(p.partition.0).ok() == Some(t.partitions.len()),
+            || format!("partitions of {} are created in order", t.name),
+        )?;
+        t.partitions.push(reg);
+        Ok(())
     }
 
-    fn apply_change(&mut self, c: &PartitionChange) {
-        let old = self.partition(c.topic, c.partition);
-        assert!(
-            old.is_some(),
-            "change to unknown partition {}-{}",
-            c.topic,
-            c.partition
-        );
-        let Some(old) = old else { return };
-        assert_eq!(
-            c.partition_epoch.0,
-            old.partition_epoch.0 + 1,
-            "partition epochs go up by one per change"
-        );
-        if c.leader == old.leader {
-            assert_eq!(c.leader_epoch, old.leader_epoch, "same leader, same leader epoch");
+    fn apply_change(&mut self, c: &PartitionChange) -> Result<(), String> {
+        let Some(old) = self.partition(c.topic, c.partition) else {
+            return Err(format!("change to unknown partition {}-{}", c.topic, c.partition));
+        };
+        // (A whole decision built on an older registration is skipped before it gets here:
+        // `try_apply_batch`.)
+        ensure(c.partition_epoch.0 == old.partition_epoch.0 + 1, || {
+            format!(
+                "{}-{}: partition epochs go up by one per change: {} after {}",
+                c.topic, c.partition, c.partition_epoch.0, old.partition_epoch.0
+            )
+        })?;
+        // A leader is recorded with the epoch (Raft term) it was elected in: another leader
+        // needs a newer epoch; the same leader may be re-elected, and a leader taken away may
+        // return, in the same or a newer one. Taking a leader away keeps the epoch.
+        let what = format!("{}-{}", c.topic, c.partition);
+        if c.leader.is_none() {
+            ensure(c.leader_epoch == old.leader_epoch, || {
+                format!("{what}: a leader taken away keeps the epoch")
+            })?;
+        } else if c.leader == old.leader || old.leader.is_none() {
+            ensure(c.leader_epoch >= old.leader_epoch, || {
+                format!("{what}: leader epochs never go back")
+            })?;
         } else {
-            assert!(c.leader_epoch > old.leader_epoch, "leader epochs only grow");
+            ensure(c.leader_epoch > old.leader_epoch, || {
+                format!("{what}: a new leader has a newer epoch")
+            })?;
         }
         let mut new = old.clone();
         new.leader = c.leader;
@@ -431,26 +523,28 @@ impl ClusterState {
         new.leader_epoch = c.leader_epoch;
         new.partition_epoch = c.partition_epoch;
         if let Some(shards) = &c.shards {
-            assert_eq!(shards.len(), new.replicas.len(), "one shard per replica");
+            ensure(shards.len() == new.replicas.len(), || {
+                format!("{what}: one shard per replica")
+            })?;
             for (r, s) in new.replicas.iter_mut().zip(shards) {
                 r.shard = *s;
             }
         }
-        self.assert_partition(&new, c.topic, c.partition, false);
+        self.partition_valid(&new, c.topic, c.partition)?;
         if let Some(slot) = self.topics.get_mut(&c.topic).and_then(|t| {
             t.partitions
                 .get_mut(usize::try_from(c.partition.0).unwrap_or(usize::MAX))
         }) {
             *slot = new;
         }
+        Ok(())
     }
 
-    fn apply_config(&mut self, c: &ConfigRecord) {
+    fn apply_config(&mut self, c: &ConfigRecord) -> Result<(), String> {
         if let ConfigResource::Topic(name) = &c.resource {
-            assert!(
-                self.topics_by_name.contains_key(name),
-                "config of unknown topic {name}"
-            );
+            ensure(self.topics_by_name.contains_key(name), || {
+                format!("config of unknown topic {name}")
+            })?;
         }
         let entry = self.configs.entry(c.resource.clone()).or_default();
         for (k, v) in &c.entries {
@@ -466,6 +560,19 @@ impl ClusterState {
         if entry.is_empty() {
             self.configs.remove(&c.resource);
         }
+        Ok(())
+    }
+
+    fn registration(
+        &self,
+        broker: NodeId,
+        epoch: BrokerEpoch,
+        what: &str,
+    ) -> Result<&BrokerRegistration, String> {
+        self.brokers
+            .get(&broker)
+            .filter(|b| b.epoch == epoch)
+            .ok_or_else(|| format!("{what} for broker {broker} at a stale epoch {epoch:?}"))
     }
 
     fn registration_mut(
@@ -473,21 +580,15 @@ impl ClusterState {
         broker: NodeId,
         epoch: BrokerEpoch,
         what: &str,
-    ) -> &mut BrokerRegistration {
-        match self.brokers.get_mut(&broker).filter(|b| b.epoch == epoch) {
-            Some(b) => b,
-            None => panic!("{what} for broker {broker} at a stale epoch {epoch:?}"),
-        }
+    ) -> Result<&mut BrokerRegistration, String> {
+        self.brokers
+            .get_mut(&broker)
+            .filter(|b| b.epoch == epoch)
+            .ok_or_else(|| format!("{what} for broker {broker} at a stale epoch {epoch:?}"))
     }
 
     /// A fenced or shutting-down broker leads nothing and is in no ISR of a partition that has
     /// a leader.
-    fn assert_leads_nothing(&self, broker: NodeId, why: &str) {
-        if let Err(e) = self.leads_nothing(broker, why) {
-            panic!("{e}");
-        }
-    }
-
     fn leads_nothing(&self, broker: NodeId, why: &str) -> Result<(), String> {
         for (t, p, part) in self.partitions() {
             if part.leader == Some(broker) {
@@ -500,23 +601,8 @@ impl ClusterState {
         Ok(())
     }
 
-    fn assert_partition(&self, p: &PartitionRegistration, t: TopicId, i: PartitionId, whole: bool) {
-        if let Err(e) = self.partition_valid(p, t, i, whole) {
-            panic!("{e}");
-        }
-    }
-
-    /// The invariants of one partition against the brokers as they are now. `whole` adds the
-    /// one that holds only between decisions, not between the records of one: a partition is
-    /// offline only while no ISR member is alive (fencing a partition's last ISR member first
-    /// leaves it leaderless, then fences the broker).
-    fn partition_valid(
-        &self,
-        p: &PartitionRegistration,
-        t: TopicId,
-        i: PartitionId,
-        whole: bool,
-    ) -> Result<(), String> {
+    /// The invariants of one partition against the brokers as they are now.
+    fn partition_valid(&self, p: &PartitionRegistration, t: TopicId, i: PartitionId) -> Result<(), String> {
         if p.replicas.is_empty() {
             return Err(format!("{t}-{i} has no replicas"));
         }
@@ -545,27 +631,20 @@ impl ClusterState {
                 return Err(format!("{t}-{i}: {b} twice in the ISR"));
             }
         }
-        match p.leader {
-            Some(l) => {
-                if !p.isr.contains(&l) {
-                    return Err(format!("{t}-{i}: leader {l} not in the ISR {:?}", p.isr));
-                }
-                if let Some(b) = p.isr.iter().find(|b| !self.is_active(**b)) {
-                    return Err(format!("{t}-{i}: ISR member {b} is fenced or shutting down"));
-                }
+        // A partition may be leaderless until its group's election is reported (a leader taken
+        // away, or no ISR member back yet); a led one has its leader and only active brokers in
+        // its ISR.
+        if let Some(l) = p.leader {
+            if !p.isr.contains(&l) {
+                return Err(format!("{t}-{i}: leader {l} not in the ISR {:?}", p.isr));
             }
-            // Offline only while no ISR member could lead: unclean election is off, so the
-            // partition waits for one of them to return.
-            None if whole => {
-                if let Some(b) = p.isr.iter().find(|b| self.is_active(**b)) {
-                    return Err(format!("{t}-{i}: offline although ISR member {b} is alive"));
-                }
+            if let Some(b) = p.isr.iter().find(|b| !self.is_active(**b)) {
+                return Err(format!("{t}-{i}: ISR member {b} is fenced or shutting down"));
             }
-            None => {}
         }
-        if p.leader_epoch.0 < 0 || p.partition_epoch.0 < 0 || p.partition_epoch.0 < p.leader_epoch.0 {
+        if p.leader_epoch.0 < 0 || p.partition_epoch.0 < 0 {
             return Err(format!(
-                "{t}-{i}: epochs {} / {} (a leader change is a partition change too)",
+                "{t}-{i}: epochs {} / {}",
                 p.leader_epoch, p.partition_epoch.0
             ));
         }
@@ -575,7 +654,7 @@ impl ClusterState {
     /// The first broken invariant of the whole state, if any.
     pub fn invariant_violation(&self) -> Option<String> {
         for (t, p, part) in self.partitions() {
-            if let Err(e) = self.partition_valid(part, t, p, true) {
+            if let Err(e) = self.partition_valid(part, t, p) {
                 return Some(e);
             }
         }
@@ -628,5 +707,14 @@ impl ClusterState {
         if let Some(v) = self.invariant_violation() {
             panic!("{v}");
         }
+    }
+}
+
+/// `Ok` when `holds`, else the error `why` describes.
+fn ensure(holds: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if holds {
+        Ok(())
+    } else {
+        Err(why())
     }
 }

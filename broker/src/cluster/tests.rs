@@ -174,6 +174,28 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// The partition group elected `broker` in `term`: its report.
+    pub(super) fn elect(
+        &mut self,
+        t: TopicId,
+        p: i32,
+        broker: i32,
+        term: i32,
+    ) -> Result<AlterPartitionReply, AdminError> {
+        let req = LeaderElected {
+            broker: n(broker),
+            broker_epoch: self.epochs[&n(broker)].1,
+            topic: t,
+            partition: PartitionId(p),
+            leader_epoch: LeaderEpoch(term),
+        };
+        let (records, reply) = leader_elected(&self.state, &req)?;
+        self.commit(&records);
+        Ok(reply)
+    }
+}
+
 fn three() -> Harness {
     let mut h = Harness::new();
     for id in 1..=3 {
@@ -288,7 +310,7 @@ fn registration_refuses_bad_requests() {
 }
 
 #[test]
-fn sessions_expire_after_the_timeout_and_leaders_move() {
+fn sessions_expire_after_the_timeout_and_leaderships_are_taken_away() {
     let mut h = three();
     h.config.session_timeout_ms = 2_000;
     let t = h.create("t", 1, 3, 3).unwrap();
@@ -300,18 +322,28 @@ fn sessions_expire_after_the_timeout_and_leaders_move() {
     assert!(h.fence_stale() > 0, "broker 3's session ended at 2000");
     assert!(h.state.broker(n(3)).unwrap().fenced);
     assert!(!h.state.broker(n(1)).unwrap().fenced);
+    let mut led = None;
     for p in 0..3 {
         let part = h.part(t, p);
-        assert!(matches!(part.leader, Some(l) if l != n(3)));
+        assert_ne!(part.leader, Some(n(3)));
         assert_eq!(part.isr.len(), 2);
+        assert_eq!(
+            part.leader_epoch,
+            LeaderEpoch(0),
+            "only an election raises the epoch"
+        );
         let view = h.state.partition_view(t, PartitionId(p)).unwrap();
         assert_eq!(view.offline_replicas, vec![n(3)]);
+        if part.leader.is_none() {
+            led = Some(p);
+        }
     }
-    // The partition broker 3 led got a new leader epoch; the others only a new partition epoch.
-    let moved: Vec<_> = (0..3)
-        .filter(|p| h.part(t, *p).leader_epoch == LeaderEpoch(1))
-        .collect();
-    assert_eq!(moved.len(), 1);
+    // The partition broker 3 led waits for its group's election; the winner reports it.
+    let p = led.expect("broker 3 led one partition");
+    let winner = h.part(t, p).isr[0];
+    h.elect(t, p, winner.0, 1).unwrap();
+    assert_eq!(h.part(t, p).leader, Some(winner));
+    assert_eq!(h.part(t, p).leader_epoch, LeaderEpoch(1));
     assert_eq!(h.state.live_brokers().count(), 2);
 }
 
@@ -325,21 +357,69 @@ fn a_partition_without_a_live_isr_member_goes_offline_until_one_returns() {
     h.alter(t, 0, &[a.0]).unwrap();
     h.beat(a.0, true, false).unwrap();
     let part = h.part(t, 0);
-    assert_eq!(
-        part.leader, None,
-        "unclean election is off: {b} is not in the ISR"
-    );
+    assert_eq!(part.leader, None);
     assert_eq!(part.isr, vec![a], "the last ISR member is kept");
     let view = h.state.partition_view(t, PartitionId(0)).unwrap();
     assert_eq!(view.leader, None);
     assert_eq!(view.offline_replicas, vec![a]);
-    // Broker b coming back does not help; a coming back leads again with a new epoch.
+    // A fenced broker's election is not recorded; once back it is, in the same or a later term.
     h.beat(b.0, false, false).unwrap();
-    assert_eq!(h.part(t, 0).leader, None);
+    assert_eq!(
+        h.elect(t, 0, a.0, 0).unwrap_err().code,
+        ResponseError::IneligibleReplica
+    );
     h.beat(a.0, false, false).unwrap();
+    assert_eq!(h.part(t, 0).leader, None, "unfencing elects nothing");
+    h.elect(t, 0, a.0, 0).unwrap();
     let part = h.part(t, 0);
     assert_eq!(part.leader, Some(a));
-    assert_eq!(part.leader_epoch, LeaderEpoch(2));
+    assert_eq!(part.leader_epoch, LeaderEpoch(0));
+}
+
+#[test]
+fn elections_are_recorded_in_term_order() {
+    let mut h = three();
+    let t = h.create("t", 1, 1, 3).unwrap();
+    let first = h.part(t, 0).leader.unwrap();
+    let other = h.part(t, 0).replicas[1].broker;
+    let code = |h: &mut Harness, b: NodeId, term| h.elect(t, 0, b.0, term).unwrap_err().code;
+    // The same leader reporting its term again changes nothing.
+    let pe = h.part(t, 0).partition_epoch;
+    h.elect(t, 0, first.0, 0).unwrap();
+    assert_eq!(h.part(t, 0).partition_epoch, pe);
+    // Another broker in the same term: an election cannot have two winners.
+    assert_eq!(code(&mut h, other, 0), ResponseError::FencedLeaderEpoch);
+    let reply = h.elect(t, 0, other.0, 3).unwrap();
+    assert_eq!((reply.leader, reply.leader_epoch), (Some(other), LeaderEpoch(3)));
+    // A report overtaken by a later election.
+    assert_eq!(code(&mut h, first, 2), ResponseError::FencedLeaderEpoch);
+    // A broker that is no replica, a stale broker epoch.
+    let t2 = h.create("u", 2, 1, 1).unwrap();
+    let outsider = [n(1), n(2), n(3)]
+        .into_iter()
+        .find(|b| !h.part(t2, 0).has_replica(*b))
+        .unwrap();
+    assert_eq!(
+        h.elect(t2, 0, outsider.0, 5).unwrap_err().code,
+        ResponseError::InvalidRequest
+    );
+    let req = LeaderElected {
+        broker: first,
+        broker_epoch: BrokerEpoch(h.epochs[&first].1 .0 + 100),
+        topic: t,
+        partition: PartitionId(0),
+        leader_epoch: LeaderEpoch(9),
+    };
+    assert_eq!(
+        leader_elected(&h.state, &req).unwrap_err().code,
+        ResponseError::StaleBrokerEpoch
+    );
+    // A winner outside the ISR joins it.
+    h.alter(t, 0, &[other.0]).unwrap();
+    h.elect(t, 0, first.0, 4).unwrap();
+    let part = h.part(t, 0);
+    assert_eq!(part.leader, Some(first));
+    assert!(part.isr.contains(&first) && part.isr.contains(&other));
 }
 
 #[test]
@@ -575,6 +655,7 @@ fn alter_partition_shrinks_and_expands_with_epoch_checks() {
     // A leader that was replaced gets FENCED_LEADER_EPOCH.
     h.beat(leader.0, true, false).unwrap();
     h.beat(leader.0, false, false).unwrap();
+    h.elect(t, 0, follower.0, 1).unwrap();
     let new = h.part(t, 0);
     assert_ne!(new.leader, Some(leader));
     let old_leader = AlterPartition {
@@ -582,40 +663,6 @@ fn alter_partition_shrinks_and_expands_with_epoch_checks() {
         ..base
     };
     assert_eq!(code(&old_leader, &h), ResponseError::FencedLeaderEpoch);
-}
-
-#[test]
-fn preferred_leaders_are_restored_once_back_in_the_isr() {
-    let mut h = three();
-    let t = h.create("t", 1, 3, 3).unwrap();
-    let preferred: Vec<_> = (0..3).map(|p| h.part(t, p).preferred_leader().unwrap()).collect();
-    // Broker 1 dies and comes back: it leads nothing and is out of the ISRs.
-    h.beat(1, true, false).unwrap();
-    h.beat(1, false, false).unwrap();
-    let p1 = preferred.iter().position(|b| *b == n(1)).unwrap() as i32;
-    assert_ne!(h.part(t, p1).leader, Some(n(1)));
-    let (records, results) = elect_preferred_leaders(&h.state, Some(&[(t, PartitionId(p1))]));
-    assert!(records.is_empty());
-    assert_eq!(results[0].1, Err(ResponseError::PreferredLeaderNotAvailable));
-    // It catches up: the leader adds it back to the ISR, then the balancer moves leadership.
-    for p in 0..3 {
-        h.alter(t, p, &[1, 2, 3]).unwrap();
-    }
-    let before = h.part(t, p1).leader_epoch;
-    let (records, results) = elect_preferred_leaders(&h.state, None);
-    assert_eq!(
-        results,
-        vec![((t, PartitionId(p1)), Ok(()))],
-        "only the moved partition is reported"
-    );
-    h.commit(&records);
-    for (p, pref) in preferred.iter().enumerate() {
-        assert_eq!(h.part(t, p as i32).leader, Some(*pref));
-    }
-    assert_eq!(h.part(t, p1).leader_epoch, LeaderEpoch(before.0 + 1));
-    let (records, results) = elect_preferred_leaders(&h.state, Some(&[(t, PartitionId(0))]));
-    assert!(records.is_empty());
-    assert_eq!(results[0].1, Err(ResponseError::ElectionNotNeeded));
 }
 
 #[test]
@@ -770,7 +817,7 @@ fn configs_and_topic_removal() {
 }
 
 #[test]
-#[should_panic(expected = "leader epochs only grow")]
+#[should_panic(expected = "a new leader has a newer epoch")]
 fn apply_refuses_a_leader_change_without_a_new_epoch() {
     let mut h = three();
     let t = h.create("t", 1, 1, 3).unwrap();
@@ -856,28 +903,6 @@ fn controlled_shutdown_after_a_fail_over_is_not_starved_by_new_records() {
 }
 
 #[test]
-fn a_partition_named_twice_is_elected_once() {
-    let mut h = three();
-    let t = h.create("t", 1, 1, 3).unwrap();
-    let pref = h.part(t, 0).preferred_leader().unwrap();
-    h.beat(pref.0, true, false).unwrap();
-    h.beat(pref.0, false, false).unwrap();
-    let twice = [(t, PartitionId(0)), (t, PartitionId(0))];
-    let (records, results) = elect_preferred_leaders(&h.state, Some(&twice));
-    assert!(records.is_empty());
-    assert_eq!(results.len(), 2);
-    assert!(results
-        .iter()
-        .all(|r| r.1 == Err(ResponseError::PreferredLeaderNotAvailable)));
-    h.alter(t, 0, &[1, 2, 3]).unwrap();
-    let (records, results) = elect_preferred_leaders(&h.state, Some(&twice));
-    assert_eq!(records.len(), 1);
-    assert!(results.iter().all(|r| r.1.is_ok()));
-    h.commit(&records);
-    assert_eq!(h.part(t, 0).leader, Some(pref));
-}
-
-#[test]
 fn manual_assignments_are_checked_as_kafka_checks_them() {
     let mut h = three();
     h.beat(3, true, false).unwrap();
@@ -937,10 +962,9 @@ fn manual_assignments_are_checked_as_kafka_checks_them() {
     let p1 = h.part(tid(9), 1);
     assert_eq!(p1.leader, Some(n(2)));
     assert_eq!(p1.isr, vec![n(2)]);
-    // When broker 3 returns and catches up, the preferred election gives it partition 0.
+    // When broker 3 returns, its group's election may make it the leader of partition 0.
     h.beat(3, false, false).unwrap();
-    h.alter(tid(9), 0, &[1, 3]).unwrap();
-    h.commit(&elect_preferred_leaders(&h.state, None).0);
+    h.elect(tid(9), 0, 3, 1).unwrap();
     assert_eq!(h.part(tid(9), 0).leader, Some(n(3)));
 }
 
@@ -1022,4 +1046,102 @@ fn a_fenced_broker_asking_to_shut_down_stops_at_once() {
     let reply = h.beat(2, true, true).unwrap();
     assert!(reply.should_shut_down && reply.is_fenced);
     assert_eq!(h.state.leader_count(n(2)), 0);
+}
+
+#[test]
+fn fetched_records_that_break_the_state_are_refused_unapplied() {
+    let mut h = three();
+    let t = h.create("t", 1, 1, 3).unwrap();
+    let leader = h.part(t, 0).leader.unwrap();
+    let before = h.state.clone();
+    // Each refused, with the state left as it was.
+    let bad = [
+        Record::BrokerFenced {
+            broker: leader,
+            epoch: h.epochs[&leader].1,
+        },
+        Record::BrokerUnfenced {
+            broker: leader,
+            epoch: BrokerEpoch(12_345),
+        },
+        Record::Topic {
+            name: "t".into(),
+            id: TopicId(uuid::Uuid::from_u128(77)),
+        },
+        Record::RemoveTopic {
+            id: TopicId(uuid::Uuid::from_u128(78)),
+        },
+        Record::PartitionChange(PartitionChange {
+            topic: t,
+            partition: PartitionId(9),
+            leader: None,
+            isr: vec![],
+            leader_epoch: LeaderEpoch(0),
+            partition_epoch: PartitionEpoch(1),
+            shards: None,
+        }),
+    ];
+    for r in &bad {
+        assert!(h.state.try_apply(r).is_err(), "{r:?} was applied");
+        assert_eq!(h.state, before, "{r:?} changed the state");
+    }
+    // In a batch, the error names the record; good records before it stay applied.
+    let good = Record::Config(ConfigRecord {
+        resource: ConfigResource::Topic("t".into()),
+        entries: vec![("retention.ms".into(), Some("1000".into()))],
+    });
+    let e = h.state.try_apply_batch(&[good, bad[0].clone()]).unwrap_err();
+    assert!(e.contains("but leads"), "{e}");
+    assert_eq!(h.state.next_offset().0, before.next_offset().0 + 1);
+}
+
+#[test]
+fn a_decision_built_on_an_older_partition_state_is_skipped_whole() {
+    let mut h = three();
+    let t = h.create("t", 1, 1, 3).unwrap();
+    let part = h.part(t, 0);
+    let leader = part.leader.unwrap();
+    // Taking the leadership away, then fencing the leader: one decision, built on the
+    // partition as it is now.
+    let decision = |p: &crate::cluster::PartitionRegistration| {
+        vec![
+            Record::PartitionChange(PartitionChange {
+                topic: t,
+                partition: PartitionId(0),
+                leader: None,
+                isr: p.isr.clone(),
+                leader_epoch: p.leader_epoch,
+                partition_epoch: PartitionEpoch(p.partition_epoch.0 + 1),
+                shards: None,
+            }),
+            Record::BrokerFenced {
+                broker: leader,
+                epoch: h.epochs[&leader].1,
+            },
+        ]
+    };
+    let stale = decision(&part);
+    // Another decision changes the partition first.
+    let isr: Vec<NodeId> = part.isr.iter().copied().filter(|b| *b != leader).collect();
+    h.state.apply(&Record::PartitionChange(PartitionChange {
+        topic: t,
+        partition: PartitionId(0),
+        leader: None,
+        isr,
+        leader_epoch: part.leader_epoch,
+        partition_epoch: PartitionEpoch(part.partition_epoch.0 + 1),
+        shards: None,
+    }));
+    let before = h.state.clone();
+    let applied = h.state.try_apply_batch(&stale);
+    if cfg!(debug_assertions) {
+        // Tests stop on it; nothing was applied.
+        assert!(applied.unwrap_err().contains("change to partition epoch"));
+        assert_eq!(h.state, before);
+    } else {
+        // Skipped whole: the broker is not fenced, the offsets move on.
+        applied.unwrap();
+        assert_eq!(h.state.next_offset().0, before.next_offset().0 + 2);
+        assert!(!h.state.broker(leader).unwrap().fenced);
+    }
 }
