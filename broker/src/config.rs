@@ -174,7 +174,7 @@ pub struct Config {
     /// is PLAINTEXT.
     pub listeners: Vec<Listener>,
     /// Listeners named in `controller.listener.names`, as configured (`NAME://host:port`).
-    /// Not served: [`ClusterConfig::controller_listener`] is the one a controller uses.
+    /// Served only as [`ClusterConfig::controller_listener`], by a node with the controller role.
     pub controller_listeners: Vec<String>,
     /// The cluster this node belongs to: `process.roles`, `node.id`, the controller quorum,
     /// the controller and inter-broker listeners, `cluster.id` and the replication settings.
@@ -374,30 +374,34 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("listener.security.protocol.map", Str, Text(listeners::DEFAULT_PROTOCOL_MAP), Unit::None,
         "Security protocol of each listener name, NAME:PROTOCOL, comma-separated."),
     key("controller.listener.names", Str, Null, Unit::None,
-        "Listener names of the controller quorum, comma-separated; the first is the one used. With the controller role its listener must be in listeners; a broker-only node must not have it in listeners. Checked, not served yet: the quorum does not run over the network yet."),
+        "Listener names of the controller quorum, comma-separated; the first is the one used. With the controller role its listener must be in listeners, and the node serves the quorum on it (its Raft messages and the controller requests of brokers), bound by shard 0 and retried while the address is busy; a broker-only node must not have it in listeners."),
     key("process.roles", Str, Null, Unit::None,
-        "broker, controller or broker,controller, as in a KRaft cluster. Unset: a standalone node, a broker and the only voter of its own controller quorum. Set: node.id and controller.quorum.voters (or controller.quorum.bootstrap.servers) are required, so is cluster.id unless the node is the only voter, and the listener settings are checked as Kafka checks them. Checked and logged at start-up; the node still runs standalone: forming a cluster is not built yet."),
+        "broker, controller or broker,controller, as in a KRaft cluster. Unset: a standalone node, a broker and the only voter of its own controller quorum. Set: node.id and controller.quorum.voters (or controller.quorum.bootstrap.servers) are required, so is cluster.id unless the node is the only voter, and the listener settings are checked as Kafka checks them. With the controller role the node is a voter of the controller quorum; with the broker role it registers with the active controller, heartbeats, and serves the topics the cluster metadata places on it. Each partition is a Raft group of its replicas: acks=all is answered once a majority of them holds the batch."),
     key("controller.quorum.voters", Str, Null, Unit::None,
-        "The controller quorum: {id}@{host}:{port}, comma-separated, each voter's node id and the address of its controller listener. A node with the controller role must be one of them; a broker-only node must not. Checked, not used yet."),
+        "The controller quorum: {id}@{host}:{port}, comma-separated, each voter's node id and the address of its controller listener. A node with the controller role must be one of them; a broker-only node must not. The quorum runs over these addresses, and brokers send their controller requests to them."),
     key("controller.quorum.bootstrap.servers", Str, Null, Unit::None,
-        "Controllers to learn the quorum from, {host}:{port}, comma-separated, when controller.quorum.voters is not given. Checked, not used yet."),
+        "Controllers to learn the quorum from, {host}:{port}, comma-separated, when controller.quorum.voters is not given. Checked, not used yet: a node joins a cluster only with controller.quorum.voters."),
     key("inter.broker.listener.name", Str, Null, Unit::None,
-        "The client listener other brokers reach this one on (its advertised address); one of listeners. Defaults to the listener named after security.inter.broker.protocol. Checked, not used yet."),
+        "The client listener other brokers reach this one on (its advertised address); one of listeners. Defaults to the listener named after security.inter.broker.protocol. Partition replicas reach each other on the addresses brokers advertise for it."),
     key("security.inter.broker.protocol", Str, Text("PLAINTEXT"), Unit::None,
         "Names the inter-broker listener when inter.broker.listener.name is not set (only one of the two may be set)."),
-    key("broker.rack", Str, Null, Unit::None, "The rack (or zone) of this node. Not used yet."),
+    key("broker.rack", Str, Null, Unit::None, "The rack (or zone) of this node, registered with the controller quorum and shown in Metadata and DescribeCluster."),
     key("replica.lag.time.max.ms", Long, Text("30000"), Ms,
-        "A follower that has not caught up with its leader's log end for this long leaves the in-sync replicas. Lower it to drop slow followers sooner, so acks=all waits less on them; raise it on a network with long pauses, so followers are not dropped and re-added. Not used yet: partitions are not replicated yet."),
+        "A follower that has not caught up with its leader's log end for this long leaves the in-sync replicas. Lower it to drop slow followers sooner, so acks=all waits less on them; raise it on a network with long pauses, so followers are not dropped and re-added."),
     key("default.replication.factor", Int, Text("1"), Count("replicas"),
-        "Replicas of auto-created topics and of CreateTopics asking for -1. Set 3 on a three-node cluster so a topic survives the loss of a node. Not used yet: partitions are not replicated yet."),
+        "Replicas of auto-created topics and of CreateTopics asking for -1. Set 3 on a three-node cluster so a topic survives the loss of a node. On a cluster node the replicas are placed over the live brokers (INVALID_REPLICATION_FACTOR above their count)."),
+    key("auto.leader.rebalance.enable", Boolean, Text("true"), Unit::None,
+        "Leaders move back to each partition's preferred replica (the first of its replicas, where placement spread them) once it is in sync and caught up, checked every leader.imbalance.check.interval.seconds, as Kafka's controller moves them (Strand moves every such partition, with no leader.imbalance.per.broker.percentage threshold). Turn it off to keep leaders where fail-overs put them."),
+    key("leader.imbalance.check.interval.seconds", Long, Text("300"), Count("seconds"),
+        "How often leaders are moved back to their preferred replicas (auto.leader.rebalance.enable). Lower it to restore the spread of leaders sooner after a node returns."),
     key("min.insync.replicas", Int, Text("1"), Count("replicas"),
-        "The default of the topic config min.insync.replicas: in-sync replicas an acks=all produce needs. With replication factor 3, 2 keeps writes safe while one node is down. Not enforced yet: partitions are not replicated yet."),
+        "The default of the topic config min.insync.replicas: in-sync replicas an acks=all produce needs. With replication factor 3, 2 keeps writes safe while one node is down. An acks=all produce to a partition with fewer in-sync replicas is refused with NOT_ENOUGH_REPLICAS."),
     key("broker.session.timeout.ms", Int, Text("9000"), Ms,
-        "A broker whose heartbeats to the controller quorum stop for this long is fenced. Lower it for faster fail-over, at the risk of fencing a broker that only paused. Not used yet."),
+        "A broker whose heartbeats to the controller quorum stop for this long is fenced. Lower it for faster fail-over, at the risk of fencing a broker that only paused. The active controller checks once a second."),
     key("broker.heartbeat.interval.ms", Int, Text("2000"), Ms,
-        "How often a broker heartbeats to the controller quorum; well below broker.session.timeout.ms. Not used yet."),
+        "How often a broker heartbeats to the controller quorum; well below broker.session.timeout.ms."),
     key("controller.quorum.election.timeout.ms", Int, Text("1000"), Ms,
-        "How long a controller voter waits without hearing from a leader before it starts an election. Lower it for faster fail-over of the controller, raise it on a slow network to avoid needless elections. Not used yet."),
+        "How long a controller voter waits without hearing from a leader before it starts an election. Lower it for faster fail-over of the controller, raise it on a slow network to avoid needless elections. The quorum's Raft election timeout is drawn between this and twice this."),
     key("controller.quorum.fetch.timeout.ms", Int, Text("2000"), Ms,
         "How long a controller voter goes without a successful fetch from the leader before it becomes a candidate; a leader that hears from no majority for this long resigns. Not used yet."),
     key("log.dirs", Str, Text("./strand-data"), Unit::None, "The data directory (exactly one)."),
@@ -511,7 +515,6 @@ const IGNORED_KEYS: &[&str] = &[
     "share.coordinator.state.topic.min.isr",
     "group.coordinator.rebalance.protocols",
     "unstable.api.versions.enable",
-    "auto.leader.rebalance.enable",
     "log.cleaner.enable",
 ];
 
@@ -685,10 +688,12 @@ fn load_quietly(
         &mut warnings,
         &mut notes,
     )?;
-    for controller in &config.controller_listeners {
-        notes.push(format!(
-            "controller listener {controller} is not served yet (the controller quorum does not run over the network yet)"
-        ));
+    if config.cluster.is_standalone() {
+        for controller in &config.controller_listeners {
+            notes.push(format!(
+                "controller listener {controller} is not served: without process.roles this is a standalone node"
+            ));
+        }
     }
     Ok(Loaded {
         config,

@@ -203,6 +203,8 @@ enum ReadEnd {
     Close(Option<&'static str>),
     /// Hand the connection to this shard.
     Move(ShardId),
+    /// Another node's replication transport (its hello is at the front of the input).
+    Peer,
 }
 
 /// Serves one accepted connection until the peer closes it or sends something unacceptable.
@@ -299,6 +301,12 @@ async fn serve(
                 }
                 break;
             }
+            ReadEnd::Peer => {
+                serve_peer(&conns, stream, &input).await;
+                connections.live.set(connections.live.get().saturating_sub(1));
+                shard.metrics.connection_closed();
+                return;
+            }
             ReadEnd::Move(_) if !written => break,
             ReadEnd::Move(to) => match hand_over(&conns, &stream, to, listener, &conn, &input).await {
                 Handover::Moved => {
@@ -323,6 +331,56 @@ async fn serve(
     drop(stream);
     connections.live.set(connections.live.get().saturating_sub(1));
     shard.metrics.connection_closed();
+}
+
+/// Hands a node's replication connection to the replication subsystem of the shard its hello
+/// names: this one, or another through the router (the socket's duplicate and the bytes read).
+async fn serve_peer(conns: &Rc<Connections>, stream: Rc<RefCell<TcpStream>>, input: &Input) {
+    let shard = conns.core();
+    let Some(replication) = conns.subsystems.replication.clone() else {
+        tracing::warn!("a node connected for replication, but this node is not in a cluster; closing it");
+        return;
+    };
+    let codec = strand_raft::transport::codec::Codec::default();
+    let Some((node, target)) = crate::replication::net::peek_hello(&input.buf, codec) else {
+        tracing::warn!("closing a node connection whose hello does not decode");
+        return;
+    };
+    let Ok(stream) = Rc::try_unwrap(stream).map(RefCell::into_inner) else {
+        tracing::warn!("a node connection's socket is still shared; closing it");
+        return;
+    };
+    let received = BytesMut::from(&input.buf[..]);
+    if target == shard.id.0 {
+        replication.manager.serve_peer(stream, received).await;
+        return;
+    }
+    if target >= shard.shards {
+        tracing::warn!(node = %node, target, "a node asked for a shard this node does not have; closing it");
+        return;
+    }
+    let fd = match duplicate(stream.as_raw_fd()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot hand a node connection to its shard; closing it");
+            return;
+        }
+    };
+    let m = Box::new(crate::replication::PeerConnection {
+        fd,
+        received: received.to_vec(),
+    });
+    match shard
+        .call::<crate::replication::Replication>(ShardId(target), m)
+        .await
+    {
+        Ok(answer) => {
+            if !matches!(answer.await, Ok(true)) {
+                tracing::warn!(target, "the shard did not take a node connection");
+            }
+        }
+        Err(e) => tracing::warn!(target, error = ?e, "cannot hand a node connection to its shard"),
+    }
 }
 
 /// How a hand-over ended.
@@ -424,8 +482,21 @@ async fn read_loop(
     let request_memory = &conns.request_memory;
     let Input { buf } = input;
     let fetch_slot = Rc::new(Semaphore::new(1));
+    let mut first = true;
     loop {
         loop {
+            // A node's replication transport, not a Kafka client: its hello frame reads as
+            // api key 0x010D, which no Kafka API has (see `replication::net`).
+            if first
+                && buf.len() >= 6
+                && crate::replication::net::is_node_hello(buf.get(4..).unwrap_or_default())
+            {
+                match peek_frame_size(buf, PEER_HELLO_MAX_BYTES) {
+                    Ok(Some(size)) if buf.len() >= 4 + size => return ReadEnd::Peer,
+                    Ok(_) => break,
+                    Err(_) => return ReadEnd::Close(Some("oversized node hello")),
+                }
+            }
             if let Some(to) = conn
                 .affinity
                 .move_to(shard.id, !MOVES_UNAVAILABLE.load(Ordering::Relaxed))
@@ -466,6 +537,7 @@ async fn read_loop(
                     Err(end) => return end,
                 }
             };
+            first = false;
             match start_request(conns, conn, frame, permit, &fetch_slot).await {
                 Ok(Some(pending)) => {
                     if tx.send(pending).await.is_err() {
@@ -492,6 +564,9 @@ async fn read_loop(
         }
     }
 }
+
+/// A node hello is a few bytes; a larger frame that starts like one closes the connection.
+const PEER_HELLO_MAX_BYTES: usize = 64;
 
 /// Frames up to this size are read into the connection's input buffer (with their size prefix)
 /// and copied out; larger ones get a buffer of their own.

@@ -12,6 +12,7 @@
 mod admin;
 mod clock;
 pub mod cluster;
+mod cluster_link;
 pub mod config;
 mod connection;
 mod controller;
@@ -22,6 +23,7 @@ mod internal_topics;
 pub mod metadata;
 mod metrics;
 mod queue;
+mod replication;
 pub mod server;
 mod shard;
 mod subsystems;

@@ -241,6 +241,11 @@ impl ClusterMetadata {
         self.group_configs.get(group)
     }
 
+    /// The groups with config overrides, by name.
+    pub fn group_configs(&self) -> impl Iterator<Item = (&str, &GroupConfig)> {
+        self.group_configs.iter().map(|(g, c)| (g.as_str(), c))
+    }
+
     /// How many groups have config overrides.
     pub fn group_config_count(&self) -> usize {
         self.group_configs.len()

@@ -156,6 +156,11 @@ pub(crate) fn describe() {
     );
     describe_counter!("strand_checkpoints_total", "Checkpoints completed, by shard.");
     describe_counter!(
+        "strand_metadata_records_refused_total",
+        "Cluster metadata records a broker-only node fetched and refused because they break the \
+         state's invariants; each time it fetches a whole snapshot instead."
+    );
+    describe_counter!(
         "strand_journal_files_recycled_total",
         "Checkpointed journal files kept to be overwritten by a later rotation, by shard."
     );

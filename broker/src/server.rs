@@ -24,6 +24,7 @@ use strand_storage::fs_glommio::{self, GlommioFs, GlommioFsConfig, SharedFs};
 use strand_storage::{replay_journals, FileRegions, LogConfig, LogKey, ShardStore, StoreConfig};
 
 use crate::clock::{Clock, SystemClock};
+use crate::cluster_link::{self, ClusterLink};
 use crate::config::Config;
 use crate::connection::{self, Connections};
 use crate::controller::METADATA_FILE;
@@ -102,7 +103,9 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
             "replayed shard journals"
         );
     }
-    remove_stray_logs(&log_dir, &metadata);
+    if config.cluster.is_standalone() {
+        remove_stray_logs(&log_dir, &metadata);
+    }
 
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(metrics::LATENCY_BUCKETS_SECONDS)
@@ -347,7 +350,7 @@ async fn shard_main(
         shards,
         config.clone(),
         Rc::new(SystemClock),
-        store,
+        Rc::new(store),
         metadata.clone(),
         router.clone(),
         Rc::new(advertised),
@@ -361,6 +364,16 @@ async fn shard_main(
     }
     let problems = shard.open_all().await;
     subsystems.start().await;
+    // A KRaft-configured node: the link between its shards and its cluster part (shard 0).
+    let _cluster = (!config.cluster.is_standalone()).then(|| {
+        let link = ClusterLink::new(&shard);
+        if let Some(r) = &subsystems.replication {
+            r.manager
+                .set_reports(Rc::new(cluster_link::ElectionReports(Rc::downgrade(&shard))));
+        }
+        let node = (id.0 == 0).then(|| cluster_link::start(&shard, &link));
+        (link, node)
+    });
     shard.update_partition_gauges();
     glommio::spawn_local(tasks::flusher(shard.clone())).detach();
     glommio::spawn_local(tasks::stall_probe(shard.clone())).detach();
@@ -403,6 +416,15 @@ async fn shard_main(
     while !shutdown.load(Ordering::Acquire) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
     }
+    // The partition groups this node leads hand their leadership to caught-up followers and
+    // stop, before the controlled shutdown (which then finds nothing left to move) and before
+    // their logs close.
+    if let Some(r) = &subsystems.replication {
+        r.manager.shut_down().await;
+    }
+    if let Some((_, Some(node))) = &_cluster {
+        node.shutdown(Duration::from_secs(10)).await;
+    }
     shard.shutting_down.set(true);
     drop(accepts);
     connections.close();
@@ -427,13 +449,21 @@ async fn shard_main(
 
 /// The storage configuration of a log found in a journal, if it still belongs to a live topic.
 fn log_config_for(md: &ClusterMetadata, config: &Config, key: &LogKey) -> Option<LogConfig> {
+    if *key == crate::cluster::node::metadata_log_key() {
+        return Some(crate::cluster::node::metadata_log_config());
+    }
     if let Some((topic, partition, _)) = crate::queue::host::parse_state_log_dir_name(&key.dir_name) {
         let t = md.topic(topic)?;
         let live = *t.id.0.as_bytes() == key.incarnation && partition < t.partitions;
         return live.then(crate::queue::host::state_log_config);
     }
     let (topic, partition) = parse_dir_name(&key.dir_name)?;
-    let t = md.topic(topic)?;
+    let Some(t) = md.topic(topic) else {
+        // On a cluster node the topics come from the controller quorum, learnt after start-up:
+        // a log of a topic this node does not know yet is replayed with the broker's defaults.
+        return (!config.cluster.is_standalone())
+            .then(|| Shard::log_config(&crate::config::TopicConfig::default().log_settings(config)));
+    };
     if *t.id.0.as_bytes() != key.incarnation || partition >= t.partitions {
         return None;
     }
@@ -466,6 +496,10 @@ fn remove_stray_logs(log_dir: &Path, md: &ClusterMetadata) {
         };
         if name.ends_with("-delete") {
             let _ = std::fs::remove_dir_all(&path);
+            continue;
+        }
+        if name == crate::cluster::node::METADATA_DIR {
+            // The controller quorum's log: no topic of the node's own metadata owns it.
             continue;
         }
         let Some((topic, partition)) = parse_dir_name(&name) else {

@@ -21,6 +21,7 @@ use crate::metadata::ClusterMetadata;
 use crate::queue::doors::kafka_share::group::ShareHost;
 use crate::queue::doors::kafka_share::session::SessionsHost;
 use crate::queue::host::QueueHost;
+use crate::replication::Replication;
 use crate::shard::Shard;
 
 pub(crate) struct Subsystems {
@@ -37,6 +38,8 @@ pub(crate) struct Subsystems {
     _shares: Rc<ShareHost>,
     /// KIP-932 share sessions of the connections on this shard.
     pub(crate) share_sessions: Rc<SessionsHost>,
+    /// In a cluster, the partition groups of this shard's replicas.
+    pub(crate) replication: Option<Rc<Replication>>,
 }
 
 impl Subsystems {
@@ -75,6 +78,14 @@ impl Subsystems {
         let share_sessions = Rc::new(SessionsHost::new());
         core.serve(&share_sessions);
 
+        let replication = match (
+            &core.config.cluster.inter_broker_listener,
+            core.config.cluster.is_standalone(),
+        ) {
+            (Some(l), false) => Some(Replication::new(core, l.name.clone())),
+            _ => None,
+        };
+
         Rc::new(Subsystems {
             core: core.clone(),
             _controller: controller,
@@ -83,6 +94,7 @@ impl Subsystems {
             queues,
             _shares: shares,
             share_sessions,
+            replication,
         })
     }
 

@@ -198,6 +198,10 @@ pub struct ClusterConfig {
     pub quorum_election_timeout_ms: u32,
     /// `controller.quorum.fetch.timeout.ms`.
     pub quorum_fetch_timeout_ms: u32,
+    /// How often leaders move back to their partitions' preferred replicas
+    /// (`leader.imbalance.check.interval.seconds`); `None` when `auto.leader.rebalance.enable`
+    /// is off.
+    pub leader_balance_interval_ms: Option<u64>,
 }
 
 impl ClusterConfig {
@@ -410,6 +414,9 @@ pub(super) fn build(
     let broker_heartbeat_interval_ms = r.int("broker.heartbeat.interval.ms", 1, I32_MAX)?;
     let quorum_election_timeout_ms = r.int("controller.quorum.election.timeout.ms", 1, I32_MAX)?;
     let quorum_fetch_timeout_ms = r.int("controller.quorum.fetch.timeout.ms", 1, I32_MAX)?;
+    let auto_leader_rebalance = r.boolean("auto.leader.rebalance.enable")?;
+    let leader_imbalance_check_secs: u64 =
+        r.int("leader.imbalance.check.interval.seconds", 1, i64::from(u32::MAX))?;
 
     let inter_broker_name_effective = inter_broker_name
         .clone()
@@ -438,6 +445,8 @@ pub(super) fn build(
         broker_heartbeat_interval_ms,
         quorum_election_timeout_ms,
         quorum_fetch_timeout_ms,
+        leader_balance_interval_ms: auto_leader_rebalance
+            .then(|| leader_imbalance_check_secs.saturating_mul(1_000)),
     };
 
     let Some(roles) = roles else {

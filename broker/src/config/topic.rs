@@ -99,6 +99,8 @@ pub struct LogSettings {
     pub message_timestamp_before_max_ms: i64,
     /// Largest allowed distance of a CreateTime timestamp into the future.
     pub message_timestamp_after_max_ms: i64,
+    /// In-sync replicas an acks=all produce to a replicated partition needs.
+    pub min_insync_replicas: u32,
 }
 
 /// Why a topic config key or value was refused. Reported to clients as INVALID_CONFIG; the
@@ -196,6 +198,7 @@ const COMPRESSION_TYPE: &str = "compression.type";
 const FILE_DELETE_DELAY_MS: &str = "file.delete.delay.ms";
 const TIMESTAMP_BEFORE_MAX_MS: &str = "message.timestamp.before.max.ms";
 const TIMESTAMP_AFTER_MAX_MS: &str = "message.timestamp.after.max.ms";
+const MIN_INSYNC_REPLICAS: &str = "min.insync.replicas";
 
 const QUEUE_MAX_ATTEMPTS: &str = "strand.queue.max.attempts";
 const QUEUE_VISIBILITY_MS: &str = "strand.queue.visibility.timeout.ms";
@@ -373,13 +376,13 @@ static TOPIC_KEYS: &[TopicKey] = &[
         doc: "CreateTime keeps the producer's timestamp; LogAppendTime uses the broker's clock.",
     },
     TopicKey {
-        name: "min.insync.replicas",
+        name: MIN_INSYNC_REPLICAS,
         ty: ConfigType::Int,
         unit: Unit::Count("replicas"),
         kind: Kind::Integer { min: 1, max: I32_MAX },
         synonyms: &["min.insync.replicas"],
         default: |b| b.cluster.min_insync_replicas.to_string(),
-        doc: "Minimum in-sync replicas for acks=all (a single node always has one).",
+        doc: "In-sync replicas an acks=all produce to a replicated partition needs, else NOT_ENOUGH_REPLICAS (a standalone node's partitions are not replicated: not applied).",
     },
     TopicKey {
         name: COMPRESSION_TYPE,
@@ -802,6 +805,7 @@ impl TopicConfig {
             message_timestamp_after_max_ms: self
                 .long(TIMESTAMP_AFTER_MAX_MS)
                 .unwrap_or(DEFAULT_TIMESTAMP_AFTER_MAX_MS),
+            min_insync_replicas: u32_or(MIN_INSYNC_REPLICAS, broker.cluster.min_insync_replicas),
         }
     }
 
@@ -932,6 +936,7 @@ mod tests {
         assert_eq!(defaults.file_delete_delay_ms, 60_000);
         assert_eq!(defaults.message_timestamp_before_max_ms, i64::MAX);
         assert_eq!(defaults.message_timestamp_after_max_ms, 3_600_000);
+        assert_eq!(defaults.min_insync_replicas, 1);
 
         let t = TopicConfig::from_pairs([
             ("retention.ms", "-1"),

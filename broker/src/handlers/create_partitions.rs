@@ -1,4 +1,5 @@
-//! CreatePartitions (37): adds partitions to a topic (never removes).
+//! CreatePartitions (37): adds partitions to a topic (never removes); on a node of a
+//! KRaft-configured cluster the active controller decides, wherever it runs.
 
 use std::rc::Rc;
 
@@ -7,7 +8,11 @@ use kafka_protocol::messages::{ApiKey, CreatePartitionsRequest, CreatePartitions
 use kafka_protocol::ResponseError;
 
 use super::{msg, Handler, Reply, RequestCtx};
+use strand_protocol::types::NodeId;
+
+use crate::cluster::rpc::ControlRequest;
 use crate::controller::{self, ControllerOp, PartitionIncrease};
+use crate::metadata::AdminError;
 
 pub(crate) struct CreatePartitions;
 
@@ -19,6 +24,37 @@ impl Handler for CreatePartitions {
     type Response = CreatePartitionsResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: CreatePartitionsRequest) -> Reply<CreatePartitionsResponse> {
+        if !ctx.shard.config.cluster.is_standalone() {
+            let mut results = Vec::with_capacity(req.topics.len());
+            for t in &req.topics {
+                let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+                let name = t.name.0.as_str();
+                let outcome = match crate::internal_topics::refuse_create_partitions(name) {
+                    Some(m) => Err(AdminError::new(ResponseError::InvalidRequest, m)),
+                    None if req.validate_only => Ok(()),
+                    None => {
+                        let assignments = t.assignments.as_ref().map(|a| {
+                            a.iter()
+                                .map(|x| x.broker_ids.iter().map(|b| NodeId(b.0)).collect())
+                                .collect()
+                        });
+                        let change = ControlRequest::CreatePartitions {
+                            name: name.to_owned(),
+                            count: t.count,
+                            assignments,
+                        };
+                        crate::cluster_link::decide(&ctx.shard, change).await.map(|_| ())
+                    }
+                };
+                results.push(match outcome {
+                    Ok(()) => r,
+                    Err(e) => r
+                        .with_error_code(e.code.code())
+                        .with_error_message(msg(e.message)),
+                });
+            }
+            return Reply::Now(CreatePartitionsResponse::default().with_results(results));
+        }
         let topics = req
             .topics
             .iter()

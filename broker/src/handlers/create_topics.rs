@@ -5,14 +5,169 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
-use kafka_protocol::messages::{ApiKey, CreateTopicsRequest, CreateTopicsResponse};
+use kafka_protocol::messages::{ApiKey, CreateTopicsRequest, CreateTopicsResponse, TopicName};
 use kafka_protocol::ResponseError;
+use strand_protocol::types::{NodeId, TopicId};
 
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
+use crate::cluster::control::CreateTopic;
+use crate::cluster::rpc::ControlRequest;
+use crate::config::TopicConfig;
 use crate::controller::{self, ControllerOp};
-use crate::metadata::NewTopic;
+use crate::metadata::{AdminError, NewTopic, PartitionLimits};
 
 pub(crate) struct CreateTopics;
+
+fn refusal(name: &str, e: AdminError) -> CreatableTopicResult {
+    CreatableTopicResult::default()
+        .with_name(TopicName(str_bytes(name)))
+        .with_error_code(e.code.code())
+        .with_error_message(msg(e.message))
+        .with_num_partitions(-1)
+        .with_replication_factor(-1)
+}
+
+/// One topic on a node of a KRaft-configured cluster: names, config values and limits are
+/// checked here, defaults resolved (`num.partitions`; `default.replication.factor` for -1), the
+/// replication factor checked against the live brokers, and the creation decided by the active
+/// controller, wherever it runs.
+async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -> CreatableTopicResult {
+    let shard = &ctx.shard;
+    let config = &shard.config;
+    let state = shard.cluster_state().unwrap_or_default();
+    let name = t.name.clone();
+    if let Some(m) = crate::internal_topics::refuse_client_create(&name) {
+        if state.topic_by_name(&name).is_none() {
+            return refusal(&name, AdminError::new(ResponseError::InvalidRequest, m));
+        }
+    }
+    if let Err(m) = strand_protocol::types::validate_topic_name(&name) {
+        return refusal(&name, AdminError::new(ResponseError::InvalidTopicException, m));
+    }
+    let mut topic_config = TopicConfig::default();
+    let mut configs = Vec::with_capacity(t.configs.len());
+    for (k, v) in &t.configs {
+        let Some(v) = v else {
+            return refusal(
+                &name,
+                AdminError::new(
+                    ResponseError::InvalidConfig,
+                    format!("Null value not supported for topic configs: {k}"),
+                ),
+            );
+        };
+        if let Err(e) = topic_config.set(k, v) {
+            return refusal(
+                &name,
+                AdminError::new(ResponseError::InvalidConfig, e.to_string()),
+            );
+        }
+        configs.push((k.clone(), v.clone()));
+    }
+    if let Err(e) = controller::check_topic_config(&name, None, &topic_config) {
+        return refusal(&name, e);
+    }
+    let manual = !t.assignments.is_empty();
+    let (partitions, rf) = if manual {
+        if t.num_partitions != -1 || t.replication_factor != -1 {
+            return refusal(
+                &name,
+                AdminError::new(
+                    ResponseError::InvalidRequest,
+                    "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
+                ),
+            );
+        }
+        let rf = t.assignments.first().map_or(0, |(_, r)| r.len());
+        (
+            i32::try_from(t.assignments.len()).unwrap_or(i32::MAX),
+            i16::try_from(rf).unwrap_or(i16::MAX),
+        )
+    } else {
+        let partitions = if t.num_partitions == -1 {
+            i32::try_from(config.num_partitions).unwrap_or(1)
+        } else {
+            t.num_partitions
+        };
+        if partitions <= 0 {
+            return refusal(
+                &name,
+                AdminError::new(
+                    ResponseError::InvalidPartitions,
+                    "Number of partitions must be larger than 0.",
+                ),
+            );
+        }
+        let rf = if t.replication_factor == -1 {
+            i16::try_from(config.cluster.default_replication_factor).unwrap_or(i16::MAX)
+        } else {
+            t.replication_factor
+        };
+        if rf <= 0 {
+            return refusal(
+                &name,
+                AdminError::new(
+                    ResponseError::InvalidReplicationFactor,
+                    "Replication factor must be larger than 0.",
+                ),
+            );
+        }
+        let live = state.live_brokers().count();
+        if usize::try_from(rf).unwrap_or(usize::MAX) > live {
+            return refusal(
+                &name,
+                AdminError::new(
+                    ResponseError::InvalidReplicationFactor,
+                    format!(
+                        "Unable to replicate the partition {rf} time(s): The target replication factor of {rf} cannot be reached because only {live} broker(s) are registered."
+                    ),
+                ),
+            );
+        }
+        (partitions, rf)
+    };
+    if let Err(e) = PartitionLimits::of(config).check_request(u64::try_from(partitions).unwrap_or(0)) {
+        return refusal(&name, e);
+    }
+    let id = TopicId(uuid::Uuid::new_v4());
+    if !validate_only {
+        let req = ControlRequest::CreateTopic(CreateTopic {
+            name: name.clone(),
+            id,
+            partitions: if manual { -1 } else { partitions },
+            replication_factor: if manual { -1 } else { rf },
+            assignments: t
+                .assignments
+                .iter()
+                .map(|(p, r)| (*p, r.iter().map(|b| NodeId(*b)).collect()))
+                .collect(),
+            configs,
+        });
+        if let Err(e) = crate::cluster_link::decide(&ctx.shard, req).await {
+            return refusal(&name, e);
+        }
+    }
+    let base = CreatableTopicResult::default().with_name(TopicName(str_bytes(&name)));
+    if ctx.version < 5 {
+        return base;
+    }
+    let entries = topic_config
+        .entries(config)
+        .into_iter()
+        .map(|e| {
+            CreatableTopicConfigs::default()
+                .with_name(str_bytes(e.name))
+                .with_value(e.value.map(|v| str_bytes(&v)))
+                .with_read_only(e.read_only)
+                .with_config_source(e.source.code())
+                .with_is_sensitive(e.sensitive)
+        })
+        .collect();
+    base.with_topic_id(if ctx.version >= 7 { id.0 } else { uuid::Uuid::nil() })
+        .with_num_partitions(partitions)
+        .with_replication_factor(rf)
+        .with_configs(Some(entries))
+}
 
 impl Handler for CreateTopics {
     const KEY: ApiKey = ApiKey::CreateTopics;
@@ -65,6 +220,20 @@ impl Handler for CreateTopics {
                     })
                     .collect(),
             });
+        }
+        if !ctx.shard.config.cluster.is_standalone() {
+            let mut created = Vec::with_capacity(to_create.len());
+            for t in to_create {
+                created.push(create_in_cluster(&ctx, t, req.validate_only).await);
+            }
+            let mut created = created.into_iter();
+            let out = req
+                .topics
+                .iter()
+                .zip(results)
+                .filter_map(|(_, done)| done.or_else(|| created.next()))
+                .collect();
+            return Reply::Now(CreateTopicsResponse::default().with_topics(out));
         }
         let reply = if to_create.is_empty() {
             controller::ControllerReply::not_controller()

@@ -1,4 +1,5 @@
-//! DescribeCluster (60): this node, as seen through the connection's listener.
+//! DescribeCluster (60): this node, as seen through the connection's listener; on a node of a
+//! KRaft-configured cluster, every live broker ([`super::cluster_view`]).
 
 use std::rc::Rc;
 
@@ -6,7 +7,7 @@ use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::{ApiKey, BrokerId, DescribeClusterRequest, DescribeClusterResponse};
 use kafka_protocol::ResponseError;
 
-use super::{msg, str_bytes, Handler, Reply, RequestCtx};
+use super::{cluster_view, msg, str_bytes, Handler, Reply, RequestCtx};
 
 pub(crate) struct DescribeCluster;
 
@@ -29,6 +30,16 @@ impl Handler for DescribeCluster {
         if ctx.version >= 1 && req.endpoint_type == 2 {
             resp.error_code = ResponseError::UnsupportedEndpointType.code();
             resp.error_message = msg("The target broker only supports endpoint type BROKERS (1)");
+            return Reply::Now(resp);
+        }
+        if !config.cluster.is_standalone() {
+            let state = ctx.shard.cluster_state().unwrap_or_default();
+            resp.controller_id = BrokerId(cluster_view::controller_id(&state, config.node_id));
+            let me = (
+                config.node_id,
+                cluster_view::missing_self(&state, config.node_id, &adv),
+            );
+            resp.brokers = cluster_view::cluster_brokers(&state, cluster_view::listener_name(&ctx), me);
             return Reply::Now(resp);
         }
         resp.brokers = vec![DescribeClusterBroker::default()

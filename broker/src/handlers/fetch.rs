@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::{join_all, select_all};
 use futures::FutureExt;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{ApiKey, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, NodeEndpoint, PartitionData};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::buf::ByteBufMut;
 use kafka_protocol::protocol::{Encodable, Message, VersionRange};
 use kafka_protocol::ResponseError;
@@ -294,6 +294,10 @@ async fn wait_any(
 
 /// The owner shard of each partition, hashing each run of one topic's name once.
 fn owners_of(shard: &Shard, parts: &[SessionPartition]) -> Vec<ShardId> {
+    if shard.cluster_state().is_some() {
+        // In a cluster the metadata places each replica on a shard.
+        return parts.iter().map(|p| shard.owner(&p.topic, p.partition)).collect();
+    }
     let mut last: Option<(&Arc<str>, TopicOwners)> = None;
     parts
         .iter()
@@ -414,6 +418,7 @@ impl Handler for Fetch {
         let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
         let max_wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0)).min(MAX_WAIT_CAP);
         let read_committed = req.isolation_level == 1;
+        let ctx = ctx.clone();
         Reply::Later(
             async move {
                 let deadline = Instant::now() + max_wait;
@@ -496,6 +501,7 @@ impl Handler for Fetch {
                         None => (0, 0),
                     }
                 };
+                let mut leaders = Vec::new();
                 for ((p, r), inc) in parts.iter().zip(results).zip(include) {
                     if !inc {
                         continue;
@@ -508,6 +514,13 @@ impl Handler for Fetch {
                     data.high_watermark = r.high_watermark;
                     data.last_stable_offset = r.last_stable_offset;
                     data.log_start_offset = if version >= 5 { r.log_start_offset } else { -1 };
+                    if let Some((leader, epoch)) = r.current_leader {
+                        leaders.push(leader);
+                        if version >= 12 {
+                            data.current_leader.leader_id = BrokerId(leader);
+                            data.current_leader.leader_epoch = epoch;
+                        }
+                    }
                     data.aborted_transactions = read_committed.then(Vec::new);
                     let region = match r.records {
                         Some(Records::Region(region)) => {
@@ -541,12 +554,22 @@ impl Handler for Fetch {
                         .with_records(Some(Bytes::new()));
                     push(&u.name, u.id, data);
                 }
-                FetchAnswer {
-                    resp: FetchResponse::default()
-                        .with_session_id(session_id)
-                        .with_responses(topics),
-                    regions,
+                let mut resp = FetchResponse::default()
+                    .with_session_id(session_id)
+                    .with_responses(topics);
+                if version >= 16 {
+                    resp.node_endpoints = super::produce::leader_endpoints(&ctx, leaders)
+                        .into_iter()
+                        .map(|e| {
+                            NodeEndpoint::default()
+                                .with_node_id(BrokerId(e.node))
+                                .with_host(str_bytes(&e.host))
+                                .with_port(i32::from(e.port))
+                                .with_rack(e.rack.as_deref().map(str_bytes))
+                        })
+                        .collect();
                 }
+                FetchAnswer { resp, regions }
             }
             .boxed_local(),
         )

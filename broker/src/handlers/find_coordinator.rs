@@ -1,5 +1,6 @@
 //! FindCoordinator (10): the coordinator of a group, transactional id or share group. On one
-//! node it is always this broker. (librdkafka also reads this API's presence as the sign that a
+//! node it is always this broker; on a cluster node, one live broker per key
+//! ([`super::cluster_view::coordinator`]). (librdkafka also reads this API's presence as the sign that a
 //! broker supports LZ4 — without it, lz4 producers silently send uncompressed batches.)
 
 use std::rc::Rc;
@@ -8,7 +9,8 @@ use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::{ApiKey, BrokerId, FindCoordinatorRequest, FindCoordinatorResponse};
 use kafka_protocol::ResponseError;
 
-use super::{msg, str_bytes, Handler, Reply, RequestCtx};
+use super::{cluster_view, msg, str_bytes, Handler, Reply, RequestCtx};
+use crate::shard::AdvertisedListener;
 
 pub(crate) struct FindCoordinator;
 
@@ -23,8 +25,25 @@ impl Handler for FindCoordinator {
     type Response = FindCoordinatorResponse;
 
     async fn handle(ctx: Rc<RequestCtx>, req: FindCoordinatorRequest) -> Reply<FindCoordinatorResponse> {
-        let node = BrokerId(ctx.shard.config.node_id.0);
-        let adv = ctx.advertised();
+        let own = (BrokerId(ctx.shard.config.node_id.0), ctx.advertised());
+        let state = (!ctx.shard.config.cluster.is_standalone())
+            .then(|| ctx.shard.cluster_state().unwrap_or_default());
+        let listener = cluster_view::listener_name(&ctx);
+        let coordinator_of = |key: &str| -> (BrokerId, AdvertisedListener) {
+            match state
+                .as_ref()
+                .and_then(|s| cluster_view::coordinator(s, listener, key))
+            {
+                Some((id, e)) => (
+                    BrokerId(id.0),
+                    AdvertisedListener {
+                        host: e.host,
+                        port: e.port,
+                    },
+                ),
+                None => own.clone(),
+            }
+        };
         let check = |key: &str| -> Result<(), (ResponseError, String)> {
             if !(0..=MAX_KEY_TYPE).contains(&req.key_type) {
                 return Err((
@@ -48,10 +67,12 @@ impl Handler for FindCoordinator {
                 .map(|k| {
                     let c = Coordinator::default().with_key(k.clone());
                     match check(k.as_str()) {
-                        Ok(()) => c
-                            .with_node_id(node)
-                            .with_host(str_bytes(&adv.host))
-                            .with_port(i32::from(adv.port)),
+                        Ok(()) => {
+                            let (node, adv) = coordinator_of(k.as_str());
+                            c.with_node_id(node)
+                                .with_host(str_bytes(&adv.host))
+                                .with_port(i32::from(adv.port))
+                        }
                         Err((e, m)) => c
                             .with_node_id(BrokerId(-1))
                             .with_port(-1)
@@ -63,6 +84,7 @@ impl Handler for FindCoordinator {
         } else {
             match check(req.key.as_str()) {
                 Ok(()) => {
+                    let (node, adv) = coordinator_of(req.key.as_str());
                     resp.node_id = node;
                     resp.host = str_bytes(&adv.host);
                     resp.port = i32::from(adv.port);

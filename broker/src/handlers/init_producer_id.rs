@@ -1,6 +1,7 @@
 //! InitProducerId (22): producer ids for idempotent producers. Each call gets a new id with
 //! epoch 0, as Kafka does for producers without a transactional id (also when the request names
-//! an existing id and epoch, KIP-360). Transactional ids are refused until transactions exist.
+//! an existing id and epoch, KIP-360). A standalone node hands out ids from its own persisted
+//! block; a cluster node from blocks of the controller quorum (KIP-730). Transactional ids are refused until transactions exist.
 
 use std::rc::Rc;
 
@@ -8,6 +9,7 @@ use kafka_protocol::messages::{ApiKey, InitProducerIdRequest, InitProducerIdResp
 use kafka_protocol::ResponseError;
 
 use super::{Handler, Reply, RequestCtx};
+use crate::cluster_link;
 use crate::controller::{self, ControllerOp};
 
 pub(crate) struct InitProducerId;
@@ -31,6 +33,18 @@ impl Handler for InitProducerId {
             // transactional APIs could not honour.
             tracing::info!(client = ?ctx.client_id, "InitProducerId with a transactional id refused: transactions are not supported yet");
             return Reply::Now(fail(ResponseError::TransactionalIdAuthorizationFailed));
+        }
+        if !ctx.shard.config.cluster.is_standalone() {
+            // A cluster node: ids come from the controller quorum's blocks.
+            return Reply::Now(match cluster_link::producer_id(&ctx.shard).await {
+                Ok(id) => InitProducerIdResponse::default()
+                    .with_producer_id(ProducerId(id))
+                    .with_producer_epoch(0),
+                Err(e) => {
+                    tracing::info!(error = %e.message, "no producer id block yet");
+                    fail(e.code)
+                }
+            });
         }
         let reply = controller::call(&ctx.shard, ControllerOp::AllocateProducerId).await;
         Reply::Now(match reply.producer_id {

@@ -11,7 +11,7 @@ use kafka_protocol::messages::{ApiKey, BrokerId, MetadataRequest, MetadataRespon
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{validate_topic_name, TopicId};
 
-use super::{str_bytes, Handler, Reply, RequestCtx};
+use super::{cluster_view, str_bytes, Handler, Reply, RequestCtx};
 use crate::controller::{self, ControllerOp};
 use crate::internal_topics::is_reserved;
 use crate::metadata::{NewTopic, TopicMeta};
@@ -55,6 +55,97 @@ fn topic_error(
         .with_topic_authorized_operations(i32::MIN)
 }
 
+/// Metadata on a node of a KRaft-configured cluster: from the committed cluster state
+/// ([`super::cluster_view`]); missing topics are auto-created through the active controller and
+/// answered LEADER_NOT_AVAILABLE until this node has the state that holds them, and so are
+/// topics it does not know while it is not live in its own state (its view may be behind).
+async fn cluster_metadata(ctx: &RequestCtx, req: MetadataRequest) -> MetadataResponse {
+    let shard = &ctx.shard;
+    let state = shard.cluster_state().unwrap_or_default();
+    let listener = cluster_view::listener_name(ctx);
+    let mut resp = MetadataResponse::default()
+        .with_brokers(cluster_view::metadata_brokers(
+            &state,
+            listener,
+            ctx.version,
+            (
+                shard.config.node_id,
+                cluster_view::missing_self(&state, shard.config.node_id, &ctx.advertised()),
+            ),
+        ))
+        .with_cluster_id((ctx.version >= 2).then(|| str_bytes(&shard.config.cluster_id)))
+        .with_controller_id(BrokerId(if ctx.version >= 1 {
+            cluster_view::controller_id(&state, shard.config.node_id)
+        } else {
+            -1
+        }))
+        .with_cluster_authorized_operations(i32::MIN);
+    let requested = match req.topics {
+        None => None,
+        Some(t) if t.is_empty() && ctx.version == 0 => None,
+        Some(t) => Some(t),
+    };
+    let Some(requested) = requested else {
+        resp.topics = state
+            .topics()
+            .map(|t| cluster_view::describe_topic(&state, t, ctx.version))
+            .collect();
+        return resp;
+    };
+    let live = state.live_brokers().any(|b| b.id == shard.config.node_id);
+    let allow_create =
+        shard.config.auto_create_topics_enable && (ctx.version < 4 || req.allow_auto_topic_creation);
+    for t in requested {
+        let name = t.name.as_ref().map(|n| n.0.as_str().to_owned());
+        let id = TopicId(t.topic_id);
+        let entry = match &name {
+            Some(n) => match state.topic_by_name(n) {
+                Some(topic) => cluster_view::describe_topic(&state, topic, ctx.version),
+                None if validate_topic_name(n).is_err() => topic_error(
+                    name.clone(),
+                    TopicId::ZERO,
+                    ResponseError::InvalidTopicException,
+                    ctx.version,
+                ),
+                None if allow_create && !is_reserved(n) => {
+                    let code = match crate::cluster_link::auto_create(shard, n).await {
+                        Ok(()) => ResponseError::LeaderNotAvailable,
+                        Err(e) if e.code == ResponseError::TopicAlreadyExists => {
+                            ResponseError::LeaderNotAvailable
+                        }
+                        Err(e) => {
+                            tracing::warn!(topic = %n, error = %e.message, "auto-creating topic failed");
+                            e.code
+                        }
+                    };
+                    topic_error(name.clone(), TopicId::ZERO, code, ctx.version)
+                }
+                // A node not live in the state it has (starting, catching up, fenced) may not
+                // know the topic yet: retriable, so that clients keep what they queued for it
+                // and ask again, rather than taking it for absent.
+                None if !live => topic_error(
+                    name.clone(),
+                    TopicId::ZERO,
+                    ResponseError::LeaderNotAvailable,
+                    ctx.version,
+                ),
+                None => topic_error(
+                    name.clone(),
+                    TopicId::ZERO,
+                    ResponseError::UnknownTopicOrPartition,
+                    ctx.version,
+                ),
+            },
+            None => match state.topic(id) {
+                Some(topic) => cluster_view::describe_topic(&state, topic, ctx.version),
+                None => topic_error(None, id, ResponseError::UnknownTopicId, ctx.version),
+            },
+        };
+        resp.topics.push(entry);
+    }
+    resp
+}
+
 impl Handler for Metadata {
     const KEY: ApiKey = ApiKey::Metadata;
     const MIN: i16 = 0;
@@ -64,6 +155,9 @@ impl Handler for Metadata {
 
     async fn handle(ctx: Rc<RequestCtx>, req: MetadataRequest) -> Reply<MetadataResponse> {
         let shard = &ctx.shard;
+        if !shard.config.cluster.is_standalone() {
+            return Reply::Now(cluster_metadata(&ctx, req).await);
+        }
         let node_id = shard.config.node_id.0;
         let adv = ctx.advertised();
         let mut resp = MetadataResponse::default()

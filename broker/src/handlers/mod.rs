@@ -9,6 +9,7 @@
 mod alter_configs;
 mod alter_share_group_offsets;
 mod api_versions;
+mod cluster_view;
 pub(crate) mod conn_info;
 mod consumer_group_describe;
 mod consumer_group_heartbeat;

@@ -7,8 +7,10 @@ use std::rc::Rc;
 
 use futures::future::join_all;
 use futures::FutureExt;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::produce_response::{
+    LeaderIdAndEpoch, NodeEndpoint, PartitionProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::messages::{ApiKey, BrokerId, ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::ResponseError;
 use strand_protocol::batch::validate_produce_batch;
 use strand_protocol::types::{ShardId, TopicId};
@@ -147,6 +149,7 @@ impl Handler for Produce {
             let request = ShardRequest::Produce {
                 parts,
                 wait: true,
+                acks,
                 arrived: Some(ctx.arrived),
             };
             match shard.dispatch(owner, request).await {
@@ -160,6 +163,7 @@ impl Handler for Produce {
             return Reply::None(appended.map(drop).boxed_local());
         }
         let version = ctx.version;
+        let ctx = ctx.clone();
         Reply::Later(
             async move {
                 let mut answers: BTreeMap<ShardId, Vec<ProduceOutcome>> = BTreeMap::new();
@@ -176,6 +180,7 @@ impl Handler for Produce {
                 for (owner, out) in join_all(futs).await {
                     answers.insert(owner, out);
                 }
+                let mut leaders = Vec::new();
                 let responses = layout
                     .into_iter()
                     .map(|(name, id, slots)| {
@@ -190,7 +195,18 @@ impl Handler for Produce {
                                         )
                                     }
                                 };
+                                if let Some((leader, _)) = o.current_leader {
+                                    leaders.push(leader);
+                                }
+                                let mut current = LeaderIdAndEpoch::default();
+                                if version >= 10 {
+                                    if let Some((leader, epoch)) = o.current_leader {
+                                        current =
+                                            current.with_leader_id(BrokerId(leader)).with_leader_epoch(epoch);
+                                    }
+                                }
                                 PartitionProduceResponse::default()
+                                    .with_current_leader(current)
                                     .with_index(index)
                                     .with_error_code(o.error)
                                     .with_error_message(if version >= 8 {
@@ -212,7 +228,20 @@ impl Handler for Produce {
                         t
                     })
                     .collect();
-                ProduceResponse::default().with_responses(responses)
+                let mut resp = ProduceResponse::default().with_responses(responses);
+                if version >= 10 {
+                    resp.node_endpoints = leader_endpoints(&ctx, leaders)
+                        .into_iter()
+                        .map(|e| {
+                            NodeEndpoint::default()
+                                .with_node_id(BrokerId(e.node))
+                                .with_host(str_bytes(&e.host))
+                                .with_port(i32::from(e.port))
+                                .with_rack(e.rack.as_deref().map(str_bytes))
+                        })
+                        .collect();
+                }
+                resp
             }
             .boxed_local(),
         )
@@ -225,4 +254,38 @@ impl Handler for Produce {
             }
         }
     }
+}
+
+/// A leader's endpoint for KIP-951's `node_endpoints`.
+pub(crate) struct LeaderEndpoint {
+    pub(crate) node: i32,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) rack: Option<String>,
+}
+
+/// The endpoints, on the listener the client is connected to, of the leaders named in
+/// NOT_LEADER_OR_FOLLOWER answers (KIP-951), from the cluster metadata; each once.
+pub(crate) fn leader_endpoints(ctx: &RequestCtx, mut leaders: Vec<i32>) -> Vec<LeaderEndpoint> {
+    leaders.sort_unstable();
+    leaders.dedup();
+    let Some(state) = ctx.shard.cluster_state() else {
+        return Vec::new();
+    };
+    let Some(listener) = ctx.shard.config.listeners.get(ctx.conn.listener) else {
+        return Vec::new();
+    };
+    leaders
+        .into_iter()
+        .filter_map(|id| {
+            let b = state.broker(strand_protocol::types::NodeId(id))?;
+            let e = b.endpoint(&listener.name)?;
+            Some(LeaderEndpoint {
+                node: id,
+                host: e.host.clone(),
+                port: e.port,
+                rack: b.rack.clone(),
+            })
+        })
+        .collect()
 }

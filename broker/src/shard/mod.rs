@@ -5,6 +5,7 @@
 //! router. Per-shard state is deliberately not `Send` (`Rc`, `RefCell`).
 
 pub(crate) mod ops;
+pub(crate) mod replica;
 pub(crate) mod router;
 pub(crate) mod service;
 pub(crate) mod tasks;
@@ -27,6 +28,7 @@ use self::ops::{
     EpochAnswer, EpochQuery, FetchOutcome, FetchPart, ListOffsetsOutcome, ListOffsetsPart, PartRef,
     ProduceOutcome, ProducePart, Records, ShardRequest, ShardResponse, WaitPart,
 };
+use self::replica::{Acks, Decision, InFlight, Leadership, ProposeError, ReplicaHandle};
 use self::router::{Router, RouterError};
 use self::service::Registry;
 use crate::clock::Clock;
@@ -49,6 +51,23 @@ pub(crate) const LEADER_EPOCH: i32 = 0;
 pub(crate) struct LocalPartition {
     pub(crate) log: LogId,
     pub(crate) topic_id: TopicId,
+    /// In a cluster, the partition's replica, once the replication subsystem attached it.
+    pub(crate) replica: Option<Rc<dyn ReplicaHandle>>,
+    /// Idempotent producers' batches proposed to the replica and not answered yet.
+    pub(crate) in_flight: Rc<RefCell<InFlight>>,
+}
+
+/// How the core serves a partition ([`Shard::gate`]).
+enum Gate {
+    /// A standalone node's partition: served as it is.
+    Local(LogId),
+    /// A replicated partition with its group attached.
+    Replicated(LogId, Rc<dyn ReplicaHandle>, Rc<RefCell<InFlight>>),
+    /// In a cluster, a partition this shard does not serve (no replica here, or its group is
+    /// not attached yet): who leads it, as far as is known.
+    NotHere(Leadership),
+    /// No such partition.
+    Unknown,
 }
 
 /// Effective settings of a topic, kept per shard so the produce path need not recompute them.
@@ -79,7 +98,8 @@ pub(crate) struct Shard {
     pub(crate) shards: u16,
     pub(crate) config: Rc<Config>,
     pub(crate) clock: Rc<dyn Clock>,
-    pub(crate) store: ShardStore<GlommioFs>,
+    /// Shared with the replication layer, whose replica logs append through it.
+    pub(crate) store: Rc<ShardStore<GlommioFs>>,
     metadata: RefCell<Rc<ClusterMetadata>>,
     topic_runtime: RefCell<HashMap<String, TopicRuntime>>,
     partitions: RefCell<FastMap<String, FastMap<i32, LocalPartition>>>,
@@ -89,6 +109,8 @@ pub(crate) struct Shard {
     pub(crate) shutting_down: Cell<bool>,
     /// The subsystems' services and hooks on this shard (see [`service`]).
     registry: Registry,
+    /// In a cluster, the newest applied cluster metadata ([`Shard::set_cluster_state`]).
+    cluster: RefCell<Option<Rc<crate::cluster::ClusterState>>>,
 }
 
 impl Shard {
@@ -98,7 +120,7 @@ impl Shard {
         shards: u16,
         config: Rc<Config>,
         clock: Rc<dyn Clock>,
-        store: ShardStore<GlommioFs>,
+        store: Rc<ShardStore<GlommioFs>>,
         metadata: ClusterMetadata,
         router: Rc<Router>,
         listeners: Rc<Vec<AdvertisedListener>>,
@@ -128,6 +150,7 @@ impl Shard {
             listeners,
             shutting_down: Cell::new(false),
             registry: Registry::default(),
+            cluster: RefCell::new(None),
         }
     }
 
@@ -140,20 +163,19 @@ impl Shard {
         self.topic_runtime.borrow().get(topic).map(|t| t.settings.clone())
     }
 
+    /// The shard that owns a partition here: in a cluster, the shard the cluster metadata
+    /// gives this node's replica (`PartitionRegistration::shard_of`: peers address its Raft
+    /// messages there), else [`owner_shard`].
     pub(crate) fn owner(&self, topic: &str, partition: i32) -> ShardId {
-        owner_shard(topic, partition, self.shards)
+        let cluster = self.cluster.borrow();
+        cluster
+            .as_ref()
+            .and_then(|state| placed_shard(state, topic, partition, self.config.node_id, self.shards))
+            .unwrap_or_else(|| owner_shard(topic, partition, self.shards))
     }
 
     pub(crate) fn now_ms(&self) -> i64 {
         self.clock.now_ms()
-    }
-
-    fn log_of(&self, part: &PartRef) -> Option<LogId> {
-        self.partitions
-            .borrow()
-            .get(part.topic.as_str())
-            .and_then(|m| m.get(&part.partition))
-            .map(|p| p.log)
     }
 
     /// The logs of `parts` (an index into `topics`, a partition), in order: `None` for a
@@ -185,6 +207,105 @@ impl Shard {
             .get(topic)
             .and_then(|m| m.get(&partition))
             .map(|p| p.log)
+    }
+
+    /// How this shard serves `topic`-`partition` (see [`replica`]).
+    /// NOT_ENOUGH_REPLICAS when the partition's ISR (as the cluster metadata records it) is
+    /// smaller than the topic's `min.insync.replicas`, as Kafka refuses an acks=all produce
+    /// before it appends. (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND, for an ISR that shrank
+    /// while the write was in flight, is not answered: a Raft majority acknowledged the write.)
+    fn too_few_in_sync(&self, topic: &str, partition: i32) -> Option<ProduceOutcome> {
+        let min = self
+            .topic_runtime
+            .borrow()
+            .get(topic)?
+            .settings
+            .min_insync_replicas;
+        let cluster = self.cluster.borrow();
+        let isr = cluster
+            .as_ref()?
+            .topic_by_name(topic)?
+            .partition(strand_protocol::types::PartitionId(partition))?
+            .isr
+            .len();
+        if u32::try_from(isr).unwrap_or(u32::MAX) >= min {
+            return None;
+        }
+        Some(ProduceOutcome::error(
+            ResponseError::NotEnoughReplicas,
+            Some(format!(
+                "The size of the current ISR ({isr}) is insufficient to satisfy the min.isr requirement of {min} for partition {topic}-{partition}"
+            )),
+        ))
+    }
+
+    fn gate(&self, topic: &str, partition: i32) -> Gate {
+        let parts = self.partitions.borrow();
+        let found = parts.get(topic).and_then(|m| m.get(&partition));
+        let cluster = self.cluster.borrow();
+        let Some(state) = cluster.as_ref() else {
+            // A standalone node: nothing more to look at.
+            return found.map_or(Gate::Unknown, |p| Gate::Local(p.log));
+        };
+        if let Some(p) = found {
+            if let Some(replica) = &p.replica {
+                return Gate::Replicated(p.log, Rc::clone(replica), Rc::clone(&p.in_flight));
+            }
+        }
+        let known = state.topic_by_name(topic).and_then(|t| {
+            t.partition(strand_protocol::types::PartitionId(partition))
+                .map(|p| Leadership {
+                    leader: p.leader,
+                    epoch: p.leader_epoch.0,
+                    is_local: false,
+                })
+        });
+        match (known, found) {
+            (Some(l), _) => Gate::NotHere(l),
+            // Open here but unknown to the cluster metadata (being deleted): not served.
+            (None, Some(_)) => Gate::NotHere(Leadership {
+                leader: None,
+                epoch: -1,
+                is_local: false,
+            }),
+            (None, None) => Gate::Unknown,
+        }
+    }
+
+    /// Attaches (or with `None` detaches) the replica of a partition this shard has open, if
+    /// the partition is still the topic `topic_id`'s; returns its log. The replication
+    /// subsystem calls it when it starts or stops the partition's group.
+    pub(crate) fn attach_replica(
+        &self,
+        topic: &str,
+        partition: i32,
+        topic_id: TopicId,
+        replica: Option<Rc<dyn ReplicaHandle>>,
+    ) -> Option<LogId> {
+        let mut parts = self.partitions.borrow_mut();
+        let p = parts.get_mut(topic)?.get_mut(&partition)?;
+        if p.topic_id != topic_id {
+            return None;
+        }
+        p.replica = replica;
+        Some(p.log)
+    }
+
+    /// The log and its directory of an open partition of topic `topic_id` (the replication
+    /// subsystem opens its Raft state beside it).
+    pub(crate) fn open_log_of(
+        &self,
+        topic: &str,
+        partition: i32,
+        topic_id: TopicId,
+    ) -> Option<(LogId, std::path::PathBuf)> {
+        let log = {
+            let parts = self.partitions.borrow();
+            let p = parts.get(topic)?.get(&partition)?;
+            (p.topic_id == topic_id).then_some(p.log)?
+        };
+        let dir = self.store.with_log(log, |l| l.dir().to_path_buf()).ok()?;
+        Some((log, dir))
     }
 
     /// Calls `f` with every durable batch of `log`, from its start, in order (internal readers:
@@ -241,7 +362,12 @@ impl Shard {
     /// happen before this returns; the returned future finishes the work.
     pub(crate) fn start(self: &Rc<Self>, req: ShardRequest) -> LocalBoxFuture<'static, ShardResponse> {
         match req {
-            ShardRequest::Produce { parts, wait, arrived } => self.start_produce(parts, wait, arrived),
+            ShardRequest::Produce {
+                parts,
+                wait,
+                acks,
+                arrived,
+            } => self.start_produce(parts, wait, Acks::from_kafka(acks), arrived),
             ShardRequest::Fetch {
                 topics,
                 parts,
@@ -298,6 +424,7 @@ impl Shard {
         self: &Rc<Self>,
         parts: Vec<ProducePart>,
         wait: bool,
+        acks: Acks,
         arrived: Option<Instant>,
     ) -> LocalBoxFuture<'static, ShardResponse> {
         let now = self.now_ms();
@@ -312,32 +439,62 @@ impl Shard {
                 )));
                 continue;
             }
-            let Some(log) = self.log_of(&p.part) else {
-                started.push(Err(ProduceOutcome::error(
-                    ResponseError::UnknownTopicOrPartition,
-                    None,
-                )));
-                continue;
+            let (log, replica) = match self.gate(&p.part.topic, p.part.partition) {
+                Gate::Local(log) => (log, None),
+                Gate::Replicated(log, r, f) => (log, Some((r, f))),
+                Gate::NotHere(l) => {
+                    started.push(Err(not_leader_produce(l)));
+                    continue;
+                }
+                Gate::Unknown => {
+                    started.push(Err(ProduceOutcome::error(
+                        ResponseError::UnknownTopicOrPartition,
+                        None,
+                    )));
+                    continue;
+                }
             };
+            if let Some((r, _)) = &replica {
+                let l = r.leadership();
+                if !l.is_local {
+                    started.push(Err(not_leader_produce(l)));
+                    continue;
+                }
+                if acks == Acks::All {
+                    if let Some(refused) = self.too_few_in_sync(&p.part.topic, p.part.partition) {
+                        started.push(Err(refused));
+                        continue;
+                    }
+                }
+            }
             let append_time = self
                 .topic_runtime
                 .borrow()
                 .get(p.part.topic.as_str())
                 .is_some_and(|t| t.settings.timestamp_type == TimestampType::LogAppendTime);
-            // LogAppendTime topics get the broker's clock in the batch (header and CRC only).
-            let stamped;
-            let records: &[u8] = if append_time {
+            // LogAppendTime topics get the broker's clock in the batch (header and CRC only);
+            // other batches go on as the request's own bytes.
+            let records = if append_time {
                 let mut copy = p.records.to_vec();
                 strand_protocol::batch::set_log_append_time(&mut copy, now);
-                stamped = copy;
-                &stamped
+                bytes::Bytes::from(copy)
             } else {
-                &p.records
+                p.records.clone()
             };
-            match self.store.append(log, records, LEADER_EPOCH, now) {
+            if let Some((r, in_flight)) = replica {
+                started.push(
+                    self.start_proposal(log, records, acks, &r, &in_flight)
+                        .map(|s| (s, append_time)),
+                );
+                if started.last().is_some_and(Result::is_ok) {
+                    self.metrics.bytes_in(p.records.len());
+                }
+                continue;
+            }
+            match self.store.append(log, &records, LEADER_EPOCH, now) {
                 Ok(ticket) => {
                     self.metrics.bytes_in(p.records.len());
-                    started.push(Ok((ticket, append_time)));
+                    started.push(Ok((Started::Staged(ticket), append_time)));
                 }
                 Err(e) => started.push(Err(ProduceOutcome::error(
                     storage_error_code(&e),
@@ -356,7 +513,30 @@ impl Shard {
             for s in started {
                 out.push(match s {
                     Err(o) => o,
-                    Ok((ticket, append_time)) => {
+                    Ok((Started::Proposed(proposal, log), append_time)) => match proposal.await {
+                        Ok(base_offset) => ProduceOutcome {
+                            base_offset,
+                            log_append_time_ms: if append_time { now } else { -1 },
+                            log_start_offset: me.store.offsets(log).map_or(-1, |o| o.log_start_offset),
+                            ..ProduceOutcome::default()
+                        },
+                        Err(ProposeError::NotLeader(l)) => not_leader_produce(l),
+                        Err(ProposeError::Unknown(why)) => {
+                            ProduceOutcome::error(ResponseError::RequestTimedOut, Some(why))
+                        }
+                    },
+                    Ok((Started::Duplicate(first, log, batch), append_time)) => {
+                        match me.wait_committed(log, first, &batch).await {
+                            Ok(()) => ProduceOutcome {
+                                base_offset: first.0,
+                                log_append_time_ms: if append_time { now } else { -1 },
+                                log_start_offset: me.store.offsets(log).map_or(-1, |o| o.log_start_offset),
+                                ..ProduceOutcome::default()
+                            },
+                            Err(o) => o,
+                        }
+                    }
+                    Ok((Started::Staged(ticket), append_time)) => {
                         if wait {
                             if let Err(e) = me.store.wait_durable(&ticket).await {
                                 out.push(ProduceOutcome::error(storage_error_code(&e), Some(e.to_string())));
@@ -364,11 +544,10 @@ impl Shard {
                             }
                         }
                         ProduceOutcome {
-                            error: 0,
-                            message: None,
                             base_offset: ticket.info.base_offset,
                             log_append_time_ms: if append_time { now } else { -1 },
                             log_start_offset: ticket.info.log_start_offset,
+                            ..ProduceOutcome::default()
                         }
                     }
                 });
@@ -379,6 +558,96 @@ impl Shard {
             ShardResponse::Produce(out)
         }
         .boxed_local()
+    }
+
+    /// Starts a replicated partition's write on its leader: the producer checks against the
+    /// log and the proposals in flight ([`InFlight`]), then the proposal.
+    fn start_proposal(
+        &self,
+        log: LogId,
+        records: bytes::Bytes,
+        acks: Acks,
+        replica: &Rc<dyn ReplicaHandle>,
+        in_flight: &Rc<RefCell<InFlight>>,
+    ) -> Result<Started, ProduceOutcome> {
+        let fail = |e: &StorageError| ProduceOutcome::error(storage_error_code(e), Some(e.to_string()));
+        let logged = self.store.check_producer(log, &records).map_err(|e| fail(&e))?;
+        let header = strand_protocol::batch::BatchHeader::parse(&records)
+            .map_err(|e| fail(&StorageError::InvalidBatch(e)))?;
+        let decision = in_flight.borrow().decide(&header, logged);
+        match decision {
+            Decision::Propose => {
+                let token = in_flight.borrow_mut().proposed(&header);
+                let proposal = replica.propose(records, acks);
+                let in_flight = Rc::clone(in_flight);
+                Ok(Started::Proposed(
+                    async move {
+                        let answer = proposal.await;
+                        if let Some(t) = token {
+                            in_flight.borrow_mut().answered(t);
+                        }
+                        answer
+                    }
+                    .boxed_local(),
+                    log,
+                ))
+            }
+            Decision::Duplicate {
+                first_offset,
+                last_offset,
+            } => Ok(Started::Duplicate((first_offset, last_offset), log, records)),
+            Decision::InFlightRetry => Err(ProduceOutcome::error(
+                ResponseError::RequestTimedOut,
+                Some("a retry of a batch still being replicated".into()),
+            )),
+            Decision::Reject(e) => Err(fail(&StorageError::Producer(e))),
+        }
+    }
+
+    /// Waits (bounded) until the batch at `offsets` (first, last) of a replicated log is
+    /// committed, and checks it is still there: a batch the leader held uncommitted can be cut
+    /// by a leader change and its offsets taken by other batches, which then commit. Such a
+    /// retry is told NOT_LEADER_OR_FOLLOWER, and the producer's next attempt is checked afresh.
+    async fn wait_committed(
+        &self,
+        log: LogId,
+        offsets: (i64, i64),
+        batch: &[u8],
+    ) -> Result<(), ProduceOutcome> {
+        let deadline = Instant::now() + DUPLICATE_COMMIT_WAIT;
+        loop {
+            let wait = self.store.durable_notify().wait();
+            match self.store.offsets(log) {
+                Ok(o) if o.high_watermark > offsets.1 => {
+                    let still = matches!(
+                        self.store.check_producer(log, batch),
+                        Ok(strand_storage::producer::ProducerCheck::Duplicate { first_offset, last_offset })
+                            if (first_offset, last_offset) == offsets
+                    );
+                    return if still {
+                        Ok(())
+                    } else {
+                        Err(ProduceOutcome::error(
+                            ResponseError::NotLeaderOrFollower,
+                            Some("the batch was cut from the log by a leader change".into()),
+                        ))
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => return Err(ProduceOutcome::error(storage_error_code(&e), Some(e.to_string()))),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.shutting_down.get() {
+                return Err(ProduceOutcome::error(
+                    ResponseError::RequestTimedOut,
+                    Some("a retry of a batch not yet committed".into()),
+                ));
+            }
+            let timer = glommio::timer::sleep(left);
+            futures::pin_mut!(wait);
+            futures::pin_mut!(timer);
+            futures::future::select(wait, timer).await;
+        }
     }
 
     /// Reads each partition from its fetch offset: whole batches, at most `max_bytes` in total
@@ -400,12 +669,33 @@ impl Shard {
         let mut out = Vec::with_capacity(parts.len());
         let mut plans = Vec::new();
         let logs = self.logs_of(topics, parts.iter().map(|p| (p.topic, p.partition)));
+        let cluster = self.cluster.borrow().is_some();
         for (p, log) in parts.iter().zip(logs) {
-            let Some(log) = log else {
-                out.push(FetchOutcome::error(ResponseError::UnknownTopicOrPartition));
-                continue;
+            let mut epoch = LEADER_EPOCH;
+            let log = match log {
+                Some(log) if !cluster => log,
+                _ => match self.gate(topic_name(topics, p.topic), p.partition) {
+                    Gate::Local(log) => log,
+                    Gate::Replicated(log, r, _) => {
+                        let l = r.leadership();
+                        if !l.is_local {
+                            out.push(not_leader_fetch(l));
+                            continue;
+                        }
+                        epoch = l.epoch;
+                        log
+                    }
+                    Gate::NotHere(l) => {
+                        out.push(not_leader_fetch(l));
+                        continue;
+                    }
+                    Gate::Unknown => {
+                        out.push(FetchOutcome::error(ResponseError::UnknownTopicOrPartition));
+                        continue;
+                    }
+                },
             };
-            if let Some(e) = check_leader_epoch(p.current_leader_epoch) {
+            if let Some(e) = check_leader_epoch_of(p.current_leader_epoch, epoch) {
                 out.push(FetchOutcome::error(e));
                 continue;
             }
@@ -420,6 +710,7 @@ impl Shard {
                 log_start_offset: offsets.log_start_offset,
                 records: None,
                 cut: false,
+                current_leader: None,
             };
             let budget = p.max_bytes.min(remaining);
             let first_data = remaining == max_bytes;
@@ -510,11 +801,26 @@ impl Shard {
                 offset: -1,
                 leader_epoch: -1,
             };
-            let Some(log) = self.log_of(&p.part) else {
-                out.push(error(ResponseError::UnknownTopicOrPartition));
-                continue;
+            let (log, epoch) = match self.gate(&p.part.topic, p.part.partition) {
+                Gate::Local(log) => (log, LEADER_EPOCH),
+                Gate::Replicated(log, r, _) => {
+                    let l = r.leadership();
+                    if !l.is_local {
+                        out.push(error(not_leader_error(l, false)));
+                        continue;
+                    }
+                    (log, l.epoch)
+                }
+                Gate::NotHere(l) => {
+                    out.push(error(not_leader_error(l, false)));
+                    continue;
+                }
+                Gate::Unknown => {
+                    out.push(error(ResponseError::UnknownTopicOrPartition));
+                    continue;
+                }
             };
-            if let Some(e) = check_leader_epoch(p.current_leader_epoch) {
+            if let Some(e) = check_leader_epoch_of(p.current_leader_epoch, epoch) {
                 out.push(error(e));
                 continue;
             }
@@ -526,7 +832,7 @@ impl Shard {
                 error: 0,
                 timestamp,
                 offset,
-                leader_epoch: LEADER_EPOCH,
+                leader_epoch: epoch,
             };
             out.push(match p.timestamp {
                 // Latest, and latest-tiered (KIP-1005; nothing is tiered, so the same).
@@ -559,9 +865,23 @@ impl Shard {
                 out.push((ResponseError::InvalidTopicException.code(), -1));
                 continue;
             }
-            let Some(log) = self.log_of(&p) else {
-                out.push((ResponseError::UnknownTopicOrPartition.code(), -1));
-                continue;
+            // On a replicated partition only its leader moves its log start (locally: the
+            // followers' logs keep theirs until retention).
+            let log = match self.gate(&p.topic, p.partition) {
+                Gate::Local(log) => log,
+                Gate::Replicated(log, r, _) if r.leadership().is_local => log,
+                Gate::Replicated(_, r, _) => {
+                    out.push((not_leader_error(r.leadership(), false).code(), -1));
+                    continue;
+                }
+                Gate::NotHere(l) => {
+                    out.push((not_leader_error(l, false).code(), -1));
+                    continue;
+                }
+                Gate::Unknown => {
+                    out.push((ResponseError::UnknownTopicOrPartition.code(), -1));
+                    continue;
+                }
             };
             let target = if offset == -1 {
                 match self.store.offsets(log) {
@@ -590,15 +910,25 @@ impl Shard {
                     leader_epoch: -1,
                     end_offset: -1,
                 };
-                let Some(log) = self.log_of(&q.part) else {
-                    return fail(ResponseError::UnknownTopicOrPartition);
+                let (log, epoch) = match self.gate(&q.part.topic, q.part.partition) {
+                    Gate::Local(log) => (log, LEADER_EPOCH),
+                    Gate::Replicated(log, r, _) => {
+                        let l = r.leadership();
+                        if !l.is_local {
+                            return fail(not_leader_error(l, false));
+                        }
+                        (log, l.epoch)
+                    }
+                    Gate::NotHere(l) => return fail(not_leader_error(l, false)),
+                    Gate::Unknown => return fail(ResponseError::UnknownTopicOrPartition),
                 };
-                if let Some(e) = check_leader_epoch(q.current_leader_epoch) {
+                if let Some(e) = check_leader_epoch_of(q.current_leader_epoch, epoch) {
                     return fail(e);
                 }
-                match self.store.with_log(log, |l| {
-                    (l.end_offset_for_epoch(q.leader_epoch), l.high_watermark())
-                }) {
+                match self
+                    .store
+                    .with_log(log, |l| (l.end_offset_for_epoch(q.leader_epoch), l.visible_end()))
+                {
                     // No batch with an epoch at or below the one asked for: Kafka answers
                     // UNDEFINED_EPOCH (-1) and UNDEFINED_EPOCH_OFFSET (-1).
                     Ok((None, _)) => EpochAnswer {
@@ -643,7 +973,10 @@ impl Shard {
         for (topic, range) in wanted {
             let settings = topic.config.log_settings(&self.config);
             let log_config = Self::log_config(&settings);
-            for p in range.clone().filter(|p| self.owner(&topic.name, *p) == self.id) {
+            for p in range
+                .clone()
+                .filter(|p| self.owner(&topic.name, *p) == self.id && self.hosts(topic, *p))
+            {
                 let key = LogKey {
                     dir_name: topic.dir_name(p),
                     incarnation: *topic.id.0.as_bytes(),
@@ -668,6 +1001,8 @@ impl Shard {
                             LocalPartition {
                                 log,
                                 topic_id: topic.id,
+                                replica: None,
+                                in_flight: Rc::default(),
                             },
                         );
                 }
@@ -675,6 +1010,33 @@ impl Shard {
                     tracing::error!(topic = %topic.name, partition = p, error = %e, "cannot open partition log");
                     problems.push(format!("{}-{p}: {e}", topic.name));
                 }
+            }
+        }
+    }
+
+    /// Whether this node holds a replica of partition `p` of `topic`: always on a standalone
+    /// node and for a topic the cluster state does not know (a node's own internal topics); in a
+    /// cluster, when the state places a replica on this node. The controller records the shard
+    /// it chose for the replica; partitions are routed by [`owner_shard`] here, so a replica is
+    /// opened on its owner shard and a different recorded shard is logged.
+    fn hosts(&self, topic: &TopicMeta, p: i32) -> bool {
+        let Some(state) = self.cluster_state() else {
+            return true;
+        };
+        let Some(t) = state.topic(topic.id) else {
+            return true;
+        };
+        let me = self.config.cluster.node_id;
+        let recorded = t
+            .partition(strand_protocol::types::PartitionId(p))
+            .and_then(|r| r.shard_of(me));
+        match recorded {
+            None => false,
+            Some(shard) => {
+                if shard != self.id {
+                    tracing::debug!(topic = %topic.name, partition = p, recorded = shard.0, owner = self.id.0, "the controller placed a replica on another shard than its owner");
+                }
+                true
             }
         }
     }
@@ -834,12 +1196,73 @@ impl Shard {
 }
 
 /// Kafka's answer to a request's `current_leader_epoch` (-1: not checked).
-pub(crate) fn check_leader_epoch(current: i32) -> Option<ResponseError> {
+/// A client's `current_leader_epoch` against the partition's: older is fenced, newer unknown
+/// (this replica has not learned of it yet), -1 is not checked.
+pub(crate) fn check_leader_epoch_of(current: i32, epoch: i32) -> Option<ResponseError> {
     match current {
         -1 => None,
-        e if e < LEADER_EPOCH => Some(ResponseError::FencedLeaderEpoch),
-        e if e > LEADER_EPOCH => Some(ResponseError::UnknownLeaderEpoch),
+        e if e < epoch => Some(ResponseError::FencedLeaderEpoch),
+        e if e > epoch => Some(ResponseError::UnknownLeaderEpoch),
         _ => None,
+    }
+}
+
+/// The shard of `node` the cluster metadata places its replica of `topic`-`partition` on, if
+/// it hosts one on a shard it has.
+fn placed_shard(
+    state: &crate::cluster::ClusterState,
+    topic: &str,
+    partition: i32,
+    node: strand_protocol::types::NodeId,
+    shards: u16,
+) -> Option<ShardId> {
+    state
+        .topic_by_name(topic)?
+        .partition(strand_protocol::types::PartitionId(partition))?
+        .shard_of(node)
+        .filter(|s| s.0 < shards)
+}
+
+/// A produce started on this shard: a standalone append, a replicated proposal, or a retry of
+/// a batch already in the replicated log (its first and last offsets).
+enum Started {
+    Staged(strand_storage::AppendTicket),
+    Proposed(LocalBoxFuture<'static, Result<i64, ProposeError>>, LogId),
+    /// A retry of a batch in the log at these offsets; the batch, to check it is still there
+    /// once committed.
+    Duplicate((i64, i64), LogId, bytes::Bytes),
+}
+
+/// How long a retry of a batch in the log waits for its commit before it is told to retry.
+const DUPLICATE_COMMIT_WAIT: Duration = Duration::from_secs(5);
+
+/// The error for a request that needs the leader and reached another replica (or a node
+/// without one): NOT_LEADER_OR_FOLLOWER with the leader when one is known; with none elected,
+/// LEADER_NOT_AVAILABLE for writes (Kafka's answer for an offline partition) and
+/// NOT_LEADER_OR_FOLLOWER for reads.
+fn not_leader_error(l: Leadership, write: bool) -> ResponseError {
+    match l.leader {
+        None if write => ResponseError::LeaderNotAvailable,
+        _ => ResponseError::NotLeaderOrFollower,
+    }
+}
+
+/// KIP-951's current leader: the leader's id and epoch, if known.
+fn current_leader(l: Leadership) -> Option<(i32, i32)> {
+    l.leader.map(|n| (n.0, l.epoch))
+}
+
+fn not_leader_produce(l: Leadership) -> ProduceOutcome {
+    ProduceOutcome {
+        current_leader: current_leader(l),
+        ..ProduceOutcome::error(not_leader_error(l, true), None)
+    }
+}
+
+fn not_leader_fetch(l: Leadership) -> FetchOutcome {
+    FetchOutcome {
+        current_leader: current_leader(l),
+        ..FetchOutcome::error(not_leader_error(l, false))
     }
 }
 
@@ -926,4 +1349,427 @@ pub(crate) async fn scatter<T, R: Clone>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use strand_protocol::types::NodeId;
+
+    use super::*;
+
+    const FOLLOWING: Leadership = Leadership {
+        leader: Some(NodeId(2)),
+        epoch: 7,
+        is_local: false,
+    };
+    const LEADERLESS: Leadership = Leadership {
+        leader: None,
+        epoch: 7,
+        is_local: false,
+    };
+
+    #[test]
+    fn a_replica_that_does_not_lead_names_the_leader_and_its_epoch() {
+        let p = not_leader_produce(FOLLOWING);
+        assert_eq!(p.error, ResponseError::NotLeaderOrFollower.code());
+        assert_eq!(p.current_leader, Some((2, 7)));
+        let f = not_leader_fetch(FOLLOWING);
+        assert_eq!(f.error, ResponseError::NotLeaderOrFollower.code());
+        assert_eq!(f.current_leader, Some((2, 7)));
+    }
+
+    #[test]
+    fn with_no_leader_writes_hear_leader_not_available_and_reads_not_leader() {
+        let p = not_leader_produce(LEADERLESS);
+        assert_eq!(p.error, ResponseError::LeaderNotAvailable.code());
+        assert_eq!(p.current_leader, None);
+        let f = not_leader_fetch(LEADERLESS);
+        assert_eq!(f.error, ResponseError::NotLeaderOrFollower.code());
+        assert_eq!(f.current_leader, None);
+    }
+
+    #[test]
+    fn leader_epochs_are_checked_against_the_partitions_epoch() {
+        assert_eq!(check_leader_epoch_of(-1, 7), None);
+        assert_eq!(check_leader_epoch_of(7, 7), None);
+        assert_eq!(
+            check_leader_epoch_of(6, 7),
+            Some(ResponseError::FencedLeaderEpoch)
+        );
+        assert_eq!(
+            check_leader_epoch_of(8, 7),
+            Some(ResponseError::UnknownLeaderEpoch)
+        );
+    }
+}
+
+/// The core's produce, fetch and offset paths for replicated partitions, on a real shard (one
+/// shard, a store in a temporary directory) with stand-in replica handles.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod replicated_tests {
+    use std::cell::{Cell, RefCell};
+
+    use bytes::Bytes;
+    use glommio::LocalExecutorBuilder;
+    use strand_protocol::batch::build::{batch, batch_with_producer, TestRecord};
+    use strand_protocol::types::{LeaderEpoch, NodeId, PartitionId, ShardId, TopicId};
+    use strand_storage::fs_glommio::{GlommioFs, GlommioFsConfig, SharedFs};
+    use strand_storage::{FileRegions, StoreConfig};
+
+    use super::ops::{FetchPart, ListOffsetsPart, PartRef, ProducePart, ShardRequest, ShardResponse};
+    use super::replica::{Acks, Leadership, ProposeError, ReplicaHandle};
+    use super::*;
+    use crate::cluster::record::{
+        BrokerEpoch, Endpoint, IncarnationId, PartitionEpoch, PartitionRecord, Record, RegisterBroker,
+        Replica,
+    };
+    use crate::cluster::ClusterState;
+    use crate::config::TopicConfig;
+    use crate::metadata::TopicMeta;
+
+    const TOPIC: TopicId = TopicId(uuid::Uuid::from_u128(0xc0de));
+
+    /// A replica whose leadership the test sets; a leader "commits" each batch at the next
+    /// offset, after the test lets it (`release`).
+    struct Fake {
+        leadership: Cell<Leadership>,
+        proposed: RefCell<Vec<(Bytes, Acks)>>,
+        next: Cell<i64>,
+        /// Proposals are answered only while set.
+        released: Rc<Cell<bool>>,
+    }
+
+    impl ReplicaHandle for Fake {
+        fn leadership(&self) -> Leadership {
+            self.leadership.get()
+        }
+
+        fn propose(&self, batch: Bytes, acks: Acks) -> LocalBoxFuture<'static, Result<i64, ProposeError>> {
+            let l = self.leadership.get();
+            let base = self.next.get();
+            let count = strand_protocol::batch::BatchHeader::parse(&batch)
+                .unwrap()
+                .offset_count();
+            self.next.set(base + count);
+            self.proposed.borrow_mut().push((batch, acks));
+            let released = Rc::clone(&self.released);
+            async move {
+                while !released.get() {
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                }
+                if l.is_local {
+                    Ok(base)
+                } else {
+                    Err(ProposeError::NotLeader(l))
+                }
+            }
+            .boxed_local()
+        }
+    }
+
+    fn state() -> Rc<ClusterState> {
+        let mut s = ClusterState::default();
+        for id in 1..=3 {
+            let epoch = BrokerEpoch(i64::from(id - 1) * 2);
+            s.apply(&Record::RegisterBroker(RegisterBroker {
+                broker: NodeId(id),
+                incarnation: IncarnationId(uuid::Uuid::from_u128(id as u128)),
+                epoch,
+                endpoints: vec![Endpoint {
+                    listener: "PLAINTEXT".into(),
+                    host: format!("node{id}"),
+                    port: 9092,
+                }],
+                rack: None,
+                shards: 4,
+            }));
+            s.apply(&Record::BrokerUnfenced {
+                broker: NodeId(id),
+                epoch,
+            });
+        }
+        s.apply(&Record::Topic {
+            name: "t".into(),
+            id: TOPIC,
+        });
+        // Partition 0 is hosted here (node 1) and led by node 2; partition 1 is not hosted here.
+        for (p, replicas) in [(0, [1, 2]), (1, [2, 3])] {
+            s.apply(&Record::Partition(PartitionRecord {
+                topic: TOPIC,
+                partition: PartitionId(p),
+                replicas: replicas
+                    .iter()
+                    .map(|b| Replica {
+                        broker: NodeId(*b),
+                        shard: ShardId(0),
+                    })
+                    .collect(),
+                isr: replicas.iter().map(|b| NodeId(*b)).collect(),
+                leader: Some(NodeId(2)),
+                leader_epoch: LeaderEpoch(0),
+                partition_epoch: PartitionEpoch(0),
+            }));
+        }
+        Rc::new(s)
+    }
+
+    async fn core(dir: &std::path::Path) -> Rc<Shard> {
+        let shared = SharedFs::for_process(FileRegions::for_process(16));
+        let fs = GlommioFs::new(GlommioFsConfig::default(), shared);
+        let store = Rc::new(
+            ShardStore::open(fs, dir.to_path_buf(), 0, StoreConfig::default())
+                .await
+                .unwrap(),
+        );
+        // The shard's flusher (the server runs `tasks.rs`'s).
+        let s = Rc::clone(&store);
+        glommio::spawn_local(async move {
+            loop {
+                {
+                    let work = s.wait_for_work();
+                    let tick = glommio::timer::sleep(Duration::from_millis(5));
+                    futures::pin_mut!(work);
+                    futures::pin_mut!(tick);
+                    futures::future::select(work, tick).await;
+                }
+                if s.has_pending() {
+                    s.flush_pending(4, |_| {}).await;
+                }
+            }
+        })
+        .detach();
+        let mut chans = router::mesh(1, 16);
+        let (router, _) = Router::connect(chans.remove(0)).await;
+        let mut config = Config::default();
+        config.node_id = NodeId(1);
+        let shard = Rc::new(Shard::new(
+            ShardId(0),
+            1,
+            Rc::new(config),
+            Rc::new(crate::clock::SystemClock),
+            store,
+            ClusterMetadata::default(),
+            Rc::new(router),
+            Rc::new(Vec::new()),
+        ));
+        let meta = TopicMeta {
+            name: "t".into(),
+            id: TOPIC,
+            partitions: 2,
+            config: TopicConfig::default(),
+            internal: false,
+        };
+        let delta = [MetadataDelta::CreateTopic(meta)];
+        assert!(shard.prepare_metadata(&delta).await.is_empty());
+        shard.commit_metadata(&delta);
+        shard
+    }
+
+    async fn produce(shard: &Rc<Shard>, partition: i32, records: Bytes) -> ProduceOutcome {
+        let req = ShardRequest::Produce {
+            parts: vec![ProducePart {
+                part: PartRef {
+                    topic: "t".into(),
+                    partition,
+                },
+                records,
+            }],
+            wait: true,
+            acks: -1,
+            arrived: None,
+        };
+        match shard.start(req).await {
+            ShardResponse::Produce(mut v) => v.remove(0),
+            _ => panic!("not a produce answer"),
+        }
+    }
+
+    async fn fetch(shard: &Rc<Shard>, partition: i32, epoch: i32) -> ops::FetchOutcome {
+        let topics: Vec<Arc<str>> = vec![Arc::from("t")];
+        let parts = [FetchPart {
+            topic: 0,
+            partition,
+            fetch_offset: 0,
+            max_bytes: 1 << 20,
+            current_leader_epoch: epoch,
+        }];
+        shard
+            .read_partitions(&topics, &parts, 1 << 20, false)
+            .await
+            .remove(0)
+    }
+
+    async fn list_latest(shard: &Rc<Shard>, partition: i32) -> ops::ListOffsetsOutcome {
+        shard
+            .list_offsets(vec![ListOffsetsPart {
+                part: PartRef {
+                    topic: "t".into(),
+                    partition,
+                },
+                timestamp: -1,
+                current_leader_epoch: -1,
+            }])
+            .await
+            .remove(0)
+    }
+
+    fn one_record() -> Bytes {
+        Bytes::from(batch(&[TestRecord::default()], 0))
+    }
+
+    #[test]
+    fn replicated_partitions_are_served_by_their_leader_only() {
+        LocalExecutorBuilder::default()
+            .spawn(|| async move {
+                let dir = tempfile::tempdir().unwrap();
+                let shard = core(dir.path()).await;
+                // Standalone: appended locally, as always.
+                assert_eq!(produce(&shard, 0, one_record()).await.base_offset, 0);
+
+                // In a cluster, before its group is attached, the partition is served to nobody;
+                // the answer names the metadata's leader.
+                shard.set_cluster_state(state());
+                let o = produce(&shard, 0, one_record()).await;
+                assert_eq!(o.error, ResponseError::NotLeaderOrFollower.code());
+                assert_eq!(o.current_leader, Some((2, 0)));
+                // A partition this node holds no replica of: the same.
+                let o = produce(&shard, 1, one_record()).await;
+                assert_eq!(o.error, ResponseError::NotLeaderOrFollower.code());
+                assert_eq!(fetch(&shard, 1, -1).await.current_leader, Some((2, 0)));
+
+                // A follower replica: refuses with the leader its group knows, and its epoch.
+                let fake = Rc::new(Fake {
+                    leadership: Cell::new(Leadership {
+                        leader: Some(NodeId(2)),
+                        epoch: 5,
+                        is_local: false,
+                    }),
+                    proposed: RefCell::new(Vec::new()),
+                    next: Cell::new(1),
+                    released: Rc::new(Cell::new(true)),
+                });
+                let handle: Rc<dyn ReplicaHandle> = fake.clone();
+                assert!(shard.attach_replica("t", 0, TOPIC, Some(handle)).is_some());
+                let o = produce(&shard, 0, one_record()).await;
+                assert_eq!(o.error, ResponseError::NotLeaderOrFollower.code());
+                assert_eq!(o.current_leader, Some((2, 5)));
+                assert!(fake.proposed.borrow().is_empty(), "a follower proposes nothing");
+                let f = fetch(&shard, 0, -1).await;
+                assert_eq!(f.error, ResponseError::NotLeaderOrFollower.code());
+                assert_eq!(f.current_leader, Some((2, 5)));
+                assert_eq!(
+                    list_latest(&shard, 0).await.error,
+                    ResponseError::NotLeaderOrFollower.code()
+                );
+                // No leader elected: writes hear LEADER_NOT_AVAILABLE.
+                fake.leadership.set(Leadership {
+                    leader: None,
+                    epoch: 5,
+                    is_local: false,
+                });
+                assert_eq!(
+                    produce(&shard, 0, one_record()).await.error,
+                    ResponseError::LeaderNotAvailable.code()
+                );
+
+                // The leader: writes are proposals (answered with the group's offset); reads,
+                // ListOffsets and epochs are the group's, capped at the commit offset.
+                fake.leadership.set(Leadership {
+                    leader: Some(NodeId(1)),
+                    epoch: 6,
+                    is_local: true,
+                });
+                let log = shard.log_for("t", 0).unwrap();
+                shard.store.set_commit_cap(log, Some(1)).unwrap();
+                let o = produce(&shard, 0, one_record()).await;
+                assert_eq!((o.error, o.base_offset), (0, 1));
+                assert_eq!(fake.proposed.borrow().len(), 1);
+                assert_eq!(fake.proposed.borrow()[0].1, Acks::All);
+                let f = fetch(&shard, 0, 6).await;
+                assert_eq!((f.error, f.high_watermark), (0, 1));
+                assert_eq!(
+                    fetch(&shard, 0, 5).await.error,
+                    ResponseError::FencedLeaderEpoch.code()
+                );
+                assert_eq!(
+                    fetch(&shard, 0, 7).await.error,
+                    ResponseError::UnknownLeaderEpoch.code()
+                );
+                let l = list_latest(&shard, 0).await;
+                assert_eq!((l.error, l.offset, l.leader_epoch), (0, 1, 6));
+
+                // An idempotent producer's pipelined batches are proposed in sequence; a retry of
+                // one in flight is not proposed again, one already in the log is a duplicate.
+                let idem =
+                    |seq: i32| Bytes::from(batch_with_producer(&[TestRecord::default()], 0, 9, 0, seq));
+                let request = |records: Bytes| ShardRequest::Produce {
+                    parts: vec![ProducePart {
+                        part: PartRef {
+                            topic: "t".into(),
+                            partition: 0,
+                        },
+                        records,
+                    }],
+                    wait: true,
+                    acks: 1,
+                    arrived: None,
+                };
+                fake.released.set(false);
+                let first = shard.start(request(idem(0)));
+                let second = shard.start(request(idem(1)));
+                assert_eq!(fake.proposed.borrow().len(), 3, "both proposed while in flight");
+                assert_eq!(fake.proposed.borrow()[2].1, Acks::Leader);
+                assert_eq!(
+                    produce(&shard, 0, idem(0)).await.error,
+                    ResponseError::RequestTimedOut.code(),
+                    "a retry of a batch in flight is not proposed again"
+                );
+                assert_eq!(
+                    produce(&shard, 0, idem(5)).await.error,
+                    ResponseError::OutOfOrderSequenceNumber.code(),
+                    "a gap after the batches in flight is refused"
+                );
+                assert_eq!(fake.proposed.borrow().len(), 3);
+                fake.released.set(true);
+                for (f, offset) in [(first, 2), (second, 3)] {
+                    match f.await {
+                        ShardResponse::Produce(v) => assert_eq!((v[0].error, v[0].base_offset), (0, offset)),
+                        _ => panic!("not a produce answer"),
+                    }
+                }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn in_a_cluster_a_partition_is_owned_by_the_shard_the_metadata_places_it_on() {
+        let mut s = (*state()).clone();
+        s.apply(&Record::Partition(PartitionRecord {
+            topic: TOPIC,
+            partition: PartitionId(2),
+            replicas: vec![
+                Replica {
+                    broker: NodeId(1),
+                    shard: ShardId(3),
+                },
+                Replica {
+                    broker: NodeId(2),
+                    shard: ShardId(0),
+                },
+            ],
+            isr: vec![NodeId(1), NodeId(2)],
+            leader: Some(NodeId(1)),
+            leader_epoch: LeaderEpoch(0),
+            partition_epoch: PartitionEpoch(0),
+        }));
+        assert_eq!(placed_shard(&s, "t", 2, NodeId(1), 4), Some(ShardId(3)));
+        assert_eq!(placed_shard(&s, "t", 2, NodeId(2), 4), Some(ShardId(0)));
+        // A shard this process does not have, a replica elsewhere, an unknown topic: the hash.
+        assert_eq!(placed_shard(&s, "t", 2, NodeId(1), 2), None);
+        assert_eq!(placed_shard(&s, "t", 2, NodeId(3), 4), None);
+        assert_eq!(placed_shard(&s, "u", 0, NodeId(1), 4), None);
+    }
 }

@@ -33,6 +33,21 @@ pub(crate) struct ProduceOutcome {
     pub(crate) base_offset: i64,
     pub(crate) log_append_time_ms: i64,
     pub(crate) log_start_offset: i64,
+    /// With NOT_LEADER_OR_FOLLOWER in a cluster: the leader's id and epoch (KIP-951).
+    pub(crate) current_leader: Option<(i32, i32)>,
+}
+
+impl Default for ProduceOutcome {
+    fn default() -> Self {
+        ProduceOutcome {
+            error: 0,
+            message: None,
+            base_offset: -1,
+            log_append_time_ms: -1,
+            log_start_offset: -1,
+            current_leader: None,
+        }
+    }
 }
 
 impl ProduceOutcome {
@@ -40,9 +55,7 @@ impl ProduceOutcome {
         ProduceOutcome {
             error: e.code(),
             message,
-            base_offset: -1,
-            log_append_time_ms: -1,
-            log_start_offset: -1,
+            ..ProduceOutcome::default()
         }
     }
 }
@@ -80,6 +93,8 @@ pub(crate) struct FetchOutcome {
     /// The partition had data past its fetch offset, but the request's shared byte budget
     /// left it less than its own `max_bytes` (or nothing).
     pub(crate) cut: bool,
+    /// With NOT_LEADER_OR_FOLLOWER in a cluster: the leader's id and epoch (KIP-951).
+    pub(crate) current_leader: Option<(i32, i32)>,
 }
 
 impl FetchOutcome {
@@ -91,6 +106,7 @@ impl FetchOutcome {
             log_start_offset: -1,
             records: None,
             cut: false,
+            current_leader: None,
         }
     }
 
@@ -185,6 +201,8 @@ pub(crate) enum ShardRequest {
     Produce {
         parts: Vec<ProducePart>,
         wait: bool,
+        /// The request's acks (-1, 0, 1): when a replicated partition's write is answered.
+        acks: i16,
         arrived: Option<std::time::Instant>,
     },
     /// Read from partitions; `max_bytes` bounds the total.

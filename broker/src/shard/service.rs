@@ -26,6 +26,7 @@ use strand_protocol::types::ShardId;
 use super::ops::{ServiceAnswer, ServiceCall, ShardRequest, ShardResponse};
 use super::router::RouterError;
 use super::Shard;
+use crate::cluster::ClusterState;
 use crate::metadata::MetadataDelta;
 
 /// A subsystem's endpoint on each shard.
@@ -79,6 +80,10 @@ pub(crate) trait ShardHooks {
 
     /// The shard refreshes its gauges.
     fn publish_gauges(&self) {}
+
+    /// In a cluster, this shard has taken a newer applied state of the cluster metadata
+    /// ([`Shard::cluster_state`]); `state` is it.
+    fn cluster_changed(&self, _state: &Rc<ClusterState>) {}
 }
 
 /// The services and hooks registered on one shard.
@@ -109,6 +114,31 @@ impl Shard {
     /// Registers a subsystem's hooks.
     pub(crate) fn hook(&self, hooks: Rc<dyn ShardHooks>) {
         self.registry.hooks.borrow_mut().push(Rc::downgrade(&hooks));
+    }
+
+    /// Takes a newer applied state of the cluster metadata and tells the hooks. Older states
+    /// (a lower metadata offset than the one held) are ignored, so states may arrive from more
+    /// than one path.
+    pub(crate) fn set_cluster_state(&self, state: Rc<ClusterState>) {
+        {
+            let mut held = self.cluster.borrow_mut();
+            if held
+                .as_ref()
+                .is_some_and(|h| h.next_offset() > state.next_offset())
+            {
+                return;
+            }
+            *held = Some(Rc::clone(&state));
+        }
+        for h in self.registry.hooks() {
+            h.cluster_changed(&state);
+        }
+    }
+
+    /// The newest applied cluster metadata this shard has, in a cluster (`None` on a
+    /// standalone node, and before a cluster node's first state arrives).
+    pub(crate) fn cluster_state(&self) -> Option<Rc<ClusterState>> {
+        self.cluster.borrow().clone()
     }
 
     /// This shard's instance of service `S`, if registered and alive.

@@ -1083,9 +1083,26 @@ fn topics_take_min_insync_replicas_from_the_broker() {
         (default.value.as_deref(), default.source),
         (Some("1"), ConfigSource::DefaultConfig)
     );
-    let set = entry(&load_env(&[("KAFKA_MIN_INSYNC_REPLICAS", "2")]).config);
+    let loaded = load_env(&[("KAFKA_MIN_INSYNC_REPLICAS", "2")]).config;
+    let set = entry(&loaded);
     assert_eq!(
         (set.value.as_deref(), set.source),
         (Some("2"), ConfigSource::StaticBrokerConfig)
     );
+    // What produce checks: the broker's default, unless the topic overrides it.
+    assert_eq!(
+        TopicConfig::default().log_settings(&loaded).min_insync_replicas,
+        2
+    );
+}
+
+#[test]
+fn leader_rebalance_is_on_every_five_minutes_unless_turned_off() {
+    let interval = |env: &[(&str, &str)]| load_env(env).config.cluster.leader_balance_interval_ms;
+    assert_eq!(interval(&[]), Some(300_000));
+    assert_eq!(
+        interval(&[("KAFKA_LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS", "2")]),
+        Some(2_000)
+    );
+    assert_eq!(interval(&[("KAFKA_AUTO_LEADER_REBALANCE_ENABLE", "false")]), None);
 }

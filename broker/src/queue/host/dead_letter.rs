@@ -107,6 +107,7 @@ pub(super) async fn dead_letter_append(
                     records: Bytes::from(batch),
                 }],
                 wait: true,
+                acks: -1,
                 arrived: None,
             },
         )

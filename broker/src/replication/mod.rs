@@ -1,0 +1,1292 @@
+//! Partition replication: each partition replica this shard hosts is a Raft group
+//! (`strand_raft::partition`) over the partition's log in the shard's store.
+//!
+//! - **Groups follow the cluster metadata.** On every applied [`ClusterState`]
+//!   (`ShardHooks::cluster_changed`), the [`GroupManager`] starts a group for every replica the
+//!   metadata places on this node and shard (`ClusterState::hosted_by`) whose log the core has
+//!   open, and shuts down the groups of replicas it no longer places here. A group is the
+//!   replica log over the partition's log (`ShardReplicaLog`, its Raft state in a side file in
+//!   the log's directory), the replica store over it, and an openraft `Raft` whose network is
+//!   the shard's [`NodeNetwork`]. Its handle is attached to the core's partition
+//!   ([`Shard::attach_replica`]), which from then on proposes writes to it and caps clients'
+//!   reads at its commit offset. At most [`ReplicationSettings::max_groups`] groups per shard.
+//! - **Who initializes a group.** Membership is the partition's replica set. The first replica
+//!   of the assignment (the preferred leader) calls openraft's `initialize` with all replicas,
+//!   once, when its replica holds no Raft state; the others wait to be written to, and
+//!   initialize only if their replica still holds no Raft state after
+//!   [`FOLLOWER_INIT_WAIT_ELECTIONS`] election timeouts (the first replica died before the
+//!   group formed). openraft refuses `initialize` on a node with any log or vote
+//!   (`NotAllowed`), so a restart never initializes again. Every replica proposes the same
+//!   first entry: the membership entry at index 0 of term 0, whose log id carries no node
+//!   (`leader_id_std`), from the same replica set. Letting the first replica go first avoids
+//!   split votes at creation. A replica whose disk was wiped initializes again with that same
+//!   entry, and cannot win an election against the others' longer logs.
+//! - **Commit offset.** A watcher task per group follows the group's metrics: when the
+//!   applied index moves, the store's commit cap of the log moves to the replica's high
+//!   watermark (the Kafka offset after the last committed batch), which wakes waiting
+//!   fetches. When this node wins an election it reports it ([`LeaderReports`]); the active
+//!   controller records it as the partition's leader with the term as its leader epoch. A report
+//!   is sent again while no controller answers, and whenever an applied state does not show a
+//!   leadership this node holds.
+//! - **ISR.** Every [`ISR_CHECK_INTERVAL_MS`] a leader compares its followers' progress with
+//!   the registration's ISR: a follower is in sync while it reached, within
+//!   `replica.lag.time.max.ms`, the log end the leader had at the previous check; a difference
+//!   goes to the controller as AlterPartition. The ISR is what Metadata reports; commits need a
+//!   Raft majority whatever it says.
+//! - **Preferred leaders.** Every `leader.imbalance.check.interval.seconds` (unless
+//!   `auto.leader.rebalance.enable` is off) a leader hands each group whose preferred replica
+//!   (the first of its replicas) is active, in the ISR and holds the whole log to that replica,
+//!   with a Raft leadership transfer (`GroupManager::balance_leaders`).
+//! - **Timers.** Heartbeats every 100 ms, elections after 600–1,200 ms of silence, so that a
+//!   lost leader is replaced well within 3 s. Groups idle for [`ReplicationSettings`]'s
+//!   `quiesce.idle_after_ms` stop their timers (`Quiescer`); peers' liveness is what the
+//!   shard hears from them (any request, and a ping every [`PING_INTERVAL_MS`] to each peer
+//!   shard it shares a group with), and the quiesced groups a silent peer leads wake to elect.
+//! - **Transport** ([`net`]): coalesced heartbeats ticked every [`TICK_MS`], one connection
+//!   per peer shard, inbound connections recognised on the Kafka listeners.
+//! - **Writes** ([`Handle::propose`]): `client_write`; acks=all is answered at commit, acks=1
+//!   once the batch is durable in the leader's log (the replica store's flushed-append
+//!   observer, matching the proposal by the identity of its bytes). A leader without a lease
+//!   (new, or just woken) has its writes wait, within [`LEASE_WAIT`], for a round of
+//!   heartbeats rather than refusing them.
+//! - **Shutdown**: [`GroupManager::shut_down`] first hands the leadership of the groups the
+//!   shard leads to caught-up followers (bounded), then stops every group; a deleted topic's
+//!   groups stop before the core removes their logs (`ShardHooks::metadata_preparing`).
+//!
+//! What the manager relies on: the core has a hosted replica's log open on the shard the
+//! metadata places it on (`Shard::owner` follows the metadata once the cluster state is set)
+//! by the time `cluster_changed` names it; a replica whose log is not open yet is retried once
+//! the core has opened new partitions (`ShardHooks::metadata_committed`) and at the next state. Membership is fixed at creation: a changed replica set (reassignment) is
+//! not applied to a running group.
+
+pub(crate) mod net;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use glommio::net::TcpStream;
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, ForwardReason, InitializeError, RaftError};
+use openraft::Raft;
+use strand_protocol::types::{NodeId, PartitionId, ShardId, TopicId};
+use strand_raft::partition::quiesce::{self, QuiesceConfig, Quiescer};
+use strand_raft::partition::shard_log::ShardReplicaLog;
+use strand_raft::partition::{Applied, BrokerId, KafkaBatch, PartitionRaft, ReplicaStore};
+use strand_raft::rt::GlommioRuntime;
+use strand_raft::transport::codec::{GroupId, Message};
+use strand_raft::transport::network::{GroupRafts, NetworkConfig, NodeNetwork, Server, ServerLimits};
+use strand_raft::transport::tcp::{serve_stream, TcpConfig};
+use strand_storage::fs_glommio::GlommioFs;
+use strand_storage::{LogId, ShardStore};
+
+use self::net::{Directory, PeerShards};
+use crate::cluster::{BrokerEpoch, ClusterState};
+use crate::metadata::MetadataDelta;
+use crate::shard::replica::{Acks, Leadership, ProposeError, ReplicaHandle};
+use crate::shard::service::{Service, ShardHooks};
+use crate::shard::Shard;
+
+type C = PartitionRaft<GlommioRuntime>;
+type Store = ReplicaStore<GlommioRuntime, ShardReplicaLog<GlommioFs>>;
+type GroupRaft = Raft<C, Store>;
+
+/// How often the shard's network sends the coalesced heartbeats.
+pub(crate) const TICK_MS: u64 = 5;
+/// How often each peer shard sharing a group is pinged (liveness for quiesced groups).
+pub(crate) const PING_INTERVAL_MS: u64 = 250;
+/// How long a proposal waits for its commit before its outcome is reported unknown.
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a controlled shutdown waits for its groups' leadership to move.
+const TRANSFER_WAIT: Duration = Duration::from_secs(2);
+/// acks=1 writes a group waits for at once; more are answered at commit.
+const MAX_LOCAL_ACKS: usize = 4_096;
+/// How long a new or just-woken leader's writes wait for its lease (a round of heartbeats).
+const LEASE_WAIT: Duration = Duration::from_secs(2);
+/// How often a leader compares its followers' progress with the ISR.
+const ISR_CHECK_INTERVAL_MS: u64 = 1_000;
+/// Leadership transfers one balancing round of a shard starts at most.
+const MAX_BALANCE_TRANSFERS: usize = 64;
+/// How often an election report that found no controller is sent again, and how many times.
+const REPORT_RETRY: Duration = Duration::from_millis(250);
+const REPORT_ATTEMPTS: usize = 120;
+/// Election timeouts a replica other than the first waits to be written to before it forms
+/// its group itself (see `GroupManager::start_group`).
+const FOLLOWER_INIT_WAIT_ELECTIONS: u64 = 2;
+
+/// How this shard's elections reach the active controller (the cluster link implements it;
+/// the controller records the winner as the partition's leader, `cluster::control::leader_elected`).
+pub(crate) trait LeaderReports {
+    /// This node won the election of `term` (its leader epoch) of `partition` of `topic`.
+    fn leader_elected(
+        &self,
+        topic: TopicId,
+        partition: PartitionId,
+        term: i32,
+    ) -> LocalBoxFuture<'static, Report>;
+    /// This node, leading `partition` of `topic` in `term`, asks for the ISR `isr` (members
+    /// with the broker epochs it saw) over the registration at `partition_epoch` (AlterPartition).
+    fn alter_isr(
+        &self,
+        topic: TopicId,
+        partition: PartitionId,
+        term: i32,
+        partition_epoch: i32,
+        isr: Vec<(NodeId, BrokerEpoch)>,
+    ) -> LocalBoxFuture<'static, Report>;
+}
+
+/// What became of an election report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// Recorded: the partition's registration is at this partition epoch.
+    Recorded { partition_epoch: i32 },
+    /// Refused by the controller (an election overtook it, or this broker is fenced): sent
+    /// again at the next applied state that still does not show the leadership.
+    Refused(String),
+    /// No controller answered: sent again.
+    Unreachable(String),
+}
+
+/// What the manager needs of the shard that hosts it (the core; a test's stand-in).
+pub(crate) trait Host {
+    /// The open log of a replica this shard hosts, and its directory; `None` if not open.
+    fn open_log(
+        &self,
+        state: &ClusterState,
+        topic: TopicId,
+        partition: PartitionId,
+    ) -> Option<(LogId, PathBuf)>;
+    /// Attaches (or detaches, with `None`) a replica's handle to the partition.
+    fn attach(
+        &self,
+        state: &ClusterState,
+        topic: TopicId,
+        partition: PartitionId,
+        handle: Option<Rc<dyn ReplicaHandle>>,
+    );
+}
+
+/// Settings of a shard's replication.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplicationSettings {
+    pub(crate) max_groups: usize,
+    pub(crate) heartbeat_interval_ms: u64,
+    pub(crate) election_timeout_min_ms: u64,
+    pub(crate) election_timeout_max_ms: u64,
+    pub(crate) quiesce: QuiesceConfig,
+    pub(crate) tcp: TcpConfig,
+    /// A follower that has not reached the leader's log end for this long leaves the ISR
+    /// (`replica.lag.time.max.ms`).
+    pub(crate) replica_lag_time_max_ms: u64,
+    /// How often a leader hands its partitions back to their preferred replicas; `None`: never
+    /// (`auto.leader.rebalance.enable`, `leader.imbalance.check.interval.seconds`).
+    pub(crate) leader_balance_interval_ms: Option<u64>,
+}
+
+impl Default for ReplicationSettings {
+    fn default() -> Self {
+        ReplicationSettings {
+            max_groups: 20_000,
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 600,
+            election_timeout_max_ms: 1_200,
+            quiesce: QuiesceConfig {
+                idle_after_ms: 2_000,
+                peer_timeout_ms: 1_000,
+            },
+            tcp: TcpConfig::default(),
+            replica_lag_time_max_ms: 30_000,
+            leader_balance_interval_ms: Some(300_000),
+        }
+    }
+}
+
+impl ReplicationSettings {
+    fn raft_config(&self) -> Arc<openraft::Config> {
+        let config = openraft::Config {
+            cluster_name: "strand-partition".into(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            // A replica that restarts, or stops hearing the leader for a moment, asks before it
+            // campaigns: a campaign the others would refuse (its log behind, the leader alive)
+            // would still end the leader's term and leave the partition leaderless for an
+            // election timeout or more.
+            enable_pre_vote: Some(true),
+            ..Default::default()
+        };
+        #[allow(clippy::expect_used)]
+        Arc::new(config.validate().expect("the replication Raft config is valid"))
+    }
+}
+
+/// Forms a group whose replica holds no Raft state yet: openraft's `initialize` with the
+/// partition's replicas as voters. A replica already written to (or voted by) refuses it,
+/// which is the usual outcome for all but the first replica.
+async fn initialize_group(group: &Group, members: BTreeSet<BrokerId>) {
+    match group.raft.is_initialized().await {
+        Ok(false) => match group.raft.initialize(members).await {
+            Ok(()) => tracing::debug!(group = %group.id, "formed the partition group"),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(e) => tracing::warn!(group = %group.id, error = %e, "initializing a partition group"),
+        },
+        Ok(true) => {}
+        Err(e) => tracing::warn!(group = %group.id, error = %e, "a partition group stopped"),
+    }
+}
+
+/// One hosted replica's group.
+struct Group {
+    id: GroupId,
+    local: BrokerId,
+    raft: GroupRaft,
+    replica: Store,
+    log: LogId,
+    /// Set when the group is shut down: its watcher ends.
+    stopped: Cell<bool>,
+    /// Writes since the quiescer last looked (it wakes the group).
+    active: Cell<bool>,
+    /// acks=1 writes waiting for their batch to be durable here ([`LocalAck`]).
+    local_acks: RefCell<HashMap<(usize, usize), futures::channel::oneshot::Sender<i64>>>,
+    /// Proposal order (see [`commit`]): the next proposal's ticket, the latest ticket handed
+    /// to Raft, the tickets below which a refused proposal is not sent again, and the proposal
+    /// waiting for the leader's lease.
+    tickets: Cell<u64>,
+    last_submitted: Cell<u64>,
+    barrier: Cell<u64>,
+    lease_waiter: Cell<Option<u64>>,
+    /// An election report is on its way.
+    reporting: Cell<bool>,
+    /// The term last reported and the partition epoch the controller answered (or saw, when it
+    /// refused): not reported again until the registration moves past it.
+    reported: Cell<Option<(i32, i32)>>,
+    /// While leading: when each follower last reached the leader's log end as it was at the
+    /// previous ISR check ([`GroupManager::check_isr`]), and that log end.
+    caught_up_ms: RefCell<BTreeMap<BrokerId, u64>>,
+    isr_mark: Cell<Option<u64>>,
+    /// An ISR change is on its way, or was refused at this partition epoch.
+    isr_reporting: Cell<bool>,
+    isr_refused_at: Cell<Option<i32>>,
+}
+
+impl Group {
+    fn leadership(&self) -> Leadership {
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        let leader = m.current_leader.and_then(BrokerId::as_node_id);
+        Leadership {
+            leader,
+            epoch: i32::try_from(m.current_term).unwrap_or(i32::MAX),
+            is_local: m.current_leader == Some(self.local),
+        }
+    }
+}
+
+/// The handle the core holds.
+struct Handle(Rc<Group>);
+
+impl ReplicaHandle for Handle {
+    fn leadership(&self) -> Leadership {
+        self.0.leadership()
+    }
+
+    fn propose(&self, batch: Bytes, acks: Acks) -> LocalBoxFuture<'static, Result<i64, ProposeError>> {
+        let group = Rc::clone(&self.0);
+        group.active.set(true);
+        // The ticket is taken now, in the order the core decides its proposals.
+        let ticket = group.tickets.get();
+        group.tickets.set(ticket + 1);
+        async move {
+            let local = match acks {
+                Acks::Leader => LocalAck::register(&group, &batch),
+                Acks::All => None,
+            };
+            let committed = commit(Rc::clone(&group), batch, ticket);
+            let Some(mut local) = local else {
+                return committed.await;
+            };
+            futures::pin_mut!(committed);
+            match futures::future::select(committed, &mut local.rx).await {
+                futures::future::Either::Left((result, _)) => result,
+                futures::future::Either::Right((Ok(base_offset), _)) => Ok(base_offset),
+                // The group dropped the waiter (stopped): the commit's outcome decides.
+                futures::future::Either::Right((Err(_), committed)) => committed.await,
+            }
+        }
+        .boxed_local()
+    }
+}
+
+/// An acks=1 write's wait for its batch to be durable in the leader's log: the group's
+/// flushed-append observer finds it by the identity of its bytes (the very `Bytes` proposed).
+struct LocalAck {
+    group: Rc<Group>,
+    key: (usize, usize),
+    rx: futures::channel::oneshot::Receiver<i64>,
+}
+
+impl LocalAck {
+    /// `None` when the group has too many acks=1 writes waiting (the write is answered at
+    /// commit instead).
+    fn register(group: &Rc<Group>, batch: &Bytes) -> Option<LocalAck> {
+        let key = (batch.as_ptr() as usize, batch.len());
+        let mut waiting = group.local_acks.borrow_mut();
+        if waiting.len() >= MAX_LOCAL_ACKS || waiting.contains_key(&key) {
+            return None;
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        waiting.insert(key, tx);
+        Some(LocalAck {
+            group: Rc::clone(group),
+            key,
+            rx,
+        })
+    }
+}
+
+impl Drop for LocalAck {
+    fn drop(&mut self) {
+        self.group.local_acks.borrow_mut().remove(&self.key);
+    }
+}
+
+/// Proposes `batch` and waits for its commit (bounded), waiting for a new leader's lease.
+///
+/// Proposals reach Raft in the order the core decided them (it checked each idempotent
+/// producer's sequence against the ones before): a proposal Raft refuses before appending it
+/// (no lease yet, not the leader) is sent again after a round of heartbeats only while no later
+/// proposal has been handed to Raft; otherwise it, and every proposal issued before the refusal
+/// that Raft has not taken either, is answered as not written (retriable, not persisted), so
+/// that no batch is appended behind a later one of the same producer.
+async fn commit(group: Rc<Group>, batch: Bytes, ticket: u64) -> Result<i64, ProposeError> {
+    let started = std::time::Instant::now();
+    // `submitted`: Raft refused this proposal after it was handed over, so every one issued
+    // before now must not be handed over again. A proposal refused before it was handed over
+    // (behind a lease waiter) leaves the waiter its retry.
+    let refuse = |group: &Group, f: Option<openraft::errors::ForwardToLeader<C>>, submitted: bool| {
+        if submitted {
+            group.barrier.set(group.tickets.get());
+        }
+        let mut l = group.leadership();
+        if let Some(id) = f.and_then(|f| f.leader_id) {
+            l.leader = id.as_node_id();
+            l.is_local = id == group.local;
+        }
+        if l.is_local {
+            // Leading but not writable (lease, transfer): the client retries.
+            l.is_local = false;
+            l.leader = None;
+        }
+        ProposeError::NotLeader(l)
+    };
+    loop {
+        if ticket < group.barrier.get() || group.lease_waiter.get().is_some_and(|w| w < ticket) {
+            return Err(refuse(&group, None, false));
+        }
+        group.last_submitted.set(group.last_submitted.get().max(ticket));
+        let write = group.raft.client_write(KafkaBatch(batch.clone()));
+        let timer = glommio::timer::sleep(PROPOSE_TIMEOUT);
+        futures::pin_mut!(write);
+        futures::pin_mut!(timer);
+        let result = match futures::future::select(write, timer).await {
+            futures::future::Either::Left((r, _)) => r,
+            futures::future::Either::Right(_) => {
+                return Err(ProposeError::Unknown(
+                    "the write was not committed in time".into(),
+                ))
+            }
+        };
+        match result {
+            Ok(resp) => {
+                return match resp.data {
+                    Applied::Batch { base_offset } => Ok(base_offset.0),
+                    Applied::Internal => Err(ProposeError::Unknown("answered as an internal entry".into())),
+                }
+            }
+            // A new or just-woken leader: its lease comes with the next acknowledged round of
+            // heartbeats. Ask for one and wait, within a bound, unless a later proposal went
+            // to Raft meanwhile.
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+                if f.reason == ForwardReason::LeaseExpired
+                    && started.elapsed() < LEASE_WAIT
+                    && group.last_submitted.get() == ticket
+                    && ticket >= group.barrier.get() =>
+            {
+                group.lease_waiter.set(Some(ticket));
+                let _ = group.raft.trigger().heartbeat().await;
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+                if group.lease_waiter.get() == Some(ticket) {
+                    group.lease_waiter.set(None);
+                }
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                return Err(refuse(&group, Some(f), true))
+            }
+            Err(e) => return Err(ProposeError::Unknown(e.to_string())),
+        }
+    }
+}
+
+/// The groups of a shard, as the transport server finds them.
+#[derive(Clone, Default)]
+struct Groups(Rc<RefCell<BTreeMap<GroupId, Rc<Group>>>>);
+
+impl GroupRafts<GlommioRuntime> for Groups {
+    type StateMachine = Store;
+
+    fn raft(&self, group: GroupId) -> Option<GroupRaft> {
+        self.0.borrow().get(&group).map(|g| g.raft.clone())
+    }
+}
+
+/// A shard's partition groups (see the module documentation).
+pub(crate) struct GroupManager {
+    local: BrokerId,
+    node: NodeId,
+    shard: ShardId,
+    store: Rc<ShardStore<GlommioFs>>,
+    host: Rc<dyn Host>,
+    directory: Rc<Directory>,
+    network: Rc<NodeNetwork<GlommioRuntime, PeerShards>>,
+    server: Rc<Server<GlommioRuntime, Groups>>,
+    groups: Groups,
+    settings: ReplicationSettings,
+    config: Arc<openraft::Config>,
+    quiescer: RefCell<Quiescer<GroupId>>,
+    reports: RefCell<Option<Rc<dyn LeaderReports>>>,
+    /// One reconciliation at a time; the newest state waits in `next`.
+    reconciling: Cell<bool>,
+    next: RefCell<Option<Rc<ClusterState>>>,
+    epoch: std::time::Instant,
+    closed: Cell<bool>,
+}
+
+impl GroupManager {
+    /// The manager of shard `shard` of node `node`, whose peers are reached on the listener
+    /// `inter_broker_listener`. Call [`GroupManager::run`] to start its timers.
+    pub(crate) fn new(
+        node: NodeId,
+        shard: ShardId,
+        store: Rc<ShardStore<GlommioFs>>,
+        host: Rc<dyn Host>,
+        inter_broker_listener: String,
+        settings: ReplicationSettings,
+    ) -> Rc<Self> {
+        let local = BrokerId::from_node_id(node).unwrap_or_default();
+        let directory = Rc::new(Directory::new(inter_broker_listener));
+        let conns = PeerShards::new(node, Rc::clone(&directory), settings.tcp);
+        let network = NodeNetwork::new(local, conns, NetworkConfig::default());
+        let groups = Groups::default();
+        let server = Rc::new(Server::new(groups.clone(), ServerLimits::default()));
+        Rc::new(GroupManager {
+            local,
+            node,
+            shard,
+            store,
+            host,
+            directory,
+            network,
+            server,
+            groups,
+            config: settings.raft_config(),
+            settings,
+            quiescer: RefCell::new(Quiescer::new(settings.quiesce)),
+            reports: RefCell::new(None),
+            reconciling: Cell::new(false),
+            next: RefCell::new(None),
+            epoch: std::time::Instant::now(),
+            closed: Cell::new(false),
+        })
+    }
+
+    /// Where leadership changes go from now on.
+    pub(crate) fn set_reports(&self, reports: Rc<dyn LeaderReports>) {
+        *self.reports.borrow_mut() = Some(reports);
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Starts the shard's transport tick, quiescing and pings; they end with [`Self::close`].
+    pub(crate) fn run(self: &Rc<Self>) {
+        let me = Rc::downgrade(self);
+        glommio::spawn_local(async move {
+            let mut last_quiesce = 0u64;
+            let mut last_ping = 0u64;
+            let mut last_isr = 0u64;
+            let mut last_balance = 0u64;
+            loop {
+                glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+                let Some(m) = me.upgrade() else { return };
+                if m.closed.get() {
+                    return;
+                }
+                m.network.tick();
+                let now = m.now_ms();
+                if now.saturating_sub(last_quiesce) >= 100 {
+                    last_quiesce = now;
+                    m.quiesce_tick(now).await;
+                }
+                if now.saturating_sub(last_isr) >= ISR_CHECK_INTERVAL_MS {
+                    last_isr = now;
+                    m.check_isr(now);
+                }
+                if let Some(every) = m.settings.leader_balance_interval_ms {
+                    if now.saturating_sub(last_balance) >= every {
+                        last_balance = now;
+                        m.balance_leaders();
+                    }
+                }
+                if now.saturating_sub(last_ping) >= PING_INTERVAL_MS {
+                    last_ping = now;
+                    m.ping_peers();
+                    let dir = Rc::clone(&m.directory);
+                    glommio::spawn_local(async move { dir.refresh().await }).detach();
+                }
+            }
+        })
+        .detach();
+    }
+
+    async fn quiesce_tick(&self, now: u64) {
+        let groups: Vec<Rc<Group>> = self.groups.0.borrow().values().cloned().collect();
+        let mut actions = Vec::new();
+        {
+            let mut q = self.quiescer.borrow_mut();
+            for g in &groups {
+                if g.active.replace(false) {
+                    if let Some(a) = q.activity(g.id, now) {
+                        actions.push((g.id, a));
+                    }
+                }
+            }
+            let leaders: BTreeMap<GroupId, Option<BrokerId>> = groups
+                .iter()
+                .map(|g| (g.id, g.raft.metrics().borrow_watched().current_leader))
+                .collect();
+            actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
+        }
+        for (id, action) in actions {
+            let group = self.groups.0.borrow().get(&id).cloned();
+            if let Some(g) = group {
+                quiesce::apply(&g.raft, action).await;
+            }
+        }
+    }
+
+    /// A hello to every peer shard this shard shares a group with; an answer counts as hearing
+    /// from the peer.
+    fn ping_peers(self: &Rc<Self>) {
+        let Some(state) = self.directory.state.borrow().clone() else {
+            return;
+        };
+        let mut targets = BTreeSet::new();
+        for id in self.groups.0.borrow().keys() {
+            if let Some(p) = state.partition(id.topic, id.partition) {
+                for r in &p.replicas {
+                    if r.broker != self.node {
+                        targets.insert((r.broker, r.shard.0));
+                    }
+                }
+            }
+        }
+        for (node, shard) in targets {
+            let Some(peer) = BrokerId::from_node_id(node) else {
+                continue;
+            };
+            let me = Rc::clone(self);
+            glommio::spawn_local(async move {
+                let hello = Message::Hello {
+                    node: me.local,
+                    shard,
+                };
+                let conns = me.network.connection();
+                if let Ok(Message::Hello { .. }) = conns.call_shard(peer, shard, hello).await {
+                    me.quiescer.borrow_mut().peer_heard(peer, me.now_ms());
+                }
+            })
+            .detach();
+        }
+    }
+
+    /// Serves a peer's connection (its hello is at the front of `received`).
+    pub(crate) async fn serve_peer(self: &Rc<Self>, stream: TcpStream, received: BytesMut) {
+        let me = Rc::downgrade(self);
+        let handler = Rc::new(move |from: BrokerId, request: Message| {
+            let me: Weak<GroupManager> = me.clone();
+            async move {
+                // A closed manager answers nothing useful: its peers must not take it for alive.
+                let Some(m) = me.upgrade().filter(|m| !m.closed.get()) else {
+                    return Message::HeartbeatReplies(Vec::new());
+                };
+                m.quiescer.borrow_mut().peer_heard(from, m.now_ms());
+                m.server.handle(from, request).await
+            }
+        });
+        serve_stream(stream, received, self.local, self.settings.tcp, handler).await;
+    }
+
+    /// The groups whose Raft leader is this node.
+    fn led_groups(&self) -> Vec<Rc<Group>> {
+        self.groups
+            .0
+            .borrow()
+            .values()
+            .filter(|g| g.leadership().is_local)
+            .cloned()
+            .collect()
+    }
+
+    /// The groups this shard runs.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn group_count(&self) -> usize {
+        self.groups.0.borrow().len()
+    }
+
+    /// Takes a newer cluster state: starts and stops groups to match it (in the background;
+    /// states arriving meanwhile are taken in turn, the newest last).
+    pub(crate) fn cluster_changed(self: &Rc<Self>, state: &Rc<ClusterState>) {
+        *self.directory.state.borrow_mut() = Some(Rc::clone(state));
+        *self.next.borrow_mut() = Some(Rc::clone(state));
+        if self.reconciling.replace(true) {
+            return;
+        }
+        let me = Rc::clone(self);
+        glommio::spawn_local(async move {
+            loop {
+                let next = me.next.borrow_mut().take();
+                let Some(state) = next else { break };
+                me.reconcile(&state).await;
+            }
+            me.reconciling.set(false);
+        })
+        .detach();
+    }
+
+    /// Reconciles again with the newest state: the core has opened logs that an earlier
+    /// reconciliation found closed (a new topic's partitions open after the state naming them).
+    pub(crate) fn logs_opened(self: &Rc<Self>) {
+        let state = self.directory.state.borrow().clone();
+        if let Some(state) = state {
+            self.cluster_changed(&state);
+        }
+    }
+
+    /// Reconciles the running groups with `state` now (tests await it).
+    pub(crate) async fn reconcile(self: &Rc<Self>, state: &Rc<ClusterState>) {
+        if self.closed.get() {
+            return;
+        }
+        *self.directory.state.borrow_mut() = Some(Rc::clone(state));
+        let mut wanted: Vec<GroupId> = state
+            .hosted_by(self.node)
+            .filter(|h| h.shard == self.shard)
+            .map(|h| GroupId {
+                topic: h.topic,
+                partition: h.partition,
+            })
+            .collect();
+        if wanted.len() > self.settings.max_groups {
+            tracing::error!(
+                wanted = wanted.len(),
+                limit = self.settings.max_groups,
+                "more partition replicas placed on this shard than it runs groups for; the rest are not served"
+            );
+            wanted.truncate(self.settings.max_groups);
+        }
+        let wanted_set: BTreeSet<GroupId> = wanted.iter().copied().collect();
+        let gone: Vec<Rc<Group>> = self
+            .groups
+            .0
+            .borrow()
+            .values()
+            .filter(|g| !wanted_set.contains(&g.id))
+            .cloned()
+            .collect();
+        for g in gone {
+            self.stop_group(state, &g).await;
+        }
+        for id in wanted {
+            if self.groups.0.borrow().contains_key(&id) {
+                continue;
+            }
+            match self.start_group(state, id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(group = %id, "a partition group waits for the core to open its log")
+                }
+                Err(e) => {
+                    tracing::warn!(group = %id, error = %e, "cannot start a partition group; retried at the next metadata change")
+                }
+            }
+        }
+        // Elections the state does not show yet (a report lost, refused while this broker was
+        // fenced, or overtaken by the controller taking the leadership away).
+        let led = self.led_groups();
+        for g in led {
+            self.report_election(&g);
+        }
+    }
+
+    async fn stop_group(&self, state: &ClusterState, g: &Rc<Group>) {
+        self.host.attach(state, g.id.topic, g.id.partition, None);
+        self.groups.0.borrow_mut().remove(&g.id);
+        self.quiescer.borrow_mut().remove(g.id);
+        g.stopped.set(true);
+        if let Err(e) = g.raft.shutdown().await {
+            tracing::warn!(group = %g.id, error = ?e, "a partition group did not shut down cleanly");
+        }
+        tracing::info!(group = %g.id, "partition group stopped");
+    }
+
+    /// Starts the group of a hosted replica: `Ok(false)` when the core has not opened its log
+    /// yet.
+    async fn start_group(self: &Rc<Self>, state: &ClusterState, id: GroupId) -> Result<bool, String> {
+        let Some(registration) = state.partition(id.topic, id.partition) else {
+            return Err("not in the metadata".into());
+        };
+        let Some((log, dir)) = self.host.open_log(state, id.topic, id.partition) else {
+            return Ok(false);
+        };
+        let epoch = self.epoch;
+        let now_ms: Rc<dyn Fn() -> i64> =
+            Rc::new(move || i64::try_from(epoch.elapsed().as_millis()).unwrap_or(i64::MAX));
+        let replica_log = ShardReplicaLog::open(Rc::clone(&self.store), log, dir, now_ms)
+            .await
+            .map_err(|e| format!("replica log: {e}"))?;
+        let replica = Store::open(replica_log)
+            .await
+            .map_err(|e| format!("replica store: {e}"))?;
+        // Nothing above the committed offset is shown to clients, from the start.
+        let cap = self
+            .store
+            .with_log(log, |l| l.commit_cap())
+            .map_err(|e| e.to_string())?
+            .unwrap_or(0)
+            .max(replica.high_watermark().0);
+        self.store
+            .set_commit_cap(log, Some(cap))
+            .map_err(|e| e.to_string())?;
+        let raft = Raft::new(
+            self.local,
+            Arc::clone(&self.config),
+            self.network.factory(id),
+            replica.clone(),
+            replica.clone(),
+        )
+        .await
+        .map_err(|e| format!("raft: {e}"))?;
+        let group = Rc::new(Group {
+            id,
+            local: self.local,
+            raft,
+            replica,
+            log,
+            stopped: Cell::new(false),
+            active: Cell::new(false),
+            local_acks: RefCell::new(HashMap::new()),
+            tickets: Cell::new(0),
+            last_submitted: Cell::new(0),
+            barrier: Cell::new(0),
+            lease_waiter: Cell::new(None),
+            reporting: Cell::new(false),
+            reported: Cell::new(None),
+            caught_up_ms: RefCell::new(BTreeMap::new()),
+            isr_mark: Cell::new(None),
+            isr_reporting: Cell::new(false),
+            isr_refused_at: Cell::new(None),
+        });
+        let weak = Rc::downgrade(&group);
+        group.replica.set_on_flushed(Rc::new(move |batches| {
+            let Some(g) = weak.upgrade() else { return };
+            let mut waiting = g.local_acks.borrow_mut();
+            if waiting.is_empty() {
+                return;
+            }
+            for (bytes, base) in batches {
+                if let Some(tx) = waiting.remove(&(bytes.as_ptr() as usize, bytes.len())) {
+                    let _ = tx.send(base.0);
+                }
+            }
+        }));
+        self.groups.0.borrow_mut().insert(id, Rc::clone(&group));
+        self.quiescer.borrow_mut().add(id, self.now_ms());
+        self.spawn_watcher(Rc::clone(&group));
+        let members: BTreeSet<BrokerId> = registration
+            .replica_brokers()
+            .filter_map(BrokerId::from_node_id)
+            .collect();
+        if registration.preferred_leader() == Some(self.node) {
+            initialize_group(&group, members).await;
+        } else {
+            // The others wait to be written to; one that still holds no Raft state after
+            // `FOLLOWER_INIT_WAIT_ELECTIONS` election timeouts forms the group itself, with the
+            // same membership (its entry at index 0 equals the first replica's), so that a
+            // partition whose first replica died before the group formed still gets a leader.
+            let g = Rc::clone(&group);
+            let wait = Duration::from_millis(
+                self.settings.election_timeout_max_ms * FOLLOWER_INIT_WAIT_ELECTIONS,
+            );
+            glommio::spawn_local(async move {
+                glommio::timer::sleep(wait).await;
+                if !g.stopped.get() {
+                    initialize_group(&g, members).await;
+                }
+            })
+            .detach();
+        }
+        let handle: Rc<dyn ReplicaHandle> = Rc::new(Handle(Rc::clone(&group)));
+        self.host.attach(state, id.topic, id.partition, Some(handle));
+        tracing::debug!(group = %id, "partition group started");
+        Ok(true)
+    }
+
+    /// Follows a group's metrics: moves the commit cap and reports leadership changes.
+    fn spawn_watcher(self: &Rc<Self>, group: Rc<Group>) {
+        let me = Rc::downgrade(self);
+        glommio::spawn_local(async move {
+            let mut metrics = group.raft.metrics();
+            let mut last: Option<(Option<BrokerId>, u64)> = None;
+            loop {
+                if group.stopped.get() {
+                    return;
+                }
+                let (leader, term) = {
+                    let m = metrics.borrow_watched();
+                    (m.current_leader, m.current_term)
+                };
+                let Some(manager) = me.upgrade() else { return };
+                let hw = group.replica.high_watermark().0;
+                let moved = manager
+                    .store
+                    .with_log(group.log, |l| l.commit_cap().is_none_or(|c| c < hw))
+                    .unwrap_or(false);
+                if moved {
+                    let _ = manager.store.set_commit_cap(group.log, Some(hw));
+                }
+                if last != Some((leader, term)) {
+                    let was_leader = last.is_some_and(|(l, _)| l == Some(group.local));
+                    last = Some((leader, term));
+                    group.active.set(true);
+                    let epoch = i32::try_from(term).unwrap_or(i32::MAX);
+                    if leader == Some(group.local) {
+                        tracing::info!(group = %group.id, epoch, "leading a partition");
+                        // A new leader gives every follower a full lag window, as Kafka does.
+                        let now = manager.now_ms();
+                        group.caught_up_ms.borrow_mut().clear();
+                        if let Some(p) = manager
+                            .directory
+                            .state
+                            .borrow()
+                            .as_ref()
+                            .and_then(|s| s.partition(group.id.topic, group.id.partition).cloned())
+                        {
+                            for b in p.replica_brokers().filter_map(BrokerId::from_node_id) {
+                                group.caught_up_ms.borrow_mut().insert(b, now);
+                            }
+                        }
+                        group.isr_mark.set(None);
+                        manager.report_election(&group);
+                    } else if was_leader {
+                        tracing::info!(group = %group.id, ?leader, epoch, "no longer leading a partition");
+                    }
+                }
+                drop(manager);
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .detach();
+    }
+
+    /// Reports the group's election to the controller when this node leads it and the cluster
+    /// state does not say so yet: once per term and registration, again while no controller
+    /// answers (every [`REPORT_RETRY`], within [`REPORT_ATTEMPTS`]), one report at a time.
+    fn report_election(self: &Rc<Self>, group: &Rc<Group>) {
+        if group.reporting.get() || self.reports.borrow().is_none() {
+            return;
+        }
+        group.reporting.set(true);
+        let me = Rc::downgrade(self);
+        let group = Rc::clone(group);
+        glommio::spawn_local(async move {
+            for _ in 0..REPORT_ATTEMPTS {
+                let Some(m) = me.upgrade() else { break };
+                let l = group.leadership();
+                if group.stopped.get() || m.closed.get() || !l.is_local {
+                    break;
+                }
+                let seen = m.directory.state.borrow().as_ref().and_then(|s| {
+                    s.partition(group.id.topic, group.id.partition)
+                        .map(|p| (p.leader, p.leader_epoch.0, p.partition_epoch.0))
+                });
+                let Some((leader, epoch, partition_epoch)) = seen else { break };
+                if leader == Some(m.node) && epoch == l.epoch {
+                    break;
+                }
+                if group
+                    .reported
+                    .get()
+                    .is_some_and(|(term, pe)| term == l.epoch && pe >= partition_epoch)
+                {
+                    break;
+                }
+                let Some(reports) = m.reports.borrow().clone() else { break };
+                drop(m);
+                match reports.leader_elected(group.id.topic, group.id.partition, l.epoch).await {
+                    Report::Recorded { partition_epoch } => {
+                        group.reported.set(Some((l.epoch, partition_epoch)));
+                        break;
+                    }
+                    // Not remembered: a refusal for this broker being fenced (a restarted
+                    // leader that is still catching up with the metadata) no longer holds once
+                    // it is unfenced, which changes the state and brings the next report.
+                    Report::Refused(why) => {
+                        tracing::info!(group = %group.id, epoch = l.epoch, %why, "the controller refused an election report");
+                        break;
+                    }
+                    Report::Unreachable(why) => {
+                        tracing::debug!(group = %group.id, %why, "an election report found no controller; retrying");
+                        glommio::timer::sleep(REPORT_RETRY).await;
+                    }
+                }
+            }
+            group.reporting.set(false);
+        })
+        .detach();
+    }
+
+    /// The ISR as the leaders of this shard's groups see it (Kafka's rule): a follower is in
+    /// sync while it reached, within `replica.lag.time.max.ms`, the log end the leader had at
+    /// the previous check. Where the registration differs (a follower fell behind or caught up
+    /// again, a restarted broker is back), and the registration names this node as leader in
+    /// its term, the leader asks the controller for the change (AlterPartition).
+    fn check_isr(self: &Rc<Self>, now: u64) {
+        let Some(state) = self.directory.state.borrow().clone() else {
+            return;
+        };
+        let Some(reports) = self.reports.borrow().clone() else {
+            return;
+        };
+        let led = self.led_groups();
+        for g in led {
+            let Some(part) = state.partition(g.id.topic, g.id.partition) else {
+                continue;
+            };
+            let (last, term, matched): (u64, i32, Vec<(BrokerId, u64)>) = {
+                let m = g.raft.metrics();
+                let m = m.borrow_watched();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .map(|r| {
+                        r.iter()
+                            .map(|(id, l)| (*id, l.as_ref().map_or(0, |l| l.index)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (
+                    m.last_log_index.unwrap_or(0),
+                    i32::try_from(m.current_term).unwrap_or(i32::MAX),
+                    matched,
+                )
+            };
+            let mark = g.isr_mark.replace(Some(last)).unwrap_or(last);
+            {
+                let mut caught = g.caught_up_ms.borrow_mut();
+                for (id, index) in &matched {
+                    if *id != g.local && *index >= mark {
+                        caught.insert(*id, now);
+                    }
+                }
+            }
+            if part.leader != Some(self.node) || part.leader_epoch.0 != term || g.isr_reporting.get() {
+                continue;
+            }
+            if g.isr_refused_at.get() == Some(part.partition_epoch.0) {
+                continue;
+            }
+            let lag = self.settings.replica_lag_time_max_ms;
+            let caught = g.caught_up_ms.borrow();
+            let isr: Vec<(NodeId, BrokerEpoch)> = part
+                .replica_brokers()
+                .filter(|b| {
+                    *b == self.node
+                        || BrokerId::from_node_id(*b)
+                            .and_then(|id| caught.get(&id))
+                            .is_some_and(|at| now.saturating_sub(*at) <= lag)
+                })
+                .filter_map(|b| state.broker(b).filter(|r| r.is_active()).map(|r| (b, r.epoch)))
+                .collect();
+            drop(caught);
+            let wanted: BTreeSet<NodeId> = isr.iter().map(|(b, _)| *b).collect();
+            let current: BTreeSet<NodeId> = part.isr.iter().copied().collect();
+            if wanted == current || !wanted.contains(&self.node) {
+                continue;
+            }
+            g.isr_reporting.set(true);
+            let (reports, g, partition_epoch) = (Rc::clone(&reports), Rc::clone(&g), part.partition_epoch.0);
+            glommio::spawn_local(async move {
+                let outcome = reports
+                    .alter_isr(g.id.topic, g.id.partition, term, partition_epoch, isr)
+                    .await;
+                match outcome {
+                    Report::Recorded { .. } => {
+                        tracing::info!(group = %g.id, isr = ?wanted, "ISR changed");
+                    }
+                    Report::Refused(why) => {
+                        tracing::info!(group = %g.id, %why, "the controller refused an ISR change");
+                        g.isr_refused_at.set(Some(partition_epoch));
+                    }
+                    Report::Unreachable(why) => {
+                        tracing::debug!(group = %g.id, %why, "an ISR change found no controller");
+                    }
+                }
+                g.isr_reporting.set(false);
+            })
+            .detach();
+        }
+    }
+
+    /// Hands the groups this shard leads back to their preferred replicas (the first of each
+    /// partition's replicas, where placement spread the leaders), as Kafka's automatic leader
+    /// rebalance does: when the registration shows this node leading in its term, and the
+    /// preferred replica is active, in the ISR and holds the whole log (a leadership transfer
+    /// to it then loses no time). At most [`MAX_BALANCE_TRANSFERS`] per round.
+    fn balance_leaders(&self) {
+        let Some(state) = self.directory.state.borrow().clone() else {
+            return;
+        };
+        let mut started = 0;
+        for g in self.led_groups() {
+            if started >= MAX_BALANCE_TRANSFERS {
+                break;
+            }
+            let Some(part) = state.partition(g.id.topic, g.id.partition) else {
+                continue;
+            };
+            let Some(preferred) = part.preferred_leader() else {
+                continue;
+            };
+            let Some(to) = BrokerId::from_node_id(preferred) else {
+                continue;
+            };
+            let eligible = preferred != self.node
+                && part.leader == Some(self.node)
+                && part.isr.contains(&preferred)
+                && state.broker(preferred).is_some_and(|b| b.is_active());
+            if !eligible {
+                continue;
+            }
+            let caught_up = {
+                let m = g.raft.metrics();
+                let m = m.borrow_watched();
+                i32::try_from(m.current_term).ok() == Some(part.leader_epoch.0)
+                    && m.replication.as_ref().is_some_and(|r| {
+                        r.get(&to)
+                            .is_some_and(|matched| matched.as_ref().map(|l| l.index) == m.last_log_index)
+                    })
+            };
+            if !caught_up {
+                continue;
+            }
+            started += 1;
+            tracing::info!(group = %g.id, to = %preferred, "handing leadership back to the preferred replica");
+            let raft = g.raft.clone();
+            glommio::spawn_local(async move {
+                if let Err(e) = raft.trigger().transfer_leader(to).await {
+                    tracing::debug!(error = %e, "a leadership transfer did not start");
+                }
+            })
+            .detach();
+        }
+    }
+
+    /// Stops the groups of topic `topic` (its logs are about to be removed).
+    pub(crate) async fn stop_topic(&self, topic: TopicId) {
+        let groups: Vec<Rc<Group>> = self
+            .groups
+            .0
+            .borrow()
+            .values()
+            .filter(|g| g.id.topic == topic)
+            .cloned()
+            .collect();
+        let state = self.directory.state.borrow().clone().unwrap_or_default();
+        for g in groups {
+            self.stop_group(&state, &g).await;
+        }
+    }
+
+    /// A controlled shutdown: the groups this shard leads hand leadership to a caught-up
+    /// follower first (waiting at most [`TRANSFER_WAIT`] for all), so that clients find a
+    /// writable leader at once; then every group stops, as [`GroupManager::close`].
+    pub(crate) async fn shut_down(&self) {
+        let led = self.led_groups();
+        let transfers = led.into_iter().map(|g| async move {
+            let target = {
+                let m = g.raft.metrics();
+                let m = m.borrow_watched();
+                let last = m.last_log_index;
+                m.replication.as_ref().and_then(|r| {
+                    r.iter()
+                        .find(|(id, matched)| **id != g.local && matched.map(|l| l.index) == last)
+                        .map(|(id, _)| *id)
+                })
+            };
+            let Some(to) = target else { return };
+            if g.raft.trigger().transfer_leader(to).await.is_err() {
+                return;
+            }
+            let mut metrics = g.raft.metrics();
+            let moved = async {
+                while metrics.borrow_watched().current_leader == Some(g.local) {
+                    if metrics.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let timer = glommio::timer::sleep(TRANSFER_WAIT);
+            futures::pin_mut!(moved);
+            futures::pin_mut!(timer);
+            futures::future::select(moved, timer).await;
+        });
+        futures::future::join_all(transfers).await;
+        self.close().await;
+    }
+
+    /// Stops every group and the timers at once (a crash, as far as the peers can tell).
+    pub(crate) async fn close(&self) {
+        self.closed.set(true);
+        let groups: Vec<Rc<Group>> = self.groups.0.borrow().values().cloned().collect();
+        let state = self.directory.state.borrow().clone().unwrap_or_default();
+        for g in groups {
+            self.stop_group(&state, &g).await;
+        }
+    }
+}
+
+/// The core as the manager's host.
+struct CoreHost(Weak<Shard>);
+
+impl Host for CoreHost {
+    fn open_log(
+        &self,
+        state: &ClusterState,
+        topic: TopicId,
+        partition: PartitionId,
+    ) -> Option<(LogId, PathBuf)> {
+        let core = self.0.upgrade()?;
+        let name = &state.topic(topic)?.name;
+        core.open_log_of(name, partition.0, topic)
+    }
+
+    fn attach(
+        &self,
+        state: &ClusterState,
+        topic: TopicId,
+        partition: PartitionId,
+        handle: Option<Rc<dyn ReplicaHandle>>,
+    ) {
+        let Some(core) = self.0.upgrade() else { return };
+        let Some(t) = state.topic(topic) else { return };
+        core.attach_replica(&t.name, partition.0, topic, handle);
+    }
+}
+
+/// The replication subsystem of one shard: its group manager, fed by the core's cluster
+/// state. Absent on a standalone node.
+pub(crate) struct Replication {
+    pub(crate) manager: Rc<GroupManager>,
+}
+
+impl Replication {
+    /// The subsystem of `core`'s shard, in a cluster whose inter-broker listener is
+    /// `inter_broker_listener`; registers its hooks.
+    pub(crate) fn new(core: &Rc<Shard>, inter_broker_listener: String) -> Rc<Self> {
+        let host: Rc<dyn Host> = Rc::new(CoreHost(Rc::downgrade(core)));
+        let manager = GroupManager::new(
+            core.config.node_id,
+            core.id,
+            Rc::clone(&core.store),
+            host,
+            inter_broker_listener,
+            ReplicationSettings {
+                replica_lag_time_max_ms: core.config.cluster.replica_lag_time_max_ms,
+                leader_balance_interval_ms: core.config.cluster.leader_balance_interval_ms,
+                ..ReplicationSettings::default()
+            },
+        );
+        manager.run();
+        let me = Rc::new(Replication { manager });
+        core.hook(me.clone());
+        core.serve(&me);
+        me
+    }
+}
+
+/// A node's replication connection accepted by another shard, for this one (its hello named
+/// it): a duplicate of the socket and the bytes read from it.
+pub(crate) struct PeerConnection {
+    pub(crate) fd: std::os::fd::OwnedFd,
+    pub(crate) received: Vec<u8>,
+}
+
+impl Service for Replication {
+    type Request = Box<PeerConnection>;
+    /// Whether it was taken.
+    type Response = bool;
+
+    fn start(self: Rc<Self>, c: Box<PeerConnection>) -> LocalBoxFuture<'static, bool> {
+        let PeerConnection { fd, received } = *c;
+        let stream = TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(fd)));
+        let manager = Rc::clone(&self.manager);
+        glommio::spawn_local(async move {
+            manager.serve_peer(stream, BytesMut::from(&received[..])).await;
+        })
+        .detach();
+        async { true }.boxed_local()
+    }
+}
+
+impl ShardHooks for Replication {
+    fn cluster_changed(&self, state: &Rc<ClusterState>) {
+        self.manager.cluster_changed(state);
+    }
+
+    /// New partitions' logs are open now: their groups can start.
+    fn metadata_committed(&self, deltas: &[MetadataDelta]) {
+        let opened = deltas.iter().any(|d| {
+            matches!(
+                d,
+                MetadataDelta::CreateTopic(_) | MetadataDelta::SetPartitionCount { .. }
+            )
+        });
+        if opened {
+            self.manager.logs_opened();
+        }
+    }
+
+    /// A deleted topic's groups stop before the core removes their logs.
+    fn metadata_preparing<'a>(&'a self, delta: &'a MetadataDelta) -> LocalBoxFuture<'a, ()> {
+        async move {
+            if let MetadataDelta::DeleteTopic { id, .. } = delta {
+                self.manager.stop_topic(*id).await;
+            }
+        }
+        .boxed_local()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+mod tests;
