@@ -85,13 +85,18 @@ struct Cli {
     #[arg(long)]
     node_id: Option<i32>,
     /// Log filter (tracing syntax): error, warn, info, debug, trace, or per module.
-    /// Defaults to STRAND_LOG or "info".
+    /// Defaults to STRAND_LOG or "info,openraft=error": openraft logs each partition group's
+    /// votes and every failed heartbeat, which a cluster of many partitions turns into a flood;
+    /// Strand logs what an operator needs (leadership, ISR, fencing) itself.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
     /// Write a JSON file with the bound addresses once the broker is ready to serve.
     #[arg(long, value_name = "PATH")]
     ready_file: Option<PathBuf>,
 }
+
+/// See `--log-level`.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=error";
 
 fn main() -> ExitCode {
     let purge_delay_ms = keep_freed_memory();
@@ -100,7 +105,7 @@ fn main() -> ExitCode {
         .log_level
         .clone()
         .or_else(|| std::env::var("STRAND_LOG").ok())
-        .unwrap_or_else(|| "info".to_owned());
+        .unwrap_or_else(|| DEFAULT_LOG_FILTER.to_owned());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
