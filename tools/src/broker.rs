@@ -180,6 +180,30 @@ impl BrokerProcess {
         extra_args: &[String],
         timeout: Duration,
     ) -> Result<Self> {
+        let mut args = vec![
+            "--override".to_string(),
+            "listeners=PLAINTEXT://127.0.0.1:0".into(),
+            "--override".into(),
+            "strand.admin.listener=127.0.0.1:0".into(),
+            "--override".into(),
+            "strand.http.listener=127.0.0.1:0".into(),
+        ];
+        args.extend(extra_args.iter().cloned());
+        Self::spawn_strand_env(binary, log_dirs, dir, &[], &args, timeout)
+    }
+
+    /// Starts `strand` on the data directory `log_dirs` with the environment variables `env`
+    /// added to this process's (how a Kafka container is configured: `KAFKA_LISTENERS`, …) and
+    /// `args` after `--override log.dirs=…` (overrides there beat the environment), its ready
+    /// file and `broker.log` in `dir`, and waits for its ready file.
+    pub fn spawn_strand_env(
+        binary: &Path,
+        log_dirs: &Path,
+        dir: &Path,
+        env: &[(String, String)],
+        args: &[String],
+        timeout: Duration,
+    ) -> Result<Self> {
         fs::create_dir_all(log_dirs).with_context(|| format!("creating {}", log_dirs.display()))?;
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ready = dir.join("ready.json");
@@ -192,18 +216,12 @@ impl BrokerProcess {
             binary.display().to_string(),
             "--override".into(),
             format!("log.dirs={}", log_dirs.display()),
-            "--override".into(),
-            "listeners=PLAINTEXT://127.0.0.1:0".into(),
-            "--override".into(),
-            "strand.admin.listener=127.0.0.1:0".into(),
-            "--override".into(),
-            "strand.http.listener=127.0.0.1:0".into(),
             "--ready-file".into(),
             ready.display().to_string(),
         ];
-        command.extend(extra_args.iter().cloned());
+        command.extend(args.iter().cloned());
         let log_path = dir.join("broker.log");
-        let mut child = start(&command, &log_path)?;
+        let mut child = start_with_env(&command, env, &log_path)?;
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait().context("polling the broker process")? {
@@ -395,13 +413,26 @@ impl Drop for BrokerProcess {
 }
 
 fn start(command: &[String], log_path: &Path) -> Result<Child> {
+    start_with_env(command, &[], log_path)
+}
+
+/// Starts `command` with `env` added, its output to `log_path`: truncated when there is no
+/// environment to add (what the benchmarks expect: one log per start), appended to otherwise
+/// (a node restarted on its directory keeps the logs of its earlier starts).
+fn start_with_env(command: &[String], env: &[(String, String)], log_path: &Path) -> Result<Child> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| anyhow!("empty broker command"))?;
-    let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let log = if env.is_empty() {
+        File::create(log_path)
+    } else {
+        fs::OpenOptions::new().create(true).append(true).open(log_path)
+    }
+    .with_context(|| format!("opening {}", log_path.display()))?;
     let log_err = log.try_clone().context("duplicating the broker log handle")?;
     Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)

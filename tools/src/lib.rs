@@ -23,6 +23,8 @@
 //!   steady state).
 //! * [`null_broker`]: a Kafka broker that does the least any broker could (stores no records,
 //!   serves fetches from per-shape templates), run as a peer to measure the client's ceiling.
+//! * [`chaos`]: the fault-injection harness of `strand-chaos` (nodes killed, restarted and wiped
+//!   under idempotent load; a checker of acknowledged writes and replica bytes).
 //! * [`share_workload`]: the Kafka share-group (KIP-932) load of `strand-queue-bench` (the same
 //!   backlog drained by native share consumers: ShareGroupHeartbeat, ShareFetch with piggy-backed
 //!   acknowledgements, ShareAcknowledge).
@@ -30,11 +32,13 @@
 //! Nothing here knows about Strand's internals: the benchmark drives any Kafka broker through
 //! its Kafka listener, which is what makes side-by-side runs against a peer honest. The one
 //! exception, [`broker_metrics`], reads a spawned Strand's own histograms beside the figures,
-//! never into them.
+//! never into them; and [`chaos`] reads the segment files of the nodes it stopped (Kafka's own
+//! on-disk layout) to compare replicas byte for byte.
 
 mod blocking_server;
 pub mod broker;
 pub mod broker_metrics;
+pub mod chaos;
 pub mod cli;
 pub mod faultproxy;
 pub mod flood;
