@@ -1,0 +1,866 @@
+//! `strand` processes configured as apache/kafka's three-node example compose files (the same
+//! environment variables) form one cluster, in combined mode (three `broker,controller` nodes)
+//! and with separate roles (three controllers, two brokers): every broker lists every broker,
+//! a topic created through one node is placed over the brokers, an acks=all producer and a
+//! consumer reach each partition's leader, and a broker killed with `kill -9` is fenced and
+//! leaves Metadata.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use strand_compat_tests::wait_for;
+use strand_compat_tests::{broker_binary, external_bootstrap};
+
+/// A deadline for what the cluster does by itself (elections, registrations, fencing): generous,
+/// the machine may be busy.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Node {
+    id: i32,
+    /// `None` on a controller-only node.
+    client_port: Option<u16>,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    /// The environment it runs with (Kafka's compose variables).
+    env: Vec<(String, String)>,
+}
+
+impl Node {
+    /// Starts (or restarts, on the same data) the node's process.
+    fn spawn(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("strand.log"))
+            .expect("a log file");
+        let mut cmd = Command::new(broker_binary());
+        for (k, _) in std::env::vars_os() {
+            let name = k.to_string_lossy();
+            if name.starts_with("KAFKA_") || name.starts_with("STRAND_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env_remove("LD_LIBRARY_PATH")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("clone the log handle")))
+            .stderr(Stdio::from(log));
+        self.child = Some(cmd.spawn().expect("the broker starts"));
+    }
+
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port.expect("a broker"))
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("strand.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM, and waits for the process to exit.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let _ = Command::new("kill").arg(c.id().to_string()).status();
+        c.wait().expect("the broker exits")
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            // A failed test shows what each node said: its directory goes with it.
+            eprintln!("{}", tail_of(self, 200));
+            if let Ok(dir) = std::env::var("CLUSTER_TEST_LOGS") {
+                let _ = fs::copy(
+                    self.dir.path().join("strand.log"),
+                    format!("{dir}/node-{}.log", self.id),
+                );
+            }
+        }
+    }
+}
+
+/// Starts nodes with the environment of Kafka's compose examples: `roles` per node id (from 1),
+/// each `"broker,controller"`, `"controller"` or `"broker"`; `"absent controller"` is a voter
+/// that is never started.
+fn start_cluster(roles: &[&str]) -> Vec<Node> {
+    start_cluster_with(roles, &[])
+}
+
+/// [`start_cluster`] with more environment variables for every node.
+fn start_cluster_with(roles: &[&str], extra: &[(&str, &str)]) -> Vec<Node> {
+    let ids: Vec<i32> = (1..=roles.len()).map(|i| i32::try_from(i).unwrap()).collect();
+    let controller_ports: BTreeMap<i32, u16> = ids
+        .iter()
+        .zip(roles)
+        .filter(|(_, r)| r.contains("controller"))
+        .map(|(id, _)| (*id, free_port()))
+        .collect();
+    start_with(roles, &controller_ports, extra)
+}
+
+/// [`start_cluster`] with the controllers' ports given.
+fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&str, &str)]) -> Vec<Node> {
+    let ids: Vec<i32> = (1..=roles.len()).map(|i| i32::try_from(i).unwrap()).collect();
+    let voters = controller_ports
+        .iter()
+        .map(|(id, p)| format!("{id}@127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes = Vec::new();
+    for (id, role) in ids.iter().zip(roles) {
+        if role.starts_with("absent") {
+            // A voter that never starts.
+            continue;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("strand-cluster-")
+            .tempdir()
+            .expect("a temp dir");
+        let client_port = role.contains("broker").then(free_port);
+        let mut listeners = Vec::new();
+        if let Some(p) = client_port {
+            listeners.push(format!("PLAINTEXT://127.0.0.1:{p}"));
+        }
+        if let Some(p) = controller_ports.get(id) {
+            listeners.push(format!("CONTROLLER://127.0.0.1:{p}"));
+        }
+        let data: PathBuf = dir.path().join("data");
+        let mut env: Vec<(String, String)> = Vec::new();
+        if let Some(p) = client_port {
+            env.push((
+                "KAFKA_ADVERTISED_LISTENERS".into(),
+                format!("PLAINTEXT://127.0.0.1:{p}"),
+            ));
+        }
+        for (k, v) in [
+            ("KAFKA_NODE_ID", id.to_string()),
+            ("KAFKA_PROCESS_ROLES", role.to_string()),
+            ("KAFKA_CONTROLLER_QUORUM_VOTERS", voters.clone()),
+            ("KAFKA_LISTENERS", listeners.join(",")),
+            (
+                "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT".into(),
+            ),
+            ("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER".into()),
+            ("KAFKA_INTER_BROKER_LISTENER_NAME", "PLAINTEXT".into()),
+            ("CLUSTER_ID", "4L6g3nShT-eMCtK--X86sw".into()),
+            ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1".into()),
+            ("KAFKA_LOG_DIRS", data.display().to_string()),
+            ("KAFKA_STRAND_HTTP_LISTENER", "127.0.0.1:0".into()),
+            ("KAFKA_STRAND_ADMIN_LISTENER", "127.0.0.1:0".into()),
+            ("KAFKA_STRAND_SHARDS", "2".into()),
+            ("RUST_BACKTRACE", "1".into()),
+        ] {
+            env.push((k.into(), v));
+        }
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut node = Node {
+            id: *id,
+            client_port,
+            child: None,
+            dir,
+            env,
+        };
+        node.spawn();
+        nodes.push(node);
+    }
+    nodes
+}
+
+/// Three combined-mode nodes, once each lists all three brokers.
+fn three_combined_nodes() -> Vec<Node> {
+    three_combined_nodes_with(&[])
+}
+
+/// [`three_combined_nodes`] with more environment variables for every node.
+fn three_combined_nodes_with(extra: &[(&str, &str)]) -> Vec<Node> {
+    let nodes = start_cluster_with(&["broker,controller"; 3], extra);
+    let all: BTreeSet<i32> = [1, 2, 3].into();
+    for n in &nodes {
+        let b = n.bootstrap();
+        wait_for(DEADLINE, "every broker listed", || {
+            broker_ids(&b).filter(|ids| *ids == all)
+        });
+    }
+    nodes
+}
+
+fn metadata_of(bootstrap: &str, topic: Option<&str>) -> Option<rdkafka::metadata::Metadata> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("topic.metadata.refresh.interval.ms", "-1")
+        .create()
+        .ok()?;
+    consumer.fetch_metadata(topic, Duration::from_secs(5)).ok()
+}
+
+fn broker_ids(bootstrap: &str) -> Option<BTreeSet<i32>> {
+    Some(
+        metadata_of(bootstrap, None)?
+            .brokers()
+            .iter()
+            .map(|b| b.id())
+            .collect(),
+    )
+}
+
+/// The last `lines` lines of a node's log, headed by its id.
+fn tail_of(n: &Node, lines: usize) -> String {
+    let log = n.log();
+    let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+    format!(
+        "--- node {} ---\n{}",
+        n.id,
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    )
+}
+
+fn dump(nodes: &[Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| tail_of(n, 30))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn three_combined_nodes_form_a_cluster_serve_clients_and_fence_a_dead_node() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    scenario(start_cluster(&["broker,controller"; 3]));
+}
+
+#[test]
+fn a_node_whose_controller_listener_is_busy_starts_and_joins_once_it_is_free() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    // Node 1's controller address is taken before it starts.
+    let busy = TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let held = busy.local_addr().expect("its address").port();
+    let ports: BTreeMap<i32, u16> = [(1, held), (2, free_port()), (3, free_port())].into();
+    let nodes = start_with(&["broker,controller"; 3], &ports, &[]);
+    let all: BTreeSet<i32> = [1, 2, 3].into();
+    // It serves clients (its metadata comes from its own controller, which hears from no leader
+    // yet), and the two others form the quorum.
+    let b = nodes[0].bootstrap();
+    wait_for(
+        DEADLINE,
+        "Metadata answered by the node without its controller listener",
+        || broker_ids(&b),
+    );
+    let b = nodes[1].bootstrap();
+    wait_for(DEADLINE, "brokers 2 and 3 listed", || {
+        broker_ids(&b).filter(|ids| ids.contains(&2) && ids.contains(&3))
+    });
+    assert!(
+        nodes[0].log().contains("cannot bind the controller listener"),
+        "{}",
+        dump(&nodes)
+    );
+    // Freed, the address is bound on the next attempt.
+    drop(busy);
+    wait_for(DEADLINE, "the controller listener bound", || {
+        nodes[0].log().contains("controller listener bound").then_some(())
+    });
+    for n in &nodes {
+        let b = n.bootstrap();
+        wait_for(DEADLINE, "every broker listed", || {
+            broker_ids(&b).filter(|ids| *ids == all)
+        });
+    }
+}
+
+#[test]
+fn a_node_whose_voters_are_unreachable_starts_and_keeps_trying() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let nodes = start_cluster(&["broker,controller", "absent controller", "absent controller"]);
+    let b = nodes[0].bootstrap();
+    // It answers Metadata with itself (it is not live in any committed state).
+    let ids = wait_for(DEADLINE, "Metadata from the lone node", || broker_ids(&b));
+    assert_eq!(ids, [1].into(), "{}", dump(&nodes));
+    // And keeps trying: no controller can decide without a quorum, so its registration is
+    // retried.
+    wait_for(DEADLINE, "registration retried", || {
+        (nodes[0]
+            .log()
+            .matches("broker registration failed; retrying")
+            .count()
+            >= 2)
+            .then_some(())
+    });
+    let b = nodes[0].bootstrap();
+    assert!(broker_ids(&b).is_some(), "still serving:\n{}", dump(&nodes));
+}
+
+#[test]
+fn a_node_stopped_with_sigterm_leaves_metadata_through_a_controlled_shutdown() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let mut nodes = three_combined_nodes();
+    let status = nodes[2].terminate();
+    assert!(status.success(), "{status}\n{}", dump(&nodes));
+    assert!(
+        nodes[2]
+            .log()
+            .contains("the controller quorum let this broker stop"),
+        "{}",
+        dump(&nodes)
+    );
+    let rest: BTreeSet<i32> = [1, 2].into();
+    let b = nodes[0].bootstrap();
+    wait_for(DEADLINE, "the stopped node gone", || {
+        broker_ids(&b).filter(|ids| *ids == rest)
+    });
+}
+
+#[test]
+fn three_controllers_and_two_brokers_form_a_cluster_serve_clients_and_fence_a_dead_broker() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    scenario(start_cluster(&[
+        "controller",
+        "controller",
+        "controller",
+        "broker",
+        "broker",
+    ]));
+}
+
+/// The checks, over the brokers of `nodes`: the last broker is the one killed.
+fn scenario(mut nodes: Vec<Node>) {
+    let brokers: Vec<usize> = (0..nodes.len())
+        .filter(|i| nodes[*i].client_port.is_some())
+        .collect();
+    let all: BTreeSet<i32> = brokers.iter().map(|i| nodes[*i].id).collect();
+    let first = brokers[0];
+    let second = brokers[1];
+    let last = *brokers.last().expect("brokers");
+
+    // Every broker lists every broker.
+    for i in &brokers {
+        let n = &nodes[*i];
+        let started = Instant::now();
+        let b = n.bootstrap();
+        let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for(DEADLINE, "every broker in Metadata", || {
+                broker_ids(&b).filter(|ids| *ids == all)
+            })
+        }));
+        assert!(
+            found.is_ok(),
+            "node {} never listed all brokers:\n{}",
+            n.id,
+            dump(&nodes)
+        );
+        eprintln!("node {} lists all brokers after {:?}", n.id, started.elapsed());
+    }
+
+    // A replication factor above the live brokers is refused; a topic created through one
+    // broker has its leaders spread over all of them.
+    let topic = strand_compat_tests::unique_topic("spread");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", nodes[first].bootstrap())
+        .create()
+        .expect("an admin client");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let too_many = i32::try_from(all.len() + 1).unwrap();
+    let refused = futures::executor::block_on(admin.create_topics(
+        &[NewTopic::new(&topic, 6, TopicReplication::Fixed(too_many))],
+        &options,
+    ))
+    .expect("CreateTopics answered");
+    assert!(
+        matches!(
+            &refused[0],
+            Err((_, rdkafka::types::RDKafkaErrorCode::InvalidReplicationFactor))
+        ),
+        "{refused:?}"
+    );
+    let created = futures::executor::block_on(
+        admin.create_topics(&[NewTopic::new(&topic, 6, TopicReplication::Fixed(1))], &options),
+    )
+    .expect("CreateTopics answered");
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+    let other = nodes[last].bootstrap();
+    let leaders: BTreeMap<i32, i32> = wait_for(DEADLINE, "the topic's leaders on another broker", || {
+        let md = metadata_of(&other, Some(&topic))?;
+        let t = md.topics().iter().find(|t| t.name() == topic)?;
+        let leaders: BTreeMap<i32, i32> = t.partitions().iter().map(|p| (p.id(), p.leader())).collect();
+        (leaders.len() == 6 && leaders.values().all(|l| *l > 0)).then_some(leaders)
+    });
+    let leader_set: BTreeSet<i32> = leaders.values().copied().collect();
+    assert_eq!(leader_set, all, "leaders not spread: {leaders:?}");
+
+    // acks=all to every partition, then everything read back, through the right leaders.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", nodes[second].bootstrap())
+        .set("acks", "all")
+        .set("message.timeout.ms", "60000")
+        .create()
+        .expect("a producer");
+    let per_partition = 20;
+    for p in 0..6 {
+        for i in 0..per_partition {
+            let value = format!("p{p}-m{i}");
+            producer
+                .send(BaseRecord::<(), _>::to(&topic).partition(p).payload(&value))
+                .expect("queued");
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .expect("every record acknowledged");
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", nodes[last].bootstrap())
+        .set("group.id", "cluster-test-unused")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..6 {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning)
+            .expect("a partition");
+    }
+    consumer.assign(&tpl).expect("assigned");
+    let mut seen: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    wait_for(DEADLINE, "every record read back", || {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            seen.entry(m.partition()).or_default().push(v);
+        }
+        (seen.values().map(Vec::len).sum::<usize>() >= 6 * per_partition).then_some(())
+    });
+    for p in 0..6 {
+        let expected: Vec<String> = (0..per_partition).map(|i| format!("p{p}-m{i}")).collect();
+        assert_eq!(seen.get(&p), Some(&expected), "partition {p}");
+    }
+
+    // Two members of one group, bootstrapped through different brokers, meet at one
+    // coordinator and split the partitions.
+    let group = strand_compat_tests::unique_topic("group");
+    let coordinators: BTreeSet<i32> = brokers
+        .iter()
+        .map(|i| {
+            let mut c = strand_compat_tests::admin::connect(&nodes[*i].bootstrap());
+            let req = kafka_protocol::messages::FindCoordinatorRequest::default()
+                .with_key(kafka_protocol::protocol::StrBytes::from_string(group.clone()));
+            let resp = c.request(3, &req).expect("FindCoordinator answered");
+            assert_eq!(resp.error_code, 0, "{resp:?}");
+            resp.node_id.0
+        })
+        .collect();
+    assert_eq!(
+        coordinators.len(),
+        1,
+        "the group has one coordinator: {coordinators:?}"
+    );
+    let member = |bootstrap: String| -> BaseConsumer {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .set("session.timeout.ms", "30000")
+            .create()
+            .expect("a member");
+        c.subscribe(&[topic.as_str()]).expect("subscribed");
+        c
+    };
+    let members = [member(nodes[first].bootstrap()), member(nodes[last].bootstrap())];
+    wait_for(DEADLINE, "the partitions split between the two members", || {
+        let mut owned: Vec<BTreeSet<i32>> = Vec::new();
+        for m in &members {
+            let _ = m.poll(Duration::from_millis(100));
+            let a = m.assignment().ok()?;
+            owned.push(a.elements().iter().map(|e| e.partition()).collect());
+        }
+        let both = owned.iter().all(|o| !o.is_empty());
+        let disjoint = owned[0].is_disjoint(&owned[1]);
+        let union: BTreeSet<i32> = owned.iter().flatten().copied().collect();
+        (both && disjoint && union.len() == 6).then_some(())
+    });
+    drop(members);
+
+    // A broker killed with kill -9 is fenced within the session timeout and leaves Metadata.
+    let dead = nodes[last].id;
+    nodes[last].kill9();
+    let killed = Instant::now();
+    let rest: BTreeSet<i32> = all.iter().copied().filter(|id| *id != dead).collect();
+    let b = nodes[first].bootstrap();
+    wait_for(DEADLINE, "the dead broker fenced", || {
+        broker_ids(&b).filter(|ids| *ids == rest)
+    });
+    let gone = killed.elapsed();
+    eprintln!("node {dead} left Metadata {gone:?} after kill -9");
+    // broker.session.timeout.ms is 9 s; the bound leaves room for a busy machine (the
+    // controller checks once a second, and the test's own metadata round trips).
+    assert!(
+        gone < Duration::from_secs(30),
+        "node {dead} left Metadata only after {gone:?}"
+    );
+    for i in brokers.iter().filter(|i| **i != first && **i != last) {
+        let b = nodes[*i].bootstrap();
+        wait_for(DEADLINE, "the other brokers agree", || {
+            broker_ids(&b).filter(|ids| *ids == rest)
+        });
+    }
+}
+
+/// Creates `topics` through `node` with an admin client; every one must be created.
+fn create_topics(node: &Node, topics: &[NewTopic<'_>]) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", node.bootstrap())
+        .create()
+        .expect("an admin client");
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let created =
+        futures::executor::block_on(admin.create_topics(topics, &options)).expect("CreateTopics answered");
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+}
+
+/// The leader of each partition of `topic` and its ISR size, as `bootstrap` answers.
+fn leaders_of(bootstrap: &str, topic: &str) -> Option<BTreeMap<i32, (i32, usize)>> {
+    let md = metadata_of(bootstrap, Some(topic))?;
+    let t = md.topics().iter().find(|t| t.name() == topic)?;
+    Some(
+        t.partitions()
+            .iter()
+            .map(|p| (p.id(), (p.leader(), p.isr().len())))
+            .collect(),
+    )
+}
+
+/// Sends `count` records to each partition of `topic` with acks=all and idempotence, and
+/// answers the values acknowledged per partition.
+fn produce_acked(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    tag: &str,
+    count: usize,
+) -> BTreeMap<i32, Vec<String>> {
+    use std::sync::{Arc, Mutex};
+    struct Acks(Arc<Mutex<BTreeMap<i32, Vec<String>>>>);
+    impl rdkafka::ClientContext for Acks {}
+    impl rdkafka::producer::ProducerContext for Acks {
+        type DeliveryOpaque = ();
+        fn delivery(&self, r: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+            if let Ok(m) = r {
+                let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                self.0.lock().unwrap().entry(m.partition()).or_default().push(v);
+            }
+        }
+    }
+    let acked = Arc::new(Mutex::new(BTreeMap::new()));
+    let producer: BaseProducer<Acks> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "60000")
+        .set("linger.ms", "5")
+        .create_with_context(Acks(Arc::clone(&acked)))
+        .expect("a producer");
+    for i in 0..count {
+        for p in 0..partitions {
+            let value = format!("{tag}-p{p}-m{i}");
+            loop {
+                match producer.send(BaseRecord::<(), _>::to(topic).partition(p).payload(&value)) {
+                    Ok(()) => break,
+                    Err((e, _)) => {
+                        assert!(
+                            matches!(
+                                e.rdkafka_error_code(),
+                                Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                            ),
+                            "{e}"
+                        );
+                        producer.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(90))
+        .expect("every record answered");
+    let acked = acked.lock().unwrap().clone();
+    acked
+}
+
+/// Reads every partition of `topic` from the beginning until `expected` records arrived.
+fn read_all(bootstrap: &str, topic: &str, partitions: i32, expected: usize) -> BTreeMap<i32, Vec<String>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "cluster-test-unused")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("a partition");
+    }
+    consumer.assign(&tpl).expect("assigned");
+    let mut seen: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    let started = Instant::now();
+    let mut errors = Vec::new();
+    while seen.values().map(Vec::len).sum::<usize>() < expected {
+        let counts: BTreeMap<i32, usize> = seen.iter().map(|(p, v)| (*p, v.len())).collect();
+        assert!(
+            started.elapsed() < DEADLINE,
+            "read {counts:?} of {expected}; errors: {errors:?}"
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                seen.entry(m.partition()).or_default().push(v);
+            }
+            Some(Err(e)) if errors.len() < 20 => errors.push(e.to_string()),
+            _ => {}
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_replicated_topic_keeps_every_acknowledged_record_when_its_leaders_are_killed() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let mut nodes = three_combined_nodes();
+    let topic = strand_compat_tests::unique_topic("rf3");
+    let partitions = 3;
+    create_topics(
+        &nodes[0],
+        &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(3))],
+    );
+    // Every partition has an elected leader, and every broker says the same.
+    let leaders = wait_for(DEADLINE, "every partition led, the same on every broker", || {
+        let views: Vec<_> = nodes
+            .iter()
+            .map(|n| leaders_of(&n.bootstrap(), &topic))
+            .collect::<Option<Vec<_>>>()?;
+        let first = views[0].clone();
+        let led = first.len() == 3 && first.values().all(|(l, isr)| *l > 0 && *isr == 3);
+        (led && views.iter().all(|v| *v == first)).then_some(first)
+    });
+    eprintln!("leaders: {leaders:?}");
+    let bootstrap_all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+
+    let before = produce_acked(&bootstrap_all, &topic, partitions, "before", 100);
+    assert_eq!(before.values().map(Vec::len).sum::<usize>(), 300, "{before:?}");
+
+    // The leader of partition 0 dies; its partitions get new leaders among the others.
+    let dead = leaders[&0].0;
+    let idx = nodes
+        .iter()
+        .position(|n| n.id == dead)
+        .expect("the leader's node");
+    nodes[idx].kill9();
+    let killed = Instant::now();
+    let survivor = nodes[(idx + 1) % 3].bootstrap();
+    wait_for(DEADLINE, "new leaders for the dead node's partitions", || {
+        let l = leaders_of(&survivor, &topic)?;
+        l.values()
+            .all(|(leader, _)| *leader > 0 && *leader != dead)
+            .then_some(())
+    });
+    eprintln!(
+        "the dead leader's partitions were led again {:?} after kill -9",
+        killed.elapsed()
+    );
+
+    // Writes go on with one node down; everything acknowledged, before and after, reads back
+    // in order.
+    let survivors = nodes
+        .iter()
+        .filter(|n| n.id != dead)
+        .map(Node::bootstrap)
+        .collect::<Vec<_>>()
+        .join(",");
+    let after = produce_acked(&survivors, &topic, partitions, "after", 100);
+    assert_eq!(after.values().map(Vec::len).sum::<usize>(), 300, "{after:?}");
+    let seen = read_all(&survivors, &topic, partitions, 600);
+    for p in 0..partitions {
+        let mut expected = before.get(&p).cloned().unwrap_or_default();
+        expected.extend(after.get(&p).cloned().unwrap_or_default());
+        assert_eq!(seen.get(&p), Some(&expected), "partition {p}\n{}", dump(&nodes));
+    }
+
+    // The dead node restarts on its data, catches up, and the leaders add it back to every
+    // ISR; then another node dies, and the restarted one and the third serve everything.
+    wait_for(DEADLINE, "the dead node out of every ISR", || {
+        let l = leaders_of(&survivor, &topic)?;
+        l.values().all(|(_, isr)| *isr == 2).then_some(())
+    });
+    nodes[idx].spawn();
+    let back = Instant::now();
+    wait_for(DEADLINE, "every ISR whole again", || {
+        let l = leaders_of(&survivor, &topic)?;
+        l.values()
+            .all(|(leader, isr)| *leader > 0 && *isr == 3)
+            .then_some(())
+    });
+    eprintln!(
+        "the restarted node was back in every ISR {:?} after it started",
+        back.elapsed()
+    );
+    let other = (idx + 1) % 3;
+    nodes[other].kill9();
+    let returned = nodes[idx].bootstrap();
+    let last = read_all(&returned, &topic, partitions, 600);
+    assert_eq!(last, seen, "read back after the second kill\n{}", dump(&nodes));
+}
+
+/// One record sent with `acks` and no retries: its delivery's error code, if any.
+fn deliver_one(bootstrap: &str, topic: &str, acks: &str) -> Option<rdkafka::types::RDKafkaErrorCode> {
+    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", acks)
+        .set("enable.idempotence", "false")
+        .set("retries", "0")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("a producer");
+    let sent = futures::executor::block_on(producer.send(
+        rdkafka::producer::FutureRecord::<(), str>::to(topic).payload("x"),
+        Duration::from_secs(30),
+    ));
+    sent.err().map(|(e, _)| {
+        e.rdkafka_error_code()
+            .unwrap_or(rdkafka::types::RDKafkaErrorCode::Fail)
+    })
+}
+
+#[test]
+fn acks_all_needs_min_insync_replicas_in_the_isr() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let nodes = three_combined_nodes();
+    // One replica, two needed in sync (as Kafka answers such a topic); and three replicas.
+    let lone = strand_compat_tests::unique_topic("min-isr-1");
+    let three = strand_compat_tests::unique_topic("min-isr-3");
+    create_topics(
+        &nodes[0],
+        &[
+            NewTopic::new(&lone, 1, TopicReplication::Fixed(1)).set("min.insync.replicas", "2"),
+            NewTopic::new(&three, 1, TopicReplication::Fixed(3)).set("min.insync.replicas", "2"),
+        ],
+    );
+    let all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+    for (topic, isr) in [(&lone, 1), (&three, 3)] {
+        wait_for(DEADLINE, "the topic led, its ISR full", || {
+            let l = leaders_of(&all, topic)?;
+            l.get(&0)
+                .filter(|(leader, n)| *leader > 0 && *n == isr)
+                .map(|_| ())
+        });
+    }
+    assert_eq!(
+        deliver_one(&all, &lone, "all"),
+        Some(rdkafka::types::RDKafkaErrorCode::NotEnoughReplicas),
+        "{}",
+        dump(&nodes)
+    );
+    // acks=1 does not ask for it; a full ISR of three satisfies it.
+    assert_eq!(deliver_one(&all, &lone, "1"), None, "{}", dump(&nodes));
+    assert_eq!(deliver_one(&all, &three, "all"), None, "{}", dump(&nodes));
+}
+
+#[test]
+fn leaders_go_back_to_their_preferred_replicas_once_a_restarted_node_is_in_sync() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let mut nodes = three_combined_nodes_with(&[("KAFKA_LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS", "1")]);
+    let topic = strand_compat_tests::unique_topic("preferred");
+    let partitions = 3;
+    create_topics(
+        &nodes[0],
+        &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(3))],
+    );
+    let all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+    // Each partition's preferred replica is the first of its replicas.
+    let on_preferred = |bootstrap: &str| -> Option<BTreeMap<i32, i32>> {
+        let md = metadata_of(bootstrap, Some(&topic))?;
+        let t = md.topics().iter().find(|t| t.name() == topic)?;
+        let preferred: BTreeMap<i32, i32> = t
+            .partitions()
+            .iter()
+            .map(|p| (p.id(), p.replicas().first().copied().unwrap_or(-1)))
+            .collect();
+        let settled = t.partitions().len() == 3
+            && t.partitions()
+                .iter()
+                .all(|p| p.isr().len() == 3 && Some(&p.leader()) == p.replicas().first());
+        settled.then_some(preferred)
+    };
+    let preferred = wait_for(DEADLINE, "every partition led by its preferred replica", || {
+        on_preferred(&all)
+    });
+    // The preferred leader of partition 0 dies and returns: its partitions move away, then back.
+    let victim = preferred[&0];
+    let idx = nodes.iter().position(|n| n.id == victim).expect("its node");
+    nodes[idx].kill9();
+    let survivor = nodes[(idx + 1) % 3].bootstrap();
+    wait_for(DEADLINE, "partition 0 led elsewhere", || {
+        let l = leaders_of(&survivor, &topic)?;
+        l.get(&0)
+            .filter(|(leader, _)| *leader > 0 && *leader != victim)
+            .map(|_| ())
+    });
+    nodes[idx].spawn();
+    let back = wait_for(DEADLINE, "leaders back on their preferred replicas", || {
+        on_preferred(&survivor)
+    });
+    assert_eq!(back, preferred, "{}", dump(&nodes));
+    let moved = nodes[(idx + 1) % 3]
+        .log()
+        .matches("handing leadership back")
+        .count()
+        + nodes[(idx + 2) % 3]
+            .log()
+            .matches("handing leadership back")
+            .count();
+    assert!(moved >= 1, "no leadership was handed back:\n{}", dump(&nodes));
+}
