@@ -19,8 +19,11 @@
 //!   (`NotAllowed`), so a restart never initializes again. Every replica proposes the same
 //!   first entry: the membership entry at index 0 of term 0, whose log id carries no node
 //!   (`leader_id_std`), from the same replica set. Letting the first replica go first avoids
-//!   split votes at creation. A replica whose disk was wiped initializes again with that same
-//!   entry, and cannot win an election against the others' longer logs.
+//!   split votes at creation. Once the metadata shows an elected leader (leader epoch above 0)
+//!   no replica initializes: one without Raft state lost it (a wiped disk) and waits for the
+//!   leader, whose replication to it starts over (`allow_log_reversion`). Until it has caught
+//!   up, such a replica's vote is given on an empty log: a second fault in that window (the
+//!   other holder of an entry lost) can elect a replica without it.
 //! - **Commit offset.** A watcher task per group follows the group's metrics: when the
 //!   applied index moves, the store's commit cap of the log moves to the replica's high
 //!   watermark (the Kafka offset after the last committed batch), which wakes waiting
@@ -42,6 +45,8 @@
 //!   `quiesce.idle_after_ms` stop their timers (`Quiescer`); peers' liveness is what the
 //!   shard hears from them (any request, and a ping every [`PING_INTERVAL_MS`] to each peer
 //!   shard it shares a group with), and the quiesced groups a silent peer leads wake to elect.
+//!   A peer that registers with a new incarnation restarted: the groups it led here stay awake
+//!   until they hear from it as their leader, and elect another if they do not (a wiped disk).
 //! - **Transport** ([`net`]): coalesced heartbeats ticked every [`TICK_MS`], one connection
 //!   per peer shard, inbound connections recognised on the Kafka listeners.
 //! - **Writes** ([`Handle::propose`]): `client_write`; acks=all is answered at commit, acks=1
@@ -87,7 +92,7 @@ use strand_storage::fs_glommio::GlommioFs;
 use strand_storage::{LogId, ShardStore};
 
 use self::net::{Directory, PeerShards};
-use crate::cluster::{BrokerEpoch, ClusterState};
+use crate::cluster::{BrokerEpoch, ClusterState, IncarnationId};
 use crate::metadata::MetadataDelta;
 use crate::shard::replica::{Acks, Leadership, ProposeError, ReplicaHandle};
 use crate::shard::service::{Service, ShardHooks};
@@ -220,6 +225,11 @@ impl ReplicationSettings {
             // would still end the leader's term and leave the partition leaderless for an
             // election timeout or more.
             enable_pre_vote: Some(true),
+            // A replica whose disk was wiped rejoins with an empty log. openraft's leader, which
+            // had it matched far ahead, would otherwise send it the same position again and
+            // again (a conflict each time, thousands a second) and never catch it up; allowed,
+            // it starts that follower's replication over from its log start (or a snapshot).
+            allow_log_reversion: Some(true),
             ..Default::default()
         };
         #[allow(clippy::expect_used)]
@@ -460,6 +470,9 @@ pub(crate) struct GroupManager {
     settings: ReplicationSettings,
     config: Arc<openraft::Config>,
     quiescer: RefCell<Quiescer<GroupId>>,
+    /// Each peer's incarnation as the metadata last showed it: a new one is a restart, which
+    /// the quiescer must hear of ([`Quiescer::peer_restarted`]).
+    incarnations: RefCell<BTreeMap<NodeId, IncarnationId>>,
     reports: RefCell<Option<Rc<dyn LeaderReports>>>,
     /// One reconciliation at a time; the newest state waits in `next`.
     reconciling: Cell<bool>,
@@ -498,6 +511,7 @@ impl GroupManager {
             config: settings.raft_config(),
             settings,
             quiescer: RefCell::new(Quiescer::new(settings.quiesce)),
+            incarnations: RefCell::new(BTreeMap::new()),
             reports: RefCell::new(None),
             reconciling: Cell::new(false),
             next: RefCell::new(None),
@@ -627,7 +641,20 @@ impl GroupManager {
                 let Some(m) = me.upgrade().filter(|m| !m.closed.get()) else {
                     return Message::HeartbeatReplies(Vec::new());
                 };
-                m.quiescer.borrow_mut().peer_heard(from, m.now_ms());
+                {
+                    let now = m.now_ms();
+                    let mut q = m.quiescer.borrow_mut();
+                    q.peer_heard(from, now);
+                    match &request {
+                        Message::Append { group, .. } => q.leader_heard(*group, now),
+                        Message::Heartbeats(beats) => {
+                            for b in beats {
+                                q.leader_heard(b.group, now);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
                 m.server.handle(from, request).await
             }
         });
@@ -654,6 +681,7 @@ impl GroupManager {
     /// Takes a newer cluster state: starts and stops groups to match it (in the background;
     /// states arriving meanwhile are taken in turn, the newest last).
     pub(crate) fn cluster_changed(self: &Rc<Self>, state: &Rc<ClusterState>) {
+        self.note_restarts(state);
         *self.directory.state.borrow_mut() = Some(Rc::clone(state));
         *self.next.borrow_mut() = Some(Rc::clone(state));
         if self.reconciling.replace(true) {
@@ -669,6 +697,22 @@ impl GroupManager {
             me.reconciling.set(false);
         })
         .detach();
+    }
+
+    /// Tells the quiescer of the peers that registered with a new incarnation (a new process)
+    /// since the last state: the groups they led here may have lost their leader.
+    fn note_restarts(&self, state: &ClusterState) {
+        let now = self.now_ms();
+        let mut known = self.incarnations.borrow_mut();
+        for b in state.brokers().filter(|b| b.id != self.node) {
+            let before = known.insert(b.id, b.incarnation);
+            if before.is_some_and(|i| i != b.incarnation) {
+                if let Some(peer) = BrokerId::from_node_id(b.id) {
+                    tracing::debug!(peer = %b.id, "a peer restarted; the groups it led are suspect");
+                    self.quiescer.borrow_mut().peer_restarted(peer, now);
+                }
+            }
+        }
     }
 
     /// Reconciles again with the newest state: the core has opened logs that an earlier
@@ -824,7 +868,13 @@ impl GroupManager {
             .replica_brokers()
             .filter_map(BrokerId::from_node_id)
             .collect();
-        if registration.preferred_leader() == Some(self.node) {
+        // A group that has elected before (the leader epoch is the term of an election) is
+        // formed: a replica here without Raft state lost it (a wiped disk) and waits to be
+        // written to, with no first entry of its own.
+        let formed = registration.leader_epoch.0 > 0;
+        if formed {
+            tracing::debug!(group = %id, "joining a formed group");
+        } else if registration.preferred_leader() == Some(self.node) {
             initialize_group(&group, members).await;
         } else {
             // The others wait to be written to; one that still holds no Raft state after
@@ -832,9 +882,8 @@ impl GroupManager {
             // same membership (its entry at index 0 equals the first replica's), so that a
             // partition whose first replica died before the group formed still gets a leader.
             let g = Rc::clone(&group);
-            let wait = Duration::from_millis(
-                self.settings.election_timeout_max_ms * FOLLOWER_INIT_WAIT_ELECTIONS,
-            );
+            let wait =
+                Duration::from_millis(self.settings.election_timeout_max_ms * FOLLOWER_INIT_WAIT_ELECTIONS);
             glommio::spawn_local(async move {
                 glommio::timer::sleep(wait).await;
                 if !g.stopped.get() {

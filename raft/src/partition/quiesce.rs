@@ -6,6 +6,13 @@
 //! channel (one message per pair and interval, whatever the number of groups), and when a peer
 //! has been silent for `peer_timeout_ms` the groups it leads here wake with elections on.
 //!
+//! A peer that restarted is not silent, but it may no longer lead what it led (its disk was
+//! wiped, or it lost its lease): when the host learns of a restart (a new incarnation in the
+//! cluster metadata), the groups that peer leads here are *suspect* until an append or
+//! heartbeat of the group arrives after it. A suspect group wakes and does not quiesce, so
+//! that its election timer runs: a leader that still leads (openraft restores a leader whose
+//! vote was committed) is heard within a heartbeat interval, one that does not is replaced.
+//!
 //! Sans-I/O: the host feeds it activity, peers heard from and the time, and applies the
 //! [`Action`]s it returns to the groups' Rafts ([`apply`]).
 
@@ -39,6 +46,8 @@ pub enum Action {
 #[derive(Debug, Clone, Copy)]
 struct GroupState {
     last_activity_ms: u64,
+    /// When an append or heartbeat of the group last arrived (or it was added).
+    leader_heard_ms: u64,
     quiesced: bool,
 }
 
@@ -48,6 +57,8 @@ pub struct Quiescer<G> {
     config: QuiesceConfig,
     groups: BTreeMap<G, GroupState>,
     peers: BTreeMap<BrokerId, u64>,
+    /// When the host learned that each peer restarted.
+    restarted: BTreeMap<BrokerId, u64>,
 }
 
 impl<G: Ord + Copy> Quiescer<G> {
@@ -56,6 +67,7 @@ impl<G: Ord + Copy> Quiescer<G> {
             config,
             groups: BTreeMap::new(),
             peers: BTreeMap::new(),
+            restarted: BTreeMap::new(),
         }
     }
 
@@ -65,6 +77,7 @@ impl<G: Ord + Copy> Quiescer<G> {
             group,
             GroupState {
                 last_activity_ms: now_ms,
+                leader_heard_ms: now_ms,
                 quiesced: false,
             },
         );
@@ -90,6 +103,20 @@ impl<G: Ord + Copy> Quiescer<G> {
     pub fn peer_heard(&mut self, peer: BrokerId, now_ms: u64) {
         let at = self.peers.entry(peer).or_insert(now_ms);
         *at = (*at).max(now_ms);
+    }
+
+    /// `peer` is a new process (it registered again with another incarnation): the groups it
+    /// leads here are suspect until they hear from their leader ([`Quiescer::leader_heard`]).
+    pub fn peer_restarted(&mut self, peer: BrokerId, now_ms: u64) {
+        let at = self.restarted.entry(peer).or_insert(now_ms);
+        *at = (*at).max(now_ms);
+    }
+
+    /// An append or a heartbeat of `group` arrived (only a leader sends them).
+    pub fn leader_heard(&mut self, group: G, now_ms: u64) {
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.leader_heard_ms = g.leader_heard_ms.max(now_ms);
+        }
     }
 
     /// Whether `peer` has been heard from within the timeout (a peer never heard from counts as
@@ -119,9 +146,13 @@ impl<G: Ord + Copy> Quiescer<G> {
         let ids: Vec<G> = self.groups.keys().copied().collect();
         for id in ids {
             let leader = leader_of(id);
+            let heard_ms = self.groups.get(&id).map_or(0, |g| g.leader_heard_ms);
             let silent_leader = match leader {
                 Some(l) if l == me => false,
-                Some(l) => self.peer_silent(l, now_ms),
+                Some(l) => {
+                    let restarted_since = self.restarted.get(&l).is_some_and(|&at| at >= heard_ms);
+                    self.peer_silent(l, now_ms) || restarted_since
+                }
                 None => true,
             };
             let Some(g) = self.groups.get_mut(&id) else {
@@ -129,7 +160,7 @@ impl<G: Ord + Copy> Quiescer<G> {
             };
             if g.quiesced {
                 if silent_leader {
-                    // Its leader is gone (or unknown): elect.
+                    // Its leader is gone, unknown, or restarted and not heard from since: elect.
                     g.quiesced = false;
                     g.last_activity_ms = now_ms;
                     actions.push((id, Action::Wake));
@@ -184,6 +215,38 @@ mod tests {
         assert_eq!(q.activity(1, 1_000), Some(Action::Wake));
         assert_eq!(q.activity(1, 1_001), None);
         assert_eq!(q.quiesced_count(), 1);
+    }
+
+    #[test]
+    fn groups_led_by_a_restarted_peer_stay_awake_until_they_hear_from_it() {
+        let mut q = Quiescer::new(CONFIG);
+        let me = BrokerId(1);
+        q.add(1u32, 0);
+        q.add(2u32, 0);
+        let leader = |_: u32| Some(BrokerId(2));
+        q.peer_heard(BrokerId(2), 0);
+        assert_eq!(q.tick(600, me, leader).len(), 2, "both quiesce");
+        // Node 2 restarted: alive, but its groups here are suspect.
+        q.peer_heard(BrokerId(2), 700);
+        q.peer_restarted(BrokerId(2), 700);
+        assert_eq!(
+            q.tick(700, me, leader),
+            vec![(1, Action::Wake), (2, Action::Wake)]
+        );
+        // Group 1 hears from its leader (it still leads); group 2 does not (it lost its log).
+        q.leader_heard(1, 750);
+        q.peer_heard(BrokerId(2), 1_200);
+        assert_eq!(q.tick(1_200, me, leader), vec![(1, Action::Quiesce)]);
+        q.peer_heard(BrokerId(2), 5_000);
+        assert!(
+            q.tick(5_000, me, leader).is_empty(),
+            "a suspect group does not quiesce, however idle"
+        );
+        // Another node wins group 2's election: the suspicion was of node 2 only.
+        let new_leader = |g: u32| Some(if g == 1 { BrokerId(2) } else { BrokerId(3) });
+        q.peer_heard(BrokerId(3), 5_000);
+        q.activity(2, 5_000);
+        assert_eq!(q.tick(5_600, me, new_leader), vec![(2, Action::Quiesce)]);
     }
 
     #[test]
