@@ -387,6 +387,10 @@ impl ClusterNode {
             // As the partition groups (`replication::ReplicationSettings`): a voter that cannot
             // win does not end the active controller's term.
             enable_pre_vote: Some(true),
+            // A voter whose disk was wiped comes back with an empty log: the leader starts its
+            // replication over (see `replication::ReplicationSettings`) instead of retrying the
+            // position it had reached, which the voter answers with a conflict forever.
+            allow_log_reversion: Some(true),
             ..Default::default()
         }
         .validate()
@@ -768,6 +772,7 @@ impl ControlClient {
             glommio::timer::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
+        tracing::warn!(request = kind, "no active controller answered: {last}");
         Err(last)
     }
 }

@@ -136,6 +136,9 @@ pub enum ControllerError {
 /// How long a decision waits for the active controller's own log to be applied (see
 /// [`Controller::decide`]); then it is refused as NotController, which callers retry.
 const LOG_APPLIED_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a decision waits for a quorum to confirm the controller's leadership (a ReadIndex
+/// heartbeat round); then it is refused as NotController, which callers retry.
+const READ_INDEX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One controller of the quorum.
 pub struct Controller<Rt: AsyncRuntime, L: ReplicaLog> {
@@ -192,19 +195,30 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
         decide: impl FnOnce(&ClusterState, &mut Liveness) -> Result<(Vec<Record>, T), AdminError>,
     ) -> Result<T, ControllerError> {
         let turn = Arc::clone(&self.turn).lock_owned().await;
-        self.raft
-            .ensure_linearizable(ReadPolicy::ReadIndex)
-            .await
-            .map_err(|e| match e {
-                RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
-                    ControllerError::NotController { leader: f.leader_id }
-                }
-                // No quorum to confirm leadership: another controller may lead.
-                RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)) => {
-                    ControllerError::NotController { leader: None }
-                }
-                RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
-            })?;
+        // Bounded: the decisions wait on this one's turn, and a leadership check that is never
+        // answered (a quorum acknowledgement that does not come) must not stop them all.
+        let confirmed = Rt::timeout(
+            READ_INDEX_WAIT,
+            self.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        .map_err(|_| {
+            tracing::warn!(
+                "controller {}: a quorum did not confirm its leadership within {READ_INDEX_WAIT:?}",
+                self.id
+            );
+            ControllerError::NotController { leader: None }
+        })?;
+        confirmed.map_err(|e| match e {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+                ControllerError::NotController { leader: f.leader_id }
+            }
+            // No quorum to confirm leadership: another controller may lead.
+            RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)) => {
+                ControllerError::NotController { leader: None }
+            }
+            RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
+        })?;
         // A controller that restarts as the leader of its own term (openraft resumes a vote it
         // had committed) holds entries it appended before the restart that are not applied yet,
         // and the read index may not cover them: a decision made now would be built on a state
