@@ -112,18 +112,10 @@ async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -
                 ),
             );
         }
-        let live = state.live_brokers().count();
-        if usize::try_from(rf).unwrap_or(usize::MAX) > live {
-            return refusal(
-                &name,
-                AdminError::new(
-                    ResponseError::InvalidReplicationFactor,
-                    format!(
-                        "Unable to replicate the partition {rf} time(s): The target replication factor of {rf} cannot be reached because only {live} broker(s) are registered."
-                    ),
-                ),
-            );
-        }
+        // Whether enough brokers are alive is the active controller's to say (placement), after
+        // whether the topic exists: this node's view of the cluster may be behind (a node that
+        // just restarted has none), and an existing topic is TOPIC_ALREADY_EXISTS whatever
+        // the factor.
         (partitions, rf)
     };
     if let Err(e) = PartitionLimits::of(config).check_request(u64::try_from(partitions).unwrap_or(0)) {
