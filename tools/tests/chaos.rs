@@ -27,7 +27,12 @@ fn strand_bin() -> PathBuf {
 }
 
 fn short(scenario: Scenario, seed: u64, cycles: u32, root: &std::path::Path) -> Report {
-    let mut opts = Options::new(strand_bin(), root.to_path_buf(), scenario, seed, 1);
+    short_on(1, scenario, seed, cycles, root)
+}
+
+/// A short run on `nodes` nodes (more than one: a KRaft cluster, replication factor 3).
+fn short_on(nodes: u32, scenario: Scenario, seed: u64, cycles: u32, root: &std::path::Path) -> Report {
+    let mut opts = Options::new(strand_bin(), root.to_path_buf(), scenario, seed, nodes);
     opts.cycles = cycles;
     opts.partitions = 3;
     opts.rate_per_sec = 200;
@@ -94,6 +99,25 @@ fn a_wiped_disk_on_one_node_is_reported_as_loss() {
     let lost: Vec<u64> = r.verdict.partitions.iter().map(|p| p.lost).collect();
     assert!(lost.iter().all(|&l| l > 0), "{}", r.render());
     assert!(r.failures() > 0);
+}
+
+/// In a cluster a wiped node's partitions have other replicas: it rejoins under its id, the
+/// groups it led elect another leader (their followers do not wait for the restarted node,
+/// which holds nothing), it catches up, and nothing acknowledged is lost.
+#[test]
+fn a_wiped_disk_in_a_three_node_cluster_loses_nothing() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let r = short_on(3, Scenario::WipedDisk, 1, 1, dir.path());
+    assert_eq!(r.cycles_run, 1, "{r:#?}");
+    assert_eq!(r.faults[0].kind, FaultKind::WipedDisk);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert!(r.verdict.totals.acked > 0);
+    assert_eq!(r.verdict.violations(), 0, "{}", r.render());
+    assert!(
+        r.verdict.partitions.iter().all(|p| p.replicas.replicas == 3),
+        "{}",
+        r.render()
+    );
 }
 
 /// Whether a TCP connection from inside `namespace` to `host`:9092 opens within 2 s.

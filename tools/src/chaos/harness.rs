@@ -628,8 +628,9 @@ fn play(
         } else {
             nodes.start(node)?;
         }
-        if kind == FaultKind::WipedDisk {
-            // On one node the topic went with the disk; in a cluster it is still there.
+        if kind == FaultKind::WipedDisk && opts.nodes == 1 {
+            // On one node the topic went with the disk. In a cluster it is still in the
+            // metadata, and what the run measures is when its partitions take writes again.
             ensure_topic(nodes, opts.partitions, replication, opts.ready_timeout)?;
         }
         let recovered = await_acks(load, &partitions_led, dead, opts.recover_timeout);
