@@ -79,6 +79,8 @@ pub struct WorkloadParams {
     pub amount: Amount,
     pub warmup_secs: f64,
     pub partitions: i32,
+    /// Replication factor of the topic; -1 takes the broker's `default.replication.factor`.
+    pub replication_factor: i32,
     pub producers: usize,
     pub consumers: usize,
     pub acks: String,
@@ -114,6 +116,9 @@ impl WorkloadParams {
         }
         if self.partitions < 1 {
             bail!("--partitions must be at least 1");
+        }
+        if self.replication_factor < 1 && self.replication_factor != -1 {
+            bail!("--replication-factor must be at least 1, or -1 for the broker's default");
         }
         if self.producers < 1 {
             bail!("--producers must be at least 1");
@@ -812,7 +817,11 @@ fn create_topic(bootstrap: &str, params: &WorkloadParams, bars: &Bars) -> Result
     ));
     let started = Instant::now();
     let (admin, options) = admin_client(bootstrap, "strand-bench-admin", params.timeout())?;
-    let topic = NewTopic::new(&params.topic, params.partitions, TopicReplication::Fixed(1));
+    let topic = NewTopic::new(
+        &params.topic,
+        params.partitions,
+        TopicReplication::Fixed(params.replication_factor),
+    );
     let results = futures::executor::block_on(admin.create_topics([&topic], &options))
         .with_context(|| format!("CreateTopics {} on {bootstrap}", params.topic))?;
     for result in results {
@@ -1419,6 +1428,7 @@ pub(crate) fn test_params() -> WorkloadParams {
         amount: Amount::DurationSecs(1.0),
         warmup_secs: 1.0,
         partitions: 1,
+        replication_factor: 1,
         producers: 1,
         consumers: 1,
         acks: "all".into(),
@@ -1484,6 +1494,14 @@ mod tests {
         }
         .validate()
         .is_err());
+        // A replication factor is at least 1, or -1 for the broker's default.
+        for (rf, ok) in [(0, false), (-2, false), (-1, true), (3, true)] {
+            let p = WorkloadParams {
+                replication_factor: rf,
+                ..params()
+            };
+            assert_eq!(p.validate().is_ok(), ok, "replication factor {rf}");
+        }
         assert!(WorkloadParams {
             consumers: 0,
             ..params()

@@ -124,6 +124,10 @@ struct WorkloadArgs {
     /// Partitions of the benchmark topic; messages go round-robin over all of them.
     #[arg(long, default_value_t = 1)]
     partitions: i32,
+    /// Replication factor of the benchmark topic on every broker; -1 takes each broker's
+    /// `default.replication.factor` (3 on a three-node cluster so configured, 1 on one node).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    replication_factor: i32,
     /// Producer clients (one thread and one connection each).
     #[arg(long, default_value_t = 1)]
     producers: usize,
@@ -443,6 +447,7 @@ fn workload_params(cli: &WorkloadArgs) -> Result<WorkloadParams> {
         amount,
         warmup_secs: cli.warmup_secs,
         partitions: cli.partitions,
+        replication_factor: cli.replication_factor,
         producers: cli.producers,
         consumers: cli.consumers,
         acks: cli.acks.clone(),
