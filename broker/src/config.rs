@@ -492,8 +492,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "Most partitions one request may create, summed over its topics (CreateTopics, CreatePartitions; for an HTTP PUT, the queue's and its dead-letter topic's when that is created too). A request asking for more is refused whole with POLICY_VIOLATION (HTTP 400 too_many_partitions), as Kafka refuses a request of more than 10,000. Lower it to bound the work of one admin request."),
 ];
 
-/// Keys of KRaft/compose configs that do not apply to a single Strand node: accepted, no effect.
-/// Extend here. (`confluent.*` keys are accepted too.)
+/// Keys of Kafka/compose configs Strand accepts with no effect (threads it does not have,
+/// transactions and replicated internal topics it does not run yet, ZooKeeper). Extend here. (`confluent.*` keys are accepted too.)
 const IGNORED_KEYS: &[&str] = &[
     "offsets.topic.replication.factor",
     "transactional.id.expiration.ms",
@@ -666,7 +666,7 @@ fn load_quietly(
             known.insert(key, raw);
         } else if is_ignored_key(&key) {
             notes.push(format!(
-                "`{key}` (from {}) does not apply to a single Strand node; ignored",
+                "`{key}` (from {}) has no effect in Strand; ignored",
                 raw.origin
             ));
         } else {

@@ -90,9 +90,9 @@ pub fn configuration_markdown() -> String {
     section(
         &mut out,
         "Accepted and ignored",
-        "Keys that only matter to a multi-node KRaft cluster, which compose files for \
-         `apache/kafka` set: accepted with an informational note, no effect on a single Strand \
-         node.",
+        "Keys that compose files for `apache/kafka` set and Strand has no use for yet (thread \
+         counts it does not have, the replication of internal topics and transactions it does \
+         not run yet): accepted with an informational note, no effect.",
     );
     let ignored = IGNORED_KEYS.iter().map(|k| code(k)).chain(
         IGNORED_KEY_PREFIXES
