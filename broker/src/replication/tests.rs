@@ -91,25 +91,8 @@ async fn start_node(id: i32, shared: &'static SharedFs) -> Node {
     };
     let (log, _) = store.open_log(key, LogConfig::default(), 0).await.unwrap();
     // The shard's flusher.
-    let s = Rc::clone(&store);
     let paused = Rc::new(Cell::new(false));
-    let p = Rc::clone(&paused);
-    glommio::spawn_local(async move {
-        loop {
-            {
-                let work = s.wait_for_work();
-                let tick = glommio::timer::sleep(Duration::from_millis(5));
-                futures::pin_mut!(work);
-                futures::pin_mut!(tick);
-                futures::future::select(work, tick).await;
-            }
-            if s.has_pending() && !p.get() {
-                s.flush_pending(4, |_| {}).await;
-                s.sync_changed_dirs().await;
-            }
-        }
-    })
-    .detach();
+    crate::shard::spawn_test_flusher(Rc::clone(&store), Rc::clone(&paused));
     let host = Rc::new(TestHost {
         root,
         logs: RefCell::new(BTreeMap::from([((TOPIC, PartitionId(0)), log)])),
@@ -458,23 +441,7 @@ async fn open_shard(id: i32, shard: u16, parts: &[i32], shared: &'static SharedF
         let (log, _) = store.open_log(key, LogConfig::default(), 0).await.unwrap();
         logs.insert((TOPIC, PartitionId(*p)), log);
     }
-    let s = Rc::clone(&store);
-    glommio::spawn_local(async move {
-        loop {
-            {
-                let work = s.wait_for_work();
-                let tick = glommio::timer::sleep(Duration::from_millis(5));
-                futures::pin_mut!(work);
-                futures::pin_mut!(tick);
-                futures::future::select(work, tick).await;
-            }
-            if s.has_pending() {
-                s.flush_pending(4, |_| {}).await;
-                s.sync_changed_dirs().await;
-            }
-        }
-    })
-    .detach();
+    crate::shard::spawn_test_flusher(Rc::clone(&store), Rc::new(Cell::new(false)));
     let host = Rc::new(TestHost {
         root,
         logs: RefCell::new(logs),

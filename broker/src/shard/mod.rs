@@ -1351,6 +1351,29 @@ pub(crate) async fn scatter<T, R: Clone>(
     out
 }
 
+/// Tests' stand-in for the shard's flusher (`tasks.rs`): flushes the store's pending appends
+/// and syncs new directories, every 5 ms or when there is work, unless `paused` (a stalled
+/// disk).
+#[cfg(test)]
+pub(crate) fn spawn_test_flusher(store: Rc<ShardStore<GlommioFs>>, paused: Rc<Cell<bool>>) {
+    glommio::spawn_local(async move {
+        loop {
+            {
+                let work = store.wait_for_work();
+                let tick = glommio::timer::sleep(std::time::Duration::from_millis(5));
+                futures::pin_mut!(work);
+                futures::pin_mut!(tick);
+                futures::future::select(work, tick).await;
+            }
+            if store.has_pending() && !paused.get() {
+                store.flush_pending(4, |_| {}).await;
+                store.sync_changed_dirs().await;
+            }
+        }
+    })
+    .detach();
+}
+
 #[cfg(test)]
 mod tests {
     use strand_protocol::types::NodeId;
@@ -1523,22 +1546,7 @@ mod replicated_tests {
                 .unwrap(),
         );
         // The shard's flusher (the server runs `tasks.rs`'s).
-        let s = Rc::clone(&store);
-        glommio::spawn_local(async move {
-            loop {
-                {
-                    let work = s.wait_for_work();
-                    let tick = glommio::timer::sleep(Duration::from_millis(5));
-                    futures::pin_mut!(work);
-                    futures::pin_mut!(tick);
-                    futures::future::select(work, tick).await;
-                }
-                if s.has_pending() {
-                    s.flush_pending(4, |_| {}).await;
-                }
-            }
-        })
-        .detach();
+        super::spawn_test_flusher(Rc::clone(&store), Rc::new(Cell::new(false)));
         let mut chans = router::mesh(1, 16);
         let (router, _) = Router::connect(chans.remove(0)).await;
         let mut config = Config::default();
