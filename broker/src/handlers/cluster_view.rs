@@ -13,6 +13,8 @@
 //!   broker with the lowest id, so that the answer is stable; -1 when none is live.
 //! - Partitions: leader (-1 and LEADER_NOT_AVAILABLE when there is none), leader epoch,
 //!   replicas, ISR and offline replicas (replicas on fenced or unknown brokers).
+//! - Leader endpoints (KIP-951): Produce and Fetch name the leaders of the partitions they
+//!   answer NOT_LEADER_OR_FOLLOWER for, on the client's listener.
 
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::metadata_response::{
@@ -168,6 +170,40 @@ pub(crate) fn describe_topic(state: &ClusterState, t: &TopicState, version: i16)
         .with_is_internal(version >= 1 && crate::internal_topics::is_internal(&t.name))
         .with_topic_authorized_operations(i32::MIN)
         .with_partitions(partitions)
+}
+
+/// A leader's endpoint for KIP-951's `node_endpoints`.
+pub(crate) struct LeaderEndpoint {
+    pub(crate) node: i32,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) rack: Option<String>,
+}
+
+/// The endpoints, on the listener the client is connected to, of the leaders named in
+/// NOT_LEADER_OR_FOLLOWER answers (KIP-951), from the cluster metadata; each once.
+pub(crate) fn leader_endpoints(ctx: &RequestCtx, mut leaders: Vec<i32>) -> Vec<LeaderEndpoint> {
+    leaders.sort_unstable();
+    leaders.dedup();
+    let Some(state) = ctx.shard.cluster_state() else {
+        return Vec::new();
+    };
+    let Some(listener) = ctx.shard.config.listeners.get(ctx.conn.listener) else {
+        return Vec::new();
+    };
+    leaders
+        .into_iter()
+        .filter_map(|id| {
+            let b = state.broker(strand_protocol::types::NodeId(id))?;
+            let e = b.endpoint(&listener.name)?;
+            Some(LeaderEndpoint {
+                node: id,
+                host: e.host.clone(),
+                port: e.port,
+                rack: b.rack.clone(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use strand_protocol::types::{NodeId, TopicId};
 use super::{msg, str_bytes, Handler, Reply, RequestCtx};
 use crate::cluster::control::CreateTopic;
 use crate::cluster::rpc::ControlRequest;
-use crate::config::TopicConfig;
+use crate::config::{Config, TopicConfig};
 use crate::controller::{self, ControllerOp};
 use crate::metadata::{AdminError, NewTopic, PartitionLimits};
 
@@ -143,8 +143,17 @@ async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -
     if ctx.version < 5 {
         return base;
     }
-    let entries = topic_config
-        .entries(config)
+    let entries = created_configs(&topic_config, config);
+    base.with_topic_id(if ctx.version >= 7 { id.0 } else { uuid::Uuid::nil() })
+        .with_num_partitions(partitions)
+        .with_replication_factor(rf)
+        .with_configs(Some(entries))
+}
+
+/// A created topic's configs as CreateTopics v5+ answers them.
+fn created_configs(topic: &TopicConfig, broker: &Config) -> Vec<CreatableTopicConfigs> {
+    topic
+        .entries(broker)
         .into_iter()
         .map(|e| {
             CreatableTopicConfigs::default()
@@ -154,11 +163,7 @@ async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -
                 .with_config_source(e.source.code())
                 .with_is_sensitive(e.sensitive)
         })
-        .collect();
-    base.with_topic_id(if ctx.version >= 7 { id.0 } else { uuid::Uuid::nil() })
-        .with_num_partitions(partitions)
-        .with_replication_factor(rf)
-        .with_configs(Some(entries))
+        .collect()
 }
 
 impl Handler for CreateTopics {
@@ -259,19 +264,7 @@ impl Handler for CreateTopics {
                             .with_num_partitions(-1)
                             .with_replication_factor(-1),
                         (None, Some(topic)) => {
-                            let configs = topic
-                                .config
-                                .entries(config)
-                                .into_iter()
-                                .map(|e| {
-                                    CreatableTopicConfigs::default()
-                                        .with_name(str_bytes(e.name))
-                                        .with_value(e.value.map(|v| str_bytes(&v)))
-                                        .with_read_only(e.read_only)
-                                        .with_config_source(e.source.code())
-                                        .with_is_sensitive(e.sensitive)
-                                })
-                                .collect();
+                            let configs = created_configs(&topic.config, config);
                             if version >= 5 {
                                 base.with_topic_id(if version >= 7 {
                                     topic.id.0

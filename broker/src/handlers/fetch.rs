@@ -558,7 +558,7 @@ impl Handler for Fetch {
                     .with_session_id(session_id)
                     .with_responses(topics);
                 if version >= 16 {
-                    resp.node_endpoints = super::produce::leader_endpoints(&ctx, leaders)
+                    resp.node_endpoints = super::cluster_view::leader_endpoints(&ctx, leaders)
                         .into_iter()
                         .map(|e| {
                             NodeEndpoint::default()

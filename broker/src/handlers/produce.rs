@@ -15,7 +15,7 @@ use kafka_protocol::ResponseError;
 use strand_protocol::batch::validate_produce_batch;
 use strand_protocol::types::{ShardId, TopicId};
 
-use super::{msg, str_bytes, Handler, Reply, RequestCtx};
+use super::{cluster_view, msg, str_bytes, Handler, Reply, RequestCtx};
 use crate::config::{LogSettings, TimestampType};
 use crate::internal_topics::refuse_client_append;
 use crate::shard::ops::{PartRef, ProduceOutcome, ProducePart, ShardRequest, ShardResponse};
@@ -230,7 +230,7 @@ impl Handler for Produce {
                     .collect();
                 let mut resp = ProduceResponse::default().with_responses(responses);
                 if version >= 10 {
-                    resp.node_endpoints = leader_endpoints(&ctx, leaders)
+                    resp.node_endpoints = cluster_view::leader_endpoints(&ctx, leaders)
                         .into_iter()
                         .map(|e| {
                             NodeEndpoint::default()
@@ -254,38 +254,4 @@ impl Handler for Produce {
             }
         }
     }
-}
-
-/// A leader's endpoint for KIP-951's `node_endpoints`.
-pub(crate) struct LeaderEndpoint {
-    pub(crate) node: i32,
-    pub(crate) host: String,
-    pub(crate) port: u16,
-    pub(crate) rack: Option<String>,
-}
-
-/// The endpoints, on the listener the client is connected to, of the leaders named in
-/// NOT_LEADER_OR_FOLLOWER answers (KIP-951), from the cluster metadata; each once.
-pub(crate) fn leader_endpoints(ctx: &RequestCtx, mut leaders: Vec<i32>) -> Vec<LeaderEndpoint> {
-    leaders.sort_unstable();
-    leaders.dedup();
-    let Some(state) = ctx.shard.cluster_state() else {
-        return Vec::new();
-    };
-    let Some(listener) = ctx.shard.config.listeners.get(ctx.conn.listener) else {
-        return Vec::new();
-    };
-    leaders
-        .into_iter()
-        .filter_map(|id| {
-            let b = state.broker(strand_protocol::types::NodeId(id))?;
-            let e = b.endpoint(&listener.name)?;
-            Some(LeaderEndpoint {
-                node: id,
-                host: e.host.clone(),
-                port: e.port,
-                rack: b.rack.clone(),
-            })
-        })
-        .collect()
 }
