@@ -121,7 +121,8 @@ where
             leader: None,
             candidate: None,
             pre_candidate: None,
-            output: EngineOutput::new(4096),
+            // STRAND PATCH 3: no up-front capacity; see STRAND-PATCHES.md.
+            output: EngineOutput::new(0),
         }
     }
 

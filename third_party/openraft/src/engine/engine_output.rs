@@ -42,7 +42,8 @@ where
     SM: RaftStateMachine<C>,
 {
     pub(crate) fn new(command_buffer_size: usize) -> Self {
-        let pending_capacity = 1024;
+        // STRAND PATCH 3: was 1024 per queue; the queues grow as needed.
+        let pending_capacity = 0;
         Self {
             commands: VecDeque::with_capacity(command_buffer_size),
             pending_responds: PendingResponds::new(pending_capacity),

@@ -615,8 +615,8 @@ where
 
                     engine,
 
-                    // initially, allocate for 8 kilo outstanding requests.
-                    client_responders: ClientResponderQueue::with_capacity(1024 * 8),
+                    // STRAND PATCH 3: was `with_capacity(1024 * 8)`; the queue grows as needed.
+                    client_responders: ClientResponderQueue::new(),
 
                     pending_reads: PendingReadQueue::default(),
                     pending_read_deadline_notifier: PendingReadDeadlineNotifier::spawn(tx_notify.clone()),

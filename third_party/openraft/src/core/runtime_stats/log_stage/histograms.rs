@@ -22,12 +22,12 @@ pub struct LogStageHistograms {
 impl LogStageHistograms {
     pub(crate) fn new() -> Self {
         Self {
-            proposed_to_received: Histogram::new(),
-            received_to_submitted: Histogram::new(),
-            submitted_to_persisted: Histogram::new(),
-            persisted_to_committed: Histogram::new(),
-            committed_to_applied: Histogram::new(),
-            proposed_to_applied: Histogram::new(),
+            proposed_to_received: crate::core::runtime_stats::new_histogram(),
+            received_to_submitted: crate::core::runtime_stats::new_histogram(),
+            submitted_to_persisted: crate::core::runtime_stats::new_histogram(),
+            persisted_to_committed: crate::core::runtime_stats::new_histogram(),
+            committed_to_applied: crate::core::runtime_stats::new_histogram(),
+            proposed_to_applied: crate::core::runtime_stats::new_histogram(),
         }
     }
 }
