@@ -26,6 +26,7 @@ use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use kafka_protocol::ResponseError;
 use strand_protocol::types::{LeaderEpoch, NodeId, PartitionId, ShardId, TopicId};
+use strand_storage::notify::Notify;
 
 use crate::cluster::control::{AlterPartition, AlterPartitionReply, CreateTopic, IsrMember, LeaderElected};
 use crate::cluster::node::{BrokerInfo, ClusterNode};
@@ -236,10 +237,11 @@ pub(crate) fn start(shard: &Rc<Shard>, link: &Rc<ClusterLink>) -> Rc<ClusterNode
         shards: shard.shards,
     };
     // The newest state waiting to be applied; one task applies states in order.
-    let latest: Rc<RefCell<Option<ClusterState>>> = Rc::new(RefCell::new(None));
+    let latest = Rc::new(Latest::default());
     let slot = Rc::clone(&latest);
     let publish: Rc<dyn Fn(&ClusterState)> = Rc::new(move |state: &ClusterState| {
-        *slot.borrow_mut() = Some(state.clone());
+        *slot.state.borrow_mut() = Some(state.clone());
+        slot.published.notify_all();
     });
     glommio::spawn_local(apply_states(Rc::downgrade(shard), latest)).detach();
     let clock = Rc::clone(&shard.clock);
@@ -254,14 +256,22 @@ pub(crate) fn start(shard: &Rc<Shard>, link: &Rc<ClusterLink>) -> Rc<ClusterNode
     node
 }
 
+/// The newest published state not yet applied.
+#[derive(Default)]
+struct Latest {
+    state: RefCell<Option<ClusterState>>,
+    published: Notify,
+}
+
 /// Applies each newer state on every shard: the state itself, then the metadata deltas it
 /// implies.
-async fn apply_states(shard: Weak<Shard>, latest: Rc<RefCell<Option<ClusterState>>>) {
+async fn apply_states(shard: Weak<Shard>, latest: Rc<Latest>) {
     // The topics this process took from the cluster state (only those are ever deleted).
     let mut learned: HashSet<TopicId> = HashSet::new();
     loop {
-        glommio::timer::sleep(std::time::Duration::from_millis(crate::cluster::node::TICK_MS)).await;
-        let Some(state) = latest.borrow_mut().take() else {
+        let published = latest.published.wait();
+        let Some(state) = latest.state.borrow_mut().take() else {
+            published.await;
             continue;
         };
         let Some(shard) = shard.upgrade() else { return };

@@ -6,7 +6,7 @@
 //!   store ([`METADATA_DIR`], incarnation [`METADATA_TOPIC_ID`], never subject to retention),
 //!   wrapped as a Raft replica log (`ShardReplicaLog`). The [`Controller`] runs on the glommio
 //!   runtime over a [`NodeNetwork`] of TCP connections ([`TcpConnections`]) to the voters'
-//!   `controller.quorum.voters` addresses, whose heartbeat outbox is ticked every
+//!   `controller.quorum.voters` addresses, whose heartbeats are coalesced for up to
 //!   [`TICK_MS`]. The first start initializes the Raft membership with the static voter set on
 //!   every voter: openraft allows this when every voter proposes the same membership (each
 //!   writes it as its first entry; the election then picks one log), and answers `NotAllowed`
@@ -79,7 +79,8 @@ use crate::metadata::AdminError;
 pub const METADATA_DIR: &str = "__cluster_metadata-0";
 /// The metadata topic's id, as Kafka fixes it (`Uuid.METADATA_TOPIC_ID`, 0 and 1).
 pub const METADATA_TOPIC_ID: TopicId = TopicId(uuid::Uuid::from_u64_pair(0, 1));
-/// How often the heartbeat outbox is sent (a fifth of the Raft heartbeat interval).
+/// How long a queued heartbeat waits for others to leave with it (a fifth of the Raft
+/// heartbeat interval).
 pub const TICK_MS: u64 = 20;
 /// The Raft heartbeat interval of the metadata group.
 const RAFT_HEARTBEAT_MS: u64 = 100;
@@ -233,6 +234,8 @@ impl ClusterNode {
         let ticker = Rc::clone(&node.network);
         glommio::spawn_local(async move {
             loop {
+                // Heartbeats wait up to a tick to leave together; none queued, no wake-up.
+                ticker.heartbeats_queued().await;
                 glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
                 ticker.tick();
             }

@@ -47,7 +47,7 @@
 //!   shard it shares a group with), and the quiesced groups a silent peer leads wake to elect.
 //!   A peer that registers with a new incarnation restarted: the groups it led here stay awake
 //!   until they hear from it as their leader, and elect another if they do not (a wiped disk).
-//! - **Transport** ([`net`]): coalesced heartbeats ticked every [`TICK_MS`], one connection
+//! - **Transport** ([`net`]): heartbeats coalesced for up to [`TICK_MS`], one connection
 //!   per peer shard, inbound connections recognised on the Kafka listeners.
 //! - **Writes** ([`Handle::propose`]): `client_write`; acks=all is answered at commit, acks=1
 //!   once the batch is durable in the leader's log (the replica store's flushed-append
@@ -102,8 +102,11 @@ type C = PartitionRaft<GlommioRuntime>;
 type Store = ReplicaStore<GlommioRuntime, ShardReplicaLog<GlommioFs>>;
 type GroupRaft = Raft<C, Store>;
 
-/// How often the shard's network sends the coalesced heartbeats.
+/// How long a heartbeat waits for others to leave with it in one frame per peer.
 pub(crate) const TICK_MS: u64 = 5;
+/// How often the shard's replication loop runs its periodic duties (quiescing, liveness, ISR,
+/// balance) when no heartbeat wakes it sooner.
+const IDLE_TICK_MS: u64 = 100;
 /// How often each peer shard sharing a group is pinged (liveness for quiesced groups).
 pub(crate) const PING_INTERVAL_MS: u64 = 250;
 /// How long a proposal waits for its commit before its outcome is reported unknown.
@@ -542,14 +545,27 @@ impl GroupManager {
             let mut last_isr = 0u64;
             let mut last_balance = 0u64;
             loop {
-                glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+                // Heartbeats wait up to a tick in the outbox, so that they leave coalesced; with
+                // none queued (every group quiesced) the loop wakes only for its periodic duties.
+                let network = match me.upgrade() {
+                    Some(m) => Rc::clone(&m.network),
+                    None => return,
+                };
+                futures_lite::future::or(
+                    async move {
+                        network.heartbeats_queued().await;
+                        glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+                    },
+                    glommio::timer::sleep(Duration::from_millis(IDLE_TICK_MS)),
+                )
+                .await;
                 let Some(m) = me.upgrade() else { return };
                 if m.closed.get() {
                     return;
                 }
                 m.network.tick();
                 let now = m.now_ms();
-                if now.saturating_sub(last_quiesce) >= 100 {
+                if now.saturating_sub(last_quiesce) >= IDLE_TICK_MS {
                     last_quiesce = now;
                     m.quiesce_tick(now).await;
                 }

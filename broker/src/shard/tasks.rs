@@ -16,19 +16,33 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
 /// How often idle idempotent-producer state is expired.
 const PRODUCER_EXPIRY_CHECK: Duration = Duration::from_secs(60);
 
-/// How often the stall probe checks the executor.
+/// How often the stall probe checks a busy executor.
 const STALL_PROBE_PERIOD: Duration = Duration::from_millis(10);
+/// How often it checks an idle one: stalls shorter than this may then go unseen.
+const STALL_PROBE_IDLE_PERIOD: Duration = Duration::from_millis(100);
+/// An executor that ran tasks for less than this share of a probe period, in thousandths, is
+/// idle.
+const STALL_PROBE_BUSY_PERMILLE: u128 = 10;
 /// A stall this long is logged.
 const STALL_WARN: Duration = Duration::from_millis(50);
 
 /// Measures how late the shard's executor runs a timer: the time in which it could serve
 /// nothing (a blocking call, a long computation between awaits, the thread not scheduled).
 /// Produce latency tails that flush rounds do not explain show up here.
+///
+/// It looks every [`STALL_PROBE_PERIOD`] while the executor is busy, and every
+/// [`STALL_PROBE_IDLE_PERIOD`] once it was idle for a period: each look is a wake-up, and an
+/// idle node's CPU is mostly its wake-ups (a node of thousands of quiesced partitions).
 pub(crate) async fn stall_probe(shard: Rc<Shard>) {
+    // glommio's executor stats count from the last time they were read (reading takes them);
+    // nothing else on the shard reads them.
+    let _ = glommio::executor().executor_stats();
+    let mut period = STALL_PROBE_PERIOD;
     loop {
         let asked = Instant::now();
-        glommio::timer::sleep(STALL_PROBE_PERIOD).await;
-        let lag = asked.elapsed().saturating_sub(STALL_PROBE_PERIOD);
+        glommio::timer::sleep(period).await;
+        let elapsed = asked.elapsed();
+        let lag = elapsed.saturating_sub(period);
         shard.metrics.stall(lag);
         if lag >= STALL_WARN {
             tracing::warn!(
@@ -40,6 +54,12 @@ pub(crate) async fn stall_probe(shard: Rc<Shard>) {
         if shard.shutting_down.get() {
             return;
         }
+        let ran = glommio::executor().executor_stats().executor_runtime();
+        period = if ran.as_micros() * 1_000 >= elapsed.as_micros() * STALL_PROBE_BUSY_PERMILLE {
+            STALL_PROBE_PERIOD
+        } else {
+            STALL_PROBE_IDLE_PERIOD
+        };
     }
 }
 

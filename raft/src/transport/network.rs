@@ -40,6 +40,8 @@ use openraft::raft::{
 use openraft::storage::RaftStateMachine;
 use openraft::{AsyncRuntime, EntryPayload, RPCTypes, Raft, RaftNetworkFactory, RaftNetworkV2, Snapshot};
 
+use strand_storage::notify::Notify;
+
 use super::codec::{
     AppendMsg, AppendReply, Codec, GroupId, Heartbeat, Message, PartitionVote, RefuseReason, SnapshotChunk,
     SnapshotReply, TransferLeaderMsg, TransferLeaderRejected, VoteMsg, VoteReply,
@@ -110,6 +112,8 @@ pub struct NodeNetwork<Rt, Conn> {
     conn: Conn,
     config: NetworkConfig,
     heartbeats: RefCell<HeartbeatOutbox<oneshot::Sender<HeartbeatOutcome>>>,
+    /// Notified when a heartbeat joins the outbox ([`Self::heartbeats_queued`]).
+    heartbeat_queued: Notify,
     _rt: PhantomData<fn() -> Rt>,
 }
 
@@ -123,6 +127,7 @@ impl<Rt: AsyncRuntime, Conn: Connection> NodeNetwork<Rt, Conn> {
             local,
             conn,
             heartbeats: RefCell::new(HeartbeatOutbox::new(config.heartbeats)),
+            heartbeat_queued: Notify::new(),
             config,
             _rt: PhantomData,
         })
@@ -138,6 +143,19 @@ impl<Rt: AsyncRuntime, Conn: Connection> NodeNetwork<Rt, Conn> {
 
     pub fn connection(&self) -> &Conn {
         &self.conn
+    }
+
+    /// Completes once the heartbeat outbox holds a heartbeat (at once if it does now). A
+    /// ticker waits on it between ticks, so that a node whose groups are all quiesced does not
+    /// wake every tick for nothing.
+    pub async fn heartbeats_queued(&self) {
+        loop {
+            let queued = self.heartbeat_queued.wait();
+            if self.heartbeats.borrow().queued() > 0 {
+                return;
+            }
+            queued.await;
+        }
     }
 
     /// Sends everything the heartbeat outbox holds, one frame per peer (or more, past the
@@ -299,7 +317,7 @@ impl<Rt: AsyncRuntime, Conn: Connection> GroupNetwork<Rt, Conn> {
             Ok(Some(superseded)) => {
                 let _ = superseded.send(HeartbeatOutcome::Failed);
             }
-            Ok(None) => {}
+            Ok(None) => self.node.heartbeat_queued.notify_all(),
             Err(PushError::Full(_)) => {
                 let e = ConnectionError::Unreachable(format!("heartbeat queue to {} is full", self.target));
                 return Err(RPCError::Unreachable(Unreachable::new(&e)));

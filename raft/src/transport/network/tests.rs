@@ -91,10 +91,12 @@ async fn start_node(net: &MemNet, id: BrokerId, groups: &[GroupId], config: Netw
     }
     net.net
         .add_server(id, Rc::new(Server::new(rafts.clone(), ServerLimits::default())));
-    // The heartbeat pump: a tick a fifth of the heartbeat interval.
+    // The heartbeat pump, as the broker runs it: once heartbeats are queued, they wait a tick
+    // (a fifth of the heartbeat interval) for others to leave with them.
     let pump = Rc::clone(&network);
     let _detached = Rt::spawn(async move {
         loop {
+            pump.heartbeats_queued().await;
             Rt::sleep(Duration::from_millis(10)).await;
             pump.tick();
         }
@@ -448,6 +450,9 @@ fn heartbeats_of_two_groups_to_one_peer_leave_in_one_frame() {
             _ => Err(ConnectionError::Network("not a heartbeat".into())),
         });
         let network = NodeNetwork::<Rt, _>::new(BrokerId(1), conn, NetworkConfig::default());
+        let waiting = Rc::clone(&network);
+        let mut queued = Box::pin(async move { waiting.heartbeats_queued().await });
+        assert!(futures::poll!(&mut queued).is_pending(), "nothing is queued yet");
         let mut clients = Vec::new();
         for g in [group(1), group(2)] {
             let mut f = network.factory(g);
@@ -467,10 +472,16 @@ fn heartbeats_of_two_groups_to_one_peer_leave_in_one_frame() {
                 })
             })
             .collect();
+        queued.await;
         while network.heartbeats.borrow().queued() < 2 {
             Rt::sleep(Duration::from_millis(1)).await;
         }
         assert_eq!(network.tick(), 1, "one frame for one peer");
+        let mut queued = Box::pin(network.heartbeats_queued());
+        assert!(
+            futures::poll!(&mut queued).is_pending(),
+            "the tick took every queued heartbeat"
+        );
         let mut results = Vec::new();
         for t in tasks {
             results.push(t.await.unwrap());
