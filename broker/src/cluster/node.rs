@@ -61,6 +61,7 @@ use strand_raft::transport::network::{
 use strand_raft::transport::tcp::{self, TcpConfig, TcpConnections};
 use strand_raft::transport::{GroupId, Message};
 use strand_storage::fs_glommio::GlommioFs;
+use strand_storage::notify::Notify;
 use strand_storage::{LogConfig, LogKey, ShardStore};
 
 use super::control::{
@@ -169,6 +170,8 @@ pub struct ClusterNode {
     client: ControlClient,
     /// A broker-only node's copy of the committed state.
     fetched: RefCell<ClusterState>,
+    /// Notified when `fetched` changes or the controller starts (then its applier notifies).
+    changed: Notify,
     /// The epoch of this process's registration, once registered.
     epoch: Cell<Option<BrokerEpoch>>,
     /// Set by [`ClusterNode::shutdown`]: the broker's own heartbeats stop (one that did not
@@ -227,6 +230,7 @@ impl ClusterNode {
             network,
             controller,
             fetched: RefCell::new(ClusterState::default()),
+            changed: Notify::new(),
             epoch: Cell::new(None),
             stopping: Cell::new(false),
             now_ms,
@@ -345,6 +349,7 @@ impl ClusterNode {
             }
         };
         *self.controller.borrow_mut() = Some(Rc::clone(&controller));
+        self.changed.notify_all();
         let Some(socket) = self.bind_controller_listener().await else {
             return;
         };
@@ -476,7 +481,7 @@ impl ClusterNode {
                 session_timeout_ms: u64::from(self.config.cluster.broker_session_timeout_ms),
             };
             let fenced = ctl
-                .decide(now, |s, l| {
+                .decide(now, move |s, l| {
                     let records = fence_stale_brokers(s, l, &config, now_u);
                     let n = records.len();
                     Ok((records, n))
@@ -563,6 +568,7 @@ impl ClusterNode {
                         continue;
                     }
                     let applied = self.fetched.borrow_mut().try_apply_batch(&records);
+                    self.changed.notify_all();
                     if let Err(e) = applied {
                         // Records that break the state's invariants came over the network:
                         // the state (part-applied) is dropped and fetched afresh, which from
@@ -573,7 +579,10 @@ impl ClusterNode {
                     }
                 }
                 Ok(ControlReply::Snapshot(bytes)) => match ClusterState::from_snapshot(&bytes) {
-                    Ok(s) if s.next_offset() >= from => *self.fetched.borrow_mut() = s,
+                    Ok(s) if s.next_offset() >= from => {
+                        *self.fetched.borrow_mut() = s;
+                        self.changed.notify_all();
+                    }
                     Ok(_) => tracing::warn!("a metadata snapshot older than the state held"),
                     Err(e) => tracing::warn!(error = %e, "an undecodable metadata snapshot"),
                 },
@@ -586,13 +595,20 @@ impl ClusterNode {
     async fn run_publisher(self: Rc<Self>, publish: Rc<dyn Fn(&ClusterState)>) {
         let mut published: Option<MetadataOffset> = None;
         loop {
-            glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+            let controller = self.controller();
+            let changed = self.changed.wait();
+            let applied = controller.as_ref().map(|c| c.applier().applied().wait());
             let next = self.next_offset();
-            if published == Some(next) || next == MetadataOffset(0) {
-                continue;
+            if published != Some(next) && next != MetadataOffset(0) {
+                published = Some(next);
+                publish(&self.state());
             }
-            published = Some(next);
-            publish(&self.state());
+            // Wait for the next change; states that arrive together are published once.
+            match applied {
+                Some(applied) => futures_lite::future::or(changed, applied).await,
+                None => changed.await,
+            }
+            glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
         }
     }
 }
@@ -602,19 +618,19 @@ async fn handle_on(ctl: &NodeController, now_ms: i64, req: ControlRequest) -> Co
     let now_u = u64::try_from(now_ms).unwrap_or(0);
     let answer = match req {
         ControlRequest::RegisterBroker(r) => ctl
-            .decide(now_ms, |s, l| register_broker(s, l, &r, now_u))
+            .decide(now_ms, move |s, l| register_broker(s, l, &r, now_u))
             .await
             .map(|epoch| ControlReply::Registered { epoch }),
         ControlRequest::Heartbeat(h) => ctl
-            .decide(now_ms, |s, l| heartbeat(s, l, &h, now_u))
+            .decide(now_ms, move |s, l| heartbeat(s, l, &h, now_u))
             .await
             .map(ControlReply::Heartbeat),
         ControlRequest::CreateTopic(t) => ctl
-            .decide(now_ms, |s, _| create_topic(s, &t).map(|r| (r, ())))
+            .decide(now_ms, move |s, _| create_topic(s, &t).map(|r| (r, ())))
             .await
             .map(|()| ControlReply::Done),
         ControlRequest::DeleteTopic { name } => ctl
-            .decide(now_ms, |s, _| {
+            .decide(now_ms, move |s, _| {
                 let Some(t) = s.topic_by_name(&name) else {
                     return Err(AdminError::new(
                         ResponseError::UnknownTopicOrPartition,
@@ -630,27 +646,27 @@ async fn handle_on(ctl: &NodeController, now_ms: i64, req: ControlRequest) -> Co
             count,
             assignments,
         } => ctl
-            .decide(now_ms, |s, _| {
+            .decide(now_ms, move |s, _| {
                 create_partitions(s, &name, count, assignments.as_deref()).map(|r| (r, ()))
             })
             .await
             .map(|()| ControlReply::Done),
         ControlRequest::AlterConfigs { resource, entries } => ctl
-            .decide(now_ms, |s, _| {
+            .decide(now_ms, move |s, _| {
                 alter_configs(s, resource, entries).map(|r| (r, ()))
             })
             .await
             .map(|()| ControlReply::Done),
         ControlRequest::AlterPartition(a) => ctl
-            .decide(now_ms, |s, _| alter_partition(s, &a))
+            .decide(now_ms, move |s, _| alter_partition(s, &a))
             .await
             .map(ControlReply::AlterPartition),
         ControlRequest::LeaderElected(e) => ctl
-            .decide(now_ms, |s, _| leader_elected(s, &e))
+            .decide(now_ms, move |s, _| leader_elected(s, &e))
             .await
             .map(ControlReply::AlterPartition),
         ControlRequest::AllocateProducerIds { broker, broker_epoch } => ctl
-            .decide(now_ms, |s, _| allocate_producer_ids(s, broker, broker_epoch))
+            .decide(now_ms, move |s, _| allocate_producer_ids(s, broker, broker_epoch))
             .await
             .map(ControlReply::ProducerIds),
         ControlRequest::FetchMetadata { from } => return fetch_reply(ctl, from),

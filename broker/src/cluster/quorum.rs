@@ -8,22 +8,26 @@
 //! ([`MetadataApplier`]) builds the state from the committed batches, replaying the log from its
 //! start when a controller opens it.
 //!
-//! Decisions run one at a time on the leader ([`Controller::decide`]): each first waits until
-//! the state has applied everything committed before it (a read index, so a new leader never
-//! decides on a state that misses its predecessor's last records) and everything in the
-//! leader's own log (a leader restarted in its own term holds entries it appended before), then
-//! commits its records and returns once they are applied. A committed decision whose partition
+//! Decisions run in rounds on the leader ([`Controller::decide`]), one round at a time: a round
+//! takes every decision queued (group commit), first waits until the state has applied
+//! everything committed before it (a read index, so a new leader never decides on a state that
+//! misses its predecessor's last records) and everything in the leader's own log (a leader
+//! restarted in its own term holds entries it appended before), decides them in order, each on
+//! the state the ones before it leave, then commits all their records as one batch and answers
+//! each once they are applied. A committed decision whose partition
 //! changes were built on an older state is skipped whole by every node alike
 //! ([`ClusterState::try_apply_batch`]). [`super::node`] runs it in the broker and carries
 //! requests to it ([`super::rpc`]). The applier keeps the last [`RECENT_RECORDS`] records, which
 //! brokers that fetch the metadata are sent.
 
-use std::cell::{Ref, RefCell};
+use std::cell::{Cell, Ref, RefCell};
+use std::collections::VecDeque;
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::channel::oneshot;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::network::RaftNetworkFactory;
 use openraft::{AsyncRuntime, Config, Raft, ReadPolicy};
@@ -33,6 +37,7 @@ use strand_protocol::types::Offset;
 use strand_raft::partition::{
     Applied, Applier, BrokerId, KafkaBatch, PartitionRaft, ReplicaLog, ReplicaStore,
 };
+use strand_storage::notify::Notify;
 
 use super::control::Liveness;
 use super::record::{MetadataOffset, Record};
@@ -80,11 +85,18 @@ pub struct MetadataApplier {
     state: RefCell<ClusterState>,
     /// The last records applied (at most [`RECENT_RECORDS`]), the last at `next_offset - 1`.
     recent: RefCell<std::collections::VecDeque<Record>>,
+    /// Notified after each applied batch.
+    applied: Notify,
 }
 
 impl MetadataApplier {
     pub fn state(&self) -> Ref<'_, ClusterState> {
         self.state.borrow()
+    }
+
+    /// Notified after each applied batch.
+    pub fn applied(&self) -> &Notify {
+        &self.applied
     }
 
     /// Up to `max` applied records from `from` on, if they are still kept (`Some(empty)` for a
@@ -118,12 +130,14 @@ impl Applier for MetadataApplier {
         while recent.len() > RECENT_RECORDS {
             recent.pop_front();
         }
+        drop((state, recent));
+        self.applied.notify_all();
         Ok(())
     }
 }
 
 /// Why a decision did not commit.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum ControllerError {
     /// The decision itself refused (an error code for the client).
     Refused(AdminError),
@@ -140,17 +154,74 @@ const LOG_APPLIED_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// heartbeat round); then it is refused as NotController, which callers retry.
 const READ_INDEX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Decisions one round commits at most (one Raft entry, one metadata batch).
+const MAX_ROUND_DECISIONS: usize = 1_024;
+
 /// One controller of the quorum.
 pub struct Controller<Rt: AsyncRuntime, L: ReplicaLog> {
+    rounds: Rc<Rounds<Rt, L>>,
+}
+
+/// What a round of decisions needs, and the decisions waiting for the next one.
+struct Rounds<Rt: AsyncRuntime, L: ReplicaLog> {
     id: BrokerId,
     raft: Raft<PartitionRaft<Rt>, ReplicaStore<Rt, L>>,
     applier: Rc<MetadataApplier>,
     /// The soft state the active controller keeps beside the log (heartbeat times), and the
     /// term it was started in: a controller that becomes active starts it afresh.
     liveness: RefCell<(u64, Liveness)>,
-    /// Decisions run one at a time, each until its records are applied or refused, even when
-    /// the caller stops waiting (see [`Controller::decide`]).
-    turn: Arc<futures::lock::Mutex<()>>,
+    queue: RefCell<VecDeque<Box<dyn Pending>>>,
+    /// A task is running rounds (it stops when the queue is empty).
+    running: Cell<bool>,
+    /// The time the last decision was asked at: the timestamp of the next round's batch.
+    now_ms: Cell<i64>,
+}
+
+/// A decision waiting for its round. Type-erased: each answers its own caller.
+trait Pending {
+    /// Decides on `state` (the records of the round's earlier decisions applied); returns the
+    /// records to commit, none when it refused or changes nothing.
+    fn decide(&mut self, state: &ClusterState, liveness: &mut Liveness) -> Vec<Record>;
+    /// Answers the caller: the round's records are applied (`Ok`), or not.
+    fn finish(self: Box<Self>, round: Result<(), ControllerError>);
+}
+
+struct Decision<T, F> {
+    decide: Option<F>,
+    outcome: Option<Result<T, AdminError>>,
+    answer: oneshot::Sender<Result<T, ControllerError>>,
+}
+
+impl<T, F> Pending for Decision<T, F>
+where
+    F: FnOnce(&ClusterState, &mut Liveness) -> Result<(Vec<Record>, T), AdminError>,
+{
+    fn decide(&mut self, state: &ClusterState, liveness: &mut Liveness) -> Vec<Record> {
+        let Some(decide) = self.decide.take() else {
+            return Vec::new();
+        };
+        match decide(state, liveness) {
+            Ok((records, value)) => {
+                self.outcome = Some(Ok(value));
+                records
+            }
+            Err(refused) => {
+                self.outcome = Some(Err(refused));
+                Vec::new()
+            }
+        }
+    }
+
+    fn finish(self: Box<Self>, round: Result<(), ControllerError>) {
+        let answer = match (self.outcome, round) {
+            // Refused on the state it was shown: true whatever became of the round.
+            (Some(Err(refused)), _) => Err(ControllerError::Refused(refused)),
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (_, Err(e)) => Err(e),
+            (None, Ok(())) => Err(ControllerError::Failed("the decision was not run".into())),
+        };
+        let _ = self.answer.send(answer);
+    }
 }
 
 impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
@@ -170,32 +241,97 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         Ok(Controller {
-            id,
-            raft,
-            applier,
-            liveness: RefCell::new((0, Liveness::default())),
-            turn: Arc::new(futures::lock::Mutex::new(())),
+            rounds: Rc::new(Rounds {
+                id,
+                raft,
+                applier,
+                liveness: RefCell::new((0, Liveness::default())),
+                queue: RefCell::new(VecDeque::new()),
+                running: Cell::new(false),
+                now_ms: Cell::new(0),
+            }),
         })
     }
 
     pub fn raft(&self) -> &Raft<PartitionRaft<Rt>, ReplicaStore<Rt, L>> {
-        &self.raft
+        &self.rounds.raft
     }
 
     /// The state as applied here (a follower's may lag the leader's).
     pub fn state(&self) -> Ref<'_, ClusterState> {
-        self.applier.state()
+        self.rounds.applier.state()
     }
 
     /// Runs `decide` on the current state and commits the records it returns; answers its
     /// value once they are applied. Only the quorum's leader decides.
-    pub async fn decide<T>(
+    ///
+    /// Decisions are group-committed: they queue, and a task runs them in rounds, each round
+    /// taking what is queued (up to [`MAX_ROUND_DECISIONS`]), deciding it in order on one
+    /// state (each decision sees the records of those before it) and committing all their
+    /// records as one entry. A node's thousands of partition elections after a restart are a
+    /// few rounds, not thousands of leadership checks and commits one after another. The round
+    /// runs to its end even when callers stop waiting (an RPC deadline): the next one must not
+    /// be decided on a state without records that may still commit, which would put two
+    /// decisions built on the same state in the log.
+    pub async fn decide<T: 'static>(
         &self,
         now_ms: i64,
-        decide: impl FnOnce(&ClusterState, &mut Liveness) -> Result<(Vec<Record>, T), AdminError>,
+        decide: impl FnOnce(&ClusterState, &mut Liveness) -> Result<(Vec<Record>, T), AdminError> + 'static,
     ) -> Result<T, ControllerError> {
-        let turn = Arc::clone(&self.turn).lock_owned().await;
-        // Bounded: the decisions wait on this one's turn, and a leadership check that is never
+        let (answer, answered) = oneshot::channel();
+        self.rounds.queue.borrow_mut().push_back(Box::new(Decision {
+            decide: Some(decide),
+            outcome: None,
+            answer,
+        }));
+        self.rounds.now_ms.set(now_ms);
+        if !self.rounds.running.replace(true) {
+            let rounds = Rc::clone(&self.rounds);
+            drop(Rt::spawn(rounds.run()));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(ControllerError::Failed(
+                "the decision round ended unanswered".into(),
+            ))
+        })
+    }
+
+    /// The applier, for brokers that fetch the metadata.
+    pub fn applier(&self) -> &MetadataApplier {
+        &self.rounds.applier
+    }
+
+    /// The offset the next metadata record takes here.
+    pub fn next_offset(&self) -> MetadataOffset {
+        self.rounds.applier.state().next_offset()
+    }
+}
+
+impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {
+    /// Runs rounds until nothing is queued.
+    async fn run(self: Rc<Self>) {
+        loop {
+            let round: Vec<Box<dyn Pending>> = {
+                let mut queue = self.queue.borrow_mut();
+                let n = queue.len().min(MAX_ROUND_DECISIONS);
+                queue.drain(..n).collect()
+            };
+            if round.is_empty() {
+                self.running.set(false);
+                return;
+            }
+            metrics::histogram!("strand_controller_round_decisions").record(round.len() as f64);
+            let mut round = round;
+            let outcome = self.round(&mut round).await;
+            for pending in round {
+                pending.finish(outcome.clone());
+            }
+        }
+    }
+
+    /// Decides `round` and commits its records.
+    async fn round(&self, round: &mut [Box<dyn Pending>]) -> Result<(), ControllerError> {
+        // Bounded: the decisions wait on this round, and a leadership check that is never
         // answered (a quorum acknowledgement that does not come) must not stop them all.
         let confirmed = Rt::timeout(
             READ_INDEX_WAIT,
@@ -234,61 +370,56 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
             .applied_index_at_least(last_log, "the controller's log applied")
             .await
             .map_err(|_| ControllerError::NotController { leader: None })?;
-        let (records, value) = {
+        let records = {
             let state = self.applier.state();
             let mut liveness = self.liveness.borrow_mut();
             if liveness.0 != term {
                 *liveness = (
                     term,
-                    Liveness::activate(&state, u64::try_from(now_ms).unwrap_or(0)),
+                    Liveness::activate(&state, u64::try_from(self.now_ms.get()).unwrap_or(0)),
                 );
             }
-            decide(&state, &mut liveness.1).map_err(ControllerError::Refused)?
+            // Each decision is shown the state with the records of those before it applied
+            // (a copy taken at the first record: a round of heartbeats copies nothing).
+            let mut scratch: Option<ClusterState> = None;
+            let mut records = Vec::new();
+            for pending in round.iter_mut() {
+                let decided = pending.decide(scratch.as_ref().unwrap_or(&state), &mut liveness.1);
+                if decided.is_empty() {
+                    continue;
+                }
+                let s = scratch.get_or_insert_with(|| state.clone());
+                for r in &decided {
+                    s.apply(r);
+                }
+                records.extend(decided);
+            }
+            if cfg!(debug_assertions) {
+                if let Some(s) = &scratch {
+                    s.check_invariants();
+                }
+            }
+            records
         };
         if records.is_empty() {
-            return Ok(value);
+            return Ok(());
         }
         let expected = self.applier.state().next_offset();
-        // The write runs in a task of its own that holds the turn until Raft answers: a caller
-        // that stops waiting (an RPC deadline) must not let the next decision be made on a
-        // state without records that may still commit, which would put two decisions built on
-        // the same state in the log.
-        let raft = self.raft.clone();
-        let batch = KafkaBatch(decision_batch(&records, now_ms));
-        let write = Rt::spawn(async move {
-            let written = raft.client_write(batch).await;
-            drop(turn);
-            written
-        });
-        let written = write
-            .await
-            .map_err(|e| ControllerError::Failed(format!("the decision's write task ended: {e}")))?
-            .map_err(|e| match e {
-                RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-                    ControllerError::NotController { leader: f.leader_id }
-                }
-                RaftError::APIError(e) => ControllerError::Failed(e.to_string()),
-                RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
-            })?;
-        match written.data {
-            Applied::Batch { base_offset } if u64::try_from(base_offset.0).ok() == Some(expected.0) => {
-                Ok(value)
+        let batch = KafkaBatch(decision_batch(&records, self.now_ms.get()));
+        let written = self.raft.client_write(batch).await.map_err(|e| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                ControllerError::NotController { leader: f.leader_id }
             }
+            RaftError::APIError(e) => ControllerError::Failed(e.to_string()),
+            RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
+        })?;
+        match written.data {
+            Applied::Batch { base_offset } if u64::try_from(base_offset.0).ok() == Some(expected.0) => Ok(()),
             other => Err(ControllerError::Failed(format!(
                 "controller {}: the decision landed at {other:?}, expected metadata offset {}",
                 self.id, expected.0
             ))),
         }
-    }
-
-    /// The applier, for brokers that fetch the metadata.
-    pub fn applier(&self) -> &MetadataApplier {
-        &self.applier
-    }
-
-    /// The offset the next metadata record takes here.
-    pub fn next_offset(&self) -> MetadataOffset {
-        self.applier.state().next_offset()
     }
 }
 

@@ -259,6 +259,92 @@ fn controllers_agree_on_the_state_across_crashes_and_a_leader_change() {
     assert!(states[0].next_offset() > before.next_offset());
 }
 
+/// Registers brokers 1 to 3 and brings them out of fencing.
+fn register_all(q: &Rc<Quorum>) {
+    for id in 1..=3 {
+        let epoch = q.decide(move |s, l| register_broker(s, l, &registration(id), 0));
+        q.decide(move |s, l| {
+            let hb = Heartbeat {
+                broker: NodeId(id),
+                epoch,
+                metadata_offset: s.next_offset(),
+                want_fence: false,
+                want_shutdown: false,
+            };
+            heartbeat(s, l, &hb, 0)
+        });
+    }
+}
+
+#[test]
+fn decisions_asked_together_commit_as_one_entry_each_seeing_those_before_it() {
+    let q = Quorum::new(5);
+    register_all(&q);
+    q.decide(|s, _| create_topic(s, &topic("orders", 1)).map(|r| (r, ())));
+    q.sim.run_for(Duration::from_secs(1));
+    let leader = (1..=3)
+        .map(BrokerId)
+        .find(|id| {
+            let c = q.controller(*id);
+            q.sim
+                .block_on(q.sim.spawn(async move { c.raft().current_leader().await }))
+                .expect("not killed")
+                == Some(*id)
+        })
+        .expect("a leader");
+    let c = q.controller(leader);
+    let last_log = || {
+        use openraft::async_runtime::WatchReceiver;
+        c.raft().metrics().borrow_watched().last_log_index
+    };
+    let (before_log, before_offset) = (last_log(), c.next_offset());
+
+    // Five decisions asked at once (polled together, before the round's task runs): three new
+    // topics, one that names a topic an earlier decision of the same round creates, and one
+    // that refuses outright.
+    let ctl = Rc::clone(&c);
+    let asked = q.sim.spawn(async move {
+        let mut asked: Vec<futures::future::LocalBoxFuture<'_, Result<(), String>>> = Vec::new();
+        for (i, name) in ["a", "b", "c", "b"].into_iter().enumerate() {
+            let n = 10 + i as u128;
+            let d = ctl.decide(0, move |s, _| create_topic(s, &topic(name, n)).map(|r| (r, ())));
+            asked.push(Box::pin(async move { d.await.map_err(|e| format!("{e:?}")) }));
+        }
+        let refused = ctl.decide(0, |_, _| -> Result<(Vec<Record>, ()), AdminError> {
+            Err(AdminError::new(
+                kafka_protocol::ResponseError::InvalidRequest,
+                "no",
+            ))
+        });
+        asked.push(Box::pin(
+            async move { refused.await.map_err(|e| format!("{e:?}")) },
+        ));
+        futures::future::join_all(asked).await
+    });
+    let answers = q.sim.block_on(asked).expect("not killed");
+    assert!(answers[..3].iter().all(Result::is_ok), "{answers:?}");
+    assert!(
+        answers[3]
+            .as_ref()
+            .is_err_and(|e| e.contains("TopicAlreadyExists")),
+        "the second `b` saw the first: {answers:?}"
+    );
+    assert!(
+        answers[4].as_ref().is_err_and(|e| e.contains("InvalidRequest")),
+        "{answers:?}"
+    );
+
+    // One Raft entry (one metadata batch) for the three topics.
+    assert_eq!(last_log(), before_log.map(|i| i + 1), "one round, one entry");
+    assert!(c.next_offset() > before_offset);
+    q.sim.run_for(Duration::from_secs(1));
+    let states = q.states();
+    assert!(states.windows(2).all(|w| w[0] == w[1]), "controllers disagree");
+    for name in ["orders", "a", "b", "c"] {
+        assert!(states[0].topic_by_name(name).is_some(), "{name} is missing");
+    }
+}
+
 #[test]
 fn a_decision_batch_reads_back_as_its_records_and_junk_is_refused() {
     let state = ClusterState::default();
