@@ -23,6 +23,7 @@ pub mod log;
 pub mod notify;
 pub mod producer;
 pub mod region;
+pub mod replace;
 pub mod replay;
 mod segment;
 pub mod store;

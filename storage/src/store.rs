@@ -101,6 +101,7 @@ use crate::log::{
     RetentionOutcome, StagedWrites, WrittenChunk,
 };
 use crate::notify::Notify;
+use crate::replace::FileReplacer;
 use crate::StorageError;
 
 /// A handle to a log in a [`ShardStore`]. Stale handles (of removed logs) are detected.
@@ -529,6 +530,8 @@ pub struct ShardStore<F: Fs> {
     /// segment removed under it would leave its index files behind. Also serializes
     /// [`ShardStore::delete_records`] calls, which would race on the start-offset file.
     segments_lock: futures::lock::Mutex<()>,
+    /// Small files replaced together ([`ShardStore::replace_file`]).
+    replacer: FileReplacer,
 }
 
 impl<F: Fs> ShardStore<F> {
@@ -567,6 +570,7 @@ impl<F: Fs> ShardStore<F> {
             checkpoint_running: Cell::new(false),
             io_released: Rc::new(Notify::new()),
             segments_lock: futures::lock::Mutex::new(()),
+            replacer: FileReplacer::new(),
         })
     }
 
@@ -577,6 +581,17 @@ impl<F: Fs> ShardStore<F> {
     /// The file system the store's files live on.
     pub fn fs(&self) -> &F {
         &self.fs
+    }
+
+    /// Durably replaces the content of the small file `path` (under the store's root), readers
+    /// seeing the old or the new content, never a mix. Replacements asked while one runs are
+    /// made together, with one file-system sync for all of them once they are at least
+    /// [`StoreConfig::checkpoint_syncfs_min_logs`] (see [`crate::replace`]).
+    pub async fn replace_file(&self, path: &Path, data: Vec<u8>) -> std::io::Result<()> {
+        let min_files = self.config.checkpoint_syncfs_min_logs;
+        self.replacer
+            .replace(&self.fs, &self.root, min_files, path, data)
+            .await
     }
 
     /// Opens or creates the log `key` (recovering it), and registers it with this store.

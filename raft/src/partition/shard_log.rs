@@ -16,7 +16,9 @@
 //!   keeps as entries this replica never acknowledged the loss of — as if the truncation had
 //!   not happened, which Raft tolerates because nothing depending on it was answered.
 //! - **Side-file writes** are serialised, and each writes the state as it is when it runs, so
-//!   the last one written holds every change made before it.
+//!   the last one written holds every change made before it. They go through the store's
+//!   group-committed replacement (`ShardStore::replace_file`), which makes the side files of
+//!   many replicas durable with one file-system sync.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -165,7 +167,9 @@ impl<F: Fs> ShardReplicaLog<F> {
         Box::pin(async move {
             let _turn = shared.side_writes.lock().await;
             let bytes = shared.side.borrow().encode();
-            store.fs().write_file_atomic(&path, bytes).await
+            // Group-committed with the other replicas' side files: thousands of groups voting
+            // at once share a few file-system syncs.
+            store.replace_file(&path, bytes).await
         })
     }
 
