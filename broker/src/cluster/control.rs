@@ -95,6 +95,19 @@ impl Liveness {
         );
     }
 
+    /// A heartbeat of `broker`'s registration at `epoch` arrived at `now_ms`: it is alive,
+    /// whenever its heartbeat's decision runs. Recorded on arrival so that a long queue of
+    /// decisions (thousands of elections after a node restarts) cannot make a live broker's
+    /// session expire. Nothing for a broker or epoch the state does not know.
+    pub fn touch(&mut self, state: &ClusterState, broker: NodeId, epoch: BrokerEpoch, now_ms: u64) {
+        if state.broker(broker).is_none_or(|b| b.epoch != epoch) {
+            return;
+        }
+        if let Some(c) = self.contacts.get_mut(&broker) {
+            c.last_contact_ms = c.last_contact_ms.max(now_ms);
+        }
+    }
+
     /// When the broker was last heard from.
     pub fn last_contact_ms(&self, broker: NodeId) -> Option<u64> {
         self.contacts.get(&broker).map(|c| c.last_contact_ms)

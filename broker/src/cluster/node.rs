@@ -621,10 +621,13 @@ async fn handle_on(ctl: &NodeController, now_ms: i64, req: ControlRequest) -> Co
             .decide(now_ms, move |s, l| register_broker(s, l, &r, now_u))
             .await
             .map(|epoch| ControlReply::Registered { epoch }),
-        ControlRequest::Heartbeat(h) => ctl
-            .decide(now_ms, move |s, l| heartbeat(s, l, &h, now_u))
-            .await
-            .map(ControlReply::Heartbeat),
+        ControlRequest::Heartbeat(h) => {
+            // Alive now, however long its decision waits.
+            ctl.touch(h.broker, h.epoch, now_ms);
+            ctl.decide(now_ms, move |s, l| heartbeat(s, l, &h, now_u))
+                .await
+                .map(ControlReply::Heartbeat)
+        }
         ControlRequest::CreateTopic(t) => ctl
             .decide(now_ms, move |s, _| create_topic(s, &t).map(|r| (r, ())))
             .await

@@ -33,14 +33,14 @@ use openraft::network::RaftNetworkFactory;
 use openraft::{AsyncRuntime, Config, Raft, ReadPolicy};
 use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::records::decode_records;
-use strand_protocol::types::Offset;
+use strand_protocol::types::{NodeId, Offset};
 use strand_raft::partition::{
     Applied, Applier, BrokerId, KafkaBatch, PartitionRaft, ReplicaLog, ReplicaStore,
 };
 use strand_storage::notify::Notify;
 
 use super::control::Liveness;
-use super::record::{MetadataOffset, Record};
+use super::record::{BrokerEpoch, MetadataOffset, Record};
 use super::state::ClusterState;
 use crate::metadata::AdminError;
 
@@ -296,6 +296,16 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
         })
     }
 
+    /// Records that `broker`'s heartbeat at `epoch` arrived now (see [`Liveness::touch`]),
+    /// before its decision waits for a round.
+    pub fn touch(&self, broker: NodeId, epoch: BrokerEpoch, now_ms: i64) {
+        let state = self.rounds.applier.state();
+        let mut liveness = self.rounds.liveness.borrow_mut();
+        liveness
+            .1
+            .touch(&state, broker, epoch, u64::try_from(now_ms).unwrap_or(0));
+    }
+
     /// The applier, for brokers that fetch the metadata.
     pub fn applier(&self) -> &MetadataApplier {
         &self.rounds.applier
@@ -322,7 +332,9 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {
             }
             metrics::histogram!("strand_controller_round_decisions").record(round.len() as f64);
             let mut round = round;
+            let started = std::time::Instant::now();
             let outcome = self.round(&mut round).await;
+            metrics::histogram!("strand_controller_round_seconds").record(started.elapsed().as_secs_f64());
             for pending in round {
                 pending.finish(outcome.clone());
             }

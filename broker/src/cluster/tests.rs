@@ -348,6 +348,28 @@ fn sessions_expire_after_the_timeout_and_leaderships_are_taken_away() {
 }
 
 #[test]
+fn a_heartbeat_touched_on_arrival_keeps_its_broker_alive_while_its_decision_waits() {
+    let mut h = three();
+    h.config.session_timeout_ms = 2_000;
+    h.now_ms = 1_900;
+    let epoch = h.state.broker(n(3)).unwrap().epoch;
+    // Broker 3's heartbeat arrived at 1,900 but its decision has not run; a stale epoch's
+    // touch and an unknown broker's count for nothing.
+    h.liveness.touch(&h.state, n(3), epoch, 1_900);
+    h.liveness
+        .touch(&h.state, n(2), BrokerEpoch(epoch.0 + 1_000), 1_900);
+    h.liveness.touch(&h.state, n(9), epoch, 1_900);
+    h.beat(1, false, false).unwrap();
+    h.now_ms = 2_000;
+    assert!(h.fence_stale() > 0, "broker 2 is fenced");
+    assert!(h.state.broker(n(2)).unwrap().fenced);
+    assert!(!h.state.broker(n(3)).unwrap().fenced, "touched at 1,900");
+    h.now_ms = 3_900;
+    assert!(h.fence_stale() > 0);
+    assert!(h.state.broker(n(3)).unwrap().fenced, "no heartbeat since 1,900");
+}
+
+#[test]
 fn a_partition_without_a_live_isr_member_goes_offline_until_one_returns() {
     let mut h = three();
     let t = h.create("t", 1, 1, 2).unwrap();
