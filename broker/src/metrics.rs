@@ -53,6 +53,34 @@ pub(crate) fn describe() {
         "Topic creations and partition increases refused by a partition limit, by limit (node: strand.max.partitions, topic: .per.topic, request: .per.request)."
     );
     describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
+    describe_gauge!(
+        "strand_replication_groups",
+        "Partition Raft groups (replicas) running, by shard."
+    );
+    describe_gauge!(
+        "strand_replication_groups_quiesced",
+        "Partition Raft groups with their timers stopped while idle, by shard."
+    );
+    describe_gauge!(
+        "strand_replication_groups_led",
+        "Partition Raft groups this node leads, by shard."
+    );
+    describe_gauge!(
+        "strand_replication_groups_leaderless",
+        "Partition Raft groups that know no leader (an election is due or running), by shard."
+    );
+    describe_gauge!(
+        "strand_under_replicated_partitions",
+        "Partitions this node leads whose ISR is smaller than their replica set (Kafka's UnderReplicatedPartitions), by shard."
+    );
+    describe_histogram!(
+        "strand_controller_round_decisions",
+        "Decisions the active controller committed together in one round."
+    );
+    describe_histogram!(
+        "strand_controller_round_seconds",
+        "How long the active controller's decision rounds took (leadership check, decisions, commit)."
+    );
     describe_counter!(
         "strand_http_requests_total",
         "HTTP queue API requests answered, by endpoint and status."

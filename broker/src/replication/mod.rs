@@ -607,6 +607,13 @@ impl GroupManager {
                 .map(|g| (g.id, g.raft.metrics().borrow_watched().current_leader))
                 .collect();
             actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
+            let shard = [("shard", self.shard.0.to_string())];
+            let led = leaders.values().filter(|l| **l == Some(self.local)).count();
+            let leaderless = leaders.values().filter(|l| l.is_none()).count();
+            metrics::gauge!("strand_replication_groups", &shard).set(groups.len() as f64);
+            metrics::gauge!("strand_replication_groups_quiesced", &shard).set(q.quiesced_count() as f64);
+            metrics::gauge!("strand_replication_groups_led", &shard).set(led as f64);
+            metrics::gauge!("strand_replication_groups_leaderless", &shard).set(leaderless as f64);
         }
         for (id, action) in actions {
             let group = self.groups.0.borrow().get(&id).cloned();
@@ -1047,6 +1054,13 @@ impl GroupManager {
             return;
         };
         let led = self.led_groups();
+        let under_replicated = led
+            .iter()
+            .filter_map(|g| state.partition(g.id.topic, g.id.partition))
+            .filter(|p| p.leader == Some(self.node) && p.isr.len() < p.replicas.len())
+            .count();
+        metrics::gauge!("strand_under_replicated_partitions", "shard" => self.shard.0.to_string())
+            .set(under_replicated as f64);
         for g in led {
             let Some(part) = state.partition(g.id.topic, g.id.partition) else {
                 continue;
