@@ -20,7 +20,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use strand_compat_tests::wait_for;
-use strand_compat_tests::{broker_binary, external_bootstrap};
+use strand_compat_tests::{broker_binary, external_bootstrap, http_get, metric_sum_where};
 
 /// A deadline for what the cluster does by itself (elections, registrations, fencing): generous,
 /// the machine may be busy.
@@ -37,6 +37,8 @@ struct Node {
     id: i32,
     /// `None` on a controller-only node.
     client_port: Option<u16>,
+    /// The admin listener (`/metrics`).
+    admin_port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
     /// The environment it runs with (Kafka's compose variables).
@@ -68,6 +70,15 @@ impl Node {
 
     fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.client_port.expect("a broker"))
+    }
+
+    /// The sum of a gauge's series (every shard) in the node's `/metrics`; `None` while the
+    /// node does not answer or has not set it yet.
+    fn gauge(&self, series: &str) -> Option<f64> {
+        let text = http_get(&format!("127.0.0.1:{}", self.admin_port), "/metrics").ok()?;
+        text.lines()
+            .any(|l| l.starts_with(series))
+            .then(|| metric_sum_where(&text, series, "shard"))
     }
 
     fn log(&self) -> String {
@@ -143,6 +154,7 @@ fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&
             .tempdir()
             .expect("a temp dir");
         let client_port = role.contains("broker").then(free_port);
+        let admin_port = free_port();
         let mut listeners = Vec::new();
         if let Some(p) = client_port {
             listeners.push(format!("PLAINTEXT://127.0.0.1:{p}"));
@@ -173,7 +185,7 @@ fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&
             ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1".into()),
             ("KAFKA_LOG_DIRS", data.display().to_string()),
             ("KAFKA_STRAND_HTTP_LISTENER", "127.0.0.1:0".into()),
-            ("KAFKA_STRAND_ADMIN_LISTENER", "127.0.0.1:0".into()),
+            ("KAFKA_STRAND_ADMIN_LISTENER", format!("127.0.0.1:{admin_port}")),
             ("KAFKA_STRAND_SHARDS", "2".into()),
             ("RUST_BACKTRACE", "1".into()),
         ] {
@@ -183,6 +195,7 @@ fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&
         let mut node = Node {
             id: *id,
             client_port,
+            admin_port,
             child: None,
             dir,
             env,
@@ -682,6 +695,20 @@ fn a_replicated_topic_keeps_every_acknowledged_record_when_its_leaders_are_kille
         (led && views.iter().all(|v| *v == first)).then_some(first)
     });
     eprintln!("leaders: {leaders:?}");
+    wait_for(
+        DEADLINE,
+        "every node's groups counted, none under-replicated",
+        || {
+            let mut groups = 0.0;
+            for n in &nodes {
+                if n.gauge("strand_under_replicated_partitions")? != 0.0 {
+                    return None;
+                }
+                groups += n.gauge("strand_replication_groups")?;
+            }
+            (groups == f64::from(3 * partitions)).then_some(())
+        },
+    );
     let bootstrap_all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
 
     let before = produce_acked(&bootstrap_all, &topic, partitions, "before", 100);
@@ -730,6 +757,18 @@ fn a_replicated_topic_keeps_every_acknowledged_record_when_its_leaders_are_kille
         let l = leaders_of(&survivor, &topic)?;
         l.values().all(|(_, isr)| *isr == 2).then_some(())
     });
+    // The leaders count their partitions as under-replicated (Kafka's UnderReplicatedPartitions).
+    wait_for(
+        DEADLINE,
+        "every partition counted under-replicated by its leader",
+        || {
+            let mut sum = 0.0;
+            for n in nodes.iter().filter(|n| n.id != dead) {
+                sum += n.gauge("strand_under_replicated_partitions")?;
+            }
+            (sum == f64::from(partitions)).then_some(())
+        },
+    );
     nodes[idx].spawn();
     let back = Instant::now();
     wait_for(DEADLINE, "every ISR whole again", || {
