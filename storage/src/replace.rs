@@ -139,12 +139,14 @@ async fn round_of<F: Fs>(fs: &F, root: &Path, syncfs_min_files: usize, round: Ve
     };
     for ((_, (_, waiters)), outcome) in files.into_iter().zip(outcomes) {
         for w in waiters {
-            let _ = w.send(match &outcome {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            });
+            let _ = w.send(outcome.as_ref().map(|_| ()).map_err(copy));
         }
     }
+}
+
+/// One error for each of several waiters (`io::Error` is not `Clone`).
+fn copy(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
 }
 
 /// Writes every temporary file, syncs the file system, renames, syncs again.
@@ -156,10 +158,7 @@ async fn replace_with_syncfs<F: Fs>(fs: &F, root: &Path, files: &RoundFiles) -> 
     }))
     .await;
     if let Err(e) = fs.sync_filesystem(root).await {
-        return written
-            .iter()
-            .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
-            .collect();
+        return written.iter().map(|_| Err(copy(&e))).collect();
     }
     let mut renamed = Vec::with_capacity(written.len());
     for ((path, _), tmp) in files.iter().zip(written) {
@@ -169,10 +168,7 @@ async fn replace_with_syncfs<F: Fs>(fs: &F, root: &Path, files: &RoundFiles) -> 
         });
     }
     if let Err(e) = fs.sync_filesystem(root).await {
-        return renamed
-            .into_iter()
-            .map(|r| r.and(Err(io::Error::new(e.kind(), e.to_string()))))
-            .collect();
+        return renamed.into_iter().map(|r| r.and(Err(copy(&e)))).collect();
     }
     renamed
 }
@@ -186,14 +182,21 @@ mod tests {
     use super::*;
     use crate::fs_mem::MemFs;
 
+    /// A file system with an empty `/data`.
+    fn data_dir() -> (MemFs, PathBuf) {
+        let fs = MemFs::new();
+        let root = PathBuf::from("/data");
+        future::block_on(fs.create_dir_all(&root)).expect("dir");
+        (fs, root)
+    }
+
     fn read(fs: &MemFs, path: &Path) -> Vec<u8> {
         future::block_on(fs.read_file(path)).expect("readable").to_vec()
     }
 
     #[test]
     fn writes_asked_together_share_one_round_and_survive_a_crash() {
-        let fs = MemFs::new();
-        let root = PathBuf::from("/data");
+        let (fs, root) = data_dir();
         future::block_on(fs.create_dir_all(&root.join("p"))).expect("dir");
         let replacer = Rc::new(FileReplacer::new());
         let paths: Vec<PathBuf> = (0..20).map(|i| root.join("p").join(format!("f{i}"))).collect();
@@ -218,9 +221,7 @@ mod tests {
 
     #[test]
     fn the_last_write_of_a_path_wins_and_a_small_round_syncs_per_file() {
-        let fs = MemFs::new();
-        let root = PathBuf::from("/data");
-        future::block_on(fs.create_dir_all(&root)).expect("dir");
+        let (fs, root) = data_dir();
         let replacer = FileReplacer::new();
         let path = root.join("side");
         let writes = (0..3u8).map(|v| replacer.replace(&fs, &root, 16, &path, vec![v]));
@@ -237,9 +238,7 @@ mod tests {
 
     #[test]
     fn a_write_whose_leader_is_dropped_leads_its_own_round() {
-        let fs = MemFs::new();
-        let root = PathBuf::from("/data");
-        future::block_on(fs.create_dir_all(&root)).expect("dir");
+        let (fs, root) = data_dir();
         let replacer = FileReplacer::new();
         let (a, b) = (root.join("a"), root.join("b"));
         let mut leader = Box::pin(replacer.replace(&fs, &root, 1, &a, b"a".to_vec()));
@@ -259,9 +258,7 @@ mod tests {
 
     #[test]
     fn a_failed_sync_fails_the_round_and_keeps_the_old_content() {
-        let fs = MemFs::new();
-        let root = PathBuf::from("/data");
-        future::block_on(fs.create_dir_all(&root)).expect("dir");
+        let (fs, root) = data_dir();
         let replacer = FileReplacer::new();
         let paths: Vec<PathBuf> = (0..4).map(|i| root.join(format!("f{i}"))).collect();
         for p in &paths {

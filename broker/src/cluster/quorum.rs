@@ -321,7 +321,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {
     /// Runs rounds until nothing is queued.
     async fn run(self: Rc<Self>) {
         loop {
-            let round: Vec<Box<dyn Pending>> = {
+            let mut round: Vec<Box<dyn Pending>> = {
                 let mut queue = self.queue.borrow_mut();
                 let n = queue.len().min(MAX_ROUND_DECISIONS);
                 queue.drain(..n).collect()
@@ -331,7 +331,6 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {
                 return;
             }
             metrics::histogram!("strand_controller_round_decisions").record(round.len() as f64);
-            let mut round = round;
             let started = std::time::Instant::now();
             let outcome = self.round(&mut round).await;
             metrics::histogram!("strand_controller_round_seconds").record(started.elapsed().as_secs_f64());

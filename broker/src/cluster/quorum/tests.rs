@@ -192,9 +192,8 @@ fn topic(name: &str, n: u128) -> CreateTopic {
     }
 }
 
-#[test]
-fn controllers_agree_on_the_state_across_crashes_and_a_leader_change() {
-    let q = Quorum::new(3);
+/// Registers brokers 1 to 3 and brings them out of fencing.
+fn register_all(q: &Rc<Quorum>) {
     for id in 1..=3 {
         let epoch = q.decide(move |s, l| register_broker(s, l, &registration(id), 0));
         // A registered broker is fenced until a heartbeat shows it has caught up.
@@ -210,6 +209,12 @@ fn controllers_agree_on_the_state_across_crashes_and_a_leader_change() {
         });
         assert!(!reply.is_fenced, "{reply:?}");
     }
+}
+
+#[test]
+fn controllers_agree_on_the_state_across_crashes_and_a_leader_change() {
+    let q = Quorum::new(3);
+    register_all(&q);
     q.decide(|s, _| create_topic(s, &topic("orders", 1)).map(|r| (r, ())));
     q.sim.run_for(Duration::from_secs(1));
     let states = q.states();
@@ -257,23 +262,6 @@ fn controllers_agree_on_the_state_across_crashes_and_a_leader_change() {
     assert!(states[0].topic_by_name("payments").is_some());
     assert_eq!(states[0].topic_by_name("orders"), Some(orders));
     assert!(states[0].next_offset() > before.next_offset());
-}
-
-/// Registers brokers 1 to 3 and brings them out of fencing.
-fn register_all(q: &Rc<Quorum>) {
-    for id in 1..=3 {
-        let epoch = q.decide(move |s, l| register_broker(s, l, &registration(id), 0));
-        q.decide(move |s, l| {
-            let hb = Heartbeat {
-                broker: NodeId(id),
-                epoch,
-                metadata_offset: s.next_offset(),
-                want_fence: false,
-                want_shutdown: false,
-            };
-            heartbeat(s, l, &hb, 0)
-        });
-    }
 }
 
 #[test]
