@@ -594,6 +594,16 @@ impl<F: Fs> ShardStore<F> {
             .await
     }
 
+    /// Durably writes `data` at byte `at` of the existing small file `path` (an append, when
+    /// `at` is its length), group-committed with the other small-file writes as
+    /// [`ShardStore::replace_file`] is.
+    pub async fn append_file(&self, path: &Path, at: u64, data: Vec<u8>) -> std::io::Result<()> {
+        let min_files = self.config.checkpoint_syncfs_min_logs;
+        self.replacer
+            .append(&self.fs, &self.root, min_files, path, at, data)
+            .await
+    }
+
     /// Opens or creates the log `key` (recovering it), and registers it with this store.
     pub async fn open_log(
         &self,

@@ -16,9 +16,12 @@
 //!   keeps as entries this replica never acknowledged the loss of — as if the truncation had
 //!   not happened, which Raft tolerates because nothing depending on it was answered.
 //! - **Side-file writes** are serialised, and each writes the state as it is when it runs, so
-//!   the last one written holds every change made before it. They go through the store's
-//!   group-committed replacement (`ShardStore::replace_file`), which makes the side files of
-//!   many replicas durable with one file-system sync.
+//!   the last one written holds every change made before it. Each is appended to the side
+//!   file's journal (`ShardStore::append_file`), or replaces the file with one frame
+//!   (`ShardStore::replace_file`) when the journal is full, its length is not known (the
+//!   first write after opening a file with a torn frame, or after a write that failed or was
+//!   dropped) or the file does not exist yet. Both are group-committed, so the side files of
+//!   many replicas become durable with one file-system sync.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -41,7 +44,7 @@ use super::entry_map::PurgePoint;
 use super::replica_log::{
     InternalEntry, LogFuture, Recovered, ReplicaLog, SnapshotRecord, StoredBatch, StoredVote,
 };
-use super::side_state::SideState;
+use super::side_state::{SideState, SIDE_JOURNAL_BYTES};
 use crate::Term;
 
 /// The name of the side file in a partition's directory.
@@ -103,6 +106,8 @@ struct Shared {
     durable_event: Event,
     pending: RefCell<VecDeque<Pending>>,
     side: RefCell<SideState>,
+    /// The side file's length when it is known to end with a whole frame (appendable).
+    side_len: Cell<Option<u64>>,
     side_writes: Mutex<()>,
 }
 
@@ -136,11 +141,18 @@ impl<F: Fs> ShardReplicaLog<F> {
         now_ms: Rc<dyn Fn() -> i64>,
     ) -> io::Result<Self> {
         let side_path = dir.join(SIDE_STATE_FILE);
-        let side = if store.fs().exists(&side_path).await {
+        let (side, side_len) = if store.fs().exists(&side_path).await {
             let bytes = store.fs().read_file(&side_path).await?;
-            SideState::decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+            let journal = SideState::decode_journal(&bytes).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", side_path.display()),
+                )
+            })?;
+            let whole = journal.valid_bytes == bytes.len() as u64;
+            (journal.state, whole.then_some(journal.valid_bytes))
         } else {
-            SideState::default()
+            (SideState::default(), None)
         };
         Ok(ShardReplicaLog {
             store,
@@ -153,6 +165,7 @@ impl<F: Fs> ShardReplicaLog<F> {
                 durable_event: Event::default(),
                 pending: RefCell::new(VecDeque::new()),
                 side: RefCell::new(side),
+                side_len: Cell::new(side_len),
                 side_writes: Mutex::new(()),
             }),
         })
@@ -166,10 +179,21 @@ impl<F: Fs> ShardReplicaLog<F> {
         let path = self.side_path.clone();
         Box::pin(async move {
             let _turn = shared.side_writes.lock().await;
-            let bytes = shared.side.borrow().encode();
-            // Group-committed with the other replicas' side files: thousands of groups voting
-            // at once share a few file-system syncs.
-            store.replace_file(&path, bytes).await
+            let frame = shared.side.borrow().encode();
+            let len = frame.len() as u64;
+            // Unknown until this write is done: one that fails or is dropped leaves the file's
+            // end uncertain, and the next write replaces it.
+            let known = shared.side_len.take();
+            let (written, end) = match known {
+                Some(at) if at + len <= SIDE_JOURNAL_BYTES => {
+                    (store.append_file(&path, at, frame).await, at + len)
+                }
+                _ => (store.replace_file(&path, frame).await, len),
+            };
+            if written.is_ok() {
+                shared.side_len.set(Some(end));
+            }
+            written
         })
     }
 
@@ -402,5 +426,102 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
                 installing_from: side.installing_from,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use futures::executor::block_on;
+    use strand_storage::fs::FileHandle;
+    use strand_storage::fs_mem::MemFs;
+    use strand_storage::log::LogConfig;
+    use strand_storage::store::StoreConfig;
+    use strand_storage::LogKey;
+
+    use super::*;
+    use crate::partition::types::BrokerId;
+
+    const DIR: &str = "p-0";
+
+    async fn open(fs: &MemFs) -> (ShardReplicaLog<MemFs>, PathBuf) {
+        let root = PathBuf::from("/data");
+        strand_storage::replay_journals(fs, &root, |_| Some(LogConfig::default()), 0)
+            .await
+            .expect("journal replay");
+        let store = Rc::new(
+            ShardStore::open(fs.clone(), root.clone(), 0, StoreConfig::default())
+                .await
+                .expect("the store opens"),
+        );
+        let key = LogKey {
+            dir_name: DIR.to_owned(),
+            incarnation: [1; 16],
+        };
+        let (id, _) = store
+            .open_log(key, LogConfig::default(), 0)
+            .await
+            .expect("the log opens");
+        let dir = root.join(DIR);
+        let log = ShardReplicaLog::open(store, id, dir.clone(), Rc::new(|| 0))
+            .await
+            .expect("the replica log opens");
+        (log, dir.join(SIDE_STATE_FILE))
+    }
+
+    fn vote(term: u64) -> StoredVote {
+        StoredVote {
+            term: Term(term),
+            node: BrokerId(2),
+            committed: term.is_multiple_of(2),
+        }
+    }
+
+    fn size(fs: &MemFs, path: &Path) -> usize {
+        block_on(fs.read_file(path)).expect("readable").len()
+    }
+
+    /// Votes are appended to the side file's journal, which is replaced once full; after a
+    /// power cut that tears the last append, the replica reopens with the last durable vote and
+    /// its next write replaces the torn file.
+    #[test]
+    fn votes_append_to_the_side_journal_and_a_torn_append_reads_as_the_vote_before() {
+        let fs = MemFs::new();
+        block_on(fs.create_dir_all(Path::new("/data"))).expect("dir");
+        let (log, side) = block_on(open(&fs));
+        block_on(log.save_vote(vote(1))).expect("saved");
+        let one = size(&fs, &side);
+        block_on(log.save_vote(vote(2))).expect("saved");
+        assert_eq!(size(&fs, &side), 2 * one, "appended, not replaced");
+        let mut term = 2;
+        while size(&fs, &side) + one <= SIDE_JOURNAL_BYTES as usize {
+            term += 1;
+            block_on(log.save_vote(vote(term))).expect("saved");
+        }
+        term += 1;
+        block_on(log.save_vote(vote(term))).expect("saved");
+        assert_eq!(size(&fs, &side), one, "a full journal is replaced by one frame");
+        block_on(log.save_vote(vote(term + 1))).expect("saved");
+        drop(log);
+
+        // The next append is torn by a power cut: half of it reaches the disk, unsynced.
+        let bytes = block_on(fs.read_file(&side)).expect("readable");
+        let torn = SideState {
+            vote: Some(vote(term + 2)),
+            ..SideState::default()
+        }
+        .encode();
+        let f = block_on(fs.open(&side, false)).expect("open");
+        block_on(f.write_all_at(torn[..torn.len() / 2].to_vec(), bytes.len() as u64)).expect("written");
+        fs.crash(|n| n);
+        let (log, _) = block_on(open(&fs));
+        assert_eq!(log.vote(), Some(vote(term + 1)), "the last durable vote");
+        block_on(log.save_vote(vote(term + 3))).expect("saved");
+        assert_eq!(size(&fs, &side), one, "a torn journal is replaced");
+        drop(log);
+        fs.crash(|_| 0);
+        let (log, _) = block_on(open(&fs));
+        assert_eq!(log.vote(), Some(vote(term + 3)));
     }
 }

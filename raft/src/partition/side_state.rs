@@ -1,15 +1,22 @@
-//! A replica's Raft state beside its log, as one small file written atomically: the vote, the
-//! last snapshot record, the purge point, the install marker and the internal entries above
-//! the purge point. Everything in it changes rarely (elections, membership changes, snapshots
-//! every few thousand entries), so rewriting the whole file on each change is cheap.
+//! A replica's Raft state beside its log, in one small file: the vote, the last snapshot
+//! record, the purge point, the install marker and the internal entries above the purge point.
+//! Everything in it changes rarely (elections, membership changes, snapshots every few thousand
+//! entries), and each change writes the whole state again.
 //!
-//! Layout (big-endian): magic `STRNDRS1`; `u32` body length; body; `u32` CRC-32C of the body.
-//! Body: vote (`u8` present, `u64` term, `u64` node, `u8` committed); snapshot (`u8` present,
-//! point, membership log id (`u8` present, `u64` term, `u64` index), membership); purge point
-//! (`u8` present, point); install marker (`u8` present, `i64` offset); `u32` internal entry
-//! count, each `u64` index, `u64` term, `u8` has membership, membership. A point is `u64`
-//! term, `u64` index, `i64` next offset. A membership is `u16` config count, each `u16` voter
-//! count and `u64` voters, then `u16` node count and `u64` nodes.
+//! The file is a journal of whole states ([`SideJournal`]): a change is appended as a new frame
+//! and the last whole frame is the state. Appending costs no new inode, rename or directory
+//! sync, which matters when thousands of groups vote at once; a journal past
+//! [`SIDE_JOURNAL_BYTES`] is replaced by a file of one frame. A crash during an append leaves a
+//! torn last frame, which reading ignores (that state was never durable, so never answered);
+//! a whole, valid frame after a damaged one is corruption, not a torn write, and is refused.
+//!
+//! Frame layout (big-endian): magic `STRNDRS1`; `u32` body length; body; `u32` CRC-32C of the
+//! body. Body: vote (`u8` present, `u64` term, `u64` node, `u8` committed); snapshot (`u8`
+//! present, point, membership log id (`u8` present, `u64` term, `u64` index), membership);
+//! purge point (`u8` present, point); install marker (`u8` present, `i64` offset); `u32`
+//! internal entry count, each `u64` index, `u64` term, `u8` has membership, membership. A point
+//! is `u64` term, `u64` index, `i64` next offset. A membership is `u16` config count, each
+//! `u16` voter count and `u64` voters, then `u16` node count and `u64` nodes.
 //!
 //! Decoding never panics and never allocates beyond the bytes it was given.
 
@@ -27,6 +34,18 @@ use crate::Term;
 const MAGIC: &[u8; 8] = b"STRNDRS1";
 /// Bound on what one file may hold: far above any real state (a handful of internal entries).
 pub const MAX_SIDE_STATE_BYTES: usize = 4 << 20;
+/// A journal that would grow past this many bytes is replaced by one frame instead: one page,
+/// some thirty votes, so that reading every replica's file at start-up stays cheap.
+pub const SIDE_JOURNAL_BYTES: u64 = 4_096;
+
+/// What a side file holds: the last whole state, and where its valid frames end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SideJournal {
+    pub state: SideState,
+    /// The length of the valid frames; a file longer than this ends in a torn frame, and
+    /// the next write must replace the file rather than append after it.
+    pub valid_bytes: u64,
+}
 
 /// Everything a replica keeps beside its log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -160,7 +179,23 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The body of the frame at the start of `bytes`, and the bytes after it.
+fn frame(bytes: &[u8]) -> R<(&[u8], &[u8])> {
+    let mut r = Reader(bytes);
+    if r.take(8)? != MAGIC {
+        return Err("not a side state frame (bad magic)".into());
+    }
+    let len = usize::try_from(r.u32()?).map_err(|_| "bad length")?;
+    let body = r.take(len)?;
+    let crc = r.u32()?;
+    if crc32c::crc32c(body) != crc {
+        return Err("side state fails its CRC".into());
+    }
+    Ok((body, r.0))
+}
+
 impl SideState {
+    /// The state as one frame.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(256));
         match &self.vote {
@@ -223,23 +258,52 @@ impl SideState {
         out
     }
 
+    /// Decodes a file of exactly one frame.
     pub fn decode(bytes: &[u8]) -> R<SideState> {
         if bytes.len() > MAX_SIDE_STATE_BYTES {
             return Err(format!("side state of {} bytes is over the bound", bytes.len()));
         }
-        let mut r = Reader(bytes);
-        if r.take(8)? != MAGIC {
-            return Err("not a side state file (bad magic)".into());
-        }
-        let len = usize::try_from(r.u32()?).map_err(|_| "bad length")?;
-        let body = r.take(len)?;
-        let crc = r.u32()?;
-        if crc32c::crc32c(body) != crc {
-            return Err("side state fails its CRC".into());
-        }
-        if !r.0.is_empty() {
+        let (body, rest) = frame(bytes)?;
+        if !rest.is_empty() {
             return Err("bytes after the side state".into());
         }
+        Self::decode_body(body)
+    }
+
+    /// Decodes a journal: its last whole frame (see the module documentation). An empty file
+    /// holds the default state; a file whose first frame is damaged, or with a valid frame
+    /// after a damaged one, is refused.
+    pub fn decode_journal(bytes: &[u8]) -> R<SideJournal> {
+        if bytes.len() > MAX_SIDE_STATE_BYTES {
+            return Err(format!("side state of {} bytes is over the bound", bytes.len()));
+        }
+        let mut last = None;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let Ok((body, after)) = frame(rest) else { break };
+            last = Some(body);
+            rest = after;
+        }
+        let valid = bytes.len() - rest.len();
+        if !rest.is_empty() {
+            // A torn append is the last frame's; a whole frame further on means damage.
+            let damaged =
+                (1..rest.len()).any(|at| rest[at..].starts_with(MAGIC) && frame(&rest[at..]).is_ok());
+            if damaged || last.is_none() {
+                return Err(format!("side state damaged at byte {valid}"));
+            }
+        }
+        let state = match last {
+            Some(body) => Self::decode_body(body)?,
+            None => SideState::default(),
+        };
+        Ok(SideJournal {
+            state,
+            valid_bytes: u64::try_from(valid).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn decode_body(body: &[u8]) -> R<SideState> {
         let mut r = Reader(body);
         let vote = if r.flag()? {
             Some(StoredVote {
@@ -384,6 +448,67 @@ mod tests {
             long.extend_from_slice(&junk);
             let _ = SideState::decode(&long);
         }
+    }
+
+    proptest! {
+        /// A journal reads as its last whole frame; a torn last frame is ignored and reported
+        /// by where the valid frames end.
+        #[test]
+        fn a_journal_reads_as_its_last_whole_frame(
+            states in proptest::collection::vec(state(), 1..5),
+            torn in state(),
+            cut in any::<usize>(),
+        ) {
+            let mut file = Vec::new();
+            for s in &states {
+                file.extend(s.encode());
+            }
+            let whole = file.len() as u64;
+            let last = states.last().cloned().unwrap_or_default();
+            prop_assert_eq!(
+                SideState::decode_journal(&file),
+                Ok(SideJournal { state: last.clone(), valid_bytes: whole })
+            );
+            let torn = torn.encode();
+            file.extend_from_slice(&torn[..cut % torn.len()]);
+            prop_assert_eq!(
+                SideState::decode_journal(&file),
+                Ok(SideJournal { state: last, valid_bytes: whole })
+            );
+        }
+
+        /// Damage before the last frame is refused, not read as a torn write: the frames
+        /// after it were durable, and reading an older one would forget a vote.
+        #[test]
+        fn damage_before_the_last_frame_is_refused(
+            states in proptest::collection::vec(state(), 2..5),
+            which in any::<usize>(),
+            flip in any::<usize>(),
+        ) {
+            let frames: Vec<Vec<u8>> = states.iter().map(SideState::encode).collect();
+            let damaged = which % (frames.len() - 1);
+            let mut file = Vec::new();
+            for (i, f) in frames.iter().enumerate() {
+                let mut f = f.clone();
+                if i == damaged {
+                    let at = flip % f.len();
+                    f[at] ^= 0x10;
+                }
+                file.extend(f);
+            }
+            prop_assert!(SideState::decode_journal(&file).is_err());
+        }
+    }
+
+    #[test]
+    fn an_empty_journal_is_the_default_state() {
+        assert_eq!(
+            SideState::decode_journal(&[]),
+            Ok(SideJournal {
+                state: SideState::default(),
+                valid_bytes: 0
+            })
+        );
     }
 
     #[test]
