@@ -903,3 +903,75 @@ fn leaders_go_back_to_their_preferred_replicas_once_a_restarted_node_is_in_sync(
             .count();
     assert!(moved >= 1, "no leadership was handed back:\n{}", dump(&nodes));
 }
+
+#[test]
+fn a_restarted_node_rejoins_without_taking_the_leadership_of_live_groups() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    // No preferred-leader rebalance: any leadership the returning node gets, it took.
+    let mut nodes = three_combined_nodes_with(&[("KAFKA_AUTO_LEADER_REBALANCE_ENABLE", "false")]);
+    let topic = strand_compat_tests::unique_topic("rejoin");
+    let partitions = 12;
+    create_topics(
+        &nodes[0],
+        &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(3))],
+    );
+    let victim = 3;
+    let idx = nodes.iter().position(|n| n.id == victim).expect("its node");
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != idx).collect();
+    let survivor = nodes[survivors[0]].bootstrap();
+    let all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+    wait_for(DEADLINE, "every group elected, with a full ISR", || {
+        let led: f64 = nodes
+            .iter()
+            .map(|n| n.gauge("strand_replication_groups_led"))
+            .sum::<Option<f64>>()?;
+        let full = leaders_of(&all, &topic)
+            .is_some_and(|l| l.len() == 12 && l.values().all(|(leader, isr)| *leader > 0 && *isr == 3));
+        (led == f64::from(partitions) && full).then_some(())
+    });
+    nodes[idx].kill9();
+    // The survivors elect leaders for the victim's groups, then every group goes quiet (the
+    // case where a returning replica hears from no leader unless that leader wakes).
+    let quiet = |i: usize| {
+        let n = &nodes[i];
+        let groups = n.gauge("strand_replication_groups")?;
+        let quiesced = n.gauge("strand_replication_groups_quiesced")?;
+        (groups == f64::from(partitions) && quiesced == groups).then_some(())
+    };
+    wait_for(
+        DEADLINE,
+        "every partition led by a survivor, all quiesced",
+        || {
+            let l = leaders_of(&survivor, &topic)?;
+            let moved = l.len() == 12 && l.values().all(|(leader, _)| *leader > 0 && *leader != victim);
+            (moved && survivors.iter().all(|i| quiet(*i).is_some())).then_some(())
+        },
+    );
+    nodes[idx].spawn();
+    wait_for(DEADLINE, "the returning node back in every ISR", || {
+        leaders_of(&survivor, &topic).filter(|l| l.len() == 12 && l.values().all(|(_, isr)| *isr == 3))
+    });
+    // Longer than an election timeout after its groups opened: a replica that campaigned
+    // would have won by now.
+    std::thread::sleep(Duration::from_secs(3));
+    let taken: Vec<i32> = leaders_of(&survivor, &topic)
+        .expect("metadata")
+        .into_iter()
+        .filter(|(_, (l, _))| *l == victim)
+        .map(|(p, _)| p)
+        .collect();
+    assert!(
+        taken.is_empty(),
+        "the returning node took partitions {taken:?}:\n{}",
+        dump(&nodes)
+    );
+    assert_eq!(
+        nodes[idx].gauge("strand_replication_groups_led"),
+        Some(0.0),
+        "{}",
+        dump(&nodes)
+    );
+}

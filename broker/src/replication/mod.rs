@@ -109,6 +109,9 @@ pub(crate) const TICK_MS: u64 = 5;
 const IDLE_TICK_MS: u64 = 100;
 /// How often each peer shard sharing a group is pinged (liveness for quiesced groups).
 pub(crate) const PING_INTERVAL_MS: u64 = 250;
+/// How long after a peer came back the groups led here that it replicates stay awake until its
+/// replica acknowledges them (its node may take this long to open them all).
+const RETURN_WATCH_MS: u64 = 60_000;
 /// How long a proposal waits for its commit before its outcome is reported unknown.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a controlled shutdown waits for its groups' leadership to move.
@@ -291,6 +294,32 @@ struct Group {
     /// An ISR change is on its way, or was refused at this partition epoch.
     isr_reporting: Cell<bool>,
     isr_refused_at: Cell<Option<i32>>,
+    /// The leader the metadata named when the group started here, another node: the quiescer
+    /// takes it for the leader until Raft knows one or the group wakes (see
+    /// `strand_raft::partition::quiesce`).
+    believed_leader: Cell<Option<BrokerId>>,
+}
+
+/// Whether `g` is led here and a live peer that came back (`returned`, with when) has not
+/// acknowledged it since.
+fn unconfirmed(
+    g: &Group,
+    returned: &BTreeMap<BrokerId, std::time::Instant>,
+    live: impl Fn(BrokerId) -> bool,
+) -> bool {
+    if returned.is_empty() {
+        return false;
+    }
+    let m = g.raft.metrics();
+    let m = m.borrow_watched();
+    let Some(acked) = m.heartbeat.as_ref() else {
+        return false;
+    };
+    returned.iter().any(|(peer, back)| {
+        acked
+            .get(peer)
+            .is_some_and(|at| at.as_ref().is_none_or(|at| **at < *back) && live(*peer))
+    })
 }
 
 impl Group {
@@ -480,6 +509,11 @@ pub(crate) struct GroupManager {
     /// Each peer's incarnation as the metadata last showed it: a new one is a restart, which
     /// the quiescer must hear of ([`Quiescer::peer_restarted`]).
     incarnations: RefCell<BTreeMap<NodeId, IncarnationId>>,
+    /// When each peer came back (heard from after a silence, or restarted): a group led here
+    /// stays awake until that peer's replica acknowledges it after then, so that the replica
+    /// learns its leader before it campaigns (`GroupManager::quiesce_tick`). Kept for
+    /// [`RETURN_WATCH_MS`].
+    returned: RefCell<BTreeMap<BrokerId, std::time::Instant>>,
     reports: RefCell<Option<Rc<dyn LeaderReports>>>,
     /// One reconciliation at a time; the newest state waits in `next`.
     reconciling: Cell<bool>,
@@ -519,6 +553,7 @@ impl GroupManager {
             settings,
             quiescer: RefCell::new(Quiescer::new(settings.quiesce)),
             incarnations: RefCell::new(BTreeMap::new()),
+            returned: RefCell::new(BTreeMap::new()),
             reports: RefCell::new(None),
             reconciling: Cell::new(false),
             next: RefCell::new(None),
@@ -593,10 +628,13 @@ impl GroupManager {
     async fn quiesce_tick(&self, now: u64) {
         let groups: Vec<Rc<Group>> = self.groups.0.borrow().values().cloned().collect();
         let mut actions = Vec::new();
+        let watch = std::time::Duration::from_millis(RETURN_WATCH_MS);
+        self.returned.borrow_mut().retain(|_, at| at.elapsed() < watch);
+        let returned = self.returned.borrow().clone();
         {
             let mut q = self.quiescer.borrow_mut();
             for g in &groups {
-                if g.active.replace(false) {
+                if g.active.replace(false) || unconfirmed(g, &returned, |p| q.peer_live(p, now)) {
                     if let Some(a) = q.activity(g.id, now) {
                         actions.push((g.id, a));
                     }
@@ -604,7 +642,10 @@ impl GroupManager {
             }
             let leaders: BTreeMap<GroupId, Option<BrokerId>> = groups
                 .iter()
-                .map(|g| (g.id, g.raft.metrics().borrow_watched().current_leader))
+                .map(|g| {
+                    let known = g.raft.metrics().borrow_watched().current_leader;
+                    (g.id, known.or(g.believed_leader.get()))
+                })
                 .collect();
             actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
             let shard = [("shard", self.shard.0.to_string())];
@@ -618,9 +659,62 @@ impl GroupManager {
         for (id, action) in actions {
             let group = self.groups.0.borrow().get(&id).cloned();
             if let Some(g) = group {
+                if action == quiesce::Action::Wake {
+                    g.believed_leader.set(None);
+                }
                 quiesce::apply(&g.raft, action).await;
             }
         }
+    }
+
+    /// A message from `peer` arrived; if it is back (see [`Quiescer::peer_heard`]), the groups
+    /// led here that it replicates wake.
+    fn heard_from(self: &Rc<Self>, peer: BrokerId) {
+        let back = self.quiescer.borrow_mut().peer_heard(peer, self.now_ms());
+        if back {
+            self.peer_back(peer);
+        }
+    }
+
+    /// `peer` came back: the groups led here that it replicates wake, and stay awake until its
+    /// replicas acknowledge them.
+    fn peer_back(self: &Rc<Self>, peer: BrokerId) {
+        self.returned.borrow_mut().insert(peer, std::time::Instant::now());
+        self.wake_led_with(peer);
+    }
+
+    /// Wakes the quiesced groups led here of which `peer` holds a replica: their heartbeats
+    /// tell its replicas who leads before those campaign, and start catching them up.
+    fn wake_led_with(self: &Rc<Self>, peer: BrokerId) {
+        let Some(node) = peer.as_node_id() else { return };
+        let Some(state) = self.directory.state.borrow().clone() else {
+            return;
+        };
+        let now = self.now_ms();
+        let mut woken = Vec::new();
+        {
+            let mut q = self.quiescer.borrow_mut();
+            for g in self.groups.0.borrow().values() {
+                let replicated = state
+                    .partition(g.id.topic, g.id.partition)
+                    .is_some_and(|p| p.has_replica(node));
+                if replicated && g.leadership().is_local {
+                    if let Some(action) = q.activity(g.id, now) {
+                        woken.push((Rc::clone(g), action));
+                    }
+                }
+            }
+        }
+        if woken.is_empty() {
+            return;
+        }
+        tracing::debug!(%peer, groups = woken.len(), "a peer is back: waking the groups led here that it replicates");
+        glommio::spawn_local(async move {
+            for (g, action) in woken {
+                quiesce::apply(&g.raft, action).await;
+            }
+        })
+        .detach();
     }
 
     /// A hello to every peer shard this shard shares a group with; an answer counts as hearing
@@ -651,7 +745,7 @@ impl GroupManager {
                 };
                 let conns = me.network.connection();
                 if let Ok(Message::Hello { .. }) = conns.call_shard(peer, shard, hello).await {
-                    me.quiescer.borrow_mut().peer_heard(peer, me.now_ms());
+                    me.heard_from(peer);
                 }
             })
             .detach();
@@ -668,10 +762,10 @@ impl GroupManager {
                 let Some(m) = me.upgrade().filter(|m| !m.closed.get()) else {
                     return Message::HeartbeatReplies(Vec::new());
                 };
+                m.heard_from(from);
                 {
                     let now = m.now_ms();
                     let mut q = m.quiescer.borrow_mut();
-                    q.peer_heard(from, now);
                     match &request {
                         Message::Append { group, .. } => q.leader_heard(*group, now),
                         Message::Heartbeats(beats) => {
@@ -727,18 +821,26 @@ impl GroupManager {
     }
 
     /// Tells the quiescer of the peers that registered with a new incarnation (a new process)
-    /// since the last state: the groups they led here may have lost their leader.
-    fn note_restarts(&self, state: &ClusterState) {
+    /// since the last state: the groups they led here may have lost their leader, and the
+    /// groups led here that they replicate wake.
+    fn note_restarts(self: &Rc<Self>, state: &ClusterState) {
         let now = self.now_ms();
-        let mut known = self.incarnations.borrow_mut();
-        for b in state.brokers().filter(|b| b.id != self.node) {
-            let before = known.insert(b.id, b.incarnation);
-            if before.is_some_and(|i| i != b.incarnation) {
-                if let Some(peer) = BrokerId::from_node_id(b.id) {
-                    tracing::debug!(peer = %b.id, "a peer restarted; the groups it led are suspect");
-                    self.quiescer.borrow_mut().peer_restarted(peer, now);
+        let mut restarted = Vec::new();
+        {
+            let mut known = self.incarnations.borrow_mut();
+            for b in state.brokers().filter(|b| b.id != self.node) {
+                let before = known.insert(b.id, b.incarnation);
+                if before.is_some_and(|i| i != b.incarnation) {
+                    if let Some(peer) = BrokerId::from_node_id(b.id) {
+                        tracing::debug!(peer = %b.id, "a peer restarted; the groups it led are suspect");
+                        self.quiescer.borrow_mut().peer_restarted(peer, now);
+                        restarted.push(peer);
+                    }
                 }
             }
+        }
+        for peer in restarted {
+            self.peer_back(peer);
         }
     }
 
@@ -874,6 +976,7 @@ impl GroupManager {
             isr_mark: Cell::new(None),
             isr_reporting: Cell::new(false),
             isr_refused_at: Cell::new(None),
+            believed_leader: Cell::new(None),
         });
         let weak = Rc::downgrade(&group);
         group.replica.set_on_flushed(Rc::new(move |batches| {
@@ -889,7 +992,22 @@ impl GroupManager {
             }
         }));
         self.groups.0.borrow_mut().insert(id, Rc::clone(&group));
-        self.quiescer.borrow_mut().add(id, self.now_ms());
+        // A replica of a group another node was elected to lead starts quiet: that leader,
+        // quiesced, will not heartbeat before this replica's election timer runs out, and this
+        // node's return wakes it (`GroupManager::heard_from`). (A leader of epoch 0 is only
+        // placement's choice: the group may not have formed.)
+        let named_leader = registration
+            .leader
+            .filter(|l| *l != self.node && registration.leader_epoch.0 > 0)
+            .and_then(BrokerId::from_node_id);
+        match named_leader {
+            Some(leader) => {
+                group.believed_leader.set(Some(leader));
+                self.quiescer.borrow_mut().add_quiesced(id, self.now_ms());
+                quiesce::apply(&group.raft, quiesce::Action::Quiesce).await;
+            }
+            None => self.quiescer.borrow_mut().add(id, self.now_ms()),
+        }
         self.spawn_watcher(Rc::clone(&group));
         let members: BTreeSet<BrokerId> = registration
             .replica_brokers()

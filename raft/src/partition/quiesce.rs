@@ -13,6 +13,13 @@
 //! that its election timer runs: a leader that still leads (openraft restores a leader whose
 //! vote was committed) is heard within a heartbeat interval, one that does not is replaced.
 //!
+//! A replica that starts (its node restarted) while another node leads its group starts
+//! quiesced ([`Quiescer::add_quiesced`]), taking the leader the metadata names for its leader
+//! until Raft knows one: its election timer would otherwise run out before the leader, whose
+//! group is quiesced, heartbeats to it, and it would take the leadership of a live group. The
+//! leader learns that the node is back when it hears from it after a silence, or of its restart
+//! from the metadata ([`Quiescer::peer_heard`] says so), and wakes the groups it leads there.
+//!
 //! Sans-I/O: the host feeds it activity, peers heard from and the time, and applies the
 //! [`Action`]s it returns to the groups' Rafts ([`apply`]).
 
@@ -83,6 +90,19 @@ impl<G: Ord + Copy> Quiescer<G> {
         );
     }
 
+    /// A group the node hosts from now on, quiesced: a replica whose leader, as the host
+    /// believes, is another node (see the module documentation).
+    pub fn add_quiesced(&mut self, group: G, now_ms: u64) {
+        self.groups.insert(
+            group,
+            GroupState {
+                last_activity_ms: now_ms,
+                leader_heard_ms: now_ms,
+                quiesced: true,
+            },
+        );
+    }
+
     pub fn remove(&mut self, group: G) {
         self.groups.remove(&group);
     }
@@ -99,10 +119,21 @@ impl<G: Ord + Copy> Quiescer<G> {
         None
     }
 
-    /// A message from `peer` arrived.
-    pub fn peer_heard(&mut self, peer: BrokerId, now_ms: u64) {
-        let at = self.peers.entry(peer).or_insert(now_ms);
-        *at = (*at).max(now_ms);
+    /// A message from `peer` arrived. Returns whether the peer is back: never heard from
+    /// before, or silent for longer than the peer timeout (the groups this node leads there
+    /// should wake, to catch its replicas up and be heard before they campaign).
+    pub fn peer_heard(&mut self, peer: BrokerId, now_ms: u64) -> bool {
+        match self.peers.get_mut(&peer) {
+            Some(at) => {
+                let back = now_ms.saturating_sub(*at) > self.config.peer_timeout_ms;
+                *at = (*at).max(now_ms);
+                back
+            }
+            None => {
+                self.peers.insert(peer, now_ms);
+                true
+            }
+        }
     }
 
     /// `peer` is a new process (it registered again with another incarnation): the groups it
@@ -124,6 +155,13 @@ impl<G: Ord + Copy> Quiescer<G> {
     fn peer_silent(&mut self, peer: BrokerId, now_ms: u64) -> bool {
         let at = *self.peers.entry(peer).or_insert(now_ms);
         now_ms.saturating_sub(at) > self.config.peer_timeout_ms
+    }
+
+    /// Whether `peer` was heard from within the peer timeout.
+    pub fn peer_live(&self, peer: BrokerId, now_ms: u64) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|&at| now_ms.saturating_sub(at) <= self.config.peer_timeout_ms)
     }
 
     pub fn is_quiesced(&self, group: G) -> bool {
@@ -247,6 +285,39 @@ mod tests {
         q.peer_heard(BrokerId(3), 5_000);
         q.activity(2, 5_000);
         assert_eq!(q.tick(5_600, me, new_leader), vec![(2, Action::Quiesce)]);
+    }
+
+    #[test]
+    fn a_peer_is_back_when_first_heard_and_after_a_silence() {
+        let mut q: Quiescer<u32> = Quiescer::new(CONFIG);
+        let peer = BrokerId(2);
+        assert!(!q.peer_live(peer, 0));
+        assert!(q.peer_heard(peer, 0), "never heard before");
+        assert!(q.peer_live(peer, 1_000) && !q.peer_live(peer, 1_001));
+        assert!(!q.peer_heard(peer, 900));
+        assert!(
+            !q.peer_heard(peer, 1_900),
+            "within the timeout of the last message"
+        );
+        assert!(q.peer_heard(peer, 3_000), "after a silence");
+    }
+
+    #[test]
+    fn a_replica_added_quiesced_stays_so_while_its_believed_leader_is_heard() {
+        let mut q = Quiescer::new(CONFIG);
+        let me = BrokerId(1);
+        let leader = BrokerId(2);
+        q.add_quiesced(1u32, 0);
+        assert!(q.is_quiesced(1));
+        q.peer_heard(leader, 0);
+        assert!(q.tick(900, me, |_| Some(leader)).is_empty(), "no election timer");
+        q.peer_heard(leader, 1_500);
+        assert!(q.tick(2_000, me, |_| Some(leader)).is_empty());
+        // The leader stops answering: the replica wakes to elect.
+        assert_eq!(q.tick(2_600, me, |_| Some(leader)), vec![(1, Action::Wake)]);
+        // Raft names no leader and none is believed: it wakes at once.
+        q.add_quiesced(2u32, 2_600);
+        assert_eq!(q.tick(2_700, me, |_| None), vec![(2, Action::Wake)]);
     }
 
     #[test]
