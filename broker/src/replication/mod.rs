@@ -111,7 +111,7 @@ const IDLE_TICK_MS: u64 = 100;
 pub(crate) const PING_INTERVAL_MS: u64 = 250;
 /// How long after a peer came back the groups led here that it replicates stay awake until its
 /// replica acknowledges them (its node may take this long to open them all).
-const RETURN_WATCH_MS: u64 = 60_000;
+const RETURN_WATCH_MS: u64 = 15_000;
 /// How long a proposal waits for its commit before its outcome is reported unknown.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a controlled shutdown waits for its groups' leadership to move.
@@ -631,6 +631,7 @@ impl GroupManager {
         let watch = std::time::Duration::from_millis(RETURN_WATCH_MS);
         self.returned.borrow_mut().retain(|_, at| at.elapsed() < watch);
         let returned = self.returned.borrow().clone();
+        let mut elect = Vec::new();
         {
             let mut q = self.quiescer.borrow_mut();
             for g in &groups {
@@ -648,6 +649,31 @@ impl GroupManager {
                 })
                 .collect();
             actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
+            // A group woken because its leader's node went silent elects at once on one
+            // replica, the first live one in preference order: the others' timers would run
+            // out together, and with two of three replicas left their votes split.
+            let state = self.directory.state.borrow().clone();
+            for (id, action) in &actions {
+                let lost = leaders
+                    .get(id)
+                    .copied()
+                    .flatten()
+                    .filter(|l| *l != self.local && !q.peer_live(*l, now));
+                let (Some(lost), Some(state)) = (lost, &state) else {
+                    continue;
+                };
+                if *action != quiesce::Action::Wake {
+                    continue;
+                }
+                let first_live = state.partition(id.topic, id.partition).and_then(|p| {
+                    p.replica_brokers()
+                        .filter_map(BrokerId::from_node_id)
+                        .find(|r| *r != lost && (*r == self.local || q.peer_live(*r, now)))
+                });
+                if first_live == Some(self.local) {
+                    elect.push(*id);
+                }
+            }
             let shard = [("shard", self.shard.0.to_string())];
             let led = leaders.values().filter(|l| **l == Some(self.local)).count();
             let leaderless = leaders.values().filter(|l| l.is_none()).count();
@@ -663,6 +689,15 @@ impl GroupManager {
                     g.believed_leader.set(None);
                 }
                 quiesce::apply(&g.raft, action).await;
+            }
+        }
+        if !elect.is_empty() {
+            tracing::debug!(groups = elect.len(), "electing at once where a silent node led");
+        }
+        for id in elect {
+            let group = self.groups.0.borrow().get(&id).cloned();
+            if let Some(g) = group {
+                let _ = g.raft.trigger().elect(true).await;
             }
         }
     }
