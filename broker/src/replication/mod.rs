@@ -298,6 +298,9 @@ struct Group {
     /// takes it for the leader until Raft knows one or the group wakes (see
     /// `strand_raft::partition::quiesce`).
     believed_leader: Cell<Option<BrokerId>>,
+    /// The leader as the group's Raft last reported it (kept by its watcher, so that the
+    /// quiescer's tick over every group reads a cell rather than the Raft's metrics).
+    known_leader: Cell<Option<BrokerId>>,
 }
 
 /// Whether `g` is led here and a live peer that came back (`returned`, with when) has not
@@ -643,10 +646,7 @@ impl GroupManager {
             }
             let leaders: BTreeMap<GroupId, Option<BrokerId>> = groups
                 .iter()
-                .map(|g| {
-                    let known = g.raft.metrics().borrow_watched().current_leader;
-                    (g.id, known.or(g.believed_leader.get()))
-                })
+                .map(|g| (g.id, g.known_leader.get().or(g.believed_leader.get())))
                 .collect();
             actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
             // A group woken because its leader's node went silent elects at once on one
@@ -1012,6 +1012,7 @@ impl GroupManager {
             isr_reporting: Cell::new(false),
             isr_refused_at: Cell::new(None),
             believed_leader: Cell::new(None),
+            known_leader: Cell::new(None),
         });
         let weak = Rc::downgrade(&group);
         group.replica.set_on_flushed(Rc::new(move |batches| {
@@ -1101,6 +1102,7 @@ impl GroupManager {
                 if moved {
                     let _ = manager.store.set_commit_cap(group.log, Some(hw));
                 }
+                group.known_leader.set(leader);
                 if last != Some((leader, term)) {
                     let was_leader = last.is_some_and(|(l, _)| l == Some(group.local));
                     last = Some((leader, term));

@@ -150,13 +150,6 @@ impl<G: Ord + Copy> Quiescer<G> {
         }
     }
 
-    /// Whether `peer` has been heard from within the timeout (a peer never heard from counts as
-    /// alive until the timeout has passed since the first tick that asked).
-    fn peer_silent(&mut self, peer: BrokerId, now_ms: u64) -> bool {
-        let at = *self.peers.entry(peer).or_insert(now_ms);
-        now_ms.saturating_sub(at) > self.config.peer_timeout_ms
-    }
-
     /// Whether `peer` was heard from within the peer timeout.
     pub fn peer_live(&self, peer: BrokerId, now_ms: u64) -> bool {
         self.peers
@@ -181,32 +174,38 @@ impl<G: Ord + Copy> Quiescer<G> {
         leader_of: impl Fn(G) -> Option<BrokerId>,
     ) -> Vec<(G, Action)> {
         let mut actions = Vec::new();
-        let ids: Vec<G> = self.groups.keys().copied().collect();
-        for id in ids {
-            let leader = leader_of(id);
-            let heard_ms = self.groups.get(&id).map_or(0, |g| g.leader_heard_ms);
-            let silent_leader = match leader {
+        // Each peer's silence, worked out once per tick (a node has few peers, many groups). A
+        // peer never heard from counts as alive until the timeout has passed since the first
+        // tick that asked.
+        let mut silent: Vec<(BrokerId, bool)> = Vec::new();
+        for (id, g) in self.groups.iter_mut() {
+            let silent_leader = match leader_of(*id) {
                 Some(l) if l == me => false,
                 Some(l) => {
-                    let restarted_since = self.restarted.get(&l).is_some_and(|&at| at >= heard_ms);
-                    self.peer_silent(l, now_ms) || restarted_since
+                    let gone = match silent.iter().find(|(p, _)| *p == l) {
+                        Some((_, s)) => *s,
+                        None => {
+                            let at = *self.peers.entry(l).or_insert(now_ms);
+                            let s = now_ms.saturating_sub(at) > self.config.peer_timeout_ms;
+                            silent.push((l, s));
+                            s
+                        }
+                    };
+                    gone || self.restarted.get(&l).is_some_and(|&at| at >= g.leader_heard_ms)
                 }
                 None => true,
-            };
-            let Some(g) = self.groups.get_mut(&id) else {
-                continue;
             };
             if g.quiesced {
                 if silent_leader {
                     // Its leader is gone, unknown, or restarted and not heard from since: elect.
                     g.quiesced = false;
                     g.last_activity_ms = now_ms;
-                    actions.push((id, Action::Wake));
+                    actions.push((*id, Action::Wake));
                 }
             } else if !silent_leader && now_ms.saturating_sub(g.last_activity_ms) >= self.config.idle_after_ms
             {
                 g.quiesced = true;
-                actions.push((id, Action::Quiesce));
+                actions.push((*id, Action::Quiesce));
             }
         }
         actions
