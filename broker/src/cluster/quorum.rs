@@ -366,10 +366,10 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {
             }
             RaftError::Fatal(f) => ControllerError::Failed(f.to_string()),
         })?;
-        // A controller that restarts as the leader of its own term (openraft resumes a vote it
-        // had committed) holds entries it appended before the restart that are not applied yet,
-        // and the read index may not cover them: a decision made now would be built on a state
-        // older than entries that will commit before it. Its whole log is applied first.
+        // A controller newly elected holds entries of earlier terms that may not be applied yet
+        // (its own from before a restart among them), and the read index may not cover them: a
+        // decision made now would be built on a state older than entries that will commit
+        // before it. Its whole log is applied first.
         let (term, last_log) = {
             use openraft::async_runtime::WatchReceiver;
             let m = self.raft.metrics();

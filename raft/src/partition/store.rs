@@ -84,6 +84,9 @@ struct Replica<L> {
     high_watermark: Offset,
     snapshot: Option<(Meta, Offset)>,
     on_flushed: Option<FlushedBatches>,
+    /// The vote is the one recovered at open, not saved since: read as not committed (see
+    /// [`ReplicaStore::read_vote`]).
+    vote_recovered: bool,
 }
 
 /// Told of the batches of each append once they are durable in the local log, with the base
@@ -186,6 +189,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 high_watermark,
                 snapshot,
                 on_flushed: None,
+                vote_recovered: true,
             })),
             _rt: PhantomData,
         })
@@ -299,9 +303,18 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogReader<C<Rt>> for ReplicaStore<Rt, 
         self.read_entries(start, end).await
     }
 
+    /// The stored vote; the one recovered at open reads as not committed until a vote is
+    /// saved. openraft reads the vote at start-up, and a replica that starts with a committed
+    /// vote of its own resumes leading in that term at once. After a restart of one node that
+    /// term is usually over (the others elected while it was down), and thousands of groups
+    /// resuming their old leadership at once flood the others with heartbeats they must
+    /// refuse, in the middle of their own elections. A restarted replica wins its leadership
+    /// back by an election instead (Raft keeps only the term and the vote across restarts; the
+    /// `committed` flag is openraft's knowledge that a quorum granted it).
     async fn read_vote(&mut self) -> Result<Option<VoteT<Rt>>, io::Error> {
-        Ok(self.inner.borrow().log.vote().map(|v| {
-            if v.committed {
+        let inner = self.inner.borrow();
+        Ok(inner.log.vote().map(|v| {
+            if v.committed && !inner.vote_recovered {
                 VoteT::<Rt>::new_committed(v.term.0, v.node)
             } else {
                 VoteT::<Rt>::new(v.term.0, v.node)
@@ -331,7 +344,11 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
             node: vote.leader_id.voted_for,
             committed: vote.committed,
         };
-        let fut = self.inner.borrow().log.save_vote(stored);
+        let fut = {
+            let mut inner = self.inner.borrow_mut();
+            inner.vote_recovered = false;
+            inner.log.save_vote(stored)
+        };
         fut.await
     }
 
@@ -692,6 +709,28 @@ mod tests {
                     (one.as_ptr() as usize, Offset(3))
                 ]
             );
+        });
+    }
+
+    /// A replica that reopens does not resume leading from its stored vote: the vote it
+    /// recovered reads as not committed until it saves one.
+    #[test]
+    fn a_reopened_replica_reads_its_committed_vote_as_not_committed() {
+        let sim = Sim::new(1);
+        sim.block_on(async {
+            let log = MemReplicaLog::new(Offset(0));
+            let mut store = ReplicaStore::<SimRuntime, _>::open(log.clone()).await.unwrap();
+            let committed = VoteT::<SimRuntime>::new_committed(3, BrokerId(1));
+            store.save_vote(&committed).await.unwrap();
+            assert_eq!(store.read_vote().await.unwrap(), Some(committed));
+            drop(store);
+            let mut reopened = ReplicaStore::<SimRuntime, _>::open(log).await.unwrap();
+            assert_eq!(
+                reopened.read_vote().await.unwrap(),
+                Some(VoteT::<SimRuntime>::new(3, BrokerId(1)))
+            );
+            reopened.save_vote(&committed).await.unwrap();
+            assert_eq!(reopened.read_vote().await.unwrap(), Some(committed));
         });
     }
 
