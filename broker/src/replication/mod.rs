@@ -109,9 +109,6 @@ pub(crate) const TICK_MS: u64 = 5;
 const IDLE_TICK_MS: u64 = 100;
 /// How often each peer shard sharing a group is pinged (liveness for quiesced groups).
 pub(crate) const PING_INTERVAL_MS: u64 = 250;
-/// How long after a peer came back the groups led here that it replicates stay awake until its
-/// replica acknowledges them (its node may take this long to open them all).
-const RETURN_WATCH_MS: u64 = 15_000;
 /// How long a proposal waits for its commit before its outcome is reported unknown.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a controlled shutdown waits for its groups' leadership to move.
@@ -303,28 +300,6 @@ struct Group {
     known_leader: Cell<Option<BrokerId>>,
 }
 
-/// Whether `g` is led here and a live peer that came back (`returned`, with when) has not
-/// acknowledged it since.
-fn unconfirmed(
-    g: &Group,
-    returned: &BTreeMap<BrokerId, std::time::Instant>,
-    live: impl Fn(BrokerId) -> bool,
-) -> bool {
-    if returned.is_empty() {
-        return false;
-    }
-    let m = g.raft.metrics();
-    let m = m.borrow_watched();
-    let Some(acked) = m.heartbeat.as_ref() else {
-        return false;
-    };
-    returned.iter().any(|(peer, back)| {
-        acked
-            .get(peer)
-            .is_some_and(|at| at.as_ref().is_none_or(|at| **at < *back) && live(*peer))
-    })
-}
-
 impl Group {
     fn leadership(&self) -> Leadership {
         let m = self.raft.metrics();
@@ -512,11 +487,6 @@ pub(crate) struct GroupManager {
     /// Each peer's incarnation as the metadata last showed it: a new one is a restart, which
     /// the quiescer must hear of ([`Quiescer::peer_restarted`]).
     incarnations: RefCell<BTreeMap<NodeId, IncarnationId>>,
-    /// When each peer came back (heard from after a silence, or restarted): a group led here
-    /// stays awake until that peer's replica acknowledges it after then, so that the replica
-    /// learns its leader before it campaigns (`GroupManager::quiesce_tick`). Kept for
-    /// [`RETURN_WATCH_MS`].
-    returned: RefCell<BTreeMap<BrokerId, std::time::Instant>>,
     reports: RefCell<Option<Rc<dyn LeaderReports>>>,
     /// One reconciliation at a time; the newest state waits in `next`.
     reconciling: Cell<bool>,
@@ -556,7 +526,6 @@ impl GroupManager {
             settings,
             quiescer: RefCell::new(Quiescer::new(settings.quiesce)),
             incarnations: RefCell::new(BTreeMap::new()),
-            returned: RefCell::new(BTreeMap::new()),
             reports: RefCell::new(None),
             reconciling: Cell::new(false),
             next: RefCell::new(None),
@@ -631,14 +600,11 @@ impl GroupManager {
     async fn quiesce_tick(&self, now: u64) {
         let groups: Vec<Rc<Group>> = self.groups.0.borrow().values().cloned().collect();
         let mut actions = Vec::new();
-        let watch = std::time::Duration::from_millis(RETURN_WATCH_MS);
-        self.returned.borrow_mut().retain(|_, at| at.elapsed() < watch);
-        let returned = self.returned.borrow().clone();
         let mut elect = Vec::new();
         {
             let mut q = self.quiescer.borrow_mut();
             for g in &groups {
-                if g.active.replace(false) || unconfirmed(g, &returned, |p| q.peer_live(p, now)) {
+                if g.active.replace(false) {
                     if let Some(a) = q.activity(g.id, now) {
                         actions.push((g.id, a));
                     }
@@ -702,56 +668,6 @@ impl GroupManager {
         }
     }
 
-    /// A message from `peer` arrived; if it is back (see [`Quiescer::peer_heard`]), the groups
-    /// led here that it replicates wake.
-    fn heard_from(self: &Rc<Self>, peer: BrokerId) {
-        let back = self.quiescer.borrow_mut().peer_heard(peer, self.now_ms());
-        if back {
-            self.peer_back(peer);
-        }
-    }
-
-    /// `peer` came back: the groups led here that it replicates wake, and stay awake until its
-    /// replicas acknowledge them.
-    fn peer_back(self: &Rc<Self>, peer: BrokerId) {
-        self.returned.borrow_mut().insert(peer, std::time::Instant::now());
-        self.wake_led_with(peer);
-    }
-
-    /// Wakes the quiesced groups led here of which `peer` holds a replica: their heartbeats
-    /// tell its replicas who leads before those campaign, and start catching them up.
-    fn wake_led_with(self: &Rc<Self>, peer: BrokerId) {
-        let Some(node) = peer.as_node_id() else { return };
-        let Some(state) = self.directory.state.borrow().clone() else {
-            return;
-        };
-        let now = self.now_ms();
-        let mut woken = Vec::new();
-        {
-            let mut q = self.quiescer.borrow_mut();
-            for g in self.groups.0.borrow().values() {
-                let replicated = state
-                    .partition(g.id.topic, g.id.partition)
-                    .is_some_and(|p| p.has_replica(node));
-                if replicated && g.leadership().is_local {
-                    if let Some(action) = q.activity(g.id, now) {
-                        woken.push((Rc::clone(g), action));
-                    }
-                }
-            }
-        }
-        if woken.is_empty() {
-            return;
-        }
-        tracing::debug!(%peer, groups = woken.len(), "a peer is back: waking the groups led here that it replicates");
-        glommio::spawn_local(async move {
-            for (g, action) in woken {
-                quiesce::apply(&g.raft, action).await;
-            }
-        })
-        .detach();
-    }
-
     /// A hello to every peer shard this shard shares a group with; an answer counts as hearing
     /// from the peer.
     fn ping_peers(self: &Rc<Self>) {
@@ -780,7 +696,7 @@ impl GroupManager {
                 };
                 let conns = me.network.connection();
                 if let Ok(Message::Hello { .. }) = conns.call_shard(peer, shard, hello).await {
-                    me.heard_from(peer);
+                    me.quiescer.borrow_mut().peer_heard(peer, me.now_ms());
                 }
             })
             .detach();
@@ -797,10 +713,10 @@ impl GroupManager {
                 let Some(m) = me.upgrade().filter(|m| !m.closed.get()) else {
                     return Message::HeartbeatReplies(Vec::new());
                 };
-                m.heard_from(from);
                 {
                     let now = m.now_ms();
                     let mut q = m.quiescer.borrow_mut();
+                    q.peer_heard(from, now);
                     match &request {
                         Message::Append { group, .. } => q.leader_heard(*group, now),
                         Message::Heartbeats(beats) => {
@@ -856,26 +772,18 @@ impl GroupManager {
     }
 
     /// Tells the quiescer of the peers that registered with a new incarnation (a new process)
-    /// since the last state: the groups they led here may have lost their leader, and the
-    /// groups led here that they replicate wake.
-    fn note_restarts(self: &Rc<Self>, state: &ClusterState) {
+    /// since the last state: the groups they led here may have lost their leader.
+    fn note_restarts(&self, state: &ClusterState) {
         let now = self.now_ms();
-        let mut restarted = Vec::new();
-        {
-            let mut known = self.incarnations.borrow_mut();
-            for b in state.brokers().filter(|b| b.id != self.node) {
-                let before = known.insert(b.id, b.incarnation);
-                if before.is_some_and(|i| i != b.incarnation) {
-                    if let Some(peer) = BrokerId::from_node_id(b.id) {
-                        tracing::debug!(peer = %b.id, "a peer restarted; the groups it led are suspect");
-                        self.quiescer.borrow_mut().peer_restarted(peer, now);
-                        restarted.push(peer);
-                    }
+        let mut known = self.incarnations.borrow_mut();
+        for b in state.brokers().filter(|b| b.id != self.node) {
+            let before = known.insert(b.id, b.incarnation);
+            if before.is_some_and(|i| i != b.incarnation) {
+                if let Some(peer) = BrokerId::from_node_id(b.id) {
+                    tracing::debug!(peer = %b.id, "a peer restarted; the groups it led are suspect");
+                    self.quiescer.borrow_mut().peer_restarted(peer, now);
                 }
             }
-        }
-        for peer in restarted {
-            self.peer_back(peer);
         }
     }
 
@@ -1029,9 +937,10 @@ impl GroupManager {
         }));
         self.groups.0.borrow_mut().insert(id, Rc::clone(&group));
         // A replica of a group another node was elected to lead starts quiet: that leader,
-        // quiesced, will not heartbeat before this replica's election timer runs out, and this
-        // node's return wakes it (`GroupManager::heard_from`). (A leader of epoch 0 is only
-        // placement's choice: the group may not have formed.)
+        // quiesced, will not heartbeat before this replica's election timer runs out, and the
+        // replica would take the leadership of a live group. It hears from the leader at the
+        // group's next write, and wakes to elect if the leader's node goes silent or restarts.
+        // (A leader of epoch 0 is only placement's choice: the group may not have formed.)
         let named_leader = registration
             .leader
             .filter(|l| *l != self.node && registration.leader_epoch.0 > 0)
@@ -1105,8 +1014,12 @@ impl GroupManager {
                 group.known_leader.set(leader);
                 if last != Some((leader, term)) {
                     let was_leader = last.is_some_and(|(l, _)| l == Some(group.local));
+                    // The first look is the state the group started in, not a change: a
+                    // replica that started quiesced stays so.
+                    if last.is_some() {
+                        group.active.set(true);
+                    }
                     last = Some((leader, term));
-                    group.active.set(true);
                     let epoch = i32::try_from(term).unwrap_or(i32::MAX);
                     if leader == Some(group.local) {
                         tracing::info!(group = %group.id, epoch, "leading a partition");
