@@ -18,6 +18,9 @@
 //! group is quiesced, heartbeats to it, and it would take the leadership of a live group. (The
 //! leader does not wake its groups when a node returns: on a node with thousands of them, the
 //! heartbeats of all of them at once are what overloads the machine while other groups elect.)
+//! This is a mitigation, not a guarantee: a replica whose node starts from metadata that still
+//! names an old leader, or none, campaigns, and a quiesced follower, hearing no heartbeats,
+//! holds no leader lease with which to refuse it.
 //!
 //! Sans-I/O: the host feeds it activity, peers heard from and the time, and applies the
 //! [`Action`]s it returns to the groups' Rafts ([`apply`]).
