@@ -288,6 +288,15 @@ mod tests {
         (fs, root)
     }
 
+    /// `n` files under `root`, each written (one at a time) to hold `old`.
+    fn files_holding_old(fs: &MemFs, root: &Path, replacer: &FileReplacer, n: usize) -> Vec<PathBuf> {
+        let paths: Vec<PathBuf> = (0..n).map(|i| root.join(format!("f{i}"))).collect();
+        for p in &paths {
+            future::block_on(replacer.replace(fs, root, 1, p, b"old".to_vec())).expect("written");
+        }
+        paths
+    }
+
     fn read(fs: &MemFs, path: &Path) -> Vec<u8> {
         future::block_on(fs.read_file(path)).expect("readable").to_vec()
     }
@@ -338,10 +347,7 @@ mod tests {
     fn appends_share_a_round_with_replacements_and_survive_a_crash() {
         let (fs, root) = data_dir();
         let replacer = FileReplacer::new();
-        let paths: Vec<PathBuf> = (0..8).map(|i| root.join(format!("f{i}"))).collect();
-        for p in &paths {
-            future::block_on(replacer.replace(&fs, &root, 4, p, b"old".to_vec())).expect("written");
-        }
+        let paths = files_holding_old(&fs, &root, &replacer, 8);
         let rounds = replacer.rounds();
         let syncs_before = fs.fsync_count();
         let writes = paths.iter().enumerate().map(|(i, p)| {
@@ -427,10 +433,7 @@ mod tests {
     fn a_failed_sync_fails_the_round_and_keeps_the_old_content() {
         let (fs, root) = data_dir();
         let replacer = FileReplacer::new();
-        let paths: Vec<PathBuf> = (0..4).map(|i| root.join(format!("f{i}"))).collect();
-        for p in &paths {
-            future::block_on(replacer.replace(&fs, &root, 1, p, b"old".to_vec())).expect("written");
-        }
+        let paths = files_holding_old(&fs, &root, &replacer, 4);
         fs.set_fail_fsync(true);
         let writes = paths
             .iter()

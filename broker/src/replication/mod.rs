@@ -620,6 +620,9 @@ impl GroupManager {
             // out together, and with two of three replicas left their votes split.
             let state = self.directory.state.borrow().clone();
             for (id, action) in &actions {
+                if *action != quiesce::Action::Wake {
+                    continue;
+                }
                 let lost = leaders
                     .get(id)
                     .copied()
@@ -628,9 +631,6 @@ impl GroupManager {
                 let (Some(lost), Some(state)) = (lost, &state) else {
                     continue;
                 };
-                if *action != quiesce::Action::Wake {
-                    continue;
-                }
                 let first_live = state.partition(id.topic, id.partition).and_then(|p| {
                     p.replica_brokers()
                         .filter_map(BrokerId::from_node_id)
