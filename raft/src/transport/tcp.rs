@@ -5,8 +5,8 @@
 //! node id and the peer's shard the connection is for (one `TcpConnections` per target shard),
 //! and checks that the answer names the peer it meant to reach and repeats the shard (a node
 //! restarted under another id at the same address is not talked to). Requests of all groups then share that
-//! connection: each gets a request id, is written whole under the connection's write lock, and
-//! waits for the answer carrying its id, which a reader task routes back; answers arrive in any
+//! connection: each gets a request id, is queued whole for the connection's writer task (see
+//! [`FrameWriter`]), and waits for the answer carrying its id, which a reader task routes back; answers arrive in any
 //! order. At most `max_in_flight_per_peer` requests wait per connection; a request whose
 //! caller gave up (openraft's timeout) stops waiting and frees its slot. When the connection
 //! breaks, every waiting request fails and the next request reconnects. A connect that fails
@@ -30,11 +30,12 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::future::Either;
 use futures::io::{AsyncWrite, AsyncWriteExt};
 use futures::lock::Mutex;
-use futures_channel::oneshot;
+use futures::StreamExt;
+use futures_channel::{mpsc, oneshot};
 use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::Semaphore;
 
@@ -108,17 +109,82 @@ async fn read_some(stream: &Rc<RefCell<TcpStream>>, buf: &mut BytesMut) -> io::R
     futures::future::poll_fn(|cx| stream.borrow_mut().poll_read_buf(cx, buf, READ_CHUNK_BYTES)).await
 }
 
-async fn write_frame(stream: &Rc<RefCell<TcpStream>>, lock: &Mutex<()>, bytes: &[u8]) -> io::Result<()> {
-    let _held = lock.lock().await;
-    let mut w = Half(Rc::clone(stream));
-    w.write_all(bytes).await?;
-    w.flush().await
+/// Frames at least this long are written as they are; shorter ones queued together are copied
+/// into one buffer and leave in one write.
+const COALESCE_BYTES: usize = 64 * 1024;
+
+/// The writing side of a connection: frames are queued whole and written by one task. A caller
+/// that gives up while its frame waits or is being written (openraft's RPC timeout drops the
+/// request's future) cannot leave half a frame on the wire, after which the peer would read
+/// the rest of the stream as garbage; and frames queued while a write is under way leave
+/// together in the next one. The queue needs no bound of its own: what may wait in it is
+/// bounded by the requests a connection lets in flight (`max_in_flight_per_peer`) and the
+/// answers it serves at once (`max_requests_per_connection`).
+struct FrameWriter {
+    queue: RefCell<Option<mpsc::UnboundedSender<Bytes>>>,
+}
+
+impl FrameWriter {
+    /// Starts the writer task of `stream`; `on_error` runs once if a write fails.
+    fn spawn(stream: Rc<RefCell<TcpStream>>, on_error: impl FnOnce() + 'static) -> FrameWriter {
+        let (tx, mut rx) = mpsc::unbounded::<Bytes>();
+        glommio::spawn_local(async move {
+            let mut w = Half(stream);
+            let mut batch = BytesMut::new();
+            while let Some(first) = rx.next().await {
+                let mut next = Some(first);
+                let result: io::Result<()> = async {
+                    while let Some(frame) = next.take() {
+                        if frame.len() >= COALESCE_BYTES {
+                            if !batch.is_empty() {
+                                w.write_all(&batch.split()).await?;
+                            }
+                            w.write_all(&frame).await?;
+                        } else {
+                            batch.extend_from_slice(&frame);
+                            if batch.len() >= COALESCE_BYTES {
+                                w.write_all(&batch.split()).await?;
+                            }
+                        }
+                        next = rx.try_recv().ok();
+                    }
+                    if !batch.is_empty() {
+                        w.write_all(&batch.split()).await?;
+                    }
+                    w.flush().await
+                }
+                .await;
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "a raft connection's write failed");
+                    on_error();
+                    return;
+                }
+            }
+        })
+        .detach();
+        FrameWriter {
+            queue: RefCell::new(Some(tx)),
+        }
+    }
+
+    /// Queues a whole frame; false if the writer has stopped (a failed write, or closed).
+    fn send(&self, frame: Bytes) -> bool {
+        self.queue
+            .borrow()
+            .as_ref()
+            .is_some_and(|q| q.unbounded_send(frame).is_ok())
+    }
+
+    /// Lets the writer end once what is queued is written.
+    fn close(&self) {
+        self.queue.borrow_mut().take();
+    }
 }
 
 /// One open outbound connection.
 struct Wire {
     stream: Rc<RefCell<TcpStream>>,
-    write: Mutex<()>,
+    writer: FrameWriter,
     pending: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
     next_id: Cell<u64>,
     closed: Cell<bool>,
@@ -131,6 +197,7 @@ impl Wire {
     /// reader; the socket closes when the last request holding the connection is done.
     fn close(&self) {
         self.closed.set(true);
+        self.writer.close();
         self.pending.borrow_mut().clear();
         if let Some(stop) = self.stop_reader.borrow_mut().take() {
             let _ = stop.send(());
@@ -157,9 +224,9 @@ impl Wire {
         self.pending.borrow_mut().insert(id, tx);
         // Whether answered, failed or abandoned, the request leaves the table.
         let _forget = Forget { wire: self, id };
-        if let Err(e) = write_frame(&self.stream, &self.write, &bytes).await {
+        if !self.writer.send(bytes) {
             self.close();
-            return Err(ConnectionError::Network(format!("write failed: {e}")));
+            return Err(ConnectionError::Network("the connection's writer stopped".into()));
         }
         rx.await
             .map_err(|_| ConnectionError::Network("connection closed".into()))
@@ -305,13 +372,21 @@ impl TcpConnections {
             .map_err(|e| format!("connecting to node {peer} at {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let wire = Rc::new(Wire {
-            stream: Rc::new(RefCell::new(stream)),
-            write: Mutex::new(()),
-            pending: RefCell::new(HashMap::new()),
-            next_id: Cell::new(0),
-            closed: Cell::new(false),
-            stop_reader: RefCell::new(Some(stop_tx)),
+        let stream = Rc::new(RefCell::new(stream));
+        let wire = Rc::new_cyclic(|me: &std::rc::Weak<Wire>| {
+            let me = me.clone();
+            Wire {
+                writer: FrameWriter::spawn(Rc::clone(&stream), move || {
+                    if let Some(w) = me.upgrade() {
+                        w.close();
+                    }
+                }),
+                stream,
+                pending: RefCell::new(HashMap::new()),
+                next_id: Cell::new(0),
+                closed: Cell::new(false),
+                stop_reader: RefCell::new(Some(stop_tx)),
+            }
         });
         glommio::spawn_local(read_answers(Rc::clone(&wire), self.config.codec, stop_rx)).detach();
         let hello = wire
@@ -385,7 +460,8 @@ pub async fn serve_stream<H, F>(
 {
     let _ = stream.set_nodelay(true);
     let stream = Rc::new(RefCell::new(stream));
-    let write = Rc::new(Mutex::new(()));
+    // A failed write breaks the stream: the reads below fail then too, and the loop ends.
+    let writer = Rc::new(FrameWriter::spawn(Rc::clone(&stream), || {}));
     let slots = Rc::new(Semaphore::new(config.max_requests_per_connection as u64));
     let codec = config.codec;
     let mut buf = received;
@@ -415,7 +491,7 @@ pub async fn serve_stream<H, F>(
             let Ok(bytes) = codec.encode_to_bytes(&answer) else {
                 return;
             };
-            if write_frame(&stream, &write, &bytes).await.is_err() {
+            if !writer.send(bytes) {
                 return;
             }
             continue;
@@ -424,8 +500,7 @@ pub async fn serve_stream<H, F>(
             return;
         };
         let handler = Rc::clone(&handler);
-        let stream = Rc::clone(&stream);
-        let write = Rc::clone(&write);
+        let writer = Rc::clone(&writer);
         glommio::spawn_local(async move {
             let answer = handler(from, frame.message).await;
             let frame = Frame {
@@ -434,7 +509,7 @@ pub async fn serve_stream<H, F>(
             };
             match codec.encode_to_bytes(&frame) {
                 Ok(bytes) => {
-                    let _ = write_frame(&stream, &write, &bytes).await;
+                    let _ = writer.send(bytes);
                 }
                 Err(e) => tracing::warn!("an answer to node {from} does not fit a frame: {e}"),
             }

@@ -245,7 +245,6 @@ fn start_closing_server(id: BrokerId, accepted: Rc<Cell<usize>>) -> SocketAddr {
             accepted.set(accepted.get() + 1);
             let first = accepted.get() == 1;
             let stream = Rc::new(RefCell::new(stream));
-            let lock = Mutex::new(());
             let codec = Codec::default();
             let mut buf = BytesMut::new();
             let mut hello = true;
@@ -270,7 +269,7 @@ fn start_closing_server(id: BrokerId, accepted: Rc<Cell<usize>>) -> SocketAddr {
                         message: answer,
                     })
                     .unwrap();
-                write_frame(&stream, &lock, &bytes).await.unwrap();
+                write_raw(&stream, &bytes).await.unwrap();
             }
         }
     })
@@ -309,7 +308,6 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
         let seen = Rc::new(RefCell::new(Vec::new()));
         let addr = start_server(BrokerId(2), echo_handler(Rc::clone(&seen)));
         let codec = Codec::default();
-        let lock = Mutex::new(());
 
         // A request before any hello: the connection is closed, nothing is handled.
         let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
@@ -317,7 +315,7 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
             request_id: RequestId(1),
             message: vote_request(1),
         };
-        write_frame(&stream, &lock, &codec.encode_to_bytes(&request).unwrap())
+        write_raw(&stream, &codec.encode_to_bytes(&request).unwrap())
             .await
             .unwrap();
         assert!(read_to_close(&stream).await.is_empty());
@@ -332,10 +330,10 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
                 shard: 3,
             },
         };
-        write_frame(&stream, &lock, &codec.encode_to_bytes(&hello).unwrap())
+        write_raw(&stream, &codec.encode_to_bytes(&hello).unwrap())
             .await
             .unwrap();
-        write_frame(&stream, &lock, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
+        write_raw(&stream, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
             .await
             .unwrap();
         let mut answers = read_to_close(&stream).await;
@@ -350,5 +348,52 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
         );
         assert!(answers.is_empty(), "nothing answered after the oversized frame");
         assert!(seen.borrow().is_empty());
+    });
+}
+
+/// Writes raw bytes to a stream, as a peer (well-behaved or not) would.
+async fn write_raw(stream: &Rc<RefCell<TcpStream>>, bytes: &[u8]) -> io::Result<()> {
+    let mut w = Half(Rc::clone(stream));
+    w.write_all(bytes).await?;
+    w.flush().await
+}
+
+/// A request given up while its frame is being written (openraft's RPC timeout drops the
+/// future) leaves no half frame on the wire: the requests after it on the same connection are
+/// read and answered. Large frames make the write wait for the socket, so that the first poll
+/// leaves it unfinished.
+#[test]
+fn a_request_given_up_mid_write_leaves_the_connection_well_formed() {
+    run(|| async {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let addr = start_server(BrokerId(2), echo_handler(Rc::clone(&seen)));
+        let (_, resolve) = resolver(Some(addr));
+        let (_, clock) = manual_clock();
+        let conns = TcpConnections::new(BrokerId(1), resolve, clock, TcpConfig::default());
+        // Connected first, so that the abandoned calls below are writes, not connects.
+        assert!(conns.call(BrokerId(2), vote_request(0)).await.is_ok());
+        let big = || Message::Control {
+            kind: 7,
+            body: bytes::Bytes::from(vec![0xab; 8 << 20]),
+        };
+        for _ in 0..3 {
+            let call = std::pin::pin!(conns.call(BrokerId(2), big()));
+            // Polled once, then dropped: the caller gave up.
+            assert!(futures::poll!(call).is_pending());
+        }
+        // With half a frame on the wire the peer waits for bytes that never come: bounded.
+        let after = glommio::timer::timeout(Duration::from_secs(10), async {
+            Ok(conns.call(BrokerId(2), vote_request(5)).await)
+        })
+        .await;
+        let Ok(Ok(Message::VoteReply { group: g, .. })) = after else {
+            panic!("the connection broke after abandoned writes: {after:?}");
+        };
+        assert_eq!(g, group(5));
+        let echoed = conns.call(BrokerId(2), big()).await;
+        assert!(
+            matches!(&echoed, Ok(Message::Control { body, .. }) if body.len() == 8 << 20),
+            "a large request is answered whole"
+        );
     });
 }
