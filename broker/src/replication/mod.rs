@@ -186,6 +186,15 @@ pub(crate) trait Host {
 pub(crate) struct ReplicationSettings {
     pub(crate) max_groups: usize,
     pub(crate) heartbeat_interval_ms: u64,
+    /// How often a group's Raft checks its timers. Every check is a turn of the group's Raft
+    /// loop, and an awake group's ticks were most of what 1,000 of them cost a node: a longer
+    /// tick makes heartbeats (sent at the first tick past their interval) and election
+    /// timeouts coarser by at most this much. At most `heartbeat_interval_ms`.
+    pub(crate) tick_interval_ms: u64,
+    /// A leader sends no heartbeat to a follower that acknowledged a write sent within this
+    /// long: under writes the appends prove what heartbeats would. `heartbeat_interval_ms +
+    /// heartbeat_min_interval_ms + tick_interval_ms` must stay below `election_timeout_min_ms`.
+    pub(crate) heartbeat_min_interval_ms: u64,
     pub(crate) election_timeout_min_ms: u64,
     pub(crate) election_timeout_max_ms: u64,
     pub(crate) quiesce: QuiesceConfig,
@@ -203,6 +212,8 @@ impl Default for ReplicationSettings {
         ReplicationSettings {
             max_groups: 20_000,
             heartbeat_interval_ms: 100,
+            tick_interval_ms: 50,
+            heartbeat_min_interval_ms: 200,
             election_timeout_min_ms: 600,
             election_timeout_max_ms: 1_200,
             quiesce: QuiesceConfig {
@@ -221,6 +232,8 @@ impl ReplicationSettings {
         let config = openraft::Config {
             cluster_name: "strand-partition".into(),
             heartbeat_interval: self.heartbeat_interval_ms,
+            tick_interval: Some(self.tick_interval_ms),
+            heartbeat_min_interval: Some(self.heartbeat_min_interval_ms),
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
             // A replica that restarts, or stops hearing the leader for a moment, asks before it
@@ -265,7 +278,6 @@ struct Group {
     local: BrokerId,
     raft: GroupRaft,
     replica: Store,
-    log: LogId,
     /// Set when the group is shut down: its watcher ends.
     stopped: Cell<bool>,
     /// Writes since the quiescer last looked (it wakes the group).
@@ -891,6 +903,17 @@ impl GroupManager {
         self.store
             .set_commit_cap(log, Some(cap))
             .map_err(|e| e.to_string())?;
+        // What consumers are shown follows the commit as each apply moves the high watermark,
+        // before the writers are answered.
+        let store = Rc::clone(&self.store);
+        replica.set_on_high_watermark(Rc::new(move |hw| {
+            let moved = store
+                .with_log(log, |l| l.commit_cap().is_none_or(|c| c < hw.0))
+                .unwrap_or(false);
+            if moved {
+                let _ = store.set_commit_cap(log, Some(hw.0));
+            }
+        }));
         let raft = Raft::new(
             self.local,
             Arc::clone(&self.config),
@@ -905,7 +928,6 @@ impl GroupManager {
             local: self.local,
             raft,
             replica,
-            log,
             stopped: Cell::new(false),
             active: Cell::new(false),
             local_acks: RefCell::new(HashMap::new()),
@@ -988,29 +1010,25 @@ impl GroupManager {
         Ok(true)
     }
 
-    /// Follows a group's metrics: moves the commit cap and reports leadership changes.
+    /// Follows a group's leadership and reports its changes. It wakes on openraft's server
+    /// metrics, which change with the vote, the server state and the leader, not on the full
+    /// metrics, which change at every turn of the group's Raft loop (every tick).
     fn spawn_watcher(self: &Rc<Self>, group: Rc<Group>) {
         let me = Rc::downgrade(self);
         glommio::spawn_local(async move {
-            let mut metrics = group.raft.metrics();
+            let mut server = group.raft.server_metrics();
+            let metrics = group.raft.metrics();
             let mut last: Option<(Option<BrokerId>, u64)> = None;
             loop {
                 if group.stopped.get() {
                     return;
                 }
+                // The full metrics are sent after the server metrics, in the same step.
                 let (leader, term) = {
                     let m = metrics.borrow_watched();
                     (m.current_leader, m.current_term)
                 };
                 let Some(manager) = me.upgrade() else { return };
-                let hw = group.replica.high_watermark().0;
-                let moved = manager
-                    .store
-                    .with_log(group.log, |l| l.commit_cap().is_none_or(|c| c < hw))
-                    .unwrap_or(false);
-                if moved {
-                    let _ = manager.store.set_commit_cap(group.log, Some(hw));
-                }
                 group.known_leader.set(leader);
                 if last != Some((leader, term)) {
                     let was_leader = last.is_some_and(|(l, _)| l == Some(group.local));
@@ -1044,7 +1062,7 @@ impl GroupManager {
                     }
                 }
                 drop(manager);
-                if metrics.changed().await.is_err() {
+                if server.changed().await.is_err() {
                     return;
                 }
             }

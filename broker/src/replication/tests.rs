@@ -645,3 +645,38 @@ fn groups_reach_their_replicas_on_other_shards() {
         .join()
         .unwrap();
 }
+
+/// The partition groups' timers make a config openraft accepts, and openraft (its vendored
+/// patch 4) holds a set tick to its rules: within `1..=heartbeat_interval`, and counted in the
+/// bound that keeps a suppressed heartbeat within the shortest election timeout.
+#[test]
+fn the_replication_timers_are_a_config_openraft_accepts() {
+    let settings = ReplicationSettings::default();
+    let config = settings.raft_config();
+    assert_eq!(config.tick_interval, Some(settings.tick_interval_ms));
+    assert!(
+        settings.heartbeat_interval_ms + settings.heartbeat_min_interval_ms + settings.tick_interval_ms
+            < settings.election_timeout_min_ms
+    );
+    let with = |heartbeat: u64, tick: u64, min_interval: u64| openraft::Config {
+        heartbeat_interval: heartbeat,
+        election_timeout_min: 600,
+        election_timeout_max: 1_200,
+        tick_interval: Some(tick),
+        heartbeat_min_interval: Some(min_interval),
+        ..Default::default()
+    };
+    assert!(with(100, 50, 200).validate().is_ok());
+    for tick in [0, 101] {
+        assert!(matches!(
+            with(100, tick, 200).validate(),
+            Err(openraft::ConfigError::TickInterval { .. })
+        ));
+    }
+    // 250 + 250 + a tick of 100 reaches 600: a suppressed heartbeat could come too late.
+    assert!(matches!(
+        with(250, 100, 250).validate(),
+        Err(openraft::ConfigError::HeartbeatMinIntervalTooLarge { .. })
+    ));
+    assert!(with(250, 99, 250).validate().is_ok());
+}

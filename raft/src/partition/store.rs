@@ -84,6 +84,7 @@ struct Replica<L> {
     high_watermark: Offset,
     snapshot: Option<(Meta, Offset)>,
     on_flushed: Option<FlushedBatches>,
+    on_high_watermark: Option<HighWatermarkMoved>,
     /// The vote is the one recovered at open, not saved since: read as not committed (see
     /// [`ReplicaStore::read_vote`]).
     vote_recovered: bool,
@@ -93,6 +94,11 @@ struct Replica<L> {
 /// offset each was stored at: a leader answers acks=1 writes with it (the batch is the very
 /// `Bytes` it proposed).
 pub type FlushedBatches = Rc<dyn Fn(&[(Bytes, Offset)])>;
+
+/// Told of the high watermark when applying moves it (committed batches applied, a snapshot
+/// installed), before the writers of the applied batches are answered: what consumers are
+/// shown follows the commit without waiting for openraft's metrics.
+pub type HighWatermarkMoved = Rc<dyn Fn(Offset)>;
 
 /// One partition replica's storage: a cheap handle, cloned into openraft's storage roles.
 pub struct ReplicaStore<Rt, L> {
@@ -189,6 +195,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 high_watermark,
                 snapshot,
                 on_flushed: None,
+                on_high_watermark: None,
                 vote_recovered: true,
             })),
             _rt: PhantomData,
@@ -198,6 +205,22 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
     /// Sets what is told of batches once appended durably ([`FlushedBatches`]).
     pub fn set_on_flushed(&self, f: FlushedBatches) {
         self.inner.borrow_mut().on_flushed = Some(f);
+    }
+
+    /// Sets what is told of the high watermark when it moves ([`HighWatermarkMoved`]).
+    pub fn set_on_high_watermark(&self, f: HighWatermarkMoved) {
+        self.inner.borrow_mut().on_high_watermark = Some(f);
+    }
+
+    /// Tells the high watermark to whoever follows it.
+    fn tell_high_watermark(&self) {
+        let (f, hw) = {
+            let inner = self.inner.borrow();
+            (inner.on_high_watermark.clone(), inner.high_watermark)
+        };
+        if let Some(f) = f {
+            f(hw);
+        }
     }
 
     /// The Kafka offset after the last applied batch: what consumers may read up to.
@@ -310,7 +333,11 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogReader<C<Rt>> for ReplicaStore<Rt, 
     /// resuming their old leadership at once flood the others with heartbeats they must
     /// refuse, in the middle of their own elections. A restarted replica wins its leadership
     /// back by an election instead (Raft keeps only the term and the vote across restarts; the
-    /// `committed` flag is openraft's knowledge that a quorum granted it).
+    /// `committed` flag is openraft's knowledge that a quorum granted it). Resuming is not only
+    /// slow at scale but unsafe here: a leader replicates entries it has staged but not yet
+    /// flushed, so after a crash its log can end before entries its followers hold, and in the
+    /// same term its new entries would take those entries' log ids (term, leader, index), which
+    /// the followers would take for the ones they have.
     async fn read_vote(&mut self) -> Result<Option<VoteT<Rt>>, io::Error> {
         let inner = self.inner.borrow();
         Ok(inner.log.vote().map(|v| {
@@ -479,6 +506,8 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
     where
         Strm: Stream<Item = Result<EntryResponder<C<Rt>>, io::Error>> + Unpin + OptionalSend,
     {
+        // The high watermark moved by entries applied but not yet told.
+        let mut untold = false;
         while let Some((entry, responder)) = entries.try_next().await? {
             let answer = {
                 let mut inner = self.inner.borrow_mut();
@@ -494,6 +523,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                             let next = base_offset.plus(i64::from(offset_count));
                             assert!(next >= inner.high_watermark, "the high watermark never goes back");
                             inner.high_watermark = next;
+                            untold = true;
                             if let Some(applier) = &inner.applier {
                                 applier.apply(base_offset, &bytes).map_err(bad_data)?;
                             }
@@ -513,8 +543,14 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 }
             };
             if let Some(responder) = responder {
+                if std::mem::take(&mut untold) {
+                    self.tell_high_watermark();
+                }
                 responder.send(answer);
             }
+        }
+        if untold {
+            self.tell_high_watermark();
         }
         Ok(())
     }
@@ -606,6 +642,8 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
         inner.membership = meta.last_membership.clone();
         inner.high_watermark = inner.high_watermark.max(point.next_offset);
         inner.snapshot = Some((meta.clone(), point.next_offset));
+        drop(inner);
+        self.tell_high_watermark();
         Ok(())
     }
 
@@ -709,6 +747,49 @@ mod tests {
                     (one.as_ptr() as usize, Offset(3))
                 ]
             );
+        });
+    }
+
+    /// Applying committed batches tells the high watermark once per apply, after the batches
+    /// it applied; an apply of internal entries only tells nothing.
+    #[test]
+    fn applying_tells_the_high_watermark() {
+        use strand_protocol::batch::build::{batch, TestRecord};
+        let sim = Sim::new(1);
+        sim.block_on(async {
+            let mut store = ReplicaStore::<SimRuntime, _>::open(MemReplicaLog::new(Offset(0)))
+                .await
+                .unwrap();
+            let told: Rc<RefCell<Vec<Offset>>> = Rc::default();
+            let t2 = Rc::clone(&told);
+            store.set_on_high_watermark(Rc::new(move |hw| t2.borrow_mut().push(hw)));
+            let three = Bytes::from(batch(
+                &[
+                    TestRecord::default(),
+                    TestRecord::default(),
+                    TestRecord::default(),
+                ],
+                0,
+            ));
+            let one = Bytes::from(batch(&[TestRecord::default()], 0));
+            let entry = |index: u64, b: &Bytes| Entry::<SimRuntime> {
+                log_id: log_id(Term(1), index),
+                payload: EntryPayload::Normal(KafkaBatch(b.clone())),
+            };
+            let blank = |index: u64| Entry::<SimRuntime> {
+                log_id: log_id(Term(1), index),
+                payload: EntryPayload::Blank,
+            };
+            let entries = vec![blank(1), entry(2, &three), entry(3, &one), blank(4)];
+            store.append(entries.clone(), IOFlushed::noop()).await.unwrap();
+            let stream = |es: Vec<Entry<SimRuntime>>| {
+                futures::stream::iter(es.into_iter().map(|e| Ok::<_, io::Error>((e, None))))
+            };
+            store.apply(stream(entries[..1].to_vec())).await.unwrap();
+            assert!(told.borrow().is_empty());
+            store.apply(stream(entries[1..].to_vec())).await.unwrap();
+            assert_eq!(*told.borrow(), vec![Offset(4)]);
+            assert_eq!(store.high_watermark(), Offset(4));
         });
     }
 

@@ -200,8 +200,9 @@ pub struct Config {
     /// The heartbeat interval in milliseconds at which leaders will send heartbeats to followers
     ///
     /// A heartbeat is only sent when a tick fires, and the tick loop fires every
-    /// `heartbeat_interval * 13 / 64` milliseconds, so a heartbeat goes out at the first tick at
-    /// or after this interval, up to one tick interval later than it.
+    /// `heartbeat_interval * 13 / 64` milliseconds (STRAND PATCH 4: or `tick_interval`), so a
+    /// heartbeat goes out at the first tick at or after this interval, up to one tick interval
+    /// later than it.
     #[cfg_attr(feature = "clap", clap(long, default_value_t = DEFAULTS.heartbeat_interval))]
     pub heartbeat_interval: u64,
 
@@ -354,6 +355,17 @@ pub struct Config {
            default_missing_value = "true"
     ))]
     pub broadcast_submitted_on_append: Option<bool>,
+
+    /// STRAND PATCH 4: the interval in milliseconds at which the tick loop fires.
+    ///
+    /// Every tick is a message to `RaftCore` and a turn of its loop (metrics included); a process
+    /// running thousands of groups pays for each. Heartbeats go out at the first tick at or after
+    /// their deadline and election timers are checked at ticks, so a longer tick makes both
+    /// coarser. It must be at least 1 and at most `heartbeat_interval`.
+    ///
+    /// Defaults to `heartbeat_interval * 13 / 64`.
+    #[cfg_attr(feature = "clap", clap(long))]
+    pub tick_interval: Option<u64>,
 
     /// Enable or disable tick.
     ///
@@ -633,6 +645,7 @@ impl Default for Config {
             state_machine_channel_size: Some(DEFAULTS.state_machine_channel_size),
             log_stage_capacity: None,
             broadcast_submitted_on_append: None,
+            tick_interval: None,
             enable_tick: DEFAULTS.enable_tick,
             enable_heartbeat: DEFAULTS.enable_heartbeat,
             enable_elect: DEFAULTS.enable_elect,
@@ -756,6 +769,10 @@ impl Config {
     /// A heartbeat is only sent when a tick fires, so every heartbeat deadline is rounded up to
     /// this interval.
     pub(crate) fn tick_interval(&self) -> u64 {
+        // STRAND PATCH 4: a set interval, validated in `validate()`.
+        if let Some(interval) = self.tick_interval {
+            return interval;
+        }
         let interval = self.heartbeat_interval * 13 / 64;
         interval.max(1)
     }
@@ -792,6 +809,17 @@ impl Config {
                 heartbeat_interval: self.heartbeat_interval,
                 heartbeat_min_interval,
             });
+        }
+
+        // STRAND PATCH 4: a tick longer than the heartbeat interval would space heartbeats by
+        // ticks rather than by the interval.
+        if let Some(tick) = self.tick_interval {
+            if tick == 0 || tick > self.heartbeat_interval {
+                return Err(ConfigError::TickInterval {
+                    tick_interval: tick,
+                    heartbeat_interval: self.heartbeat_interval,
+                });
+            }
         }
 
         if self.max_payload_entries == 0 {

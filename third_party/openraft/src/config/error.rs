@@ -28,6 +28,15 @@ pub enum ConfigError {
         max: u64,
     },
 
+    /// STRAND PATCH 4: the tick interval must be at least 1 and at most the heartbeat interval.
+    #[error("tick_interval({tick_interval}) must be >= 1 and <= heartbeat_interval({heartbeat_interval})")]
+    TickInterval {
+        /// Tick interval value.
+        tick_interval: u64,
+        /// Heartbeat interval value.
+        heartbeat_interval: u64,
+    },
+
     /// The `max_payload_entries` configuration must be greater than 0.
     #[error("max_payload_entries must be > 0")]
     MaxPayloadIs0,
