@@ -1,5 +1,5 @@
-//! Raft replication of partition logs (openraft 0.10), built and tested here, not yet used by
-//! the broker, which still runs one node.
+//! Raft replication of partition logs (openraft 0.10): the groups, their storage on the shard
+//! store, their transport and runtimes. The broker's replication subsystem runs them.
 //!
 //! - [`partition`]: a Kafka partition as a Raft group whose log is the partition's own log
 //!   (offset translation, replica storage on the shard store, the state machine beside the log,
