@@ -251,6 +251,9 @@ impl ReplicationSettings {
             // statistics, which Strand does not read: 1,024 entries per stage by default, about
             // 150 KiB per group, a gigabyte on a node with thousands of replicas.
             log_stage_capacity: Some(1),
+            // A partition group's membership is fixed at creation, so no leader is ever removed
+            // from it: openraft's watcher for that case would be one idle task per group.
+            removed_leader_step_down: openraft::StepDownPolicy::Never,
             ..Default::default()
         };
         #[allow(clippy::expect_used)]
@@ -840,12 +843,20 @@ impl GroupManager {
             .filter(|g| !wanted_set.contains(&g.id))
             .cloned()
             .collect();
+        // Starting or stopping a group rarely waits for I/O, so a topic of a thousand partitions
+        // would hold the shard for a second or more (its other groups' heartbeats, elections
+        // and writes waiting behind): the loops give way whenever the shard's time slice is up.
         for g in gone {
             self.stop_group(state, &g).await;
+            glommio::yield_if_needed().await;
         }
         for id in wanted {
             if self.groups.0.borrow().contains_key(&id) {
                 continue;
+            }
+            glommio::yield_if_needed().await;
+            if self.closed.get() {
+                return;
             }
             match self.start_group(state, id).await {
                 Ok(true) => {}
