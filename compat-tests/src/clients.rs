@@ -191,6 +191,22 @@ pub fn rdkafka_consume(
     poll_records(&consumer, count, timeout)
 }
 
+/// Reads each partition `p` of `ends` from the beginning up to `ends[p]` with rdkafka.
+pub fn rdkafka_read_all(bootstrap: &str, topic: &str, ends: &BTreeMap<i32, i64>) -> Vec<Consumed> {
+    let mut all = Vec::new();
+    for (&p, &end) in ends {
+        all.extend(rdkafka_consume(
+            bootstrap,
+            topic,
+            p,
+            Offset::Beginning,
+            usize::try_from(end).unwrap_or(0),
+            Duration::from_secs(60),
+        ));
+    }
+    all
+}
+
 /// An rdkafka consumer for assign/seek use: no commits, `auto.offset.reset=error`.
 ///
 /// librdkafka refuses `assign` without a `group.id` ("Unknown group"), so one is set; no

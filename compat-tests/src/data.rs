@@ -2,6 +2,7 @@
 //! Python scripts (bytes as lowercase hex, `null` for null).
 
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 /// A record to produce.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -276,4 +277,43 @@ pub fn compare_read_back(
     } else {
         Err(problems.join("\n"))
     }
+}
+
+/// Offsets a fresh partition must assign to records produced in order: 0, 1, 2... per partition.
+pub fn sequential_offsets(records: &[TestRecord]) -> Vec<i64> {
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    records
+        .iter()
+        .map(|r| {
+            let n = next.entry(r.partition).or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect()
+}
+
+/// The end offset of each of `partitions` fresh partitions once `records` are produced.
+pub fn ends_of(records: &[TestRecord], partitions: i32) -> BTreeMap<i32, i64> {
+    let mut ends: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
+    for r in records {
+        *ends.entry(r.partition).or_insert(0) += 1;
+    }
+    ends
+}
+
+/// [`compare_read_back`] with timestamps, panicking with its report.
+pub fn assert_read_back(who: &str, expected: &[TestRecord], offsets: &[i64], got: &[Consumed]) {
+    if let Err(e) = compare_read_back(who, expected, offsets, got, true) {
+        panic!("{e}");
+    }
+}
+
+/// kafka-python cannot produce a null header value nor a record with both key and value
+/// null; leave those corners to the other producers.
+pub fn kafka_python_producible(mut records: Vec<TestRecord>) -> Vec<TestRecord> {
+    for r in &mut records {
+        r.headers.retain(|(_, v)| v.is_some());
+        assert!(r.key.is_some() || r.value.is_some());
+    }
+    records
 }

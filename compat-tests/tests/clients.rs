@@ -2,7 +2,6 @@
 //! confluent-kafka (Python, its own librdkafka build) and kafka-python (pure Python). Each
 //! writes, each reads, and all must agree byte for byte, offset for offset.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kafka_protocol::messages::ProduceRequest;
@@ -10,63 +9,15 @@ use kafka_protocol::records::Compression;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use strand_compat_tests::admin::{self, versions};
+use strand_compat_tests::clients::rdkafka_read_all;
 use strand_compat_tests::clients::{self, PythonClient};
-use strand_compat_tests::data::{compare_read_back, varied_records, Consumed, TestRecord};
+use strand_compat_tests::data::{
+    assert_read_back as check, ends_of, kafka_python_producible, sequential_offsets, varied_records,
+    TestRecord,
+};
 use strand_compat_tests::{raw, unique_topic, wait_for, Broker};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Offsets a fresh partition must assign to records produced in order: 0, 1, 2... per partition.
-fn sequential_offsets(records: &[TestRecord]) -> Vec<i64> {
-    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-    records
-        .iter()
-        .map(|r| {
-            let n = next.entry(r.partition).or_insert(0);
-            *n += 1;
-            *n - 1
-        })
-        .collect()
-}
-
-fn ends_of(records: &[TestRecord], partitions: i32) -> BTreeMap<i32, i64> {
-    let mut ends: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
-    for r in records {
-        *ends.entry(r.partition).or_insert(0) += 1;
-    }
-    ends
-}
-
-fn rdkafka_read_all(bootstrap: &str, topic: &str, ends: &BTreeMap<i32, i64>) -> Vec<Consumed> {
-    let mut all = Vec::new();
-    for (&p, &end) in ends {
-        all.extend(clients::rdkafka_consume(
-            bootstrap,
-            topic,
-            p,
-            Offset::Beginning,
-            end as usize,
-            TIMEOUT,
-        ));
-    }
-    all
-}
-
-fn check(who: &str, expected: &[TestRecord], offsets: &[i64], got: &[Consumed]) {
-    if let Err(e) = compare_read_back(who, expected, offsets, got, true) {
-        panic!("{e}");
-    }
-}
-
-/// kafka-python cannot produce a null header value nor a record with both key and value
-/// null; leave those corners to the other producers.
-fn kafka_python_producible(mut records: Vec<TestRecord>) -> Vec<TestRecord> {
-    for r in &mut records {
-        r.headers.retain(|(_, v)| v.is_some());
-        assert!(r.key.is_some() || r.value.is_some());
-    }
-    records
-}
 
 #[test]
 fn rdkafka_round_trip_with_assign_and_seek() {

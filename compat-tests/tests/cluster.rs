@@ -19,8 +19,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use strand_compat_tests::wait_for;
+use strand_compat_tests::clients::{self, PythonClient};
+use strand_compat_tests::data::{
+    assert_read_back, ends_of, kafka_python_producible, sequential_offsets, varied_records,
+};
 use strand_compat_tests::{broker_binary, external_bootstrap, http_get, metric_sum_where};
+use strand_compat_tests::{tools, unique_topic, wait_for};
 
 /// A deadline for what the cluster does by itself (elections, registrations, fencing): generous,
 /// the machine may be busy.
@@ -902,4 +906,107 @@ fn leaders_go_back_to_their_preferred_replicas_once_a_restarted_node_is_in_sync(
             .matches("handing leadership back")
             .count();
     assert!(moved >= 1, "no leadership was handed back:\n{}", dump(&nodes));
+}
+
+/// The compat suite's other clients against three combined nodes: confluent-kafka and
+/// kafka-python write to replicated topics (three partitions, replication factor 3) with
+/// acks=all through the three nodes' addresses, and rdkafka, confluent-kafka, kafka-python and
+/// kcat each read back exactly what was written, at the offsets it was given, from leaders
+/// spread over the nodes.
+#[test]
+fn the_python_clients_and_kcat_write_and_read_through_the_cluster() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let nodes = three_combined_nodes();
+    let bootstrap = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+    let from_confluent = unique_topic("cluster-ck");
+    let from_kafka_python = unique_topic("cluster-kp");
+    create_topics(
+        &nodes[0],
+        &[
+            NewTopic::new(&from_confluent, 3, TopicReplication::Fixed(3)),
+            NewTopic::new(&from_kafka_python, 3, TopicReplication::Fixed(3)),
+        ],
+    );
+    for topic in [&from_confluent, &from_kafka_python] {
+        wait_for(DEADLINE, "every partition led with its whole ISR", || {
+            leaders_of(&bootstrap, topic)
+                .filter(|l| l.len() == 3 && l.values().all(|(leader, isr)| *leader > 0 && *isr == 3))
+        });
+    }
+    let leaders: BTreeSet<i32> = leaders_of(&bootstrap, &from_confluent)
+        .unwrap_or_default()
+        .values()
+        .map(|(leader, _)| *leader)
+        .collect();
+    eprintln!("[cluster clients] leaders of {from_confluent}: {leaders:?}");
+
+    let a = varied_records(300, 3, 61);
+    let a_offsets = clients::python_produce(PythonClient::ConfluentKafka, &bootstrap, &from_confluent, &a);
+    assert_eq!(
+        a_offsets,
+        sequential_offsets(&a),
+        "confluent-kafka acks=all offsets"
+    );
+    let b = kafka_python_producible(varied_records(300, 3, 62));
+    let b_offsets = clients::python_produce(PythonClient::KafkaPython, &bootstrap, &from_kafka_python, &b);
+    assert_eq!(b_offsets, sequential_offsets(&b), "kafka-python acks=all offsets");
+
+    for (topic, records, offsets) in [
+        (&from_confluent, &a, &a_offsets),
+        (&from_kafka_python, &b, &b_offsets),
+    ] {
+        let ends = ends_of(records, 3);
+        assert_read_back(
+            &format!("rdkafka reading {topic}"),
+            records,
+            offsets,
+            &clients::rdkafka_read_all(&bootstrap, topic, &ends),
+        );
+        for client in [PythonClient::ConfluentKafka, PythonClient::KafkaPython] {
+            let got = clients::python_consume(client, &bootstrap, topic, 0, &ends);
+            assert_read_back(&format!("{client:?} reading {topic}"), records, offsets, &got);
+        }
+        // kcat: every (partition, offset) once, with the value written there.
+        let mut cmd = tools::kcat_command();
+        cmd.args([
+            "-b",
+            &bootstrap,
+            "-C",
+            "-t",
+            topic,
+            "-e",
+            "-o",
+            "beginning",
+            "-f",
+            "%p:%o:%S\n",
+        ]);
+        let (status, out, err) = tools::run_with_input(cmd, b"", Duration::from_secs(60));
+        assert!(
+            status.success(),
+            "kcat -C failed: {}",
+            String::from_utf8_lossy(&err)
+        );
+        let got: BTreeMap<(i32, i64), usize> = String::from_utf8_lossy(&out)
+            .lines()
+            .map(|l| {
+                let mut f = l.splitn(3, ':');
+                let p = f.next().and_then(|p| p.parse().ok()).unwrap_or(-1);
+                let o = f.next().and_then(|o| o.parse().ok()).unwrap_or(-1);
+                let size = f.next().and_then(|s| s.parse::<i64>().ok()).unwrap_or(-2);
+                ((p, o), usize::try_from(size.max(0)).unwrap_or(0))
+            })
+            .collect();
+        let want: BTreeMap<(i32, i64), usize> = records
+            .iter()
+            .zip(offsets.iter())
+            .map(|(r, o)| ((r.partition, *o), r.value.as_ref().map_or(0, Vec::len)))
+            .collect();
+        assert_eq!(
+            got, want,
+            "kcat read of {topic}: (partition, offset) -> value size"
+        );
+    }
 }
