@@ -111,6 +111,8 @@ use crate::core::notification::Notification;
 use crate::core::raft_msg::RaftMsg;
 use crate::core::raft_msg::external_command::ExternalCommand;
 use crate::core::raft_msg::install_full_snapshot_request::InstallFullSnapshotRequest;
+use crate::core::runtime_stats::CoreStats;
+#[cfg(feature = "runtime-stats")]
 use crate::core::runtime_stats::RuntimeStats;
 use crate::core::sm;
 use crate::core::sm::worker;
@@ -649,7 +651,8 @@ where
                         progress: tx_progress,
                     },
 
-                    runtime_stats: RuntimeStats::new(&config),
+                    // STRAND PATCH 5
+                    runtime_stats: CoreStats::new(&config),
                     shared_replicate_batch,
 
                     metrics_recorder: None,
