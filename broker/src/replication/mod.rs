@@ -868,6 +868,29 @@ impl GroupManager {
                 }
             }
         }
+        // A group started quiet under the leader the metadata named then, a leader its Raft has
+        // not confirmed, stops believing in it once the metadata no longer names it (the
+        // controller took the leadership away, or another node reported an election): the
+        // quiescer wakes a group without a leader, and it elects. Otherwise two replicas that
+        // each started under a leadership the other no longer holds would both stay quiet, and
+        // a partition whose only up-to-date replicas are quiet would never elect.
+        for g in self.groups.0.borrow().values() {
+            let Some(believed) = g.believed_leader.get() else {
+                continue;
+            };
+            if g.known_leader.get().is_some() {
+                continue;
+            }
+            let named = state
+                .partition(g.id.topic, g.id.partition)
+                .filter(|p| p.leader_epoch.0 > 0)
+                .and_then(|p| p.leader)
+                .and_then(BrokerId::from_node_id);
+            if named != Some(believed) {
+                tracing::debug!(group = %g.id, ?believed, ?named, "the metadata no longer names the leader a quiet replica took");
+                g.believed_leader.set(None);
+            }
+        }
         // Elections the state does not show yet (a report lost, refused while this broker was
         // fenced, or overtaken by the controller taking the leadership away).
         let led = self.led_groups();

@@ -680,3 +680,52 @@ fn the_replication_timers_are_a_config_openraft_accepts() {
     ));
     assert!(with(250, 99, 250).validate().is_ok());
 }
+
+/// A replica that started quiet under the leader the metadata named stops believing in it once
+/// the metadata names none (or another): the quiescer then wakes it, without a leader, to
+/// elect. Kept believing, two replicas that each started under a leadership the other no longer
+/// held stayed quiet for good, and their partition never elected.
+#[test]
+fn a_quiet_replica_stops_believing_a_leader_the_metadata_no_longer_names() {
+    LocalExecutorBuilder::default()
+        .spawn(|| async move {
+            let shared = SharedFs::for_process(FileRegions::for_process(64));
+            let n2 = start_node(2, shared).await;
+            let n1_addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+            // The partition's registration after each (leader, epoch) change in turn.
+            let led_by = |changes: &[(Option<i32>, i32)]| {
+                let mut state = (*cluster_of(&[(1, n1_addr), (2, n2.addr), (3, n1_addr)])).clone();
+                for (i, (leader, epoch)) in changes.iter().enumerate() {
+                    state.apply(&Record::PartitionChange(
+                        crate::cluster::record::PartitionChange {
+                            topic: TOPIC,
+                            partition: PartitionId(0),
+                            leader: leader.map(NodeId),
+                            isr: vec![NodeId(1), NodeId(2), NodeId(3)],
+                            leader_epoch: LeaderEpoch(*epoch),
+                            partition_epoch: PartitionEpoch(i32::try_from(i).unwrap() + 1),
+                            shards: None,
+                        },
+                    ));
+                }
+                Rc::new(state)
+            };
+            n2.manager.reconcile(&led_by(&[(Some(1), 5)])).await;
+            let group = n2.manager.groups.0.borrow().values().next().cloned().unwrap();
+            assert_eq!(
+                group.believed_leader.get(),
+                Some(BrokerId(1)),
+                "started under node 1"
+            );
+            // The same leader named again: still believed.
+            n2.manager.reconcile(&led_by(&[(Some(1), 5)])).await;
+            assert_eq!(group.believed_leader.get(), Some(BrokerId(1)));
+            // The controller took the leadership away: no leader is believed any more.
+            n2.manager.reconcile(&led_by(&[(Some(1), 5), (None, 5)])).await;
+            assert_eq!(group.believed_leader.get(), None);
+            assert_eq!(group.known_leader.get(), None, "nothing elected meanwhile");
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}

@@ -18,7 +18,9 @@
 //! group is quiesced, heartbeats to it, and it would take the leadership of a live group. (The
 //! leader does not wake its groups when a node returns: on a node with thousands of them, the
 //! heartbeats of all of them at once are what overloads the machine while other groups elect.)
-//! This is a mitigation, not a guarantee: a replica whose node starts from metadata that still
+//! The host stops taking that node for the leader once the metadata no longer names it (the
+//! controller took the leadership away, or another node reported an election): the group then
+//! has no leader here and wakes to elect. This is a mitigation, not a guarantee: a replica whose node starts from metadata that still
 //! names an old leader, or none, campaigns, and a quiesced follower, hearing no heartbeats,
 //! holds no leader lease with which to refuse it.
 //!
