@@ -18,7 +18,7 @@
 //! listener that recognised the hello): each connection must start with a hello; every later frame is
 //! a request, handed to the handler (the node's [`Server`](super::network::Server)) in a task
 //! of its own, at most `max_requests_per_connection` at once (past that the connection is not
-//! read until one finishes), and its answer written back with the request's id.
+//! read until one's answer is written), and its answer written back with the request's id.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -118,23 +118,30 @@ const COALESCE_BYTES: usize = 64 * 1024;
 /// request's future) cannot leave half a frame on the wire, after which the peer would read
 /// the rest of the stream as garbage; and frames queued while a write is under way leave
 /// together in the next one. The queue needs no bound of its own: what may wait in it is
-/// bounded by the requests a connection lets in flight (`max_in_flight_per_peer`) and the
-/// answers it serves at once (`max_requests_per_connection`).
+/// bounded by the requests a connection lets in flight (`max_in_flight_per_peer`, each holding
+/// its slot until answered) and by the answers it serves at once (`max_requests_per_connection`,
+/// each holding its slot until written: [`FrameWriter::send_then`]), so a peer that stops
+/// reading cannot make it grow.
 struct FrameWriter {
-    queue: RefCell<Option<mpsc::UnboundedSender<Bytes>>>,
+    queue: RefCell<Option<mpsc::UnboundedSender<Queued>>>,
 }
+
+/// A frame waiting to be written, and whom to tell once it is.
+type Queued = (Bytes, Option<oneshot::Sender<()>>);
 
 impl FrameWriter {
     /// Starts the writer task of `stream`; `on_error` runs once if a write fails.
     fn spawn(stream: Rc<RefCell<TcpStream>>, on_error: impl FnOnce() + 'static) -> FrameWriter {
-        let (tx, mut rx) = mpsc::unbounded::<Bytes>();
+        let (tx, mut rx) = mpsc::unbounded::<Queued>();
         glommio::spawn_local(async move {
             let mut w = Half(stream);
             let mut batch = BytesMut::new();
+            let mut written: Vec<oneshot::Sender<()>> = Vec::new();
             while let Some(first) = rx.next().await {
                 let mut next = Some(first);
                 let result: io::Result<()> = async {
-                    while let Some(frame) = next.take() {
+                    while let Some((frame, done)) = next.take() {
+                        written.extend(done);
                         if frame.len() >= COALESCE_BYTES {
                             if !batch.is_empty() {
                                 w.write_all(&batch.split()).await?;
@@ -159,6 +166,9 @@ impl FrameWriter {
                     on_error();
                     return;
                 }
+                for done in written.drain(..) {
+                    let _ = done.send(());
+                }
             }
         })
         .detach();
@@ -172,7 +182,16 @@ impl FrameWriter {
         self.queue
             .borrow()
             .as_ref()
-            .is_some_and(|q| q.unbounded_send(frame).is_ok())
+            .is_some_and(|q| q.unbounded_send((frame, None)).is_ok())
+    }
+
+    /// Queues a whole frame and tells `written` once it is on the socket (dropped unsent if the
+    /// write fails); false if the writer has stopped.
+    fn send_then(&self, frame: Bytes, written: oneshot::Sender<()>) -> bool {
+        self.queue
+            .borrow()
+            .as_ref()
+            .is_some_and(|q| q.unbounded_send((frame, Some(written))).is_ok())
     }
 
     /// Lets the writer end once what is queued is written.
@@ -509,7 +528,12 @@ pub async fn serve_stream<H, F>(
             };
             match codec.encode_to_bytes(&frame) {
                 Ok(bytes) => {
-                    let _ = writer.send(bytes);
+                    // The slot is held until the answer is written: a peer that stops reading
+                    // stops being served.
+                    let (written_tx, written_rx) = oneshot::channel();
+                    if writer.send_then(bytes, written_tx) {
+                        let _ = written_rx.await;
+                    }
                 }
                 Err(e) => tracing::warn!("an answer to node {from} does not fit a frame: {e}"),
             }

@@ -397,3 +397,61 @@ fn a_request_given_up_mid_write_leaves_the_connection_well_formed() {
         );
     });
 }
+
+/// A peer that sends requests and never reads the answers is served no more than the
+/// connection's bound of requests at once: a request's slot is held until its answer is
+/// written, so the answers cannot pile up in the writer's queue.
+#[test]
+fn a_peer_that_reads_no_answers_is_served_within_the_bound() {
+    run(|| async {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = TcpConfig {
+            max_requests_per_connection: 4,
+            ..TcpConfig::default()
+        };
+        let handler = Rc::new(echo_handler(Rc::clone(&seen)));
+        glommio::spawn_local(serve(listener, BrokerId(2), config, handler)).detach();
+
+        let codec = Codec::default();
+        let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
+        let hello = Frame {
+            request_id: RequestId(0),
+            message: Message::Hello {
+                node: BrokerId(1),
+                shard: 0,
+            },
+        };
+        write_raw(&stream, &codec.encode_to_bytes(&hello).unwrap())
+            .await
+            .unwrap();
+        // 64 requests of 1 MiB, each echoed back whole, and nothing read: the server's answers
+        // fill the socket, and its slots stay taken by answers not yet written.
+        let sender = Rc::clone(&stream);
+        glommio::spawn_local(async move {
+            for i in 1..=64u64 {
+                let request = Frame {
+                    request_id: RequestId(i),
+                    message: Message::Control {
+                        kind: 1,
+                        body: bytes::Bytes::from(vec![7u8; 1 << 20]),
+                    },
+                };
+                if write_raw(&sender, &codec.encode_to_bytes(&request).unwrap())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+        .detach();
+        glommio::timer::sleep(Duration::from_secs(2)).await;
+        let handled = seen.borrow().len();
+        assert!(
+            (4..64).contains(&handled),
+            "{handled} of 64 requests handled while no answer was read"
+        );
+    });
+}
