@@ -405,6 +405,42 @@ pub fn python_produce_with(
     (offsets, out)
 }
 
+/// What each Python client wrote: its records and the offsets they were given.
+pub struct PythonWrites {
+    pub confluent: (Vec<TestRecord>, Vec<i64>),
+    pub kafka_python: (Vec<TestRecord>, Vec<i64>),
+}
+
+/// confluent-kafka writes `n` varied records (seed `seed`) to `for_confluent`, kafka-python
+/// `n` it can produce (seed `seed + 1`) to `for_kafka_python`, both over three fresh partitions
+/// with acks=all; each is checked to get the offsets 0, 1, 2... per partition.
+pub fn python_clients_write(
+    bootstrap: &str,
+    for_confluent: &str,
+    for_kafka_python: &str,
+    n: usize,
+    seed: u64,
+) -> PythonWrites {
+    let a = data::varied_records(n, 3, seed);
+    let a_offsets = python_produce(PythonClient::ConfluentKafka, bootstrap, for_confluent, &a);
+    assert_eq!(
+        a_offsets,
+        data::sequential_offsets(&a),
+        "confluent-kafka acks=all offsets"
+    );
+    let b = data::kafka_python_producible(data::varied_records(n, 3, seed + 1));
+    let b_offsets = python_produce(PythonClient::KafkaPython, bootstrap, for_kafka_python, &b);
+    assert_eq!(
+        b_offsets,
+        data::sequential_offsets(&b),
+        "kafka-python acks=all offsets"
+    );
+    PythonWrites {
+        confluent: (a, a_offsets),
+        kafka_python: (b, b_offsets),
+    }
+}
+
 /// Python: read each partition `p` in `ends` from `start` up to (excluding) `ends[p]` with
 /// assign/seek; returns what it read.
 pub fn python_consume(

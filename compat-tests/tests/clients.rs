@@ -12,8 +12,7 @@ use strand_compat_tests::admin::{self, versions};
 use strand_compat_tests::clients::rdkafka_read_all;
 use strand_compat_tests::clients::{self, PythonClient};
 use strand_compat_tests::data::{
-    assert_read_back as check, ends_of, kafka_python_producible, sequential_offsets, varied_records,
-    TestRecord,
+    assert_read_back as check, ends_of, sequential_offsets, varied_records, TestRecord,
 };
 use strand_compat_tests::{raw, unique_topic, wait_for, Broker};
 
@@ -147,16 +146,9 @@ fn three_stacks_read_what_python_clients_wrote() {
     let from_kafka_python = unique_topic("stacks-kp");
     admin::create_topic(&bootstrap, &from_kafka_python, 3, &[]);
 
-    let a = varied_records(600, 3, 41);
-    let a_offsets = clients::python_produce(PythonClient::ConfluentKafka, &bootstrap, &from_confluent, &a);
-    assert_eq!(
-        a_offsets,
-        sequential_offsets(&a),
-        "confluent-kafka acks=all offsets"
-    );
-    let b = kafka_python_producible(varied_records(600, 3, 42));
-    let b_offsets = clients::python_produce(PythonClient::KafkaPython, &bootstrap, &from_kafka_python, &b);
-    assert_eq!(b_offsets, sequential_offsets(&b), "kafka-python acks=all offsets");
+    let writes = clients::python_clients_write(&bootstrap, &from_confluent, &from_kafka_python, 600, 41);
+    let (a, a_offsets) = writes.confluent;
+    let (b, b_offsets) = writes.kafka_python;
 
     let a_ends = ends_of(&a, 3);
     let b_ends = ends_of(&b, 3);

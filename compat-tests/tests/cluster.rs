@@ -20,9 +20,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use strand_compat_tests::clients::{self, PythonClient};
-use strand_compat_tests::data::{
-    assert_read_back, ends_of, kafka_python_producible, sequential_offsets, varied_records,
-};
+use strand_compat_tests::data::{assert_read_back, ends_of};
 use strand_compat_tests::{broker_binary, external_bootstrap, http_get, metric_sum_where};
 use strand_compat_tests::{tools, unique_topic, wait_for};
 
@@ -943,16 +941,9 @@ fn the_python_clients_and_kcat_write_and_read_through_the_cluster() {
         .collect();
     eprintln!("[cluster clients] leaders of {from_confluent}: {leaders:?}");
 
-    let a = varied_records(300, 3, 61);
-    let a_offsets = clients::python_produce(PythonClient::ConfluentKafka, &bootstrap, &from_confluent, &a);
-    assert_eq!(
-        a_offsets,
-        sequential_offsets(&a),
-        "confluent-kafka acks=all offsets"
-    );
-    let b = kafka_python_producible(varied_records(300, 3, 62));
-    let b_offsets = clients::python_produce(PythonClient::KafkaPython, &bootstrap, &from_kafka_python, &b);
-    assert_eq!(b_offsets, sequential_offsets(&b), "kafka-python acks=all offsets");
+    let writes = clients::python_clients_write(&bootstrap, &from_confluent, &from_kafka_python, 300, 61);
+    let (a, a_offsets) = writes.confluent;
+    let (b, b_offsets) = writes.kafka_python;
 
     for (topic, records, offsets) in [
         (&from_confluent, &a, &a_offsets),

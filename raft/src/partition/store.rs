@@ -703,11 +703,40 @@ mod tests {
         }
     }
 
+    /// Two batches, of three records and of one.
+    fn three_and_one() -> (Bytes, Bytes) {
+        use strand_protocol::batch::build::{batch, TestRecord};
+        let three = [
+            TestRecord::default(),
+            TestRecord::default(),
+            TestRecord::default(),
+        ];
+        (
+            Bytes::from(batch(&three, 0)),
+            Bytes::from(batch(&[TestRecord::default()], 0)),
+        )
+    }
+
+    /// An entry of term 1 carrying `b`.
+    fn entry(index: u64, b: &Bytes) -> Entry<SimRuntime> {
+        Entry::<SimRuntime> {
+            log_id: log_id(Term(1), index),
+            payload: EntryPayload::Normal(KafkaBatch(b.clone())),
+        }
+    }
+
+    /// A blank entry of term 1.
+    fn blank(index: u64) -> Entry<SimRuntime> {
+        Entry::<SimRuntime> {
+            log_id: log_id(Term(1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
     /// The flushed-append observer hears of each appended batch, with the offset it took,
     /// once the log's flush returned, as the very bytes that were appended.
     #[test]
     fn appended_batches_are_reported_once_flushed_with_their_offsets() {
-        use strand_protocol::batch::build::{batch, TestRecord};
         let sim = Sim::new(1);
         sim.block_on(async {
             let mut store = ReplicaStore::<SimRuntime, _>::open(MemReplicaLog::new(Offset(0)))
@@ -719,25 +748,12 @@ mod tests {
                 s2.borrow_mut()
                     .extend(bs.iter().map(|(b, o)| (b.as_ptr() as usize, *o)));
             }));
-            let three = Bytes::from(batch(
-                &[
-                    TestRecord::default(),
-                    TestRecord::default(),
-                    TestRecord::default(),
-                ],
-                0,
-            ));
-            let one = Bytes::from(batch(&[TestRecord::default()], 0));
-            let entry = |index: u64, b: &Bytes| Entry::<SimRuntime> {
-                log_id: log_id(Term(1), index),
-                payload: EntryPayload::Normal(KafkaBatch(b.clone())),
-            };
-            let blank = Entry::<SimRuntime> {
-                log_id: log_id(Term(1), 1),
-                payload: EntryPayload::Blank,
-            };
+            let (three, one) = three_and_one();
             store
-                .append(vec![blank, entry(2, &three), entry(3, &one)], IOFlushed::noop())
+                .append(
+                    vec![blank(1), entry(2, &three), entry(3, &one)],
+                    IOFlushed::noop(),
+                )
                 .await
                 .unwrap();
             assert_eq!(
@@ -754,7 +770,6 @@ mod tests {
     /// it applied; an apply of internal entries only tells nothing.
     #[test]
     fn applying_tells_the_high_watermark() {
-        use strand_protocol::batch::build::{batch, TestRecord};
         let sim = Sim::new(1);
         sim.block_on(async {
             let mut store = ReplicaStore::<SimRuntime, _>::open(MemReplicaLog::new(Offset(0)))
@@ -763,23 +778,7 @@ mod tests {
             let told: Rc<RefCell<Vec<Offset>>> = Rc::default();
             let t2 = Rc::clone(&told);
             store.set_on_high_watermark(Rc::new(move |hw| t2.borrow_mut().push(hw)));
-            let three = Bytes::from(batch(
-                &[
-                    TestRecord::default(),
-                    TestRecord::default(),
-                    TestRecord::default(),
-                ],
-                0,
-            ));
-            let one = Bytes::from(batch(&[TestRecord::default()], 0));
-            let entry = |index: u64, b: &Bytes| Entry::<SimRuntime> {
-                log_id: log_id(Term(1), index),
-                payload: EntryPayload::Normal(KafkaBatch(b.clone())),
-            };
-            let blank = |index: u64| Entry::<SimRuntime> {
-                log_id: log_id(Term(1), index),
-                payload: EntryPayload::Blank,
-            };
+            let (three, one) = three_and_one();
             let entries = vec![blank(1), entry(2, &three), entry(3, &one), blank(4)];
             store.append(entries.clone(), IOFlushed::noop()).await.unwrap();
             let stream = |es: Vec<Entry<SimRuntime>>| {

@@ -323,16 +323,7 @@ fn an_inbound_connection_must_start_with_a_hello_and_stay_well_formed() {
 
         // After a hello, a frame longer than the bound closes the connection too.
         let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
-        let hello = Frame {
-            request_id: RequestId(0),
-            message: Message::Hello {
-                node: BrokerId(1),
-                shard: 3,
-            },
-        };
-        write_raw(&stream, &codec.encode_to_bytes(&hello).unwrap())
-            .await
-            .unwrap();
+        say_hello(&stream, 3).await;
         write_raw(&stream, &[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
             .await
             .unwrap();
@@ -416,16 +407,7 @@ fn a_peer_that_reads_no_answers_is_served_within_the_bound() {
 
         let codec = Codec::default();
         let stream = Rc::new(RefCell::new(TcpStream::connect(addr).await.unwrap()));
-        let hello = Frame {
-            request_id: RequestId(0),
-            message: Message::Hello {
-                node: BrokerId(1),
-                shard: 0,
-            },
-        };
-        write_raw(&stream, &codec.encode_to_bytes(&hello).unwrap())
-            .await
-            .unwrap();
+        say_hello(&stream, 0).await;
         // 64 requests of 1 MiB, each echoed back whole, and nothing read: the server's answers
         // fill the socket, and its slots stay taken by answers not yet written.
         let sender = Rc::clone(&stream);
@@ -454,4 +436,18 @@ fn a_peer_that_reads_no_answers_is_served_within_the_bound() {
             "{handled} of 64 requests handled while no answer was read"
         );
     });
+}
+
+/// Opens a peer connection by hand: node 1's hello for `shard`, its answer left unread.
+async fn say_hello(stream: &Rc<RefCell<TcpStream>>, shard: u16) {
+    let hello = Frame {
+        request_id: RequestId(0),
+        message: Message::Hello {
+            node: BrokerId(1),
+            shard,
+        },
+    };
+    write_raw(stream, &Codec::default().encode_to_bytes(&hello).unwrap())
+        .await
+        .unwrap();
 }
