@@ -120,14 +120,21 @@ const COALESCE_BYTES: usize = 64 * 1024;
 /// together in the next one. The queue needs no bound of its own: what may wait in it is
 /// bounded by the requests a connection lets in flight (`max_in_flight_per_peer`, each holding
 /// its slot until answered) and by the answers it serves at once (`max_requests_per_connection`,
-/// each holding its slot until written: [`FrameWriter::send_then`]), so a peer that stops
-/// reading cannot make it grow.
+/// each holding its slot until written: [`FrameWriter::send`]'s `written`), so a peer that
+/// stops reading cannot make it grow.
 struct FrameWriter {
     queue: RefCell<Option<mpsc::UnboundedSender<Queued>>>,
 }
 
 /// A frame waiting to be written, and whom to tell once it is.
 type Queued = (Bytes, Option<oneshot::Sender<()>>);
+
+/// Tells the callers whose frames are written.
+fn tell(written: &mut Vec<oneshot::Sender<()>>) {
+    for done in written.drain(..) {
+        let _ = done.send(());
+    }
+}
 
 impl FrameWriter {
     /// Starts the writer task of `stream`; `on_error` runs once if a write fails.
@@ -140,17 +147,22 @@ impl FrameWriter {
             while let Some(first) = rx.next().await {
                 let mut next = Some(first);
                 let result: io::Result<()> = async {
+                    // `written` holds the callers of frames in `batch` or already written: each
+                    // write that empties `batch` tells them.
                     while let Some((frame, done)) = next.take() {
-                        written.extend(done);
                         if frame.len() >= COALESCE_BYTES {
                             if !batch.is_empty() {
                                 w.write_all(&batch.split()).await?;
                             }
                             w.write_all(&frame).await?;
+                            written.extend(done);
+                            tell(&mut written);
                         } else {
                             batch.extend_from_slice(&frame);
+                            written.extend(done);
                             if batch.len() >= COALESCE_BYTES {
                                 w.write_all(&batch.split()).await?;
+                                tell(&mut written);
                             }
                         }
                         next = rx.try_recv().ok();
@@ -158,16 +170,15 @@ impl FrameWriter {
                     if !batch.is_empty() {
                         w.write_all(&batch.split()).await?;
                     }
-                    w.flush().await
+                    w.flush().await?;
+                    tell(&mut written);
+                    Ok(())
                 }
                 .await;
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "a raft connection's write failed");
                     on_error();
                     return;
-                }
-                for done in written.drain(..) {
-                    let _ = done.send(());
                 }
             }
         })
@@ -177,21 +188,13 @@ impl FrameWriter {
         }
     }
 
-    /// Queues a whole frame; false if the writer has stopped (a failed write, or closed).
-    fn send(&self, frame: Bytes) -> bool {
+    /// Queues a whole frame, and tells `written` (if any) once it is on the socket (dropped
+    /// unsent if the write fails); false if the writer has stopped (a failed write, or closed).
+    fn send(&self, frame: Bytes, written: Option<oneshot::Sender<()>>) -> bool {
         self.queue
             .borrow()
             .as_ref()
-            .is_some_and(|q| q.unbounded_send((frame, None)).is_ok())
-    }
-
-    /// Queues a whole frame and tells `written` once it is on the socket (dropped unsent if the
-    /// write fails); false if the writer has stopped.
-    fn send_then(&self, frame: Bytes, written: oneshot::Sender<()>) -> bool {
-        self.queue
-            .borrow()
-            .as_ref()
-            .is_some_and(|q| q.unbounded_send((frame, Some(written))).is_ok())
+            .is_some_and(|q| q.unbounded_send((frame, written)).is_ok())
     }
 
     /// Lets the writer end once what is queued is written.
@@ -243,7 +246,7 @@ impl Wire {
         self.pending.borrow_mut().insert(id, tx);
         // Whether answered, failed or abandoned, the request leaves the table.
         let _forget = Forget { wire: self, id };
-        if !self.writer.send(bytes) {
+        if !self.writer.send(bytes, None) {
             self.close();
             return Err(ConnectionError::Network("the connection's writer stopped".into()));
         }
@@ -510,7 +513,7 @@ pub async fn serve_stream<H, F>(
             let Ok(bytes) = codec.encode_to_bytes(&answer) else {
                 return;
             };
-            if !writer.send(bytes) {
+            if !writer.send(bytes, None) {
                 return;
             }
             continue;
@@ -531,7 +534,7 @@ pub async fn serve_stream<H, F>(
                     // The slot is held until the answer is written: a peer that stops reading
                     // stops being served.
                     let (written_tx, written_rx) = oneshot::channel();
-                    if writer.send_then(bytes, written_tx) {
+                    if writer.send(bytes, Some(written_tx)) {
                         let _ = written_rx.await;
                     }
                 }
