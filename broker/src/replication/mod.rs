@@ -41,10 +41,11 @@
 //!   (the first of its replicas) is active, in the ISR and holds the whole log to that replica,
 //!   with a Raft leadership transfer (`GroupManager::balance_leaders`).
 //! - **Timers.** Heartbeats every 100 ms (none to a follower that acknowledged a write sent
-//!   within 200 ms), elections after 600–1,200 ms of silence, checked on a 50 ms tick, so
-//!   that a lost leader is replaced within 3 s (the followers' lease of 1,200 ms included). Groups idle for [`ReplicationSettings`]'s
-//!   `quiesce.idle_after_ms` stop their timers (`Quiescer`); peers' liveness is what the
-//!   shard hears from them (any request, and a ping every [`PING_INTERVAL_MS`] to each peer
+//!   within 200 ms), elections after 600–1,200 ms of silence, checked on a 50 ms tick; the
+//!   followers refuse other candidates for a lease of 1,200 ms after the leader was last
+//!   heard, so a lost leader is replaced some 1.2–2.5 s later. Groups idle for
+//!   [`ReplicationSettings`]'s `quiesce.idle_after_ms` stop their timers (`Quiescer`); peers'
+//!   liveness is what the shard hears from them (any request, and a ping every [`PING_INTERVAL_MS`] to each peer
 //!   shard it shares a group with), and the quiesced groups a silent peer leads wake to elect.
 //!   A peer that registers with a new incarnation restarted: the groups it led here stay awake
 //!   until they hear from it as their leader, and elect another if they do not (a wiped disk).
