@@ -367,6 +367,22 @@ pub struct Config {
     #[cfg_attr(feature = "clap", clap(long))]
     pub tick_interval: Option<u64>,
 
+    /// STRAND PATCH 6: the leader lease in milliseconds.
+    ///
+    /// A follower that heard from an established leader within this long refuses other
+    /// candidates (votes and pre-votes), and a leader acknowledged by a quorum within this long
+    /// refuses them too. It is also the longest a lost leader keeps its followers from electing
+    /// another: with the default, `election_timeout_max`, a follower whose election timer fires
+    /// earlier is refused and campaigns again one election timeout later.
+    ///
+    /// It must be longer than the longest gap between two heartbeats to a follower
+    /// (`heartbeat_interval`, plus `heartbeat_min_interval` and one tick when suppression is on),
+    /// or followers would lose the lease between heartbeats, and at most `election_timeout_max`.
+    ///
+    /// Defaults to `election_timeout_max`.
+    #[cfg_attr(feature = "clap", clap(long))]
+    pub leader_lease: Option<u64>,
+
     /// Enable or disable tick.
     ///
     /// If ticking is disabled, timeout-based events are all disabled:
@@ -646,6 +662,7 @@ impl Default for Config {
             log_stage_capacity: None,
             broadcast_submitted_on_append: None,
             tick_interval: None,
+            leader_lease: None,
             enable_tick: DEFAULTS.enable_tick,
             enable_heartbeat: DEFAULTS.enable_heartbeat,
             enable_elect: DEFAULTS.enable_elect,
@@ -777,6 +794,12 @@ impl Config {
         interval.max(1)
     }
 
+    /// The leader lease in milliseconds: [`Config::leader_lease`] when set (STRAND PATCH 6),
+    /// else `election_timeout_max`.
+    pub(crate) fn leader_lease(&self) -> u64 {
+        self.leader_lease.unwrap_or(self.election_timeout_max)
+    }
+
     /// Validate the state of this config.
     pub fn validate(self) -> Result<Config, ConfigError> {
         if self.election_timeout_min >= self.election_timeout_max {
@@ -822,15 +845,33 @@ impl Config {
             }
         }
 
+        // STRAND PATCH 6: a lease no longer than the gap between heartbeats would lapse on a
+        // follower of a live leader; one longer than the longest election timeout would keep a
+        // follower refusing the candidates that its own timer makes.
+        if let Some(lease) = self.leader_lease {
+            let max_gap = if suppression_enabled {
+                max_heartbeat_gap
+            } else {
+                self.heartbeat_interval
+            };
+            if lease <= max_gap || lease > self.election_timeout_max {
+                return Err(ConfigError::LeaderLease {
+                    leader_lease: lease,
+                    max_heartbeat_gap: max_gap,
+                    election_timeout_max: self.election_timeout_max,
+                });
+            }
+        }
+
         if self.max_payload_entries == 0 {
             return Err(ConfigError::MaxPayloadIs0);
         }
 
         if let Some(probe_interval) = self.quorum_loss_probe_interval {
-            // The Leader lease currently uses election_timeout_max. Leave time for that lease
-            // to expire, then for one maximum election timeout before allowing heartbeats again.
-            // Widen both operands before addition so the sum cannot overflow.
-            let leader_lease = self.election_timeout_max;
+            // Leave time for the leader lease to expire, then for one maximum election timeout
+            // before allowing heartbeats again. Widen both operands before addition so the sum
+            // cannot overflow. (STRAND PATCH 6: the lease as configured.)
+            let leader_lease = self.leader_lease();
             let min_probe_interval = u128::from(leader_lease) + u128::from(self.election_timeout_max);
             if u128::from(probe_interval) < min_probe_interval {
                 return Err(ConfigError::QuorumLossProbeIntervalTooSmall {

@@ -37,6 +37,20 @@ pub enum ConfigError {
         heartbeat_interval: u64,
     },
 
+    /// STRAND PATCH 6: the leader lease must be longer than the longest gap between heartbeats
+    /// and at most the maximum election timeout.
+    #[error(
+        "leader_lease({leader_lease}) must be > the longest heartbeat gap({max_heartbeat_gap}) and <= election_timeout_max({election_timeout_max})"
+    )]
+    LeaderLease {
+        /// Leader lease value.
+        leader_lease: u64,
+        /// The longest gap between two heartbeats to a follower.
+        max_heartbeat_gap: u64,
+        /// Maximum election timeout value.
+        election_timeout_max: u64,
+    },
+
     /// The `max_payload_entries` configuration must be greater than 0.
     #[error("max_payload_entries must be > 0")]
     MaxPayloadIs0,

@@ -56,7 +56,8 @@ where C: RaftTypeConfig
             timer_config: time_state::Config {
                 election_timeout: Duration::ZERO, // sampled below
                 smaller_log_timeout: Duration::from_millis(config.election_timeout_max * 2),
-                leader_lease: Duration::from_millis(config.election_timeout_max),
+                // STRAND PATCH 6: the lease as configured.
+                leader_lease: Duration::from_millis(config.leader_lease()),
             },
 
             enable_leader_restore: config.enable_leader_restore(),
