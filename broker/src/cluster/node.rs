@@ -390,6 +390,10 @@ impl ClusterNode {
             heartbeat_interval: RAFT_HEARTBEAT_MS,
             election_timeout_min: election_ms,
             election_timeout_max: election_ms * 2,
+            // As the partition groups (`replication::ReplicationSettings::leader_lease_ms`): a
+            // voter refuses other candidates for the shortest election timeout after it heard
+            // the active controller, so the first voter whose timer runs out is elected.
+            leader_lease: Some(election_ms),
             // Until the controller listener is bound (`run_controller`).
             enable_elect: false,
             // As the partition groups (`replication::ReplicationSettings`): a voter that cannot

@@ -42,11 +42,17 @@
 //!   with a Raft leadership transfer (`GroupManager::balance_leaders`).
 //! - **Timers.** Heartbeats every 100 ms (none to a follower that acknowledged a write sent
 //!   within 200 ms), elections after 600–1,200 ms of silence, checked on a 50 ms tick; the
-//!   followers refuse other candidates for a lease of 1,200 ms after the leader was last
-//!   heard, so a lost leader is replaced some 1.2–2.5 s later. Groups idle for
+//!   followers refuse other candidates for a lease of 600 ms after the leader was last heard,
+//!   so the first follower whose timer runs out is elected, and a lost leader is replaced some
+//!   0.6–1.3 s later. Groups idle for
 //!   [`ReplicationSettings`]'s `quiesce.idle_after_ms` stop their timers (`Quiescer`); peers'
 //!   liveness is what the shard hears from them (any request, and a ping every [`PING_INTERVAL_MS`] to each peer
 //!   shard it shares a group with), and the quiesced groups a silent peer leads wake to elect.
+//!   So does a quiesced follower whose leader stopped writing and heartbeating sooner after its
+//!   last write than a leader quiesces (its node may have restarted at once and answer pings),
+//!   and an awake follower that has not heard its leader for the peer timeout does not quiesce
+//!   (it is electing). A group woken because its leader is lost elects at once on the first
+//!   live replica in preference order other than the lost leader's.
 //!   A peer that registers with a new incarnation restarted: the groups it led here stay awake
 //!   until they hear from it as their leader, and elect another if they do not (a wiped disk).
 //! - **Transport** ([`net`]): heartbeats coalesced for up to [`TICK_MS`], one connection
@@ -199,6 +205,13 @@ pub(crate) struct ReplicationSettings {
     pub(crate) heartbeat_min_interval_ms: u64,
     pub(crate) election_timeout_min_ms: u64,
     pub(crate) election_timeout_max_ms: u64,
+    /// How long a follower that heard its leader refuses other candidates (openraft's leader
+    /// lease), which is also how long a lost leader keeps its followers from electing another.
+    /// The shortest election timeout: a follower whose timer runs out first is granted its
+    /// election by the others, whose leases have run out too, rather than refused and made to
+    /// wait another timeout. Longer than the longest gap between heartbeats
+    /// (`heartbeat_interval_ms + heartbeat_min_interval_ms + tick_interval_ms`).
+    pub(crate) leader_lease_ms: u64,
     pub(crate) quiesce: QuiesceConfig,
     pub(crate) tcp: TcpConfig,
     /// A follower that has not reached the leader's log end for this long leaves the ISR
@@ -218,6 +231,7 @@ impl Default for ReplicationSettings {
             heartbeat_min_interval_ms: 200,
             election_timeout_min_ms: 600,
             election_timeout_max_ms: 1_200,
+            leader_lease_ms: 600,
             quiesce: QuiesceConfig {
                 idle_after_ms: 2_000,
                 peer_timeout_ms: 1_000,
@@ -238,6 +252,7 @@ impl ReplicationSettings {
             heartbeat_min_interval: Some(self.heartbeat_min_interval_ms),
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
+            leader_lease: Some(self.leader_lease_ms),
             // A replica that restarts, or stops hearing the leader for a moment, asks before it
             // campaigns: a campaign the others would refuse (its log behind, the leader alive)
             // would still end the leader's term and leave the partition leaderless for an
@@ -632,20 +647,19 @@ impl GroupManager {
                 .map(|g| (g.id, g.known_leader.get().or(g.believed_leader.get())))
                 .collect();
             actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
-            // A group woken because its leader's node went silent elects at once on one
-            // replica, the first live one in preference order: the others' timers would run
-            // out together, and with two of three replicas left their votes split.
+            // A group woken because its leader was lost (its node silent or restarted, or it
+            // stopped in the middle of its writes) elects at once on one replica, the first
+            // live one in preference order other than the lost leader's: the others' timers
+            // would run out together, and with two of three replicas left their votes split.
             let state = self.directory.state.borrow().clone();
             for (id, action) in &actions {
-                if *action != quiesce::Action::Wake {
+                let quiesce::Action::Wake {
+                    leader_lost: Some(lost),
+                } = *action
+                else {
                     continue;
-                }
-                let lost = leaders
-                    .get(id)
-                    .copied()
-                    .flatten()
-                    .filter(|l| *l != self.local && !q.peer_live(*l, now));
-                let (Some(lost), Some(state)) = (lost, &state) else {
+                };
+                let Some(state) = &state else {
                     continue;
                 };
                 let first_live = state.partition(id.topic, id.partition).and_then(|p| {
@@ -668,7 +682,7 @@ impl GroupManager {
         for (id, action) in actions {
             let group = self.groups.0.borrow().get(&id).cloned();
             if let Some(g) = group {
-                if action == quiesce::Action::Wake {
+                if matches!(action, quiesce::Action::Wake { .. }) {
                     g.believed_leader.set(None);
                 }
                 quiesce::apply(&g.raft, action).await;
@@ -735,6 +749,9 @@ impl GroupManager {
                     let mut q = m.quiescer.borrow_mut();
                     q.peer_heard(from, now);
                     match &request {
+                        Message::Append { group, req } if !req.entries.is_empty() => {
+                            q.leader_wrote(*group, now)
+                        }
                         Message::Append { group, .. } => q.leader_heard(*group, now),
                         Message::Heartbeats(beats) => {
                             for b in beats {

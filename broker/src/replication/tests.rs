@@ -654,10 +654,15 @@ fn the_replication_timers_are_a_config_openraft_accepts() {
     let settings = ReplicationSettings::default();
     let config = settings.raft_config();
     assert_eq!(config.tick_interval, Some(settings.tick_interval_ms));
+    assert_eq!(config.leader_lease, Some(settings.leader_lease_ms));
     assert!(
         settings.heartbeat_interval_ms + settings.heartbeat_min_interval_ms + settings.tick_interval_ms
             < settings.election_timeout_min_ms
     );
+    // The first follower whose election timer runs out finds the others' leases run out too.
+    assert!(settings.leader_lease_ms <= settings.election_timeout_min_ms);
+    // An awake follower counts its leader silent before it would quiesce (it keeps electing).
+    assert!(settings.quiesce.idle_after_ms > settings.quiesce.peer_timeout_ms);
     let with = |heartbeat: u64, tick: u64, min_interval: u64| openraft::Config {
         heartbeat_interval: heartbeat,
         election_timeout_min: 600,
@@ -679,6 +684,20 @@ fn the_replication_timers_are_a_config_openraft_accepts() {
         Err(openraft::ConfigError::HeartbeatMinIntervalTooLarge { .. })
     ));
     assert!(with(250, 99, 250).validate().is_ok());
+    // The lease must outlast the longest gap between heartbeats (100 + 200 + 50) and end by the
+    // longest election timeout.
+    let leased = |lease: u64| openraft::Config {
+        leader_lease: Some(lease),
+        ..with(100, 50, 200)
+    };
+    assert!(leased(600).validate().is_ok());
+    assert!(leased(1_200).validate().is_ok());
+    for lease in [350, 1_201] {
+        assert!(matches!(
+            leased(lease).validate(),
+            Err(openraft::ConfigError::LeaderLease { .. })
+        ));
+    }
 }
 
 /// A replica that started quiet under the leader the metadata named stops believing in it once

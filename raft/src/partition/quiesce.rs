@@ -41,7 +41,8 @@ pub struct QuiesceConfig {
     /// that the last commit index has reached the followers.
     pub idle_after_ms: u64,
     /// A peer not heard from for this long is taken for gone: the quiesced groups it leads
-    /// here wake and elect.
+    /// here wake and elect. An awake follower that has not heard its leader for this long does
+    /// not quiesce (it is electing), which takes `idle_after_ms` longer than this.
     pub peer_timeout_ms: u64,
 }
 
@@ -50,8 +51,10 @@ pub struct QuiesceConfig {
 pub enum Action {
     /// Stop its ticker.
     Quiesce,
-    /// Start its ticker again (a leader also renews its lease at once).
-    Wake,
+    /// Start its ticker again (a leader also renews its lease at once). `leader_lost`: the
+    /// leader this node knew of no longer leads (its node silent, restarted, or it stopped
+    /// writing and heartbeating sooner than a leader quiesces), so the group must elect.
+    Wake { leader_lost: Option<BrokerId> },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +62,19 @@ struct GroupState {
     last_activity_ms: u64,
     /// When an append or heartbeat of the group last arrived (or it was added).
     leader_heard_ms: u64,
+    /// When an append carrying entries (a write) last arrived, if one did since the group was
+    /// added or last woke.
+    leader_wrote_ms: Option<u64>,
     quiesced: bool,
+}
+
+/// Why a group's leader, as the host knows it, may no longer lead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Doubt {
+    /// No leader known.
+    Unknown,
+    /// Its node is silent, or restarted and not heard from as the leader since.
+    Lost(BrokerId),
 }
 
 /// The quiescing state of the groups one node hosts.
@@ -89,6 +104,7 @@ impl<G: Ord + Copy> Quiescer<G> {
             GroupState {
                 last_activity_ms: now_ms,
                 leader_heard_ms: now_ms,
+                leader_wrote_ms: None,
                 quiesced: false,
             },
         );
@@ -102,6 +118,7 @@ impl<G: Ord + Copy> Quiescer<G> {
             GroupState {
                 last_activity_ms: now_ms,
                 leader_heard_ms: now_ms,
+                leader_wrote_ms: None,
                 quiesced: true,
             },
         );
@@ -118,7 +135,8 @@ impl<G: Ord + Copy> Quiescer<G> {
         g.last_activity_ms = g.last_activity_ms.max(now_ms);
         if g.quiesced {
             g.quiesced = false;
-            return Some(Action::Wake);
+            g.leader_wrote_ms = None;
+            return Some(Action::Wake { leader_lost: None });
         }
         None
     }
@@ -143,6 +161,14 @@ impl<G: Ord + Copy> Quiescer<G> {
         }
     }
 
+    /// An append carrying entries of `group` arrived: its leader writes.
+    pub fn leader_wrote(&mut self, group: G, now_ms: u64) {
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.leader_heard_ms = g.leader_heard_ms.max(now_ms);
+            g.leader_wrote_ms = Some(g.leader_wrote_ms.map_or(now_ms, |w| w.max(now_ms)));
+        }
+    }
+
     /// Whether `peer` was heard from within the peer timeout.
     pub fn peer_live(&self, peer: BrokerId, now_ms: u64) -> bool {
         self.peers
@@ -160,43 +186,71 @@ impl<G: Ord + Copy> Quiescer<G> {
 
     /// The actions due at `now_ms`. `leader_of` says who leads each group as this node knows it
     /// (`None`: no leader known); `me` is this node.
+    ///
+    /// A quiesced group wakes when its leader may be gone: none is known, its node is silent,
+    /// or restarted and not heard from since, or it stopped writing and heartbeating sooner
+    /// after its last write than a leader quiesces (`idle_after_ms`, heartbeating until then):
+    /// a quiesced follower has no election timer to find that out, and a node that restarted at
+    /// once answers pings. An awake group quiesces once idle for `idle_after_ms`, unless it is
+    /// a follower that has not heard its leader for the peer timeout (its election timer is
+    /// finding the leader gone).
     pub fn tick(
         &mut self,
         now_ms: u64,
         me: BrokerId,
         leader_of: impl Fn(G) -> Option<BrokerId>,
     ) -> Vec<(G, Action)> {
+        let config = self.config;
         let mut actions = Vec::new();
         // Each peer's silence, worked out once per tick (a node has few peers, many groups). A
         // peer never heard from counts as alive until the timeout has passed since the first
         // tick that asked.
         let mut silent: Vec<(BrokerId, bool)> = Vec::new();
         for (id, g) in self.groups.iter_mut() {
-            let silent_leader = match leader_of(*id) {
-                Some(l) if l == me => false,
+            let leader = leader_of(*id);
+            let doubt = match leader {
+                Some(l) if l == me => None,
                 Some(l) => {
                     let gone = match silent.iter().find(|(p, _)| *p == l) {
                         Some((_, s)) => *s,
                         None => {
                             let at = *self.peers.entry(l).or_insert(now_ms);
-                            let s = now_ms.saturating_sub(at) > self.config.peer_timeout_ms;
+                            let s = now_ms.saturating_sub(at) > config.peer_timeout_ms;
                             silent.push((l, s));
                             s
                         }
                     };
-                    gone || self.restarted.get(&l).is_some_and(|&at| at >= g.leader_heard_ms)
+                    let restarted = self.restarted.get(&l).is_some_and(|&at| at >= g.leader_heard_ms);
+                    (gone || restarted).then_some(Doubt::Lost(l))
                 }
-                None => true,
+                None => Some(Doubt::Unknown),
             };
+            let leader_quiet = now_ms.saturating_sub(g.leader_heard_ms) > config.peer_timeout_ms;
             if g.quiesced {
-                if silent_leader {
-                    // Its leader is gone, unknown, or restarted and not heard from since: elect.
+                // A leader heartbeats for `idle_after_ms` after its last write before it
+                // quiesces; one that went quiet within half of that is not quiescing.
+                let abandoned = leader.filter(|l| *l != me).filter(|_| {
+                    leader_quiet
+                        && g.leader_wrote_ms
+                            .is_some_and(|w| g.leader_heard_ms < w.saturating_add(config.idle_after_ms / 2))
+                });
+                let leader_lost = match doubt {
+                    Some(Doubt::Lost(l)) => Some(Some(l)),
+                    Some(Doubt::Unknown) => Some(None),
+                    None => abandoned.map(Some),
+                };
+                if let Some(leader_lost) = leader_lost {
                     g.quiesced = false;
                     g.last_activity_ms = now_ms;
-                    actions.push((*id, Action::Wake));
+                    g.leader_wrote_ms = None;
+                    actions.push((*id, Action::Wake { leader_lost }));
                 }
-            } else if !silent_leader && now_ms.saturating_sub(g.last_activity_ms) >= self.config.idle_after_ms
+            } else if doubt.is_none()
+                && now_ms.saturating_sub(g.last_activity_ms) >= config.idle_after_ms
+                && (leader == Some(me) || !leader_quiet)
             {
+                // An awake follower that has not heard its leader for the peer timeout stays
+                // awake: its election timer is how it finds a lost leader gone.
                 g.quiesced = true;
                 actions.push((*id, Action::Quiesce));
             }
@@ -213,7 +267,7 @@ where
 {
     match action {
         Action::Quiesce => raft.runtime_config().tick(false),
-        Action::Wake => {
+        Action::Wake { .. } => {
             raft.runtime_config().tick(true);
             // A leader whose lease lapsed while quiesced takes writes again once a round of
             // heartbeats is acknowledged; start that round now rather than at the next tick.
@@ -232,6 +286,12 @@ mod tests {
         peer_timeout_ms: 1_000,
     };
 
+    fn lost(node: u64) -> Action {
+        Action::Wake {
+            leader_lost: Some(BrokerId(node)),
+        }
+    }
+
     #[test]
     fn idle_groups_quiesce_and_activity_wakes_them() {
         let mut q = Quiescer::new(CONFIG);
@@ -242,7 +302,7 @@ mod tests {
         q.activity(2, 400);
         assert_eq!(q.tick(500, me, |_| Some(me)), vec![(1, Action::Quiesce)]);
         assert_eq!(q.tick(900, me, |_| Some(me)), vec![(2, Action::Quiesce)]);
-        assert_eq!(q.activity(1, 1_000), Some(Action::Wake));
+        assert_eq!(q.activity(1, 1_000), Some(Action::Wake { leader_lost: None }));
         assert_eq!(q.activity(1, 1_001), None);
         assert_eq!(q.quiesced_count(), 1);
     }
@@ -259,10 +319,7 @@ mod tests {
         // Node 2 restarted: alive, but its groups here are suspect.
         q.peer_heard(BrokerId(2), 700);
         q.peer_restarted(BrokerId(2), 700);
-        assert_eq!(
-            q.tick(700, me, leader),
-            vec![(1, Action::Wake), (2, Action::Wake)]
-        );
+        assert_eq!(q.tick(700, me, leader), vec![(1, lost(2)), (2, lost(2))]);
         // Group 1 hears from its leader (it still leads); group 2 does not (it lost its log).
         q.leader_heard(1, 750);
         q.peer_heard(BrokerId(2), 1_200);
@@ -276,7 +333,80 @@ mod tests {
         let new_leader = |g: u32| Some(if g == 1 { BrokerId(2) } else { BrokerId(3) });
         q.peer_heard(BrokerId(3), 5_000);
         q.activity(2, 5_000);
+        q.leader_heard(2, 5_000);
         assert_eq!(q.tick(5_600, me, new_leader), vec![(2, Action::Quiesce)]);
+    }
+
+    /// A quiesced follower whose leader stops in the middle of its writes wakes to elect,
+    /// though the leader's node answers pings (it restarted at once); one whose leader
+    /// quiesced after its writes, heartbeating until then, stays quiet.
+    #[test]
+    fn a_quiesced_follower_whose_leader_stops_writing_at_once_wakes_to_elect() {
+        let mut q = Quiescer::new(QuiesceConfig {
+            idle_after_ms: 2_000,
+            peer_timeout_ms: 1_000,
+        });
+        let me = BrokerId(1);
+        let leader = |_: u32| Some(BrokerId(2));
+        q.add_quiesced(1u32, 0);
+        q.add_quiesced(2u32, 0);
+        // Both leaders write until 1,000.
+        for now in (100..=1_000).step_by(100) {
+            q.peer_heard(BrokerId(2), now);
+            q.leader_wrote(1, now);
+            q.leader_wrote(2, now);
+            assert!(q.tick(now, me, leader).is_empty());
+        }
+        // Group 1's leader is gone at once; group 2's heartbeats for 2 s, then quiesces.
+        for now in (1_100..=6_000).step_by(100) {
+            q.peer_heard(BrokerId(2), now);
+            if now <= 3_000 {
+                q.leader_heard(2, now);
+            }
+            let actions = q.tick(now, me, leader);
+            let expected = if now == 2_100 { vec![(1, lost(2))] } else { vec![] };
+            assert_eq!(actions, expected, "at {now}");
+        }
+        assert!(q.is_quiesced(2));
+    }
+
+    /// A follower that stopped hearing its leader is electing (its Raft's timer runs): it does
+    /// not quiesce, however idle, while its leader's node answers pings (a restarted node
+    /// does, and leads nothing any more). Quiesced, it would have waited for the metadata to
+    /// report the restart, which takes a controller.
+    #[test]
+    fn an_awake_follower_that_stopped_hearing_its_leader_does_not_quiesce() {
+        // As the broker has them: idle for longer than a peer takes to count as silent.
+        let mut q = Quiescer::new(QuiesceConfig {
+            idle_after_ms: 2_000,
+            peer_timeout_ms: 1_000,
+        });
+        let me = BrokerId(1);
+        let leader = |_: u32| Some(BrokerId(2));
+        q.add(1u32, 0);
+        q.add(2u32, 0);
+        // Writes to both until 400; then group 1's leader is gone, group 2's heartbeats on.
+        q.activity(1, 400);
+        q.activity(2, 400);
+        q.leader_heard(1, 400);
+        for now in (500..=5_000).step_by(100) {
+            q.peer_heard(BrokerId(2), now);
+            q.leader_heard(2, now);
+            let actions = q.tick(now, me, leader);
+            assert!(
+                actions.iter().all(|(g, _)| *g != 1),
+                "group 1 stays awake at {now}"
+            );
+            assert_eq!(
+                actions.contains(&(2, Action::Quiesce)),
+                now == 2_400,
+                "group 2 quiesces once idle, at {now}"
+            );
+        }
+        assert!(!q.is_quiesced(1));
+        // Once the group hears a leader again it quiesces as usual.
+        q.leader_heard(1, 5_000);
+        assert_eq!(q.tick(5_100, me, leader), vec![(1, Action::Quiesce)]);
     }
 
     #[test]
@@ -302,10 +432,13 @@ mod tests {
         q.peer_heard(leader, 1_500);
         assert!(q.tick(2_000, me, |_| Some(leader)).is_empty());
         // The leader stops answering: the replica wakes to elect.
-        assert_eq!(q.tick(2_600, me, |_| Some(leader)), vec![(1, Action::Wake)]);
+        assert_eq!(q.tick(2_600, me, |_| Some(leader)), vec![(1, lost(2))]);
         // Raft names no leader and none is believed: it wakes at once.
         q.add_quiesced(2u32, 2_600);
-        assert_eq!(q.tick(2_700, me, |_| None), vec![(2, Action::Wake)]);
+        assert_eq!(
+            q.tick(2_700, me, |_| None),
+            vec![(2, Action::Wake { leader_lost: None })]
+        );
     }
 
     #[test]
@@ -320,7 +453,7 @@ mod tests {
         assert_eq!(q.tick(600, me, leader).len(), 2, "both quiesce");
         q.peer_heard(BrokerId(3), 1_200);
         // Node 2 has been silent for 1,100 ms: the group it leads wakes; node 3's stays.
-        assert_eq!(q.tick(1_100, me, leader), vec![(1, Action::Wake)]);
+        assert_eq!(q.tick(1_100, me, leader), vec![(1, lost(2))]);
         assert!(q.is_quiesced(2));
         // A group with no known leader never quiesces.
         q.add(3u32, 1_100);
