@@ -371,7 +371,10 @@ async fn serve_peer(conns: &Rc<Connections>, stream: Rc<RefCell<TcpStream>>, inp
         received: received.to_vec(),
     });
     match shard
-        .call::<crate::replication::Replication>(ShardId(target), m)
+        .call::<crate::replication::Replication>(
+            ShardId(target),
+            crate::replication::ReplicationCall::Peer(m),
+        )
         .await
     {
         Ok(answer) => {

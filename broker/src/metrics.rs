@@ -70,6 +70,10 @@ pub(crate) fn describe() {
         "Partition Raft groups that know no leader (an election is due or running), by shard."
     );
     describe_gauge!(
+        "strand_replication_leaders_unrecorded",
+        "Leaderships this node's replicas have seen that the cluster metadata does not record yet (Metadata answers with them), by shard."
+    );
+    describe_gauge!(
         "strand_under_replicated_partitions",
         "Partitions this node leads whose ISR is smaller than their replica set (Kafka's UnderReplicatedPartitions), by shard."
     );

@@ -12,7 +12,10 @@
 //!   any broker forwards admin requests). Here it is this node when it is live, else the live
 //!   broker with the lowest id, so that the answer is stable; -1 when none is live.
 //! - Partitions: leader (-1 and LEADER_NOT_AVAILABLE when there is none), leader epoch,
-//!   replicas, ISR and offline replicas (replicas on fenced or unknown brokers).
+//!   replicas, ISR and offline replicas (replicas on fenced or unknown brokers). Where a
+//!   replica on this node has seen a leader elected in a newer epoch than the state records (an
+//!   election the controller has not recorded yet, `replication::leaders`), the leader and
+//!   epoch are that.
 //! - Leader endpoints (KIP-951): Produce and Fetch name the leaders of the partitions they
 //!   answer NOT_LEADER_OR_FOLLOWER for, on the client's listener.
 
@@ -22,7 +25,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, TopicName};
 use kafka_protocol::ResponseError;
-use strand_protocol::types::{NodeId, PartitionId};
+use strand_protocol::types::{LeaderEpoch, NodeId, PartitionId, TopicId};
 
 use super::{str_bytes, RequestCtx};
 use crate::cluster::{ClusterState, Endpoint, TopicState};
@@ -137,12 +140,27 @@ fn ids(nodes: &[NodeId]) -> Vec<BrokerId> {
     nodes.iter().map(|n| BrokerId(n.0)).collect()
 }
 
-/// A topic of the cluster state as Metadata describes it.
-pub(crate) fn describe_topic(state: &ClusterState, t: &TopicState, version: i16) -> MetadataResponseTopic {
+/// A leader of a partition this node has seen elected in a newer epoch than the state's: the
+/// leader and the epoch.
+pub(crate) type NewerLeader<'a> =
+    &'a dyn Fn(TopicId, PartitionId, LeaderEpoch) -> Option<(NodeId, LeaderEpoch)>;
+
+/// A topic of the cluster state as Metadata describes it, with the newer leaderships this node
+/// has seen.
+pub(crate) fn describe_topic(
+    state: &ClusterState,
+    t: &TopicState,
+    version: i16,
+    newer: NewerLeader<'_>,
+) -> MetadataResponseTopic {
     let partitions = (0..t.partitions.len())
         .filter_map(|i| {
             let index = i32::try_from(i).ok()?;
-            let view = state.partition_view(t.id, PartitionId(index))?;
+            let mut view = state.partition_view(t.id, PartitionId(index))?;
+            if let Some((leader, epoch)) = newer(t.id, PartitionId(index), view.leader_epoch) {
+                view.leader = Some(leader);
+                view.leader_epoch = epoch;
+            }
             let error = if view.leader.is_none() {
                 ResponseError::LeaderNotAvailable.code()
             } else {
@@ -308,11 +326,15 @@ mod tests {
         assert!(coordinator(&s, "OTHER", "g").is_none());
     }
 
+    fn none(_: TopicId, _: PartitionId, _: LeaderEpoch) -> Option<(NodeId, LeaderEpoch)> {
+        None
+    }
+
     #[test]
     fn partitions_show_leader_epoch_isr_and_offline_replicas() {
         let s = state();
         let t = s.topic_by_name("t").unwrap();
-        let d = describe_topic(&s, t, 12);
+        let d = describe_topic(&s, t, 12, &none);
         assert_eq!(d.partitions.len(), 2);
         let p0 = &d.partitions[0];
         assert_eq!((p0.error_code, p0.leader_id.0, p0.leader_epoch), (0, 2, 0));
@@ -323,9 +345,25 @@ mod tests {
         assert_eq!(p1.leader_id.0, -1);
         assert_eq!(p1.offline_replicas, vec![BrokerId(3)]);
         // Versions without the fields keep their defaults.
-        let old = describe_topic(&s, t, 4);
+        let old = describe_topic(&s, t, 4, &none);
         assert!(old.partitions[1].offline_replicas.is_empty());
         assert_eq!(old.partitions[0].leader_epoch, -1);
-        assert_eq!(describe_topic(&s, t, 7).partitions[0].leader_epoch, 0);
+        assert_eq!(describe_topic(&s, t, 7, &none).partitions[0].leader_epoch, 0);
+    }
+
+    /// A leader a replica here has seen elected in a newer epoch than the state's is what
+    /// Metadata answers (the controller has not recorded the election yet).
+    #[test]
+    fn partitions_show_a_newer_leader_seen_here() {
+        let s = state();
+        let t = s.topic_by_name("t").unwrap();
+        let seen = |_: TopicId, p: PartitionId, recorded: LeaderEpoch| {
+            (p.0 == 1).then_some((NodeId(2), LeaderEpoch(recorded.0 + 1)))
+        };
+        let d = describe_topic(&s, t, 12, &seen);
+        let p0 = &d.partitions[0];
+        assert_eq!((p0.error_code, p0.leader_id.0, p0.leader_epoch), (0, 2, 0));
+        let p1 = &d.partitions[1];
+        assert_eq!((p1.error_code, p1.leader_id.0, p1.leader_epoch), (0, 2, 1));
     }
 }

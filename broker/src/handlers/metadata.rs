@@ -9,7 +9,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{ApiKey, BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::ResponseError;
-use strand_protocol::types::{validate_topic_name, TopicId};
+use strand_protocol::types::{validate_topic_name, LeaderEpoch, PartitionId, TopicId};
 
 use super::{cluster_view, str_bytes, Handler, Reply, RequestCtx};
 use crate::controller::{self, ControllerOp};
@@ -62,6 +62,12 @@ fn topic_error(
 async fn cluster_metadata(ctx: &RequestCtx, req: MetadataRequest) -> MetadataResponse {
     let shard = &ctx.shard;
     let state = shard.cluster_state().unwrap_or_default();
+    let replication = ctx.subsystems.replication.clone();
+    let newer = move |topic: TopicId, partition: PartitionId, recorded: LeaderEpoch| {
+        replication
+            .as_ref()
+            .and_then(|r| r.manager.newer_leader(topic, partition, recorded))
+    };
     let listener = cluster_view::listener_name(ctx);
     let mut resp = MetadataResponse::default()
         .with_brokers(cluster_view::metadata_brokers(
@@ -88,7 +94,7 @@ async fn cluster_metadata(ctx: &RequestCtx, req: MetadataRequest) -> MetadataRes
     let Some(requested) = requested else {
         resp.topics = state
             .topics()
-            .map(|t| cluster_view::describe_topic(&state, t, ctx.version))
+            .map(|t| cluster_view::describe_topic(&state, t, ctx.version, &newer))
             .collect();
         return resp;
     };
@@ -100,7 +106,7 @@ async fn cluster_metadata(ctx: &RequestCtx, req: MetadataRequest) -> MetadataRes
         let id = TopicId(t.topic_id);
         let entry = match &name {
             Some(n) => match state.topic_by_name(n) {
-                Some(topic) => cluster_view::describe_topic(&state, topic, ctx.version),
+                Some(topic) => cluster_view::describe_topic(&state, topic, ctx.version, &newer),
                 None if validate_topic_name(n).is_err() => topic_error(
                     name.clone(),
                     TopicId::ZERO,
@@ -137,7 +143,7 @@ async fn cluster_metadata(ctx: &RequestCtx, req: MetadataRequest) -> MetadataRes
                 ),
             },
             None => match state.topic(id) {
-                Some(topic) => cluster_view::describe_topic(&state, topic, ctx.version),
+                Some(topic) => cluster_view::describe_topic(&state, topic, ctx.version, &newer),
                 None => topic_error(None, id, ResponseError::UnknownTopicId, ctx.version),
             },
         };

@@ -72,6 +72,7 @@
 //! the core has opened new partitions (`ShardHooks::metadata_committed`) and at the next state. Membership is fixed at creation: a changed replica set (reassignment) is
 //! not applied to a running group.
 
+pub(crate) mod leaders;
 pub(crate) mod net;
 
 use std::cell::{Cell, RefCell};
@@ -88,7 +89,7 @@ use glommio::net::TcpStream;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, ForwardReason, InitializeError, RaftError};
 use openraft::Raft;
-use strand_protocol::types::{NodeId, PartitionId, ShardId, TopicId};
+use strand_protocol::types::{LeaderEpoch, NodeId, PartitionId, ShardId, TopicId};
 use strand_raft::partition::quiesce::{self, QuiesceConfig, Quiescer};
 use strand_raft::partition::shard_log::ShardReplicaLog;
 use strand_raft::partition::{Applied, BrokerId, KafkaBatch, PartitionRaft, ReplicaStore};
@@ -99,6 +100,7 @@ use strand_raft::transport::tcp::{serve_stream, TcpConfig};
 use strand_storage::fs_glommio::GlommioFs;
 use strand_storage::{LogId, ShardStore};
 
+use self::leaders::{LeaderView, SeenLeader};
 use self::net::{Directory, PeerShards};
 use crate::cluster::{BrokerEpoch, ClusterState, IncarnationId};
 use crate::metadata::MetadataDelta;
@@ -187,6 +189,9 @@ pub(crate) trait Host {
         partition: PartitionId,
         handle: Option<Rc<dyn ReplicaHandle>>,
     );
+    /// Tells the node's other shards of leaderships seen here that the cluster state does not
+    /// show yet ([`leaders`]).
+    fn tell_shards(&self, seen: Vec<SeenLeader>);
 }
 
 /// Settings of a shard's replication.
@@ -520,6 +525,10 @@ pub(crate) struct GroupManager {
     /// the quiescer must hear of ([`Quiescer::peer_restarted`]).
     incarnations: RefCell<BTreeMap<NodeId, IncarnationId>>,
     reports: RefCell<Option<Rc<dyn LeaderReports>>>,
+    /// The leaderships seen on this node that the cluster state does not show yet.
+    leaders: LeaderView,
+    /// Those seen on this shard and not yet told to the others (sent once per turn).
+    seen_untold: RefCell<Vec<SeenLeader>>,
     /// One reconciliation at a time; the newest state waits in `next`.
     reconciling: Cell<bool>,
     next: RefCell<Option<Rc<ClusterState>>>,
@@ -559,6 +568,8 @@ impl GroupManager {
             quiescer: RefCell::new(Quiescer::new(settings.quiesce)),
             incarnations: RefCell::new(BTreeMap::new()),
             reports: RefCell::new(None),
+            leaders: LeaderView::default(),
+            seen_untold: RefCell::new(Vec::new()),
             reconciling: Cell::new(false),
             next: RefCell::new(None),
             epoch: std::time::Instant::now(),
@@ -678,6 +689,7 @@ impl GroupManager {
             metrics::gauge!("strand_replication_groups_quiesced", &shard).set(q.quiesced_count() as f64);
             metrics::gauge!("strand_replication_groups_led", &shard).set(led as f64);
             metrics::gauge!("strand_replication_groups_leaderless", &shard).set(leaderless as f64);
+            metrics::gauge!("strand_replication_leaders_unrecorded", &shard).set(self.leaders.len() as f64);
         }
         for (id, action) in actions {
             let group = self.groups.0.borrow().get(&id).cloned();
@@ -788,6 +800,7 @@ impl GroupManager {
     /// states arriving meanwhile are taken in turn, the newest last).
     pub(crate) fn cluster_changed(self: &Rc<Self>, state: &Rc<ClusterState>) {
         self.note_restarts(state);
+        self.leaders.state_changed(state);
         *self.directory.state.borrow_mut() = Some(Rc::clone(state));
         *self.next.borrow_mut() = Some(Rc::clone(state));
         if self.reconciling.replace(true) {
@@ -1092,6 +1105,14 @@ impl GroupManager {
                     }
                     last = Some((leader, term));
                     let epoch = i32::try_from(term).unwrap_or(i32::MAX);
+                    if let Some(leader) = leader.and_then(BrokerId::as_node_id) {
+                        manager.leader_seen(SeenLeader {
+                            topic: group.id.topic,
+                            partition: group.id.partition,
+                            leader,
+                            epoch: LeaderEpoch(epoch),
+                        });
+                    }
                     if leader == Some(group.local) {
                         tracing::info!(group = %group.id, epoch, "leading a partition");
                         // A new leader gives every follower a full lag window, as Kafka does.
@@ -1121,6 +1142,55 @@ impl GroupManager {
             }
         })
         .detach();
+    }
+
+    /// A group here saw `seen` (a leader elected): kept and told to the other
+    /// shards if the cluster state does not show it yet. The shards are told once per turn of
+    /// this one, so that the elections of many groups at once travel together.
+    fn leader_seen(self: &Rc<Self>, seen: SeenLeader) {
+        let state = self.directory.state.borrow().clone();
+        let newer = state
+            .as_deref()
+            .and_then(|s| s.partition(seen.topic, seen.partition))
+            .is_some_and(|p| seen.epoch > p.leader_epoch);
+        if !newer {
+            return;
+        }
+        self.leaders.seen(seen, state.as_deref());
+        let first = {
+            let mut untold = self.seen_untold.borrow_mut();
+            untold.push(seen);
+            untold.len() == 1
+        };
+        if first {
+            let me = Rc::downgrade(self);
+            glommio::spawn_local(async move {
+                futures_lite::future::yield_now().await;
+                let Some(m) = me.upgrade() else { return };
+                let seen = std::mem::take(&mut *m.seen_untold.borrow_mut());
+                m.host.tell_shards(seen);
+            })
+            .detach();
+        }
+    }
+
+    /// Another shard of this node saw these leaderships.
+    pub(crate) fn leaders_seen(&self, seen: &[SeenLeader]) {
+        let state = self.directory.state.borrow().clone();
+        for s in seen {
+            self.leaders.seen(*s, state.as_deref());
+        }
+    }
+
+    /// The leader and epoch Metadata answers for a partition whose state records `recorded`,
+    /// when a replica on this node has seen a newer leadership ([`leaders`]).
+    pub(crate) fn newer_leader(
+        &self,
+        topic: TopicId,
+        partition: PartitionId,
+        recorded: LeaderEpoch,
+    ) -> Option<(NodeId, LeaderEpoch)> {
+        self.leaders.newer(topic, partition, recorded)
     }
 
     /// Reports the group's election to the controller when this node leads it and the cluster
@@ -1423,6 +1493,21 @@ impl Host for CoreHost {
         let Some(t) = state.topic(topic) else { return };
         core.attach_replica(&t.name, partition.0, topic, handle);
     }
+
+    fn tell_shards(&self, seen: Vec<SeenLeader>) {
+        let Some(core) = self.0.upgrade() else { return };
+        for shard in (0..core.shards).map(ShardId).filter(|s| *s != core.id) {
+            let core = Rc::clone(&core);
+            let seen = seen.clone();
+            glommio::spawn_local(async move {
+                let call = core.call::<Replication>(shard, ReplicationCall::LeadersSeen(seen));
+                if let Err(e) = call.await {
+                    tracing::debug!(%shard, error = ?e, "cannot tell a shard of the leaders seen here");
+                }
+            })
+            .detach();
+        }
+    }
 }
 
 /// The replication subsystem of one shard: its group manager, fed by the core's cluster
@@ -1463,12 +1548,27 @@ pub(crate) struct PeerConnection {
     pub(crate) received: Vec<u8>,
 }
 
+/// What a shard's replication is sent by the node's other shards.
+pub(crate) enum ReplicationCall {
+    /// A node's replication connection for this shard.
+    Peer(Box<PeerConnection>),
+    /// Leaderships another shard's groups saw that the cluster state does not show yet.
+    LeadersSeen(Vec<SeenLeader>),
+}
+
 impl Service for Replication {
-    type Request = Box<PeerConnection>;
+    type Request = ReplicationCall;
     /// Whether it was taken.
     type Response = bool;
 
-    fn start(self: Rc<Self>, c: Box<PeerConnection>) -> LocalBoxFuture<'static, bool> {
+    fn start(self: Rc<Self>, call: ReplicationCall) -> LocalBoxFuture<'static, bool> {
+        let c = match call {
+            ReplicationCall::Peer(c) => c,
+            ReplicationCall::LeadersSeen(seen) => {
+                self.manager.leaders_seen(&seen);
+                return async { true }.boxed_local();
+            }
+        };
         let PeerConnection { fd, received } = *c;
         let stream = TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(fd)));
         let manager = Rc::clone(&self.manager);

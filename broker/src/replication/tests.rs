@@ -53,6 +53,9 @@ impl Host for TestHost {
             None => self.handles.borrow_mut().remove(&(topic, partition)),
         };
     }
+
+    /// One shard per test node: no other shard to tell.
+    fn tell_shards(&self, _: Vec<SeenLeader>) {}
 }
 
 struct Node {
@@ -273,6 +276,26 @@ fn three_nodes_replicate_a_partition_and_fail_over() {
             let all: Vec<&Node> = nodes.iter().collect();
             let (li, first) = leader_among(&all, 0).await;
             let leader = &nodes[li];
+
+            // No controller records the election here: every node's Metadata answers with the
+            // leader its replica saw elected, in the term it was elected in (`leaders`).
+            for n in &nodes {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let seen = n.manager.newer_leader(TOPIC, PartitionId(0), LeaderEpoch(0));
+                    if seen == Some((NodeId(leader.id), LeaderEpoch(first.epoch))) {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "node {} sees {seen:?}", n.id);
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
+                assert_eq!(
+                    n.manager
+                        .newer_leader(TOPIC, PartitionId(0), LeaderEpoch(first.epoch)),
+                    None,
+                    "a state that records the election answers for itself"
+                );
+            }
 
             // A proposal on the leader commits on a majority and is answered with its offset.
             let h = leader.handle().unwrap();
