@@ -500,6 +500,19 @@ async fn read_loop(
                     Err(_) => return ReadEnd::Close(Some("oversized node hello")),
                 }
             }
+            // A cluster node serves clients once it has the cluster metadata, as a Kafka broker
+            // enables its client listeners once it has caught up with the metadata log: a node
+            // that just restarted would answer that it knows no topic, and clients connected
+            // to it would keep asking it rather than the nodes that know.
+            if first
+                && buf.len() >= 6
+                && conns.subsystems.replication.is_some()
+                && shard.cluster_state().is_none()
+            {
+                metrics::counter!("strand_connections_refused_total", "reason" => "no cluster metadata yet")
+                    .increment(1);
+                return ReadEnd::Close(Some("no cluster metadata yet"));
+            }
             if let Some(to) = conn
                 .affinity
                 .move_to(shard.id, !MOVES_UNAVAILABLE.load(Ordering::Relaxed))

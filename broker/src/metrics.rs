@@ -103,6 +103,10 @@ pub(crate) fn describe() {
         "HTTP requests whose client went away while they were served (a long-polling lease among them ends at once, leasing nothing); counted when the connection closes."
     );
     describe_counter!(
+        "strand_connections_refused_total",
+        "Kafka client connections closed at their first request without an answer, by reason (a cluster node before it has the cluster metadata)."
+    );
+    describe_counter!(
         "strand_connection_migrations_total",
         "Kafka connections handed to the shard that owns the partitions they produce to or fetch from, by the shard they left."
     );
