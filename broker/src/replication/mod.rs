@@ -521,6 +521,11 @@ pub(crate) struct GroupManager {
     settings: ReplicationSettings,
     config: Arc<openraft::Config>,
     quiescer: RefCell<Quiescer<GroupId>>,
+    /// The groups that sent entries to a follower since the last quiescing tick: a leader
+    /// replicating (a catch-up included) is active, so that it heartbeats for the idle time
+    /// after the last write any follower received, which is what a follower counts on to tell
+    /// a leader that quiesced from one that is gone (`Quiescer::tick`).
+    replicated: Rc<RefCell<BTreeSet<GroupId>>>,
     /// Each peer's incarnation as the metadata last showed it: a new one is a restart, which
     /// the quiescer must hear of ([`Quiescer::peer_restarted`]).
     incarnations: RefCell<BTreeMap<NodeId, IncarnationId>>,
@@ -549,7 +554,8 @@ impl GroupManager {
     ) -> Rc<Self> {
         let local = BrokerId::from_node_id(node).unwrap_or_default();
         let directory = Rc::new(Directory::new(inter_broker_listener));
-        let conns = PeerShards::new(node, Rc::clone(&directory), settings.tcp);
+        let replicated = Rc::new(RefCell::new(BTreeSet::new()));
+        let conns = PeerShards::new(node, Rc::clone(&directory), settings.tcp, Rc::clone(&replicated));
         let network = NodeNetwork::new(local, conns, NetworkConfig::default());
         let groups = Groups::default();
         let server = Rc::new(Server::new(groups.clone(), ServerLimits::default()));
@@ -566,6 +572,7 @@ impl GroupManager {
             config: settings.raft_config(),
             settings,
             quiescer: RefCell::new(Quiescer::new(settings.quiesce)),
+            replicated,
             incarnations: RefCell::new(BTreeMap::new()),
             reports: RefCell::new(None),
             leaders: LeaderView::default(),
@@ -646,8 +653,9 @@ impl GroupManager {
         let mut elect = Vec::new();
         {
             let mut q = self.quiescer.borrow_mut();
+            let replicated = std::mem::take(&mut *self.replicated.borrow_mut());
             for g in &groups {
-                if g.active.replace(false) {
+                if g.active.replace(false) || replicated.contains(&g.id) {
                     if let Some(a) = q.activity(g.id, now) {
                         actions.push((g.id, a));
                     }

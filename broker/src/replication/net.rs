@@ -14,7 +14,7 @@
 //! the connection is handed to the replication subsystem of the shard its hello names.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
 
@@ -153,15 +153,25 @@ pub(crate) struct PeerShards {
     directory: Rc<Directory>,
     config: TcpConfig,
     by_shard: RefCell<BTreeMap<u16, Rc<TcpConnections>>>,
+    /// The groups that sent entries to a follower since the manager last took them (a
+    /// leader's replication, catch-up included, is activity for the quiescer).
+    replicated: Rc<RefCell<BTreeSet<GroupId>>>,
 }
 
 impl PeerShards {
-    pub(crate) fn new(local: NodeId, directory: Rc<Directory>, config: TcpConfig) -> Self {
+    /// `replicated` collects the groups that send entries (see the field).
+    pub(crate) fn new(
+        local: NodeId,
+        directory: Rc<Directory>,
+        config: TcpConfig,
+        replicated: Rc<RefCell<BTreeSet<GroupId>>>,
+    ) -> Self {
         PeerShards {
             local: BrokerId::from_node_id(local).unwrap_or_default(),
             directory,
             config,
             by_shard: RefCell::new(BTreeMap::new()),
+            replicated,
         }
     }
 
@@ -244,6 +254,11 @@ impl Connection for PeerShards {
                 let shard = self.directory.shard_of(peer, group).ok_or_else(|| {
                     ConnectionError::Unreachable(format!("node {peer} holds no replica of {group}"))
                 })?;
+                if let Message::Append { req, .. } = &other {
+                    if !req.entries.is_empty() {
+                        self.replicated.borrow_mut().insert(group);
+                    }
+                }
                 self.to_shard(shard).call(peer, other).await
             }
         }

@@ -189,7 +189,8 @@ impl<G: Ord + Copy> Quiescer<G> {
     ///
     /// A quiesced group wakes when its leader may be gone: none is known, its node is silent,
     /// or restarted and not heard from since, or it stopped writing and heartbeating sooner
-    /// after its last write than a leader quiesces (`idle_after_ms`, heartbeating until then):
+    /// after its last write than a leader quiesces (`idle_after_ms`, heartbeating until then;
+    /// the host counts a leader's sending of entries, a catch-up included, as its activity):
     /// a quiesced follower has no election timer to find that out, and a node that restarted at
     /// once answers pings. An awake group quiesces once idle for `idle_after_ms`, unless it is
     /// a follower that has not heard its leader for the peer timeout (its election timer is
