@@ -24,13 +24,15 @@
 //!   leader, whose replication to it starts over (`allow_log_reversion`). Until it has caught
 //!   up, such a replica's vote is given on an empty log: a second fault in that window (the
 //!   other holder of an entry lost) can elect a replica without it.
-//! - **Commit offset.** A watcher task per group follows the group's metrics: when the
-//!   applied index moves, the store's commit cap of the log moves to the replica's high
-//!   watermark (the Kafka offset after the last committed batch), which wakes waiting
-//!   fetches. When this node wins an election it reports it ([`LeaderReports`]); the active
-//!   controller records it as the partition's leader with the term as its leader epoch. A report
-//!   is sent again while no controller answers, and whenever an applied state does not show a
-//!   leadership this node holds.
+//! - **Commit offset.** As the replica store applies committed entries it tells the store's
+//!   commit cap of the log the replica's high watermark (the Kafka offset after the last
+//!   committed batch), before the writers are answered, which wakes waiting fetches.
+//! - **Leaders.** A watcher task per group follows its leader and term. When this node wins an
+//!   election it reports it ([`LeaderReports`]); the active controller records it as the
+//!   partition's leader with the term as its leader epoch. A report is sent again while no
+//!   controller answers, and whenever an applied state does not show a leadership this node
+//!   holds. Until the record, every shard of the node knows the leader its replica saw elected
+//!   ([`leaders`]), and Metadata answers with it.
 //! - **ISR.** Every [`ISR_CHECK_INTERVAL_MS`] a leader compares its followers' progress with
 //!   the registration's ISR: a follower is in sync while it reached, within
 //!   `replica.lag.time.max.ms`, the log end the leader had at the previous check; a difference
