@@ -38,20 +38,22 @@ pub(crate) struct LeaderView {
 }
 
 impl LeaderView {
-    /// Keeps `seen` if it is newer than what `state` records and than what is kept.
-    pub(crate) fn seen(&self, seen: SeenLeader, state: Option<&ClusterState>) {
+    /// Keeps `seen` if it is newer than what `state` records and than what is kept; returns
+    /// whether the state is behind it (whether other shards should hear of it).
+    pub(crate) fn seen(&self, seen: SeenLeader, state: Option<&ClusterState>) -> bool {
         let recorded = state.and_then(|s| s.partition(seen.topic, seen.partition));
         let Some(recorded) = recorded else {
-            return;
+            return false;
         };
         if seen.epoch <= recorded.leader_epoch {
-            return;
+            return false;
         }
         let mut newer = self.newer.borrow_mut();
         let key = (seen.topic, seen.partition);
         if newer.get(&key).is_none_or(|&(_, epoch)| seen.epoch > epoch) {
             newer.insert(key, (seen.leader, seen.epoch));
         }
+        true
     }
 
     /// Drops what `state` has caught up with: the entries of partitions whose recorded epoch
@@ -88,61 +90,21 @@ impl LeaderView {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use strand_protocol::types::ShardId;
-
     use super::*;
-    use crate::cluster::record::{
-        IncarnationId, PartitionChange, PartitionEpoch, PartitionRecord, RegisterBroker,
-    };
-    use crate::cluster::{BrokerEpoch, Record, Replica};
+    use crate::cluster::record::{PartitionChange, PartitionEpoch};
+    use crate::cluster::Record;
+    use crate::replication::tests::{cluster_of, TOPIC};
 
-    /// A state of one topic with one partition, led by `leader` in `epoch`.
-    fn state_with_partition(
-        topic: TopicId,
-        partition: PartitionId,
-        leader: Option<NodeId>,
-        epoch: LeaderEpoch,
-    ) -> ClusterState {
-        let mut s = ClusterState::default();
-        for b in 1..=3 {
-            s.apply(&Record::RegisterBroker(RegisterBroker {
-                broker: NodeId(b),
-                incarnation: IncarnationId(uuid::Uuid::from_u128(b as u128)),
-                epoch: BrokerEpoch(i64::try_from(s.next_offset().0).unwrap()),
-                endpoints: Vec::new(),
-                rack: None,
-                shards: 1,
-            }));
-            let epoch = s.broker(NodeId(b)).unwrap().epoch;
-            s.apply(&Record::BrokerUnfenced {
-                broker: NodeId(b),
-                epoch,
-            });
-        }
-        s.apply(&Record::Topic {
-            name: "t".into(),
-            id: topic,
-        });
-        s.apply(&Record::Partition(PartitionRecord {
-            topic,
-            partition,
-            replicas: (1..=3)
-                .map(|b| Replica {
-                    broker: NodeId(b),
-                    shard: ShardId(0),
-                })
-                .collect(),
-            isr: (1..=3).map(NodeId).collect(),
-            leader: None,
-            leader_epoch: LeaderEpoch(0),
-            partition_epoch: PartitionEpoch(0),
-        }));
+    /// The replication tests' three-node state, its partition led by node 1 in `epoch`.
+    fn at(epoch: i32) -> ClusterState {
+        let addr = "127.0.0.1:9".parse().unwrap();
+        let mut s = (*cluster_of(&[(1, addr), (2, addr), (3, addr)])).clone();
         s.apply(&Record::PartitionChange(PartitionChange {
-            topic,
-            partition,
-            leader,
+            topic: TOPIC,
+            partition: PartitionId(0),
+            leader: Some(NodeId(1)),
             isr: (1..=3).map(NodeId).collect(),
-            leader_epoch: epoch,
+            leader_epoch: LeaderEpoch(epoch),
             partition_epoch: PartitionEpoch(1),
             shards: None,
         }));
@@ -151,7 +113,7 @@ mod tests {
 
     fn seen(leader: i32, epoch: i32) -> SeenLeader {
         SeenLeader {
-            topic: TopicId(uuid::Uuid::from_u128(7)),
+            topic: TOPIC,
             partition: PartitionId(0),
             leader: NodeId(leader),
             epoch: LeaderEpoch(epoch),
@@ -160,20 +122,18 @@ mod tests {
 
     #[test]
     fn a_leadership_newer_than_the_state_is_answered_until_the_state_records_it() {
-        let topic = TopicId(uuid::Uuid::from_u128(7));
-        let p = PartitionId(0);
-        let at = |epoch: i32| state_with_partition(topic, p, Some(NodeId(1)), LeaderEpoch(epoch));
+        let (topic, p) = (TOPIC, PartitionId(0));
         let view = LeaderView::default();
         // Not newer than the state: nothing kept.
-        view.seen(seen(1, 3), Some(&at(3)));
+        assert!(!view.seen(seen(1, 3), Some(&at(3))));
         assert_eq!(view.newer(topic, p, LeaderEpoch(3)), None);
-        view.seen(seen(2, 4), Some(&at(3)));
+        assert!(view.seen(seen(2, 4), Some(&at(3))));
         assert_eq!(
             view.newer(topic, p, LeaderEpoch(3)),
             Some((NodeId(2), LeaderEpoch(4)))
         );
         // An older sighting arriving late changes nothing.
-        view.seen(seen(3, 3), Some(&at(2)));
+        assert!(view.seen(seen(3, 3), Some(&at(2))), "the state is behind it");
         assert_eq!(
             view.newer(topic, p, LeaderEpoch(3)),
             Some((NodeId(2), LeaderEpoch(4)))
@@ -183,16 +143,16 @@ mod tests {
         view.state_changed(&at(4));
         assert_eq!(view.len(), 0);
         // A partition the state does not have is not kept.
-        view.seen(
+        assert!(!view.seen(
             SeenLeader {
                 partition: PartitionId(5),
                 ..seen(2, 9)
             },
             Some(&at(4)),
-        );
+        ));
         assert_eq!(view.len(), 0);
         // Nor anything without a state to compare with.
-        view.seen(seen(2, 9), None);
+        assert!(!view.seen(seen(2, 9), None));
         assert_eq!(view.len(), 0);
     }
 }

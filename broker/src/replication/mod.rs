@@ -1159,14 +1159,9 @@ impl GroupManager {
     /// this one, so that the elections of many groups at once travel together.
     fn leader_seen(self: &Rc<Self>, seen: SeenLeader) {
         let state = self.directory.state.borrow().clone();
-        let newer = state
-            .as_deref()
-            .and_then(|s| s.partition(seen.topic, seen.partition))
-            .is_some_and(|p| seen.epoch > p.leader_epoch);
-        if !newer {
+        if !self.leaders.seen(seen, state.as_deref()) {
             return;
         }
-        self.leaders.seen(seen, state.as_deref());
         let first = {
             let mut untold = self.seen_untold.borrow_mut();
             untold.push(seen);
@@ -1188,7 +1183,7 @@ impl GroupManager {
     pub(crate) fn leaders_seen(&self, seen: &[SeenLeader]) {
         let state = self.directory.state.borrow().clone();
         for s in seen {
-            self.leaders.seen(*s, state.as_deref());
+            let _ = self.leaders.seen(*s, state.as_deref());
         }
     }
 

@@ -26,7 +26,7 @@ use crate::cluster::record::{
     BrokerEpoch, Endpoint, IncarnationId, PartitionEpoch, PartitionRecord, Record, RegisterBroker, Replica,
 };
 
-const TOPIC: TopicId = TopicId(uuid::Uuid::from_u128(0x7091c));
+pub(super) const TOPIC: TopicId = TopicId(uuid::Uuid::from_u128(0x7091c));
 const LISTENER: &str = "INTERNAL";
 
 struct TestHost {
@@ -159,7 +159,7 @@ fn cluster(nodes: &[Node]) -> Rc<ClusterState> {
 
 /// Registered, unfenced brokers (id and listener address) and one partition replicated on
 /// all of them, the first its preferred leader.
-fn cluster_of(nodes: &[(i32, SocketAddr)]) -> Rc<ClusterState> {
+pub(super) fn cluster_of(nodes: &[(i32, SocketAddr)]) -> Rc<ClusterState> {
     let mut state = ClusterState::default();
     let mut offset = 0i64;
     for &(id, addr) in nodes {

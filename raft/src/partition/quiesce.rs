@@ -287,6 +287,12 @@ mod tests {
         peer_timeout_ms: 1_000,
     };
 
+    /// As the broker has them: idle for longer than a peer takes to count as silent.
+    const BROKER_CONFIG: QuiesceConfig = QuiesceConfig {
+        idle_after_ms: 2_000,
+        peer_timeout_ms: 1_000,
+    };
+
     fn lost(node: u64) -> Action {
         Action::Wake {
             leader_lost: Some(BrokerId(node)),
@@ -343,10 +349,7 @@ mod tests {
     /// quiesced after its writes, heartbeating until then, stays quiet.
     #[test]
     fn a_quiesced_follower_whose_leader_stops_writing_at_once_wakes_to_elect() {
-        let mut q = Quiescer::new(QuiesceConfig {
-            idle_after_ms: 2_000,
-            peer_timeout_ms: 1_000,
-        });
+        let mut q = Quiescer::new(BROKER_CONFIG);
         let me = BrokerId(1);
         let leader = |_: u32| Some(BrokerId(2));
         q.add_quiesced(1u32, 0);
@@ -377,11 +380,7 @@ mod tests {
     /// report the restart, which takes a controller.
     #[test]
     fn an_awake_follower_that_stopped_hearing_its_leader_does_not_quiesce() {
-        // As the broker has them: idle for longer than a peer takes to count as silent.
-        let mut q = Quiescer::new(QuiesceConfig {
-            idle_after_ms: 2_000,
-            peer_timeout_ms: 1_000,
-        });
+        let mut q = Quiescer::new(BROKER_CONFIG);
         let me = BrokerId(1);
         let leader = |_: u32| Some(BrokerId(2));
         q.add(1u32, 0);
