@@ -416,11 +416,16 @@ async fn shard_main(
     while !shutdown.load(Ordering::Acquire) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
     }
-    // The partition groups this node leads hand their leadership to caught-up followers and
-    // stop, before the controlled shutdown (which then finds nothing left to move) and before
-    // their logs close.
+    // The partition groups this node leads hand their leadership to their followers furthest
+    // along and stop, before the controlled shutdown (which then finds nothing left to move)
+    // and before their logs close.
     if let Some(r) = &subsystems.replication {
-        r.manager.shut_down().await;
+        let moves = r.manager.shut_down().await;
+        tracing::info!(
+            led = moves.led,
+            moved = moves.moved,
+            "partition leaderships handed over"
+        );
     }
     if let Some((_, Some(node))) = &_cluster {
         node.shutdown(Duration::from_secs(10)).await;

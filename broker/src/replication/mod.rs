@@ -65,7 +65,9 @@
 //!   (new, or just woken) has its writes wait, within [`LEASE_WAIT`], for a round of
 //!   heartbeats rather than refusing them.
 //! - **Shutdown**: [`GroupManager::shut_down`] first hands the leadership of the groups the
-//!   shard leads to caught-up followers (bounded), then stops every group; a deleted topic's
+//!   shard leads to the followers furthest along (bounded; a Raft leadership transfer, so the
+//!   leader proposes nothing more and the target takes its last entry before it campaigns),
+//!   then stops every group; a deleted topic's
 //!   groups stop before the core removes their logs (`ShardHooks::metadata_preparing`).
 //!
 //! What the manager relies on: the core has a hosted replica's log open on the shard the
@@ -1427,22 +1429,27 @@ impl GroupManager {
     /// A controlled shutdown: the groups this shard leads hand leadership to a caught-up
     /// follower first (waiting at most [`TRANSFER_WAIT`] for all), so that clients find a
     /// writable leader at once; then every group stops, as [`GroupManager::close`].
-    pub(crate) async fn shut_down(&self) {
+    pub(crate) async fn shut_down(&self) -> ShutdownMoves {
         let led = self.led_groups();
+        let count = led.len();
         let transfers = led.into_iter().map(|g| async move {
+            // The follower furthest along: under writes none may hold the leader's last entry
+            // at this instant, and the leader, once transferring, proposes nothing more while
+            // the target waits (openraft, up to the shortest election timeout) for that entry
+            // before it campaigns.
             let target = {
                 let m = g.raft.metrics();
                 let m = m.borrow_watched();
-                let last = m.last_log_index;
                 m.replication.as_ref().and_then(|r| {
                     r.iter()
-                        .find(|(id, matched)| **id != g.local && matched.map(|l| l.index) == last)
+                        .filter(|(id, _)| **id != g.local)
+                        .max_by_key(|(_, matched)| matched.map(|l| l.index))
                         .map(|(id, _)| *id)
                 })
             };
-            let Some(to) = target else { return };
+            let Some(to) = target else { return false };
             if g.raft.trigger().transfer_leader(to).await.is_err() {
-                return;
+                return false;
             }
             let mut metrics = g.raft.metrics();
             let moved = async {
@@ -1455,10 +1462,18 @@ impl GroupManager {
             let timer = glommio::timer::sleep(TRANSFER_WAIT);
             futures::pin_mut!(moved);
             futures::pin_mut!(timer);
-            futures::future::select(moved, timer).await;
+            matches!(
+                futures::future::select(moved, timer).await,
+                futures::future::Either::Left(_)
+            )
         });
-        futures::future::join_all(transfers).await;
+        let moved = futures::future::join_all(transfers)
+            .await
+            .into_iter()
+            .filter(|m| *m)
+            .count();
         self.close().await;
+        ShutdownMoves { led: count, moved }
     }
 
     /// Stops every group and the timers at once (a crash, as far as the peers can tell).
@@ -1470,6 +1485,15 @@ impl GroupManager {
             self.stop_group(&state, &g).await;
         }
     }
+}
+
+/// What a controlled shutdown did with the shard's leaderships.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShutdownMoves {
+    /// Groups the shard led.
+    pub led: usize,
+    /// Those whose leadership moved to another replica before they stopped.
+    pub moved: usize,
 }
 
 /// The core as the manager's host.

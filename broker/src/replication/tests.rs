@@ -388,6 +388,24 @@ fn three_nodes_replicate_a_partition_and_fail_over() {
                 batches[3].partition_leader_epoch, second.epoch,
                 "the new batch carries the new epoch"
             );
+            // A controlled shutdown with a write in flight (durable on the leader only, the
+            // follower's disk stalled): the leadership still moves, to the follower furthest
+            // along, which takes the leader's last entry before it campaigns. (One replica of
+            // three left, it cannot commit it.)
+            let follower = rest[1 - ni];
+            follower.paused.set(true);
+            assert_eq!(h.propose(payload(5, 1), Acks::Leader).await, Ok(7));
+            let unpause = Rc::clone(&follower.paused);
+            glommio::spawn_local(async move {
+                glommio::timer::sleep(Duration::from_millis(100)).await;
+                unpause.set(false);
+            })
+            .detach();
+            let moves = rest[ni].manager.shut_down().await;
+            assert_eq!(moves, ShutdownMoves { led: 1, moved: 1 });
+            let (_, third) = leader_among(&[follower], second.epoch).await;
+            assert!(third.epoch > second.epoch);
+            assert_eq!(follower.store.offsets(follower.log()).unwrap().log_end_offset, 8);
             // A deleted topic's groups stop and their handles leave the partitions.
             for n in &rest {
                 n.manager.stop_topic(TOPIC).await;

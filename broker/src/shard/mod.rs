@@ -1358,9 +1358,15 @@ pub(crate) async fn scatter<T, R: Clone>(
 pub(crate) fn spawn_test_flusher(store: Rc<ShardStore<GlommioFs>>, paused: Rc<Cell<bool>>) {
     glommio::spawn_local(async move {
         loop {
+            let tick = glommio::timer::sleep(std::time::Duration::from_millis(5));
+            if paused.get() {
+                // Work pending would end the wait at once, and the loop would hold the
+                // executor.
+                tick.await;
+                continue;
+            }
             {
                 let work = store.wait_for_work();
-                let tick = glommio::timer::sleep(std::time::Duration::from_millis(5));
                 futures::pin_mut!(work);
                 futures::pin_mut!(tick);
                 futures::future::select(work, tick).await;
