@@ -67,8 +67,8 @@
 //! - **Shutdown**: [`GroupManager::shut_down`] first hands the leadership of the groups the
 //!   shard leads to the followers furthest along (bounded; a Raft leadership transfer, so the
 //!   leader proposes nothing more and the target takes its last entry before it campaigns),
-//!   then stops every group; a deleted topic's
-//!   groups stop before the core removes their logs (`ShardHooks::metadata_preparing`).
+//!   then stops every group; a deleted topic's groups stop before the core removes their logs
+//!   (`ShardHooks::metadata_preparing`).
 //!
 //! What the manager relies on: the core has a hosted replica's log open on the shard the
 //! metadata places it on (`Shard::owner` follows the metadata once the cluster state is set)
