@@ -136,7 +136,7 @@ impl World {
                 if !world.quiescing {
                     continue;
                 }
-                let (rafts, actions) = {
+                let (rafts, actions, campaigns) = {
                     let mut hosts = world.hosts.borrow_mut();
                     let host = hosts.get_mut(&id).expect("known");
                     let rafts = host.rafts.clone();
@@ -148,11 +148,17 @@ impl World {
                         })
                         .collect();
                     let actions = host.quiescer.tick(now, id, |g| leaders[g]);
-                    (rafts, actions)
+                    let campaigns = host.quiescer.campaigns(now, id, preference);
+                    (rafts, actions, campaigns)
                 };
                 for (g, action) in actions {
                     if let Some(raft) = &rafts[g] {
                         quiesce::apply(raft, action).await;
+                    }
+                }
+                for g in campaigns {
+                    if let Some(raft) = &rafts[g] {
+                        let _ = raft.trigger().elect(true).await;
                     }
                 }
             }
@@ -261,7 +267,14 @@ fn quiesce_config() -> QuiesceConfig {
     QuiesceConfig {
         idle_after_ms: 1_000,
         peer_timeout_ms: 1_000,
+        campaign_window_ms: 1_000,
+        max_campaigns: 64,
     }
+}
+
+/// Group `g`'s replicas in preference order: the node that initialized it first.
+fn preference(g: usize) -> Vec<BrokerId> {
+    (0..NODES).map(|i| BrokerId((g as u64 + i) % NODES + 1)).collect()
 }
 
 fn world(seed: u64, quiescing: bool) -> Rc<World> {

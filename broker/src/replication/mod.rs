@@ -244,6 +244,12 @@ impl Default for ReplicationSettings {
             quiesce: QuiesceConfig {
                 idle_after_ms: 2_000,
                 peer_timeout_ms: 1_000,
+                // The longest election timeout: a campaign that has not produced a leader by
+                // then has failed (its candidate's log was behind, or its votes were lost).
+                campaign_window_ms: 1_200,
+                // Per shard. An election is a few messages and a vote write on each replica;
+                // a decided campaign frees its place at the next quiesce tick (100 ms).
+                max_campaigns: 128,
             },
             tcp: TcpConfig::default(),
             replica_lag_time_max_ms: 30_000,
@@ -654,7 +660,7 @@ impl GroupManager {
     async fn quiesce_tick(&self, now: u64) {
         let groups: Vec<Rc<Group>> = self.groups.0.borrow().values().cloned().collect();
         let mut actions = Vec::new();
-        let mut elect = Vec::new();
+        let elect;
         {
             let mut q = self.quiescer.borrow_mut();
             let replicated = std::mem::take(&mut *self.replicated.borrow_mut());
@@ -670,30 +676,17 @@ impl GroupManager {
                 .map(|g| (g.id, g.known_leader.get().or(g.believed_leader.get())))
                 .collect();
             actions.extend(q.tick(now, self.local, |id| leaders.get(&id).copied().flatten()));
-            // A group woken because its leader was lost (its node silent or restarted, or it
-            // stopped in the middle of its writes) elects at once on one replica, the first
-            // live one in preference order other than the lost leader's: the others' timers
-            // would run out together, and with two of three replicas left their votes split.
+            // Groups without a leader elect when the quiescer says this node's turn has come
+            // (the first live replica in preference order at once, the next ones later, a
+            // bounded number at a time), not by their own election timers.
             let state = self.directory.state.borrow().clone();
-            for (id, action) in &actions {
-                let quiesce::Action::Wake {
-                    leader_lost: Some(lost),
-                } = *action
-                else {
-                    continue;
-                };
-                let Some(state) = &state else {
-                    continue;
-                };
-                let first_live = state.partition(id.topic, id.partition).and_then(|p| {
-                    p.replica_brokers()
-                        .filter_map(BrokerId::from_node_id)
-                        .find(|r| *r != lost && (*r == self.local || q.peer_live(*r, now)))
-                });
-                if first_live == Some(self.local) {
-                    elect.push(*id);
-                }
-            }
+            elect = q.campaigns(now, self.local, |id| {
+                state
+                    .as_ref()
+                    .and_then(|s| s.partition(id.topic, id.partition))
+                    .map(|p| p.replica_brokers().filter_map(BrokerId::from_node_id).collect())
+                    .unwrap_or_default()
+            });
             let shard = [("shard", self.shard.0.to_string())];
             let led = leaders.values().filter(|l| **l == Some(self.local)).count();
             let leaderless = leaders.values().filter(|l| l.is_none()).count();
@@ -702,22 +695,34 @@ impl GroupManager {
             metrics::gauge!("strand_replication_groups_led", &shard).set(led as f64);
             metrics::gauge!("strand_replication_groups_leaderless", &shard).set(leaderless as f64);
             metrics::gauge!("strand_replication_leaders_unrecorded", &shard).set(self.leaders.len() as f64);
+            metrics::gauge!("strand_replication_campaigns_in_flight", &shard)
+                .set(q.campaigns_in_flight(now) as f64);
+            let lost = elect
+                .iter()
+                .filter(|id| leaders.get(id).copied().flatten().is_some())
+                .count();
+            metrics::counter!("strand_replication_campaigns_total", "shard" => self.shard.0.to_string(), "leader" => "lost")
+                .increment(lost as u64);
+            metrics::counter!("strand_replication_campaigns_total", "shard" => self.shard.0.to_string(), "leader" => "unknown")
+                .increment((elect.len() - lost) as u64);
         }
         for (id, action) in actions {
             let group = self.groups.0.borrow().get(&id).cloned();
             if let Some(g) = group {
-                if matches!(action, quiesce::Action::Wake { .. }) {
+                if action == quiesce::Action::Wake {
                     g.believed_leader.set(None);
                 }
                 quiesce::apply(&g.raft, action).await;
             }
         }
         if !elect.is_empty() {
-            tracing::debug!(groups = elect.len(), "electing at once where a silent node led");
+            tracing::debug!(groups = elect.len(), "campaigning for groups without a leader");
         }
         for id in elect {
             let group = self.groups.0.borrow().get(&id).cloned();
             if let Some(g) = group {
+                // The leader it believed in, if any, did not lead when this node's turn came.
+                g.believed_leader.set(None);
                 let _ = g.raft.trigger().elect(true).await;
             }
         }
@@ -911,16 +916,16 @@ impl GroupManager {
                 }
             }
         }
-        // A group started quiet under the leader the metadata named then, a leader its Raft has
-        // not confirmed, stops believing in it once the metadata no longer names it (the
-        // controller took the leadership away, or another node reported an election): the
-        // quiescer wakes a group without a leader, and it elects. Otherwise two replicas that
-        // each started under a leadership the other no longer holds would both stay quiet, and
-        // a partition whose only up-to-date replicas are quiet would never elect.
+        // A replica whose Raft knows no leader takes the one the metadata names (another node,
+        // elected: epoch above 0) for its leader, and stops believing in one the metadata no
+        // longer names (the controller took the leadership away, or another node reported an
+        // election). A leader elected while this node was away, quiesced since, sends nothing
+        // here: without the metadata's word the replica would campaign against it when its
+        // turn came. And two replicas that each started under a leadership the other no
+        // longer holds would otherwise both stay quiet, and a partition whose only up-to-date
+        // replicas are quiet would never elect. The quiescer still doubts a named leader
+        // whose node is silent or restarted.
         for g in self.groups.0.borrow().values() {
-            let Some(believed) = g.believed_leader.get() else {
-                continue;
-            };
             if g.known_leader.get().is_some() {
                 continue;
             }
@@ -928,10 +933,12 @@ impl GroupManager {
                 .partition(g.id.topic, g.id.partition)
                 .filter(|p| p.leader_epoch.0 > 0)
                 .and_then(|p| p.leader)
-                .and_then(BrokerId::from_node_id);
-            if named != Some(believed) {
-                tracing::debug!(group = %g.id, ?believed, ?named, "the metadata no longer names the leader a quiet replica took");
-                g.believed_leader.set(None);
+                .and_then(BrokerId::from_node_id)
+                .filter(|l| *l != self.local);
+            let believed = g.believed_leader.get();
+            if named != believed {
+                tracing::debug!(group = %g.id, ?believed, ?named, "a replica without a known leader takes the metadata's");
+                g.believed_leader.set(named);
             }
         }
         // Elections the state does not show yet (a report lost, refused while this broker was
@@ -1045,14 +1052,20 @@ impl GroupManager {
             .leader
             .filter(|l| *l != self.node && registration.leader_epoch.0 > 0)
             .and_then(BrokerId::from_node_id);
-        match named_leader {
-            Some(leader) => {
-                group.believed_leader.set(Some(leader));
-                self.quiescer.borrow_mut().add_quiesced(id, self.now_ms());
-                quiesce::apply(&group.raft, quiesce::Action::Quiesce).await;
-            }
-            None => self.quiescer.borrow_mut().add(id, self.now_ms()),
+        // A replica of a group with no leader named starts quiet too: the quiescer elects it
+        // when this node's turn comes (the preferred replica at once), rather than every
+        // replica's election timer, which on a node starting thousands of groups would run
+        // out for all of them together.
+        group.believed_leader.set(named_leader);
+        let led_here = registration.leader == Some(self.node) && registration.leader_epoch.0 > 0;
+        if led_here {
+            self.quiescer
+                .borrow_mut()
+                .add_former_leader(id, self.now_ms(), self.local);
+        } else {
+            self.quiescer.borrow_mut().add_quiesced(id, self.now_ms());
         }
+        quiesce::apply(&group.raft, quiesce::Action::Quiesce).await;
         self.spawn_watcher(Rc::clone(&group));
         let members: BTreeSet<BrokerId> = registration
             .replica_brokers()
@@ -1111,9 +1124,17 @@ impl GroupManager {
                 if last != Some((leader, term)) {
                     let was_leader = last.is_some_and(|(l, _)| l == Some(group.local));
                     // The first look is the state the group started in, not a change: a
-                    // replica that started quiesced stays so.
+                    // replica that started quiesced stays so. A new term without a leader is
+                    // a campaign (this replica's or another's, which it voted in): it does
+                    // not wake the group, whose election timer would campaign too, but it
+                    // moves the other replicas' turns to campaign later (see the quiescer).
                     if last.is_some() {
-                        group.active.set(true);
+                        if leader.is_some() {
+                            group.active.set(true);
+                        } else {
+                            let now = manager.now_ms();
+                            manager.quiescer.borrow_mut().campaign_seen(group.id, now);
+                        }
                     }
                     last = Some((leader, term));
                     let epoch = i32::try_from(term).unwrap_or(i32::MAX);

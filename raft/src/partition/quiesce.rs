@@ -1,31 +1,46 @@
-//! Quiescing idle groups: a node hosting thousands of partition groups cannot afford each one's
-//! timers. A group with no activity (no write, no log change) for `idle_after_ms` stops its
-//! Raft ticker (no heartbeats, no election timer, no wake-ups); activity wakes it again. What a
-//! quiesced follower would have learned from its leader's heartbeats, that the leader is gone,
-//! it learns from node liveness instead: each node hears from each peer on a per-node-pair
-//! channel (one message per pair and interval, whatever the number of groups), and when a peer
-//! has been silent for `peer_timeout_ms` the groups it leads here wake with elections on.
+//! Quiescing idle groups, and electing those without a leader: a node hosting thousands of
+//! partition groups cannot afford each one's timers. A group with no activity (no write, no
+//! log change, no new leader) for `idle_after_ms` stops its Raft ticker (no heartbeats, no
+//! election timer, no wake-ups); activity wakes it again. What a quiesced follower would have
+//! learned from its leader's heartbeats, that the leader is gone, it learns from node liveness
+//! instead: each node hears from each peer on a per-node-pair channel (one message per pair
+//! and interval, whatever the number of groups), and when a peer has been silent for
+//! `peer_timeout_ms` the groups it leads here have lost their leader.
 //!
 //! A peer that restarted is not silent, but it no longer leads what it led (a restarted replica
 //! must win an election again, see `ReplicaStore::read_vote`): when the host learns of a
 //! restart (a new incarnation in the cluster metadata), the groups that peer leads here are
-//! *suspect* until an append or heartbeat of the group arrives after it. A suspect group wakes
-//! and does not quiesce, so that its election timer runs and it elects a leader.
+//! *suspect* until an append or heartbeat of the group arrives after it.
 //!
-//! A replica that starts (its node restarted) while another node leads its group starts
-//! quiesced ([`Quiescer::add_quiesced`]), taking the leader the metadata names for its leader
-//! until Raft knows one: its election timer would otherwise run out before the leader, whose
-//! group is quiesced, heartbeats to it, and it would take the leadership of a live group. (The
-//! leader does not wake its groups when a node returns: on a node with thousands of them, the
-//! heartbeats of all of them at once are what overloads the machine while other groups elect.)
-//! The host stops taking that node for the leader once the metadata no longer names it (the
-//! controller took the leadership away, or another node reported an election): the group then
-//! has no leader here and wakes to elect. This is a mitigation, not a guarantee: a replica whose node starts from metadata that still
-//! names an old leader, or none, campaigns, and a quiesced follower, hearing no heartbeats,
-//! holds no leader lease with which to refuse it.
+//! **Elections are the host's, not the election timers'.** A quiesced group without a leader
+//! (none known, or the known one lost) stays quiesced, and the host campaigns for it (Raft's
+//! `elect`, with a pre-vote) when this node's turn comes ([`Quiescer::campaigns`]): the
+//! replicas rank the candidates alike (preference order, less the lost leader and silent
+//! peers), the first campaigns at once and each next one a campaign window later, and a node
+//! has at most `max_campaigns` campaigns in flight. An awake group that loses its leader keeps
+//! its election timer (a follower under writes finds a dead leader fastest that way) for
+//! `idle_after_ms`, then quiesces and is the host's to elect. Thousands of groups left
+//! leaderless at once (a node's restart, a whole cluster's) thus cost a bounded number of
+//! campaigns at a time; with every replica's timer running, a small machine spent its time
+//! ticking them, and their campaigns timed out and overtook each other without end. A term
+//! without a leader seen on a replica (a campaign under way, maybe one it voted in) moves the
+//! turns of the others later ([`Quiescer::campaign_seen`]), so that a slow election is not
+//! split by the next candidate.
 //!
-//! Sans-I/O: the host feeds it activity, peers heard from and the time, and applies the
-//! [`Action`]s it returns to the groups' Rafts ([`apply`]).
+//! A replica that starts (its node restarted) starts quiesced: under the leader the metadata
+//! names, if another node was elected ([`Quiescer::add_quiesced`]; its election timer would
+//! otherwise run out before the leader, quiesced, heartbeats to it, and it would take the
+//! leadership of a live group), or leaderless. One that the metadata names the leader, a
+//! leadership the restart ended, ranks itself last ([`Quiescer::add_former_leader`]): the
+//! others have most likely elected a leader it has not heard from yet. (The leader does not
+//! wake its groups when a node returns: on a node with thousands of them, the heartbeats of
+//! all of them at once are what overloads the machine while other groups elect.) The host
+//! follows the metadata for a replica whose Raft knows no leader. This is a mitigation, not a
+//! guarantee: a quiesced follower, hearing no heartbeats, holds no leader lease with which to
+//! refuse a campaign against a live leader it has not heard from.
+//!
+//! Sans-I/O: the host feeds it activity, peers heard from and the time, applies the
+//! [`Action`]s it returns to the groups' Rafts ([`apply`]) and campaigns where it says.
 
 use std::collections::BTreeMap;
 
@@ -34,16 +49,24 @@ use openraft::{AsyncRuntime, Raft};
 
 use super::types::{BrokerId, PartitionRaft};
 
-/// When groups quiesce and when a silent peer counts as gone.
+/// When groups quiesce, when a silent peer counts as gone, and how elections are paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuiesceConfig {
     /// A group with no activity for this long quiesces. Longer than a heartbeat interval, so
-    /// that the last commit index has reached the followers.
+    /// that the last commit index has reached the followers. An awake group that has known no
+    /// leader for this long quiesces too, and its elections are the host's from then on.
     pub idle_after_ms: u64,
     /// A peer not heard from for this long is taken for gone: the quiesced groups it leads
-    /// here wake and elect. An awake follower that has not heard its leader for this long does
-    /// not quiesce (it is electing), which takes `idle_after_ms` longer than this.
+    /// here elect. An awake follower that has not heard its leader for this long does not
+    /// quiesce (its election timer is electing).
     pub peer_timeout_ms: u64,
+    /// How long a campaign has to produce a leader before the next replica in line campaigns
+    /// ([`Quiescer::campaigns`]). About the longest election timeout.
+    pub campaign_window_ms: u64,
+    /// Campaigns of one host started within the last window and not yet decided, at most:
+    /// thousands of groups that lose their leader at once elect in rounds of this many, not
+    /// all together, which on a small machine times every one of them out.
+    pub max_campaigns: usize,
 }
 
 /// What to do to a group.
@@ -51,10 +74,8 @@ pub struct QuiesceConfig {
 pub enum Action {
     /// Stop its ticker.
     Quiesce,
-    /// Start its ticker again (a leader also renews its lease at once). `leader_lost`: the
-    /// leader this node knew of no longer leads (its node silent, restarted, or it stopped
-    /// writing and heartbeating sooner than a leader quiesces), so the group must elect.
-    Wake { leader_lost: Option<BrokerId> },
+    /// Start its ticker again (a leader also renews its lease at once).
+    Wake,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +87,17 @@ struct GroupState {
     /// added or last woke.
     leader_wrote_ms: Option<u64>,
     quiesced: bool,
+    /// Since when the group has had no leader, as far as this node can tell (none known, or
+    /// the known one lost), and which leader was lost.
+    leaderless: Option<Leaderless>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Leaderless {
+    since_ms: u64,
+    lost: Option<BrokerId>,
+    /// When this node last campaigned for the group.
+    campaigned_ms: Option<u64>,
 }
 
 /// Why a group's leader, as the host knows it, may no longer lead.
@@ -73,7 +105,8 @@ struct GroupState {
 enum Doubt {
     /// No leader known.
     Unknown,
-    /// Its node is silent, or restarted and not heard from as the leader since.
+    /// Its node is silent, or restarted and not heard from as the leader since, or it
+    /// stopped writing and heartbeating sooner than a leader quiesces.
     Lost(BrokerId),
 }
 
@@ -99,27 +132,41 @@ impl<G: Ord + Copy> Quiescer<G> {
 
     /// A group the node hosts from now on, active.
     pub fn add(&mut self, group: G, now_ms: u64) {
-        self.groups.insert(
-            group,
-            GroupState {
-                last_activity_ms: now_ms,
-                leader_heard_ms: now_ms,
-                leader_wrote_ms: None,
-                quiesced: false,
-            },
-        );
+        self.insert(group, now_ms, false);
     }
 
     /// A group the node hosts from now on, quiesced: a replica whose leader, as the host
-    /// believes, is another node (see the module documentation).
+    /// believes, is another node, or a replica of a group with no leader, which the host
+    /// elects ([`Quiescer::campaigns`]) rather than its election timer (see the module
+    /// documentation).
     pub fn add_quiesced(&mut self, group: G, now_ms: u64) {
+        self.insert(group, now_ms, true);
+    }
+
+    /// A group the node hosts from now on, quiesced, that the node led before it restarted:
+    /// it no longer does, and another replica has most likely been elected since. It takes its
+    /// turn to campaign last ([`Quiescer::campaigns`]), after the other live replicas had
+    /// theirs, so that it does not depose a leader it has not heard from yet.
+    pub fn add_former_leader(&mut self, group: G, now_ms: u64, me: BrokerId) {
+        self.insert(group, now_ms, true);
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.leaderless = Some(Leaderless {
+                since_ms: now_ms,
+                lost: Some(me),
+                campaigned_ms: None,
+            });
+        }
+    }
+
+    fn insert(&mut self, group: G, now_ms: u64, quiesced: bool) {
         self.groups.insert(
             group,
             GroupState {
                 last_activity_ms: now_ms,
                 leader_heard_ms: now_ms,
                 leader_wrote_ms: None,
-                quiesced: true,
+                quiesced,
+                leaderless: None,
             },
         );
     }
@@ -136,7 +183,7 @@ impl<G: Ord + Copy> Quiescer<G> {
         if g.quiesced {
             g.quiesced = false;
             g.leader_wrote_ms = None;
-            return Some(Action::Wake { leader_lost: None });
+            return Some(Action::Wake);
         }
         None
     }
@@ -169,6 +216,24 @@ impl<G: Ord + Copy> Quiescer<G> {
         }
     }
 
+    /// A campaign for `group` is under way (its Raft moved to a new term without a leader):
+    /// the replicas' turns to campaign ([`Quiescer::campaigns`]) count from now, so that a
+    /// slow election is not overtaken by the next candidate in line, which would split it.
+    pub fn campaign_seen(&mut self, group: G, now_ms: u64) {
+        if let Some(g) = self.groups.get_mut(&group) {
+            match g.leaderless.as_mut() {
+                Some(l) => l.since_ms = l.since_ms.max(now_ms),
+                None => {
+                    g.leaderless = Some(Leaderless {
+                        since_ms: now_ms,
+                        lost: None,
+                        campaigned_ms: None,
+                    })
+                }
+            }
+        }
+    }
+
     /// Whether `peer` was heard from within the peer timeout.
     pub fn peer_live(&self, peer: BrokerId, now_ms: u64) -> bool {
         self.peers
@@ -184,17 +249,31 @@ impl<G: Ord + Copy> Quiescer<G> {
         self.groups.values().filter(|g| g.quiesced).count()
     }
 
+    /// Quiesced groups without a leader that this node campaigned for within the last
+    /// campaign window.
+    pub fn campaigns_in_flight(&self, now_ms: u64) -> usize {
+        let window = self.config.campaign_window_ms;
+        self.groups
+            .values()
+            .filter(|g| g.quiesced)
+            .filter_map(|g| g.leaderless)
+            .filter(|l| l.campaigned_ms.is_some_and(|c| now_ms.saturating_sub(c) < window))
+            .count()
+    }
+
     /// The actions due at `now_ms`. `leader_of` says who leads each group as this node knows it
     /// (`None`: no leader known); `me` is this node.
     ///
-    /// A quiesced group wakes when its leader may be gone: none is known, its node is silent,
-    /// or restarted and not heard from since, or it stopped writing and heartbeating sooner
-    /// after its last write than a leader quiesces (`idle_after_ms`, heartbeating until then;
-    /// the host counts a leader's sending of entries, a catch-up included, as its activity):
-    /// a quiesced follower has no election timer to find that out, and a node that restarted at
-    /// once answers pings. An awake group quiesces once idle for `idle_after_ms`, unless it is
-    /// a follower that has not heard its leader for the peer timeout (its election timer is
-    /// finding the leader gone).
+    /// A group may have lost its leader: none is known, the leader's node is silent, or
+    /// restarted and not heard from since, or the leader stopped writing and heartbeating
+    /// sooner after its last write than a leader quiesces (`idle_after_ms`, heartbeating until
+    /// then; the host counts a leader's sending of entries, a catch-up included, as its
+    /// activity). A quiesced group that lost its leader stays quiesced: it has no election
+    /// timer, and the host campaigns for it when its turn comes ([`Quiescer::campaigns`]). An
+    /// awake one keeps its election timer for `idle_after_ms`, then quiesces and is the
+    /// host's to elect too. An awake group with a leader quiesces once idle for
+    /// `idle_after_ms`, unless it is a follower that has not heard its leader for the peer
+    /// timeout (its election timer is finding the leader gone).
     pub fn tick(
         &mut self,
         now_ms: u64,
@@ -209,6 +288,7 @@ impl<G: Ord + Copy> Quiescer<G> {
         let mut silent: Vec<(BrokerId, bool)> = Vec::new();
         for (id, g) in self.groups.iter_mut() {
             let leader = leader_of(*id);
+            let leader_quiet = now_ms.saturating_sub(g.leader_heard_ms) > config.peer_timeout_ms;
             let doubt = match leader {
                 Some(l) if l == me => None,
                 Some(l) => {
@@ -222,41 +302,127 @@ impl<G: Ord + Copy> Quiescer<G> {
                         }
                     };
                     let restarted = self.restarted.get(&l).is_some_and(|&at| at >= g.leader_heard_ms);
-                    (gone || restarted).then_some(Doubt::Lost(l))
+                    // A leader heartbeats for `idle_after_ms` after its last write before it
+                    // quiesces; one that went quiet within half of that is not quiescing. (An
+                    // awake follower's election timer finds that out itself.)
+                    let abandoned = g.quiesced
+                        && leader_quiet
+                        && g.leader_wrote_ms
+                            .is_some_and(|w| g.leader_heard_ms < w.saturating_add(config.idle_after_ms / 2));
+                    (gone || restarted || abandoned).then_some(Doubt::Lost(l))
                 }
                 None => Some(Doubt::Unknown),
             };
-            let leader_quiet = now_ms.saturating_sub(g.leader_heard_ms) > config.peer_timeout_ms;
-            if g.quiesced {
-                // A leader heartbeats for `idle_after_ms` after its last write before it
-                // quiesces; one that went quiet within half of that is not quiescing.
-                let abandoned = leader.filter(|l| *l != me).filter(|_| {
-                    leader_quiet
-                        && g.leader_wrote_ms
-                            .is_some_and(|w| g.leader_heard_ms < w.saturating_add(config.idle_after_ms / 2))
-                });
-                let leader_lost = match doubt {
-                    Some(Doubt::Lost(l)) => Some(Some(l)),
-                    Some(Doubt::Unknown) => Some(None),
-                    None => abandoned.map(Some),
-                };
-                if let Some(leader_lost) = leader_lost {
-                    g.quiesced = false;
-                    g.last_activity_ms = now_ms;
-                    g.leader_wrote_ms = None;
-                    actions.push((*id, Action::Wake { leader_lost }));
+            match doubt {
+                Some(d) => {
+                    let lost = match d {
+                        Doubt::Lost(l) => Some(l),
+                        Doubt::Unknown => None,
+                    };
+                    let l = g.leaderless.get_or_insert(Leaderless {
+                        since_ms: now_ms,
+                        lost,
+                        campaigned_ms: None,
+                    });
+                    l.lost = lost.or(l.lost);
+                    if !g.quiesced && now_ms.saturating_sub(l.since_ms) >= config.idle_after_ms {
+                        g.quiesced = true;
+                        actions.push((*id, Action::Quiesce));
+                    }
                 }
-            } else if doubt.is_none()
-                && now_ms.saturating_sub(g.last_activity_ms) >= config.idle_after_ms
-                && (leader == Some(me) || !leader_quiet)
-            {
-                // An awake follower that has not heard its leader for the peer timeout stays
-                // awake: its election timer is how it finds a lost leader gone.
-                g.quiesced = true;
-                actions.push((*id, Action::Quiesce));
+                None => {
+                    g.leaderless = None;
+                    if !g.quiesced
+                        && now_ms.saturating_sub(g.last_activity_ms) >= config.idle_after_ms
+                        && (leader == Some(me) || !leader_quiet)
+                    {
+                        // An awake follower that has not heard its leader for the peer timeout
+                        // stays awake: its election timer is how it finds a lost leader gone.
+                        g.quiesced = true;
+                        actions.push((*id, Action::Quiesce));
+                    }
+                }
             }
         }
         actions
+    }
+
+    /// The quiesced groups without a leader that this node campaigns for now (the host calls
+    /// Raft's `elect` on them). `replicas_of` lists a group's replicas in preference order.
+    ///
+    /// Every replica ranks the candidates alike: the replicas in preference order, less the
+    /// lost leader and the peers silent for the peer timeout (a peer never heard from counts
+    /// as alive until the timeout has passed since it was first asked about; a restarted
+    /// former leader ranks itself last). The first
+    /// campaigns at once, the next one campaign window after the group lost its leader if it
+    /// still has none, and so on; each campaigns again every window times the number of
+    /// candidates, so that two of them do not campaign together and split the votes. At most
+    /// `max_campaigns` campaigns are in flight (started within the window, the group still
+    /// leaderless); the rest wait for the next tick, in group order, so that the nodes
+    /// campaign for the same groups at about the same time.
+    pub fn campaigns(
+        &mut self,
+        now_ms: u64,
+        me: BrokerId,
+        replicas_of: impl Fn(G) -> Vec<BrokerId>,
+    ) -> Vec<G> {
+        let config = self.config;
+        let window = config.campaign_window_ms.max(1);
+        let mut budget = config
+            .max_campaigns
+            .saturating_sub(self.campaigns_in_flight(now_ms));
+        let mut due = Vec::new();
+        let peers = &mut self.peers;
+        for (id, g) in self.groups.iter_mut() {
+            if budget == 0 {
+                break;
+            }
+            if !g.quiesced {
+                continue;
+            }
+            let Some(l) = g.leaderless.as_mut() else {
+                continue;
+            };
+            if l.campaigned_ms.is_some_and(|c| now_ms.saturating_sub(c) < window) {
+                continue;
+            }
+            let mut rank = None;
+            let mut candidates = 0u64;
+            // A lost leader is no candidate, unless it is this node (a restarted leader),
+            // which comes last.
+            let last = l.lost == Some(me);
+            for r in replicas_of(*id) {
+                if Some(r) == l.lost {
+                    continue;
+                }
+                if r != me {
+                    let heard = *peers.entry(r).or_insert(now_ms);
+                    if now_ms.saturating_sub(heard) > config.peer_timeout_ms {
+                        continue;
+                    }
+                } else {
+                    rank = Some(candidates);
+                }
+                candidates += 1;
+            }
+            if last {
+                rank = Some(candidates);
+                candidates += 1;
+            }
+            let Some(rank) = rank else { continue };
+            if now_ms.saturating_sub(l.since_ms) < rank.saturating_mul(window) {
+                continue;
+            }
+            if l.campaigned_ms
+                .is_some_and(|c| now_ms.saturating_sub(c) < candidates.saturating_mul(window))
+            {
+                continue;
+            }
+            l.campaigned_ms = Some(now_ms);
+            due.push(*id);
+            budget -= 1;
+        }
+        due
     }
 }
 
@@ -268,7 +434,7 @@ where
 {
     match action {
         Action::Quiesce => raft.runtime_config().tick(false),
-        Action::Wake { .. } => {
+        Action::Wake => {
             raft.runtime_config().tick(true);
             // A leader whose lease lapsed while quiesced takes writes again once a round of
             // heartbeats is acknowledged; start that round now rather than at the next tick.
@@ -285,18 +451,21 @@ mod tests {
     const CONFIG: QuiesceConfig = QuiesceConfig {
         idle_after_ms: 500,
         peer_timeout_ms: 1_000,
+        campaign_window_ms: 1_000,
+        max_campaigns: 100,
     };
 
     /// As the broker has them: idle for longer than a peer takes to count as silent.
     const BROKER_CONFIG: QuiesceConfig = QuiesceConfig {
         idle_after_ms: 2_000,
         peer_timeout_ms: 1_000,
+        campaign_window_ms: 1_200,
+        max_campaigns: 100,
     };
 
-    fn lost(node: u64) -> Action {
-        Action::Wake {
-            leader_lost: Some(BrokerId(node)),
-        }
+    /// Every group's replicas in preference order: 2, then 1 (this node), then 3.
+    fn two_one_three(_: u32) -> Vec<BrokerId> {
+        vec![BrokerId(2), BrokerId(1), BrokerId(3)]
     }
 
     #[test]
@@ -309,46 +478,58 @@ mod tests {
         q.activity(2, 400);
         assert_eq!(q.tick(500, me, |_| Some(me)), vec![(1, Action::Quiesce)]);
         assert_eq!(q.tick(900, me, |_| Some(me)), vec![(2, Action::Quiesce)]);
-        assert_eq!(q.activity(1, 1_000), Some(Action::Wake { leader_lost: None }));
+        assert_eq!(q.activity(1, 1_000), Some(Action::Wake));
         assert_eq!(q.activity(1, 1_001), None);
         assert_eq!(q.quiesced_count(), 1);
     }
 
     #[test]
-    fn groups_led_by_a_restarted_peer_stay_awake_until_they_hear_from_it() {
+    fn groups_led_by_a_restarted_peer_are_elected_until_they_hear_from_it() {
         let mut q = Quiescer::new(CONFIG);
         let me = BrokerId(1);
         q.add(1u32, 0);
         q.add(2u32, 0);
         let leader = |_: u32| Some(BrokerId(2));
         q.peer_heard(BrokerId(2), 0);
+        q.peer_heard(BrokerId(3), 0);
         assert_eq!(q.tick(600, me, leader).len(), 2, "both quiesce");
-        // Node 2 restarted: alive, but its groups here are suspect.
+        // Node 2 restarted: alive, but its groups here are suspect; they stay quiesced, and
+        // this node, the first live replica after the lost leader, campaigns for both.
         q.peer_heard(BrokerId(2), 700);
+        q.peer_heard(BrokerId(3), 700);
         q.peer_restarted(BrokerId(2), 700);
-        assert_eq!(q.tick(700, me, leader), vec![(1, lost(2)), (2, lost(2))]);
+        assert!(q.tick(700, me, leader).is_empty());
+        assert_eq!(q.campaigns(700, me, two_one_three), vec![1, 2]);
+        assert_eq!(q.campaigns_in_flight(700), 2);
         // Group 1 hears from its leader (it still leads); group 2 does not (it lost its log).
         q.leader_heard(1, 750);
         q.peer_heard(BrokerId(2), 1_200);
-        assert_eq!(q.tick(1_200, me, leader), vec![(1, Action::Quiesce)]);
-        q.peer_heard(BrokerId(2), 5_000);
-        assert!(
-            q.tick(5_000, me, leader).is_empty(),
-            "a suspect group does not quiesce, however idle"
-        );
+        q.peer_heard(BrokerId(3), 1_200);
+        assert!(q.tick(1_200, me, leader).is_empty());
+        assert_eq!(q.campaigns_in_flight(1_200), 1, "group 1 has its leader");
+        // Group 2 is campaigned for again once every candidate had its window (two here).
+        q.peer_heard(BrokerId(2), 2_600);
+        q.peer_heard(BrokerId(3), 2_600);
+        assert!(q.tick(2_600, me, leader).is_empty());
+        assert!(q.campaigns(2_600, me, two_one_three).is_empty());
+        assert!(q.tick(2_700, me, leader).is_empty());
+        assert_eq!(q.campaigns(2_700, me, two_one_three), vec![2]);
         // Another node wins group 2's election: the suspicion was of node 2 only.
         let new_leader = |g: u32| Some(if g == 1 { BrokerId(2) } else { BrokerId(3) });
-        q.peer_heard(BrokerId(3), 5_000);
-        q.activity(2, 5_000);
-        q.leader_heard(2, 5_000);
-        assert_eq!(q.tick(5_600, me, new_leader), vec![(2, Action::Quiesce)]);
+        q.activity(2, 2_750);
+        q.leader_heard(2, 2_750);
+        assert!(q.tick(2_800, me, new_leader).is_empty());
+        assert_eq!(q.campaigns_in_flight(2_800), 0);
+        q.peer_heard(BrokerId(3), 3_300);
+        assert_eq!(q.tick(3_300, me, new_leader), vec![(2, Action::Quiesce)]);
+        assert!(q.campaigns(3_300, me, two_one_three).is_empty());
     }
 
-    /// A quiesced follower whose leader stops in the middle of its writes wakes to elect,
-    /// though the leader's node answers pings (it restarted at once); one whose leader
-    /// quiesced after its writes, heartbeating until then, stays quiet.
+    /// A quiesced follower whose leader stops in the middle of its writes is elected, though
+    /// the leader's node answers pings (it restarted at once); one whose leader quiesced after
+    /// its writes, heartbeating until then, stays quiet.
     #[test]
-    fn a_quiesced_follower_whose_leader_stops_writing_at_once_wakes_to_elect() {
+    fn a_quiesced_follower_whose_leader_stops_writing_at_once_is_elected() {
         let mut q = Quiescer::new(BROKER_CONFIG);
         let me = BrokerId(1);
         let leader = |_: u32| Some(BrokerId(2));
@@ -357,21 +538,28 @@ mod tests {
         // Both leaders write until 1,000.
         for now in (100..=1_000).step_by(100) {
             q.peer_heard(BrokerId(2), now);
+            q.peer_heard(BrokerId(3), now);
             q.leader_wrote(1, now);
             q.leader_wrote(2, now);
             assert!(q.tick(now, me, leader).is_empty());
+            assert!(q.campaigns(now, me, two_one_three).is_empty());
         }
         // Group 1's leader is gone at once; group 2's heartbeats for 2 s, then quiesces.
         for now in (1_100..=6_000).step_by(100) {
             q.peer_heard(BrokerId(2), now);
+            q.peer_heard(BrokerId(3), now);
             if now <= 3_000 {
                 q.leader_heard(2, now);
             }
-            let actions = q.tick(now, me, leader);
-            let expected = if now == 2_100 { vec![(1, lost(2))] } else { vec![] };
-            assert_eq!(actions, expected, "at {now}");
+            assert!(q.tick(now, me, leader).is_empty(), "at {now}");
+            let expected = if now == 2_100 || now == 4_500 {
+                vec![1]
+            } else {
+                vec![]
+            };
+            assert_eq!(q.campaigns(now, me, two_one_three), expected, "at {now}");
         }
-        assert!(q.is_quiesced(2));
+        assert!(q.is_quiesced(1) && q.is_quiesced(2));
     }
 
     /// A follower that stopped hearing its leader is electing (its Raft's timer runs): it does
@@ -429,20 +617,34 @@ mod tests {
         assert!(q.is_quiesced(1));
         q.peer_heard(leader, 0);
         assert!(q.tick(900, me, |_| Some(leader)).is_empty(), "no election timer");
+        assert!(q.campaigns(900, me, two_one_three).is_empty());
         q.peer_heard(leader, 1_500);
         assert!(q.tick(2_000, me, |_| Some(leader)).is_empty());
-        // The leader stops answering: the replica wakes to elect.
-        assert_eq!(q.tick(2_600, me, |_| Some(leader)), vec![(1, lost(2))]);
-        // Raft names no leader and none is believed: it wakes at once.
+        // The leader stops answering: this node, next in line, campaigns.
+        assert!(q.tick(2_600, me, |_| Some(leader)).is_empty());
+        assert_eq!(q.campaigns(2_600, me, two_one_three), vec![1]);
+        // Raft names no leader and none is believed: the first replica in preference order
+        // campaigns at once, the next one window later.
         q.add_quiesced(2u32, 2_600);
-        assert_eq!(
-            q.tick(2_700, me, |_| None),
-            vec![(2, Action::Wake { leader_lost: None })]
-        );
+        q.add_quiesced(3u32, 2_600);
+        // (Group 1's leader answers again, and counts as its leader.)
+        let none = |g: u32| (g == 1).then_some(leader);
+        let replicas = |g: u32| match g {
+            2 => vec![BrokerId(1), BrokerId(2)],
+            _ => vec![BrokerId(2), BrokerId(1)],
+        };
+        q.peer_heard(leader, 2_700);
+        assert!(q.tick(2_700, me, none).is_empty());
+        assert_eq!(q.campaigns(2_700, me, replicas), vec![2]);
+        q.peer_heard(leader, 3_600);
+        assert!(q.tick(3_600, me, none).is_empty());
+        assert!(q.campaigns(3_600, me, replicas).is_empty());
+        assert!(q.tick(3_700, me, none).is_empty());
+        assert_eq!(q.campaigns(3_700, me, replicas), vec![3]);
     }
 
     #[test]
-    fn groups_led_by_a_silent_peer_wake_to_elect() {
+    fn groups_led_by_a_silent_peer_are_elected() {
         let mut q = Quiescer::new(CONFIG);
         let me = BrokerId(1);
         q.add(1u32, 0);
@@ -452,14 +654,71 @@ mod tests {
         q.peer_heard(BrokerId(3), 0);
         assert_eq!(q.tick(600, me, leader).len(), 2, "both quiesce");
         q.peer_heard(BrokerId(3), 1_200);
-        // Node 2 has been silent for 1,100 ms: the group it leads wakes; node 3's stays.
-        assert_eq!(q.tick(1_100, me, leader), vec![(1, lost(2))]);
-        assert!(q.is_quiesced(2));
-        // A group with no known leader never quiesces.
+        // Node 2 has been silent for 1,100 ms: the group it leads is campaigned for; node 3's
+        // is not.
+        assert!(q.tick(1_100, me, leader).is_empty());
+        assert_eq!(q.campaigns(1_100, me, two_one_three), vec![1]);
+        assert!(q.is_quiesced(1) && q.is_quiesced(2));
+        // An awake group with no known leader keeps its election timer for the idle time, then
+        // quiesces and is the host's to elect.
         q.add(3u32, 1_100);
-        assert!(q
-            .tick(5_000, me, |g| if g == 3 { None } else { leader(g) })
-            .iter()
-            .all(|(g, _)| *g != 3));
+        let with_3 = |g: u32| if g == 3 { None } else { leader(g) };
+        assert!(q.tick(1_200, me, with_3).is_empty());
+        assert!(q.tick(1_600, me, with_3).is_empty());
+        assert_eq!(q.tick(1_700, me, with_3), vec![(3, Action::Quiesce)]);
+        let one_first = |_: u32| vec![BrokerId(1), BrokerId(2), BrokerId(3)];
+        assert_eq!(q.campaigns(1_700, me, one_first), vec![3]);
+    }
+
+    /// A restarted node that led a group campaigns for it last: the others, which have most
+    /// likely elected a leader it has not heard from yet, have their turns first.
+    #[test]
+    fn a_restarted_former_leader_campaigns_last() {
+        let mut q = Quiescer::new(CONFIG);
+        let me = BrokerId(1);
+        q.add_former_leader(1u32, 0, me);
+        q.add_quiesced(2u32, 0);
+        let one_first = |_: u32| vec![BrokerId(1), BrokerId(2), BrokerId(3)];
+        for now in [0, 100, 1_900] {
+            q.peer_heard(BrokerId(2), now);
+            q.peer_heard(BrokerId(3), now);
+            assert!(q.tick(now, me, |_| None).is_empty());
+            let expected = if now == 0 { vec![2] } else { vec![] };
+            assert_eq!(q.campaigns(now, me, one_first), expected, "at {now}");
+        }
+        q.peer_heard(BrokerId(2), 2_000);
+        q.peer_heard(BrokerId(3), 2_000);
+        assert!(q.tick(2_000, me, |_| None).is_empty());
+        assert_eq!(q.campaigns(2_000, me, one_first), vec![1], "third of three");
+    }
+
+    /// Thousands of groups without a leader are campaigned for a bounded number at a time; a
+    /// decided campaign frees its place at once, an undecided one after the window.
+    #[test]
+    fn campaigns_in_flight_are_bounded() {
+        let config = QuiesceConfig {
+            max_campaigns: 3,
+            ..CONFIG
+        };
+        let mut q = Quiescer::new(config);
+        let me = BrokerId(1);
+        for g in 0..10u32 {
+            q.add_quiesced(g, 0);
+        }
+        let mut leaders: BTreeMap<u32, BrokerId> = BTreeMap::new();
+        let one_first = |_: u32| vec![BrokerId(1), BrokerId(2)];
+        q.peer_heard(BrokerId(2), 100);
+        assert!(q.tick(100, me, |g| leaders.get(&g).copied()).is_empty());
+        assert_eq!(q.campaigns(100, me, one_first), vec![0, 1, 2]);
+        assert!(q.campaigns(200, me, one_first).is_empty(), "three in flight");
+        // Two are won; the third times out after the window.
+        leaders.insert(0, me);
+        leaders.insert(1, me);
+        assert!(q.tick(300, me, |g| leaders.get(&g).copied()).is_empty());
+        assert_eq!(q.campaigns(300, me, one_first), vec![3, 4]);
+        q.peer_heard(BrokerId(2), 1_100);
+        assert!(q.tick(1_150, me, |g| leaders.get(&g).copied()).is_empty());
+        assert_eq!(q.campaigns(1_150, me, one_first), vec![5]);
+        assert_eq!(q.campaigns_in_flight(1_150), 3);
     }
 }
