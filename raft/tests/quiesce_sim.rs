@@ -29,6 +29,10 @@ type Node = Raft<PartitionRaft<Rt>, Store>;
 
 const NODES: u64 = 3;
 const GROUPS: usize = 30;
+/// Groups in the whole-cluster restart: enough for several rounds of campaigns.
+const STORM_GROUPS: usize = 120;
+/// Campaigns in flight per node in the whole-cluster restart.
+const STORM_CAMPAIGNS: usize = 4;
 const TICK: Duration = Duration::from_millis(100);
 
 struct Host {
@@ -44,6 +48,10 @@ struct World {
     config: Arc<Config>,
     hosts: RefCell<BTreeMap<BrokerId, Host>>,
     quiescing: bool,
+    groups: usize,
+    quiesce: QuiesceConfig,
+    /// The most campaigns any node had in flight at one of its ticks.
+    max_in_flight: std::cell::Cell<usize>,
 }
 
 /// The network of one group.
@@ -114,10 +122,25 @@ impl World {
             host.rafts = rafts;
             host.tasks = tasks;
             host.up = true;
-            host.quiescer = Quiescer::new(quiesce_config());
-            for g in 0..GROUPS {
-                host.quiescer.add(g, now);
+            host.quiescer = Quiescer::new(self.quiesce);
+            // As the broker starts them: quiet, without a leader, elected by the host (the
+            // world without quiescing keeps every timer running instead).
+            for g in 0..self.groups {
+                if self.quiescing {
+                    host.quiescer.add_quiesced(g, now);
+                } else {
+                    host.quiescer.add(g, now);
+                }
             }
+        }
+        if self.quiescing {
+            let rafts = self.hosts.borrow()[&id].rafts.clone();
+            let t = self.sim.spawn_in(tasks, async move {
+                for raft in rafts.iter().flatten() {
+                    quiesce::apply(raft, quiesce::Action::Quiesce).await;
+                }
+            });
+            self.sim.block_on(t).expect("not killed");
         }
         // The node's housekeeping: liveness pings to its peers (one per pair and tick, whatever
         // the number of groups), then the quiescer's actions.
@@ -149,6 +172,8 @@ impl World {
                         .collect();
                     let actions = host.quiescer.tick(now, id, |g| leaders[g]);
                     let campaigns = host.quiescer.campaigns(now, id, preference);
+                    let in_flight = host.quiescer.campaigns_in_flight(now);
+                    world.max_in_flight.set(world.max_in_flight.get().max(in_flight));
                     (rafts, actions, campaigns)
                 };
                 for (g, action) in actions {
@@ -226,7 +251,7 @@ impl World {
         let me = Rc::clone(self);
         let t = self.sim.spawn(async move {
             let mut ok = 0;
-            for g in 0..GROUPS {
+            for g in 0..me.groups {
                 if me.write(g, n).await {
                     ok += 1;
                 }
@@ -234,13 +259,13 @@ impl World {
             ok
         });
         let ok = self.sim.block_on(t).expect("not killed");
-        assert_eq!(ok, GROUPS, "every group takes a write");
+        assert_eq!(ok, self.groups, "every group takes a write");
     }
 
     /// Groups whose leader, as every running node sees it, is a running node.
     fn led_groups(&self) -> usize {
         let hosts = self.hosts.borrow();
-        (0..GROUPS)
+        (0..self.groups)
             .filter(|g| {
                 let leaders: BTreeSet<Option<BrokerId>> = hosts
                     .values()
@@ -278,6 +303,10 @@ fn preference(g: usize) -> Vec<BrokerId> {
 }
 
 fn world(seed: u64, quiescing: bool) -> Rc<World> {
+    world_of(seed, quiescing, GROUPS, quiesce_config())
+}
+
+fn world_of(seed: u64, quiescing: bool, groups: usize, quiesce: QuiesceConfig) -> Rc<World> {
     let sim = Rc::new(Sim::new(seed));
     let config = Config {
         heartbeat_interval: 100,
@@ -292,6 +321,9 @@ fn world(seed: u64, quiescing: bool) -> Rc<World> {
         config: Arc::new(config.validate().expect("valid")),
         hosts: RefCell::new(BTreeMap::new()),
         quiescing,
+        groups,
+        quiesce,
+        max_in_flight: std::cell::Cell::new(0),
     });
     for id in (1..=NODES).map(BrokerId) {
         let tasks = w.sim.new_group();
@@ -299,8 +331,8 @@ fn world(seed: u64, quiescing: bool) -> Rc<World> {
             id,
             Host {
                 rafts: Vec::new(),
-                logs: (0..GROUPS).map(|_| MemReplicaLog::new(Offset(0))).collect(),
-                quiescer: Quiescer::new(quiesce_config()),
+                logs: (0..groups).map(|_| MemReplicaLog::new(Offset(0))).collect(),
+                quiescer: Quiescer::new(quiesce),
                 tasks,
                 up: false,
             },
@@ -311,7 +343,7 @@ fn world(seed: u64, quiescing: bool) -> Rc<World> {
             w.start(id);
         }
         // Leaders spread over the nodes: group g is initialized by node g % 3 + 1.
-        for g in 0..GROUPS {
+        for g in 0..groups {
             let first = BrokerId(g as u64 % NODES + 1);
             let raft = w.hosts.borrow()[&first].rafts[g].clone().expect("up");
             let members: BTreeSet<BrokerId> = (1..=NODES).map(BrokerId).collect();
@@ -386,4 +418,76 @@ fn idle_groups_quiesce_and_still_fail_over() {
     w.sim.enter(|| w.start(BrokerId(1)));
     w.sim.run_for(Duration::from_secs(5));
     assert_eq!(w.led_groups(), GROUPS);
+}
+
+impl World {
+    /// Each group's term as the first running node holding it sees it.
+    fn terms(&self) -> Vec<u64> {
+        let hosts = self.hosts.borrow();
+        (0..self.groups)
+            .map(|g| {
+                hosts
+                    .values()
+                    .filter_map(|h| h.rafts.get(g).cloned().flatten())
+                    .map(|r| r.metrics().borrow_watched().current_term)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
+/// Every node stops at once and starts again (a whole cluster's restart): every replica starts
+/// quiet without a leader, and the hosts elect all the groups, no node with more than
+/// `STORM_CAMPAIGNS` campaigns in flight, almost every group in one election.
+#[test]
+fn a_whole_cluster_restart_elects_every_group_a_bounded_number_at_a_time() {
+    let seed = std::env::var("STRAND_SIM_RAFT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let config = QuiesceConfig {
+        max_campaigns: STORM_CAMPAIGNS,
+        ..quiesce_config()
+    };
+    let w = world_of(seed, true, STORM_GROUPS, config);
+    w.sim.enter(|| w.writes(1));
+    w.sim.run_for(Duration::from_secs(3));
+    assert_eq!(w.led_groups(), STORM_GROUPS);
+    let before = w.terms();
+
+    let stopped_at = w.sim.elapsed();
+    w.sim.enter(|| {
+        for id in (1..=NODES).map(BrokerId) {
+            w.crash(id);
+        }
+        for id in (1..=NODES).map(BrokerId) {
+            w.start(id);
+        }
+    });
+    w.max_in_flight.set(0);
+    let mut elected = None;
+    for _ in 0..300 {
+        w.sim.run_for(Duration::from_millis(100));
+        if w.led_groups() == STORM_GROUPS {
+            elected = Some(w.sim.elapsed() - stopped_at);
+            break;
+        }
+    }
+    let elected = elected.expect("every group has a leader within 30 s");
+    let after = w.terms();
+    let elections: u64 = before.iter().zip(&after).map(|(b, a)| a - b).sum();
+    eprintln!(
+        "{STORM_GROUPS} groups elected {elected:?} after a whole-cluster restart: {elections} terms, \
+         at most {} campaigns in flight on a node",
+        w.max_in_flight.get()
+    );
+    assert!(w.max_in_flight.get() <= STORM_CAMPAIGNS);
+    // Rounds of at most 3 x STORM_CAMPAIGNS groups, a tick or so each.
+    assert!(elected <= Duration::from_secs(10), "took {elected:?}");
+    assert!(
+        elections <= STORM_GROUPS as u64 * 3 / 2,
+        "{elections} terms for {STORM_GROUPS} groups: campaigns overtook each other"
+    );
+    w.sim.enter(|| w.writes(2));
 }
