@@ -742,11 +742,13 @@ fn the_replication_timers_are_a_config_openraft_accepts() {
 }
 
 /// A replica that started quiet under the leader the metadata named stops believing in it once
-/// the metadata names none (or another): the quiescer then wakes it, without a leader, to
-/// elect. Kept believing, two replicas that each started under a leadership the other no longer
-/// held stayed quiet for good, and their partition never elected.
+/// the metadata names none, and believes the one it names next: without a leader it is the
+/// quiescer's to elect, and kept believing, two replicas that each started under a leadership
+/// the other no longer held stayed quiet for good, and their partition never elected; a
+/// leader elected while this node was away, quiesced since, sends it nothing, and without the
+/// metadata's word the replica would campaign against it.
 #[test]
-fn a_quiet_replica_stops_believing_a_leader_the_metadata_no_longer_names() {
+fn a_quiet_replica_believes_the_leader_the_metadata_names() {
     LocalExecutorBuilder::default()
         .spawn(|| async move {
             let shared = SharedFs::for_process(FileRegions::for_process(64));
@@ -784,6 +786,11 @@ fn a_quiet_replica_stops_believing_a_leader_the_metadata_no_longer_names() {
             n2.manager.reconcile(&led_by(&[(Some(1), 5), (None, 5)])).await;
             assert_eq!(group.believed_leader.get(), None);
             assert_eq!(group.known_leader.get(), None, "nothing elected meanwhile");
+            // Node 3 was elected (elsewhere): the replica takes it for its leader.
+            n2.manager
+                .reconcile(&led_by(&[(Some(1), 5), (None, 5), (Some(3), 6)]))
+                .await;
+            assert_eq!(group.believed_leader.get(), Some(BrokerId(3)));
         })
         .unwrap()
         .join()
