@@ -140,13 +140,13 @@ impl ClusterState {
             let max = MAX_PARTITIONS_PER_TOPIC.unsigned_abs();
             let mut partitions = Vec::new();
             for _ in 0..read_count(&mut r, max, "partitions")? {
-                partitions.push(PartitionRegistration {
+                partitions.push(std::sync::Arc::new(PartitionRegistration {
                     replicas: r.replicas()?,
                     isr: r.nodes()?,
                     leader: r.leader()?,
                     leader_epoch: LeaderEpoch(r.i32()?),
                     partition_epoch: PartitionEpoch(r.i32()?),
-                });
+                }));
             }
             if state.topics_by_name.insert(name.clone(), id).is_some() {
                 return Err(bad(format!("topic {name} twice in the snapshot")));
@@ -280,7 +280,7 @@ mod tests {
         let mut bad_state = busy_state();
         let fenced = bad_state.brokers().find(|b| b.fenced).map(|b| b.id).unwrap();
         let t = bad_state.topics.values_mut().next().unwrap();
-        let p = &mut t.partitions[0];
+        let p = std::sync::Arc::make_mut(&mut t.partitions[0]);
         if !p.has_replica(fenced) {
             p.replicas[0].broker = fenced;
         }

@@ -12,6 +12,7 @@
 //! record, and a broker that reports having applied past it has seen its own registration.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use strand_protocol::types::{validate_topic_name, LeaderEpoch, NodeId, PartitionId, ShardId, TopicId};
 
@@ -80,16 +81,23 @@ impl PartitionRegistration {
 }
 
 /// A topic and its partitions (index = partition id).
+///
+/// Each registration is shared (`Arc`) between the copies of a state: every shard of every
+/// node holds the cluster state, and a change (one election) replaces one registration, so a
+/// copy of a state of 10,000 partitions costs 10,000 reference counts, not 20,000 vectors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicState {
     pub name: String,
     pub id: TopicId,
-    pub partitions: Vec<PartitionRegistration>,
+    pub partitions: Vec<Arc<PartitionRegistration>>,
 }
 
 impl TopicState {
     pub fn partition(&self, p: PartitionId) -> Option<&PartitionRegistration> {
-        usize::try_from(p.0).ok().and_then(|i| self.partitions.get(i))
+        usize::try_from(p.0)
+            .ok()
+            .and_then(|i| self.partitions.get(i))
+            .map(|p| &**p)
     }
 }
 
@@ -186,7 +194,7 @@ impl ClusterState {
             t.partitions
                 .iter()
                 .enumerate()
-                .map(move |(i, p)| (t.id, PartitionId(i as i32), p))
+                .map(move |(i, p)| (t.id, PartitionId(i as i32), &**p))
         })
     }
 
@@ -484,7 +492,7 @@ impl ClusterState {
             usize::try_from(p.partition.0).ok() == Some(t.partitions.len()),
             || format!("partitions of {} are created in order", t.name),
         )?;
-        t.partitions.push(reg);
+        t.partitions.push(Arc::new(reg));
         Ok(())
     }
 
@@ -535,7 +543,7 @@ impl ClusterState {
             t.partitions
                 .get_mut(usize::try_from(c.partition.0).unwrap_or(usize::MAX))
         }) {
-            *slot = new;
+            *slot = Arc::new(new);
         }
         Ok(())
     }
