@@ -363,10 +363,7 @@ fn idle_polls_per_group_second(w: &World, secs: u64) -> f64 {
 
 #[test]
 fn idle_groups_quiesce_and_still_fail_over() {
-    let seed = std::env::var("STRAND_SIM_RAFT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let seed = seed();
 
     // Without quiescing: every group's timers run.
     let busy = world(seed, false);
@@ -396,17 +393,10 @@ fn idle_groups_quiesce_and_still_fail_over() {
     );
 
     // Node 1 crashes: the groups it led elect among the survivors, woken by its silence.
-    let crashed_at = w.sim.elapsed();
     w.sim.enter(|| w.crash(BrokerId(1)));
-    let mut failed_over = None;
-    for _ in 0..100 {
-        w.sim.run_for(Duration::from_millis(100));
-        if w.led_groups() == GROUPS {
-            failed_over = Some(w.sim.elapsed() - crashed_at);
-            break;
-        }
-    }
-    let failed_over = failed_over.expect("every group has a live leader within 10 s");
+    let failed_over = w
+        .until_every_group_led(Duration::from_secs(10))
+        .expect("every group has a live leader within 10 s");
     eprintln!("every group led by a survivor {failed_over:?} after the crash");
     assert!(
         failed_over <= Duration::from_secs(3),
@@ -420,8 +410,28 @@ fn idle_groups_quiesce_and_still_fail_over() {
     assert_eq!(w.led_groups(), GROUPS);
 }
 
+/// `STRAND_SIM_RAFT_SEED`, or 1.
+fn seed() -> u64 {
+    std::env::var("STRAND_SIM_RAFT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
 impl World {
-    /// Each group's term as the first running node holding it sees it.
+    /// Runs until every group has a live leader, at most `limit`: how long that took.
+    fn until_every_group_led(&self, limit: Duration) -> Option<Duration> {
+        let from = self.sim.elapsed();
+        while self.sim.elapsed() - from < limit {
+            self.sim.run_for(Duration::from_millis(100));
+            if self.led_groups() == self.groups {
+                return Some(self.sim.elapsed() - from);
+            }
+        }
+        None
+    }
+
+    /// Each group's term, the highest any node holding it sees.
     fn terms(&self) -> Vec<u64> {
         let hosts = self.hosts.borrow();
         (0..self.groups)
@@ -442,10 +452,7 @@ impl World {
 /// `STORM_CAMPAIGNS` campaigns in flight, almost every group in one election.
 #[test]
 fn a_whole_cluster_restart_elects_every_group_a_bounded_number_at_a_time() {
-    let seed = std::env::var("STRAND_SIM_RAFT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let seed = seed();
     let config = QuiesceConfig {
         max_campaigns: STORM_CAMPAIGNS,
         ..quiesce_config()
@@ -456,7 +463,6 @@ fn a_whole_cluster_restart_elects_every_group_a_bounded_number_at_a_time() {
     assert_eq!(w.led_groups(), STORM_GROUPS);
     let before = w.terms();
 
-    let stopped_at = w.sim.elapsed();
     w.sim.enter(|| {
         for id in (1..=NODES).map(BrokerId) {
             w.crash(id);
@@ -466,15 +472,9 @@ fn a_whole_cluster_restart_elects_every_group_a_bounded_number_at_a_time() {
         }
     });
     w.max_in_flight.set(0);
-    let mut elected = None;
-    for _ in 0..300 {
-        w.sim.run_for(Duration::from_millis(100));
-        if w.led_groups() == STORM_GROUPS {
-            elected = Some(w.sim.elapsed() - stopped_at);
-            break;
-        }
-    }
-    let elected = elected.expect("every group has a leader within 30 s");
+    let elected = w
+        .until_every_group_led(Duration::from_secs(30))
+        .expect("every group has a leader within 30 s");
     let after = w.terms();
     let elections: u64 = before.iter().zip(&after).map(|(b, a)| a - b).sum();
     eprintln!(

@@ -963,7 +963,6 @@ impl GroupManager {
         if self.closed.get() {
             return;
         }
-        self.follow_named_leaders(state);
         // Elections the state does not show yet (a report lost, refused while this broker was
         // fenced, or overtaken by the controller taking the leadership away).
         let led = self.led_groups();
@@ -1066,12 +1065,6 @@ impl GroupManager {
             }
         }));
         self.groups.0.borrow_mut().insert(id, Rc::clone(&group));
-        // A replica of a group another node was elected to lead starts quiet: that leader,
-        // quiesced, will not heartbeat before this replica's election timer runs out, and the
-        // replica would take the leadership of a live group. It hears from the leader at the
-        // group's next write, and is elected by the host if the leader's node goes silent or
-        // restarts. (A leader of epoch 0 is only placement's choice: the group may not have
-        // formed.)
         // The newest state, not the one this reconciliation started from: a node restarting
         // starts its groups for seconds, under metadata that may be its own stale copy.
         let newest = self.directory.state.borrow().clone();
@@ -1079,14 +1072,19 @@ impl GroupManager {
             .as_deref()
             .and_then(|s| s.partition(id.topic, id.partition))
             .unwrap_or(registration);
+        // Every replica starts quiet, and the quiescer elects a group without a leader when
+        // this node's turn comes, rather than every replica's election timer, which on a node
+        // starting thousands of groups would run out for all of them together. A replica of a
+        // group another node was elected to lead takes it for its leader: that leader,
+        // quiesced, sends nothing until the group's next write, and the replica would otherwise
+        // campaign against a live group; the host elects it if the leader's node goes silent
+        // or restarts. (A leader of epoch 0 is only placement's choice: the group may not have
+        // formed.) The leader it names itself lost its leadership with the restart: it
+        // campaigns last.
         let named_leader = registration
             .leader
             .filter(|l| *l != self.node && registration.leader_epoch.0 > 0)
             .and_then(BrokerId::from_node_id);
-        // A replica of a group with no leader named starts quiet too: the quiescer elects it
-        // when this node's turn comes (the preferred replica at once), rather than every
-        // replica's election timer, which on a node starting thousands of groups would run
-        // out for all of them together.
         group.believed_leader.set(named_leader);
         let led_here = registration.leader == Some(self.node) && registration.leader_epoch.0 > 0;
         if led_here {
@@ -1472,14 +1470,7 @@ impl GroupManager {
             .filter(|g| g.id.topic == topic)
             .cloned()
             .collect();
-        let state = self.directory.state.borrow().clone().unwrap_or_default();
-        // Each stop waits for its group's Raft tasks to end (see `close`).
-        futures::stream::iter(groups)
-            .for_each_concurrent(GROUPS_AT_ONCE, |g| {
-                let state = &state;
-                async move { self.stop_group(state, &g).await }
-            })
-            .await;
+        self.stop_groups(groups).await;
     }
 
     /// A controlled shutdown: the groups this shard leads hand leadership to a caught-up
@@ -1536,9 +1527,14 @@ impl GroupManager {
     pub(crate) async fn close(&self) {
         self.closed.set(true);
         let groups: Vec<Rc<Group>> = self.groups.0.borrow().values().cloned().collect();
+        self.stop_groups(groups).await;
+    }
+
+    /// Stops `groups`, [`GROUPS_AT_ONCE`] at a time: each stop waits for its group's Raft tasks
+    /// to end, and one after another a node of 10,000 groups took 15-16 s to stop, longer than
+    /// Docker's 10 s stop timeout.
+    async fn stop_groups(&self, groups: Vec<Rc<Group>>) {
         let state = self.directory.state.borrow().clone().unwrap_or_default();
-        // Each stop waits for its group's Raft tasks to end: one after another, a node of
-        // 10,000 groups took 15-16 s to stop, longer than Docker's 10 s stop timeout.
         futures::stream::iter(groups)
             .for_each_concurrent(GROUPS_AT_ONCE, |g| {
                 let state = &state;

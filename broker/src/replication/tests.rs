@@ -779,17 +779,17 @@ fn a_quiet_replica_believes_the_leader_the_metadata_names() {
                 Some(BrokerId(1)),
                 "started under node 1"
             );
+            // Each later state is followed as it arrives.
             // The same leader named again: still believed.
-            n2.manager.reconcile(&led_by(&[(Some(1), 5)])).await;
+            n2.manager.cluster_changed(&led_by(&[(Some(1), 5)]));
             assert_eq!(group.believed_leader.get(), Some(BrokerId(1)));
             // The controller took the leadership away: no leader is believed any more.
-            n2.manager.reconcile(&led_by(&[(Some(1), 5), (None, 5)])).await;
+            n2.manager.cluster_changed(&led_by(&[(Some(1), 5), (None, 5)]));
             assert_eq!(group.believed_leader.get(), None);
             assert_eq!(group.known_leader.get(), None, "nothing elected meanwhile");
             // Node 3 was elected (elsewhere): the replica takes it for its leader.
             n2.manager
-                .reconcile(&led_by(&[(Some(1), 5), (None, 5), (Some(3), 6)]))
-                .await;
+                .cluster_changed(&led_by(&[(Some(1), 5), (None, 5), (Some(3), 6)]));
             assert_eq!(group.believed_leader.get(), Some(BrokerId(3)));
         })
         .unwrap()
