@@ -105,8 +105,21 @@ impl AsyncWrite for Half {
     }
 }
 
+/// Reads what has arrived onto the end of `buf`: into its spare room if it has any, up to
+/// [`READ_CHUNK_BYTES`], else into a new chunk of that size. The decoder reserves room for the
+/// whole of a frame whose length it has read; reading past that room would move the frame (a
+/// reallocation copying it, as large as an append of many entries) to make room for a chunk.
 async fn read_some(stream: &Rc<RefCell<TcpStream>>, buf: &mut BytesMut) -> io::Result<usize> {
-    futures::future::poll_fn(|cx| stream.borrow_mut().poll_read_buf(cx, buf, READ_CHUNK_BYTES)).await
+    let max = read_size(buf);
+    futures::future::poll_fn(|cx| stream.borrow_mut().poll_read_buf(cx, buf, max)).await
+}
+
+/// How much [`read_some`] reads at most into `buf`.
+fn read_size(buf: &BytesMut) -> usize {
+    match buf.capacity() - buf.len() {
+        0 => READ_CHUNK_BYTES,
+        spare => spare.min(READ_CHUNK_BYTES),
+    }
 }
 
 /// Frames at least this long are written as they are; shorter ones queued together are copied

@@ -451,3 +451,16 @@ async fn say_hello(stream: &Rc<RefCell<TcpStream>>, shard: u16) {
         .await
         .unwrap();
 }
+
+/// A read fills the room the decoder reserved for a frame before it asks for a new chunk: a
+/// read of a whole chunk into a nearly full buffer would reallocate, and copy, the frame.
+#[test]
+fn a_read_fills_the_room_reserved_for_a_frame_first() {
+    let mut buf = BytesMut::with_capacity(1 << 20);
+    assert_eq!(read_size(&buf), READ_CHUNK_BYTES);
+    buf.resize((1 << 20) - 100, 0);
+    assert_eq!(read_size(&buf), 100);
+    buf.resize(buf.capacity(), 0);
+    assert_eq!(read_size(&buf), READ_CHUNK_BYTES);
+    assert_eq!(read_size(&BytesMut::new()), READ_CHUNK_BYTES);
+}
