@@ -286,7 +286,30 @@ where
     /// [`Raft::set_metrics_recorder`]: crate::Raft::set_metrics_recorder
     pub(crate) metrics_recorder: Option<Arc<dyn MetricsRecorder>>,
 
+    /// STRAND PATCH 7: what the last report of the metrics showed, less its times; `None`: a
+    /// report is due at the next turn of the loop (none yet, or a tick since the last).
+    pub(crate) reported: Option<ReportedMetrics<C>>,
+
     pub(crate) span: Span,
+}
+
+/// STRAND PATCH 7: what a metrics report shows, less its times (the time since the quorum last
+/// acknowledged, the heartbeats' sending times): whether a report is due. Membership configs
+/// are compared by identity, a change replaces them.
+pub(crate) struct ReportedMetrics<C: RaftTypeConfig> {
+    vote: VoteOf<C>,
+    flushed_vote: Option<IOId<C>>,
+    state: ServerState,
+    last_log: Option<LogIdOf<C>>,
+    local_committed: Option<LogIdOf<C>>,
+    cluster_committed: Option<LogIdOf<C>>,
+    applied: Option<LogIdOf<C>>,
+    snapshot: Option<LogIdOf<C>>,
+    purged: Option<LogIdOf<C>>,
+    membership: Arc<crate::type_config::alias::StoredMembershipOf<C>>,
+    committed_membership: Arc<crate::type_config::alias::StoredMembershipOf<C>>,
+    /// Each follower's matched log id, on a leader.
+    replication: Option<Vec<(C::NodeId, Option<LogIdOf<C>>)>>,
 }
 
 /// Selects whether [`RaftCore::spawn_parallel_vote_requests`] sends real Vote or Pre-Vote RPCs.
@@ -729,13 +752,79 @@ where
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
+    /// STRAND PATCH 7: reports the metrics if what they show (less their times) changed since
+    /// the last report, or a tick came since. Every turn of the loop reported them, building
+    /// and comparing the whole `RaftMetrics` (two maps allocated on a leader) and waking every
+    /// watcher of them: a fifth of the Raft loop's time on a node of many groups. The times
+    /// (`millis_since_quorum_ack`, the heartbeats' sending times) are brought up to date at
+    /// each tick.
+    pub(crate) fn flush_metrics_if_changed(&mut self) {
+        self.send_progress();
+
+        let st = &self.engine.state;
+        let same = self.reported.as_ref().is_some_and(|r| {
+            r.vote == *st.vote_ref()
+                && r.flushed_vote.as_ref() == st.log_progress().flushed()
+                && r.state == st.server_state
+                && r.last_log.as_ref() == st.last_log_id()
+                && r.local_committed.as_ref() == st.local_committed()
+                && r.cluster_committed.as_ref() == st.cluster_committed()
+                && r.applied.as_ref() == st.io_applied()
+                && r.snapshot.as_ref() == st.io_snapshot_last_log_id()
+                && r.purged.as_ref() == st.io_purged()
+                && Arc::ptr_eq(&r.membership, st.membership_state.effective())
+                && Arc::ptr_eq(&r.committed_membership, st.membership_state.committed())
+                && match (&r.replication, self.engine.leader.as_ref()) {
+                    (None, None) => true,
+                    (Some(matched), Some(leader)) => leader
+                        .progress
+                        .iter()
+                        .map(|item| item.id_progress())
+                        .eq(matched.iter().map(|(id, m)| (id, m))),
+                    _ => false,
+                }
+        });
+        if same {
+            return;
+        }
+        self.reported = Some(ReportedMetrics {
+            vote: st.vote_ref().clone(),
+            flushed_vote: st.log_progress().flushed().cloned(),
+            state: st.server_state,
+            last_log: st.last_log_id().cloned(),
+            local_committed: st.local_committed().cloned(),
+            cluster_committed: st.cluster_committed().cloned(),
+            applied: st.io_applied().cloned(),
+            snapshot: st.io_snapshot_last_log_id().cloned(),
+            purged: st.io_purged().cloned(),
+            membership: st.membership_state.effective().clone(),
+            committed_membership: st.membership_state.committed().clone(),
+            replication: self
+                .engine
+                .leader
+                .as_ref()
+                .map(|leader| leader.progress.collect_mapped(|item| item.id_progress_owned())),
+        });
+        self.report_all_metrics();
+    }
+
     pub fn flush_metrics(&mut self) {
+        // STRAND PATCH 7: split in two, for `flush_metrics_if_changed`.
+        self.send_progress();
+        self.report_all_metrics();
+    }
+
+    /// STRAND PATCH 7: the first half of `flush_metrics`: the I/O progress watches.
+    fn send_progress(&mut self) {
         let io_state = self.engine.state.io_state();
         self.metrics.progress.send_log_progress(io_state.log_progress.flushed().cloned());
         self.metrics.progress.send_commit_progress(io_state.apply_progress.accepted().cloned());
         self.metrics.progress.send_apply_progress(io_state.apply_progress.flushed().cloned());
         self.metrics.progress.send_snapshot_progress(io_state.snapshot.flushed().cloned());
+    }
 
+    /// STRAND PATCH 7: the second half of `flush_metrics`: the metrics report.
+    fn report_all_metrics(&mut self) {
         let (replication, heartbeat) = if let Some(leader) = self.engine.leader.as_ref() {
             let replication_prog = &leader.progress;
             let replication = Some(replication_prog.collect_mapped(|item| item.id_progress_owned()));
@@ -1330,7 +1419,8 @@ where
         let mut balancer = Balancer::new(10_000);
 
         loop {
-            self.flush_metrics();
+            // STRAND PATCH 7: only when what the metrics show changed, or a tick passed.
+            self.flush_metrics_if_changed();
 
             tracing::debug!(
                 "RAFT_stats id={:<2} log_io: {}",
@@ -2065,6 +2155,9 @@ where
     /// Handle [`Notification::Tick`]: check the election timer and, if leading, the heartbeat
     /// timer.
     fn handle_tick(&mut self, i: u64) {
+        // STRAND PATCH 7: the metrics' times are brought up to date once per tick.
+        self.reported = None;
+
         // check every timer
 
         let now = C::now();

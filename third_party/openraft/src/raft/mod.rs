@@ -656,6 +656,8 @@ where
                     shared_replicate_batch,
 
                     metrics_recorder: None,
+                    // STRAND PATCH 7
+                    reported: None,
 
                     span: core_span,
                 };
