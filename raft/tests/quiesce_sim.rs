@@ -293,6 +293,8 @@ fn quiesce_config() -> QuiesceConfig {
         idle_after_ms: 1_000,
         peer_timeout_ms: 1_000,
         campaign_window_ms: 1_000,
+        // openraft's, unset: the longest election timeout.
+        leader_lease_ms: 1_000,
         max_campaigns: 64,
     }
 }

@@ -237,6 +237,7 @@ pub(crate) struct ReplicationSettings {
 impl Default for ReplicationSettings {
     fn default() -> Self {
         let election_timeout_max_ms = 1_200;
+        let leader_lease_ms = 600;
         ReplicationSettings {
             max_groups: 20_000,
             heartbeat_interval_ms: 100,
@@ -244,13 +245,14 @@ impl Default for ReplicationSettings {
             heartbeat_min_interval_ms: 200,
             election_timeout_min_ms: 600,
             election_timeout_max_ms,
-            leader_lease_ms: 600,
+            leader_lease_ms,
             quiesce: QuiesceConfig {
                 idle_after_ms: 2_000,
                 peer_timeout_ms: 1_000,
                 // The longest election timeout: a campaign that has not produced a leader by
                 // then has failed (its candidate's log was behind, or its votes were lost).
                 campaign_window_ms: election_timeout_max_ms,
+                leader_lease_ms,
                 // Per shard. An election is a few messages and a vote write on each replica,
                 // and a decided campaign frees its place at the next quiesce tick (100 ms):
                 // enough to keep a small machine busy electing, few enough that a campaign is

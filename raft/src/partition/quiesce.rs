@@ -17,7 +17,9 @@
 //! `elect`, with a pre-vote) when this node's turn comes ([`Quiescer::campaigns`]): the
 //! replicas rank the candidates alike (preference order, less the lost leader and silent
 //! peers), the first campaigns at once and each next one a campaign window later, and a node
-//! has at most `max_campaigns` campaigns in flight. An awake group that loses its leader keeps
+//! has at most `max_campaigns` campaigns in flight. A replica that heard its leader within the
+//! leader lease is not due yet (its Raft would skip the campaign): it campaigns once the lease
+//! has run out. An awake group that loses its leader keeps
 //! its election timer (a follower under writes finds a dead leader fastest that way) for
 //! `idle_after_ms`, then quiesces and is the host's to elect. Thousands of groups left
 //! leaderless at once (a node's restart, a whole cluster's) thus cost a bounded number of
@@ -63,6 +65,12 @@ pub struct QuiesceConfig {
     /// How long a campaign has to produce a leader before the next replica in line campaigns
     /// ([`Quiescer::campaigns`]). About the longest election timeout.
     pub campaign_window_ms: u64,
+    /// How long a replica that heard its leader refuses to campaign (openraft's leader lease,
+    /// within which it skips the pre-vote it is asked for): the host does not count a campaign
+    /// for a group whose leader was heard within it, and campaigns once it has run out. A
+    /// campaign made inside it did nothing and still took the replica's turn, so the next
+    /// replica in line campaigned a whole window later.
+    pub leader_lease_ms: u64,
     /// Campaigns of one host started within the last window and not yet decided, at most:
     /// thousands of groups that lose their leader at once elect in rounds of this many, not
     /// all together, which on a small machine times every one of them out.
@@ -83,6 +91,8 @@ struct GroupState {
     last_activity_ms: u64,
     /// When an append or heartbeat of the group last arrived (or it was added).
     leader_heard_ms: u64,
+    /// When one last arrived, if one did: the start of the replica's leader lease.
+    lease_from_ms: Option<u64>,
     /// When an append carrying entries (a write) last arrived, if one did since the group was
     /// added or last woke.
     leader_wrote_ms: Option<u64>,
@@ -164,6 +174,7 @@ impl<G: Ord + Copy> Quiescer<G> {
             GroupState {
                 last_activity_ms: now_ms,
                 leader_heard_ms: now_ms,
+                lease_from_ms: None,
                 leader_wrote_ms: None,
                 quiesced,
                 leaderless: None,
@@ -205,6 +216,7 @@ impl<G: Ord + Copy> Quiescer<G> {
     pub fn leader_heard(&mut self, group: G, now_ms: u64) {
         if let Some(g) = self.groups.get_mut(&group) {
             g.leader_heard_ms = g.leader_heard_ms.max(now_ms);
+            g.lease_from_ms = Some(g.lease_from_ms.map_or(now_ms, |l| l.max(now_ms)));
         }
     }
 
@@ -212,6 +224,7 @@ impl<G: Ord + Copy> Quiescer<G> {
     pub fn leader_wrote(&mut self, group: G, now_ms: u64) {
         if let Some(g) = self.groups.get_mut(&group) {
             g.leader_heard_ms = g.leader_heard_ms.max(now_ms);
+            g.lease_from_ms = Some(g.lease_from_ms.map_or(now_ms, |l| l.max(now_ms)));
             g.leader_wrote_ms = Some(g.leader_wrote_ms.map_or(now_ms, |w| w.max(now_ms)));
         }
     }
@@ -386,6 +399,12 @@ impl<G: Ord + Copy> Quiescer<G> {
             if l.campaigned_ms.is_some_and(|c| now_ms.saturating_sub(c) < window) {
                 continue;
             }
+            // Within its lease the replica's Raft would skip the campaign.
+            if g.lease_from_ms
+                .is_some_and(|h| now_ms.saturating_sub(h) < config.leader_lease_ms)
+            {
+                continue;
+            }
             let mut rank = None;
             let mut candidates = 0u64;
             // A lost leader is no candidate, unless it is this node (a restarted leader),
@@ -452,6 +471,7 @@ mod tests {
         idle_after_ms: 500,
         peer_timeout_ms: 1_000,
         campaign_window_ms: 1_000,
+        leader_lease_ms: 300,
         max_campaigns: 100,
     };
 
@@ -460,6 +480,7 @@ mod tests {
         idle_after_ms: 2_000,
         peer_timeout_ms: 1_000,
         campaign_window_ms: 1_200,
+        leader_lease_ms: 600,
         max_campaigns: 100,
     };
 
@@ -690,6 +711,47 @@ mod tests {
         q.peer_heard(BrokerId(3), 2_000);
         assert!(q.tick(2_000, me, |_| None).is_empty());
         assert_eq!(q.campaigns(2_000, me, one_first), vec![1], "third of three");
+    }
+
+    /// A replica that heard its leader within the lease does not campaign (its Raft would skip
+    /// the pre-vote, and the campaign would take its turn for nothing); it campaigns at the
+    /// first tick after the lease has run out. (Seen under `strand-chaos`: the leader killed and
+    /// restarted within 400 ms, the first replica in line asked 574 ms after its last append,
+    /// openraft skipped it, and the next one campaigned a window later: 1.2 s lost.)
+    #[test]
+    fn no_campaign_within_the_leader_lease() {
+        let mut q = Quiescer::new(BROKER_CONFIG);
+        let me = BrokerId(2);
+        let leader = BrokerId(1);
+        q.add_quiesced(7u32, 0);
+        for now in [0, 100, 200, 300] {
+            q.peer_heard(leader, now);
+            q.peer_heard(BrokerId(3), now);
+        }
+        // The leader's last append, then its node restarts: the group is suspect.
+        q.leader_wrote(7, 300);
+        q.peer_restarted(leader, 400);
+        for now in (400..=800).step_by(100) {
+            q.peer_heard(leader, now);
+            q.peer_heard(BrokerId(3), now);
+            let _ = q.tick(now, me, |_| Some(leader));
+            // Replicas 1 (lost), 2 (this node), 3: this node is first in line, but within the
+            // lease until 900.
+            assert!(
+                q.campaigns(now, me, |_| vec![leader, me, BrokerId(3)]).is_empty(),
+                "at {now}"
+            );
+        }
+        q.peer_heard(leader, 900);
+        q.peer_heard(BrokerId(3), 900);
+        let _ = q.tick(900, me, |_| Some(leader));
+        assert_eq!(q.campaigns(900, me, |_| vec![leader, me, BrokerId(3)]), vec![7]);
+        // Added without having heard a leader: no lease to wait for.
+        let mut fresh = Quiescer::new(BROKER_CONFIG);
+        fresh.add_quiesced(8u32, 0);
+        fresh.peer_heard(BrokerId(3), 0);
+        assert!(fresh.tick(0, me, |_| None).is_empty());
+        assert_eq!(fresh.campaigns(0, me, |_| vec![me, BrokerId(3)]), vec![8]);
     }
 
     /// Thousands of groups without a leader are campaigned for a bounded number at a time; a
