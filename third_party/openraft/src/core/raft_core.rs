@@ -287,11 +287,17 @@ where
     pub(crate) metrics_recorder: Option<Arc<dyn MetricsRecorder>>,
 
     /// STRAND PATCH 7: what the last report of the metrics showed, less its times; `None`: a
-    /// report is due at the next turn of the loop (none yet, or a tick since the last).
+    /// report is due at the next turn of the loop (none yet, or its times are a second old).
     pub(crate) reported: Option<ReportedMetrics<C>>,
+
+    /// STRAND PATCH 7: when the metrics were last reported from a full comparison.
+    pub(crate) reported_at: Option<InstantOf<C>>,
 
     pub(crate) span: Span,
 }
+
+/// STRAND PATCH 7: how old the times in the metrics may grow while nothing else in them changes.
+const METRICS_TIMES_REFRESH: Duration = Duration::from_secs(1);
 
 /// STRAND PATCH 7: what a metrics report shows, less its times (the time since the quorum last
 /// acknowledged, the heartbeats' sending times): whether a report is due. Membership configs
@@ -805,6 +811,7 @@ where
                 .as_ref()
                 .map(|leader| leader.progress.collect_mapped(|item| item.id_progress_owned())),
         });
+        self.reported_at = Some(C::now());
         self.report_all_metrics();
     }
 
@@ -2155,8 +2162,11 @@ where
     /// Handle [`Notification::Tick`]: check the election timer and, if leading, the heartbeat
     /// timer.
     fn handle_tick(&mut self, i: u64) {
-        // STRAND PATCH 7: the metrics' times are brought up to date once per tick.
-        self.reported = None;
+        // STRAND PATCH 7: the metrics' times are brought up to date at the first tick a second
+        // or more after the last report (most turns of an awake group's loop are its ticks).
+        if self.reported_at.is_none_or(|at| C::now().saturating_duration_since(at) >= METRICS_TIMES_REFRESH) {
+            self.reported = None;
+        }
 
         // check every timer
 

@@ -658,6 +658,7 @@ where
                     metrics_recorder: None,
                     // STRAND PATCH 7
                     reported: None,
+                    reported_at: None,
 
                     span: core_span,
                 };
