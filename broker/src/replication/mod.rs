@@ -52,7 +52,8 @@
 //!   shard it shares a group with). A quiesced group whose leader is lost (its node silent or
 //!   restarted, or it stopped writing and heartbeating sooner after its last write than a
 //!   leader quiesces) or unknown stays quiesced and is elected by the host: the first live
-//!   replica in preference order campaigns at once, the next one a window later, at most
+//!   replica in preference order campaigns at once (once its leader lease, `leader_lease_ms`,
+//!   has run out: within it openraft would skip the campaign), the next one a window later, at most
 //!   `quiesce.max_campaigns` in flight per shard (`Quiescer::campaigns`). An awake follower
 //!   that has not heard its leader for the peer timeout does not quiesce (its election timer is
 //!   electing); one with no leader quiesces after `quiesce.idle_after_ms` and is the host's to
