@@ -11,9 +11,11 @@
 //! reconfigured) and applies them on every shard through `broadcast_metadata`, after every
 //! shard has taken the state itself, so each shard opens the logs of the replicas this node
 //! hosts (`Shard::hosts`), leader or follower, and produce, fetch and groups work on them as on
-//! any topic. Topics the node did not take from the state (the internal topics it created for
-//! itself, `__consumer_offsets`; a former standalone node's topics) are never deleted, and a
-//! cluster topic whose name such a topic holds is not opened here (logged). Group config overrides follow the state's as well. The local metadata of cluster topics is not persisted: after a
+//! any topic. Topics the node did not take from the state (a former standalone node's topics) are
+//! never deleted, and a cluster topic whose name such a topic holds is not opened here
+//! (logged). `__consumer_offsets` is the cluster's: the first FindCoordinator for a group has
+//! it created ([`create_offsets_topic`]), and a node-local one left by an earlier version is
+//! removed at start-up. Group config overrides follow the state's as well. The local metadata of cluster topics is not persisted: after a
 //! restart the node learns them again from the quorum.
 //!
 //! A standalone node starts no cluster node and registers no link.
@@ -557,6 +559,56 @@ pub(crate) async fn auto_create(shard: &Rc<Shard>, name: &str) -> Result<(), Adm
     decide(shard, req).await.map(|_| ())
 }
 
+/// The replication factor the cluster creates `__consumer_offsets` with: the setting, else
+/// min(3, the registered brokers).
+pub(crate) fn offsets_topic_replication_factor(setting: Option<u16>, state: &ClusterState) -> i16 {
+    let rf = setting.unwrap_or_else(|| {
+        let registered = state.brokers().count().max(1);
+        u16::try_from(registered.min(3)).unwrap_or(3)
+    });
+    i16::try_from(rf).unwrap_or(i16::MAX)
+}
+
+/// Asks the cluster to create `__consumer_offsets` (compacted, `offsets.topic.num.partitions`
+/// partitions), as Kafka creates it at the first FindCoordinator for a group. Until it exists
+/// and its partitions have leaders, FindCoordinator answers COORDINATOR_NOT_AVAILABLE. A
+/// topic created meanwhile by another node's request is success.
+pub(crate) async fn create_offsets_topic(shard: &Rc<Shard>) -> Result<(), AdminError> {
+    use crate::group::host::OFFSETS_TOPIC;
+    let Some(state) = shard.cluster_state() else {
+        return Err(AdminError::new(
+            ResponseError::CoordinatorNotAvailable,
+            "no cluster state yet",
+        ));
+    };
+    if state.topic_by_name(OFFSETS_TOPIC).is_some() {
+        return Ok(());
+    }
+    let config = &shard.config;
+    let req = ControlRequest::CreateTopic(CreateTopic {
+        name: OFFSETS_TOPIC.to_owned(),
+        id: TopicId(uuid::Uuid::new_v4()),
+        partitions: i32::try_from(config.offsets_topic_num_partitions).unwrap_or(50),
+        replication_factor: offsets_topic_replication_factor(
+            config.cluster.offsets_topic_replication_factor,
+            &state,
+        ),
+        assignments: Vec::new(),
+        configs: vec![
+            ("cleanup.policy".into(), "compact".into()),
+            ("segment.bytes".into(), "104857600".into()),
+        ],
+    });
+    match decide(shard, req).await {
+        Ok(_) => {
+            tracing::info!("the cluster created {OFFSETS_TOPIC}");
+            Ok(())
+        }
+        Err(e) if e.code == ResponseError::TopicAlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use strand_protocol::types::{LeaderEpoch, NodeId, PartitionId};
@@ -564,6 +616,33 @@ mod tests {
     use super::*;
     use crate::cluster::record::{ConfigRecord, PartitionEpoch, PartitionRecord};
     use crate::cluster::{Record, Replica};
+
+    fn register(s: &mut ClusterState, broker: i32) {
+        s.apply(&Record::RegisterBroker(crate::cluster::RegisterBroker {
+            broker: NodeId(broker),
+            incarnation: crate::cluster::IncarnationId(uuid::Uuid::from_u128(broker as u128)),
+            epoch: crate::cluster::BrokerEpoch(i64::try_from(s.next_offset().0).unwrap()),
+            endpoints: Vec::new(),
+            rack: None,
+            shards: 1,
+        }));
+    }
+
+    #[test]
+    fn the_offsets_topic_takes_the_setting_else_up_to_three_registered_brokers() {
+        let mut s = ClusterState::default();
+        assert_eq!(offsets_topic_replication_factor(None, &s), 1);
+        register(&mut s, 1);
+        register(&mut s, 2);
+        assert_eq!(offsets_topic_replication_factor(None, &s), 2);
+        register(&mut s, 3);
+        register(&mut s, 4);
+        assert_eq!(offsets_topic_replication_factor(None, &s), 3);
+        // Set, it is what the topic gets, whatever the brokers (placement refuses it while too
+        // few are live).
+        assert_eq!(offsets_topic_replication_factor(Some(1), &s), 1);
+        assert_eq!(offsets_topic_replication_factor(Some(5), &s), 5);
+    }
 
     fn with_topic(s: &mut ClusterState, name: &str, id: u128, partitions: i32) {
         if s.broker(NodeId(1)).is_none() {

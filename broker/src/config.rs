@@ -390,6 +390,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "A follower that has not caught up with its leader's log end for this long leaves the in-sync replicas. Lower it to drop slow followers sooner, so acks=all waits less on them; raise it on a network with long pauses, so followers are not dropped and re-added."),
     key("default.replication.factor", Int, Text("1"), Count("replicas"),
         "Replicas of auto-created topics and of CreateTopics asking for -1. Set 3 on a three-node cluster so a topic survives the loss of a node. On a cluster node the replicas are placed over the live brokers (INVALID_REPLICATION_FACTOR above their count)."),
+    key("offsets.topic.replication.factor", Int, Null, Count("replicas"),
+        "Replicas of __consumer_offsets on a cluster node, where the cluster creates the topic at the first FindCoordinator for a consumer group and each group's coordinator is the leader of the group's partition of it (a lost coordinator's groups move with that leadership, committed offsets and all). Unset: min(3, the brokers registered with the cluster). Set: the topic waits for that many live brokers (clients see COORDINATOR_NOT_AVAILABLE meanwhile), as in Kafka. Fixed once the topic exists. A single node keeps its own __consumer_offsets and ignores it."),
     key("auto.leader.rebalance.enable", Boolean, Text("true"), Unit::None,
         "Leaders move back to each partition's preferred replica (the first of its replicas, where placement spread them) once it is in sync and caught up, checked every leader.imbalance.check.interval.seconds, as Kafka's controller moves them (Strand moves every such partition, with no leader.imbalance.per.broker.percentage threshold). Turn it off to keep leaders where fail-overs put them."),
     key("leader.imbalance.check.interval.seconds", Long, Text("300"), Count("seconds"),
@@ -493,9 +495,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
 ];
 
 /// Keys of Kafka/compose configs Strand accepts with no effect (threads it does not have,
-/// transactions and replicated internal topics it does not run yet, ZooKeeper). Extend here. (`confluent.*` keys are accepted too.)
+/// transactions and internal topics it does not run yet, ZooKeeper). Extend here. (`confluent.*` keys are accepted too.)
 const IGNORED_KEYS: &[&str] = &[
-    "offsets.topic.replication.factor",
     "transactional.id.expiration.ms",
     "transaction.max.timeout.ms",
     "transaction.state.log.replication.factor",

@@ -28,7 +28,7 @@ use crate::cluster_link::{self, ClusterLink};
 use crate::config::Config;
 use crate::connection::{self, Connections};
 use crate::controller::METADATA_FILE;
-use crate::metadata::ClusterMetadata;
+use crate::metadata::{ClusterMetadata, MetadataDelta};
 use crate::metrics;
 use crate::shard::router::{self, serve_peer, Router};
 use crate::shard::{tasks, AdvertisedListener, Shard};
@@ -73,7 +73,11 @@ pub fn run(mut config: Config, options: ServerOptions) -> anyhow::Result<()> {
     }
     check_meta_properties(&log_dir, &config)?;
 
-    let metadata = ensure_internal_topics(&log_dir, load_metadata(&log_dir)?, &config)?;
+    let metadata = if config.cluster.is_standalone() {
+        ensure_internal_topics(&log_dir, load_metadata(&log_dir)?, &config)?
+    } else {
+        drop_node_local_offsets_topic(&log_dir, load_metadata(&log_dir)?)?
+    };
     if metadata.partition_count() > u64::from(config.max_partitions) {
         tracing::warn!(
             partitions = metadata.partition_count(),
@@ -562,6 +566,41 @@ fn ensure_internal_topics(
     ))
     .with_context(|| format!("cannot write {}", path.display()))?;
     tracing::info!(partitions = topic.num_partitions, "created {OFFSETS_TOPIC}");
+    Ok(md)
+}
+
+/// A cluster node's `__consumer_offsets` is the cluster's (replicated, created by the cluster at
+/// the first FindCoordinator): one this node created for itself (an earlier version did, on
+/// cluster nodes too) holds offsets committed to this node alone and would keep the cluster's
+/// topic from being served here, so it goes, with its logs.
+fn drop_node_local_offsets_topic(log_dir: &Path, mut md: ClusterMetadata) -> anyhow::Result<ClusterMetadata> {
+    use crate::group::host::OFFSETS_TOPIC;
+    let Some(local) = md.topic(OFFSETS_TOPIC).map(|t| (t.id, t.partitions)) else {
+        return Ok(md);
+    };
+    tracing::warn!(
+        "removing this node's own {OFFSETS_TOPIC}: on a cluster node the topic is the cluster's, \
+         replicated; the offsets committed to this node alone are dropped"
+    );
+    md.apply(&MetadataDelta::DeleteTopic {
+        name: OFFSETS_TOPIC.to_owned(),
+        id: local.0,
+    });
+    let path = log_dir.join(METADATA_FILE);
+    block_on(strand_storage::fs::Fs::write_file_atomic(
+        &StdFs,
+        &path,
+        md.to_json(),
+    ))
+    .with_context(|| format!("cannot write {}", path.display()))?;
+    for p in 0..local.1 {
+        let dir = log_dir.join(format!("{OFFSETS_TOPIC}-{p}"));
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(e).with_context(|| format!("cannot remove {}", dir.display()));
+            }
+        }
+    }
     Ok(md)
 }
 

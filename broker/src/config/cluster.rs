@@ -188,6 +188,9 @@ pub struct ClusterConfig {
     /// `default.replication.factor`: replicas of auto-created topics and of CreateTopics
     /// asking for -1.
     pub default_replication_factor: u16,
+    /// `offsets.topic.replication.factor`: replicas of `__consumer_offsets` when the cluster
+    /// creates it; `None`: min(3, the registered brokers).
+    pub offsets_topic_replication_factor: Option<u16>,
     /// `min.insync.replicas`: in-sync replicas an acks=all produce needs.
     pub min_insync_replicas: u32,
     /// `broker.session.timeout.ms`: a broker whose heartbeats stop for this long is fenced.
@@ -409,6 +412,8 @@ pub(super) fn build(
     let rack = rack.flatten();
     let replica_lag_time_max_ms = r.int("replica.lag.time.max.ms", 1, i64::MAX)?;
     let default_replication_factor = r.int("default.replication.factor", 1, i64::from(i16::MAX))?;
+    let offsets_topic_replication_factor =
+        r.opt_int("offsets.topic.replication.factor", 1, i64::from(i16::MAX))?;
     let min_insync_replicas = r.int("min.insync.replicas", 1, I32_MAX)?;
     let broker_session_timeout_ms = r.int("broker.session.timeout.ms", 1, I32_MAX)?;
     let broker_heartbeat_interval_ms = r.int("broker.heartbeat.interval.ms", 1, I32_MAX)?;
@@ -440,6 +445,7 @@ pub(super) fn build(
         rack,
         replica_lag_time_max_ms,
         default_replication_factor,
+        offsets_topic_replication_factor,
         min_insync_replicas,
         broker_session_timeout_ms,
         broker_heartbeat_interval_ms,

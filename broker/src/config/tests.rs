@@ -249,7 +249,7 @@ fn kraft_keys_are_accepted_without_warning() {
     assert!(loaded
         .notes
         .iter()
-        .any(|n| n.contains("offsets.topic.replication.factor")));
+        .any(|n| n.contains("transaction.state.log.replication.factor")));
 }
 
 #[test]
