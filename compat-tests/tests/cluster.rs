@@ -495,18 +495,12 @@ fn scenario(mut nodes: Vec<Node>) {
     }
 
     // Two members of one group, bootstrapped through different brokers, meet at one
-    // coordinator and split the partitions.
+    // coordinator (the leader of the group's partition of __consumer_offsets, which the first
+    // FindCoordinator has the cluster create) and split the partitions.
     let group = strand_compat_tests::unique_topic("group");
     let coordinators: BTreeSet<i32> = brokers
         .iter()
-        .map(|i| {
-            let mut c = strand_compat_tests::admin::connect(&nodes[*i].bootstrap());
-            let req = kafka_protocol::messages::FindCoordinatorRequest::default()
-                .with_key(kafka_protocol::protocol::StrBytes::from_string(group.clone()));
-            let resp = c.request(3, &req).expect("FindCoordinator answered");
-            assert_eq!(resp.error_code, 0, "{resp:?}");
-            resp.node_id.0
-        })
+        .map(|i| find_coordinator(&nodes[*i].bootstrap(), &group))
         .collect();
     assert_eq!(
         coordinators.len(),
@@ -562,6 +556,181 @@ fn scenario(mut nodes: Vec<Node>) {
             broker_ids(&b).filter(|ids| *ids == rest)
         });
     }
+}
+
+/// The coordinator of `group` as the broker at `bootstrap` names it, once it names one (the
+/// answer is COORDINATOR_NOT_AVAILABLE while `__consumer_offsets` is created and while the
+/// group's partition of it has no leader).
+fn find_coordinator(bootstrap: &str, group: &str) -> i32 {
+    wait_for(DEADLINE, "FindCoordinator names a coordinator", || {
+        let mut c = strand_compat_tests::admin::connect(bootstrap);
+        let req = kafka_protocol::messages::FindCoordinatorRequest::default()
+            .with_key(kafka_protocol::protocol::StrBytes::from_string(group.to_owned()));
+        let resp = c.request(3, &req).expect("FindCoordinator answered");
+        if resp.error_code != 0 {
+            assert_eq!(resp.error_code, 15, "COORDINATOR_NOT_AVAILABLE or none: {resp:?}");
+            std::thread::sleep(Duration::from_millis(200));
+            return None;
+        }
+        Some(resp.node_id.0)
+    })
+}
+
+/// Offsets `group` has committed for `partitions` of `topic`, read through `bootstrap`; `None`
+/// while the group's coordinator cannot answer.
+fn committed_offsets(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Option<BTreeMap<i32, i64>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .ok()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = consumer.committed_offsets(tpl, Duration::from_secs(5)).ok()?;
+    got.elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Commits `offsets` of `topic` for `group` (a simple commit: no member), through `bootstrap`.
+fn commit_offsets(bootstrap: &str, group: &str, topic: &str, offsets: &BTreeMap<i32, i64>) -> bool {
+    let Ok(consumer) = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create::<BaseConsumer>()
+    else {
+        return false;
+    };
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in offsets {
+        if tpl.add_partition_offset(topic, *p, Offset::Offset(*o)).is_err() {
+            return false;
+        }
+    }
+    consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync).is_ok()
+}
+
+/// Issue 41: a group's committed offsets live in its partition of `__consumer_offsets`,
+/// replicated like any partition, and its coordinator is that partition's leader. The node
+/// coordinating a group is killed with kill -9: the group's offsets are served by the new
+/// leader, new commits go there, and when the old coordinator returns and takes the leadership
+/// back (it is the preferred replica) it serves the commits made while it was away, not the
+/// state it had in memory.
+#[test]
+fn committed_offsets_survive_the_loss_of_their_coordinator() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let mut nodes = three_combined_nodes_with(&[
+        ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "3"),
+        ("KAFKA_LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS", "1"),
+    ]);
+    let topic = strand_compat_tests::unique_topic("offsets-failover");
+    let partitions = 3;
+    create_topics(
+        &nodes[0],
+        &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(3))],
+    );
+    let group = strand_compat_tests::unique_topic("failover-group");
+    find_coordinator(&nodes[0].bootstrap(), &group);
+    // The group's partition of __consumer_offsets (Kafka's `abs(groupId.hashCode()) % 50`),
+    // led by its preferred replica before the test goes on, so that the leadership comes back
+    // to that node after its restart.
+    let hash = group
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    let offsets_partition = if hash == i32::MIN { 0 } else { hash.abs() } % 50;
+    let all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+    let preferred = wait_for(
+        DEADLINE,
+        "the group's offsets partition on its preferred replica",
+        || {
+            let md = metadata_of(&all, Some("__consumer_offsets"))?;
+            let t = md.topics().iter().find(|t| t.name() == "__consumer_offsets")?;
+            let p = t.partitions().iter().find(|p| p.id() == offsets_partition)?;
+            (p.replicas().len() == 3 && p.isr().len() == 3 && Some(&p.leader()) == p.replicas().first())
+                .then_some(p.leader())
+        },
+    );
+    let coordinator = wait_for(DEADLINE, "the preferred replica named coordinator", || {
+        let c = find_coordinator(&nodes[0].bootstrap(), &group);
+        (c == preferred).then_some(c)
+    });
+    for n in &nodes[1..] {
+        assert_eq!(
+            find_coordinator(&n.bootstrap(), &group),
+            coordinator,
+            "one coordinator"
+        );
+    }
+    let at = |n: i64| -> BTreeMap<i32, i64> { (0..partitions).map(|p| (p, n + i64::from(p))).collect() };
+    let first = at(10);
+    let idx = nodes.iter().position(|n| n.id == coordinator).expect("its node");
+    let other = nodes[(idx + 1) % 3].bootstrap();
+    wait_for(DEADLINE, "the first commit", || {
+        commit_offsets(&other, &group, &topic, &first).then_some(())
+    });
+    assert_eq!(
+        committed_offsets(&other, &group, &topic, partitions),
+        Some(first.clone())
+    );
+
+    // The coordinator dies: the group's partition is led elsewhere, and the offsets with it.
+    nodes[idx].kill9();
+    let killed = Instant::now();
+    let read = wait_for(DEADLINE, "the offsets served by a new coordinator", || {
+        committed_offsets(&other, &group, &topic, partitions).filter(|o| !o.is_empty())
+    });
+    eprintln!(
+        "committed offsets served again {:?} after the coordinator's kill -9",
+        killed.elapsed()
+    );
+    assert_eq!(
+        read,
+        first,
+        "committed offsets lost or moved back: {}",
+        dump(&nodes)
+    );
+    let moved = find_coordinator(&other, &group);
+    assert_ne!(moved, coordinator);
+    let second = at(20);
+    wait_for(DEADLINE, "a commit to the new coordinator", || {
+        commit_offsets(&other, &group, &topic, &second).then_some(())
+    });
+    assert_eq!(
+        committed_offsets(&other, &group, &topic, partitions),
+        Some(second.clone())
+    );
+
+    // The old coordinator returns, catches up and, as the preferred replica, takes its
+    // leadership back: it answers with the commit it missed.
+    nodes[idx].spawn();
+    wait_for(DEADLINE, "the coordinator back on its preferred replica", || {
+        (find_coordinator(&other, &group) == coordinator).then_some(())
+    });
+    let back = wait_for(DEADLINE, "the offsets served by the returned coordinator", || {
+        committed_offsets(&nodes[idx].bootstrap(), &group, &topic, partitions).filter(|o| !o.is_empty())
+    });
+    assert_eq!(
+        back,
+        second,
+        "the returned coordinator lost a commit: {}",
+        dump(&nodes)
+    );
 }
 
 /// Creates `topics` through `node` with an admin client; every one must be created.

@@ -1,19 +1,31 @@
 //! Runs a shard's [`GroupCoordinator`]: feeds it requests and timer ticks, carries out its
 //! actions (answers, appends to `__consumer_offsets`, wake-ups), and loads its partitions of
-//! `__consumer_offsets` at start-up, and a partition again after a write to it failed (the
-//! coordinator dropped that partition's state, which may hold changes the log does not).
+//! `__consumer_offsets`.
 //!
-//! The coordinator is a sans-I/O state machine; everything that waits (the disk, the clock)
-//! happens here. A group lives on the shard owning its `__consumer_offsets` partition (Java's
-//! `String.hashCode` of the group id, as Kafka computes it), so its records are appended to a
-//! local log and its state is touched by one thread. Requests reach it as [`GroupCall`]s, the
-//! group host's service on every shard ([`super::route::forward`] sends one). An answer leaves
-//! only once every write issued before it on its partition is durable (see [`crate::group`]).
-//! The partition count of `__consumer_offsets` is the existing topic's, whatever the setting
-//! says later ([`offsets_partitions_in_use`]).
+//! The coordinator is a sans-I/O state machine; everything that waits (the disk, Raft, the
+//! clock) happens here. A group lives on the shard owning its `__consumer_offsets` partition
+//! (Java's `String.hashCode` of the group id, as Kafka computes it), so its state is touched by
+//! one thread. Requests reach it as [`GroupCall`]s, the group host's service on every shard
+//! ([`super::route::forward`] sends one). An answer leaves only once every write issued before
+//! it on its partition is durable (see [`crate::group`]). The partition count of
+//! `__consumer_offsets` is the existing topic's, whatever the setting says later
+//! ([`offsets_partitions_in_use`]).
+//!
+//! - **Standalone**: the topic is the node's own; every partition is loaded at start-up, and a
+//!   partition again after a write to it failed (the coordinator dropped its state, which may
+//!   hold changes the log does not). Records are appended to the local log.
+//! - **Cluster**: the topic is the cluster's, replicated like any partition
+//!   (`offsets.topic.replication.factor`), and a group's coordinator is the leader of its
+//!   partition, as in Kafka. Every [`LEADERSHIP_CHECK`] the host loads each partition whose
+//!   replica on this shard leads with its whole log committed, again in each new leader epoch
+//!   (another leader may have written in between), and unloads each it no longer leads (its
+//!   groups answer NOT_COORDINATOR; clients find the new leader). Records are proposed to the
+//!   partition's Raft group and a write is answered once committed on a majority, so a
+//!   commit acknowledged to a client survives the loss of its coordinator. A write that fails
+//!   (the leadership lost) drops the partition's state until it is loaded again.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::{Rc, Weak};
 
 use futures::channel::oneshot;
@@ -27,7 +39,7 @@ use super::{
     TopicMetadata,
 };
 use crate::config::Config;
-use crate::metadata::{owner_shard, ClusterMetadata, MetadataDelta};
+use crate::metadata::{ClusterMetadata, MetadataDelta};
 use crate::shard::service::{Service, ShardHooks};
 use crate::shard::tasks::{tick_loop, Ticked};
 use crate::shard::Shard;
@@ -57,6 +69,37 @@ impl TopicMetadata for Topics {
             .collect()
     }
 }
+
+/// The topics of the cluster state: what a cluster node checks committed offsets against after
+/// a load (its local metadata can lag the state it was elected under).
+struct ClusterTopics(Rc<crate::cluster::ClusterState>);
+
+impl TopicMetadata for ClusterTopics {
+    fn topic_by_name(&self, name: &str) -> Option<(TopicId, i32)> {
+        self.0
+            .topic_by_name(name)
+            .map(|t| (t.id, i32::try_from(t.partitions.len()).unwrap_or(i32::MAX)))
+    }
+
+    fn topic_by_id(&self, id: TopicId) -> Option<(String, i32)> {
+        self.0.topic(id).map(|t| {
+            (
+                t.name.clone(),
+                i32::try_from(t.partitions.len()).unwrap_or(i32::MAX),
+            )
+        })
+    }
+
+    fn topic_names(&self) -> Vec<String> {
+        self.0.topics().map(|t| t.name.clone()).collect()
+    }
+}
+
+/// How often a cluster node's group host checks which `__consumer_offsets` partitions its
+/// shard leads: a bound on how long a new leader's groups wait to be loaded, and on how long
+/// an old leader keeps answering for them from memory after it lost the leadership (its writes
+/// fail at once: they need a Raft majority).
+const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The partition count of `__consumer_offsets` to run with: the existing topic's. The setting
 /// `offsets.topic.num.partitions` only sizes the topic when it is created (Kafka reads the count
@@ -104,12 +147,12 @@ pub(crate) fn group_config(config: &Config) -> GroupConfig {
     }
 }
 
-/// The shard that coordinates `group_id`.
-pub(crate) fn coordinator_shard(group_id: &str, config: &Config, shards: u16) -> ShardId {
-    owner_shard(
+/// The shard of this node that coordinates `group_id`: the owner of its `__consumer_offsets`
+/// partition (on a cluster node, the shard the cluster placed this node's replica on).
+pub(crate) fn coordinator_shard(group_id: &str, shard: &Shard) -> ShardId {
+    shard.owner(
         OFFSETS_TOPIC,
-        crate::group::partition_for(group_id, offsets_partitions(config)),
-        shards,
+        crate::group::partition_for(group_id, offsets_partitions(&shard.config)),
     )
 }
 
@@ -135,6 +178,9 @@ pub(crate) struct GroupHost {
     /// Wakes the timer task when the coordinator asks for an earlier tick.
     wake: strand_storage::notify::Notify,
     other_groups: RefCell<Option<Weak<dyn OtherGroups>>>,
+    /// On a cluster node: the partitions of `__consumer_offsets` loaded as their leader, with
+    /// the leader epoch they were loaded in.
+    led: RefCell<BTreeMap<i32, i32>>,
 }
 
 impl GroupHost {
@@ -148,6 +194,7 @@ impl GroupHost {
             next_token: Cell::new(1),
             wake: strand_storage::notify::Notify::new(),
             other_groups: RefCell::new(None),
+            led: RefCell::new(BTreeMap::new()),
         })
     }
 
@@ -224,26 +271,15 @@ impl GroupHost {
         }
     }
 
-    /// Appends one batch to a local `__consumer_offsets` partition and reports to the
-    /// coordinator once it is durable (or failed).
+    /// Appends one batch to a `__consumer_offsets` partition this shard writes and reports to
+    /// the coordinator once it is durable (standalone) or committed (cluster), or failed.
     fn persist(&self, write_id: u64, partition: i32, records: &[super::Record]) {
         let shard = &self.core;
-        let now = shard.now_ms();
-        let batch = build_batch(records, now);
-        let appended = match shard.log_for(OFFSETS_TOPIC, partition) {
-            Some(log) => shard
-                .store
-                .append(log, &batch, crate::shard::LEADER_EPOCH, now)
-                .map_err(|e| e.to_string()),
-            None => Err(format!("{OFFSETS_TOPIC}-{partition} is not on this shard")),
-        };
+        let batch = build_batch(records, shard.now_ms());
+        let appended = shard.append_internal(OFFSETS_TOPIC, partition, bytes::Bytes::from(batch));
         let Some(host) = self.me.upgrade() else { return };
         glommio::spawn_local(async move {
-            let shard = &host.core;
-            let result = match appended {
-                Ok(ticket) => shard.store.wait_durable(&ticket).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
+            let result = appended.await;
             let failed = result.is_err();
             if let Err(e) = &result {
                 tracing::error!(partition, error = %e, "cannot persist group state; reloading the partition");
@@ -251,25 +287,66 @@ impl GroupHost {
             let actions = host
                 .coordinator
                 .borrow_mut()
-                .persisted(shard.now_ms(), write_id, result);
+                .persisted(host.core.now_ms(), write_id, result);
             host.run(actions);
             if failed {
                 // The coordinator dropped the partition's state (it may hold changes the log
-                // does not): rebuild it from what is durable.
+                // does not): rebuild it from what is durable, or, on a cluster node, from what
+                // is committed once this shard leads the partition's whole log again.
                 let actions = host.coordinator.borrow_mut().unload(partition);
                 host.run(actions);
-                host.load_partition(partition).await;
+                if host.core.config.cluster.is_standalone() {
+                    host.load_partition(partition).await;
+                } else {
+                    host.led.borrow_mut().remove(&partition);
+                }
             }
         })
         .detach();
     }
 
-    /// Loads this shard's partitions of `__consumer_offsets` and starts the timer task.
+    /// Loads this shard's partitions of `__consumer_offsets` (on a cluster node: starts
+    /// following which ones it leads) and starts the timer task.
     pub(crate) async fn start(&self) {
-        for p in 0..offsets_partitions(&self.core.config) {
-            self.load_partition(p).await;
+        if self.core.config.cluster.is_standalone() {
+            for p in 0..offsets_partitions(&self.core.config) {
+                self.load_partition(p).await;
+            }
+        } else {
+            glommio::spawn_local(follow_leaders(self.me.clone())).detach();
         }
         glommio::spawn_local(tick_loop(self.me.clone())).detach();
+    }
+
+    /// On a cluster node: loads the groups of each `__consumer_offsets` partition once this
+    /// shard leads it with its whole log committed (again after a new term: another leader may
+    /// have written in between), and unloads those it no longer leads, whose groups then
+    /// answer NOT_COORDINATOR and are found on the new leader.
+    async fn follow_leadership(&self) {
+        let shard = &self.core;
+        for p in 0..offsets_partitions(&shard.config) {
+            let leading = (shard.owner(OFFSETS_TOPIC, p) == shard.id)
+                .then(|| shard.leadership(OFFSETS_TOPIC, p))
+                .flatten()
+                .filter(|l| l.is_local)
+                .map(|l| l.epoch);
+            let loaded = self.led.borrow().get(&p).copied();
+            if loaded.is_some() && loaded != leading {
+                self.led.borrow_mut().remove(&p);
+                let actions = self.coordinator.borrow_mut().unload(p);
+                self.run(actions);
+                tracing::info!(
+                    partition = p,
+                    "no longer the group coordinator of the partition's groups"
+                );
+            }
+            let Some(epoch) = leading else { continue };
+            if self.led.borrow().contains_key(&p) || !shard.leads_whole_log(OFFSETS_TOPIC, p) {
+                continue;
+            }
+            self.led.borrow_mut().insert(p, epoch);
+            self.load_partition(p).await;
+        }
     }
 
     /// Loads the groups of one `__consumer_offsets` partition from its log (if this shard owns it).
@@ -303,16 +380,38 @@ impl GroupHost {
         }
         self.run(actions);
         // Offsets of topics that no longer exist: a deletion whose tombstones were lost (a crash
-        // before they were durable, a failed write).
-        let topics = Topics(shard.metadata());
-        let (gone, actions) =
-            self.coordinator
-                .borrow_mut()
-                .remove_offsets_of_missing_topics(shard.now_ms(), p, &topics);
+        // before they were durable, a failed write, a leader that died before it wrote them).
+        let (gone, actions) = match shard.cluster_state() {
+            Some(state) => self.coordinator.borrow_mut().remove_offsets_of_missing_topics(
+                shard.now_ms(),
+                p,
+                &ClusterTopics(state),
+            ),
+            None => self.coordinator.borrow_mut().remove_offsets_of_missing_topics(
+                shard.now_ms(),
+                p,
+                &Topics(shard.metadata()),
+            ),
+        };
         if !gone.is_empty() {
             tracing::info!(partition = p, topics = ?gone, "removed committed offsets of deleted topics");
         }
         self.run(actions);
+    }
+}
+
+/// A cluster node's group host following the leaderships of its `__consumer_offsets`
+/// partitions, until the host is gone.
+async fn follow_leaders(host: Weak<GroupHost>) {
+    loop {
+        {
+            let Some(host) = host.upgrade() else { return };
+            if host.core.shutting_down.get() {
+                return;
+            }
+            host.follow_leadership().await;
+        }
+        glommio::timer::sleep(LEADERSHIP_CHECK).await;
     }
 }
 
@@ -403,11 +502,5 @@ mod tests {
         let mut config = Config::default();
         config.offsets_topic_num_partitions = offsets_partitions_in_use(&with_offsets_topic(50), 10);
         assert_eq!(group_config(&config).offsets_partitions, 50);
-        for g in ["hello", "my-group", "console-consumer-12345"] {
-            assert_eq!(
-                coordinator_shard(g, &config, 4),
-                owner_shard(OFFSETS_TOPIC, crate::group::partition_for(g, 50), 4)
-            );
-        }
     }
 }

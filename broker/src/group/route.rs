@@ -32,7 +32,7 @@ pub(crate) async fn forward(
     group_id: &str,
     req: GroupRequest,
 ) -> LocalBoxFuture<'static, Option<GroupResponse>> {
-    let owner = coordinator_shard(group_id, &core.config, core.shards);
+    let owner = coordinator_shard(group_id, core);
     let call = GroupCall {
         meta,
         req: Box::new(req),
@@ -58,7 +58,7 @@ pub(crate) async fn scatter(
         by_owner.extend((0..core.shards).map(|s| (ShardId(s), Vec::new())));
     }
     for g in groups {
-        let owner = coordinator_shard(&g, &core.config, core.shards);
+        let owner = coordinator_shard(&g, core);
         by_owner.entry(owner).or_default().push(g);
     }
     let mut calls = Vec::new();

@@ -92,11 +92,44 @@ pub(crate) fn metadata_brokers(
         .collect()
 }
 
-/// The coordinator of a group or transactional id on a cluster node: the same live broker for a
-/// key whichever node is asked (FNV-1a of the key over the live brokers with the listener, by
-/// id), so that all members of a group meet on one node; this node when none is live. Each node
-/// keeps its own `__consumer_offsets` (not yet in the cluster state), so a group whose
-/// coordinator moves (a broker joins or leaves) starts there without its committed offsets.
+/// Where a consumer group's coordinator is on a cluster node, as Kafka places it: the leader of
+/// the group's partition of `__consumer_offsets` (`offsets_partitions` of them), on
+/// `listener`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GroupCoordinator {
+    At(NodeId, Endpoint),
+    /// The cluster has no `__consumer_offsets` yet: it is to be created.
+    NoTopic,
+    /// The partition has no live leader with the listener (an election, a dead broker).
+    NoLeader,
+}
+
+pub(crate) fn group_coordinator(
+    state: &ClusterState,
+    listener: &str,
+    offsets_partitions: i32,
+    group: &str,
+) -> GroupCoordinator {
+    let Some(topic) = state.topic_by_name(crate::group::host::OFFSETS_TOPIC) else {
+        return GroupCoordinator::NoTopic;
+    };
+    let p = crate::group::partition_for(group, offsets_partitions);
+    let leader = topic.partition(PartitionId(p)).and_then(|r| r.leader);
+    let endpoint = leader.and_then(|l| {
+        state
+            .live_endpoints(listener)
+            .find(|(id, _)| *id == l)
+            .map(|(id, e)| (id, e.clone()))
+    });
+    match endpoint {
+        Some((id, e)) => GroupCoordinator::At(id, e),
+        None => GroupCoordinator::NoLeader,
+    }
+}
+
+/// The coordinator of a transactional id or share-partition key on a cluster node: the same
+/// live broker for a key whichever node is asked (FNV-1a of the key over the live brokers with
+/// the listener, by id); this node when none is live.
 pub(crate) fn coordinator(state: &ClusterState, listener: &str, key: &str) -> Option<(NodeId, Endpoint)> {
     let live: Vec<(NodeId, &Endpoint)> = state.live_endpoints(listener).collect();
     if live.is_empty() {

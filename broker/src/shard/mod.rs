@@ -604,6 +604,74 @@ impl Shard {
         }
     }
 
+    /// Appends a batch the broker built itself (a coordinator's state records) to a partition of
+    /// an internal topic this shard owns, and resolves once it is durable on this node
+    /// (standalone) or committed on a majority of its replicas (cluster; this replica must lead).
+    /// Clients cannot append there: [`crate::internal_topics::refuse_client_append`].
+    pub(crate) fn append_internal(
+        &self,
+        topic: &str,
+        partition: i32,
+        batch: bytes::Bytes,
+    ) -> LocalBoxFuture<'static, Result<(), String>> {
+        let not_here = || format!("{topic}-{partition} is not led by this shard");
+        match self.gate(topic, partition) {
+            Gate::Local(log) => match self.store.append(log, &batch, LEADER_EPOCH, self.now_ms()) {
+                Ok(ticket) => {
+                    let store = Rc::clone(&self.store);
+                    async move { store.wait_durable(&ticket).await.map_err(|e| e.to_string()) }.boxed_local()
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    async move { Err(e) }.boxed_local()
+                }
+            },
+            Gate::Replicated(_, replica, _) if replica.leadership().is_local => {
+                let proposal = replica.propose(batch, Acks::All);
+                async move {
+                    match proposal.await {
+                        Ok(_) => Ok(()),
+                        Err(ProposeError::NotLeader(_)) => Err("no longer the leader".to_owned()),
+                        Err(ProposeError::Unknown(why)) => Err(why),
+                    }
+                }
+                .boxed_local()
+            }
+            Gate::Replicated(..) | Gate::NotHere(_) | Gate::Unknown => {
+                let e = not_here();
+                async move { Err(e) }.boxed_local()
+            }
+        }
+    }
+
+    /// Who leads `topic`-`partition` as this shard's replica of it knows (`None`: no replica
+    /// attached here, or a standalone node's partition).
+    pub(crate) fn leadership(&self, topic: &str, partition: i32) -> Option<Leadership> {
+        match self.gate(topic, partition) {
+            Gate::Replicated(_, replica, _) => Some(replica.leadership()),
+            Gate::Local(_) | Gate::NotHere(_) | Gate::Unknown => None,
+        }
+    }
+
+    /// Whether this shard serves `topic`-`partition` as its writer with every batch of its log
+    /// readable: on a standalone node, whenever the log is open here; on a cluster node, when
+    /// its replica leads and everything in its log is committed (a new leader's log holds
+    /// entries of earlier terms until its first commit). What a coordinator waits for before it
+    /// loads its state from the partition.
+    pub(crate) fn leads_whole_log(&self, topic: &str, partition: i32) -> bool {
+        match self.gate(topic, partition) {
+            Gate::Local(_) => true,
+            Gate::Replicated(log, replica, _) => {
+                replica.leadership().is_local
+                    && self
+                        .store
+                        .offsets(log)
+                        .is_ok_and(|o| o.high_watermark == o.log_end_offset)
+            }
+            Gate::NotHere(_) | Gate::Unknown => false,
+        }
+    }
+
     /// Waits (bounded) until the batch at `offsets` (first, last) of a replicated log is
     /// committed, and checks it is still there: a batch the leader held uncommitted can be cut
     /// by a leader change and its offsets taken by other batches, which then commit. Such a

@@ -160,7 +160,7 @@ pub(crate) fn coordinator_config(config: &Config) -> coordinator::ShareCoordinat
 
 /// The shard coordinating share group `group` (the same as for a consumer group of that id).
 pub(crate) fn coordinator_of(shard: &Shard, group: &str) -> ShardId {
-    crate::group::host::coordinator_shard(group, &shard.config, shard.shards)
+    crate::group::host::coordinator_shard(group, shard)
 }
 
 /// Sends `op` to the share coordinator of shard `owner`. Sending happens now; the returned
