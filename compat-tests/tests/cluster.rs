@@ -733,6 +733,142 @@ fn committed_offsets_survive_the_loss_of_their_coordinator() {
     );
 }
 
+/// Issue 41: a group member consuming and committing (classic protocol, or KIP-848's with
+/// `"consumer"`) while its coordinator is killed with kill -9 half-way: every record is
+/// consumed at least once, no acknowledged commit is lost, and the committed offsets the
+/// cluster answers never go back behind one acknowledged before the question.
+fn a_consuming_group_keeps_its_commits_when_its_coordinator_is_killed(protocol: &str) {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let mut nodes = three_combined_nodes_with(&[("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "3")]);
+    let topic = strand_compat_tests::unique_topic("consume-failover");
+    let partitions = 3;
+    create_topics(
+        &nodes[0],
+        &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(3))],
+    );
+    let all = nodes.iter().map(Node::bootstrap).collect::<Vec<_>>().join(",");
+    let per_partition = 600;
+    produce_acked(&all, &topic, partitions, "c", per_partition);
+    let group = strand_compat_tests::unique_topic("consuming-group");
+    let coordinator = find_coordinator(&nodes[0].bootstrap(), &group);
+    let idx = nodes.iter().position(|n| n.id == coordinator).expect("its node");
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &all)
+        .set("group.id", &group)
+        .set("group.protocol", protocol)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("max.partition.fetch.bytes", "2048")
+        .create()
+        .expect("a member");
+    consumer.subscribe(&[topic.as_str()]).expect("subscribed");
+    let total = per_partition * usize::try_from(partitions).unwrap();
+    let mut consumed: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
+    // The newest commit acknowledged, per partition: what the cluster must never answer less
+    // than from then on.
+    let mut acked: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut commits = 0usize;
+    let mut failed_commits = 0usize;
+    let mut killed: Option<Instant> = None;
+    let mut first_commit_after_kill: Option<Duration> = None;
+    let started = Instant::now();
+    let count = |c: &BTreeMap<i32, BTreeSet<i64>>| c.values().map(BTreeSet::len).sum::<usize>();
+    while count(&consumed) < total {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "consumed {} of {total} records ({commits} commits, {failed_commits} refused): {}",
+            count(&consumed),
+            dump(&nodes)
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                consumed.entry(m.partition()).or_default().insert(m.offset());
+            }
+            Some(Err(_)) | None => {}
+        }
+        if killed.is_none() && count(&consumed) >= total / 3 {
+            nodes[idx].kill9();
+            killed = Some(Instant::now());
+        }
+        if count(&consumed) % 50 != 0 {
+            continue;
+        }
+        let Ok(position) = consumer.position() else {
+            continue;
+        };
+        let snapshot: BTreeMap<i32, i64> = position
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((e.partition(), o)),
+                _ => None,
+            })
+            .collect();
+        if snapshot.is_empty() {
+            continue;
+        }
+        match consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+            Ok(()) => {
+                commits += 1;
+                for (p, o) in snapshot {
+                    let a = acked.entry(p).or_insert(o);
+                    *a = (*a).max(o);
+                }
+                if let (Some(k), None) = (killed, first_commit_after_kill) {
+                    first_commit_after_kill = Some(k.elapsed());
+                }
+            }
+            Err(_) => failed_commits += 1,
+        }
+        // What the cluster answers now is at least what it acknowledged.
+        if let Ok(c) = consumer.committed(Duration::from_secs(5)) {
+            for e in c.elements() {
+                if let (Offset::Offset(o), Some(a)) = (e.offset(), acked.get(&e.partition())) {
+                    assert!(
+                        o >= *a,
+                        "partition {}: committed offset {o} behind the acknowledged {a}: {}",
+                        e.partition(),
+                        dump(&nodes)
+                    );
+                }
+            }
+        }
+    }
+    assert!(killed.is_some(), "the coordinator was never killed");
+    for p in 0..partitions {
+        let got = consumed.get(&p).map_or(0, BTreeSet::len);
+        assert_eq!(got, per_partition, "partition {p}: a record never consumed");
+    }
+    // The last acknowledged commit is what a member of the group starts from.
+    let last = wait_for(DEADLINE, "the group's committed offsets", || {
+        committed_offsets(&all, &group, &topic, partitions).filter(|o| o.len() == acked.len())
+    });
+    assert_eq!(last, acked, "an acknowledged commit was lost: {}", dump(&nodes));
+    eprintln!(
+        "{protocol} group: {commits} commits acknowledged, {failed_commits} refused; the first \
+         acknowledged {:?} after the coordinator's kill -9",
+        first_commit_after_kill
+    );
+    assert!(
+        first_commit_after_kill.is_some(),
+        "no commit acknowledged after the kill"
+    );
+}
+
+#[test]
+fn a_classic_group_keeps_its_commits_when_its_coordinator_is_killed() {
+    a_consuming_group_keeps_its_commits_when_its_coordinator_is_killed("classic");
+}
+
+#[test]
+fn a_kip_848_group_keeps_its_commits_when_its_coordinator_is_killed() {
+    a_consuming_group_keeps_its_commits_when_its_coordinator_is_killed("consumer");
+}
+
 /// Creates `topics` through `node` with an admin client; every one must be created.
 fn create_topics(node: &Node, topics: &[NewTopic<'_>]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
