@@ -94,7 +94,9 @@ pub(crate) fn metadata_brokers(
 
 /// Where a consumer group's coordinator is on a cluster node, as Kafka places it: the leader of
 /// the group's partition of `__consumer_offsets` (`offsets_partitions` of them), on
-/// `listener`.
+/// `listener`; a leader a replica on this node saw elected in a newer epoch than the state
+/// records goes first (`newer`), so that a group is found on its new coordinator without
+/// waiting for the controller to record the election.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum GroupCoordinator {
     At(NodeId, Endpoint),
@@ -109,12 +111,17 @@ pub(crate) fn group_coordinator(
     listener: &str,
     offsets_partitions: i32,
     group: &str,
+    newer: NewerLeader<'_>,
 ) -> GroupCoordinator {
     let Some(topic) = state.topic_by_name(crate::group::host::OFFSETS_TOPIC) else {
         return GroupCoordinator::NoTopic;
     };
-    let p = crate::group::partition_for(group, offsets_partitions);
-    let leader = topic.partition(PartitionId(p)).and_then(|r| r.leader);
+    let p = PartitionId(crate::group::partition_for(group, offsets_partitions));
+    let leader = topic.partition(p).and_then(|r| {
+        newer(topic.id, p, r.leader_epoch)
+            .map(|(leader, _)| leader)
+            .or(r.leader)
+    });
     let endpoint = leader.and_then(|l| {
         state
             .live_endpoints(listener)
@@ -311,6 +318,69 @@ mod tests {
             }));
         }
         s
+    }
+
+    #[test]
+    fn a_group_is_coordinated_by_the_live_leader_of_its_offsets_partition() {
+        let mut s = state();
+        let none = |_: TopicId, _: PartitionId, _: LeaderEpoch| None;
+        assert_eq!(
+            group_coordinator(&s, "PLAINTEXT", 2, "g", &none),
+            GroupCoordinator::NoTopic
+        );
+        // Partition 0 led by the live broker 2, partition 1 without a leader.
+        let offsets = TopicId(uuid::Uuid::from_u128(8));
+        s.apply(&Record::Topic {
+            name: crate::group::host::OFFSETS_TOPIC.into(),
+            id: offsets,
+        });
+        for (p, leader) in [(0, Some(NodeId(2))), (1, None)] {
+            s.apply(&Record::Partition(PartitionRecord {
+                topic: offsets,
+                partition: PartitionId(p),
+                replicas: [1, 2, 3]
+                    .map(|b| Replica {
+                        broker: NodeId(b),
+                        shard: ShardId(0),
+                    })
+                    .to_vec(),
+                isr: vec![NodeId(1), NodeId(2)],
+                leader,
+                leader_epoch: strand_protocol::types::LeaderEpoch(0),
+                partition_epoch: PartitionEpoch(0),
+            }));
+        }
+        let in_partition = |p: i32| {
+            (0..)
+                .map(|i| format!("group-{i}"))
+                .find(|g| crate::group::partition_for(g, 2) == p)
+                .unwrap()
+        };
+        let (g0, g1) = (in_partition(0), in_partition(1));
+        let at = |id: i32| {
+            GroupCoordinator::At(
+                NodeId(id),
+                Endpoint {
+                    listener: "PLAINTEXT".into(),
+                    host: format!("h{id}"),
+                    port: 9000 + id as u16,
+                },
+            )
+        };
+        assert_eq!(group_coordinator(&s, "PLAINTEXT", 2, &g0, &none), at(2));
+        assert_eq!(
+            group_coordinator(&s, "PLAINTEXT", 2, &g1, &none),
+            GroupCoordinator::NoLeader
+        );
+        assert_eq!(
+            group_coordinator(&s, "OTHER", 2, &g0, &none),
+            GroupCoordinator::NoLeader
+        );
+        // A leader this node saw elected after the state's record goes first.
+        let seen = |t: TopicId, p: PartitionId, recorded: LeaderEpoch| {
+            (t == offsets && p == PartitionId(1) && recorded.0 == 0).then_some((NodeId(1), LeaderEpoch(1)))
+        };
+        assert_eq!(group_coordinator(&s, "PLAINTEXT", 2, &g1, &seen), at(1));
     }
 
     #[test]
