@@ -784,11 +784,8 @@ fn a_consuming_group_keeps_its_commits_when_its_coordinator_is_killed(protocol: 
             count(&consumed),
             dump(&nodes)
         );
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                consumed.entry(m.partition()).or_default().insert(m.offset());
-            }
-            Some(Err(_)) | None => {}
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            consumed.entry(m.partition()).or_default().insert(m.offset());
         }
         if killed.is_none() && count(&consumed) >= total / 3 {
             nodes[idx].kill9();
