@@ -18,8 +18,9 @@
 //!   (`offsets.topic.replication.factor`), and a group's coordinator is the leader of its
 //!   partition, as in Kafka. Every [`LEADERSHIP_CHECK`] the host loads each partition whose
 //!   replica on this shard leads with its whole log committed, again in each new leader epoch
-//!   (another leader may have written in between), and unloads each it no longer leads (its
-//!   groups answer NOT_COORDINATOR; clients find the new leader). Records are proposed to the
+//!   (another leader may have written in between), and unloads each it no longer leads, or
+//!   leads without hearing a majority of its replicas' nodes (cut off from them, it may have
+//!   been replaced): its groups answer NOT_COORDINATOR, and clients find the new leader. Records are proposed to the
 //!   partition's Raft group and a write is answered once committed on a majority, so a
 //!   commit acknowledged to a client survives the loss of its coordinator. A write that fails
 //!   (the leadership lost) drops the partition's state until it is loaded again.
@@ -320,15 +321,18 @@ impl GroupHost {
 
     /// On a cluster node: loads the groups of each `__consumer_offsets` partition once this
     /// shard leads it with its whole log committed (again after a new term: another leader may
-    /// have written in between), and unloads those it no longer leads, whose groups then
-    /// answer NOT_COORDINATOR and are found on the new leader.
+    /// have written in between), and unloads those it no longer leads, or leads without
+    /// hearing a majority of their replicas, whose groups then answer NOT_COORDINATOR and are
+    /// found on the new leader.
     async fn follow_leadership(&self) {
         let shard = &self.core;
         for p in 0..offsets_partitions(&shard.config) {
+            // A leader that stopped hearing a majority of the partition's replicas (cut off
+            // from them) may have been replaced: it stops answering from memory.
             let leading = (shard.owner(OFFSETS_TOPIC, p) == shard.id)
                 .then(|| shard.leadership(OFFSETS_TOPIC, p))
                 .flatten()
-                .filter(|l| l.is_local)
+                .filter(|l| l.is_local && shard.leads_with_a_majority(OFFSETS_TOPIC, p))
                 .map(|l| l.epoch);
             let loaded = self.led.borrow().get(&p).copied();
             if loaded.is_some() && loaded != leading {

@@ -321,6 +321,9 @@ async fn initialize_group(group: &Group, members: BTreeSet<BrokerId>) {
 struct Group {
     id: GroupId,
     local: BrokerId,
+    /// The shard's manager, whose quiescer knows which peers it hears
+    /// ([`ReplicaHandle::hears_a_majority`]).
+    manager: Weak<GroupManager>,
     raft: GroupRaft,
     replica: Store,
     /// Set when the group is shut down: its watcher ends.
@@ -402,6 +405,24 @@ impl ReplicaHandle for Handle {
             }
         }
         .boxed_local()
+    }
+
+    fn hears_a_majority(&self) -> bool {
+        let group = &self.0;
+        let Some(manager) = group.manager.upgrade() else {
+            return false;
+        };
+        let voters: Vec<BrokerId> = {
+            let m = group.raft.metrics();
+            let m = m.borrow_watched();
+            m.membership_config.membership().voter_ids().collect()
+        };
+        let now_ms = manager.now_ms();
+        let heard = manager
+            .quiescer
+            .borrow()
+            .hears_majority(group.local, &voters, now_ms);
+        heard
     }
 }
 
@@ -1036,6 +1057,7 @@ impl GroupManager {
         let group = Rc::new(Group {
             id,
             local: self.local,
+            manager: Rc::downgrade(self),
             raft,
             replica,
             stopped: Cell::new(false),

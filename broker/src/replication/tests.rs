@@ -419,6 +419,50 @@ fn three_nodes_replicate_a_partition_and_fail_over() {
         .unwrap();
 }
 
+/// A leader whose followers' nodes fall silent keeps its Raft leadership (nothing of a higher
+/// term reaches it) but knows, within the peer timeout, that it no longer hears a majority.
+#[test]
+fn a_leader_cut_off_from_its_followers_knows_it() {
+    LocalExecutorBuilder::default()
+        .spawn(|| async move {
+            let shared = SharedFs::for_process(FileRegions::for_process(64));
+            let mut nodes = Vec::new();
+            for id in 1..=3 {
+                nodes.push(start_node(id, shared).await);
+            }
+            let state = cluster(&nodes);
+            for n in &nodes {
+                n.manager.reconcile(&state).await;
+            }
+            let all: Vec<&Node> = nodes.iter().collect();
+            let (li, _) = leader_among(&all, 0).await;
+            let leader = nodes[li].handle().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !leader.hears_a_majority() {
+                assert!(Instant::now() < deadline, "a connected leader hears no majority");
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+            // Both followers' nodes stop.
+            for n in nodes.iter().filter(|n| n.id != nodes[li].id) {
+                n.manager.close().await;
+            }
+            let silent = Instant::now();
+            let timeout = Duration::from_millis(ReplicationSettings::default().quiesce.peer_timeout_ms);
+            while leader.hears_a_majority() {
+                assert!(
+                    silent.elapsed() < timeout + Duration::from_secs(2),
+                    "the cut-off leader still believes it hears a majority"
+                );
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(leader.leadership().is_local, "still leader in its own eyes");
+            nodes[li].manager.close().await;
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
 #[test]
 fn a_group_whose_first_replica_never_started_forms_without_it() {
     LocalExecutorBuilder::default()

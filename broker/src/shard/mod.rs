@@ -653,6 +653,17 @@ impl Shard {
         }
     }
 
+    /// Whether this shard's replica of `topic`-`partition` leads and its node heard lately from
+    /// a majority of the partition's replicas (see [`ReplicaHandle::hears_a_majority`]); on a
+    /// standalone node, whether the partition is open here.
+    pub(crate) fn leads_with_a_majority(&self, topic: &str, partition: i32) -> bool {
+        match self.gate(topic, partition) {
+            Gate::Local(_) => true,
+            Gate::Replicated(_, replica, _) => replica.leadership().is_local && replica.hears_a_majority(),
+            Gate::NotHere(_) | Gate::Unknown => false,
+        }
+    }
+
     /// Whether this shard serves `topic`-`partition` as its writer with every batch of its log
     /// readable: on a standalone node, whenever the log is open here; on a cluster node, when
     /// its replica leads and everything in its log is committed (a new leader's log holds
@@ -1540,6 +1551,10 @@ mod replicated_tests {
     impl ReplicaHandle for Fake {
         fn leadership(&self) -> Leadership {
             self.leadership.get()
+        }
+
+        fn hears_a_majority(&self) -> bool {
+            true
         }
 
         fn propose(&self, batch: Bytes, acks: Acks) -> LocalBoxFuture<'static, Result<i64, ProposeError>> {

@@ -66,6 +66,12 @@ pub(crate) trait ReplicaHandle {
     /// with its base offset once durable on the leader or committed on a majority (`acks`).
     /// Clients read it only once committed (the store's commit cap), whatever `acks`.
     fn propose(&self, batch: Bytes, acks: Acks) -> LocalBoxFuture<'static, Result<i64, ProposeError>>;
+
+    /// Whether this replica's node heard lately from enough of the partition's other replicas
+    /// to make a majority with itself. A leader cut off from its followers stays leader in its
+    /// own eyes until a higher term reaches it (it cannot commit); what it answers from memory
+    /// (a coordinator's state) may be stale meanwhile.
+    fn hears_a_majority(&self) -> bool;
 }
 
 /// What the leader does with a batch from an idempotent producer ([`InFlight::decide`]).

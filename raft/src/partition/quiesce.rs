@@ -254,6 +254,19 @@ impl<G: Ord + Copy> Quiescer<G> {
             .is_some_and(|&at| now_ms.saturating_sub(at) <= self.config.peer_timeout_ms)
     }
 
+    /// Whether `me` and the nodes of `voters` it heard from within the peer timeout are a
+    /// majority of `voters`: what a leader that must not act alone (a coordinator answering
+    /// from memory) checks, since a Raft leader cut off from its followers stays leader in its
+    /// own eyes until a higher term reaches it. Quiesced groups send no heartbeats, so the
+    /// node's liveness stands for theirs, as it does for their followers.
+    pub fn hears_majority(&self, me: BrokerId, voters: &[BrokerId], now_ms: u64) -> bool {
+        let heard = voters
+            .iter()
+            .filter(|v| **v == me || self.peer_live(**v, now_ms))
+            .count();
+        heard * 2 > voters.len()
+    }
+
     pub fn is_quiesced(&self, group: G) -> bool {
         self.groups.get(&group).is_some_and(|g| g.quiesced)
     }
@@ -718,6 +731,31 @@ mod tests {
     /// first tick after the lease has run out. (Seen under `strand-chaos`: the leader killed and
     /// restarted within 400 ms, the first replica in line asked 574 ms after its last append,
     /// openraft skipped it, and the next one campaigned a window later: 1.2 s lost.)
+    #[test]
+    fn a_majority_is_this_node_and_the_peers_heard_within_the_timeout() {
+        let q0 = Quiescer::<u32>::new(BROKER_CONFIG);
+        let me = BrokerId(1);
+        let three = [BrokerId(1), BrokerId(2), BrokerId(3)];
+        assert!(
+            q0.hears_majority(me, &[me], 0),
+            "a replica of its own is a majority"
+        );
+        assert!(!q0.hears_majority(me, &three, 0), "no peer heard");
+        let mut q = Quiescer::<u32>::new(BROKER_CONFIG);
+        q.peer_heard(BrokerId(2), 1_000);
+        assert!(q.hears_majority(me, &three, 1_000));
+        let timeout = BROKER_CONFIG.peer_timeout_ms;
+        assert!(q.hears_majority(me, &three, 1_000 + timeout));
+        assert!(
+            !q.hears_majority(me, &three, 1_001 + timeout),
+            "the peer went silent"
+        );
+        // Not a voter itself (its replica removed): only the voters count.
+        assert!(!q.hears_majority(BrokerId(4), &three, 1_000));
+        q.peer_heard(BrokerId(3), 1_000);
+        assert!(q.hears_majority(BrokerId(4), &three, 1_000));
+    }
+
     #[test]
     fn no_campaign_within_the_leader_lease() {
         let mut q = Quiescer::new(BROKER_CONFIG);
