@@ -20,7 +20,11 @@
 //!   replica on this shard leads with its whole log committed, again in each new leader epoch
 //!   (another leader may have written in between), and unloads each it no longer leads, or
 //!   leads without hearing a majority of its replicas' nodes (cut off from them, it may have
-//!   been replaced): its groups answer NOT_COORDINATOR, and clients find the new leader. Records are proposed to the
+//!   been replaced): its groups answer NOT_COORDINATOR, and clients find the new leader. A load
+//!   waits for a majority to confirm the leadership (a Raft read-index round), and a shard that
+//!   stood still (its time marked more than [`STALL`] ago, found before the next request or
+//!   mark) unloads every partition first, since a leader that was stopped or cut off may not
+//!   know yet that another was elected. Records are proposed to the
 //!   partition's Raft group and a write is answered once committed on a majority, so a
 //!   commit acknowledged to a client survives the loss of its coordinator. A write that fails
 //!   (the leadership lost) drops the partition's state until it is loaded again.
@@ -101,6 +105,9 @@ impl TopicMetadata for ClusterTopics {
 /// an old leader keeps answering for them from memory after it lost the leadership (its writes
 /// fail at once: they need a Raft majority).
 const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+/// How late a leadership check may come before the host takes its shard to have stood still:
+/// under the replication's leader lease (600 ms), within which no other replica is elected.
+const STALL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The partition count of `__consumer_offsets` to run with: the existing topic's. The setting
 /// `offsets.topic.num.partitions` only sizes the topic when it is created (Kafka reads the count
@@ -182,6 +189,9 @@ pub(crate) struct GroupHost {
     /// On a cluster node: the partitions of `__consumer_offsets` loaded as their leader, with
     /// the leader epoch they were loaded in.
     led: RefCell<BTreeMap<i32, i32>>,
+    /// When [`mark_time`] last ran, and how many stalls [`GroupHost::check_stall`] found.
+    marked_at: Cell<std::time::Instant>,
+    stalls: Cell<u64>,
 }
 
 impl GroupHost {
@@ -196,6 +206,8 @@ impl GroupHost {
             wake: strand_storage::notify::Notify::new(),
             other_groups: RefCell::new(None),
             led: RefCell::new(BTreeMap::new()),
+            marked_at: Cell::new(std::time::Instant::now()),
+            stalls: Cell::new(0),
         })
     }
 
@@ -207,6 +219,7 @@ impl GroupHost {
     /// Handles a group request; the answer may come later (a JoinGroup waits for its rebalance).
     pub(crate) fn submit(&self, meta: RequestMeta, req: GroupRequest) -> oneshot::Receiver<GroupResponse> {
         let (tx, rx) = oneshot::channel();
+        self.check_stall();
         if let Some(refused) = self.refuse_other_group_id(&req) {
             let _ = tx.send(refused);
             return rx;
@@ -314,6 +327,8 @@ impl GroupHost {
                 self.load_partition(p).await;
             }
         } else {
+            self.marked_at.set(std::time::Instant::now());
+            glommio::spawn_local(mark_time(self.me.clone())).detach();
             glommio::spawn_local(follow_leaders(self.me.clone())).detach();
         }
         glommio::spawn_local(tick_loop(self.me.clone())).detach();
@@ -348,8 +363,48 @@ impl GroupHost {
             if self.led.borrow().contains_key(&p) || !shard.leads_whole_log(OFFSETS_TOPIC, p) {
                 continue;
             }
+            // A leader that was cut off or stalled may still think it leads: a majority
+            // confirms it before its log is taken for the partition's state.
+            if !shard.confirm_leadership(OFFSETS_TOPIC, p).await {
+                continue;
+            }
+            if self.led.borrow().contains_key(&p) {
+                continue;
+            }
+            let stalls = self.stalls.get();
             self.led.borrow_mut().insert(p, epoch);
             self.load_partition(p).await;
+            if self.stalls.get() != stalls {
+                // The shard stood still during the load: confirmed again first.
+                self.led.borrow_mut().remove(&p);
+                let actions = self.coordinator.borrow_mut().unload(p);
+                self.run(actions);
+            }
+        }
+    }
+
+    /// On a cluster node, when the time was last marked more than [`STALL`] ago, the shard
+    /// stood still (a stopped process, a stuck thread) for long enough that the other replicas
+    /// may have elected another leader this one has not heard of: every partition loaded as
+    /// leader is unloaded, and loaded again only once a majority confirms the leadership.
+    /// Checked before each request is handled and by [`mark_time`], whichever runs first after
+    /// the stall.
+    fn check_stall(&self) {
+        if self.core.config.cluster.is_standalone() || self.marked_at.get().elapsed() <= STALL {
+            return;
+        }
+        self.marked_at.set(std::time::Instant::now());
+        self.stalls.set(self.stalls.get() + 1);
+        let led: Vec<i32> = std::mem::take(&mut *self.led.borrow_mut()).into_keys().collect();
+        if !led.is_empty() {
+            tracing::warn!(
+                partitions = led.len(),
+                "the shard stood still: its group coordinators wait for a majority to confirm them"
+            );
+        }
+        for p in led {
+            let actions = self.coordinator.borrow_mut().unload(p);
+            self.run(actions);
         }
     }
 
@@ -414,6 +469,23 @@ async fn follow_leaders(host: Weak<GroupHost>) {
                 return;
             }
             host.follow_leadership().await;
+        }
+        glommio::timer::sleep(LEADERSHIP_CHECK).await;
+    }
+}
+
+/// Marks the time every [`LEADERSHIP_CHECK`], on a cluster node, so that the host can tell that
+/// its shard stood still ([`GroupHost::check_stall`]); a mark that comes more than [`STALL`]
+/// late is such a stall itself.
+async fn mark_time(host: Weak<GroupHost>) {
+    loop {
+        {
+            let Some(host) = host.upgrade() else { return };
+            if host.core.shutting_down.get() {
+                return;
+            }
+            host.check_stall();
+            host.marked_at.set(std::time::Instant::now());
         }
         glommio::timer::sleep(LEADERSHIP_CHECK).await;
     }

@@ -373,6 +373,11 @@ impl Group {
     }
 }
 
+/// How long a leader waits for a majority to confirm its leadership
+/// ([`ReplicaHandle::confirm_leadership`]): the longest election timeout, after which a
+/// silent majority has most likely elected another.
+const CONFIRM_TIMEOUT: Duration = Duration::from_millis(1_200);
+
 /// The handle the core holds.
 struct Handle(Rc<Group>);
 
@@ -402,6 +407,21 @@ impl ReplicaHandle for Handle {
                 futures::future::Either::Right((Ok(base_offset), _)) => Ok(base_offset),
                 // The group dropped the waiter (stopped): the commit's outcome decides.
                 futures::future::Either::Right((Err(_), committed)) => committed.await,
+            }
+        }
+        .boxed_local()
+    }
+
+    fn confirm_leadership(&self) -> LocalBoxFuture<'static, bool> {
+        let raft = self.0.raft.clone();
+        async move {
+            let round = raft.get_read_linearizer(openraft::ReadPolicy::ReadIndex);
+            let timer = glommio::timer::sleep(CONFIRM_TIMEOUT);
+            futures::pin_mut!(round);
+            futures::pin_mut!(timer);
+            match futures::future::select(round, timer).await {
+                futures::future::Either::Left((answer, _)) => answer.is_ok(),
+                futures::future::Either::Right(_) => false,
             }
         }
         .boxed_local()

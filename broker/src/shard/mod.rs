@@ -664,6 +664,18 @@ impl Shard {
         }
     }
 
+    /// Confirms with a majority of its replicas that this shard's replica of `topic`-`partition`
+    /// leads ([`ReplicaHandle::confirm_leadership`]); on a standalone node, whether the
+    /// partition is open here.
+    pub(crate) fn confirm_leadership(&self, topic: &str, partition: i32) -> LocalBoxFuture<'static, bool> {
+        let leads = match self.gate(topic, partition) {
+            Gate::Local(_) => true,
+            Gate::Replicated(_, replica, _) => return replica.confirm_leadership(),
+            Gate::NotHere(_) | Gate::Unknown => false,
+        };
+        async move { leads }.boxed_local()
+    }
+
     /// Whether this shard serves `topic`-`partition` as its writer with every batch of its log
     /// readable: on a standalone node, whenever the log is open here; on a cluster node, when
     /// its replica leads and everything in its log is committed (a new leader's log holds
@@ -1555,6 +1567,11 @@ mod replicated_tests {
 
         fn hears_a_majority(&self) -> bool {
             true
+        }
+
+        fn confirm_leadership(&self) -> LocalBoxFuture<'static, bool> {
+            let leads = self.leadership.get().is_local;
+            async move { leads }.boxed_local()
         }
 
         fn propose(&self, batch: Bytes, acks: Acks) -> LocalBoxFuture<'static, Result<i64, ProposeError>> {

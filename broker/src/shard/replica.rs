@@ -72,6 +72,12 @@ pub(crate) trait ReplicaHandle {
     /// own eyes until a higher term reaches it (it cannot commit); what it answers from memory
     /// (a coordinator's state) may be stale meanwhile.
     fn hears_a_majority(&self) -> bool;
+
+    /// Resolves `true` once a majority of the partition's replicas acknowledged this replica as
+    /// their leader, after the call (a Raft read-index round, bounded); `false` when it is not
+    /// the leader, or no majority answered in time (a higher term learned this way ends the
+    /// leadership).
+    fn confirm_leadership(&self) -> LocalBoxFuture<'static, bool>;
 }
 
 /// What the leader does with a batch from an idempotent producer ([`InFlight::decide`]).
