@@ -105,6 +105,18 @@ impl Node {
         c.wait().expect("the broker exits")
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`): the process stands still, as in a long pause or
+    /// a frozen machine, and resumes with what it held.
+    fn pause(&self, stop: bool) {
+        let c = self.child.as_ref().expect("running");
+        let signal = if stop { "-STOP" } else { "-CONT" };
+        let done = Command::new("kill")
+            .args([signal, &c.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(done.success(), "kill {signal}");
+    }
+
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -729,6 +741,94 @@ fn committed_offsets_survive_the_loss_of_their_coordinator() {
         back,
         second,
         "the returned coordinator lost a commit: {}",
+        dump(&nodes)
+    );
+}
+
+/// Issue 41: a coordinator whose process stands still (SIGSTOP) while the others elect a new
+/// leader for its group's partition and take a newer commit does not answer, once resumed,
+/// with the commit it held in memory: a client asking it keeps getting errors or the newer
+/// commit.
+#[test]
+fn a_resumed_coordinator_never_answers_from_what_it_held() {
+    if external_bootstrap().is_some() {
+        eprintln!("skipped: this test starts its own cluster");
+        return;
+    }
+    let nodes = three_combined_nodes_with(&[("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "3")]);
+    let topic = strand_compat_tests::unique_topic("offsets-pause");
+    let partitions = 3;
+    create_topics(
+        &nodes[0],
+        &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(3))],
+    );
+    let group = strand_compat_tests::unique_topic("paused-group");
+    let coordinator = find_coordinator(&nodes[0].bootstrap(), &group);
+    let idx = nodes.iter().position(|n| n.id == coordinator).expect("its node");
+    let other = nodes[(idx + 1) % 3].bootstrap();
+    let at = |n: i64| -> BTreeMap<i32, i64> { (0..partitions).map(|p| (p, n + i64::from(p))).collect() };
+    let first = at(10);
+    wait_for(DEADLINE, "the first commit", || {
+        commit_offsets(&other, &group, &topic, &first).then_some(())
+    });
+    // Served once from the coordinator's memory, so that it holds the group.
+    assert_eq!(
+        committed_offsets(&nodes[idx].bootstrap(), &group, &topic, partitions),
+        Some(first.clone())
+    );
+
+    nodes[idx].pause(true);
+    let second = at(20);
+    wait_for(DEADLINE, "a commit to a new coordinator", || {
+        (find_coordinator(&other, &group) != coordinator && commit_offsets(&other, &group, &topic, &second))
+            .then_some(())
+    });
+    nodes[idx].pause(false);
+    // The resumed node itself is asked, over one connection, for a few seconds: it answers an
+    // error (it no longer coordinates, or waits for a majority to confirm it) or the newer
+    // commit, never the older one it held.
+    let resumed = Instant::now();
+    let mut c = strand_compat_tests::admin::connect(&nodes[idx].bootstrap());
+    let req = kafka_protocol::messages::OffsetFetchRequest::default()
+        .with_group_id(kafka_protocol::messages::GroupId(
+            kafka_protocol::protocol::StrBytes::from_string(group.clone()),
+        ))
+        .with_topics(Some(vec![
+            kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic::default()
+                .with_name(kafka_protocol::messages::TopicName(
+                    kafka_protocol::protocol::StrBytes::from_string(topic.clone()),
+                ))
+                .with_partition_indexes((0..partitions).collect()),
+        ]));
+    let (mut refused, mut answered) = (0, 0);
+    while resumed.elapsed() < Duration::from_secs(4) {
+        let resp = c.request(5, &req).expect("OffsetFetch answered");
+        if resp.error_code != 0 {
+            refused += 1;
+        } else {
+            let got: BTreeMap<i32, i64> = resp
+                .topics
+                .iter()
+                .flat_map(|t| t.partitions.iter())
+                .filter(|p| p.error_code == 0)
+                .map(|p| (p.partition_index, p.committed_offset))
+                .collect();
+            assert_ne!(
+                got,
+                first,
+                "the resumed coordinator answered from what it held {:?} after resuming: {}",
+                resumed.elapsed(),
+                dump(&nodes)
+            );
+            answered += 1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("the resumed node refused {refused} OffsetFetch requests and answered {answered}");
+    assert_eq!(
+        committed_offsets(&other, &group, &topic, partitions),
+        Some(second),
+        "{}",
         dump(&nodes)
     );
 }
