@@ -574,7 +574,7 @@ pub(crate) fn offsets_topic_replication_factor(setting: Option<u16>, state: &Clu
 /// and its partitions have leaders, FindCoordinator answers COORDINATOR_NOT_AVAILABLE. A
 /// topic created meanwhile by another node's request is success.
 pub(crate) async fn create_offsets_topic(shard: &Rc<Shard>) -> Result<(), AdminError> {
-    use crate::group::host::OFFSETS_TOPIC;
+    use crate::internal_topics::CONSUMER_OFFSETS as OFFSETS_TOPIC;
     let Some(state) = shard.cluster_state() else {
         return Err(AdminError::new(
             ResponseError::CoordinatorNotAvailable,

@@ -113,7 +113,7 @@ pub(crate) fn group_coordinator(
     group: &str,
     newer: NewerLeader<'_>,
 ) -> GroupCoordinator {
-    let Some(topic) = state.topic_by_name(crate::group::host::OFFSETS_TOPIC) else {
+    let Some(topic) = state.topic_by_name(crate::internal_topics::CONSUMER_OFFSETS) else {
         return GroupCoordinator::NoTopic;
     };
     let p = PartitionId(crate::group::partition_for(group, offsets_partitions));
@@ -331,7 +331,7 @@ mod tests {
         // Partition 0 led by the live broker 2, partition 1 without a leader.
         let offsets = TopicId(uuid::Uuid::from_u128(8));
         s.apply(&Record::Topic {
-            name: crate::group::host::OFFSETS_TOPIC.into(),
+            name: crate::internal_topics::CONSUMER_OFFSETS.into(),
             id: offsets,
         });
         for (p, leader) in [(0, Some(NodeId(2))), (1, None)] {

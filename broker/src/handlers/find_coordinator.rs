@@ -14,7 +14,7 @@ use kafka_protocol::ResponseError;
 
 use super::cluster_view::GroupCoordinator;
 use super::{cluster_view, msg, str_bytes, Handler, Reply, RequestCtx};
-use crate::group::host::OFFSETS_TOPIC;
+use crate::internal_topics::CONSUMER_OFFSETS as OFFSETS_TOPIC;
 use crate::shard::AdvertisedListener;
 
 pub(crate) struct FindCoordinator;
