@@ -683,6 +683,47 @@ fn write_ready_file(
 mod tests {
     use super::*;
 
+    /// A cluster node drops the `__consumer_offsets` an earlier version created for it alone,
+    /// its logs and its entry in the metadata file, and keeps its other topics.
+    #[test]
+    fn a_cluster_node_drops_its_own_offsets_topic() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::default();
+        let mut md = ensure_internal_topics(dir.path(), ClusterMetadata::default(), &config).unwrap();
+        let other = crate::metadata::NewTopic {
+            name: "orders".into(),
+            num_partitions: 1,
+            replication_factor: -1,
+            assignments: vec![],
+            configs: vec![],
+        };
+        let delta = md
+            .plan_create(
+                &other,
+                1,
+                1,
+                strand_protocol::types::TopicId(uuid::Uuid::from_u128(9)),
+            )
+            .unwrap();
+        md.apply(&delta);
+        for name in ["__consumer_offsets-0", "__consumer_offsets-49", "orders-0"] {
+            std::fs::create_dir_all(dir.path().join(name).join("x")).unwrap();
+        }
+        let kept = drop_node_local_offsets_topic(dir.path(), md).unwrap();
+        assert!(kept.topic(crate::internal_topics::CONSUMER_OFFSETS).is_none());
+        assert!(kept.topic("orders").is_some());
+        assert!(!dir.path().join("__consumer_offsets-0").exists());
+        assert!(!dir.path().join("__consumer_offsets-49").exists());
+        assert!(dir.path().join("orders-0").exists());
+        let stored = load_metadata(dir.path()).unwrap();
+        assert_eq!(stored, kept, "the metadata file no longer holds it");
+        // Nothing to drop the next time.
+        assert_eq!(
+            drop_node_local_offsets_topic(dir.path(), stored.clone()).unwrap(),
+            stored
+        );
+    }
+
     #[test]
     fn dir_names() {
         assert_eq!(parse_dir_name("orders-12"), Some(("orders", 12)));
