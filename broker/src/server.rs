@@ -558,13 +558,7 @@ fn ensure_internal_topics(
         .plan_create(&topic, 1, config.node_id.0, id)
         .map_err(|e| anyhow::anyhow!("cannot create {OFFSETS_TOPIC}: {}", e.message))?;
     md.apply(&delta);
-    let path = log_dir.join(METADATA_FILE);
-    block_on(strand_storage::fs::Fs::write_file_atomic(
-        &StdFs,
-        &path,
-        md.to_json(),
-    ))
-    .with_context(|| format!("cannot write {}", path.display()))?;
+    write_metadata(log_dir, &md)?;
     tracing::info!(partitions = topic.num_partitions, "created {OFFSETS_TOPIC}");
     Ok(md)
 }
@@ -586,13 +580,7 @@ fn drop_node_local_offsets_topic(log_dir: &Path, mut md: ClusterMetadata) -> any
         name: OFFSETS_TOPIC.to_owned(),
         id: local.0,
     });
-    let path = log_dir.join(METADATA_FILE);
-    block_on(strand_storage::fs::Fs::write_file_atomic(
-        &StdFs,
-        &path,
-        md.to_json(),
-    ))
-    .with_context(|| format!("cannot write {}", path.display()))?;
+    write_metadata(log_dir, &md)?;
     for p in 0..local.1 {
         let dir = log_dir.join(format!("{OFFSETS_TOPIC}-{p}"));
         if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -602,6 +590,17 @@ fn drop_node_local_offsets_topic(log_dir: &Path, mut md: ClusterMetadata) -> any
         }
     }
     Ok(md)
+}
+
+/// Writes the node's own metadata (`strand-metadata.json`) at start-up, atomically.
+fn write_metadata(log_dir: &Path, md: &ClusterMetadata) -> anyhow::Result<()> {
+    let path = log_dir.join(METADATA_FILE);
+    block_on(strand_storage::fs::Fs::write_file_atomic(
+        &StdFs,
+        &path,
+        md.to_json(),
+    ))
+    .with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn load_metadata(log_dir: &Path) -> anyhow::Result<ClusterMetadata> {
