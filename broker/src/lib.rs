@@ -29,3 +29,4 @@ mod shard;
 mod subsystems;
 #[cfg(test)]
 mod testkit;
+mod topic_admin;

@@ -14,11 +14,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
 use super::{msg, Handler, Reply, RequestCtx};
-use crate::cluster::record::ConfigResource;
-use crate::cluster::rpc::ControlRequest;
-use crate::config::{GroupConfig, TopicConfig};
 use crate::controller::{self, ConfigEdit, ControllerOp};
-use crate::metadata::AdminError;
 
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
@@ -66,7 +62,7 @@ async fn alter(
             }
         };
     if !ctx.shard.config.cluster.is_standalone() {
-        return match alter_in_cluster(ctx, op).await {
+        return match crate::topic_admin::alter_in_cluster(&ctx.shard, op).await {
             Ok(()) => (0, None),
             Err(e) => (e.code.code(), Some(e.message)),
         };
@@ -82,86 +78,6 @@ async fn alter(
             Some("the controller did not answer".into()),
         ),
     }
-}
-
-/// The config record entries that turn the overrides `old` into `new`: a changed or added key
-/// with its value, a removed one with none.
-fn changes(old: &[(&'static str, String)], new: &[(&'static str, String)]) -> Vec<(String, Option<String>)> {
-    let mut out: Vec<(String, Option<String>)> = new
-        .iter()
-        .filter(|(k, v)| !old.iter().any(|(ok, ov)| ok == k && ov == v))
-        .map(|(k, v)| ((*k).to_owned(), Some(v.clone())))
-        .collect();
-    out.extend(
-        old.iter()
-            .filter(|(k, _)| !new.iter().any(|(nk, _)| nk == k))
-            .map(|(k, _)| ((*k).to_owned(), None)),
-    );
-    out
-}
-
-/// A config change on a node of a KRaft-configured cluster: the edits applied to the overrides
-/// the cluster state holds and checked here (values, internal-topic rules, group bounds), the
-/// resulting changes decided by the active controller.
-async fn alter_in_cluster(ctx: &RequestCtx, op: ControllerOp) -> Result<(), AdminError> {
-    let state = ctx.shard.cluster_state().unwrap_or_default();
-    let (resource, entries, validate_only) = match op {
-        ControllerOp::AlterTopicConfig {
-            name,
-            edits,
-            replace,
-            validate_only,
-        } => {
-            if state.topic_by_name(&name).is_none() {
-                return Err(AdminError::new(
-                    ResponseError::UnknownTopicOrPartition,
-                    format!("The topic '{name}' does not exist."),
-                ));
-            }
-            let resource = ConfigResource::Topic(name.clone());
-            let pairs = state.configs(&resource).into_iter().flatten();
-            let old = TopicConfig::from_pairs(pairs.map(|(k, v)| (k.as_str(), v.as_str())))
-                .map_err(|e| AdminError::new(ResponseError::InvalidConfig, e.to_string()))?;
-            let new = controller::apply_edits(&old, &edits, replace)?;
-            controller::check_topic_config(&name, Some(&old), &new)?;
-            (
-                resource,
-                changes(&old.overrides(), &new.overrides()),
-                validate_only,
-            )
-        }
-        ControllerOp::AlterGroupConfig {
-            group,
-            edits,
-            replace,
-            validate_only,
-        } => {
-            let resource = ConfigResource::Group(group);
-            let mut old = GroupConfig::default();
-            for (k, v) in state.configs(&resource).into_iter().flatten() {
-                old.set(k, v)
-                    .map_err(|e| AdminError::new(ResponseError::InvalidConfig, e.to_string()))?;
-            }
-            let new = controller::apply_group_edits(&old, &edits, replace, &ctx.shard.config)?;
-            (
-                resource,
-                changes(&old.overrides(), &new.overrides()),
-                validate_only,
-            )
-        }
-        _ => {
-            return Err(AdminError::new(
-                ResponseError::InvalidRequest,
-                "not a config change",
-            ))
-        }
-    };
-    if validate_only || entries.is_empty() {
-        return Ok(());
-    }
-    crate::cluster_link::decide(&ctx.shard, ControlRequest::AlterConfigs { resource, entries })
-        .await
-        .map(|_| ())
 }
 
 pub(crate) struct IncrementalAlterConfigs;
@@ -269,33 +185,5 @@ impl Handler for AlterConfigs {
         for r in &resp.responses {
             out.push(r.error_code);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::changes;
-
-    #[test]
-    fn config_changes_name_what_is_set_changed_or_removed() {
-        let old = vec![
-            ("retention.ms", "1".to_owned()),
-            ("segment.bytes", "9".to_owned()),
-        ];
-        let new = vec![
-            ("retention.ms", "2".to_owned()),
-            ("cleanup.policy", "compact".to_owned()),
-        ];
-        let mut c = changes(&old, &new);
-        c.sort();
-        assert_eq!(
-            c,
-            vec![
-                ("cleanup.policy".to_owned(), Some("compact".to_owned())),
-                ("retention.ms".to_owned(), Some("2".to_owned())),
-                ("segment.bytes".to_owned(), None),
-            ]
-        );
-        assert!(changes(&old, &old).is_empty());
     }
 }

@@ -10,7 +10,6 @@ use kafka_protocol::ResponseError;
 use super::{msg, Handler, Reply, RequestCtx};
 use strand_protocol::types::NodeId;
 
-use crate::cluster::rpc::ControlRequest;
 use crate::controller::{self, ControllerOp, PartitionIncrease};
 use crate::metadata::AdminError;
 
@@ -38,12 +37,13 @@ impl Handler for CreatePartitions {
                                 .map(|x| x.broker_ids.iter().map(|b| NodeId(b.0)).collect())
                                 .collect()
                         });
-                        let change = ControlRequest::CreatePartitions {
-                            name: name.to_owned(),
-                            count: t.count,
+                        crate::topic_admin::create_partitions_in_cluster(
+                            &ctx.shard,
+                            name,
+                            t.count,
                             assignments,
-                        };
-                        crate::cluster_link::decide(&ctx.shard, change).await.map(|_| ())
+                        )
+                        .await
                     }
                 };
                 results.push(match outcome {

@@ -4,17 +4,14 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::{msg, str_bytes, Handler, Reply, RequestCtx};
+use crate::config::{Config, TopicConfig};
+use crate::controller::{self, ControllerOp};
+use crate::metadata::{AdminError, NewTopic};
+use crate::topic_admin;
 use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
 use kafka_protocol::messages::{ApiKey, CreateTopicsRequest, CreateTopicsResponse, TopicName};
 use kafka_protocol::ResponseError;
-use strand_protocol::types::{NodeId, TopicId};
-
-use super::{msg, str_bytes, Handler, Reply, RequestCtx};
-use crate::cluster::control::CreateTopic;
-use crate::cluster::rpc::ControlRequest;
-use crate::config::{Config, TopicConfig};
-use crate::controller::{self, ControllerOp};
-use crate::metadata::{AdminError, NewTopic, PartitionLimits};
 
 pub(crate) struct CreateTopics;
 
@@ -27,127 +24,28 @@ fn refusal(name: &str, e: AdminError) -> CreatableTopicResult {
         .with_replication_factor(-1)
 }
 
-/// One topic on a node of a KRaft-configured cluster: names, config values and limits are
-/// checked here, defaults resolved (`num.partitions`; `default.replication.factor` for -1), the
-/// replication factor checked against the live brokers, and the creation decided by the active
-/// controller, wherever it runs.
+/// One topic on a node of a KRaft-configured cluster, decided by the active controller
+/// ([`topic_admin::create_in_cluster`]).
 async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -> CreatableTopicResult {
-    let shard = &ctx.shard;
-    let config = &shard.config;
-    let state = shard.cluster_state().unwrap_or_default();
     let name = t.name.clone();
-    if let Some(m) = crate::internal_topics::refuse_client_create(&name) {
-        if state.topic_by_name(&name).is_none() {
-            return refusal(&name, AdminError::new(ResponseError::InvalidRequest, m));
+    match topic_admin::create_in_cluster(&ctx.shard, t, validate_only).await {
+        Err(e) => refusal(&name, e),
+        Ok(created) => {
+            let base = CreatableTopicResult::default().with_name(TopicName(str_bytes(&name)));
+            if ctx.version < 5 {
+                return base;
+            }
+            let entries = created_configs(&created.config, &ctx.shard.config);
+            base.with_topic_id(if ctx.version >= 7 {
+                created.id.0
+            } else {
+                uuid::Uuid::nil()
+            })
+            .with_num_partitions(created.partitions)
+            .with_replication_factor(created.replication_factor)
+            .with_configs(Some(entries))
         }
     }
-    if let Err(m) = strand_protocol::types::validate_topic_name(&name) {
-        return refusal(&name, AdminError::new(ResponseError::InvalidTopicException, m));
-    }
-    let mut topic_config = TopicConfig::default();
-    let mut configs = Vec::with_capacity(t.configs.len());
-    for (k, v) in &t.configs {
-        let Some(v) = v else {
-            return refusal(
-                &name,
-                AdminError::new(
-                    ResponseError::InvalidConfig,
-                    format!("Null value not supported for topic configs: {k}"),
-                ),
-            );
-        };
-        if let Err(e) = topic_config.set(k, v) {
-            return refusal(
-                &name,
-                AdminError::new(ResponseError::InvalidConfig, e.to_string()),
-            );
-        }
-        configs.push((k.clone(), v.clone()));
-    }
-    if let Err(e) = controller::check_topic_config(&name, None, &topic_config) {
-        return refusal(&name, e);
-    }
-    let manual = !t.assignments.is_empty();
-    let (partitions, rf) = if manual {
-        if t.num_partitions != -1 || t.replication_factor != -1 {
-            return refusal(
-                &name,
-                AdminError::new(
-                    ResponseError::InvalidRequest,
-                    "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
-                ),
-            );
-        }
-        let rf = t.assignments.first().map_or(0, |(_, r)| r.len());
-        (
-            i32::try_from(t.assignments.len()).unwrap_or(i32::MAX),
-            i16::try_from(rf).unwrap_or(i16::MAX),
-        )
-    } else {
-        let partitions = if t.num_partitions == -1 {
-            i32::try_from(config.num_partitions).unwrap_or(1)
-        } else {
-            t.num_partitions
-        };
-        if partitions <= 0 {
-            return refusal(
-                &name,
-                AdminError::new(
-                    ResponseError::InvalidPartitions,
-                    "Number of partitions must be larger than 0.",
-                ),
-            );
-        }
-        let rf = if t.replication_factor == -1 {
-            i16::try_from(config.cluster.default_replication_factor).unwrap_or(i16::MAX)
-        } else {
-            t.replication_factor
-        };
-        if rf <= 0 {
-            return refusal(
-                &name,
-                AdminError::new(
-                    ResponseError::InvalidReplicationFactor,
-                    "Replication factor must be larger than 0.",
-                ),
-            );
-        }
-        // Whether enough brokers are alive is the active controller's to say (placement), after
-        // whether the topic exists: this node's view of the cluster may be behind (a node that
-        // just restarted has none), and an existing topic is TOPIC_ALREADY_EXISTS whatever
-        // the factor.
-        (partitions, rf)
-    };
-    if let Err(e) = PartitionLimits::of(config).check_request(u64::try_from(partitions).unwrap_or(0)) {
-        return refusal(&name, e);
-    }
-    let id = TopicId(uuid::Uuid::new_v4());
-    if !validate_only {
-        let req = ControlRequest::CreateTopic(CreateTopic {
-            name: name.clone(),
-            id,
-            partitions: if manual { -1 } else { partitions },
-            replication_factor: if manual { -1 } else { rf },
-            assignments: t
-                .assignments
-                .iter()
-                .map(|(p, r)| (*p, r.iter().map(|b| NodeId(*b)).collect()))
-                .collect(),
-            configs,
-        });
-        if let Err(e) = crate::cluster_link::decide(&ctx.shard, req).await {
-            return refusal(&name, e);
-        }
-    }
-    let base = CreatableTopicResult::default().with_name(TopicName(str_bytes(&name)));
-    if ctx.version < 5 {
-        return base;
-    }
-    let entries = created_configs(&topic_config, config);
-    base.with_topic_id(if ctx.version >= 7 { id.0 } else { uuid::Uuid::nil() })
-        .with_num_partitions(partitions)
-        .with_replication_factor(rf)
-        .with_configs(Some(entries))
 }
 
 /// A created topic's configs as CreateTopics v5+ answers them.
