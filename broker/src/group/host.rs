@@ -290,10 +290,10 @@ impl GroupHost {
     fn persist(&self, write_id: u64, partition: i32, records: &[super::Record]) {
         let shard = &self.core;
         let batch = build_batch(records, shard.now_ms());
-        let appended = shard.append_internal(OFFSETS_TOPIC, partition, bytes::Bytes::from(batch));
+        let appended = shard.append_own(OFFSETS_TOPIC, partition, bytes::Bytes::from(batch));
         let Some(host) = self.me.upgrade() else { return };
         glommio::spawn_local(async move {
-            let result = appended.await;
+            let result = appended.await.map(|_| ()).map_err(|e| e.to_string());
             let failed = result.is_err();
             if let Err(e) = &result {
                 tracing::error!(partition, error = %e, "cannot persist group state; reloading the partition");

@@ -57,6 +57,25 @@ pub(crate) struct LocalPartition {
     pub(crate) in_flight: Rc<RefCell<InFlight>>,
 }
 
+/// Why [`Shard::append_own`] did not append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OwnAppendError {
+    /// This shard's replica does not lead the partition (the leader, if known), or the
+    /// partition is not here.
+    NotLeader(Option<strand_protocol::types::NodeId>),
+    /// The write failed or its outcome is unknown (a leader change while it waited).
+    Failed(String),
+}
+
+impl std::fmt::Display for OwnAppendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OwnAppendError::NotLeader(_) => f.write_str("this shard does not lead the partition"),
+            OwnAppendError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// How the core serves a partition ([`Shard::gate`]).
 enum Gate {
     /// A standalone node's partition: served as it is.
@@ -604,25 +623,33 @@ impl Shard {
         }
     }
 
-    /// Appends a batch the broker built itself (a coordinator's state records) to a partition of
-    /// an internal topic this shard owns, and resolves once it is durable on this node
-    /// (standalone) or committed on a majority of its replicas (cluster; this replica must lead).
-    /// Clients cannot append there: [`crate::internal_topics::refuse_client_append`].
-    pub(crate) fn append_internal(
+    /// Appends a batch the broker built itself (a coordinator's state records, a queue's
+    /// published messages) to a partition this shard owns, and resolves with its base offset
+    /// once it is durable on this node (standalone) or committed on a majority of its replicas
+    /// (cluster; this replica must lead). Clients cannot append to internal topics
+    /// ([`crate::internal_topics::refuse_client_append`]); a caller appending to a client topic
+    /// checks that rule itself.
+    pub(crate) fn append_own(
         &self,
         topic: &str,
         partition: i32,
         batch: bytes::Bytes,
-    ) -> LocalBoxFuture<'static, Result<(), String>> {
-        let not_here = || format!("{topic}-{partition} is not led by this shard");
+    ) -> LocalBoxFuture<'static, Result<i64, OwnAppendError>> {
         match self.gate(topic, partition) {
             Gate::Local(log) => match self.store.append(log, &batch, LEADER_EPOCH, self.now_ms()) {
                 Ok(ticket) => {
                     let store = Rc::clone(&self.store);
-                    async move { store.wait_durable(&ticket).await.map_err(|e| e.to_string()) }.boxed_local()
+                    async move {
+                        store
+                            .wait_durable(&ticket)
+                            .await
+                            .map(|()| ticket.info.base_offset)
+                            .map_err(|e| OwnAppendError::Failed(e.to_string()))
+                    }
+                    .boxed_local()
                 }
                 Err(e) => {
-                    let e = e.to_string();
+                    let e = OwnAppendError::Failed(e.to_string());
                     async move { Err(e) }.boxed_local()
                 }
             },
@@ -630,16 +657,19 @@ impl Shard {
                 let proposal = replica.propose(batch, Acks::All);
                 async move {
                     match proposal.await {
-                        Ok(_) => Ok(()),
-                        Err(ProposeError::NotLeader(_)) => Err("no longer the leader".to_owned()),
-                        Err(ProposeError::Unknown(why)) => Err(why),
+                        Ok(base) => Ok(base),
+                        Err(ProposeError::NotLeader(l)) => Err(OwnAppendError::NotLeader(l.leader)),
+                        Err(ProposeError::Unknown(why)) => Err(OwnAppendError::Failed(why)),
                     }
                 }
                 .boxed_local()
             }
-            Gate::Replicated(..) | Gate::NotHere(_) | Gate::Unknown => {
-                let e = not_here();
-                async move { Err(e) }.boxed_local()
+            Gate::Replicated(_, replica, _) => {
+                let leader = replica.leadership().leader;
+                async move { Err(OwnAppendError::NotLeader(leader)) }.boxed_local()
+            }
+            Gate::NotHere(_) | Gate::Unknown => {
+                async move { Err(OwnAppendError::NotLeader(None)) }.boxed_local()
             }
         }
     }
