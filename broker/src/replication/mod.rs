@@ -110,7 +110,7 @@ use self::net::{Directory, PeerShards};
 use crate::cluster::{BrokerEpoch, ClusterState, IncarnationId};
 use crate::metadata::MetadataDelta;
 use crate::shard::replica::{Acks, Leadership, ProposeError, ReplicaHandle};
-use crate::shard::service::{Service, ShardHooks};
+use crate::shard::service::{NodeLink, Service, ShardHooks};
 use crate::shard::Shard;
 
 type C = PartitionRaft<GlommioRuntime>;
@@ -200,6 +200,11 @@ pub(crate) trait Host {
     /// Tells the node's other shards of leaderships seen here that the cluster state does not
     /// show yet ([`leaders`]).
     fn tell_shards(&self, seen: Vec<SeenLeader>);
+    /// Answers another node's request of `kind` for the subsystems above (`Message::Control`
+    /// on a node connection); `None`: nothing here answers it.
+    fn serve_node(&self, _kind: u16, _body: Bytes) -> LocalBoxFuture<'static, Option<Bytes>> {
+        async { None }.boxed_local()
+    }
 }
 
 /// Settings of a shard's replication.
@@ -840,6 +845,9 @@ impl GroupManager {
                         }
                         _ => {}
                     }
+                }
+                if let Message::Control { kind, body } = request {
+                    return Message::ControlReply(m.host.serve_node(kind, body).await);
                 }
                 m.server.handle(from, request).await
             }
@@ -1625,6 +1633,13 @@ impl Host for CoreHost {
         core.attach_replica(&t.name, partition.0, topic, handle);
     }
 
+    fn serve_node(&self, kind: u16, body: Bytes) -> LocalBoxFuture<'static, Option<Bytes>> {
+        match self.0.upgrade() {
+            Some(core) => core.serve_node(kind, body),
+            None => async { None }.boxed_local(),
+        }
+    }
+
     fn tell_shards(&self, seen: Vec<SeenLeader>) {
         let Some(core) = self.0.upgrade() else { return };
         for shard in (0..core.shards).map(ShardId).filter(|s| *s != core.id) {
@@ -1668,7 +1683,44 @@ impl Replication {
         let me = Rc::new(Replication { manager });
         core.hook(me.clone());
         core.serve(&me);
+        core.set_node_link(me.clone());
         me
+    }
+}
+
+impl NodeLink for Replication {
+    fn call(
+        &self,
+        node: NodeId,
+        shard: ShardId,
+        kind: u16,
+        body: Bytes,
+        timeout: Duration,
+    ) -> LocalBoxFuture<'static, Result<Bytes, String>> {
+        let manager = Rc::clone(&self.manager);
+        async move {
+            let peer = BrokerId::from_node_id(node).ok_or_else(|| format!("no node {}", node.0))?;
+            let call = async {
+                manager
+                    .network
+                    .connection()
+                    .call_shard(peer, shard.0, Message::Control { kind, body })
+                    .await
+            };
+            let answer = futures_lite::future::or(async { Some(call.await) }, async {
+                glommio::timer::sleep(timeout).await;
+                None
+            })
+            .await;
+            match answer {
+                None => Err(format!("node {} did not answer within {timeout:?}", node.0)),
+                Some(Ok(Message::ControlReply(Some(b)))) => Ok(b),
+                Some(Ok(Message::ControlReply(None))) => Err(format!("node {} refused the request", node.0)),
+                Some(Ok(other)) => Err(format!("node {} answered {other:?}", node.0)),
+                Some(Err(e)) => Err(format!("node {}: {e}", node.0)),
+            }
+        }
+        .boxed_local()
     }
 }
 

@@ -11,6 +11,11 @@
 //! A subsystem that reacts to what the core does (a metadata change, a retention pass, the
 //! gauges' refresh) implements [`ShardHooks`] and registers with [`Shard::hook`].
 //!
+//! Between nodes of a cluster, a subsystem's requests travel as opaque bytes of a kind it owns:
+//! it answers its kind with a [`NodeService`] ([`Shard::serve_node_kind`]) and sends with
+//! [`Shard::call_node`], over the [`NodeLink`] the replication subsystem registers (it owns the
+//! node-to-node transport and hands inbound requests to [`Shard::serve_node`]).
+//!
 //! The core holds registered subsystems weakly: they hold the core, and the server keeps them
 //! alive (in `crate::subsystems::Subsystems`) for as long as the shard runs.
 
@@ -19,9 +24,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 
+use bytes::Bytes;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
-use strand_protocol::types::ShardId;
+use strand_protocol::types::{NodeId, ShardId};
 
 use super::ops::{ServiceAnswer, ServiceCall, ShardRequest, ShardResponse};
 use super::router::RouterError;
@@ -86,11 +92,34 @@ pub(crate) trait ShardHooks {
     fn cluster_changed(&self, _state: &Rc<ClusterState>) {}
 }
 
+/// The carrier of requests between nodes, registered by the subsystem that owns the
+/// node-to-node transport (replication, in a cluster).
+pub(crate) trait NodeLink {
+    /// Sends a request of `kind` to shard `shard` of node `node`; resolves with its answer, or
+    /// why none came within `timeout` (unreachable, refused, no service of that kind there).
+    fn call(
+        &self,
+        node: NodeId,
+        shard: ShardId,
+        kind: u16,
+        body: Bytes,
+        timeout: std::time::Duration,
+    ) -> LocalBoxFuture<'static, Result<Bytes, String>>;
+}
+
+/// A subsystem's answer to requests of one kind from other nodes ([`NodeLink`]).
+pub(crate) trait NodeService {
+    /// Answers one request; `None` when the body does not decode (the caller is told).
+    fn serve(&self, body: Bytes) -> LocalBoxFuture<'static, Option<Bytes>>;
+}
+
 /// The services and hooks registered on one shard.
 #[derive(Default)]
 pub(crate) struct Registry {
     services: RefCell<HashMap<TypeId, Rc<dyn Endpoint>>>,
     hooks: RefCell<Vec<Weak<dyn ShardHooks>>>,
+    node_link: RefCell<Option<Weak<dyn NodeLink>>>,
+    node_services: RefCell<HashMap<u16, Weak<dyn NodeService>>>,
 }
 
 impl Registry {
@@ -114,6 +143,53 @@ impl Shard {
     /// Registers a subsystem's hooks.
     pub(crate) fn hook(&self, hooks: Rc<dyn ShardHooks>) {
         self.registry.hooks.borrow_mut().push(Rc::downgrade(&hooks));
+    }
+
+    /// Registers the carrier of requests between nodes (held weakly).
+    pub(crate) fn set_node_link(&self, link: Rc<dyn NodeLink>) {
+        *self.registry.node_link.borrow_mut() = Some(Rc::downgrade(&link));
+    }
+
+    /// Registers a subsystem's answer to node requests of `kind` (held weakly; once per kind).
+    pub(crate) fn serve_node_kind(&self, kind: u16, service: Rc<dyn NodeService>) {
+        let previous = self
+            .registry
+            .node_services
+            .borrow_mut()
+            .insert(kind, Rc::downgrade(&service));
+        debug_assert!(previous.is_none(), "a node service registered twice on one shard");
+    }
+
+    /// Sends a request of `kind` to shard `shard` of node `node` over the node link; gives up
+    /// after `timeout`.
+    pub(crate) fn call_node(
+        &self,
+        node: NodeId,
+        shard: ShardId,
+        kind: u16,
+        body: Bytes,
+        timeout: std::time::Duration,
+    ) -> LocalBoxFuture<'static, Result<Bytes, String>> {
+        let link = self.registry.node_link.borrow().as_ref().and_then(Weak::upgrade);
+        match link {
+            Some(link) => link.call(node, shard, kind, body, timeout),
+            None => async { Err("this node has no link to other nodes".to_owned()) }.boxed_local(),
+        }
+    }
+
+    /// Answers a request of `kind` another node sent this shard; `None` when no service of that
+    /// kind is registered or the body does not decode.
+    pub(crate) fn serve_node(&self, kind: u16, body: Bytes) -> LocalBoxFuture<'static, Option<Bytes>> {
+        let service = self
+            .registry
+            .node_services
+            .borrow()
+            .get(&kind)
+            .and_then(Weak::upgrade);
+        match service {
+            Some(s) => s.serve(body),
+            None => async { None }.boxed_local(),
+        }
     }
 
     /// Takes a newer applied state of the cluster metadata and tells the hooks. Older states
