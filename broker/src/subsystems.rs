@@ -68,6 +68,7 @@ impl Subsystems {
         let queues = QueueHost::new(core.clone());
         core.serve(&queues);
         core.hook(queues.clone());
+        core.serve_node_kind(crate::queue::host::wire::QUEUE_OP_KIND, queues.clone());
 
         let shares = ShareHost::new(core.clone(), groups.clone());
         core.serve(&shares);

@@ -1,7 +1,10 @@
 //! Dead letters: a message the engine gives up on is appended, with its failure context, to
-//! the queue's dead-letter topic (a Produce to its owner shard), then reported back.
+//! the queue's dead-letter topic (a Produce to its owner shard; in a cluster, to its leader,
+//! through another node if it leads), then reported back.
 
+use super::ops::{QueueAnswer, QueueOp};
 use super::read::read_offsets;
+use super::route::{forward, route, Route};
 use super::Engine;
 use super::QueueHost;
 use crate::metadata::TopicMeta;
@@ -93,8 +96,35 @@ pub(super) async fn dead_letter_append(
     };
     let batch = strand_protocol::batch::build::batch(&[rec], shard.now_ms());
     let partition = req.partition.0.rem_euclid(dlq.partitions.max(1));
+    let batch = Bytes::from(batch);
+    match route(shard, &dlq.name, partition) {
+        Route::Shard(_) => append_here(shard, &dlq.name, partition, batch).await,
+        Route::Node(node, target) => {
+            let op = QueueOp::AppendDeadLetter {
+                topic: dlq.name.clone(),
+                partition,
+                batch,
+            };
+            match forward(shard, node, target, op).await {
+                Ok(QueueAnswer::Appended(r)) => r.map_err(|e| e.to_string()),
+                Ok(_) => Err("unexpected answer".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        Route::Leaderless => Err(format!("{dlq_name}-{partition} has no leader")),
+    }
+}
+
+/// Appends a dead letter (`batch`, built here) to `topic`-`partition` through the produce path
+/// of this node (acks=all): its leader in a cluster.
+pub(super) async fn append_here(
+    shard: &Rc<Shard>,
+    topic: &str,
+    partition: i32,
+    batch: Bytes,
+) -> Result<(), String> {
     let part = PartRef {
-        topic: dlq.name.clone(),
+        topic: topic.to_owned(),
         partition,
     };
     let owner = shard.owner(&part.topic, part.partition);
@@ -102,10 +132,7 @@ pub(super) async fn dead_letter_append(
         .dispatch(
             owner,
             ShardRequest::Produce {
-                parts: vec![ProducePart {
-                    part,
-                    records: Bytes::from(batch),
-                }],
+                parts: vec![ProducePart { part, records: batch }],
                 wait: true,
                 acks: -1,
                 arrived: None,
@@ -117,7 +144,7 @@ pub(super) async fn dead_letter_append(
         ShardResponse::Produce(outcomes) => match outcomes.first() {
             Some(o) if o.error == 0 => Ok(()),
             Some(o) => Err(format!(
-                "dead-letter topic {dlq_name} refused the append (error {}: {})",
+                "dead-letter topic {topic} refused the append (error {}: {})",
                 o.error,
                 o.message.clone().unwrap_or_default()
             )),
@@ -133,7 +160,7 @@ pub(crate) async fn create_dead_letter_topic(
     name: &str,
     partitions: i32,
 ) -> Result<TopicMeta, String> {
-    let reply = crate::controller::call(
+    let reply = crate::topic_admin::call(
         shard,
         crate::controller::ControllerOp::CreateTopics {
             topics: vec![crate::metadata::NewTopic {

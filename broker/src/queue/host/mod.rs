@@ -32,8 +32,10 @@ mod metrics;
 mod operations;
 mod ops;
 mod read;
+pub(crate) mod route;
 mod share;
 mod state_log;
+pub(crate) mod wire;
 
 use self::dead_letter::dead_letter;
 use self::read::{feed, read_records};
@@ -66,7 +68,7 @@ use crate::queue::engine::{
     Action, Backoff, ExternalMessageId, LoadRequest, MessageId, Ordering, QueueConfig, QueueError,
     QueuePartition, Reply, RequestId, StateRecord, WriteId,
 };
-use crate::shard::service::{Service, ShardHooks};
+use crate::shard::service::{NodeService, Service, ShardHooks};
 use crate::shard::{Shard, LEADER_EPOCH};
 
 /// The group that HTTP requests use when they name none, and whose engine admits publishes
@@ -82,7 +84,7 @@ const DURABLE_WAIT: Duration = Duration::from_secs(10);
 const MAX_ENGINES_PER_SHARD: usize = 10_000;
 /// Payload bytes one lease answer carries at most (roughly: the message count asked of a
 /// partition is cut by its average stored message size; at least one message always goes).
-const MAX_LEASE_ANSWER_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_LEASE_ANSWER_BYTES: u64 = 16 << 20;
 /// Bytes the batch framing adds to a message (batch header + record framing, generously).
 const BATCH_OVERHEAD_BYTES: u32 = 128;
 
@@ -156,6 +158,11 @@ struct Engine {
     /// The message log of the partition.
     log: LogId,
     state_log: LogId,
+    /// In a cluster, the leader epoch of the partition when the engine opened on its leader:
+    /// the engine closes when this replica stops leading or the epoch changes.
+    epoch: Option<i32>,
+    /// Held by a cluster node's publishes with dedup tokens (see `publish`).
+    publish_lock: glommio::sync::Semaphore,
     q: RefCell<QueuePartition>,
     waiters: RefCell<HashMap<RequestId, oneshot::Sender<Result<Reply, QueueError>>>>,
     next_request: Cell<u64>,
@@ -216,9 +223,14 @@ impl QueueHost {
     }
 
     /// Recovers the engines whose state logs this shard owns (start-up, after the partition logs
-    /// are open).
+    /// are open). On a cluster node, engines open on the leaders of their partitions when asked
+    /// for, and close when the leadership goes ([`QueueHost::follow_leaders`]).
     pub(crate) async fn start(&self) {
         let shard = &self.core;
+        if !shard.config.cluster.is_standalone() {
+            glommio::spawn_local(follow_leaders(self.me.clone())).detach();
+            return;
+        }
         let host = self;
         let root = shard.config.log_dir.join(STATE_DIR);
         let mut found = Vec::new();
@@ -274,6 +286,15 @@ impl QueueHost {
         async move {
             let host = &self;
             match op {
+                QueueOp::AppendDeadLetter {
+                    topic,
+                    partition,
+                    batch,
+                } => QueueAnswer::Appended(
+                    dead_letter::append_here(&host.core, &topic, partition, batch)
+                        .await
+                        .map_err(QueueFailure::Unavailable),
+                ),
                 QueueOp::Publish {
                     topic,
                     partition,
@@ -285,8 +306,9 @@ impl QueueHost {
                     parts,
                     max_messages,
                     visibility_ms,
+                    max_bytes,
                 } => QueueAnswer::Leased(
-                    host.lease(&group, &consumer, &parts, max_messages, visibility_ms)
+                    host.lease(&group, &consumer, &parts, max_messages, visibility_ms, max_bytes)
                         .await,
                 ),
                 QueueOp::WaitLeasable {
@@ -355,9 +377,17 @@ impl QueueHost {
             partition,
             group: group.to_owned(),
         };
+        let epoch = self.serves(topic, partition)?;
         loop {
-            if let Some(e) = self.engines.borrow().get(&key) {
-                return Ok(e.clone());
+            let open = self.engines.borrow().get(&key).cloned();
+            if let Some(e) = open {
+                if e.epoch == epoch {
+                    return Ok(e);
+                }
+                // Opened under an earlier leadership of this replica: its state may predate
+                // what another leader did meanwhile.
+                self.close(&e);
+                continue;
             }
             let pending = self.opening.borrow().get(&key).cloned();
             match pending {
@@ -376,9 +406,14 @@ impl QueueHost {
                 "this shard already runs {MAX_ENGINES_PER_SHARD} queue engines (groups x partitions)"
             )));
         }
+        if epoch.is_some() && !self.core.leads_whole_log(topic, partition) {
+            return Err(QueueFailure::Unavailable(format!(
+                "{topic}-{partition} has a new leader that has not committed its log yet"
+            )));
+        }
         let done = Rc::new(Notify::new());
         self.opening.borrow_mut().insert(key.clone(), done.clone());
-        let opened = self.open_engine(&key, start).await;
+        let opened = self.open_engine(&key, start, epoch).await;
         self.opening.borrow_mut().remove(&key);
         done.notify_all();
         let engine = Rc::new(opened?);
@@ -390,7 +425,38 @@ impl QueueHost {
         Ok(engine)
     }
 
-    async fn open_engine(&self, key: &EngineKey, start: StartAt) -> Result<Engine, QueueFailure> {
+    /// Whether this shard serves the engines of `topic`-`partition`: on a standalone node
+    /// always (`None`); on a cluster node when its replica leads (`Some(leader epoch)`), else
+    /// `NotLeader` with the leader it knows of.
+    fn serves(&self, topic: &str, partition: i32) -> Result<Option<i32>, QueueFailure> {
+        if self.core.config.cluster.is_standalone() {
+            return Ok(None);
+        }
+        match self.core.leadership(topic, partition) {
+            Some(l) if l.is_local => Ok(Some(l.epoch)),
+            Some(l) => Err(QueueFailure::NotLeader(l.leader)),
+            None => Err(QueueFailure::NotLeader(None)),
+        }
+    }
+
+    /// Closes the engines of partitions whose leadership this shard lost (or regained in a
+    /// newer epoch: they reopen from their state log when next asked for).
+    fn follow_leadership(&self) {
+        let engines: Vec<Rc<Engine>> = self.engines.borrow().values().cloned().collect();
+        for e in engines {
+            if self.serves(&e.key.topic, e.key.partition).ok() != Some(e.epoch) {
+                tracing::info!(topic = %e.key.topic, partition = e.key.partition, group = %e.key.group, "queue engine closed: its partition is led elsewhere now");
+                self.close(&e);
+            }
+        }
+    }
+
+    async fn open_engine(
+        &self,
+        key: &EngineKey,
+        start: StartAt,
+        epoch: Option<i32>,
+    ) -> Result<Engine, QueueFailure> {
         let shard = &self.core;
         let md = shard.metadata();
         let topic = md
@@ -479,6 +545,8 @@ impl QueueHost {
             topic_id: topic.id,
             log,
             state_log,
+            epoch,
+            publish_lock: glommio::sync::Semaphore::new(1),
             q: RefCell::new(q),
             waiters: RefCell::new(HashMap::new()),
             next_request: Cell::new(1),
@@ -629,6 +697,7 @@ impl QueueHost {
     /// Drops an engine (failed, or its topic was deleted); waiting requests get `Unavailable`.
     fn close(&self, engine: &Rc<Engine>) {
         engine.closed.set(true);
+        engine.publish_lock.close();
         engine.timer.notify_all();
         let removed = {
             let mut engines = self.engines.borrow_mut();
@@ -842,6 +911,28 @@ impl QueueHost {
     }
 }
 
+/// Operations other nodes' HTTP doors forward to the partitions this shard leads
+/// ([`wire`]).
+impl NodeService for QueueHost {
+    fn serve(&self, body: bytes::Bytes) -> LocalBoxFuture<'static, Option<bytes::Bytes>> {
+        let Some(host) = self.rc() else {
+            return async { None }.boxed_local();
+        };
+        match wire::decode_op(&body) {
+            Ok(op) => async move {
+                let answer = host.run_op(op).await;
+                wire::encode_answer(&answer).map(bytes::Bytes::from)
+            }
+            .boxed_local(),
+            Err(e) => {
+                tracing::warn!(error = %e, "refusing a queue operation from another node");
+                host.core.metrics.bad_request("queue_forward");
+                async { None }.boxed_local()
+            }
+        }
+    }
+}
+
 impl Service for QueueHost {
     type Request = QueueOp;
     type Response = QueueAnswer;
@@ -877,6 +968,18 @@ impl ShardHooks for QueueHost {
 }
 
 /// Sleeps until the engine's next deadline and ticks it. Ends when the engine is closed.
+/// How often a cluster node's queue host checks that it still leads its engines' partitions.
+const LEADERSHIP_CHECK: Duration = Duration::from_millis(100);
+
+/// A cluster node's queue host closes the engines of partitions it no longer leads.
+async fn follow_leaders(host: Weak<QueueHost>) {
+    loop {
+        glommio::timer::sleep(LEADERSHIP_CHECK).await;
+        let Some(h) = host.upgrade() else { return };
+        h.follow_leadership();
+    }
+}
+
 async fn timer_loop(host: Weak<QueueHost>, engine: Rc<Engine>) {
     loop {
         let woken = engine.timer.wait();

@@ -28,6 +28,7 @@ use crate::queue::engine::Reply;
 use crate::queue::engine::SettleItem;
 use crate::queue::engine::Settled;
 use crate::shard::ops::PartRef;
+use crate::shard::OwnAppendError;
 use crate::shard::LEADER_EPOCH;
 use bytes::Bytes;
 use futures::channel::oneshot;
@@ -56,6 +57,21 @@ impl QueueHost {
             Ok(e) => e,
             Err(e) => return vec![Err(e); n],
         };
+        // In a cluster, a publish with dedup tokens holds the engine's publish lock from its
+        // admission until its appends commit: a concurrent duplicate must see the token, and the
+        // engine learns of the appends only once they commit.
+        let clustered = engine.epoch.is_some();
+        let _publishing = if clustered && messages.iter().any(|m| m.dedup_token.is_some()) {
+            match engine.publish_lock.acquire_permit(1).await {
+                Ok(p) => Some(p),
+                Err(_) => return vec![Err(QueueFailure::Unavailable("the queue engine closed".into())); n],
+            }
+        } else {
+            None
+        };
+        if engine.closed.get() {
+            return vec![Err(QueueFailure::Unavailable("the queue engine closed".into())); n];
+        }
         let now = shard.now_ms();
         let max_batch = shard
             .topic_settings(topic)
@@ -104,6 +120,7 @@ impl QueueHost {
         }
         let mut offsets: Vec<Result<i64, QueueFailure>> = Vec::with_capacity(to_append.len());
         let mut tickets = Vec::new();
+        let mut proposals = Vec::new();
         let mut start = 0usize;
         while start < to_append.len() {
             // As many messages as fit one batch (at least one).
@@ -119,6 +136,13 @@ impl QueueHost {
             }
             let chunk = &to_append[start..end];
             let batch = build_publish_batch(chunk, engine.topic_id, now);
+            if clustered {
+                // Proposed in order now, awaited below.
+                shard.metrics.bytes_in(batch.len());
+                proposals.push((start..end, shard.append_own(topic, partition, Bytes::from(batch))));
+                start = end;
+                continue;
+            }
             match shard.store.append(engine.log, &batch, LEADER_EPOCH, now) {
                 Ok(ticket) => {
                     shard.metrics.bytes_in(batch.len());
@@ -149,6 +173,35 @@ impl QueueHost {
                 }
             }
             start = end;
+        }
+        for (range, proposal) in proposals {
+            match proposal.await {
+                Ok(base) => {
+                    let mut q = engine.q.borrow_mut();
+                    for (i, (m, deliver_at_ms)) in to_append[range].iter().enumerate() {
+                        let offset = base + i as i64;
+                        q.appended(
+                            &AppendedMessage {
+                                offset: Offset(offset),
+                                key: m.key.as_deref(),
+                                timestamp_ms: now,
+                                deliver_at_ms: *deliver_at_ms,
+                                dedup_token: m.dedup_token.as_deref().map(str::as_bytes),
+                                message_id: m.redrive_of,
+                            },
+                            now,
+                        );
+                        offsets.push(Ok(offset));
+                    }
+                }
+                Err(e) => {
+                    let failure = match e {
+                        OwnAppendError::NotLeader(leader) => QueueFailure::NotLeader(leader),
+                        OwnAppendError::Failed(why) => QueueFailure::Unavailable(why),
+                    };
+                    offsets.extend(range.map(|_| Err(failure.clone())));
+                }
+            }
         }
         self.drain(&engine);
         let mut durable: Result<(), QueueFailure> = Ok(());
@@ -212,12 +265,13 @@ impl QueueHost {
         parts: &[PartRef],
         max_messages: u32,
         visibility_ms: Option<u64>,
+        max_bytes: u64,
     ) -> Result<Vec<LeasedMessage>, QueueFailure> {
         let shard = &self.core;
         let consumer = ConsumerId::new(consumer);
         let mut out = Vec::new();
         let mut first_error = None;
-        let mut budget = MAX_LEASE_ANSWER_BYTES;
+        let mut budget = max_bytes.min(MAX_LEASE_ANSWER_BYTES);
         for part in parts {
             let want = max_messages.saturating_sub(out.len() as u32);
             if want == 0 || budget == 0 {

@@ -140,11 +140,22 @@ pub(crate) enum QueueFailure {
     Unavailable(String),
     #[error("{0}")]
     Invalid(String),
+    /// In a cluster: this node's replica of the partition does not lead it (the leader, if
+    /// known). Queue engines run on their partition's leader only.
+    #[error("this node does not lead the partition{}", .0.map(|n| format!(" (node {} does)", n.0)).unwrap_or_default())]
+    NotLeader(Option<strand_protocol::types::NodeId>),
 }
 
 /// A queue operation on the shard that owns the partitions named.
 #[derive(Debug)]
 pub(crate) enum QueueOp {
+    /// A dead letter (built by the engine host of another node) for this node's partition of
+    /// a dead-letter topic: appended through the produce path.
+    AppendDeadLetter {
+        topic: String,
+        partition: i32,
+        batch: Bytes,
+    },
     /// Append messages to one partition (in order); one result per message.
     Publish {
         topic: String,
@@ -158,6 +169,8 @@ pub(crate) enum QueueOp {
         parts: Vec<PartRef>,
         max_messages: u32,
         visibility_ms: Option<u64>,
+        /// Payload bytes the answer carries at most (roughly; at least one message goes).
+        max_bytes: u64,
     },
     /// Answer once one of the partitions may have a leasable message, or at the timeout.
     WaitLeasable {
@@ -219,4 +232,6 @@ pub(crate) enum QueueAnswer {
     ShareOffsets(Vec<(String, i32, i64)>),
     /// AlterShareGroupOffsets of one partition: `Err` with the partition's error code.
     ShareAltered(Result<(), QueueFailure>),
+    /// A dead letter appended (or why not).
+    Appended(Result<(), QueueFailure>),
 }

@@ -18,7 +18,7 @@ pub(crate) fn status(e: &QueueFailure) -> u16 {
         QueueFailure::Engine(e) => engine_status(e),
         QueueFailure::UnknownQueue(_) => 404,
         QueueFailure::BadGroup(_) | QueueFailure::Invalid(_) => 400,
-        QueueFailure::Storage(_) | QueueFailure::Unavailable(_) => 503,
+        QueueFailure::Storage(_) | QueueFailure::Unavailable(_) | QueueFailure::NotLeader(_) => 503,
     }
 }
 
@@ -75,6 +75,7 @@ pub(crate) fn code(e: &QueueFailure) -> &'static str {
         QueueFailure::BadGroup(_) => "bad_group",
         QueueFailure::Storage(_) => "storage_error",
         QueueFailure::Unavailable(_) => "unavailable",
+        QueueFailure::NotLeader(_) => "not_leader",
         QueueFailure::Invalid(_) => "bad_request",
     }
 }

@@ -1,8 +1,11 @@
 //! The queue service behind the HTTP API ([`crate::queue::doors::http::QueueApi`]), on the
 //! connection's shard: it resolves queues (topics) and message ids, picks partitions, and sends
 //! [`QueueOp`]s to the shards that own the partitions, where [`crate::queue::host`] runs the
-//! engines. Queue administration goes through the controller like Kafka's topic admin: a
-//! queue's settings are `strand.queue.*` topic configs.
+//! engines; on a cluster node, to the shards of the partitions' leaders, on this node or
+//! forwarded to another ([`route`]), so that every node answers for every queue. Queue
+//! administration goes through the controller like Kafka's topic admin
+//! ([`crate::topic_admin`]: in a cluster, the active controller decides): a queue's settings
+//! are `strand.queue.*` topic configs.
 //!
 //! - **Publish**: a message goes to the partition Kafka's default partitioner (murmur2) picks
 //!   for its key, else for its dedup token (a retry must meet its first publish's dedup state),
@@ -20,7 +23,7 @@ use std::rc::Rc;
 use futures::future::{join_all, select, select_all};
 use kafka_protocol::ResponseError;
 use strand_protocol::partitioner::partition_for_key;
-use strand_protocol::types::{Offset, PartitionId, ShardId};
+use strand_protocol::types::{Offset, PartitionId};
 
 use crate::config::{DEAD_LETTER_SUFFIX, QUEUE_KEYS};
 use crate::controller::{self, ConfigEdit, ControllerOp, PartitionIncrease};
@@ -33,8 +36,10 @@ use crate::queue::doors::http::{
 };
 use crate::queue::engine::dead_letter::{HEADER_MESSAGE_ID, HEADER_SOURCE_TOPIC};
 use crate::queue::engine::{ExternalMessageId, Fence, MessageRef, Outcome, QueueError, SettleItem, SettleOp};
+use crate::queue::host::route::{self, Route};
 use crate::queue::host::{
     create_dead_letter_topic, OutMessage, QueueAnswer, QueueFailure, QueueHost, QueueOp,
+    MAX_LEASE_ANSWER_BYTES,
 };
 use crate::shard::ops::{FetchPart, ListOffsetsPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::shard::Shard;
@@ -165,14 +170,28 @@ impl ShardQueues {
         }
     }
 
-    /// Sends one operation to a shard and waits for its answer.
-    async fn call(&self, owner: ShardId, op: QueueOp) -> Result<QueueAnswer, ApiError> {
-        let answer = self
-            .shard
-            .call::<QueueHost>(owner, op)
-            .await
-            .map_err(|e| ApiError::unavailable(e.to_string()))?;
-        answer.await.map_err(|e| ApiError::unavailable(e.to_string()))
+    /// Where the engines of `topic`-`partition` run ([`route::route`]).
+    fn route(&self, topic: &str, partition: i32) -> Route {
+        route::route(&self.shard, topic, partition)
+    }
+
+    /// Sends one operation to the engines' shard, on this node or another, and waits for its
+    /// answer.
+    async fn call(&self, route: Route, op: QueueOp) -> Result<QueueAnswer, ApiError> {
+        match route {
+            Route::Shard(owner) => {
+                let answer = self
+                    .shard
+                    .call::<QueueHost>(owner, op)
+                    .await
+                    .map_err(|e| ApiError::unavailable(e.to_string()))?;
+                answer.await.map_err(|e| ApiError::unavailable(e.to_string()))
+            }
+            Route::Node(node, shard) => route::forward(&self.shard, node, shard, op)
+                .await
+                .map_err(failure),
+            Route::Leaderless => Err(failure(QueueFailure::NotLeader(None))),
+        }
     }
 
     /// A rotating number (spreads publishes and leases over partitions).
@@ -182,35 +201,38 @@ impl ShardQueues {
         n
     }
 
-    /// The partitions of a topic grouped by owning shard, starting at a rotating partition.
-    fn parts_by_owner(&self, topic: &TopicMeta) -> Vec<(ShardId, Vec<PartRef>)> {
+    /// The partitions of a topic grouped by where their engines run, starting at a rotating
+    /// partition.
+    fn parts_by_route(&self, topic: &TopicMeta) -> Vec<(Route, Vec<PartRef>)> {
         let n = topic.partitions.max(1);
         let first = (self.next_round_robin() % n as u64) as i32;
-        let mut by_owner: Vec<(ShardId, Vec<PartRef>)> = Vec::new();
+        let mut by_route: Vec<(Route, Vec<PartRef>)> = Vec::new();
         for i in 0..n {
             let p = (first + i) % n;
-            let owner = self.shard.owner(&topic.name, p);
+            let route = self.route(&topic.name, p);
             let part = PartRef {
                 topic: topic.name.clone(),
                 partition: p,
             };
-            match by_owner.iter_mut().find(|(o, _)| *o == owner) {
+            match by_route.iter_mut().find(|(r, _)| *r == route) {
                 Some((_, v)) => v.push(part),
-                None => by_owner.push((owner, vec![part])),
+                None => by_route.push((route, vec![part])),
             }
         }
-        by_owner
+        by_route
     }
 
     async fn info(&self, topic: &TopicMeta) -> Result<QueueInfo, ApiError> {
         let settings = topic.config.queue_settings();
         let dead_letter_topic = settings.dead_letter_topic_of(&topic.name);
-        // Engine statistics of every shard owning a partition.
-        let mut owners: Vec<ShardId> = (0..topic.partitions)
-            .map(|p| self.shard.owner(&topic.name, p))
-            .collect();
-        owners.sort();
-        owners.dedup();
+        // Engine statistics of every shard running a partition's engines.
+        let mut owners: Vec<Route> = Vec::new();
+        for p in 0..topic.partitions {
+            let r = self.route(&topic.name, p);
+            if r != Route::Leaderless && !owners.contains(&r) {
+                owners.push(r);
+            }
+        }
         let calls = owners.into_iter().map(|o| {
             self.call(
                 o,
@@ -493,7 +515,7 @@ impl ShardQueues {
                 let idx: Vec<usize> = list.iter().map(|(i, _)| *i).collect();
                 let answer = self
                     .call(
-                        self.shard.owner(&queue.name, p),
+                        self.route(&queue.name, p),
                         QueueOp::Publish {
                             topic: queue.name.clone(),
                             partition: p,
@@ -608,7 +630,7 @@ impl QueueApi for ShardQueues {
         }
         let created = match existing {
             None => {
-                let reply = controller::call(
+                let reply = crate::topic_admin::call(
                     &self.shard,
                     ControllerOp::CreateTopics {
                         topics: vec![NewTopic {
@@ -655,7 +677,7 @@ impl QueueApi for ShardQueues {
                     ));
                 }
                 if p > t.partitions {
-                    let reply = controller::call(
+                    let reply = crate::topic_admin::call(
                         &self.shard,
                         ControllerOp::CreatePartitions {
                             topics: vec![PartitionIncrease {
@@ -682,7 +704,7 @@ impl QueueApi for ShardQueues {
                 )));
             }
             if !pairs.is_empty() {
-                let reply = controller::call(
+                let reply = crate::topic_admin::call(
                     &self.shard,
                     ControllerOp::AlterTopicConfig {
                         name: queue.to_owned(),
@@ -742,8 +764,8 @@ impl QueueApi for ShardQueues {
                 partition: p,
                 messages: list.into_iter().map(|(_, m)| m).collect(),
             };
-            let owner = self.shard.owner(&t.name, p);
-            async move { (idx, self.call(owner, op).await) }
+            let route = self.route(&t.name, p);
+            async move { (idx, self.call(route, op).await) }
         });
         let mut out: Vec<Option<Published>> = vec![None; count];
         let mut first_error = None;
@@ -803,7 +825,7 @@ impl QueueApi for ShardQueues {
         let consumer = req.consumer_or(connection_consumer).to_owned();
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(req.wait_ms);
         loop {
-            let by_owner = self.parts_by_owner(&t);
+            let by_owner = self.parts_by_route(&t);
             let mut out: Vec<LeasedMessage> = Vec::new();
             if gone.is_set() {
                 // Nobody would read the answer: lease nothing.
@@ -824,6 +846,7 @@ impl QueueApi for ShardQueues {
                             parts: parts.clone(),
                             max_messages: want,
                             visibility_ms: req.visibility_timeout_ms,
+                            max_bytes: MAX_LEASE_ANSWER_BYTES,
                         },
                     )
                     .await?;
@@ -898,7 +921,7 @@ impl QueueApi for ShardQueues {
         let kind = req.action.kind();
         let answer = self
             .call(
-                self.shard.owner(&topic, partition),
+                self.route(&topic, partition),
                 QueueOp::Settle {
                     topic,
                     partition,
@@ -940,7 +963,7 @@ impl QueueApi for ShardQueues {
         }
         let mut calls = Vec::new();
         for ((topic, partition, group), list) in groups {
-            let owner = self.shard.owner(&topic, partition);
+            let owner = self.route(&topic, partition);
             // The engine takes at most its lease batch per call.
             for chunk in list.chunks(SETTLE_CHUNK) {
                 let chunk: Vec<Item> = chunk.to_vec();

@@ -27,6 +27,7 @@ pub(crate) fn share_error(f: &QueueFailure) -> ResponseError {
         QueueFailure::UnknownQueue(_) => ResponseError::UnknownTopicOrPartition,
         QueueFailure::Invalid(_) | QueueFailure::BadGroup(_) => ResponseError::InvalidRequest,
         QueueFailure::Storage(_) | QueueFailure::Unavailable(_) => ResponseError::KafkaStorageError,
+        QueueFailure::NotLeader(_) => ResponseError::NotLeaderOrFollower,
     }
 }
 
@@ -36,6 +37,7 @@ pub(crate) fn alter_error(f: &QueueFailure) -> ResponseError {
         QueueFailure::Engine(QueueError::Busy) => ResponseError::NonEmptyGroup,
         QueueFailure::Engine(_) => ResponseError::UnknownServerError,
         QueueFailure::Storage(_) => ResponseError::KafkaStorageError,
+        QueueFailure::NotLeader(_) => ResponseError::NotLeaderOrFollower,
         QueueFailure::UnknownQueue(_)
         | QueueFailure::Unavailable(_)
         | QueueFailure::Invalid(_)
