@@ -23,6 +23,7 @@ use strand_compat_tests::clients::{self, PythonClient};
 use strand_compat_tests::data::{assert_read_back, ends_of};
 use strand_compat_tests::{broker_binary, external_bootstrap, http_get, metric_sum_where};
 use strand_compat_tests::{tools, unique_topic, wait_for};
+use strand_tools::queue_client::{LeaseOptions, OutMessage as QueueMessage, QueueClient};
 
 /// A deadline for what the cluster does by itself (elections, registrations, fencing): generous,
 /// the machine may be busy.
@@ -41,6 +42,8 @@ struct Node {
     client_port: Option<u16>,
     /// The admin listener (`/metrics`).
     admin_port: u16,
+    /// The HTTP queue API.
+    http_port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
     /// The environment it runs with (Kafka's compose variables).
@@ -72,6 +75,11 @@ impl Node {
 
     fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.client_port.expect("a broker"))
+    }
+
+    /// A client of the node's HTTP queue API.
+    fn queues(&self) -> QueueClient {
+        QueueClient::new(&format!("127.0.0.1:{}", self.http_port))
     }
 
     /// The sum of a gauge's series (every shard) in the node's `/metrics`; `None` while the
@@ -180,6 +188,7 @@ fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&
             .expect("a temp dir");
         let client_port = role.contains("broker").then(free_port);
         let admin_port = free_port();
+        let http_port = free_port();
         let mut listeners = Vec::new();
         if let Some(p) = client_port {
             listeners.push(format!("PLAINTEXT://127.0.0.1:{p}"));
@@ -209,7 +218,7 @@ fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&
             ("CLUSTER_ID", "4L6g3nShT-eMCtK--X86sw".into()),
             ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1".into()),
             ("KAFKA_LOG_DIRS", data.display().to_string()),
-            ("KAFKA_STRAND_HTTP_LISTENER", "127.0.0.1:0".into()),
+            ("KAFKA_STRAND_HTTP_LISTENER", format!("127.0.0.1:{http_port}")),
             ("KAFKA_STRAND_ADMIN_LISTENER", format!("127.0.0.1:{admin_port}")),
             ("KAFKA_STRAND_SHARDS", "2".into()),
             ("RUST_BACKTRACE", "1".into()),
@@ -221,6 +230,7 @@ fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&
             id: *id,
             client_port,
             admin_port,
+            http_port,
             child: None,
             dir,
             env,
@@ -1409,4 +1419,145 @@ fn the_python_clients_and_kcat_write_and_read_through_the_cluster() {
             "kcat read of {topic}: (partition, offset) -> value size"
         );
     }
+}
+
+/// Leases and acks everything it can from `client` until every id of `want` is acked or the
+/// deadline passes; returns (acked ids, deliveries per id).
+fn lease_and_ack_all(
+    client: &mut QueueClient,
+    queue: &str,
+    want: &BTreeSet<String>,
+    deadline: Duration,
+) -> (BTreeSet<String>, BTreeMap<String, u32>) {
+    let mut acked = BTreeSet::new();
+    let mut deliveries: BTreeMap<String, u32> = BTreeMap::new();
+    let end = Instant::now() + deadline;
+    while !want.is_subset(&acked) && Instant::now() < end {
+        let leased = match client.lease(
+            queue,
+            &LeaseOptions {
+                max_messages: Some(100),
+                visibility_timeout_ms: Some(60_000),
+                wait_ms: Some(500),
+                ..LeaseOptions::default()
+            },
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("lease: {e:?}");
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        for m in leased {
+            *deliveries.entry(m.id.clone()).or_default() += 1;
+            match client.ack(&m.id, m.generation) {
+                Ok(s) => {
+                    assert_eq!(s.state, "acknowledged", "{s:?}");
+                    acked.insert(m.id);
+                }
+                Err(e) => eprintln!("ack {}: {e:?}", m.id),
+            }
+        }
+    }
+    (acked, deliveries)
+}
+
+/// The HTTP queue API answers on every node of a cluster: a queue created through one node is
+/// a replicated topic of the cluster; messages published through a second are appended by each
+/// partition's leader (forwarded where the leader is another node); a third leases across
+/// partitions led by different nodes and acks through the first. Each partition's engines run on
+/// its leader only: no message is delivered twice. After the leader of a partition is killed,
+/// publishing, leasing and acking go on through the survivors.
+#[test]
+fn the_http_queue_api_answers_on_every_node_of_a_cluster() {
+    if external_bootstrap().is_some() {
+        return;
+    }
+    let mut nodes = three_combined_nodes_with(&[("KAFKA_DEFAULT_REPLICATION_FACTOR", "3")]);
+    let queue = unique_topic("cluster-queue");
+    let (status, created) = nodes[0]
+        .queues()
+        .put_queue(&queue, &serde_json::json!({ "partitions": 3 }))
+        .expect("PUT the queue");
+    assert_eq!(status, 201, "{created}");
+    // A replicated topic of the cluster: every broker shows it with three replicas per partition.
+    let leaders = wait_for(DEADLINE, "the queue's partitions have leaders", || {
+        leaders_of(&nodes[1].bootstrap(), &queue).filter(|l| l.len() == 3 && l.values().all(|(_, r)| *r == 3))
+    });
+    let led_by: BTreeSet<i32> = leaders.values().map(|(l, _)| *l).collect();
+    eprintln!("partition leaders: {leaders:?}");
+    for n in &nodes {
+        let got = wait_for(DEADLINE, "every node shows the queue", || {
+            n.queues().get_queue(&queue).ok()
+        });
+        assert_eq!(got["partitions"], 3, "{got}");
+    }
+
+    const FIRST: usize = 300;
+    let mut publisher = nodes[1].queues();
+    let mut published = BTreeSet::new();
+    for chunk in 0..FIRST / 50 {
+        let batch: Vec<QueueMessage> = (0..50)
+            .map(|i| QueueMessage::new(format!("m{}", chunk * 50 + i)).key(format!("k{}", chunk * 50 + i)))
+            .collect();
+        let answer = wait_for(DEADLINE, "a publish", || publisher.publish(&queue, &batch).ok());
+        published.extend(answer.into_iter().map(|p| p.id));
+    }
+    assert_eq!(published.len(), FIRST);
+
+    // Leased through the third node (partitions led by several nodes), acked through it.
+    let mut worker = nodes[2].queues();
+    let (acked, deliveries) = lease_and_ack_all(&mut worker, &queue, &published, DEADLINE);
+    assert_eq!(acked, published, "every published message acked once");
+    let twice: Vec<_> = deliveries.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    // Nothing left to lease anywhere.
+    for n in &nodes {
+        let more = n
+            .queues()
+            .lease(
+                &queue,
+                &LeaseOptions {
+                    max_messages: Some(10),
+                    ..LeaseOptions::default()
+                },
+            )
+            .expect("lease");
+        assert!(
+            more.is_empty(),
+            "node {} leased acked messages again: {more:?}",
+            n.id
+        );
+    }
+    // The queue's statistics gather every partition's engine, wherever it runs.
+    let info = nodes[0].queues().get_queue(&queue).expect("GET");
+    assert_eq!(info["groups"]["default"]["available"], 0, "{info}");
+
+    // Kill the leader of partition 0 (a node that is not the publisher's nor the worker's,
+    // if the leaders allow): the others go on.
+    let victim = leaders.get(&0).map(|(l, _)| *l).expect("a leader");
+    eprintln!("killing node {victim} (leaders on {led_by:?})");
+    let idx = nodes.iter().position(|n| n.id == victim).expect("the victim");
+    nodes[idx].kill9();
+    let survivors: Vec<usize> = (0..nodes.len()).filter(|i| *i != idx).collect();
+    const SECOND: usize = 100;
+    let mut publisher = nodes[survivors[0]].queues();
+    let mut second = BTreeSet::new();
+    let started = Instant::now();
+    for i in 0..SECOND {
+        let m = [QueueMessage::new(format!("after{i}")).key(format!("after{i}"))];
+        let answer = wait_for(DEADLINE, "a publish after the kill", || {
+            publisher.publish(&queue, &m).ok()
+        });
+        second.extend(answer.into_iter().map(|p| p.id));
+    }
+    eprintln!("published {SECOND} after the kill in {:?}", started.elapsed());
+    let mut worker = nodes[survivors[1]].queues();
+    let (acked, _) = lease_and_ack_all(&mut worker, &queue, &second, DEADLINE);
+    assert!(
+        second.is_subset(&acked),
+        "messages published after the kill are leased and acked: missing {:?}",
+        second.difference(&acked).collect::<Vec<_>>()
+    );
 }
