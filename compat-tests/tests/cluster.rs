@@ -1542,22 +1542,88 @@ fn the_http_queue_api_answers_on_every_node_of_a_cluster() {
     nodes[idx].kill9();
     let survivors: Vec<usize> = (0..nodes.len()).filter(|i| *i != idx).collect();
     const SECOND: usize = 100;
+    let killed = Instant::now();
     let mut publisher = nodes[survivors[0]].queues();
-    let mut second = BTreeSet::new();
-    let started = Instant::now();
-    for i in 0..SECOND {
-        let m = [QueueMessage::new(format!("after{i}")).key(format!("after{i}"))];
-        let answer = wait_for(DEADLINE, "a publish after the kill", || {
-            publisher.publish(&queue, &m).ok()
-        });
-        second.extend(answer.into_iter().map(|p| p.id));
-    }
-    eprintln!("published {SECOND} after the kill in {:?}", started.elapsed());
+    // One batch over every partition: accepted once the killed leader's partition has a new one.
+    let batch: Vec<QueueMessage> = (0..SECOND)
+        .map(|i| QueueMessage::new(format!("after{i}")).key(format!("after{i}")))
+        .collect();
+    let answer = wait_for(DEADLINE, "a publish after the kill", || {
+        publisher.publish(&queue, &batch).ok()
+    });
+    let publish_pause = killed.elapsed();
+    let second: BTreeSet<String> = answer.iter().map(|p| p.id.clone()).collect();
+    assert!(
+        answer.iter().any(|p| p.partition == 0),
+        "the batch covers partition 0"
+    );
     let mut worker = nodes[survivors[1]].queues();
     let (acked, _) = lease_and_ack_all(&mut worker, &queue, &second, DEADLINE);
+    eprintln!(
+        "after killing the leader of partition 0: publishing to every partition resumed after \
+         {publish_pause:?}, everything published since was leased and acked {:?} after the kill",
+        killed.elapsed()
+    );
     assert!(
         second.is_subset(&acked),
         "messages published after the kill are leased and acked: missing {:?}",
         second.difference(&acked).collect::<Vec<_>>()
+    );
+}
+
+/// Kafka share consumers on a cluster: ShareFetch goes to each partition's leader, whichever
+/// node coordinates the group. A confluent-kafka ShareConsumer that joined through one node
+/// acquires and accepts the records of partitions led by all three; a second member of the
+/// group then finds nothing to acquire (accepted records are not delivered again).
+#[test]
+fn share_consumers_fetch_from_every_partition_leader_of_a_cluster() {
+    use strand_compat_tests::share::{self, ShareLog, ShareMember, ShareSpec};
+    if external_bootstrap().is_some() {
+        return;
+    }
+    let nodes = three_combined_nodes();
+    let bootstrap = nodes[0].bootstrap();
+    let topic = unique_topic("cluster-share");
+    let group = unique_topic("cluster-share-g");
+    create_topics(&nodes[0], &[NewTopic::new(&topic, 3, TopicReplication::Fixed(3))]);
+    let leaders = wait_for(DEADLINE, "the topic's partitions have leaders", || {
+        leaders_of(&bootstrap, &topic).filter(|l| l.len() == 3)
+    });
+    let led_by: BTreeSet<i32> = leaders.values().map(|(l, _)| *l).collect();
+    eprintln!("partition leaders: {leaders:?}");
+    let acked = produce_acked(&bootstrap, &topic, 3, "s", 20);
+    let expected: BTreeSet<(i32, i64)> = (0..3).flat_map(|p| (0..20).map(move |o| (p, o))).collect();
+    assert_eq!(acked.values().map(Vec::len).sum::<usize>(), expected.len());
+    share::set_group_configs(
+        &nodes[1].bootstrap(),
+        &group,
+        &[("share.auto.offset.reset", "earliest")],
+    );
+
+    let log = ShareLog::new();
+    let first = ShareMember::start("a", &ShareSpec::new(&nodes[1].bootstrap(), &group, &topic), &log);
+    log.wait_for(DEADLINE, "every record accepted", |snapshot| {
+        let ok = share::ack_results(snapshot, "a").ok;
+        expected.is_subset(&ok).then_some(())
+    });
+    first.stop(Duration::from_secs(30));
+    let snapshot = log.snapshot();
+    let errors = share::errors(&snapshot, "a");
+    assert!(
+        share::ack_results(&snapshot, "a").failed.is_empty(),
+        "acknowledgements refused: {errors:?}"
+    );
+
+    let second = ShareMember::start("b", &ShareSpec::new(&nodes[2].bootstrap(), &group, &topic), &log);
+    std::thread::sleep(Duration::from_secs(5));
+    second.stop(Duration::from_secs(30));
+    let again: Vec<_> = share::acquired(&log.snapshot())
+        .into_iter()
+        .filter(|(m, _, _)| *m == "b")
+        .map(|(_, _, r)| (r.partition, r.offset))
+        .collect();
+    assert!(
+        again.is_empty(),
+        "accepted records delivered again: {again:?} (leaders on {led_by:?})"
     );
 }

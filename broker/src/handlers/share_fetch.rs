@@ -40,8 +40,26 @@ impl Handler for ShareFetch {
                 Err(e) => return Reply::Now(refuse(e, "group id and member id are required")),
             };
         // Opening a session needs a member of the group; later requests are vouched for by the
-        // session, which goes when the member leaves or is fenced.
-        if req.share_session_epoch == 0 {
+        // session, which goes when the member leaves or is fenced. On a cluster, only the
+        // group's coordinator knows its members: a partition leader elsewhere serves the
+        // session as Kafka's share-partition leaders do, without asking (records a member
+        // leaves unacknowledged come back when their locks time out).
+        let coordinator_elsewhere = ctx.shard.cluster_state().is_some_and(|state| {
+            let offsets_partitions =
+                i32::try_from(ctx.shard.config.offsets_topic_num_partitions).unwrap_or(50);
+            let replication = ctx.subsystems.replication.clone();
+            let newer = move |topic, partition, recorded| {
+                replication
+                    .as_ref()
+                    .and_then(|r| r.manager.newer_leader(topic, partition, recorded))
+            };
+            let listener = super::cluster_view::listener_name(&ctx);
+            !matches!(
+                super::cluster_view::group_coordinator(&state, listener, offsets_partitions, &group, &newer),
+                super::cluster_view::GroupCoordinator::At(node, _) if node == ctx.shard.config.node_id
+            )
+        });
+        if req.share_session_epoch == 0 && !coordinator_elsewhere {
             if let Err(code) = crate::queue::doors::kafka_share::check_member(&shard, &group, &member).await {
                 return Reply::Now(refuse(code, "not a member of the share group"));
             }
