@@ -1324,6 +1324,25 @@ impl QueuePartition {
             })
     }
 
+    /// Generations handed out from now on are at least `floor`. A cluster node's engine that
+    /// starts leading a partition raises them to a floor of its leader epoch, so that they
+    /// never repeat a generation an earlier leader handed out (whose state this engine may not
+    /// have): an ack naming a lease of an earlier leader is then stale here, never taken for
+    /// a lease of this one. The reservation is written like any other.
+    pub(crate) fn raise_generations(&mut self, floor: u64) {
+        if self.failed || self.gen_next >= floor {
+            return;
+        }
+        let reserved_up_to = floor - 1;
+        self.gen_next = floor;
+        self.gen_reserved = self.gen_reserved.max(reserved_up_to);
+        let w = self.current_write();
+        self.gen_reservations.push_back((w, reserved_up_to));
+        self.emit(StateRecord::Generation {
+            reserved_up_to: Generation(reserved_up_to),
+        });
+    }
+
     /// Hands out the next generation, reserving a new block ahead of time. Returns the write a
     /// reply must wait for so that the generation is covered by a durable reservation.
     fn next_generation(&mut self) -> (Generation, Option<WriteId>) {

@@ -236,6 +236,8 @@ struct Sim {
     q: QueuePartition,
     now: i64,
     life: u32,
+    /// The partition's leader epoch as this engine last saw it (raised on some restarts).
+    epoch: u32,
     trace: bool,
     log: Vec<LogEntry>,
     copies: BTreeMap<i64, CopyView>,
@@ -322,6 +324,7 @@ impl Sim {
             q,
             now,
             life: 0,
+            epoch: 0,
             trace: std::env::var("STRAND_QUEUE_SIM_TRACE").is_ok(),
             log: Vec::new(),
             copies: BTreeMap::new(),
@@ -1295,6 +1298,13 @@ impl Sim {
                 }
                 _ => None,
             };
+        }
+        // Half the restarts are this node leading the partition again in a newer epoch (a
+        // cluster's fail-over and back): generations rise to the epoch's floor.
+        if self.rng.chance(50) {
+            self.epoch += 1;
+            self.t(|| "a new leader epoch".to_string());
+            self.q.raise_generations(u64::from(self.epoch) << 32);
         }
         self.pump();
     }

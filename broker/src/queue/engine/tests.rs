@@ -571,6 +571,33 @@ fn generations_never_repeat_across_crashes_even_with_lost_reservations() {
     );
 }
 
+/// A new leader's engine raises its generations to its epoch's floor: its leases never reuse a
+/// generation of an earlier leader's, so an ack naming one is stale; the raise is durable.
+#[test]
+fn raised_generations_fence_an_earlier_leaders_leases_and_survive_a_crash() {
+    let mut h = H::new(cfg());
+    h.publish_n(3);
+    let floor = 7u64 << 32;
+    h.q.raise_generations(floor);
+    h.pump();
+    let l = h.lease_one("w", 30_000);
+    assert!(l.generation.0 >= floor, "{:?}", l.generation);
+    // A lease an earlier leader handed out for the same message, acked here.
+    let earlier = Generation(1);
+    assert_eq!(
+        h.settle(MessageRef::Id(l.id), Fence::Generation(earlier), SettleOp::Ack),
+        Err(QueueError::StaleGeneration {
+            given: 1,
+            current: l.generation.0
+        })
+    );
+    // Lower floors change nothing.
+    h.q.raise_generations(5);
+    h.crash();
+    let again = h.lease_one("w", 30_000);
+    assert!(again.generation > l.generation, "{again:?} after {l:?}");
+}
+
 #[test]
 fn nack_retries_after_backoff_or_explicit_delay() {
     let mut h = H::new(cfg());

@@ -540,6 +540,10 @@ impl QueueHost {
         if recovering {
             q.recovered_log_end(Offset(offsets.high_watermark));
         }
+        if let Some(epoch) = epoch {
+            // Never a generation an earlier leader of the partition handed out.
+            q.raise_generations(u64::try_from(epoch).unwrap_or(0) << 32);
+        }
         let engine = Engine {
             key: key.clone(),
             topic_id: topic.id,
