@@ -1537,10 +1537,45 @@ fn the_http_queue_api_answers_on_every_node_of_a_cluster() {
     // Kill the leader of partition 0 (a node that is not the publisher's nor the worker's,
     // if the leaders allow): the others go on.
     let victim = leaders.get(&0).map(|(l, _)| *l).expect("a leader");
+    // Messages waiting in every partition when the leader of partition 0 dies.
+    let waiting: Vec<QueueMessage> = (0..30)
+        .map(|i| QueueMessage::new(format!("w{i}")).key(format!("w{i}")))
+        .collect();
+    let waiting_in: BTreeSet<i32> = nodes[1]
+        .queues()
+        .publish(&queue, &waiting)
+        .expect("publish")
+        .iter()
+        .map(|p| p.partition)
+        .collect();
     eprintln!("killing node {victim} (leaders on {led_by:?})");
     let idx = nodes.iter().position(|n| n.id == victim).expect("the victim");
     nodes[idx].kill9();
     let survivors: Vec<usize> = (0..nodes.len()).filter(|i| *i != idx).collect();
+    // At once, before partition 0 has a new leader: a lease through a survivor answers what
+    // the partitions it reaches hold, not an error for the one it cannot.
+    let reachable = waiting_in
+        .iter()
+        .any(|p| leaders.get(p).is_some_and(|(l, _)| *l != victim));
+    let mut early = nodes[survivors[1]].queues();
+    let got = early
+        .lease(
+            &queue,
+            &LeaseOptions {
+                max_messages: Some(30),
+                visibility_timeout_ms: Some(60_000),
+                wait_ms: Some(200),
+                ..LeaseOptions::default()
+            },
+        )
+        .expect("a lease while a partition has no leader answers the other partitions' messages");
+    assert!(
+        !reachable || !got.is_empty(),
+        "nothing leased from the partitions led by survivors"
+    );
+    for m in &got {
+        early.ack(&m.id, m.generation).expect("ack");
+    }
     const SECOND: usize = 100;
     let killed = Instant::now();
     let mut publisher = nodes[survivors[0]].queues();

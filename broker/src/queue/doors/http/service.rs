@@ -44,6 +44,9 @@ use crate::queue::host::{
 use crate::shard::ops::{FetchPart, ListOffsetsPart, PartRef, Records, ShardRequest, ShardResponse};
 use crate::shard::Shard;
 
+/// How soon a long-polling lease asks again partitions that could not answer.
+const UNAVAILABLE_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Bytes of the dead-letter topic read per step of a redrive.
 const REDRIVE_READ_BYTES: usize = 1 << 20;
 /// Messages republished per partition and step of a redrive.
@@ -832,6 +835,10 @@ impl QueueApi for ShardQueues {
                 return Ok(out);
             }
             let mut first_error = None;
+            // A shard or node that could not be asked (a cluster between leaders, a node gone):
+            // the others' messages are answered all the same.
+            let mut unreachable: Option<ApiError> = None;
+            let mut unavailable = false;
             for (owner, parts) in &by_owner {
                 let want = req.max_messages.saturating_sub(out.len() as u32);
                 if want == 0 {
@@ -849,7 +856,15 @@ impl QueueApi for ShardQueues {
                             max_bytes: MAX_LEASE_ANSWER_BYTES,
                         },
                     )
-                    .await?;
+                    .await;
+                let answer = match answer {
+                    Ok(a) => a,
+                    Err(e) => {
+                        unavailable = true;
+                        unreachable.get_or_insert(e);
+                        continue;
+                    }
+                };
                 match answer {
                     QueueAnswer::Leased(Ok(leases)) => {
                         out.extend(leases.into_iter().map(|l| LeasedMessage {
@@ -870,6 +885,7 @@ impl QueueApi for ShardQueues {
                         if super::errors::status(&e) == 400 {
                             return Err(failure(e));
                         }
+                        unavailable |= super::errors::status(&e) == 503;
                         first_error.get_or_insert(e);
                     }
                     _ => return Err(unexpected()),
@@ -885,10 +901,18 @@ impl QueueApi for ShardQueues {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 // Limits (429) and unavailability are worth telling; "nothing there" is not.
-                return match first_error {
-                    Some(e) if super::errors::status(&e) != 404 => Err(failure(e)),
+                return match (first_error, unreachable) {
+                    (Some(e), _) if super::errors::status(&e) != 404 => Err(failure(e)),
+                    (_, Some(e)) => Err(e),
                     _ => Ok(out),
                 };
+            }
+            if unavailable {
+                // Partitions that cannot answer now (no leader yet, a node gone) would end a wait
+                // at once: ask again shortly instead of spinning.
+                let pause = left.min(UNAVAILABLE_RETRY);
+                let _ = select(pin!(glommio::timer::sleep(pause)), pin!(gone.wait())).await;
+                continue;
             }
             // Long poll: wait on every owner until one has something (or the time is up).
             let timeout_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
