@@ -426,13 +426,22 @@ impl QueueHost {
     }
 
     /// Whether this shard serves the engines of `topic`-`partition`: on a standalone node
-    /// always (`None`); on a cluster node when its replica leads (`Some(leader epoch)`), else
-    /// `NotLeader` with the leader it knows of.
+    /// always (`None`); on a cluster node when its replica leads and heard lately from a
+    /// majority of the partition's replicas (`Some(leader epoch)`), else `NotLeader` with the
+    /// leader it knows of (or `Unavailable`, cut off).
     fn serves(&self, topic: &str, partition: i32) -> Result<Option<i32>, QueueFailure> {
         if self.core.config.cluster.is_standalone() {
             return Ok(None);
         }
         match self.core.leadership(topic, partition) {
+            // A leader cut off from the partition's other replicas stays leader in its own eyes
+            // until a higher term reaches it, while the others may have elected another whose
+            // engines lease the same messages: it stops serving until it hears them again.
+            Some(l) if l.is_local && !self.core.leads_with_a_majority(topic, partition) => {
+                Err(QueueFailure::Unavailable(format!(
+                    "{topic}-{partition}: this leader has not heard from a majority of its replicas lately"
+                )))
+            }
             Some(l) if l.is_local => Ok(Some(l.epoch)),
             Some(l) => Err(QueueFailure::NotLeader(l.leader)),
             None => Err(QueueFailure::NotLeader(None)),
@@ -458,6 +467,14 @@ impl QueueHost {
         epoch: Option<i32>,
     ) -> Result<Engine, QueueFailure> {
         let shard = &self.core;
+        // A leader that was cut off or stopped may still think it leads: a majority confirms
+        // it (a Raft read-index round) before its engine starts from what it holds.
+        if epoch.is_some() && !shard.confirm_leadership(&key.topic, key.partition).await {
+            return Err(QueueFailure::Unavailable(format!(
+                "{}-{}: a majority of its replicas did not confirm this leader",
+                key.topic, key.partition
+            )));
+        }
         let md = shard.metadata();
         let topic = md
             .topic(&key.topic)
