@@ -185,6 +185,27 @@ fn ids(nodes: &[NodeId]) -> Vec<BrokerId> {
 pub(crate) type NewerLeader<'a> =
     &'a dyn Fn(TopicId, PartitionId, LeaderEpoch) -> Option<(NodeId, LeaderEpoch)>;
 
+/// The leaders this node's replicas saw elected in a newer term than the cluster state records
+/// (for a [`NewerLeader`]).
+pub(crate) fn newer_leaders(
+    ctx: &RequestCtx,
+) -> impl Fn(TopicId, PartitionId, LeaderEpoch) -> Option<(NodeId, LeaderEpoch)> + 'static {
+    let replication = ctx.subsystems.replication.clone();
+    move |topic, partition, recorded| {
+        replication
+            .as_ref()
+            .and_then(|r| r.manager.newer_leader(topic, partition, recorded))
+    }
+}
+
+/// The coordinator of `group` as FindCoordinator (key type GROUP) answers it on this node: the
+/// leader of the group's `__consumer_offsets` partition ([`group_coordinator`]).
+pub(crate) fn group_coordinator_of(ctx: &RequestCtx, state: &ClusterState, group: &str) -> GroupCoordinator {
+    let offsets_partitions = i32::try_from(ctx.shard.config.offsets_topic_num_partitions).unwrap_or(50);
+    let newer = newer_leaders(ctx);
+    group_coordinator(state, listener_name(ctx), offsets_partitions, group, &newer)
+}
+
 /// A topic of the cluster state as Metadata describes it, with the newer leaderships this node
 /// has seen.
 pub(crate) fn describe_topic(

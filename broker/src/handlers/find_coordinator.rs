@@ -57,13 +57,6 @@ impl Handler for FindCoordinator {
         let state = (!ctx.shard.config.cluster.is_standalone())
             .then(|| ctx.shard.cluster_state().unwrap_or_default());
         let listener = cluster_view::listener_name(&ctx);
-        let offsets_partitions = i32::try_from(ctx.shard.config.offsets_topic_num_partitions).unwrap_or(50);
-        let replication = ctx.subsystems.replication.clone();
-        let newer = move |topic, partition, recorded| {
-            replication
-                .as_ref()
-                .and_then(|r| r.manager.newer_leader(topic, partition, recorded))
-        };
         let mut create_offsets_topic = false;
         let mut coordinator_of =
             |key: &str| -> Result<(BrokerId, AdvertisedListener), (ResponseError, String)> {
@@ -83,7 +76,7 @@ impl Handler for FindCoordinator {
                     return Ok(cluster_view::coordinator(state, listener, key)
                         .map_or_else(|| own.clone(), |(id, e)| at(id, e)));
                 }
-                match cluster_view::group_coordinator(state, listener, offsets_partitions, key, &newer) {
+                match cluster_view::group_coordinator_of(&ctx, state, key) {
                     GroupCoordinator::At(id, e) => Ok(at(id, e)),
                     GroupCoordinator::NoTopic => {
                         create_offsets_topic = true;

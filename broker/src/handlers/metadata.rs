@@ -9,7 +9,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{ApiKey, BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::ResponseError;
-use strand_protocol::types::{validate_topic_name, LeaderEpoch, PartitionId, TopicId};
+use strand_protocol::types::{validate_topic_name, TopicId};
 
 use super::{cluster_view, str_bytes, Handler, Reply, RequestCtx};
 use crate::controller::{self, ControllerOp};
@@ -62,12 +62,7 @@ fn topic_error(
 async fn cluster_metadata(ctx: &RequestCtx, req: MetadataRequest) -> MetadataResponse {
     let shard = &ctx.shard;
     let state = shard.cluster_state().unwrap_or_default();
-    let replication = ctx.subsystems.replication.clone();
-    let newer = move |topic: TopicId, partition: PartitionId, recorded: LeaderEpoch| {
-        replication
-            .as_ref()
-            .and_then(|r| r.manager.newer_leader(topic, partition, recorded))
-    };
+    let newer = cluster_view::newer_leaders(ctx);
     let listener = cluster_view::listener_name(ctx);
     let mut resp = MetadataResponse::default()
         .with_brokers(cluster_view::metadata_brokers(

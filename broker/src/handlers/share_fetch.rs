@@ -45,17 +45,8 @@ impl Handler for ShareFetch {
         // session as Kafka's share-partition leaders do, without asking (records a member
         // leaves unacknowledged come back when their locks time out).
         let coordinator_elsewhere = ctx.shard.cluster_state().is_some_and(|state| {
-            let offsets_partitions =
-                i32::try_from(ctx.shard.config.offsets_topic_num_partitions).unwrap_or(50);
-            let replication = ctx.subsystems.replication.clone();
-            let newer = move |topic, partition, recorded| {
-                replication
-                    .as_ref()
-                    .and_then(|r| r.manager.newer_leader(topic, partition, recorded))
-            };
-            let listener = super::cluster_view::listener_name(&ctx);
             !matches!(
-                super::cluster_view::group_coordinator(&state, listener, offsets_partitions, &group, &newer),
+                super::cluster_view::group_coordinator_of(&ctx, &state, &group),
                 super::cluster_view::GroupCoordinator::At(node, _) if node == ctx.shard.config.node_id
             )
         });

@@ -147,22 +147,7 @@ impl QueueHost {
                 Ok(ticket) => {
                     shard.metrics.bytes_in(batch.len());
                     let base = ticket.info.base_offset;
-                    let mut q = engine.q.borrow_mut();
-                    for (i, (m, deliver_at_ms)) in chunk.iter().enumerate() {
-                        let offset = base + i as i64;
-                        q.appended(
-                            &AppendedMessage {
-                                offset: Offset(offset),
-                                key: m.key.as_deref(),
-                                timestamp_ms: now,
-                                deliver_at_ms: *deliver_at_ms,
-                                dedup_token: m.dedup_token.as_deref().map(str::as_bytes),
-                                message_id: m.redrive_of,
-                            },
-                            now,
-                        );
-                        offsets.push(Ok(offset));
-                    }
+                    appended(&mut engine.q.borrow_mut(), chunk, base, now, &mut offsets);
                     tickets.push(ticket);
                 }
                 Err(e) => {
@@ -177,22 +162,13 @@ impl QueueHost {
         for (range, proposal) in proposals {
             match proposal.await {
                 Ok(base) => {
-                    let mut q = engine.q.borrow_mut();
-                    for (i, (m, deliver_at_ms)) in to_append[range].iter().enumerate() {
-                        let offset = base + i as i64;
-                        q.appended(
-                            &AppendedMessage {
-                                offset: Offset(offset),
-                                key: m.key.as_deref(),
-                                timestamp_ms: now,
-                                deliver_at_ms: *deliver_at_ms,
-                                dedup_token: m.dedup_token.as_deref().map(str::as_bytes),
-                                message_id: m.redrive_of,
-                            },
-                            now,
-                        );
-                        offsets.push(Ok(offset));
-                    }
+                    appended(
+                        &mut engine.q.borrow_mut(),
+                        &to_append[range],
+                        base,
+                        now,
+                        &mut offsets,
+                    );
                 }
                 Err(e) => {
                     let failure = match e {
@@ -516,4 +492,30 @@ pub(super) fn build_publish_batch(chunk: &[(OutMessage, i64)], topic_id: TopicId
         })
         .collect();
     batch(&recs, now)
+}
+
+/// Tells the engine of messages `chunk` (with their delivery times) appended from `base` on,
+/// and records their offsets as the publish's results.
+fn appended(
+    q: &mut crate::queue::engine::QueuePartition,
+    chunk: &[(OutMessage, i64)],
+    base: i64,
+    now: i64,
+    offsets: &mut Vec<Result<i64, QueueFailure>>,
+) {
+    for (i, (m, deliver_at_ms)) in chunk.iter().enumerate() {
+        let offset = base + i as i64;
+        q.appended(
+            &AppendedMessage {
+                offset: Offset(offset),
+                key: m.key.as_deref(),
+                timestamp_ms: now,
+                deliver_at_ms: *deliver_at_ms,
+                dedup_token: m.dedup_token.as_deref().map(str::as_bytes),
+                message_id: m.redrive_of,
+            },
+            now,
+        );
+        offsets.push(Ok(offset));
+    }
 }

@@ -89,14 +89,19 @@ impl W {
     }
 }
 
-struct R<'a>(&'a [u8]);
+/// A reader over `buf`, the unread part of `whole`: byte strings are taken as slices of it,
+/// not copied (a forwarded publish's or lease's payloads).
+struct R<'a> {
+    whole: &'a Bytes,
+    buf: &'a [u8],
+}
 
 impl<'a> R<'a> {
     fn take<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
-        let Some((head, rest)) = self.0.split_first_chunk::<N>() else {
+        let Some((head, rest)) = self.buf.split_first_chunk::<N>() else {
             return Err(bad("truncated"));
         };
-        self.0 = rest;
+        self.buf = rest;
         Ok(*head)
     }
     fn u8(&mut self) -> Result<u8, WireError> {
@@ -124,21 +129,22 @@ impl<'a> R<'a> {
     /// A count of items each at least `min_item_bytes` long: bounded by the bytes left.
     fn count(&mut self, min_item_bytes: usize) -> Result<usize, WireError> {
         let n = usize::try_from(self.u32()?).map_err(|_| bad("count"))?;
-        if n.saturating_mul(min_item_bytes.max(1)) > self.0.len() {
-            return Err(bad(format!("{n} items in {} bytes", self.0.len())));
+        if n.saturating_mul(min_item_bytes.max(1)) > self.buf.len() {
+            return Err(bad(format!("{n} items in {} bytes", self.buf.len())));
         }
         Ok(n)
     }
     fn slice(&mut self) -> Result<&'a [u8], WireError> {
         let n = self.count(1)?;
-        let Some((s, rest)) = self.0.split_at_checked(n) else {
+        let Some((s, rest)) = self.buf.split_at_checked(n) else {
             return Err(bad("truncated bytes"));
         };
-        self.0 = rest;
+        self.buf = rest;
         Ok(s)
     }
     fn bytes(&mut self) -> Result<Bytes, WireError> {
-        Ok(Bytes::copy_from_slice(self.slice()?))
+        let s = self.slice()?;
+        Ok(self.whole.slice_ref(s))
     }
     fn str(&mut self) -> Result<String, WireError> {
         String::from_utf8(self.slice()?.to_vec()).map_err(|_| bad("string is not UTF-8"))
@@ -163,10 +169,10 @@ impl<'a> R<'a> {
         Ok(out)
     }
     fn end(&self) -> Result<(), WireError> {
-        if self.0.is_empty() {
+        if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(bad(format!("{} bytes after the end", self.0.len())))
+            Err(bad(format!("{} bytes after the end", self.buf.len())))
         }
     }
 }
@@ -462,36 +468,25 @@ fn r_queue_error(r: &mut R<'_>) -> Result<QueueError, WireError> {
 }
 
 fn w_failure(w: &mut W, f: &QueueFailure) {
-    match f {
+    let (tag, text) = match f {
         QueueFailure::Engine(e) => {
             w.u8(0);
             w_queue_error(w, e);
-        }
-        QueueFailure::UnknownQueue(s) => {
-            w.u8(1);
-            w.str(s);
-        }
-        QueueFailure::BadGroup(s) => {
-            w.u8(2);
-            w.str(s);
-        }
-        QueueFailure::Storage(s) => {
-            w.u8(3);
-            w.str(s);
-        }
-        QueueFailure::Unavailable(s) => {
-            w.u8(4);
-            w.str(s);
-        }
-        QueueFailure::Invalid(s) => {
-            w.u8(5);
-            w.str(s);
+            return;
         }
         QueueFailure::NotLeader(n) => {
             w.u8(6);
             w.i32(n.map_or(-1, |n| n.0));
+            return;
         }
-    }
+        QueueFailure::UnknownQueue(s) => (1, s),
+        QueueFailure::BadGroup(s) => (2, s),
+        QueueFailure::Storage(s) => (3, s),
+        QueueFailure::Unavailable(s) => (4, s),
+        QueueFailure::Invalid(s) => (5, s),
+    };
+    w.u8(tag);
+    w.str(text);
 }
 
 fn r_failure(r: &mut R<'_>) -> Result<QueueFailure, WireError> {
@@ -775,8 +770,11 @@ pub(crate) fn encode_op(op: &QueueOp) -> Option<Vec<u8>> {
     Some(w.0)
 }
 
-pub(crate) fn decode_op(bytes: &[u8]) -> Result<QueueOp, WireError> {
-    let mut r = R(bytes);
+pub(crate) fn decode_op(bytes: &Bytes) -> Result<QueueOp, WireError> {
+    let mut r = R {
+        whole: bytes,
+        buf: bytes,
+    };
     let v = r.u8()?;
     if v != VERSION {
         return Err(bad(format!("version {v}")));
@@ -860,8 +858,11 @@ pub(crate) fn encode_answer(answer: &QueueAnswer) -> Option<Vec<u8>> {
     Some(w.0)
 }
 
-pub(crate) fn decode_answer(bytes: &[u8]) -> Result<QueueAnswer, WireError> {
-    let mut r = R(bytes);
+pub(crate) fn decode_answer(bytes: &Bytes) -> Result<QueueAnswer, WireError> {
+    let mut r = R {
+        whole: bytes,
+        buf: bytes,
+    };
     let v = r.u8()?;
     if v != VERSION {
         return Err(bad(format!("version {v}")));
@@ -1107,36 +1108,50 @@ mod tests {
     #[test]
     fn forwarded_operations_and_answers_round_trip() {
         for op in ops() {
-            let bytes = encode_op(&op).expect("forwarded");
+            let bytes = Bytes::from(encode_op(&op).expect("forwarded"));
             let back = decode_op(&bytes).expect("decodes");
             assert_eq!(format!("{back:?}"), format!("{op:?}"));
         }
         for a in answers() {
-            let bytes = encode_answer(&a).expect("forwarded");
+            let bytes = Bytes::from(encode_answer(&a).expect("forwarded"));
             let back = decode_answer(&bytes).expect("decodes");
             assert_eq!(format!("{back:?}"), format!("{a:?}"));
         }
     }
 
     #[test]
+    fn forwarded_payloads_are_slices_of_the_frame_not_copies() {
+        let bytes = Bytes::from(encode_op(&ops()[0]).expect("forwarded"));
+        let Ok(QueueOp::Publish { messages, .. }) = decode_op(&bytes) else {
+            panic!("a publish");
+        };
+        let frame = bytes.as_ptr_range();
+        let payload = messages[0].payload.as_ptr_range();
+        assert!(frame.start <= payload.start && payload.end <= frame.end);
+    }
+
+    #[test]
     fn truncated_padded_or_random_bytes_are_refused_without_panic() {
         for op in ops() {
-            let bytes = encode_op(&op).expect("forwarded");
+            let bytes = Bytes::from(encode_op(&op).expect("forwarded"));
             for cut in 0..bytes.len() {
-                assert!(decode_op(&bytes[..cut]).is_err(), "cut at {cut} of {op:?}");
+                assert!(decode_op(&bytes.slice(..cut)).is_err(), "cut at {cut} of {op:?}");
             }
-            let mut padded = bytes.clone();
+            let mut padded = bytes.to_vec();
             padded.push(0);
-            assert!(decode_op(&padded).is_err());
+            assert!(decode_op(&Bytes::from(padded)).is_err());
         }
         for a in answers() {
-            let bytes = encode_answer(&a).expect("forwarded");
+            let bytes = Bytes::from(encode_answer(&a).expect("forwarded"));
             for cut in 0..bytes.len() {
-                assert!(decode_answer(&bytes[..cut]).is_err(), "cut at {cut}");
+                assert!(decode_answer(&bytes.slice(..cut)).is_err(), "cut at {cut}");
             }
         }
         // A huge count in few bytes allocates nothing.
-        assert!(decode_op(&[VERSION, 0, 0, 0, 0, 1, b'x', 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(decode_op(&Bytes::from_static(&[
+            VERSION, 0, 0, 0, 0, 1, b'x', 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff
+        ]))
+        .is_err());
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..20_000 {
             let len = (seed % 64) as usize;
@@ -1148,6 +1163,7 @@ mod tests {
                 seed ^= seed << 17;
                 b.push((seed % 7) as u8);
             }
+            let b = Bytes::from(b);
             let _ = decode_op(&b);
             let _ = decode_answer(&b);
         }
