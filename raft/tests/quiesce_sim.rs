@@ -237,7 +237,7 @@ impl World {
                 if let Some(action) = wake {
                     quiesce::apply(&raft, action).await;
                 }
-                let w = raft.client_write(KafkaBatch(bytes.clone()));
+                let w = raft.client_write(KafkaBatch(bytes.clone()).into());
                 if let Ok(Ok(_)) = Rt::timeout(Duration::from_secs(1), w).await {
                     return true;
                 }

@@ -8,9 +8,13 @@
 //! - **replicas agree below the high watermark**: two replicas hold byte-identical batches at
 //!   every offset below both high watermarks;
 //! - **no Kafka offset reused**: follows from the first, checked at every step, not only at the
-//!   end; offsets are dense (each batch starts where the one before ended).
+//!   end; offsets are dense (each batch starts where the one before ended);
+//! - **no acknowledged side record lost**: the clients also write side records (state kept
+//!   beside the log, some asking to let earlier ones go); one answered committed is durable on a
+//!   majority with its index and bytes, unless a record asked to let it go.
 //!
-//! At the end it heals everything and checks that all replicas converge to the same log.
+//! At the end it heals everything and checks that all replicas converge to the same log and
+//! the same side records.
 //!
 //! It runs three times: over the in-memory replica log; the same with the nodes talking
 //! through the transport (every message encoded and decoded, heartbeats coalesced per node
@@ -42,7 +46,7 @@ use strand_raft::partition::local_net::{Hops, LocalNet};
 use strand_raft::partition::shard_log::ShardReplicaLog;
 use strand_raft::partition::{
     Applied, Applier, BrokerId, KafkaBatch, MemReplicaLog, PartitionRaft, ReplicaLog, ReplicaStore,
-    StoredBatch,
+    SideLogSpec, SideRecord, StoredBatch, StoredSide,
 };
 use strand_raft::rt::{Sim, SimRuntime, TaskGroup};
 use strand_raft::transport::codec::{Codec, Frame, GroupId, Message, RequestId};
@@ -67,6 +71,8 @@ trait Backend: 'static {
     fn spawn_tasks(&self, sim: &Sim, group: TaskGroup);
     /// What the log holds, and what of it would survive a crash now.
     fn batches(&self, sim: &Sim) -> (Vec<StoredBatch>, Vec<StoredBatch>);
+    /// The side records the log holds, and those of them that would survive a crash now.
+    fn side(&self, sim: &Sim) -> (Vec<StoredSide>, Vec<StoredSide>);
     /// A power cut (the node's tasks are already gone), then what a start-up recovers.
     fn crash(&self, sim: &Sim, rng: &mut ChaCha8Rng);
     /// Checks what the log says of leader epochs against the terms its batches carry.
@@ -91,6 +97,10 @@ impl Backend for MemBackend {
         (self.0.batches(), self.0.durable_batches())
     }
 
+    fn side(&self, _sim: &Sim) -> (Vec<StoredSide>, Vec<StoredSide>) {
+        (self.0.side(), self.0.durable_side())
+    }
+
     fn crash(&self, _sim: &Sim, _rng: &mut ChaCha8Rng) {
         self.0.crash();
     }
@@ -107,6 +117,7 @@ struct ShardBackend {
 }
 
 const PARTITION_DIR: &str = "sim-0";
+const SIDE_DIR: &str = "sim-0-side";
 
 fn data_root() -> PathBuf {
     PathBuf::from("/data")
@@ -159,7 +170,14 @@ impl ShardBackend {
             Rc::new(|| 0),
         )
         .await
-        .expect("the replica log opens");
+        .expect("the replica log opens")
+        .with_side_log(SideLogSpec {
+            key: LogKey {
+                dir_name: SIDE_DIR.to_owned(),
+                incarnation: [8; 16],
+            },
+            config: log_config(),
+        });
         (store, id, log)
     }
 }
@@ -226,6 +244,16 @@ impl Backend for ShardBackend {
             })
             .cloned()
             .collect();
+        (all, durable)
+    }
+
+    fn side(&self, sim: &Sim) -> (Vec<StoredSide>, Vec<StoredSide>) {
+        let log = self.log();
+        let all = sim
+            .block_on(log.side_records(0, u64::MAX))
+            .expect("the side log reads");
+        let durable_end = log.side_durable_index();
+        let durable = all.iter().filter(|s| s.index <= durable_end).cloned().collect();
         (all, durable)
     }
 
@@ -319,6 +347,11 @@ struct World<B: Backend> {
     rng: RefCell<ChaCha8Rng>,
     loss_percent: RefCell<u32>,
     acked: RefCell<Vec<Acked>>,
+    /// Acknowledged side records: `(index, data)`.
+    acked_side: RefCell<Vec<(u64, Bytes)>>,
+    /// The highest keep-from index any side record proposed carried: acknowledged records
+    /// below it may be gone.
+    side_floor: Cell<u64>,
     /// Failed or unanswered writes (they may or may not have been committed).
     unanswered: RefCell<u64>,
     /// Whether nodes talk through the transport (codec, node networks, coalesced heartbeats,
@@ -594,16 +627,45 @@ async fn client<B: Backend>(world: Rc<World<B>>, id: u64) {
         };
         let Some(leader) = leader else { continue };
         n += 1;
+        if world.rng.borrow_mut().gen_ratio(1, 3) {
+            // A side record; now and then one that lets an acknowledged one before it go.
+            let keep_from = {
+                let acked = world.acked_side.borrow();
+                let mut rng = world.rng.borrow_mut();
+                match acked.len() {
+                    0 => 0,
+                    len if rng.gen_ratio(1, 5) => acked[rng.gen_range(0..len)].0,
+                    _ => 0,
+                }
+            };
+            world.side_floor.set(world.side_floor.get().max(keep_from));
+            let data = Bytes::copy_from_slice(&n.to_be_bytes());
+            let write = leader.client_write(
+                SideRecord {
+                    keep_from,
+                    data: data.clone(),
+                }
+                .into(),
+            );
+            match SimRuntime::timeout(Duration::from_secs(2), write).await {
+                Ok(Ok(resp)) => match resp.data {
+                    Applied::Side { index } => world.acked_side.borrow_mut().push((index, data)),
+                    other => panic!("a side record was answered as {other:?}"),
+                },
+                _ => *world.unanswered.borrow_mut() += 1,
+            }
+            continue;
+        }
         let records = world.rng.borrow_mut().gen_range(1..4);
         let bytes = payload(n, records);
-        let write = leader.client_write(KafkaBatch(bytes.clone()));
+        let write = leader.client_write(KafkaBatch(bytes.clone()).into());
         match SimRuntime::timeout(Duration::from_secs(2), write).await {
             Ok(Ok(resp)) => match resp.data {
                 Applied::Batch { base_offset } => world.acked.borrow_mut().push(Acked {
                     base_offset,
                     batch: bytes,
                 }),
-                Applied::Internal => panic!("a batch was answered as an internal entry"),
+                other => panic!("a batch was answered as {other:?}"),
             },
             _ => *world.unanswered.borrow_mut() += 1,
         }
@@ -706,6 +768,35 @@ fn check<B: Backend>(world: &World<B>, seed: u64, when: &str) {
             }
         }
     }
+    // Acknowledged side records: durable on a majority, unless a record let them go.
+    let sides: Vec<(BrokerId, Vec<StoredSide>)> = replicas
+        .iter()
+        .map(|(id, r)| (*id, r.backend.side(&world.sim).1))
+        .collect();
+    let live_sides: Vec<(BrokerId, Vec<u64>)> = replicas
+        .iter()
+        .map(|(id, r)| {
+            (
+                *id,
+                r.backend.side(&world.sim).0.iter().map(|s| s.index).collect(),
+            )
+        })
+        .collect();
+    for (index, data) in world.acked_side.borrow().iter() {
+        if *index < world.side_floor.get() {
+            continue;
+        }
+        let durable_on = sides
+            .iter()
+            .filter(|(_, s)| s.iter().any(|r| r.index == *index && r.record.data == *data))
+            .count();
+        assert!(
+            durable_on * 2 > sides.len(),
+            "seed {seed} {when}: acknowledged side record {index} is durable on only {durable_on} of {} replicas: durable {:?}; live {live_sides:?}",
+            sides.len(),
+            sides.iter().map(|(id, s)| (id, s.iter().map(|r| r.index).collect::<Vec<_>>())).collect::<Vec<_>>()
+        );
+    }
     // Acknowledged batches: durable on a majority, and wherever a high watermark passed them.
     for acked in world.acked.borrow().iter() {
         let o = acked.base_offset.0;
@@ -739,6 +830,8 @@ fn run_seed<B: Backend>(seed: u64, secs: u64, wire: bool, backend: impl Fn(&Rc<W
         rng: RefCell::new(ChaCha8Rng::seed_from_u64(seed ^ 0x5eed)),
         loss_percent: RefCell::new(0),
         acked: RefCell::new(Vec::new()),
+        acked_side: RefCell::new(Vec::new()),
+        side_floor: Cell::new(0),
         unanswered: RefCell::new(0),
         wire,
         servers: RefCell::new(BTreeMap::new()),
@@ -872,13 +965,43 @@ fn run_seed<B: Backend>(seed: u64, secs: u64, wire: bool, backend: impl Fn(&Rc<W
         logs.windows(2).all(|w| w[0] == w[1]),
         "seed {seed}: logs differ after healing"
     );
+    let sides: Vec<Vec<StoredSide>> = replicas.values().map(|r| r.backend.side(&world.sim).0).collect();
+    // Replicas trim at their own purge points: they agree from the latest first record on.
+    let common_from = sides
+        .iter()
+        .filter_map(|s| s.first().map(|r| r.index))
+        .max()
+        .unwrap_or(0);
+    let common: Vec<Vec<&StoredSide>> = sides
+        .iter()
+        .map(|s| s.iter().filter(|r| r.index >= common_from).collect())
+        .collect();
+    assert!(
+        common.windows(2).all(|w| w[0] == w[1]),
+        "seed {seed}: side records differ after healing: {:?}",
+        sides
+            .iter()
+            .map(|s| s.iter().map(|r| r.index).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    );
+    for (index, data) in world.acked_side.borrow().iter() {
+        if *index >= world.side_floor.get() {
+            assert!(
+                sides[0]
+                    .iter()
+                    .any(|r| r.index == *index && r.record.data == *data),
+                "seed {seed}: acknowledged side record {index} is gone after healing"
+            );
+        }
+    }
     assert!(
         !acked.is_empty(),
         "seed {seed}: no write was acknowledged in {secs} simulated seconds"
     );
     eprintln!(
-        "seed {seed}: {} acknowledged, {} unanswered, {crashes} crashes, high watermark {}",
+        "seed {seed}: {} acknowledged, {} side records acknowledged, {} unanswered, {crashes} crashes, high watermark {}",
         acked.len(),
+        world.acked_side.borrow().len(),
         world.unanswered.borrow(),
         hws[0].0
     );

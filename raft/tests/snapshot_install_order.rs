@@ -186,6 +186,7 @@ fn snapshot(last: u64) -> SnapshotOf<C, PartitionSnapshot> {
         snapshot: PartitionSnapshot {
             next_offset: Offset(0),
             batches: Vec::new(),
+            side: Vec::new(),
         },
     }
 }

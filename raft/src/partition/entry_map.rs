@@ -14,8 +14,12 @@
 //! on every replica that has them. Followers therefore stamp the same `baseOffset` into the batch
 //! the leader stamped, without it being sent.
 //!
+//! Side records (state a subsystem replicates through the partition's group, see
+//! [`super::types::SideRecord`]) take an index and no offset, like internal entries.
+//!
 //! The map is sans-I/O. Its owner rebuilds it after a restart from the purge point, the log's
-//! batch headers and the internal entries recorded beside the log ([`EntryMap::rebuild`]).
+//! batch headers and the entries recorded beside the log, internal and side, each with its
+//! index ([`EntryMap::rebuild`]).
 
 use std::collections::VecDeque;
 
@@ -34,12 +38,21 @@ pub enum Slot {
     },
     /// A Raft-internal entry; the Kafka offset it sits before is `offset_before`.
     Internal { term: Term, offset_before: Offset },
+    /// A side record (kept beside the log); the Kafka offset it sits before is `offset_before`.
+    Side { term: Term, offset_before: Offset },
+}
+
+/// What an entry that takes no Kafka offset is, as recorded beside the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beside {
+    Internal,
+    Side,
 }
 
 impl Slot {
     pub fn term(&self) -> Term {
         match *self {
-            Slot::Data { term, .. } | Slot::Internal { term, .. } => term,
+            Slot::Data { term, .. } | Slot::Internal { term, .. } | Slot::Side { term, .. } => term,
         }
     }
 
@@ -51,7 +64,7 @@ impl Slot {
                 offset_count,
                 ..
             } => base_offset.plus(i64::from(offset_count)),
-            Slot::Internal { offset_before, .. } => offset_before,
+            Slot::Internal { offset_before, .. } | Slot::Side { offset_before, .. } => offset_before,
         }
     }
 }
@@ -101,12 +114,12 @@ impl EntryMap {
     }
 
     /// Rebuilds the map after a restart: from the purge point (or the log's start), each index
-    /// is an internal entry if `internal` (ascending `(index, term)`, as recorded beside the log)
-    /// names it, else the next batch of `batches` (ascending `(term, base offset, offset count)`
-    /// as the log's headers give them).
+    /// is an entry recorded beside the log if `beside` (ascending `(index, term, kind)`) names
+    /// it, else the next batch of `batches` (ascending `(term, base offset, offset count)` as the
+    /// log's headers give them).
     ///
-    /// Internal entries are made durable before anything appended after them, but the batches
-    /// before one may have been lost with the rest of an unflushed tail: recorded internal
+    /// Entries beside the log are made durable before anything appended after them, but the
+    /// batches before one may have been lost with the rest of an unflushed tail: recorded
     /// entries beyond the recovered log's reach are dropped and their indexes returned, so the
     /// caller can forget them too (no append containing them was ever reported flushed). A gap
     /// in the batches' offsets means the log and its side records do not belong together, and
@@ -114,7 +127,7 @@ impl EntryMap {
     pub fn rebuild(
         purged: Option<PurgePoint>,
         start_offset: Offset,
-        internal: impl IntoIterator<Item = (u64, Term)>,
+        beside: impl IntoIterator<Item = (u64, Term, Beside)>,
         batches: impl IntoIterator<Item = (Term, Offset, u32)>,
     ) -> Result<(EntryMap, Vec<u64>), String> {
         let mut map = match purged {
@@ -122,17 +135,20 @@ impl EntryMap {
             None => EntryMap::new(start_offset),
         };
         let first_index = map.first_index;
-        let mut internal = internal.into_iter().filter(|(i, _)| *i >= first_index).peekable();
+        let mut internal = beside
+            .into_iter()
+            .filter(|(i, _, _)| *i >= first_index)
+            .peekable();
         for (term, base_offset, count) in batches {
             if base_offset < map.next_offset {
                 // Below the purge point: already covered.
                 continue;
             }
-            while let Some(&(index, iterm)) = internal.peek() {
+            while let Some(&(index, iterm, kind)) = internal.peek() {
                 if index != map.next_index() {
                     break;
                 }
-                map.push_internal(index, iterm);
+                map.push_beside(index, iterm, kind);
                 internal.next();
             }
             if base_offset != map.next_offset {
@@ -147,9 +163,9 @@ impl EntryMap {
             map.push_data(index, term, count);
         }
         let mut dropped = Vec::new();
-        for (index, term) in internal {
+        for (index, term, kind) in internal {
             if dropped.is_empty() && index == map.next_index() {
-                map.push_internal(index, term);
+                map.push_beside(index, term, kind);
             } else {
                 dropped.push(index);
             }
@@ -228,12 +244,22 @@ impl EntryMap {
 
     /// Records an internal entry at `index`, which must be the next index.
     pub fn push_internal(&mut self, index: u64, term: Term) {
+        self.push_beside(index, term, Beside::Internal);
+    }
+
+    /// Records a side record at `index`, which must be the next index.
+    pub fn push_side(&mut self, index: u64, term: Term) {
+        self.push_beside(index, term, Beside::Side);
+    }
+
+    fn push_beside(&mut self, index: u64, term: Term, kind: Beside) {
         self.start_at(index);
         assert_eq!(index, self.next_index(), "entries are appended in index order");
         self.assert_term_grows(term);
-        self.slots.push_back(Slot::Internal {
-            term,
-            offset_before: self.next_offset,
+        let offset_before = self.next_offset;
+        self.slots.push_back(match kind {
+            Beside::Internal => Slot::Internal { term, offset_before },
+            Beside::Side => Slot::Side { term, offset_before },
         });
     }
 
@@ -334,6 +360,7 @@ mod tests {
     enum Op {
         Data { term_step: u8, count: u32 },
         Internal { term_step: u8 },
+        Side { term_step: u8 },
         Truncate { back: u8 },
         Purge { back: u8 },
     }
@@ -342,15 +369,17 @@ mod tests {
         prop_oneof![
             4 => (0u8..2, 1u32..50).prop_map(|(term_step, count)| Op::Data { term_step, count }),
             1 => (0u8..2).prop_map(|term_step| Op::Internal { term_step }),
+            2 => (0u8..2).prop_map(|term_step| Op::Side { term_step }),
             1 => (0u8..6).prop_map(|back| Op::Truncate { back }),
             1 => (0u8..6).prop_map(|back| Op::Purge { back }),
         ]
     }
 
-    /// The model: every entry from index 0, `None` for internal ones, and how many are purged.
+    /// The model: every entry from index 0, `Err` for those beside the log, and how many are
+    /// purged.
     #[derive(Default)]
     struct Model {
-        entries: Vec<(Term, Option<u32>)>,
+        entries: Vec<(Term, Result<u32, Beside>)>,
         purged: usize,
     }
 
@@ -359,7 +388,7 @@ mod tests {
             start
                 + self.entries[..index]
                     .iter()
-                    .filter_map(|(_, c)| c.map(i64::from))
+                    .filter_map(|(_, c)| c.ok().map(i64::from))
                     .sum::<i64>()
         }
     }
@@ -381,12 +410,17 @@ mod tests {
                         let index = model.entries.len() as u64;
                         let base = map.push_data(index, term, count);
                         prop_assert_eq!(base.0, model.offset_before(model.entries.len(), start));
-                        model.entries.push((term, Some(count)));
+                        model.entries.push((term, Ok(count)));
                     }
                     Op::Internal { term_step } => {
                         term = Term(term.0 + u64::from(term_step));
                         map.push_internal(model.entries.len() as u64, term);
-                        model.entries.push((term, None));
+                        model.entries.push((term, Err(Beside::Internal)));
+                    }
+                    Op::Side { term_step } => {
+                        term = Term(term.0 + u64::from(term_step));
+                        map.push_side(model.entries.len() as u64, term);
+                        model.entries.push((term, Err(Beside::Side)));
                     }
                     Op::Truncate { back } => {
                         let keep = model.entries.len().saturating_sub(usize::from(back)).max(model.purged);
@@ -413,21 +447,22 @@ mod tests {
                     }
                     let before = Offset(model.offset_before(i, start));
                     let expected = match count {
-                        Some(c) => Slot::Data { term: *t, base_offset: before, offset_count: *c },
-                        None => Slot::Internal { term: *t, offset_before: before },
+                        Ok(c) => Slot::Data { term: *t, base_offset: before, offset_count: *c },
+                        Err(Beside::Internal) => Slot::Internal { term: *t, offset_before: before },
+                        Err(Beside::Side) => Slot::Side { term: *t, offset_before: before },
                     };
                     prop_assert_eq!(slot, Some(expected));
                 }
             }
             // Rebuild from what a log holds: all batches (some below the purge point) and the
-            // internal entries recorded beside it.
+            // internal entries and side records recorded beside it.
             let mut internal = Vec::new();
             let mut batches = Vec::new();
             for (i, (t, count)) in model.entries.iter().enumerate() {
                 match count {
-                    Some(c) => batches.push((*t, Offset(model.offset_before(i, start)), *c)),
-                    None if i >= model.purged => internal.push((i as u64, *t)),
-                    None => {}
+                    Ok(c) => batches.push((*t, Offset(model.offset_before(i, start)), *c)),
+                    Err(kind) if i >= model.purged => internal.push((i as u64, *t, *kind)),
+                    Err(_) => {}
                 }
             }
             let (rebuilt, dropped) = EntryMap::rebuild(map.purged(), start_offset, internal, batches).map_err(TestCaseError::fail)?;
@@ -449,7 +484,11 @@ mod tests {
         let (map, dropped) = EntryMap::rebuild(
             None,
             Offset(0),
-            [(1, Term(1)), (4, Term(2)), (5, Term(2))],
+            [
+                (1, Term(1), Beside::Internal),
+                (4, Term(2), Beside::Side),
+                (5, Term(2), Beside::Internal),
+            ],
             [(Term(1), Offset(0), 2), (Term(1), Offset(2), 3)],
         )
         .expect("rebuilds");
@@ -457,8 +496,13 @@ mod tests {
         assert_eq!(map.next_index(), 3);
         assert_eq!(map.next_offset(), Offset(5));
         // An internal entry right at the end is kept.
-        let (map, dropped) =
-            EntryMap::rebuild(None, Offset(0), [(1, Term(2))], [(Term(1), Offset(0), 2)]).expect("rebuilds");
+        let (map, dropped) = EntryMap::rebuild(
+            None,
+            Offset(0),
+            [(1, Term(2), Beside::Side)],
+            [(Term(1), Offset(0), 2)],
+        )
+        .expect("rebuilds");
         assert!(dropped.is_empty());
         assert_eq!(map.last(), Some((Term(2), 1)));
         let err = EntryMap::rebuild(

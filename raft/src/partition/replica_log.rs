@@ -19,7 +19,7 @@ use strand_protocol::batch::{patch_batch, BatchHeader};
 use strand_protocol::types::Offset;
 
 use super::entry_map::PurgePoint;
-use super::types::BrokerId;
+use super::types::{BrokerId, SideRecord};
 use crate::Term;
 
 /// A Raft-internal entry, recorded beside the log: it takes an index but no Kafka offset.
@@ -47,6 +47,14 @@ pub struct SnapshotRecord {
     pub membership: StoredMembership<CommittedLeaderId<u64>, BrokerId, ()>,
 }
 
+/// A side record as stored beside the log, with the Raft index and term of its entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSide {
+    pub index: u64,
+    pub term: Term,
+    pub record: SideRecord,
+}
+
 /// A batch as stored: its base offset and term are stamped into its header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredBatch {
@@ -62,6 +70,8 @@ pub struct Recovered {
     /// The log's start offset (where entry 0 began, if nothing was purged).
     pub start_offset: Offset,
     pub internal: Vec<(u64, Term)>,
+    /// `(index, term)` of the side records above the purge point.
+    pub side: Vec<(u64, Term)>,
     /// `(term, base offset, offset count)` of every batch from the purge point on.
     pub batches: Vec<(Term, Offset, u32)>,
     pub vote: Option<StoredVote>,
@@ -75,9 +85,9 @@ pub type LogFuture<T> = Pin<Box<dyn Future<Output = io::Result<T>>>>;
 
 /// The partition log as a Raft group uses it.
 ///
-/// Batches are staged and become durable, in append order, at the next `flush`; a crash keeps
-/// a prefix of them, everything flushed included. `append_internal`, `truncate` and
-/// `save_vote` are durable when their future completes.
+/// Batches and side records are staged and become durable, each kind in append order, at the
+/// next `flush`; a crash keeps a prefix of each, everything flushed included. `append_internal`,
+/// `truncate` and `save_vote` are durable when their future completes.
 pub trait ReplicaLog: 'static {
     /// Stages `batch` at `base_offset`, stamped with `term` as its `partitionLeaderEpoch`.
     fn append_batch(&self, base_offset: Offset, term: Term, batch: &Bytes) -> io::Result<()>;
@@ -87,8 +97,25 @@ pub trait ReplicaLog: 'static {
     /// cost a sync.)
     fn append_internal(&self, entry: InternalEntry) -> LogFuture<()>;
 
-    /// Forgets internal entries that a restart found beyond the recovered log's end.
-    fn forget_internal(&self, indexes: &[u64]) -> LogFuture<()>;
+    /// Stages a side record (see [`super::types::SideRecord`]): durable at the next flush. The
+    /// caller flushes before it appends a batch after one, so that a batch is never durable
+    /// while a side record before it is lost (a restart places batches by counting the indexes
+    /// that the entries recorded beside the log leave free).
+    fn append_side(&self, side: StoredSide) -> LogFuture<()>;
+
+    /// The stored side records with indexes in `from..to`, in order, whether or not Raft has
+    /// purged them (the subsystem that wrote them reads them all; see [`ReplicaLog::trim_side`]).
+    fn side_records(&self, from: u64, to: u64) -> LogFuture<Vec<StoredSide>>;
+
+    /// Lets the side records before index `keep_from` go: the subsystem that wrote them no
+    /// longer needs them. Only records at or below the purge point are trimmed (a restart
+    /// places the entries above it by what is recorded beside the log); losing a trim in a
+    /// crash only keeps more.
+    fn trim_side(&self, keep_from: u64) -> LogFuture<()>;
+
+    /// Forgets internal entries and side records that a restart found beyond the recovered
+    /// log's end.
+    fn forget_beside(&self, indexes: &[u64]) -> LogFuture<()>;
 
     /// Makes everything staged so far durable.
     fn flush(&self) -> LogFuture<()>;
@@ -99,12 +126,13 @@ pub trait ReplicaLog: 'static {
     /// The internal entry recorded at `index`.
     fn internal_entry(&self, index: u64) -> Option<InternalEntry>;
 
-    /// Drops the batches at or after `offset` and the internal entries after `keep_internal`
-    /// (all of them for `None`).
-    fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()>;
+    /// Drops the batches at or after `offset` and the internal entries and side records after
+    /// `keep_beside` (all of them for `None`).
+    fn truncate(&self, offset: Offset, keep_beside: Option<u64>) -> LogFuture<()>;
 
     /// Forgets internal entries at or below the purge point and remembers the point (losing it
-    /// in a crash only makes the next restart rebuild from further back).
+    /// in a crash only makes the next restart rebuild from further back). Side records stay
+    /// until trimmed.
     fn save_purge_point(&self, purged: PurgePoint) -> LogFuture<()>;
 
     fn save_vote(&self, vote: StoredVote) -> LogFuture<()>;
@@ -134,6 +162,7 @@ pub type FlushDelay = Rc<dyn Fn() -> Pin<Box<dyn Future<Output = ()>>>>;
 struct MemState {
     batches: BTreeMap<i64, StoredBatch>,
     internal: BTreeMap<u64, InternalEntry>,
+    side: BTreeMap<u64, StoredSide>,
     purged: Option<PurgePoint>,
 }
 
@@ -143,6 +172,7 @@ struct MemInner {
     /// What survives a crash.
     durable: MemState,
     staged: Vec<StoredBatch>,
+    staged_side: Vec<StoredSide>,
     vote: Option<StoredVote>,
     snapshot: Option<SnapshotRecord>,
     installing_from: Option<Offset>,
@@ -163,6 +193,7 @@ impl MemReplicaLog {
                 live: MemState::default(),
                 durable: MemState::default(),
                 staged: Vec::new(),
+                staged_side: Vec::new(),
                 vote: None,
                 snapshot: None,
                 installing_from: None,
@@ -182,12 +213,23 @@ impl MemReplicaLog {
     pub fn crash(&self) {
         let mut inner = self.inner.borrow_mut();
         inner.staged.clear();
+        inner.staged_side.clear();
         inner.live = inner.durable.clone();
     }
 
     /// Every stored batch, in offset order (for comparing replicas).
     pub fn batches(&self) -> Vec<StoredBatch> {
         self.inner.borrow().live.batches.values().cloned().collect()
+    }
+
+    /// Every stored side record, in index order.
+    pub fn side(&self) -> Vec<StoredSide> {
+        self.inner.borrow().live.side.values().cloned().collect()
+    }
+
+    /// Every durable side record, in index order.
+    pub fn durable_side(&self) -> Vec<StoredSide> {
+        self.inner.borrow().durable.side.values().cloned().collect()
     }
 
     /// Every durable batch, in offset order.
@@ -236,11 +278,47 @@ impl ReplicaLog for MemReplicaLog {
         Box::pin(async { Ok(()) })
     }
 
-    fn forget_internal(&self, indexes: &[u64]) -> LogFuture<()> {
+    fn append_side(&self, side: StoredSide) -> LogFuture<()> {
+        let mut inner = self.inner.borrow_mut();
+        if let Some((last, _)) = inner.live.side.last_key_value() {
+            assert!(*last < side.index, "side records are appended in index order");
+        }
+        inner.live.side.insert(side.index, side.clone());
+        inner.staged_side.push(side);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn side_records(&self, from: u64, to: u64) -> LogFuture<Vec<StoredSide>> {
+        let found: Vec<StoredSide> = if from < to {
+            self.inner
+                .borrow()
+                .live
+                .side
+                .range(from..to)
+                .map(|(_, s)| s.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn trim_side(&self, keep_from: u64) -> LogFuture<()> {
+        let mut inner = self.inner.borrow_mut();
+        let inner = &mut *inner;
+        for state in [&mut inner.live, &mut inner.durable] {
+            state.side.retain(|i, _| *i >= keep_from);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn forget_beside(&self, indexes: &[u64]) -> LogFuture<()> {
         let mut inner = self.inner.borrow_mut();
         for i in indexes {
             inner.live.internal.remove(i);
             inner.durable.internal.remove(i);
+            inner.live.side.remove(i);
+            inner.durable.side.remove(i);
         }
         Box::pin(async { Ok(()) })
     }
@@ -250,6 +328,7 @@ impl ReplicaLog for MemReplicaLog {
         let delay = self.inner.borrow().flush_delay.clone();
         // What this flush covers: the appends staged before it was asked for.
         let upto = self.inner.borrow().staged.len();
+        let upto_side = self.inner.borrow().staged_side.len();
         Box::pin(async move {
             if let Some(delay) = delay {
                 delay().await;
@@ -260,6 +339,11 @@ impl ReplicaLog for MemReplicaLog {
             let done: Vec<StoredBatch> = inner.staged.drain(..n).collect();
             for b in done {
                 inner.durable.batches.insert(b.base_offset.0, b);
+            }
+            let n = upto_side.min(inner.staged_side.len());
+            let done: Vec<StoredSide> = inner.staged_side.drain(..n).collect();
+            for s in done {
+                inner.durable.side.insert(s.index, s);
             }
             Ok(())
         })
@@ -284,15 +368,17 @@ impl ReplicaLog for MemReplicaLog {
         self.inner.borrow().live.internal.get(&index).cloned()
     }
 
-    fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()> {
+    fn truncate(&self, offset: Offset, keep_beside: Option<u64>) -> LogFuture<()> {
         let mut inner = self.inner.borrow_mut();
-        let keep_index = keep_internal.map_or(0, |i| i.saturating_add(1));
+        let keep_index = keep_beside.map_or(0, |i| i.saturating_add(1));
         let inner = &mut *inner;
         for state in [&mut inner.live, &mut inner.durable] {
             state.batches.retain(|o, _| *o < offset.0);
             state.internal.retain(|i, _| *i < keep_index);
+            state.side.retain(|i, _| *i < keep_index);
         }
         inner.staged.retain(|b| b.base_offset < offset);
+        inner.staged_side.retain(|s| s.index < keep_index);
         Box::pin(async { Ok(()) })
     }
 
@@ -349,6 +435,13 @@ impl ReplicaLog for MemReplicaLog {
                 purged: inner.live.purged,
                 start_offset: inner.start_offset,
                 internal: inner.live.internal.values().map(|e| (e.index, e.term)).collect(),
+                side: inner
+                    .live
+                    .side
+                    .values()
+                    .filter(|s| inner.live.purged.is_none_or(|p| s.index > p.index))
+                    .map(|s| (s.index, s.term))
+                    .collect(),
                 batches,
                 vote: inner.vote,
                 snapshot: inner.snapshot.clone(),

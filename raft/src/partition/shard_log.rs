@@ -42,8 +42,9 @@ use strand_storage::StorageError;
 
 use super::entry_map::PurgePoint;
 use super::replica_log::{
-    InternalEntry, LogFuture, Recovered, ReplicaLog, SnapshotRecord, StoredBatch, StoredVote,
+    InternalEntry, LogFuture, Recovered, ReplicaLog, SnapshotRecord, StoredBatch, StoredSide, StoredVote,
 };
+use super::side_log::{SideLog, SideLogSpec};
 use super::side_state::{SideState, SIDE_JOURNAL_BYTES};
 use crate::Term;
 
@@ -96,7 +97,8 @@ impl Future for EventWait {
 struct Pending {
     seq: u64,
     ticket: AppendTicket,
-    batch: StoredBatch,
+    /// A batch (kept readable until durable), or a side record (its index).
+    item: Result<StoredBatch, u64>,
 }
 
 struct Shared {
@@ -109,6 +111,8 @@ struct Shared {
     /// The side file's length when it is known to end with a whole frame (appendable).
     side_len: Cell<Option<u64>>,
     side_writes: Mutex<()>,
+    /// The highest side record index known durable.
+    side_durable: Cell<u64>,
 }
 
 /// A partition's Raft log on a shard store (see the module documentation).
@@ -118,6 +122,8 @@ pub struct ShardReplicaLog<F: Fs> {
     side_path: PathBuf,
     now_ms: Rc<dyn Fn() -> i64>,
     shared: Rc<Shared>,
+    /// Where side records go, for a replica whose owner keeps any.
+    side_log: Option<Rc<SideLog<F>>>,
 }
 
 impl<F: Fs> Clone for ShardReplicaLog<F> {
@@ -128,6 +134,7 @@ impl<F: Fs> Clone for ShardReplicaLog<F> {
             side_path: self.side_path.clone(),
             now_ms: Rc::clone(&self.now_ms),
             shared: Rc::clone(&self.shared),
+            side_log: self.side_log.clone(),
         }
     }
 }
@@ -167,8 +174,38 @@ impl<F: Fs> ShardReplicaLog<F> {
                 side: RefCell::new(side),
                 side_len: Cell::new(side_len),
                 side_writes: Mutex::new(()),
+                side_durable: Cell::new(0),
             }),
+            side_log: None,
         })
+    }
+
+    /// Keeps this replica's side records in the side log `spec` (see [`super::side_log`]);
+    /// without one, a side record is refused.
+    pub fn with_side_log(mut self, spec: SideLogSpec) -> Self {
+        self.side_log = Some(Rc::new(SideLog::new(Rc::clone(&self.store), spec)));
+        self
+    }
+
+    /// Removes the side log (the partition is deleted); the replica is stopped.
+    pub async fn remove_side_log(&self) -> io::Result<()> {
+        let Some(side) = &self.side_log else { return Ok(()) };
+        match side.open(false, (self.now_ms)()).await? {
+            Some(id) => self.store.remove_log(id).await.map_err(io_err),
+            None => Ok(()),
+        }
+    }
+
+    /// The highest side record index known durable (every record recovered at open is).
+    pub fn side_durable_index(&self) -> u64 {
+        let recovered = self.side_log.as_ref().map_or(0, |l| l.recovered());
+        self.shared.side_durable.get().max(recovered)
+    }
+
+    fn side_log(&self) -> io::Result<&Rc<SideLog<F>>> {
+        self.side_log
+            .as_ref()
+            .ok_or_else(|| io::Error::other("this replica keeps no side records"))
     }
 
     /// Writes the side state as it is when the write runs (see the module documentation).
@@ -277,7 +314,9 @@ fn mark_durable(shared: &Shared, seq: u64) {
         shared.durable_seq.set(seq);
         let mut pending = shared.pending.borrow_mut();
         while pending.front().is_some_and(|p| p.seq <= seq) {
-            pending.pop_front();
+            if let Some(Pending { item: Err(index), .. }) = pending.pop_front() {
+                shared.side_durable.set(index);
+            }
         }
     }
     shared.durable_event.fire();
@@ -299,11 +338,11 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
         self.shared.pending.borrow_mut().push_back(Pending {
             seq,
             ticket,
-            batch: StoredBatch {
+            item: Ok(StoredBatch {
                 base_offset,
                 term,
                 bytes: stamped.freeze(),
-            },
+            }),
         });
         Ok(())
     }
@@ -314,12 +353,59 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
         })
     }
 
-    fn forget_internal(&self, indexes: &[u64]) -> LogFuture<()> {
-        let indexes = indexes.to_vec();
-        self.write_side(move |s| {
-            for i in indexes {
-                s.internal.remove(&i);
+    fn append_side(&self, side: StoredSide) -> LogFuture<()> {
+        let me = self.clone();
+        Box::pin(async move {
+            let log = me.side_log()?;
+            log.durable_up_to(me.shared.side_durable.get());
+            let index = side.index;
+            let ticket = log.append(side, (me.now_ms)()).await?;
+            let seq = me.shared.appended_seq.get() + 1;
+            me.shared.appended_seq.set(seq);
+            me.shared.pending.borrow_mut().push_back(Pending {
+                seq,
+                ticket,
+                item: Err(index),
+            });
+            Ok(())
+        })
+    }
+
+    fn side_records(&self, from: u64, to: u64) -> LogFuture<Vec<StoredSide>> {
+        let me = self.clone();
+        Box::pin(async move {
+            match &me.side_log {
+                Some(log) => log.records(from, to).await,
+                None => Ok(Vec::new()),
             }
+        })
+    }
+
+    fn trim_side(&self, keep_from: u64) -> LogFuture<()> {
+        let me = self.clone();
+        Box::pin(async move {
+            match &me.side_log {
+                Some(log) => log.trim(keep_from).await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn forget_beside(&self, indexes: &[u64]) -> LogFuture<()> {
+        let indexes = indexes.to_vec();
+        let me = self.clone();
+        Box::pin(async move {
+            // Side records past the recovered end are a tail of the side log.
+            if let (Some(log), Some(first)) = (&me.side_log, indexes.iter().min()) {
+                me.wait_pending().await?;
+                log.truncate_from(*first).await?;
+            }
+            me.write_side(move |s| {
+                for i in indexes {
+                    s.internal.remove(&i);
+                }
+            })
+            .await
         })
     }
 
@@ -333,8 +419,9 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
             .pending
             .borrow()
             .iter()
-            .filter(|p| p.batch.base_offset >= from && p.batch.base_offset < to)
-            .map(|p| p.batch.clone())
+            .filter_map(|p| p.item.as_ref().ok())
+            .filter(|b| b.base_offset >= from && b.base_offset < to)
+            .cloned()
             .collect();
         let me = self.clone();
         Box::pin(async move {
@@ -353,12 +440,15 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
         self.shared.side.borrow().internal.get(&index).cloned()
     }
 
-    fn truncate(&self, offset: Offset, keep_internal: Option<u64>) -> LogFuture<()> {
+    fn truncate(&self, offset: Offset, keep_beside: Option<u64>) -> LogFuture<()> {
         let me = self.clone();
         Box::pin(async move {
             me.wait_pending().await?;
             me.store.truncate_log(me.id, offset.0).await.map_err(io_err)?;
-            let keep = keep_internal.map_or(0, |k| k.saturating_add(1));
+            let keep = keep_beside.map_or(0, |k| k.saturating_add(1));
+            if let Some(log) = &me.side_log {
+                log.truncate_from(keep).await?;
+            }
             me.write_side(|s| s.internal.retain(|i, _| *i < keep)).await
         })
     }
@@ -416,10 +506,21 @@ impl<F: Fs> ReplicaLog for ShardReplicaLog<F> {
                     (b.term, b.base_offset, u32::try_from(count).unwrap_or(1))
                 })
                 .collect();
+            let side_records = match &me.side_log {
+                Some(log) => {
+                    log.open(false, (me.now_ms)()).await?;
+                    log.indexes()
+                        .into_iter()
+                        .filter(|(i, _)| side.purged.is_none_or(|p| *i > p.index))
+                        .collect()
+                }
+                None => Vec::new(),
+            };
             Ok(Recovered {
                 purged: side.purged,
                 start_offset,
                 internal: side.internal.values().map(|e| (e.index, e.term)).collect(),
+                side: side_records,
                 batches,
                 vote: side.vote,
                 snapshot: side.snapshot,
@@ -523,5 +624,129 @@ mod tests {
         fs.crash(|_| 0);
         let (log, _) = block_on(open(&fs));
         assert_eq!(log.vote(), Some(vote(term + 3)));
+    }
+}
+
+#[cfg(test)]
+mod side_tests {
+    use futures::executor::block_on;
+    use std::path::{Path, PathBuf};
+    use strand_storage::fs_mem::MemFs;
+    use strand_storage::log::LogConfig;
+    use strand_storage::store::StoreConfig;
+    use strand_storage::LogKey;
+
+    use super::*;
+    use crate::partition::types::SideRecord;
+
+    fn open(fs: &MemFs) -> (Rc<ShardStore<MemFs>>, ShardReplicaLog<MemFs>) {
+        let root = PathBuf::from("/data");
+        block_on(strand_storage::replay_journals(
+            fs,
+            &root,
+            |_| Some(LogConfig::default()),
+            0,
+        ))
+        .expect("replay");
+        let store = Rc::new(
+            block_on(ShardStore::open(
+                fs.clone(),
+                root.clone(),
+                0,
+                StoreConfig::default(),
+            ))
+            .expect("store"),
+        );
+        let key = LogKey {
+            dir_name: "p-0".into(),
+            incarnation: [1; 16],
+        };
+        let (id, _) = block_on(store.open_log(key, LogConfig::default(), 0)).expect("log");
+        let log = block_on(ShardReplicaLog::open(
+            Rc::clone(&store),
+            id,
+            root.join("p-0"),
+            Rc::new(|| 0),
+        ))
+        .expect("replica log")
+        .with_side_log(SideLogSpec {
+            key: LogKey {
+                dir_name: "p-0-side".into(),
+                incarnation: [2; 16],
+            },
+            config: LogConfig::default(),
+        });
+        (store, log)
+    }
+
+    fn side(index: u64) -> StoredSide {
+        StoredSide {
+            index,
+            term: Term(1),
+            record: SideRecord {
+                keep_from: 0,
+                data: Bytes::from(index.to_string()),
+            },
+        }
+    }
+
+    /// Runs `f` while a flusher makes the store's staged writes durable.
+    fn flushing<T>(store: &Rc<ShardStore<MemFs>>, f: impl std::future::Future<Output = T>) -> T {
+        let flusher = async {
+            loop {
+                store.wait_for_work().await;
+                store.flush_pending(4, |_| {}).await;
+                store.sync_changed_dirs().await;
+            }
+        };
+        futures::pin_mut!(f);
+        futures::pin_mut!(flusher);
+        match block_on(futures::future::select(f, flusher)) {
+            futures::future::Either::Left((t, _)) => t,
+            futures::future::Either::Right(((), _)) => unreachable!("the flusher never ends"),
+        }
+    }
+
+    fn indexes(log: &ShardReplicaLog<MemFs>) -> Vec<u64> {
+        block_on(log.side_records(0, u64::MAX))
+            .expect("reads")
+            .iter()
+            .map(|s| s.index)
+            .collect()
+    }
+
+    /// Side records are readable once staged and after their flush, by index range; a
+    /// truncation drops those after the kept index, a trim those before its index, and a
+    /// restart (journal replay included) finds what was durable, without creating a side log
+    /// for a replica that never wrote one.
+    #[test]
+    fn side_records_are_stored_read_truncated_trimmed_and_recovered() {
+        let fs = MemFs::new();
+        block_on(fs.create_dir_all(Path::new("/data"))).expect("dir");
+        let (store, log) = open(&fs);
+        assert!(block_on(log.recover()).expect("recovers").side.is_empty());
+        assert!(
+            !block_on(fs.exists(Path::new("/data/p-0-side"))),
+            "created only when written"
+        );
+        for i in [3, 5, 9, 12] {
+            block_on(log.append_side(side(i))).expect("staged");
+        }
+        assert_eq!(indexes(&log), vec![3, 5, 9, 12], "readable while staged");
+        flushing(&store, log.flush()).expect("flushed");
+        assert_eq!(log.side_durable_index(), 12);
+        let read = block_on(log.side_records(4, 10)).expect("reads");
+        assert_eq!(read, vec![side(5), side(9)]);
+        flushing(&store, log.truncate(Offset(0), Some(9))).expect("truncated");
+        assert_eq!(indexes(&log), vec![3, 5, 9]);
+        flushing(&store, log.trim_side(5)).expect("trimmed");
+        assert_eq!(indexes(&log), vec![5, 9]);
+        drop(log);
+        drop(store);
+        let (_store, log) = open(&fs);
+        let rec = block_on(log.recover()).expect("recovers");
+        assert_eq!(rec.side, vec![(5, Term(1)), (9, Term(1))]);
+        assert_eq!(indexes(&log), vec![5, 9]);
+        assert_eq!(log.side_durable_index(), 9);
     }
 }

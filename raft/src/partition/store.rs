@@ -33,9 +33,9 @@ use openraft::{
 use strand_protocol::batch::BatchHeader;
 use strand_protocol::types::Offset;
 
-use super::entry_map::{EntryMap, PurgePoint, Slot};
-use super::replica_log::{InternalEntry, ReplicaLog, SnapshotRecord, StoredBatch, StoredVote};
-use super::types::{Applied, BrokerId, KafkaBatch, PartitionLogId, PartitionRaft};
+use super::entry_map::{Beside, EntryMap, PurgePoint, Slot};
+use super::replica_log::{InternalEntry, ReplicaLog, SnapshotRecord, StoredBatch, StoredSide, StoredVote};
+use super::types::{Applied, BrokerId, EntryData, KafkaBatch, PartitionLogId, PartitionRaft};
 use crate::Term;
 
 type C<Rt> = PartitionRaft<Rt>;
@@ -54,7 +54,8 @@ fn term_of(id: &PartitionLogId) -> Term {
     Term(id.leader_id.term)
 }
 
-/// The snapshot value: where the log ends at the snapshot, and the batches a follower lacks.
+/// The snapshot value: where the log ends at the snapshot, and the batches and side records a
+/// follower lacks.
 #[derive(Debug, Clone, Default)]
 pub struct PartitionSnapshot {
     /// The Kafka offset after the snapshot's last entry.
@@ -62,6 +63,8 @@ pub struct PartitionSnapshot {
     /// Batches from the leader's log start up to `next_offset`; empty where the snapshot was
     /// only built (its metadata), filled when it is sent.
     pub batches: Vec<StoredBatch>,
+    /// The side records the leader keeps, up to the snapshot's last entry; filled when sent.
+    pub side: Vec<StoredSide>,
 }
 
 /// What a group does with its committed batches besides moving the high watermark: the
@@ -88,6 +91,10 @@ struct Replica<L> {
     /// The vote is the one recovered at open, not saved since: read as not committed (see
     /// [`ReplicaStore::read_vote`]).
     vote_recovered: bool,
+    /// The highest keep-from index of the side records applied: side records before it go once
+    /// Raft has purged their entries too (a restart places the entries above the purge point
+    /// by what is recorded beside the log, so those records stay until then).
+    side_keep_from: u64,
 }
 
 /// Told of the batches of each append once they are durable in the local log, with the base
@@ -140,20 +147,33 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 "an interrupted install of the leader's log is rolled back"
             );
             // Internal entries above the replica's own applied entries were dropped when the
-            // install began; those left are its own.
-            let keep_internal = rec.internal.last().map(|(i, _)| *i);
-            log.truncate(from, keep_internal).await?;
+            // install began; those left are its own. Side records the install wrote are the
+            // leader's committed ones: those the rebuild can place after the replica's own
+            // entries stay, the rest are forgotten below.
+            let keep_beside = rec
+                .internal
+                .last()
+                .map(|(i, _)| *i)
+                .max(rec.side.last().map(|(i, _)| *i));
+            log.truncate(from, keep_beside).await?;
             rec = log.recover().await?;
             rec.installing_from = None;
         }
+        let mut beside: Vec<(u64, Term, Beside)> = rec
+            .internal
+            .iter()
+            .map(|(i, t)| (*i, *t, Beside::Internal))
+            .chain(rec.side.iter().map(|(i, t)| (*i, *t, Beside::Side)))
+            .collect();
+        beside.sort_unstable_by_key(|(i, _, _)| *i);
         let (map, dropped) =
-            EntryMap::rebuild(rec.purged, rec.start_offset, rec.internal, rec.batches).map_err(bad_data)?;
+            EntryMap::rebuild(rec.purged, rec.start_offset, beside, rec.batches).map_err(bad_data)?;
         if !dropped.is_empty() {
             tracing::info!(
                 ?dropped,
-                "internal entries past the recovered log's end forgotten"
+                "entries recorded beside the log past the recovered log's end forgotten"
             );
-            log.forget_internal(&dropped).await?;
+            log.forget_beside(&dropped).await?;
         }
         // The state machine starts from the last snapshot; openraft re-applies what the log
         // holds above it (which only moves the high watermark again).
@@ -197,6 +217,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                 on_flushed: None,
                 on_high_watermark: None,
                 vote_recovered: true,
+                side_keep_from: 0,
             })),
             _rt: PhantomData,
         })
@@ -243,16 +264,31 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
         f(&self.inner.borrow().log)
     }
 
+    /// Trims the side records that were let go and whose entries Raft purged.
+    async fn trim_side(&self) -> io::Result<()> {
+        let trim = {
+            let inner = self.inner.borrow();
+            let purged_below = inner.map.purged().map_or(0, |p| p.index + 1);
+            let keep_from = inner.side_keep_from.min(purged_below);
+            (keep_from > 0).then(|| inner.log.trim_side(keep_from))
+        };
+        match trim {
+            Some(trim) => trim.await,
+            None => Ok(()),
+        }
+    }
+
     async fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry<Rt>>> {
         // The slots first, then the range's batches in one read: the log's reads fill chunks
         // with consecutive batches, where one read per batch would read (and hold) a chunk
         // for each.
-        let (slots, internals, read) = {
+        let (slots, internals, read, read_side) = {
             let inner = self.inner.borrow();
             let start = start.max(inner.map.first_index());
             let mut slots = Vec::new();
             let mut internals = Vec::new();
             let mut data: Option<(Offset, Offset)> = None;
+            let mut side: Option<(u64, u64)> = None;
             for index in start..end {
                 let Some(slot) = inner.map.get(index) else { break };
                 match slot {
@@ -265,13 +301,21 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                         data = Some(data.map_or((base_offset, next), |(first, _)| (first, next)));
                     }
                     Slot::Internal { .. } => internals.push(inner.log.internal_entry(index)),
+                    Slot::Side { .. } => {
+                        side = Some(side.map_or((index, index + 1), |(first, _)| (first, index + 1)))
+                    }
                 }
                 slots.push((index, slot));
             }
             let read = data.map(|(first, next)| inner.log.read_batches(first, next));
-            (slots, internals, read)
+            let read_side = side.map(|(first, end)| inner.log.side_records(first, end));
+            (slots, internals, read, read_side)
         };
         let mut batches = match read {
+            Some(read) => read.await?.into_iter(),
+            None => Vec::new().into_iter(),
+        };
+        let mut sides = match read_side {
             Some(read) => read.await?.into_iter(),
             None => Vec::new().into_iter(),
         };
@@ -281,7 +325,9 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
             let id = log_id(slot.term(), index);
             let payload = match slot {
                 Slot::Data { base_offset, .. } => match batches.find(|b| b.base_offset >= base_offset) {
-                    Some(b) if b.base_offset == base_offset => EntryPayload::Normal(KafkaBatch(b.bytes)),
+                    Some(b) if b.base_offset == base_offset => {
+                        EntryPayload::Normal(EntryData::Batch(KafkaBatch(b.bytes)))
+                    }
                     _ => {
                         return Err(io::Error::new(
                             io::ErrorKind::NotFound,
@@ -295,6 +341,10 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
                     }) => EntryPayload::Membership(m),
                     Some(InternalEntry { membership: None, .. }) => EntryPayload::Blank,
                     None => return Err(bad_data(format!("internal entry {index} missing beside the log"))),
+                },
+                Slot::Side { .. } => match sides.find(|s| s.index >= index) {
+                    Some(s) if s.index == index => EntryPayload::Normal(EntryData::Side(s.record)),
+                    _ => return Err(bad_data(format!("side record {index} missing beside the log"))),
                 },
             };
             out.push(openraft::Entry { log_id: id, payload });
@@ -385,11 +435,28 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
         I::IntoIter: OptionalSend,
     {
         let mut appended = Vec::new();
+        // A side record staged and not yet flushed: a batch after it waits for the flush (see
+        // `ReplicaLog::append_side`).
+        let mut side_staged = false;
         for entry in entries {
             let index = entry.log_id.index;
             let term = term_of(&entry.log_id);
             let membership = match entry.payload {
-                EntryPayload::Normal(KafkaBatch(bytes)) => {
+                EntryPayload::Normal(EntryData::Side(record)) => {
+                    let staged = {
+                        let mut inner = self.inner.borrow_mut();
+                        inner.map.push_side(index, term);
+                        inner.log.append_side(StoredSide { index, term, record })
+                    };
+                    staged.await?;
+                    side_staged = true;
+                    continue;
+                }
+                EntryPayload::Normal(EntryData::Batch(KafkaBatch(bytes))) => {
+                    if std::mem::take(&mut side_staged) {
+                        let flush = self.inner.borrow().log.flush();
+                        flush.await?;
+                    }
                     let header = BatchHeader::parse(&bytes).map_err(|e| bad_data(format!("{e:?}")))?;
                     let count = u32::try_from(header.offset_count())
                         .ok()
@@ -449,10 +516,10 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftLogStorage<C<Rt>> for ReplicaStore<Rt,
             inner.map.purge(upto.index, term_of(&upto));
             inner.map.purged().map(|p| inner.log.save_purge_point(p))
         };
-        match saved {
-            Some(saved) => saved.await,
-            None => Ok(()),
+        if let Some(saved) = saved {
+            saved.await?;
         }
+        self.trim_side().await
     }
 }
 
@@ -488,6 +555,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftSnapshotBuilder<C<Rt>> for ReplicaStor
             snapshot: PartitionSnapshot {
                 next_offset,
                 batches: Vec::new(),
+                side: Vec::new(),
             },
         })
     }
@@ -514,7 +582,13 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 let index = entry.log_id.index;
                 inner.applied = Some(entry.log_id);
                 match entry.payload {
-                    EntryPayload::Normal(KafkaBatch(bytes)) => match inner.map.get(index) {
+                    EntryPayload::Normal(EntryData::Side(record)) => {
+                        if record.keep_from <= index {
+                            inner.side_keep_from = inner.side_keep_from.max(record.keep_from);
+                        }
+                        Applied::Side { index }
+                    }
+                    EntryPayload::Normal(EntryData::Batch(KafkaBatch(bytes))) => match inner.map.get(index) {
                         Some(Slot::Data {
                             base_offset,
                             offset_count,
@@ -613,6 +687,21 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 let inner = self.inner.borrow();
                 inner.log.append_batch(b.base_offset, b.term, &b.bytes)?;
             }
+            let applied = self.inner.borrow().applied.map_or(0, |l| l.index + 1);
+            // The leader keeps no side record before its first one (its writer let them go): nor
+            // does this replica, once the install is done.
+            if let Some(first) = snapshot.side.first().map(|s| s.index) {
+                let mut inner = self.inner.borrow_mut();
+                inner.side_keep_from = inner.side_keep_from.max(first);
+            }
+            for s in snapshot
+                .side
+                .into_iter()
+                .filter(|s| s.index >= applied && s.index <= point.index)
+            {
+                let append = self.inner.borrow().log.append_side(s);
+                append.await?;
+            }
             let flush = self.inner.borrow().log.flush();
             flush.await?;
             let finish = {
@@ -637,29 +726,37 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> RaftStateMachine<C<Rt>> for ReplicaStore<R
                 applier.apply(b.base_offset, &b.bytes).map_err(bad_data)?;
             }
         }
-        let mut inner = self.inner.borrow_mut();
-        inner.applied = Some(last);
-        inner.membership = meta.last_membership.clone();
-        inner.high_watermark = inner.high_watermark.max(point.next_offset);
-        inner.snapshot = Some((meta.clone(), point.next_offset));
-        drop(inner);
+        {
+            let mut inner = self.inner.borrow_mut();
+            inner.applied = Some(last);
+            inner.membership = meta.last_membership.clone();
+            inner.high_watermark = inner.high_watermark.max(point.next_offset);
+            inner.snapshot = Some((meta.clone(), point.next_offset));
+        }
         self.tell_high_watermark();
-        Ok(())
+        self.trim_side().await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snap>, io::Error> {
-        let (meta, next_offset, read) = {
+        let (meta, next_offset, read, read_side) = {
             let inner = self.inner.borrow();
             let Some((meta, next_offset)) = inner.snapshot.clone() else {
                 return Ok(None);
             };
             let read = inner.log.read_batches(Offset::ZERO, next_offset);
-            (meta, next_offset, read)
+            let end = meta.last_log_id.map_or(0, |l| l.index + 1);
+            let read_side = inner.log.side_records(0, end);
+            (meta, next_offset, read, read_side)
         };
         let batches = read.await?;
+        let side = read_side.await?;
         Ok(Some(Snapshot {
             meta,
-            snapshot: PartitionSnapshot { next_offset, batches },
+            snapshot: PartitionSnapshot {
+                next_offset,
+                batches,
+                side,
+            },
         }))
     }
 }
@@ -721,7 +818,7 @@ mod tests {
     fn entry(index: u64, b: &Bytes) -> Entry<SimRuntime> {
         Entry::<SimRuntime> {
             log_id: log_id(Term(1), index),
-            payload: EntryPayload::Normal(KafkaBatch(b.clone())),
+            payload: EntryPayload::Normal(EntryData::Batch(KafkaBatch(b.clone()))),
         }
     }
 

@@ -56,11 +56,64 @@ impl fmt::Display for KafkaBatch {
     }
 }
 
+/// A side record: state that a subsystem keeps beside a partition's log (a queue's delivery
+/// records) and replicates through the partition's own Raft group, so that it is ordered with
+/// the partition's batches and never committed before the batches it was written after. It takes
+/// a Raft index but no Kafka offset; the log underneath stores it beside the partition log (see
+/// [`super::replica_log::ReplicaLog::append_side`]). Its data is opaque to Raft; `keep_from`
+/// is the subsystem's word that it needs no side record before that index any more, which every
+/// replica acts on once the record is committed ([`super::replica_log::ReplicaLog::trim_side`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SideRecord {
+    pub keep_from: u64,
+    pub data: Bytes,
+}
+
+impl fmt::Debug for SideRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SideRecord(keep from {}, {} bytes)",
+            self.keep_from,
+            self.data.len()
+        )
+    }
+}
+
+/// The application data of a partition's Raft entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryData {
+    /// A record batch of the partition's Kafka log.
+    Batch(KafkaBatch),
+    /// A record kept beside the log.
+    Side(SideRecord),
+}
+
+impl fmt::Display for EntryData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+impl From<KafkaBatch> for EntryData {
+    fn from(b: KafkaBatch) -> Self {
+        EntryData::Batch(b)
+    }
+}
+
+impl From<SideRecord> for EntryData {
+    fn from(r: SideRecord) -> Self {
+        EntryData::Side(r)
+    }
+}
+
 /// What applying an entry answers its proposer: where a batch landed in the Kafka log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     /// A record batch, now committed, whose first record has this offset.
     Batch { base_offset: Offset },
+    /// A side record, now committed at this Raft index.
+    Side { index: u64 },
     /// A Raft-internal entry (a leader's blank entry, a membership change): no Kafka offset.
     Internal,
 }
@@ -115,7 +168,7 @@ impl<Rt> Ord for PartitionRaft<Rt> {
 }
 
 impl<Rt: AsyncRuntime> RaftTypeConfig for PartitionRaft<Rt> {
-    type D = KafkaBatch;
+    type D = EntryData;
     type R = Applied;
     type NodeId = BrokerId;
     /// Addresses come from the cluster metadata, not from Raft membership.
@@ -123,7 +176,7 @@ impl<Rt: AsyncRuntime> RaftTypeConfig for PartitionRaft<Rt> {
     type Term = u64;
     type LeaderId = leader_id_std::LeaderId<u64, BrokerId>;
     type Vote = Vote<Self::LeaderId>;
-    type Payload = EntryPayload<KafkaBatch, BrokerId, ()>;
+    type Payload = EntryPayload<EntryData, BrokerId, ()>;
     type Entry = openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
     type AsyncRuntime = Rt;
     type Responder<T>

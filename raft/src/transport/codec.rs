@@ -17,7 +17,9 @@ use openraft::impls::leader_id_std;
 use openraft::{EntryPayload, Membership, SnapshotMeta, StoredMembership};
 use strand_protocol::types::{Offset, PartitionId, TopicId};
 
-use crate::partition::{BrokerId, KafkaBatch, PartitionLogId, StoredBatch};
+use crate::partition::{
+    BrokerId, EntryData, KafkaBatch, PartitionLogId, SideRecord, StoredBatch, StoredSide,
+};
 use crate::Term;
 
 /// The only protocol version this codec speaks.
@@ -42,7 +44,7 @@ pub type PartitionVote = openraft::impls::Vote<leader_id_std::LeaderId<u64, Brok
 pub type PartitionEntry =
     openraft::Entry<openraft::vote::leader_id_std::CommittedLeaderId<u64>, PartitionPayload>;
 /// The payload of a partition group's entry.
-pub type PartitionPayload = EntryPayload<KafkaBatch, BrokerId, ()>;
+pub type PartitionPayload = EntryPayload<EntryData, BrokerId, ()>;
 /// A partition group's membership.
 pub type PartitionMembership = Membership<BrokerId, ()>;
 /// A partition group's snapshot metadata.
@@ -117,6 +119,8 @@ pub struct SnapshotChunk {
     pub chunk_index: u32,
     pub last: bool,
     pub batches: Vec<StoredBatch>,
+    /// Side records (in the last chunk only, as the broker sends them; any chunk may carry some).
+    pub side: Vec<StoredSide>,
 }
 
 /// The answer to a snapshot chunk: the receiver's vote (openraft's `SnapshotResponse`). For a
@@ -514,6 +518,8 @@ const LOG_ID_BYTES: usize = 8 + 8;
 const OPT_LOG_ID_MIN_BYTES: usize = 1;
 const ENTRY_MIN_BYTES: usize = LOG_ID_BYTES + 1;
 const BATCH_MIN_BYTES: usize = 8 + 8 + 4;
+/// A snapshot's side record: index, term, keep-from index, data length.
+const SIDE_MIN_BYTES: usize = 8 + 8 + 8 + 4;
 const HEARTBEAT_MIN_BYTES: usize = GROUP_BYTES + VOTE_BYTES + 2 * OPT_LOG_ID_MIN_BYTES;
 const HEARTBEAT_REPLY_MIN_BYTES: usize = GROUP_BYTES + 1;
 
@@ -531,7 +537,8 @@ pub(super) fn entry_len(e: &PartitionEntry) -> usize {
         + 1
         + match &e.payload {
             EntryPayload::Blank => 0,
-            EntryPayload::Normal(batch) => 4 + batch.0.len(),
+            EntryPayload::Normal(EntryData::Batch(batch)) => 4 + batch.0.len(),
+            EntryPayload::Normal(EntryData::Side(r)) => 8 + 4 + r.data.len(),
             EntryPayload::Membership(m) => membership_len(m),
         }
 }
@@ -583,6 +590,12 @@ fn body_len(message: &Message) -> usize {
                     .batches
                     .iter()
                     .map(|b| BATCH_MIN_BYTES + b.bytes.len())
+                    .sum::<usize>()
+                + 4
+                + chunk
+                    .side
+                    .iter()
+                    .map(|s| SIDE_MIN_BYTES + s.record.data.len())
                     .sum::<usize>()
         }
         Message::SnapshotReply { .. } => GROUP_BYTES + VOTE_BYTES,
@@ -671,9 +684,14 @@ fn put_entry(e: &PartitionEntry, out: &mut BytesMut) {
     put_log_id(&e.log_id, out);
     match &e.payload {
         EntryPayload::Blank => out.put_u8(0),
-        EntryPayload::Normal(batch) => {
+        EntryPayload::Normal(EntryData::Batch(batch)) => {
             out.put_u8(1);
             put_bytes(&batch.0, out);
+        }
+        EntryPayload::Normal(EntryData::Side(r)) => {
+            out.put_u8(3);
+            out.put_u64(r.keep_from);
+            put_bytes(&r.data, out);
         }
         EntryPayload::Membership(m) => {
             out.put_u8(2);
@@ -747,6 +765,13 @@ fn put_body(message: &Message, out: &mut BytesMut) {
                 out.put_i64(b.base_offset.0);
                 out.put_u64(b.term.0);
                 put_bytes(&b.bytes, out);
+            }
+            put_count(chunk.side.len(), out);
+            for s in &chunk.side {
+                out.put_u64(s.index);
+                out.put_u64(s.term.0);
+                out.put_u64(s.record.keep_from);
+                put_bytes(&s.record.data, out);
             }
         }
         Message::SnapshotReply { group, reply } => {
@@ -960,7 +985,12 @@ impl Reader {
         let log_id = self.log_id()?;
         let payload = match self.u8("entry payload")? {
             0 => EntryPayload::Blank,
-            1 => EntryPayload::Normal(KafkaBatch(self.bytes("entry batch")?)),
+            1 => EntryPayload::Normal(EntryData::Batch(KafkaBatch(self.bytes("entry batch")?))),
+            3 => {
+                let keep_from = self.u64("side record")?;
+                let data = self.bytes("side record")?;
+                EntryPayload::Normal(EntryData::Side(SideRecord { keep_from, data }))
+            }
             2 => EntryPayload::Membership(self.membership()?),
             tag => {
                 return Err(DecodeError::BadTag {
@@ -1065,6 +1095,19 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
                     bytes,
                 });
             }
+            let n = r.count(SIDE_MIN_BYTES, "snapshot side records")?;
+            let mut side = r.vec(n);
+            for _ in 0..n {
+                let index = r.u64("snapshot side record")?;
+                let term = Term(r.u64("snapshot side record")?);
+                let keep_from = r.u64("snapshot side record")?;
+                let data = r.bytes("snapshot side record")?;
+                side.push(StoredSide {
+                    index,
+                    term,
+                    record: SideRecord { keep_from, data },
+                });
+            }
             Message::Snapshot {
                 group,
                 chunk: SnapshotChunk {
@@ -1074,6 +1117,7 @@ fn get_body(kind: u8, r: &mut Reader) -> Result<Message, DecodeError> {
                     chunk_index,
                     last,
                     batches,
+                    side,
                 },
             }
         }

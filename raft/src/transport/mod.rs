@@ -43,7 +43,7 @@
 //! | 3    | vote reply            | group, vote, granted (bool), last log id?                                 |
 //! | 4    | append entries        | group, vote, prev log id?, leader commit?, u32 count, entries             |
 //! | 5    | append reply          | group, append reply                                                       |
-//! | 6    | snapshot chunk        | group, vote, snapshot meta, next offset (i64), chunk index (u32), last (bool), u32 count, batches |
+//! | 6    | snapshot chunk        | group, vote, snapshot meta, next offset (i64), chunk index (u32), last (bool), u32 count, batches, u32 count, side records (index u64, term u64, keep-from u64, u32 length, bytes) |
 //! | 7    | snapshot reply        | group, vote                                                               |
 //! | 8    | transfer leader       | group, from-leader vote, target node (u64), last log id?                  |
 //! | 9    | transfer-leader reply | group, tag (0 ok; 1 vote changed: expected vote, actual vote; 2 log not flushed: expected log id?, actual log id?) |
@@ -61,7 +61,7 @@
 //! | log id         | term (u64), index (u64)                                                       |
 //! | `x?`           | tag byte 0 (absent) or 1 followed by `x`                                      |
 //! | bool           | one byte, 0 or 1                                                              |
-//! | entry          | log id, payload tag: 0 blank; 1 Kafka batch (u32 length, bytes); 2 membership |
+//! | entry          | log id, payload tag: 0 blank; 1 Kafka batch (u32 length, bytes); 2 membership; 3 side record (keep-from u64, u32 length, bytes) |
 //! | membership     | u32 config count (≤ 2), each a u32 count of node ids (u64); u32 count of all node ids (voters and learners) |
 //! | snapshot meta  | last log id?, membership log id?, membership                                  |
 //! | batch          | base offset (i64), term (u64), u32 length, bytes                              |

@@ -47,7 +47,10 @@ use super::codec::{
     SnapshotReply, TransferLeaderMsg, TransferLeaderRejected, VoteMsg, VoteReply,
 };
 use super::heartbeat::{HeartbeatOutbox, HeartbeatOutcome, OutboxLimits, PushError, ReplyMerger};
-use crate::partition::{BrokerId, KafkaBatch, PartitionLogId, PartitionRaft, PartitionSnapshot, StoredBatch};
+use crate::partition::{
+    BrokerId, EntryData, KafkaBatch, PartitionLogId, PartitionRaft, PartitionSnapshot, StoredBatch,
+    StoredSide,
+};
 
 type C<Rt> = PartitionRaft<Rt>;
 
@@ -555,8 +558,9 @@ fn append_reply<Rt: AsyncRuntime>(r: AppendEntriesResponse<C<Rt>>) -> AppendRepl
     }
 }
 
-/// Cuts a snapshot into chunks of about `chunk_bytes` of batches each (a batch larger than
-/// that gets a chunk of its own); there is always at least one chunk, the last.
+/// Cuts a snapshot into chunks of about `chunk_bytes` of batches each, then of side records (a
+/// batch or record larger than that gets a chunk of its own); there is always at least one
+/// chunk, the last.
 fn snapshot_chunks(
     vote: PartitionVote,
     snapshot: Snapshot<
@@ -568,30 +572,40 @@ fn snapshot_chunks(
     chunk_bytes: usize,
 ) -> Vec<SnapshotChunk> {
     let Snapshot { meta, snapshot } = snapshot;
-    let mut groups: Vec<Vec<StoredBatch>> = vec![Vec::new()];
+    let mut groups: Vec<(Vec<StoredBatch>, Vec<StoredSide>)> = vec![(Vec::new(), Vec::new())];
     let mut size = 0;
+    let start_chunk =
+        |size: &mut usize, len: usize, groups: &mut Vec<(Vec<StoredBatch>, Vec<StoredSide>)>| {
+            if *size > 0 && *size + len > chunk_bytes {
+                groups.push((Vec::new(), Vec::new()));
+                *size = 0;
+            }
+            *size += len;
+        };
     for b in snapshot.batches {
-        let len = b.bytes.len();
-        if size > 0 && size + len > chunk_bytes {
-            groups.push(Vec::new());
-            size = 0;
-        }
-        size += len;
+        start_chunk(&mut size, b.bytes.len(), &mut groups);
         if let Some(g) = groups.last_mut() {
-            g.push(b);
+            g.0.push(b);
+        }
+    }
+    for r in snapshot.side {
+        start_chunk(&mut size, r.record.data.len(), &mut groups);
+        if let Some(g) = groups.last_mut() {
+            g.1.push(r);
         }
     }
     let n = groups.len();
     groups
         .into_iter()
         .enumerate()
-        .map(|(i, batches)| SnapshotChunk {
+        .map(|(i, (batches, side))| SnapshotChunk {
             vote,
             meta: meta.clone(),
             next_offset: snapshot.next_offset,
             chunk_index: u32::try_from(i).unwrap_or(u32::MAX),
             last: i + 1 == n,
             batches,
+            side,
         })
         .collect()
 }
@@ -782,7 +796,8 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
         let key = (from, group);
         let complete = {
             let mut snapshots = self.snapshots.borrow_mut();
-            let bytes: usize = chunk.batches.iter().map(|b| b.bytes.len()).sum();
+            let bytes: usize = chunk.batches.iter().map(|b| b.bytes.len()).sum::<usize>()
+                + chunk.side.iter().map(|r| r.record.data.len()).sum::<usize>();
             if chunk.chunk_index == 0 {
                 // A first chunk restarts the peer's transfer of this group.
                 snapshots.remove(&key);
@@ -825,6 +840,7 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
                 a.bytes += bytes;
                 a.next_index += 1;
                 a.chunk.batches.extend(chunk.batches);
+                a.chunk.side.extend(chunk.side);
                 if chunk.last {
                     snapshots.remove(&key)
                 } else {
@@ -844,6 +860,7 @@ impl<Rt: AsyncRuntime, G: GroupRafts<Rt>> Server<Rt, G> {
             snapshot: PartitionSnapshot {
                 next_offset: a.chunk.next_offset,
                 batches: a.chunk.batches,
+                side: a.chunk.side,
             },
         };
         match raft.install_full_snapshot(a.vote, snapshot).await {
@@ -882,7 +899,7 @@ fn check_append(req: &AppendMsg) -> Result<(), &'static str> {
         if e.log_id.leader_id.term > req.vote.leader_id.term {
             return Err("an entry beyond the leader's term");
         }
-        if let EntryPayload::Normal(KafkaBatch(b)) = &e.payload {
+        if let EntryPayload::Normal(EntryData::Batch(KafkaBatch(b))) = &e.payload {
             if !is_one_batch(b) {
                 return Err("an entry that is not one valid record batch");
             }

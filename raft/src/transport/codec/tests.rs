@@ -61,10 +61,23 @@ fn arb_bytes() -> impl Strategy<Value = Bytes> {
     proptest::collection::vec(any::<u8>(), 0..64).prop_map(Bytes::from)
 }
 
+fn arb_stored_side() -> impl Strategy<Value = StoredSide> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes()).prop_map(|(index, term, keep_from, data)| {
+        StoredSide {
+            index,
+            term: Term(term),
+            record: SideRecord { keep_from, data },
+        }
+    })
+}
+
 fn arb_entry() -> impl Strategy<Value = PartitionEntry> {
     let payload = prop_oneof![
         Just(EntryPayload::Blank),
-        arb_bytes().prop_map(|b| EntryPayload::Normal(KafkaBatch(b))),
+        arb_bytes().prop_map(|b| EntryPayload::Normal(EntryData::Batch(KafkaBatch(b)))),
+        (any::<u64>(), arb_bytes()).prop_map(|(keep_from, data)| EntryPayload::Normal(EntryData::Side(
+            SideRecord { keep_from, data }
+        ))),
         arb_membership().prop_map(EntryPayload::Membership),
     ];
     (arb_log_id(), payload).prop_map(|(log_id, payload)| PartitionEntry { log_id, payload })
@@ -159,10 +172,11 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<i64>(),
             any::<u32>(),
             any::<bool>(),
-            proptest::collection::vec(arb_stored_batch(), 0..5)
+            proptest::collection::vec(arb_stored_batch(), 0..5),
+            proptest::collection::vec(arb_stored_side(), 0..3)
         )
-            .prop_map(
-                |(group, vote, meta, next, chunk_index, last, batches)| Message::Snapshot {
+            .prop_map(|(group, vote, meta, next, chunk_index, last, batches, side)| {
+                Message::Snapshot {
                     group,
                     chunk: SnapshotChunk {
                         vote,
@@ -171,9 +185,10 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         chunk_index,
                         last,
                         batches,
+                        side,
                     },
                 }
-            ),
+            }),
         (arb_group(), arb_vote()).prop_map(|(group, vote)| Message::SnapshotReply {
             group,
             reply: SnapshotReply { vote },
@@ -312,7 +327,7 @@ fn decoded_batches_are_slices_of_the_frame() {
                 leader_commit: None,
                 entries: vec![PartitionEntry {
                     log_id: PartitionLogId::new_term_index(1, 1),
-                    payload: EntryPayload::Normal(KafkaBatch(batch.clone())),
+                    payload: EntryPayload::Normal(EntryData::Batch(KafkaBatch(batch.clone()))),
                 }],
             },
         },
@@ -323,7 +338,7 @@ fn decoded_batches_are_slices_of_the_frame() {
         panic!("not an append");
     };
     let Some(PartitionEntry {
-        payload: EntryPayload::Normal(KafkaBatch(got)),
+        payload: EntryPayload::Normal(EntryData::Batch(KafkaBatch(got))),
         ..
     }) = req.entries.first()
     else {

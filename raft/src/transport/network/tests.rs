@@ -13,7 +13,9 @@ use strand_protocol::batch::build;
 use strand_protocol::types::{Offset, PartitionId, TopicId};
 
 use super::*;
-use crate::partition::{KafkaBatch, MemReplicaLog, PartitionLogId, ReplicaStore};
+use crate::partition::{
+    EntryData, KafkaBatch, MemReplicaLog, PartitionLogId, ReplicaStore, SideRecord, StoredSide,
+};
 use crate::transport::codec::PartitionEntry;
 use crate::transport::mem::MemNetwork;
 
@@ -142,7 +144,7 @@ async fn write(nodes: &HashMap<u64, Node>, g: GroupId, b: KafkaBatch) {
             .groups
             .raft(g)
             .unwrap()
-            .client_write(b.clone())
+            .client_write(b.clone().into())
             .await
         {
             Ok(_) => return,
@@ -429,7 +431,7 @@ fn vote() -> PartitionVote {
 fn data_entry(index: u64, bytes: usize) -> PartitionEntry {
     PartitionEntry {
         log_id: PartitionLogId::new_term_index(4, index),
-        payload: EntryPayload::Normal(KafkaBatch(Bytes::from(vec![0u8; bytes]))),
+        payload: EntryPayload::Normal(EntryData::Batch(KafkaBatch(Bytes::from(vec![0u8; bytes])))),
     }
 }
 
@@ -583,31 +585,49 @@ fn snapshots_are_cut_into_chunks_with_their_metadata() {
             bytes: Bytes::from(vec![1u8; 100]),
         })
         .collect();
+    let side: Vec<StoredSide> = (7..9)
+        .map(|index| StoredSide {
+            index,
+            term: crate::Term(2),
+            record: SideRecord {
+                keep_from: 0,
+                data: Bytes::from(vec![2u8; 100]),
+            },
+        })
+        .collect();
     let snapshot = Snapshot {
         meta: meta.clone(),
         snapshot: PartitionSnapshot {
             next_offset: Offset(5),
             batches: batches.clone(),
+            side: side.clone(),
         },
     };
     let chunks = snapshot_chunks(vote(), snapshot, 250);
     assert_eq!(
         chunks.iter().map(|c| c.batches.len()).collect::<Vec<_>>(),
-        vec![2, 2, 1]
+        vec![2, 2, 1, 0]
+    );
+    assert_eq!(
+        chunks.iter().map(|c| c.side.len()).collect::<Vec<_>>(),
+        vec![0, 0, 1, 1],
+        "side records follow the batches, in chunks of the same size"
     );
     assert_eq!(
         chunks.iter().map(|c| c.chunk_index).collect::<Vec<_>>(),
-        vec![0, 1, 2]
+        vec![0, 1, 2, 3]
     );
     assert_eq!(
         chunks.iter().map(|c| c.last).collect::<Vec<_>>(),
-        vec![false, false, true]
+        vec![false, false, false, true]
     );
     assert!(chunks
         .iter()
         .all(|c| c.meta == meta && c.next_offset == Offset(5)));
-    let rejoined: Vec<_> = chunks.into_iter().flat_map(|c| c.batches).collect();
+    let rejoined: Vec<_> = chunks.iter().flat_map(|c| c.batches.clone()).collect();
     assert_eq!(rejoined, batches);
+    let rejoined: Vec<_> = chunks.into_iter().flat_map(|c| c.side).collect();
+    assert_eq!(rejoined, side);
 
     // An empty snapshot is one last chunk.
     let empty = Snapshot {
@@ -634,6 +654,7 @@ fn chunk(index: u32, last: bool, bytes: usize) -> SnapshotChunk {
             term: crate::Term(4),
             bytes: valid_batch(bytes),
         }],
+        side: Vec::new(),
     }
 }
 
@@ -810,7 +831,7 @@ fn appends_that_break_raft_rules_are_caught() {
     let mut good = append(None, &[]);
     good.entries.push(PartitionEntry {
         log_id: PartitionLogId::new_term_index(4, 0),
-        payload: EntryPayload::Normal(KafkaBatch(valid_batch(100))),
+        payload: EntryPayload::Normal(EntryData::Batch(KafkaBatch(valid_batch(100)))),
     });
     assert_eq!(check_append(&good), Ok(()));
     let mut bad_chunk = chunk(0, true, 100);
