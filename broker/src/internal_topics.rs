@@ -31,6 +31,41 @@ pub(crate) const CLUSTER_METADATA: &str = "__cluster_metadata";
 /// The directory of the queue engines' state logs, under the log directory.
 pub(crate) const QUEUE_STATE: &str = "__queue_state";
 
+/// The side log of a replicated partition (its side records: the queue engines' delivery state,
+/// replicated through the partition's Raft group) is `{QUEUE_STATE}/{topic}-{partition}/{SIDE_LOG}`:
+/// a name no group's state log directory takes (those encode `%` only before two hex digits).
+const SIDE_LOG: &str = "%replicated";
+
+/// The storage directory name of a partition's side log.
+pub(crate) fn side_log_dir_name(topic: &str, partition: i32) -> String {
+    format!("{QUEUE_STATE}/{topic}-{partition}/{SIDE_LOG}")
+}
+
+/// Parses [`side_log_dir_name`] output: (topic, partition).
+pub(crate) fn parse_side_log_dir_name(name: &str) -> Option<(&str, i32)> {
+    let rest = name.strip_prefix(QUEUE_STATE)?.strip_prefix('/')?;
+    let part_dir = rest.strip_suffix(SIDE_LOG)?.strip_suffix('/')?;
+    let (topic, p) = part_dir.rsplit_once('-')?;
+    if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    strand_protocol::types::validate_topic_name(topic).ok()?;
+    Some((topic, p.parse().ok()?))
+}
+
+/// Storage settings of the queue engines' state: small segments (snapshots let old ones go),
+/// no time or size retention. Standalone state logs and side logs alike.
+pub(crate) fn side_log_config() -> strand_storage::LogConfig {
+    strand_storage::LogConfig {
+        segment_bytes: 8 << 20,
+        segment_ms: 7 * 24 * 3600 * 1000,
+        retention_ms: None,
+        retention_bytes: None,
+        index_interval_bytes: 4096,
+        max_index_entries: (1 << 20) / 8,
+    }
+}
+
 /// Kafka's `Topic.INTERNAL_TOPICS`.
 const INTERNAL: [&str; 3] = [CONSUMER_OFFSETS, TRANSACTION_STATE, SHARE_GROUP_STATE];
 /// Reserved besides the internal topics.

@@ -461,6 +461,13 @@ fn log_config_for(md: &ClusterMetadata, config: &Config, key: &LogKey) -> Option
     if *key == crate::cluster::node::metadata_log_key() {
         return Some(crate::cluster::node::metadata_log_config());
     }
+    if let Some((topic, partition)) = crate::internal_topics::parse_side_log_dir_name(&key.dir_name) {
+        // Side logs exist only on cluster nodes, whose topics the controller quorum names.
+        let known = md
+            .topic(topic)
+            .is_none_or(|t| *t.id.0.as_bytes() == key.incarnation && partition < t.partitions);
+        return (!config.cluster.is_standalone() && known).then(crate::internal_topics::side_log_config);
+    }
     if let Some((topic, partition, _)) = crate::queue::host::parse_state_log_dir_name(&key.dir_name) {
         let t = md.topic(topic)?;
         let live = *t.id.0.as_bytes() == key.incarnation && partition < t.partitions;

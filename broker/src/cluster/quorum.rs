@@ -417,7 +417,7 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {
         }
         let expected = self.applier.state().next_offset();
         let batch = KafkaBatch(decision_batch(&records, self.now_ms.get()));
-        let written = self.raft.client_write(batch).await.map_err(|e| match e {
+        let written = self.raft.client_write(batch.into()).await.map_err(|e| match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
                 ControllerError::NotController { leader: f.leader_id }
             }

@@ -97,19 +97,23 @@ use openraft::Raft;
 use strand_protocol::types::{LeaderEpoch, NodeId, PartitionId, ShardId, TopicId};
 use strand_raft::partition::quiesce::{self, QuiesceConfig, Quiescer};
 use strand_raft::partition::shard_log::ShardReplicaLog;
-use strand_raft::partition::{Applied, BrokerId, KafkaBatch, PartitionRaft, ReplicaStore};
+use strand_raft::partition::{
+    Applied, BrokerId, EntryData, KafkaBatch, PartitionRaft, ReplicaLog, ReplicaStore, SideLogSpec,
+    SideRecord,
+};
 use strand_raft::rt::GlommioRuntime;
 use strand_raft::transport::codec::{GroupId, Message};
 use strand_raft::transport::network::{GroupRafts, NetworkConfig, NodeNetwork, Server, ServerLimits};
 use strand_raft::transport::tcp::{serve_stream, TcpConfig};
 use strand_storage::fs_glommio::GlommioFs;
-use strand_storage::{LogId, ShardStore};
+use strand_storage::{LogId, LogKey, ShardStore};
 
 use self::leaders::{LeaderView, SeenLeader};
 use self::net::{Directory, PeerShards};
 use crate::cluster::{BrokerEpoch, ClusterState, IncarnationId};
+use crate::internal_topics::{side_log_config, side_log_dir_name};
 use crate::metadata::MetadataDelta;
-use crate::shard::replica::{Acks, Leadership, ProposeError, ReplicaHandle};
+use crate::shard::replica::{Acks, Leadership, ProposeError, ReplicaHandle, SideRecordsRead};
 use crate::shard::service::{NodeLink, Service, ShardHooks};
 use crate::shard::Shard;
 
@@ -402,7 +406,12 @@ impl ReplicaHandle for Handle {
                 Acks::Leader => LocalAck::register(&group, &batch),
                 Acks::All => None,
             };
-            let committed = commit(Rc::clone(&group), batch, ticket);
+            let committed = async {
+                match commit(Rc::clone(&group), KafkaBatch(batch).into(), ticket).await? {
+                    Applied::Batch { base_offset } => Ok(base_offset.0),
+                    other => Err(ProposeError::Unknown(format!("a batch answered as {other:?}"))),
+                }
+            };
             let Some(mut local) = local else {
                 return committed.await;
             };
@@ -413,6 +422,37 @@ impl ReplicaHandle for Handle {
                 // The group dropped the waiter (stopped): the commit's outcome decides.
                 futures::future::Either::Right((Err(_), committed)) => committed.await,
             }
+        }
+        .boxed_local()
+    }
+
+    fn propose_side(
+        &self,
+        keep_from: u64,
+        data: Bytes,
+    ) -> LocalBoxFuture<'static, Result<u64, ProposeError>> {
+        let group = Rc::clone(&self.0);
+        group.active.set(true);
+        let ticket = group.tickets.get();
+        group.tickets.set(ticket + 1);
+        async move {
+            match commit(Rc::clone(&group), SideRecord { keep_from, data }.into(), ticket).await? {
+                Applied::Side { index } => Ok(index),
+                other => Err(ProposeError::Unknown(format!(
+                    "a side record answered as {other:?}"
+                ))),
+            }
+        }
+        .boxed_local()
+    }
+
+    fn side_records(&self) -> SideRecordsRead {
+        let log = self.0.replica.with_log(|l| l.clone());
+        async move {
+            log.side_records(0, u64::MAX)
+                .await
+                .map(|rs| rs.into_iter().map(|r| (r.index, r.record.data)).collect())
+                .map_err(|e| e.to_string())
         }
         .boxed_local()
     }
@@ -492,7 +532,7 @@ impl Drop for LocalAck {
 /// proposal has been handed to Raft; otherwise it, and every proposal issued before the refusal
 /// that Raft has not taken either, is answered as not written (retriable, not persisted), so
 /// that no batch is appended behind a later one of the same producer.
-async fn commit(group: Rc<Group>, batch: Bytes, ticket: u64) -> Result<i64, ProposeError> {
+async fn commit(group: Rc<Group>, data: EntryData, ticket: u64) -> Result<Applied, ProposeError> {
     let started = std::time::Instant::now();
     // `submitted`: Raft refused this proposal after it was handed over, so every one issued
     // before now must not be handed over again. A proposal refused before it was handed over
@@ -518,7 +558,7 @@ async fn commit(group: Rc<Group>, batch: Bytes, ticket: u64) -> Result<i64, Prop
             return Err(refuse(&group, None, false));
         }
         group.last_submitted.set(group.last_submitted.get().max(ticket));
-        let write = group.raft.client_write(KafkaBatch(batch.clone()));
+        let write = group.raft.client_write(data.clone());
         let timer = glommio::timer::sleep(PROPOSE_TIMEOUT);
         futures::pin_mut!(write);
         futures::pin_mut!(timer);
@@ -531,12 +571,7 @@ async fn commit(group: Rc<Group>, batch: Bytes, ticket: u64) -> Result<i64, Prop
             }
         };
         match result {
-            Ok(resp) => {
-                return match resp.data {
-                    Applied::Batch { base_offset } => Ok(base_offset.0),
-                    Applied::Internal => Err(ProposeError::Unknown("answered as an internal entry".into())),
-                }
-            }
+            Ok(resp) => return Ok(resp.data),
             // A new or just-woken leader: its lease comes with the next acknowledged round of
             // heartbeats. Ask for one and wait, within a bound, unless a later proposal went
             // to Raft meanwhile.
@@ -1046,9 +1081,19 @@ impl GroupManager {
         let epoch = self.epoch;
         let now_ms: Rc<dyn Fn() -> i64> =
             Rc::new(move || i64::try_from(epoch.elapsed().as_millis()).unwrap_or(i64::MAX));
+        let Some(topic) = state.topic(id.topic) else {
+            return Err("not in the metadata".into());
+        };
         let replica_log = ShardReplicaLog::open(Rc::clone(&self.store), log, dir, now_ms)
             .await
-            .map_err(|e| format!("replica log: {e}"))?;
+            .map_err(|e| format!("replica log: {e}"))?
+            .with_side_log(SideLogSpec {
+                key: LogKey {
+                    dir_name: side_log_dir_name(&topic.name, id.partition.0),
+                    incarnation: *id.topic.0.as_bytes(),
+                },
+                config: side_log_config(),
+            });
         let replica = Store::open(replica_log)
             .await
             .map_err(|e| format!("replica store: {e}"))?;
@@ -1523,7 +1568,15 @@ impl GroupManager {
             .filter(|g| g.id.topic == topic)
             .cloned()
             .collect();
+        let logs: Vec<ShardReplicaLog<GlommioFs>> =
+            groups.iter().map(|g| g.replica.with_log(|l| l.clone())).collect();
         self.stop_groups(groups).await;
+        // The side logs go with the topic (the core removes the partition logs).
+        for log in logs {
+            if let Err(e) = log.remove_side_log().await {
+                tracing::warn!(error = %e, "cannot remove a deleted partition's side log");
+            }
+        }
     }
 
     /// A controlled shutdown: the groups this shard leads hand leadership to a caught-up

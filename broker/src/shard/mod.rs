@@ -674,6 +674,50 @@ impl Shard {
         }
     }
 
+    /// Proposes a side record to `topic`-`partition`'s Raft group, which this shard's replica
+    /// must lead (see [`ReplicaHandle::propose_side`]): resolves with its Raft index once
+    /// committed.
+    pub(crate) fn propose_side(
+        &self,
+        topic: &str,
+        partition: i32,
+        keep_from: u64,
+        data: bytes::Bytes,
+    ) -> LocalBoxFuture<'static, Result<u64, OwnAppendError>> {
+        match self.gate(topic, partition) {
+            Gate::Replicated(_, replica, _) if replica.leadership().is_local => {
+                let proposal = replica.propose_side(keep_from, data);
+                async move {
+                    proposal.await.map_err(|e| match e {
+                        ProposeError::NotLeader(l) => OwnAppendError::NotLeader(l.leader),
+                        ProposeError::Unknown(why) => OwnAppendError::Failed(why),
+                    })
+                }
+                .boxed_local()
+            }
+            Gate::Replicated(_, replica, _) => {
+                let leader = replica.leadership().leader;
+                async move { Err(OwnAppendError::NotLeader(leader)) }.boxed_local()
+            }
+            Gate::Local(_) | Gate::NotHere(_) | Gate::Unknown => {
+                async move { Err(OwnAppendError::NotLeader(None)) }.boxed_local()
+            }
+        }
+    }
+
+    /// The side records this shard's replica of `topic`-`partition` holds, `(Raft index,
+    /// data)` in index order; `None` without a replica here.
+    pub(crate) fn side_records(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Option<replica::SideRecordsRead> {
+        match self.gate(topic, partition) {
+            Gate::Replicated(_, replica, _) => Some(replica.side_records()),
+            Gate::Local(_) | Gate::NotHere(_) | Gate::Unknown => None,
+        }
+    }
+
     /// Who leads `topic`-`partition` as this shard's replica of it knows (`None`: no replica
     /// attached here, or a standalone node's partition).
     pub(crate) fn leadership(&self, topic: &str, partition: i32) -> Option<Leadership> {
@@ -1602,6 +1646,15 @@ mod replicated_tests {
         fn confirm_leadership(&self) -> LocalBoxFuture<'static, bool> {
             let leads = self.leadership.get().is_local;
             async move { leads }.boxed_local()
+        }
+
+        fn propose_side(&self, _: u64, _: Bytes) -> LocalBoxFuture<'static, Result<u64, ProposeError>> {
+            let l = self.leadership.get();
+            async move { Err(ProposeError::NotLeader(l)) }.boxed_local()
+        }
+
+        fn side_records(&self) -> crate::shard::replica::SideRecordsRead {
+            async move { Ok(Vec::new()) }.boxed_local()
         }
 
         fn propose(&self, batch: Bytes, acks: Acks) -> LocalBoxFuture<'static, Result<i64, ProposeError>> {

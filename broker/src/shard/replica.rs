@@ -57,6 +57,9 @@ impl Acks {
     }
 }
 
+/// The side records a replica holds, `(Raft index, data)` in index order, once read.
+pub(crate) type SideRecordsRead = LocalBoxFuture<'static, Result<Vec<(u64, Bytes)>, String>>;
+
 /// A partition's replica, attached to the core's partition by the replication subsystem.
 pub(crate) trait ReplicaHandle {
     /// Who leads, and the leader epoch.
@@ -78,6 +81,15 @@ pub(crate) trait ReplicaHandle {
     /// the leader, or no majority answered in time (a higher term learned this way ends the
     /// leadership).
     fn confirm_leadership(&self) -> LocalBoxFuture<'static, bool>;
+
+    /// Proposes a side record (state a subsystem keeps beside the log, replicated through the
+    /// partition's group; `keep_from`: the subsystem needs no record before that index any
+    /// more): resolves with its Raft index once committed.
+    fn propose_side(&self, keep_from: u64, data: Bytes)
+        -> LocalBoxFuture<'static, Result<u64, ProposeError>>;
+
+    /// Every side record this replica holds, `(Raft index, data)`, in index order.
+    fn side_records(&self) -> SideRecordsRead;
 }
 
 /// What the leader does with a batch from an idempotent producer ([`InFlight::decide`]).

@@ -76,17 +76,9 @@ pub(crate) fn parse_state_log_dir_name(name: &str) -> Option<(&str, i32, String)
     Some((topic, p.parse().ok()?, parse_group_dir_name(group)?))
 }
 
-/// Storage settings of every state log: small segments (snapshots let old ones go), no
-/// time or size retention.
+/// Storage settings of every state log (see [`crate::internal_topics::side_log_config`]).
 pub(crate) fn state_log_config() -> LogConfig {
-    LogConfig {
-        segment_bytes: 8 << 20,
-        segment_ms: 7 * 24 * 3600 * 1000,
-        retention_ms: None,
-        retention_bytes: None,
-        index_interval_bytes: 4096,
-        max_index_entries: (1 << 20) / 8,
-    }
+    crate::internal_topics::side_log_config()
 }
 
 /// Removes `__queue_state/{topic}-{partition}` directories for which `doomed` says so (a
