@@ -1606,6 +1606,205 @@ fn the_http_queue_api_answers_on_every_node_of_a_cluster() {
     );
 }
 
+/// Leases `want` messages of `queue` (at most), with `visibility_ms`: `(id, generation, partition)`.
+fn lease_n(
+    client: &mut QueueClient,
+    queue: &str,
+    want: usize,
+    visibility_ms: u64,
+) -> Vec<(String, u64, i32)> {
+    let mut got = Vec::new();
+    let end = Instant::now() + DEADLINE;
+    while got.len() < want && Instant::now() < end {
+        let max = u32::try_from(want - got.len()).unwrap_or(100).min(100);
+        match client.lease(
+            queue,
+            &LeaseOptions {
+                max_messages: Some(max),
+                visibility_timeout_ms: Some(visibility_ms),
+                wait_ms: Some(500),
+                ..LeaseOptions::default()
+            },
+        ) {
+            Ok(l) => got.extend(l.into_iter().map(|m| (m.id, m.generation, m.partition))),
+            Err(e) => {
+                eprintln!("lease: {e:?}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    got
+}
+
+/// A queue's delivery state fails over with its partitions (issue 41): its engines' records
+/// are committed through each partition's Raft group, so the leader elected after the old one
+/// is killed serves from the same state. Of messages leased before the kill, those acked are
+/// never delivered again; leases still running stay valid with their generation (their acks
+/// succeed through a survivor); leases that expire are delivered again with a higher
+/// generation, and an ack naming the old one is refused as stale.
+#[test]
+fn a_queue_keeps_its_delivery_state_when_the_leader_of_its_partitions_is_killed() {
+    if external_bootstrap().is_some() {
+        return;
+    }
+    let mut nodes = three_combined_nodes_with(&[("KAFKA_DEFAULT_REPLICATION_FACTOR", "3")]);
+    let queue = unique_topic("failover-queue");
+    let (status, created) = nodes[0]
+        .queues()
+        .put_queue(&queue, &serde_json::json!({ "partitions": 3 }))
+        .expect("PUT the queue");
+    assert_eq!(status, 201, "{created}");
+    let leaders = wait_for(DEADLINE, "the queue's partitions have leaders", || {
+        leaders_of(&nodes[1].bootstrap(), &queue).filter(|l| l.len() == 3 && l.values().all(|(_, r)| *r == 3))
+    });
+    const N: usize = 300;
+    let mut publisher = nodes[1].queues();
+    for chunk in 0..N / 50 {
+        let batch: Vec<QueueMessage> = (0..50)
+            .map(|i| QueueMessage::new(format!("m{}", chunk * 50 + i)).key(format!("k{}", chunk * 50 + i)))
+            .collect();
+        wait_for(DEADLINE, "a publish", || publisher.publish(&queue, &batch).ok());
+    }
+    // 250 leased for a minute: most acked, some held across the kill; the last 50 leased for
+    // two seconds, to expire around the fail-over.
+    let mut worker = nodes[2].queues();
+    let long = lease_n(&mut worker, &queue, 250, 60_000);
+    assert_eq!(long.len(), 250, "leased before the kill");
+    // Of each partition's leases, a fifth are held, the rest acked.
+    let mut by_partition: BTreeMap<i32, Vec<(String, u64, i32)>> = BTreeMap::new();
+    for l in &long {
+        by_partition.entry(l.2).or_default().push(l.clone());
+    }
+    let mut acked = BTreeSet::new();
+    let mut held = Vec::new();
+    for leases in by_partition.values() {
+        let keep = leases.len() / 5;
+        for (i, (id, generation, partition)) in leases.iter().enumerate() {
+            if i < keep {
+                held.push((id.clone(), *generation, *partition));
+                continue;
+            }
+            let s = worker.ack(id, *generation).expect("ack before the kill");
+            assert_eq!(s.state, "acknowledged", "{s:?}");
+            acked.insert(id.clone());
+        }
+    }
+    let short = lease_n(&mut worker, &queue, 50, 2_000);
+    assert_eq!(short.len(), 50, "the rest leased");
+    let expiring: BTreeMap<String, u64> = short.iter().map(|(id, g, _)| (id.clone(), *g)).collect();
+
+    let victim = leaders.get(&0).map(|(l, _)| *l).expect("a leader");
+    let victim_led: BTreeSet<i32> = leaders
+        .iter()
+        .filter(|(_, (l, _))| *l == victim)
+        .map(|(p, _)| *p)
+        .collect();
+    eprintln!("killing node {victim}, the leader of partitions {victim_led:?}");
+    let idx = nodes.iter().position(|n| n.id == victim).expect("the victim");
+    nodes[idx].kill9();
+    let killed = Instant::now();
+    let survivor = (0..nodes.len()).find(|i| *i != idx).expect("a survivor");
+    let mut client = nodes[survivor].queues();
+
+    // The held leases are still valid on the new leaders, with their generations.
+    let mut resumed: Option<Duration> = None;
+    for (id, generation, partition) in &held {
+        let s = wait_for(
+            DEADLINE,
+            "an ack of a lease held across the kill",
+            || {
+                match client.ack(id, *generation) {
+            Ok(s) => Some(s),
+            Err(e) if e.status().is_some_and(|(st, _)| st == 503) || e.is_io() => None,
+            Err(e) => panic!("the ack of {id} (partition {partition}, generation {generation}) held across the kill: {e}"),
+        }
+            },
+        );
+        assert_eq!(s.state, "acknowledged", "{s:?}");
+        if victim_led.contains(partition) && resumed.is_none() {
+            // The first ack on a partition the killed node led: its new leader serves.
+            resumed = Some(killed.elapsed());
+        }
+        acked.insert(id.clone());
+    }
+    // What comes back is what expired, with a higher generation; nothing acked comes back.
+    let end = Instant::now() + DEADLINE;
+    let mut redelivered: BTreeMap<String, u64> = BTreeMap::new();
+    let mut stale_refused = 0;
+    while redelivered.len() < expiring.len() && Instant::now() < end {
+        let got = match client.lease(
+            &queue,
+            &LeaseOptions {
+                max_messages: Some(100),
+                visibility_timeout_ms: Some(60_000),
+                wait_ms: Some(500),
+                ..LeaseOptions::default()
+            },
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("lease after the kill: {e:?}");
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        for m in got {
+            assert!(
+                !acked.contains(&m.id),
+                "{} was acknowledged before and is delivered again",
+                m.id
+            );
+            let old = *expiring
+                .get(&m.id)
+                .unwrap_or_else(|| panic!("{} delivered again though its lease was never let go", m.id));
+            assert!(
+                m.generation > old,
+                "{}: generation {} after {old}",
+                m.id,
+                m.generation
+            );
+            assert!(
+                redelivered.insert(m.id.clone(), m.generation).is_none(),
+                "{} leased twice",
+                m.id
+            );
+            if stale_refused < 5 {
+                let e = client
+                    .ack(&m.id, old)
+                    .expect_err("an ack naming the expired lease's generation");
+                assert_eq!(e.status(), Some((409, "stale_generation")), "{e}");
+                stale_refused += 1;
+            }
+            let s = client.ack(&m.id, m.generation).expect("ack of the new lease");
+            assert_eq!(s.state, "acknowledged", "{s:?}");
+        }
+    }
+    assert_eq!(
+        redelivered.keys().collect::<BTreeSet<_>>(),
+        expiring.keys().collect::<BTreeSet<_>>(),
+        "every expired lease is delivered again"
+    );
+    let more = client
+        .lease(
+            &queue,
+            &LeaseOptions {
+                max_messages: Some(10),
+                wait_ms: Some(1_000),
+                ..LeaseOptions::default()
+            },
+        )
+        .expect("lease");
+    assert!(
+        more.is_empty(),
+        "leased again after everything was acked: {more:?}"
+    );
+    eprintln!(
+        "queue fail-over: acks of leases held on the killed leader's partitions resumed {resumed:?} after the kill; \
+         {} expired leases delivered again, {stale_refused} stale acks refused",
+        redelivered.len()
+    );
+}
+
 /// Kafka share consumers on a cluster: ShareFetch goes to each partition's leader, whichever
 /// node coordinates the group. A confluent-kafka ShareConsumer that joined through one node
 /// acquires and accepts the records of partitions led by all three; a second member of the
@@ -1661,4 +1860,110 @@ fn share_consumers_fetch_from_every_partition_leader_of_a_cluster() {
         again.is_empty(),
         "accepted records delivered again: {again:?} (leaders on {led_by:?})"
     );
+}
+
+/// Share-group state fails over with its partition: a confluent-kafka ShareConsumer accepts the
+/// first records of a replicated partition and holds the rest, then leaves (its held records are
+/// released, each delivered once); the partition's leader is killed; a second member, through a
+/// survivor, gets exactly the records the first did not accept, each on its second delivery (the
+/// delivery counts carried over), and nothing accepted.
+#[test]
+fn share_consumers_keep_acknowledgements_and_delivery_counts_when_a_leader_is_killed() {
+    use strand_compat_tests::share::{self, ShareLog, ShareMember, ShareSpec};
+    if external_bootstrap().is_some() {
+        return;
+    }
+    // The group's coordinator fails over too (apache/kafka's example gives __consumer_offsets one
+    // replica).
+    let mut nodes = three_combined_nodes_with(&[("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "3")]);
+    let bootstrap = nodes[0].bootstrap();
+    let topic = unique_topic("failover-share");
+    let group = unique_topic("failover-share-g");
+    // One partition: the first member's first poll gets all its records.
+    create_topics(&nodes[0], &[NewTopic::new(&topic, 1, TopicReplication::Fixed(3))]);
+    let leaders = wait_for(DEADLINE, "the topic's partition has a leader", || {
+        leaders_of(&bootstrap, &topic).filter(|l| l.len() == 1)
+    });
+    produce_acked(&bootstrap, &topic, 1, "s", 20);
+    const ACCEPTED: i64 = 15;
+    let accepted: BTreeSet<(i32, i64)> = (0..ACCEPTED).map(|o| (0, o)).collect();
+    let held: BTreeSet<(i32, i64)> = (ACCEPTED..20).map(|o| (0, o)).collect();
+    share::set_group_configs(
+        &nodes[1].bootstrap(),
+        &group,
+        &[("share.auto.offset.reset", "earliest")],
+    );
+    let log = ShareLog::new();
+    let spec = ShareSpec::new(&nodes[1].bootstrap(), &group, &topic).hold_from(0, ACCEPTED);
+    let first = ShareMember::start("a", &spec, &log);
+    log.wait_for(
+        DEADLINE,
+        "the first records accepted, the rest held",
+        |snapshot| {
+            let ok = share::ack_results(snapshot, "a").ok;
+            let got: BTreeSet<(i32, i64)> = share::acquired(snapshot)
+                .into_iter()
+                .filter(|(m, _, _)| *m == "a")
+                .map(|(_, _, r)| (r.partition, r.offset))
+                .collect();
+            (accepted.is_subset(&ok) && held.is_subset(&got)).then_some(())
+        },
+    );
+    first.stop(Duration::from_secs(30));
+    assert!(
+        share::ack_results(&log.snapshot(), "a").failed.is_empty(),
+        "acknowledgements refused: {:?}",
+        share::errors(&log.snapshot(), "a")
+    );
+
+    let victim = leaders.get(&0).map(|(l, _)| *l).expect("a leader");
+    let idx = nodes.iter().position(|n| n.id == victim).expect("the victim");
+    nodes[idx].kill9();
+    let killed = Instant::now();
+    let survivor = (0..nodes.len()).find(|i| *i != idx).expect("a survivor");
+    let coordinator_before = find_coordinator(&nodes[survivor].bootstrap(), &group);
+    let coordinator = wait_for(DEADLINE, "a live coordinator", || {
+        let c = find_coordinator(&nodes[survivor].bootstrap(), &group);
+        (c != victim).then_some(c)
+    });
+    eprintln!(
+        "coordinator {coordinator_before} -> {coordinator} after {:?} (killed {victim})",
+        killed.elapsed()
+    );
+    let second = ShareMember::start(
+        "b",
+        &ShareSpec::new(&nodes[survivor].bootstrap(), &group, &topic),
+        &log,
+    );
+    log.wait_for(DEADLINE, "the held records delivered again", |snapshot| {
+        let got: BTreeSet<(i32, i64)> = share::acquired(snapshot)
+            .into_iter()
+            .filter(|(m, _, _)| *m == "b")
+            .map(|(_, _, r)| (r.partition, r.offset))
+            .collect();
+        held.is_subset(&got).then_some(())
+    });
+    let resumed = killed.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    second.stop(Duration::from_secs(30));
+    let snapshot = log.snapshot();
+    let again: Vec<(i32, i64, i32)> = share::acquired(&snapshot)
+        .into_iter()
+        .filter(|(m, _, _)| *m == "b")
+        .map(|(_, _, r)| (r.partition, r.offset, r.delivery_count))
+        .collect();
+    let accepted_again: Vec<_> = again
+        .iter()
+        .filter(|(p, o, _)| accepted.contains(&(*p, *o)))
+        .collect();
+    assert!(
+        accepted_again.is_empty(),
+        "accepted records delivered again: {accepted_again:?}"
+    );
+    let counts: Vec<_> = again.iter().filter(|(_, _, c)| *c != 2).collect();
+    assert!(
+        counts.is_empty(),
+        "held records delivered again not on their second delivery: {counts:?}"
+    );
+    eprintln!("share fail-over: the held records were acquired again {resumed:?} after the kill");
 }

@@ -8,6 +8,9 @@
 //!   incarnation; each [`Action::Persist`] is one record batch (one state record per record
 //!   value). It shares the shard journal with the message log, so a state record that refers
 //!   to an append is never durable before the append. A snapshot lets the prefix before it go.
+//!   On a cluster node there is no state log: each write is a side record of the partition's
+//!   Raft group, committed on a majority before the engine hears it persisted, and a new
+//!   leader's engine starts from the side records it holds (`replicated`).
 //! - **Publish** (HTTP): admission by the group [`PRIMARY_GROUP`]'s engine (dedup), one batch
 //!   appended to the message log, `appended` fed to that engine before the next yield, answer
 //!   once the append is durable. Other groups learn new messages by loading from the log, as
@@ -32,6 +35,7 @@ mod metrics;
 mod operations;
 mod ops;
 mod read;
+mod replicated;
 pub(crate) mod route;
 mod share;
 mod state_log;
@@ -122,6 +126,15 @@ pub(crate) fn engine_config(settings: &QueueSettings, log: &LogSettings, primary
     }
 }
 
+/// Where an engine's state records go.
+#[derive(Debug, Clone, Copy)]
+enum StateStore {
+    /// A standalone node: the engine's own state log (`state_log`).
+    Log(LogId),
+    /// A cluster: side records of the partition's Raft group (`replicated`).
+    Replicated,
+}
+
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct EngineKey {
     topic: String,
@@ -157,7 +170,10 @@ struct Engine {
     topic_id: TopicId,
     /// The message log of the partition.
     log: LogId,
-    state_log: LogId,
+    state: StateStore,
+    /// State writes in flight, and signalled when one ends.
+    writing: Cell<u64>,
+    written: Notify,
     /// In a cluster, the leader epoch of the partition when the engine opened on its leader:
     /// the engine closes when this replica stops leading or the epoch changes.
     epoch: Option<i32>,
@@ -201,6 +217,8 @@ pub(crate) struct QueueHost {
     opening: RefCell<HashMap<EngineKey, Rc<Notify>>>,
     /// Signalled when any engine may have become leasable (long-polls re-check).
     changed: Notify,
+    /// On a cluster node, what the leader knows of each led partition's side records.
+    sides: RefCell<HashMap<(String, i32), replicated::PartitionSide>>,
     /// Itself, for the tasks it spawns.
     me: Weak<QueueHost>,
     core: Rc<Shard>,
@@ -212,6 +230,7 @@ impl QueueHost {
             engines: RefCell::new(HashMap::new()),
             opening: RefCell::new(HashMap::new()),
             changed: Notify::new(),
+            sides: RefCell::new(HashMap::new()),
             me: me.clone(),
             core,
         })
@@ -419,6 +438,16 @@ impl QueueHost {
         let engine = Rc::new(opened?);
         self.engines.borrow_mut().insert(key, engine.clone());
         glommio::spawn_local(timer_loop(self.me.clone(), engine.clone())).detach();
+        let unsnapshotted = matches!(engine.state, StateStore::Replicated)
+            && self
+                .sides
+                .borrow()
+                .get(&(engine.key.topic.clone(), engine.key.partition))
+                .is_none_or(|p| !p.has_snapshot(&engine.key.group));
+        if unsnapshotted {
+            // Until the group has a snapshot, no side record of the partition can go.
+            engine.q.borrow_mut().snapshot();
+        }
         // Recovery may have queued actions (dead letters to re-send, the corrected state).
         self.drain(&engine);
         self.kick_load(&engine);
@@ -485,6 +514,98 @@ impl QueueHost {
             QueueFailure::Unavailable(format!("{}-{} is not open", key.topic, key.partition))
         })?;
         let config = self.config_for(&topic, &key.group);
+        let now = shard.now_ms();
+        let (state, records) = match epoch {
+            Some(_) => (StateStore::Replicated, self.read_side(key).await?),
+            None => {
+                let (state_log, records) = self.read_state_log(key, &topic).await?;
+                (StateStore::Log(state_log), records)
+            }
+        };
+        let offsets = shard.store.offsets(log).map_err(storage_failure)?;
+        let since_offset = match start {
+            StartAt::Since { duration_ms } => {
+                let ts = now.saturating_sub(duration_ms);
+                match shard.store.timestamp_plan(log, ts) {
+                    Ok(Some(plan)) => plan.execute().await.ok().flatten().map(|(o, _)| o),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let pid = PartitionId(key.partition);
+        let recovering = !records.is_empty();
+        let built = if recovering {
+            QueuePartition::recover(config, pid, records, now)
+        } else {
+            // A new group starts at the log start (`earliest`) or its end (`latest`).
+            let at = match start {
+                StartAt::Earliest => offsets.log_start_offset,
+                StartAt::Latest => offsets.high_watermark,
+                // No message that recent: start at the end.
+                StartAt::Since { .. } => since_offset.unwrap_or(offsets.high_watermark),
+            };
+            QueuePartition::new(config, pid, Offset(at), now)
+        };
+        let mut q = built.map_err(|e| QueueFailure::Invalid(e.to_string()))?;
+        if recovering {
+            q.recovered_log_end(Offset(offsets.high_watermark));
+        }
+        if let Some(epoch) = epoch {
+            // Never a generation an earlier leader of the partition handed out.
+            q.raise_generations(u64::try_from(epoch).unwrap_or(0) << 32);
+        }
+        let engine = Engine {
+            key: key.clone(),
+            topic_id: topic.id,
+            log,
+            state,
+            writing: Cell::new(0),
+            written: Notify::new(),
+            epoch,
+            publish_lock: glommio::sync::Semaphore::new(1),
+            q: RefCell::new(q),
+            waiters: RefCell::new(HashMap::new()),
+            next_request: Cell::new(1),
+            loading: Rc::new(Cell::new(false)),
+            timer: Notify::new(),
+            snapshot: Cell::new(None),
+            closed: Cell::new(false),
+            share: RefCell::new(None),
+            metrics: RefCell::new(metrics::QueueMetrics::new(&key.topic, &key.group, key.partition)),
+        };
+        if recovering && key.group == PRIMARY_GROUP {
+            self.restore_dedup_tail(&engine).await;
+        }
+        tracing::debug!(topic = %key.topic, partition = key.partition, group = %key.group, recovering, "queue engine open");
+        Ok(engine)
+    }
+
+    /// A cluster leader's engine state: the group's side records (see `replicated`), and what
+    /// they say of every group's snapshots, kept for the partition's keep-from index.
+    async fn read_side(&self, key: &EngineKey) -> Result<Vec<StateRecord>, QueueFailure> {
+        let read = self
+            .core
+            .side_records(&key.topic, key.partition)
+            .ok_or(QueueFailure::NotLeader(None))?;
+        let side = read.await.map_err(QueueFailure::Storage)?;
+        let (records, part, undecodable) = replicated::read_group(&side, &key.group)?;
+        if undecodable > 0 {
+            tracing::error!(topic = %key.topic, partition = key.partition, undecodable, "undecodable queue side records skipped");
+        }
+        self.sides
+            .borrow_mut()
+            .insert((key.topic.clone(), key.partition), part);
+        Ok(records)
+    }
+
+    /// A standalone node's engine state: its state log, opened (created if new).
+    async fn read_state_log(
+        &self,
+        key: &EngineKey,
+        topic: &TopicMeta,
+    ) -> Result<(LogId, Vec<StateRecord>), QueueFailure> {
+        let shard = &self.core;
         let dir_name = state_log_dir_name(&key.topic, key.partition, &key.group)?;
         let now = shard.now_ms();
         let (state_log, report) = shard
@@ -528,61 +649,7 @@ impl QueueHost {
         if undecodable > 0 {
             tracing::error!(topic = %key.topic, partition = key.partition, group = %key.group, undecodable, "undecodable queue state records skipped");
         }
-        let offsets = shard.store.offsets(log).map_err(storage_failure)?;
-        let since_offset = match start {
-            StartAt::Since { duration_ms } => {
-                let ts = now.saturating_sub(duration_ms);
-                match shard.store.timestamp_plan(log, ts) {
-                    Ok(Some(plan)) => plan.execute().await.ok().flatten().map(|(o, _)| o),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let pid = PartitionId(key.partition);
-        let recovering = !records.is_empty();
-        let built = if recovering {
-            QueuePartition::recover(config, pid, records, now)
-        } else {
-            // A new group starts at the log start (`earliest`) or its end (`latest`).
-            let at = match start {
-                StartAt::Earliest => offsets.log_start_offset,
-                StartAt::Latest => offsets.high_watermark,
-                // No message that recent: start at the end.
-                StartAt::Since { .. } => since_offset.unwrap_or(offsets.high_watermark),
-            };
-            QueuePartition::new(config, pid, Offset(at), now)
-        };
-        let mut q = built.map_err(|e| QueueFailure::Invalid(e.to_string()))?;
-        if recovering {
-            q.recovered_log_end(Offset(offsets.high_watermark));
-        }
-        if let Some(epoch) = epoch {
-            // Never a generation an earlier leader of the partition handed out.
-            q.raise_generations(u64::try_from(epoch).unwrap_or(0) << 32);
-        }
-        let engine = Engine {
-            key: key.clone(),
-            topic_id: topic.id,
-            log,
-            state_log,
-            epoch,
-            publish_lock: glommio::sync::Semaphore::new(1),
-            q: RefCell::new(q),
-            waiters: RefCell::new(HashMap::new()),
-            next_request: Cell::new(1),
-            loading: Rc::new(Cell::new(false)),
-            timer: Notify::new(),
-            snapshot: Cell::new(None),
-            closed: Cell::new(false),
-            share: RefCell::new(None),
-            metrics: RefCell::new(metrics::QueueMetrics::new(&key.topic, &key.group, key.partition)),
-        };
-        if recovering && key.group == PRIMARY_GROUP {
-            self.restore_dedup_tail(&engine).await;
-        }
-        tracing::debug!(topic = %key.topic, partition = key.partition, group = %key.group, recovering, "queue engine open");
-        Ok(engine)
+        Ok((state_log, records))
     }
 
     fn config_for(&self, topic: &TopicMeta, group: &str) -> QueueConfig {
@@ -661,8 +728,13 @@ impl QueueHost {
         }
     }
 
-    /// Appends one state write to the engine's state log; reports it durable (or failed).
+    /// Writes one state write: appended to the engine's state log, or (cluster) proposed as a
+    /// side record; reports it durable or committed (or failed).
     fn persist(&self, engine: &Rc<Engine>, write_id: WriteId, records: &[StateRecord], snapshot: bool) {
+        let state_log = match engine.state {
+            StateStore::Log(id) => id,
+            StateStore::Replicated => return self.persist_replicated(engine, write_id, records, snapshot),
+        };
         let shard = &self.core;
         let now = shard.now_ms();
         let values: Vec<Vec<u8>> = records.iter().map(StateRecord::to_bytes).collect();
@@ -676,7 +748,7 @@ impl QueueHost {
             })
             .collect();
         let batch = strand_protocol::batch::build::batch(&recs, now);
-        let appended = shard.store.append(engine.state_log, &batch, LEADER_EPOCH, now);
+        let appended = shard.store.append(state_log, &batch, LEADER_EPOCH, now);
         if let (Ok(t), true) = (&appended, snapshot) {
             engine.snapshot.set(Some((write_id, t.info.base_offset)));
         }
@@ -694,7 +766,7 @@ impl QueueHost {
                         if w <= write_id {
                             engine.snapshot.set(None);
                             // Everything before the snapshot is superseded by it.
-                            if let Err(e) = host.core.store.delete_records(engine.state_log, base).await {
+                            if let Err(e) = host.core.store.delete_records(state_log, base).await {
                                 tracing::warn!(error = %e, "cannot trim a queue state log");
                             }
                         }
@@ -706,6 +778,61 @@ impl QueueHost {
                 }
                 Err(e) => {
                     tracing::error!(topic = %engine.key.topic, partition = engine.key.partition, group = %engine.key.group, error = %e, "cannot persist queue state; the engine is rebuilt from its log");
+                    engine.q.borrow_mut().persist_failed(write_id);
+                    host.drain(&engine);
+                    host.close(&engine);
+                }
+            }
+        })
+        .detach();
+    }
+
+    /// [`QueueHost::persist`] on a cluster node: one side record through the partition's group.
+    fn persist_replicated(
+        &self,
+        engine: &Rc<Engine>,
+        write_id: WriteId,
+        records: &[StateRecord],
+        snapshot: bool,
+    ) {
+        let key = &engine.key;
+        let data = replicated::encode(&key.group, snapshot, false, records);
+        let keep_from = self
+            .sides
+            .borrow()
+            .get(&(key.topic.clone(), key.partition))
+            .map_or(0, replicated::PartitionSide::keep_from);
+        let proposal = self.core.propose_side(&key.topic, key.partition, keep_from, data);
+        if snapshot {
+            engine.snapshot.set(Some((write_id, 0)));
+        }
+        let Some(host) = self.rc() else { return };
+        let engine = engine.clone();
+        engine.writing.set(engine.writing.get() + 1);
+        glommio::spawn_local(async move {
+            let result = proposal.await;
+            engine.writing.set(engine.writing.get().saturating_sub(1));
+            engine.written.notify_all();
+            match result {
+                Ok(index) => {
+                    if let Some(part) = host
+                        .sides
+                        .borrow_mut()
+                        .get_mut(&(engine.key.topic.clone(), engine.key.partition))
+                    {
+                        part.committed(&engine.key.group, index, snapshot, false);
+                    }
+                    engine.q.borrow_mut().persisted(write_id);
+                    if engine.snapshot.get().is_some_and(|(w, _)| w <= write_id) {
+                        engine.snapshot.set(None);
+                    }
+                    if engine.snapshot.get().is_none() && engine.q.borrow().wants_snapshot() {
+                        engine.q.borrow_mut().snapshot();
+                    }
+                    host.drain(&engine);
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %engine.key.topic, partition = engine.key.partition, group = %engine.key.group, error = ?e, "queue state not committed; the engine closes and reopens on the partition's leader");
                     engine.q.borrow_mut().persist_failed(write_id);
                     host.drain(&engine);
                     host.close(&engine);
@@ -881,10 +1008,13 @@ impl QueueHost {
             .collect();
         for e in engines {
             self.close(&e);
-            if let Err(err) = shard.store.remove_log(e.state_log).await {
-                tracing::warn!(topic, error = %err, "cannot remove a queue state log");
+            if let StateStore::Log(state_log) = e.state {
+                if let Err(err) = shard.store.remove_log(state_log).await {
+                    tracing::warn!(topic, error = %err, "cannot remove a queue state log");
+                }
             }
         }
+        self.sides.borrow_mut().retain(|(t, _), _| t != topic);
         remove_state_dirs(&shard.config.log_dir, |t, p| {
             t == topic && shard.owner(t, p) == shard.id
         });

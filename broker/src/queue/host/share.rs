@@ -10,7 +10,7 @@ use super::read::read_range;
 use super::read::wait_high_watermark;
 use super::state_log::state_log_dir_name;
 use super::QueueHost;
-use super::{storage_failure, Engine};
+use super::{replicated, storage_failure, Engine, StateStore};
 use crate::queue::engine::ConsumerId;
 use crate::queue::engine::QueueError;
 use crate::queue::engine::Reply;
@@ -240,9 +240,14 @@ impl QueueHost {
             .collect();
         for e in engines {
             self.close(&e);
-            if let Err(err) = shard.store.remove_log(e.state_log).await {
-                tracing::warn!(topic = %e.key.topic, partition = e.key.partition, group, error = %err, "cannot remove a share group's state log");
+            if let StateStore::Log(state_log) = e.state {
+                if let Err(err) = shard.store.remove_log(state_log).await {
+                    tracing::warn!(topic = %e.key.topic, partition = e.key.partition, group, error = %err, "cannot remove a share group's state log");
+                }
             }
+        }
+        if !shard.config.cluster.is_standalone() {
+            self.share_forget_replicated(group, topics).await;
         }
         let md = shard.metadata();
         for topic in topics {
@@ -263,6 +268,39 @@ impl QueueHost {
             }
         }
         tracing::info!(group, ?topics, "share group offsets deleted");
+    }
+
+    /// On a cluster node, `group`'s state on the partitions of `topics` this shard leads is
+    /// forgotten through each partition's group (a `FORGET` side record); partitions led
+    /// elsewhere are left as they are (DeleteShareGroupOffsets reaches their leaders' shards
+    /// as it reaches this one).
+    async fn share_forget_replicated(&self, group: &str, topics: &[String]) {
+        let shard = &self.core;
+        let md = shard.metadata();
+        for topic in topics {
+            let Some(t) = md.topic(topic) else { continue };
+            for p in 0..t.partitions {
+                if self.serves(topic, p).ok().flatten().is_none() {
+                    continue;
+                }
+                let data = replicated::encode(group, false, true, &[]);
+                let keep_from = self
+                    .sides
+                    .borrow()
+                    .get(&(topic.clone(), p))
+                    .map_or(0, replicated::PartitionSide::keep_from);
+                match shard.propose_side(topic, p, keep_from, data).await {
+                    Ok(index) => {
+                        if let Some(part) = self.sides.borrow_mut().get_mut(&(topic.clone(), p)) {
+                            part.committed(group, index, false, true);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(topic, partition = p, group, error = ?e, "cannot forget a share group's replicated state");
+                    }
+                }
+            }
+        }
     }
 
     /// Starts `group`'s share state of (topic, partition) over at `start_offset` (raised to the
@@ -290,16 +328,28 @@ impl QueueHost {
             .borrow_mut()
             .reset_discarding_leases(Offset(start), shard.now_ms())?;
         self.drain(&engine);
-        let written = shard
-            .store
-            .offsets(engine.state_log)
-            .map(|o| o.log_end_offset)
-            .map_err(storage_failure)?;
-        wait_high_watermark(shard, engine.state_log, written).await;
-        let durable = shard
-            .store
-            .offsets(engine.state_log)
-            .is_ok_and(|o| o.high_watermark >= written);
+        let durable = match engine.state {
+            StateStore::Log(state_log) => {
+                let written = shard
+                    .store
+                    .offsets(state_log)
+                    .map(|o| o.log_end_offset)
+                    .map_err(storage_failure)?;
+                wait_high_watermark(shard, state_log, written).await;
+                shard
+                    .store
+                    .offsets(state_log)
+                    .is_ok_and(|o| o.high_watermark >= written)
+            }
+            StateStore::Replicated => {
+                // Every write issued so far (the reset's among them) committed, or the engine
+                // closed on a failed one.
+                while engine.writing.get() > 0 && !engine.closed.get() {
+                    engine.written.wait().await;
+                }
+                !engine.closed.get()
+            }
+        };
         if !durable {
             return Err(QueueFailure::Storage(
                 "the new start offset could not be made durable".into(),
