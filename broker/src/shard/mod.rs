@@ -707,11 +707,7 @@ impl Shard {
 
     /// The side records this shard's replica of `topic`-`partition` holds, `(Raft index,
     /// data)` in index order; `None` without a replica here.
-    pub(crate) fn side_records(
-        &self,
-        topic: &str,
-        partition: i32,
-    ) -> Option<replica::SideRecordsRead> {
+    pub(crate) fn side_records(&self, topic: &str, partition: i32) -> Option<replica::SideRecordsRead> {
         match self.gate(topic, partition) {
             Gate::Replicated(_, replica, _) => Some(replica.side_records()),
             Gate::Local(_) | Gate::NotHere(_) | Gate::Unknown => None,

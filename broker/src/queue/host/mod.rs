@@ -796,13 +796,24 @@ impl QueueHost {
         snapshot: bool,
     ) {
         let key = &engine.key;
-        let data = replicated::encode(&key.group, snapshot, false, records);
         let keep_from = self
             .sides
             .borrow()
             .get(&(key.topic.clone(), key.partition))
             .map_or(0, replicated::PartitionSide::keep_from);
-        let proposal = self.core.propose_side(&key.topic, key.partition, keep_from, data);
+        // The parts go to Raft in order when first polled (together, so that no later write's
+        // records come between them); the write is persisted once all are committed.
+        let proposals: Vec<_> = replicated::encode(&key.group, snapshot, false, records)
+            .into_iter()
+            .map(|part| self.core.propose_side(&key.topic, key.partition, keep_from, part))
+            .collect();
+        let proposal = async move {
+            let indexes = futures::future::try_join_all(proposals).await?;
+            indexes
+                .first()
+                .copied()
+                .ok_or_else(|| crate::shard::OwnAppendError::Failed("a write of no parts".into()))
+        };
         if snapshot {
             engine.snapshot.set(Some((write_id, 0)));
         }

@@ -10,7 +10,13 @@
 //!   recovers from its state log.
 //! - **Format** of a record's data: a flags byte (`SNAPSHOT`: the write is a snapshot of the
 //!   group's state; `FORGET`: the group's state is gone, as DeleteShareGroupOffsets asks), the
-//!   group name (u16 length, bytes), then the state records (u32 length, bytes each).
+//!   part and the part count of its write (u32 each), the group name (u16 length, bytes), then
+//!   the state records (u32 length, bytes each).
+//! - **Parts.** A side record is an entry of the partition's Raft log, which travels whole in a
+//!   frame of the node transport: a write larger than [`MAX_PART_BYTES`] (a snapshot of a full
+//!   dedup table, say) is cut into parts, proposed in order, and heard persisted once the last
+//!   is committed. Reading, a write counts only when all its parts are there in order: the parts
+//!   of a write that never completed (its leader lost them) are dropped.
 //! - **Trimming.** The partition's groups share its side records; a record's keep-from index is
 //!   the lowest, over the groups the leader knows of, of the index of each group's latest
 //!   snapshot (0 while a group has none: an engine whose group has none takes one when it opens
@@ -28,26 +34,53 @@ const SNAPSHOT: u8 = 1;
 /// The group's state is gone: its records before this one are void.
 const FORGET: u8 = 2;
 
-/// One side record's data, encoded.
-pub(super) fn encode(group: &str, snapshot: bool, forget: bool, records: &[StateRecord]) -> Bytes {
+/// Bytes of state records one side record carries at most (a write cut into parts beyond).
+pub(super) const MAX_PART_BYTES: usize = 1 << 20;
+
+/// One write's side records, encoded: one, or parts of at most [`MAX_PART_BYTES`] of records
+/// each (a record larger than that alone in its part; records are far smaller).
+pub(super) fn encode(group: &str, snapshot: bool, forget: bool, records: &[StateRecord]) -> Vec<Bytes> {
     let values: Vec<Vec<u8>> = records.iter().map(StateRecord::to_bytes).collect();
-    let len = 1 + 2 + group.len() + values.iter().map(|v| 4 + v.len()).sum::<usize>();
-    let mut out = BytesMut::with_capacity(len);
-    out.put_u8((u8::from(snapshot) * SNAPSHOT) | (u8::from(forget) * FORGET));
-    // Group names are at most a few hundred bytes (checked by the doors).
-    out.put_u16(u16::try_from(group.len()).unwrap_or(u16::MAX));
-    out.put_slice(
-        group
-            .as_bytes()
-            .get(..usize::from(u16::MAX))
-            .unwrap_or(group.as_bytes()),
-    );
-    for v in &values {
-        out.put_u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
-        out.put_slice(v);
+    let mut parts: Vec<&[Vec<u8>]> = Vec::new();
+    let mut start = 0;
+    let mut size = 0;
+    for (i, v) in values.iter().enumerate() {
+        if size > 0 && size + 4 + v.len() > MAX_PART_BYTES {
+            parts.push(values.get(start..i).unwrap_or_default());
+            start = i;
+            size = 0;
+        }
+        size += 4 + v.len();
     }
-    out.freeze()
+    parts.push(values.get(start..).unwrap_or_default());
+    let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+    // Group names are at most a few hundred bytes (checked by the doors).
+    let name = group
+        .as_bytes()
+        .get(..usize::from(u16::MAX))
+        .unwrap_or(group.as_bytes());
+    parts
+        .iter()
+        .zip(0u32..)
+        .map(|(values, part)| {
+            let len = HEADER_BYTES + name.len() + values.iter().map(|v| 4 + v.len()).sum::<usize>();
+            let mut out = BytesMut::with_capacity(len);
+            out.put_u8((u8::from(snapshot) * SNAPSHOT) | (u8::from(forget) * FORGET));
+            out.put_u32(part);
+            out.put_u32(count);
+            out.put_u16(u16::try_from(name.len()).unwrap_or(u16::MAX));
+            out.put_slice(name);
+            for v in *values {
+                out.put_u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
+                out.put_slice(v);
+            }
+            out.freeze()
+        })
+        .collect()
 }
+
+/// Flags, part, part count and the group name's length.
+const HEADER_BYTES: usize = 1 + 4 + 4 + 2;
 
 /// A decoded side record.
 #[derive(Debug, PartialEq)]
@@ -55,15 +88,23 @@ pub(super) struct Decoded {
     pub(super) group: String,
     pub(super) snapshot: bool,
     pub(super) forget: bool,
+    /// This record's part of its write, and the write's part count.
+    pub(super) part: u32,
+    pub(super) parts: u32,
     pub(super) records: Vec<StateRecord>,
 }
 
 pub(super) fn decode(data: &Bytes) -> Result<Decoded, String> {
     let mut b = data.clone();
-    if b.remaining() < 3 {
+    if b.remaining() < HEADER_BYTES {
         return Err("a side record shorter than its header".into());
     }
     let flags = b.get_u8();
+    let part = b.get_u32();
+    let parts = b.get_u32();
+    if part >= parts {
+        return Err(format!("part {part} of {parts}"));
+    }
     let group_len = usize::from(b.get_u16());
     if b.remaining() < group_len {
         return Err("a side record's group name is cut".into());
@@ -86,6 +127,8 @@ pub(super) fn decode(data: &Bytes) -> Result<Decoded, String> {
         group,
         snapshot: flags & SNAPSHOT != 0,
         forget: flags & FORGET != 0,
+        part,
+        parts,
         records,
     })
 }
@@ -132,6 +175,9 @@ pub(super) fn read_group(
     let mut records = Vec::new();
     let mut part = PartitionSide::default();
     let mut undecodable = 0usize;
+    // Each group's write whose parts are being gathered: its first part's index, the next part
+    // expected, and (for `group`) the records so far.
+    let mut gathering: HashMap<String, (u64, u32, Vec<StateRecord>)> = HashMap::new();
     for (index, data) in side {
         let d = match decode(data) {
             Ok(d) => d,
@@ -140,12 +186,28 @@ pub(super) fn read_group(
                 continue;
             }
         };
-        part.committed(&d.group, *index, d.snapshot, d.forget);
-        if d.group == group {
+        let ours = d.group == group;
+        let (first, next, mut gathered) = match gathering.remove(&d.group) {
+            // The next part of the write being gathered.
+            Some((first, next, gathered)) if d.part == next && d.part > 0 => (first, next, gathered),
+            // A write's first part (a write left incomplete before it is dropped).
+            _ if d.part == 0 => (*index, 0, Vec::new()),
+            // A part without the ones before it.
+            _ => continue,
+        };
+        if ours {
+            gathered.extend(d.records);
+        }
+        if next + 1 < d.parts {
+            gathering.insert(d.group, (first, next + 1, gathered));
+            continue;
+        }
+        part.committed(&d.group, first, d.snapshot, d.forget);
+        if ours {
             if d.forget {
                 records.clear();
             } else {
-                records.extend(d.records);
+                records.extend(gathered);
             }
         }
     }
@@ -163,9 +225,15 @@ mod tests {
         }
     }
 
+    fn one(group: &str, snapshot: bool, forget: bool, records: &[StateRecord]) -> Bytes {
+        let mut parts = encode(group, snapshot, forget, records);
+        assert_eq!(parts.len(), 1);
+        parts.remove(0)
+    }
+
     #[test]
     fn side_records_round_trip_and_bad_ones_are_refused() {
-        let data = encode("workers", true, false, &[ack(3), ack(4)]);
+        let data = one("workers", true, false, &[ack(3), ack(4)]);
         let d = decode(&data).unwrap();
         assert_eq!(
             d,
@@ -173,11 +241,13 @@ mod tests {
                 group: "workers".into(),
                 snapshot: true,
                 forget: false,
+                part: 0,
+                parts: 1,
                 records: vec![ack(3), ack(4)],
             }
         );
         // A cut between state records reads as fewer of them; anywhere else it is refused.
-        let header = 1 + 2 + "workers".len();
+        let header = HEADER_BYTES + "workers".len();
         let first = header + 4 + ack(3).to_bytes().len();
         for cut in 0..data.len() {
             match decode(&data.slice(..cut)) {
@@ -194,11 +264,11 @@ mod tests {
     #[test]
     fn a_group_reads_its_records_and_the_keep_from_index_waits_for_every_group() {
         let side = vec![
-            (3, encode("a", false, false, &[ack(1)])),
-            (5, encode("b", true, false, &[ack(2)])),
-            (7, encode("a", true, false, &[ack(3)])),
-            (9, encode("b", false, true, &[])),
-            (11, encode("b", false, false, &[ack(4)])),
+            (3, one("a", false, false, &[ack(1)])),
+            (5, one("b", true, false, &[ack(2)])),
+            (7, one("a", true, false, &[ack(3)])),
+            (9, one("b", false, true, &[])),
+            (11, one("b", false, false, &[ack(4)])),
             (12, Bytes::from_static(b"\x00")),
         ];
         let (a, part, bad) = read_group(&side, "a").unwrap();
@@ -213,5 +283,41 @@ mod tests {
         assert_eq!(part.keep_from(), 0, "b has no snapshot yet");
         part.committed("b", 8, true, false);
         assert_eq!(part.keep_from(), 4);
+    }
+
+    /// A write larger than a part is cut into parts that read back as the one write, its first
+    /// part's index standing for it; the parts of a write left incomplete (its leader lost the
+    /// rest) are dropped, and so is a part without the ones before it.
+    #[test]
+    fn large_writes_are_cut_into_parts_and_read_whole_or_not_at_all() {
+        let few: Vec<StateRecord> = (0..3_000)
+            .map(|i| StateRecord::Start { start: Offset(i) })
+            .collect();
+        assert_eq!(
+            encode("g", true, false, &few).len(),
+            1,
+            "3,000 small records fit one part"
+        );
+        let many: Vec<StateRecord> = (0..200_000)
+            .map(|i| StateRecord::Start { start: Offset(i) })
+            .collect();
+        let parts = encode("g", true, false, &many);
+        assert!(parts.len() > 1, "{} parts", parts.len());
+        assert!(parts.iter().all(|p| p.len() <= MAX_PART_BYTES + HEADER_BYTES + 1));
+        let whole: Vec<(u64, Bytes)> = parts.iter().cloned().zip(10u64..).map(|(p, i)| (i, p)).collect();
+        let (got, part, bad) = read_group(&whole, "g").unwrap();
+        assert_eq!((got.len(), bad), (many.len(), 0));
+        assert!(part.has_snapshot("g"));
+        assert_eq!(part.keep_from(), 10, "the first part stands for the write");
+        // The last part lost: nothing of the write counts; the write after it does.
+        let mut cut = whole.clone();
+        cut.pop();
+        cut.push((100, one("g", false, false, &[ack(7)])));
+        let (got, part, _) = read_group(&cut, "g").unwrap();
+        assert_eq!(got, vec![ack(7)]);
+        assert!(!part.has_snapshot("g"));
+        // A part whose first part is gone counts for nothing either.
+        let (got, _, _) = read_group(&whole[1..], "g").unwrap();
+        assert!(got.is_empty());
     }
 }

@@ -283,12 +283,15 @@ impl QueueHost {
                 if self.serves(topic, p).ok().flatten().is_none() {
                     continue;
                 }
-                let data = replicated::encode(group, false, true, &[]);
                 let keep_from = self
                     .sides
                     .borrow()
                     .get(&(topic.clone(), p))
                     .map_or(0, replicated::PartitionSide::keep_from);
+                // A write of no records is one part.
+                let Some(data) = replicated::encode(group, false, true, &[]).pop() else {
+                    continue;
+                };
                 match shard.propose_side(topic, p, keep_from, data).await {
                     Ok(index) => {
                         if let Some(part) = self.sides.borrow_mut().get_mut(&(topic.clone(), p)) {
