@@ -3,16 +3,19 @@
 //!
 //! - **Log storage.** `append` stamps each data entry's batch with the Kafka offset the entry
 //!   map gives it and its term, stages it in the partition log, and reports the entries flushed
-//!   once the log's flush returns. Internal entries are recorded beside the log. `truncate_after`
+//!   once the log's flush returns. Internal entries and side records are recorded beside the
+//!   log (a batch after a side record waits for the record's flush). `truncate_after`
 //!   translates the Raft index into a Kafka offset and truncates the log there; `purge` only
 //!   forgets map entries (the batches stay: consumers read them; Kafka retention deletes them).
 //! - **State machine.** The data is already in the log, so applying an entry moves the *high
 //!   watermark* (the Kafka offset after the last applied batch) and answers the proposer with
-//!   the batch's base offset. The high watermark is the commit index, translated.
+//!   the batch's base offset (a side record's proposer, with its index). The high watermark is
+//!   the commit index, translated. Applying a side record lets the records before its
+//!   keep-from index go, once Raft has purged their entries.
 //! - **Snapshots.** A snapshot is the log itself: its metadata (last log id, membership, the
 //!   Kafka offset after it) is cheap to build; installing one on a follower that is behind
-//!   writes the leader's batches it lacks. Here the batches travel inside the snapshot value;
-//!   the broker's transport is to ship segment files instead.
+//!   writes the leader's batches and side records it lacks. Here they travel inside the
+//!   snapshot value; the broker's transport is to ship segment files instead.
 //!
 //! The replica's state is one `Rc<RefCell<_>>`; no borrow is held across an `await`.
 
@@ -68,8 +71,8 @@ pub struct PartitionSnapshot {
 }
 
 /// What a group does with its committed batches besides moving the high watermark: the
-/// controller quorum's metadata log builds the cluster state from them, a queue's state log its
-/// delivery records. A data partition has none.
+/// controller quorum's metadata log builds the cluster state from them. A data partition has
+/// none (its side records, if any, are read back by their writer, not applied).
 pub trait Applier: 'static {
     /// A committed batch, given once per life of the replica, in offset order, starting from
     /// the log's start when the replica opens. `batch` is as produced: read its records, not its
