@@ -23,7 +23,7 @@ use strand_compat_tests::clients::{self, PythonClient};
 use strand_compat_tests::data::{assert_read_back, ends_of};
 use strand_compat_tests::{broker_binary, external_bootstrap, http_get, metric_sum_where};
 use strand_compat_tests::{tools, unique_topic, wait_for};
-use strand_tools::queue_client::{LeaseOptions, OutMessage as QueueMessage, QueueClient};
+use strand_tools::queue_client::{LeaseOptions, Leased, OutMessage as QueueMessage, QueueClient};
 
 /// A deadline for what the cluster does by itself (elections, registrations, fencing): generous,
 /// the machine may be busy.
@@ -1421,6 +1421,27 @@ fn the_python_clients_and_kcat_write_and_read_through_the_cluster() {
     }
 }
 
+/// One lease of at most `max` messages of `queue` (visibility `visibility_ms`, long poll 500 ms);
+/// an error is printed and answered as nothing leased, after a pause (the caller retries).
+fn try_lease(client: &mut QueueClient, queue: &str, max: u32, visibility_ms: u64) -> Vec<Leased> {
+    match client.lease(
+        queue,
+        &LeaseOptions {
+            max_messages: Some(max),
+            visibility_timeout_ms: Some(visibility_ms),
+            wait_ms: Some(500),
+            ..LeaseOptions::default()
+        },
+    ) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("lease: {e:?}");
+            std::thread::sleep(Duration::from_millis(200));
+            Vec::new()
+        }
+    }
+}
+
 /// Leases and acks everything it can from `client` until every id of `want` is acked or the
 /// deadline passes; returns (acked ids, deliveries per id).
 fn lease_and_ack_all(
@@ -1433,23 +1454,7 @@ fn lease_and_ack_all(
     let mut deliveries: BTreeMap<String, u32> = BTreeMap::new();
     let end = Instant::now() + deadline;
     while !want.is_subset(&acked) && Instant::now() < end {
-        let leased = match client.lease(
-            queue,
-            &LeaseOptions {
-                max_messages: Some(100),
-                visibility_timeout_ms: Some(60_000),
-                wait_ms: Some(500),
-                ..LeaseOptions::default()
-            },
-        ) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("lease: {e:?}");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
-            }
-        };
-        for m in leased {
+        for m in try_lease(client, queue, 100, 60_000) {
             *deliveries.entry(m.id.clone()).or_default() += 1;
             match client.ack(&m.id, m.generation) {
                 Ok(s) => {
@@ -1617,21 +1622,11 @@ fn lease_n(
     let end = Instant::now() + DEADLINE;
     while got.len() < want && Instant::now() < end {
         let max = u32::try_from(want - got.len()).unwrap_or(100).min(100);
-        match client.lease(
-            queue,
-            &LeaseOptions {
-                max_messages: Some(max),
-                visibility_timeout_ms: Some(visibility_ms),
-                wait_ms: Some(500),
-                ..LeaseOptions::default()
-            },
-        ) {
-            Ok(l) => got.extend(l.into_iter().map(|m| (m.id, m.generation, m.partition))),
-            Err(e) => {
-                eprintln!("lease: {e:?}");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        }
+        got.extend(
+            try_lease(client, queue, max, visibility_ms)
+                .into_iter()
+                .map(|m| (m.id, m.generation, m.partition)),
+        );
     }
     got
 }
@@ -1732,23 +1727,7 @@ fn a_queue_keeps_its_delivery_state_when_the_leader_of_its_partitions_is_killed(
     let mut redelivered: BTreeMap<String, u64> = BTreeMap::new();
     let mut stale_refused = 0;
     while redelivered.len() < expiring.len() && Instant::now() < end {
-        let got = match client.lease(
-            &queue,
-            &LeaseOptions {
-                max_messages: Some(100),
-                visibility_timeout_ms: Some(60_000),
-                wait_ms: Some(500),
-                ..LeaseOptions::default()
-            },
-        ) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("lease after the kill: {e:?}");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
-            }
-        };
-        for m in got {
+        for m in try_lease(&mut client, &queue, 100, 60_000) {
             assert!(
                 !acked.contains(&m.id),
                 "{} was acknowledged before and is delivered again",

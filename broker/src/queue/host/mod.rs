@@ -515,6 +515,8 @@ impl QueueHost {
         })?;
         let config = self.config_for(&topic, &key.group);
         let now = shard.now_ms();
+        // The same group names on every node: those a state log directory can name.
+        group_dir_name(&key.group)?;
         let (state, records) = match epoch {
             Some(_) => (StateStore::Replicated, self.read_side(key).await?),
             None => {
