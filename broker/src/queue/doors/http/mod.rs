@@ -120,6 +120,12 @@ pub(crate) trait QueueApi {
     /// `POST /v1/queues/{queue}/redrive`.
     async fn redrive(&self, queue: &str, req: RedriveRequest) -> Result<Redriven, ApiError>;
 
+    /// Whether this node can answer for queues now; every endpoint (the readiness probe
+    /// included) answers the error while it cannot. Default: always.
+    fn ready(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+
     /// Called once per request answered by the router: its endpoint (a fixed label, see
     /// [`route::endpoint_label`]), the answer's status, and the time from the whole request
     /// having been read to its answer being ready. Default: nothing.

@@ -195,6 +195,9 @@ async fn answer<A: QueueApi>(
         r.allow = Some(endpoint.allow());
         return r;
     }
+    if let Err(e) = api.ready() {
+        return Response::error(&e);
+    }
     match serve(api, endpoint, method, &req.body, consumer, gone).await {
         Ok(r) => r,
         Err(e) => Response::error(&e),

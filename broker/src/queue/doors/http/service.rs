@@ -624,6 +624,20 @@ fn create_error(e: AdminError) -> ApiError {
 }
 
 impl QueueApi for ShardQueues {
+    /// A cluster node answers once it has the cluster metadata (as it accepts Kafka clients
+    /// only then): a node that just restarted knows no queue yet, and a `404` would tell a
+    /// client that its queue or message is gone for good.
+    fn ready(&self) -> Result<(), ApiError> {
+        if !self.shard.config.cluster.is_standalone() && self.shard.cluster_state().is_none() {
+            metrics::counter!("strand_http_requests_refused_total", "reason" => "no cluster metadata yet")
+                .increment(1);
+            return Err(ApiError::unavailable(
+                "this node has not loaded the cluster metadata yet; retry, or ask another node",
+            ));
+        }
+        Ok(())
+    }
+
     async fn put_queue(&self, queue: &str, req: PutQueue) -> Result<(bool, QueueInfo), ApiError> {
         req.validate(queue)?;
         let pairs = Self::config_pairs(&req);

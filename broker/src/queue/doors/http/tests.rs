@@ -38,6 +38,8 @@ struct FakeApi {
     calls: RefCell<Vec<Call>>,
     /// What [`QueueApi::observe`] was told: endpoint label and status.
     observed: RefCell<Vec<(&'static str, u16)>>,
+    /// [`QueueApi::ready`] refuses (a cluster node without the cluster metadata yet).
+    not_ready: bool,
 }
 
 fn info(name: &str) -> QueueInfo {
@@ -71,6 +73,13 @@ fn info(name: &str) -> QueueInfo {
 }
 
 impl QueueApi for FakeApi {
+    fn ready(&self) -> Result<(), ApiError> {
+        if self.not_ready {
+            return Err(ApiError::unavailable("no cluster metadata yet"));
+        }
+        Ok(())
+    }
+
     async fn put_queue(&self, queue: &str, req: PutQueue) -> Result<(bool, QueueInfo), ApiError> {
         self.calls.borrow_mut().push(Call::Put(queue.into(), req.clone()));
         if queue == "exists" {
@@ -326,7 +335,17 @@ fn exchange_within(
     limits: &HttpLimits,
     body_memory: &std::rc::Rc<Semaphore>,
 ) -> Exchange {
-    let api = FakeApi::default();
+    exchange_on(FakeApi::default(), pieces, hang, limits, body_memory)
+}
+
+/// [`exchange_within`] against `api`.
+fn exchange_on(
+    api: FakeApi,
+    pieces: Vec<Vec<u8>>,
+    hang: bool,
+    limits: &HttpLimits,
+    body_memory: &std::rc::Rc<Semaphore>,
+) -> Exchange {
     let mut stream = MemStream {
         input: pieces.into(),
         hang,
@@ -468,6 +487,34 @@ fn ready() {
     let (r, _) = one("GET", "/v1/status/ready", "");
     assert_eq!(r.status, 200);
     assert_eq!(r.json(), json!({"status": "ready"}));
+}
+
+#[test]
+fn a_node_that_cannot_answer_for_queues_yet_says_so_on_every_endpoint() {
+    let api = FakeApi {
+        not_ready: true,
+        ..FakeApi::default()
+    };
+    let input = [
+        request("GET", "/v1/status/ready", ""),
+        request("GET", "/v1/queues/orders", ""),
+        request("POST", "/v1/messages/abc/ack", r#"{"generation": 1}"#),
+    ]
+    .concat();
+    let ex = exchange_on(
+        api,
+        vec![input],
+        false,
+        &limits(),
+        &std::rc::Rc::new(Semaphore::new(1 << 30)),
+    );
+    let rs = responses(&ex.output);
+    assert_eq!(rs.len(), 3);
+    for r in &rs {
+        // Not 404: the queue or message may well exist; another node, or this one soon, knows.
+        assert_eq!((r.status, r.code().as_str()), (503, "unavailable"));
+    }
+    assert!(ex.calls.is_empty(), "{:?}", ex.calls);
 }
 
 #[test]
