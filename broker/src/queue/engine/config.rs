@@ -116,6 +116,12 @@ pub(crate) struct QueueConfig {
     /// Delayed messages kept outside the window (publish delays are refused beyond it; retry
     /// delays beyond it stay inside the window instead).
     pub(crate) max_delayed: u32,
+    /// Whether a leased message leaves the window as a delayed one does (a *detached* record
+    /// below the start, up to `max_leased_per_partition` of them besides the delayed ones), so
+    /// that a long lease never holds back the messages behind it: a work queue's (as on SQS,
+    /// one slow message does not stall the others). Not a share group's: KIP-932's start
+    /// offset never passes a record in flight, and its window bounds what is acquired.
+    pub(crate) detach_leases: bool,
     /// Dedup window; 0 turns dedup off (tokens are ignored).
     pub(crate) dedup_window_ms: u64,
     pub(crate) max_dedup_entries: u32,
@@ -152,6 +158,7 @@ impl Default for QueueConfig {
             max_lease_batch: 500,
             max_delay_ms: 24 * 3600 * 1000,
             max_delayed: 100_000,
+            detach_leases: true,
             dedup_window_ms: 5 * 60 * 1000,
             max_dedup_entries: 100_000,
             max_message_bytes: 1024 * 1024,
@@ -202,6 +209,7 @@ impl QueueConfig {
             max_lease_batch: s.max_record_locks,
             max_delay_ms: 0,
             max_delayed: 0,
+            detach_leases: false,
             dedup_window_ms: 0,
             ..QueueConfig::default()
         }

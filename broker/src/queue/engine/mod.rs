@@ -26,7 +26,11 @@
 //! engine. Messages in `[start, loaded_end)` have in-memory records; messages beyond are only
 //! in the log and are loaded (read back by the caller, [`QueuePartition::wants_load`]) as the
 //! window moves. `loaded_end - start <= max_window` (`share.partition.max.record.locks`), so
-//! memory is bounded by the window + delayed messages + dedup entries, not by the backlog.
+//! memory is bounded by the window + delayed messages + leased ones + dedup entries, not by the
+//! backlog. On a work queue (`detach_leases`) a leased message leaves the window like a delayed
+//! one (below): a lease held for its whole visibility timeout does not stop the messages
+//! behind it once the window is full. A share group keeps KIP-932's rule instead: its start
+//! never passes a record in flight.
 //!
 //! **Leases.** [`QueuePartition::lease`] hands out the lowest available offsets first (first
 //! delivery in offset order; retries, which have lower offsets, come first and may reorder).

@@ -1302,6 +1302,9 @@ impl QueuePartition {
                 });
             }
         }
+        if self.config.detach_leases && !leases.is_empty() {
+            self.advance_start();
+        }
         if self.config.lease_durability == LeaseDurability::BeforeReply && !leases.is_empty() {
             gate = Some(self.current_write());
         }
@@ -1725,9 +1728,15 @@ impl QueuePartition {
     }
 
     /// Moves the start over done messages (forgetting them) and delayed ones (detaching them, up
-    /// to `max_delayed`), up to the first message still in flight.
+    /// to `max_delayed`), and with `detach_leases` over leased ones (up to
+    /// `max_leased_per_partition` more), up to the first message still in flight.
     fn advance_start(&mut self) {
         let old = self.start;
+        let max_detached_leases = if self.config.detach_leases {
+            self.config.max_delayed as usize + self.config.max_leased_per_partition as usize
+        } else {
+            0
+        };
         loop {
             let next = self
                 .records
@@ -1744,6 +1753,10 @@ impl QueuePartition {
                     self.drop_record(off);
                 }
                 DeliveryState::Delayed { .. } if self.detached < self.config.max_delayed as usize => {
+                    self.start = off.plus(1);
+                    self.detached += 1;
+                }
+                DeliveryState::Leased { .. } if self.detached < max_detached_leases => {
                     self.start = off.plus(1);
                     self.detached += 1;
                 }

@@ -206,6 +206,8 @@ struct Stats {
     expiries: u64,
     delayed_leased: u64,
     key_blocked: u64,
+    /// Steps at which a leased message was below the start (`detach_leases`).
+    leases_detached: u64,
     gated_replies: u64,
     snapshots: u64,
     steps: u64,
@@ -224,6 +226,7 @@ impl Stats {
         self.expiries += o.expiries;
         self.delayed_leased += o.delayed_leased;
         self.key_blocked += o.key_blocked;
+        self.leases_detached += o.leases_detached;
         self.gated_replies += o.gated_replies;
         self.snapshots += o.snapshots;
         self.steps += o.steps;
@@ -309,6 +312,7 @@ impl Sim {
             } else {
                 1_000
             },
+            detach_leases: rng.chance(50),
             dedup_window_ms: rng.range(2_000, 20_000),
             max_dedup_entries: 1_000,
             max_message_bytes: 1_000,
@@ -1323,9 +1327,9 @@ impl Sim {
             }
             let in_flight = c.acks_in_flight > 0 || c.dl_confirm_in_flight;
             let state = self.q.inspect(Offset(*off)).map(|v| v.state);
-            if *off < start && !c.ever_delayed {
+            if *off < start && !c.ever_delayed && !self.config.detach_leases {
                 // Only a delayed message may leave the window while pending (KIP-932: the start
-                // offset never passes an in-flight record).
+                // offset never passes an in-flight record), unless leases detach too.
                 check!(
                     self,
                     !matches!(
@@ -1351,6 +1355,15 @@ impl Sim {
             panic!("engine invariant: {e}");
         }
         self.check_nothing_lost();
+        let start = self.q.start();
+        if self.copies.range(..start.0).any(|(off, _)| {
+            matches!(
+                self.q.inspect(Offset(*off)).map(|v| v.state),
+                Some(DeliveryState::Leased { .. })
+            )
+        }) {
+            self.stats.leases_detached += 1;
+        }
         // ordering=key: at most one valid lease per key, now.
         if self.config.ordering == Ordering::Key {
             let mut per_key: HashMap<u8, i64> = HashMap::new();
@@ -1574,6 +1587,7 @@ fn simulated_queue_keeps_its_guarantees() {
         ("snapshots", total.snapshots),
         ("ordering=key runs", keyed),
         ("key-blocked moments", total.key_blocked),
+        ("leases below the start", total.leases_detached),
     ];
     for (what, n) in exercised {
         assert!(
