@@ -9,7 +9,12 @@
 //! [`FrameWriter`]), and waits for the answer carrying its id, which a reader task routes back; answers arrive in any
 //! order. At most `max_in_flight_per_peer` requests wait per connection; a request whose
 //! caller gave up (openraft's timeout) stops waiting and frees its slot. When the connection
-//! breaks, every waiting request fails and the next request reconnects. A connect that fails
+//! breaks, every waiting request fails and the next request reconnects. A connection that goes
+//! quiet while requests wait is pinged (a hello, which the peer answers at once, outside its
+//! request slots) and taken for broken once it has read nothing for `silence_timeout`: a peer
+//! cut off by the network sends no reset, and without this its requests would wait out every
+//! caller's own timeout (a forwarded queue call's 15 s) though its groups have long elected
+//! leaders elsewhere. A connect that fails
 //! makes the peer unreachable for a backoff that doubles per failed attempt, from
 //! `backoff_min` to `backoff_max`, read from an injected clock; during it requests fail at once
 //! without touching the network (openraft backs off on its own too).
@@ -54,6 +59,10 @@ pub struct TcpConfig {
     pub backoff_max: Duration,
     pub max_in_flight_per_peer: usize,
     pub max_requests_per_connection: usize,
+    /// How long a connection with requests waiting may read nothing before it is taken for
+    /// broken (its requests fail; the next one reconnects). It is pinged after a quarter of
+    /// this, so a live peer always answers in time.
+    pub silence_timeout: Duration,
 }
 
 impl Default for TcpConfig {
@@ -68,6 +77,9 @@ impl Default for TcpConfig {
             backoff_max: Duration::from_millis(400),
             max_in_flight_per_peer: 4_096,
             max_requests_per_connection: 4_096,
+            // Above any pause of a live peer's shard (a large fsync, a compaction of its
+            // event loop), below the 10–15 s callers wait at most.
+            silence_timeout: Duration::from_secs(3),
         }
     }
 }
@@ -225,6 +237,9 @@ struct Wire {
     closed: Cell<bool>,
     /// Stops the reader task, which drops its hold on the socket.
     stop_reader: RefCell<Option<oneshot::Sender<()>>>,
+    /// The last time something was read, or requests began waiting on an idle connection.
+    heard: Cell<Instant>,
+    clock: Clock,
 }
 
 impl Wire {
@@ -256,7 +271,14 @@ impl Wire {
             })
             .map_err(|e| ConnectionError::Network(e.to_string()))?;
         let (tx, rx) = oneshot::channel();
-        self.pending.borrow_mut().insert(id, tx);
+        {
+            let mut pending = self.pending.borrow_mut();
+            if pending.is_empty() {
+                // Silence is counted from now: an idle connection had nothing to hear.
+                self.heard.set((self.clock)());
+            }
+            pending.insert(id, tx);
+        }
         // Whether answered, failed or abandoned, the request leaves the table.
         let _forget = Forget { wire: self, id };
         if !self.writer.send(bytes, None) {
@@ -265,6 +287,54 @@ impl Wire {
         }
         rx.await
             .map_err(|_| ConnectionError::Network("connection closed".into()))
+    }
+}
+
+/// Pings `wire` while requests wait on it and nothing is read, and closes it once it has read
+/// nothing for `config.silence_timeout`; ends when the wire closes.
+async fn watch_silence(
+    wire: std::rc::Weak<Wire>,
+    config: TcpConfig,
+    peer: BrokerId,
+    local: BrokerId,
+    shard: u16,
+) {
+    let tick = (config.silence_timeout / 4).max(Duration::from_millis(10));
+    let ping = config
+        .codec
+        .encode_to_bytes(&Frame {
+            // Answers are routed by id; no request waits on this one.
+            request_id: RequestId(u64::MAX),
+            message: Message::Hello { node: local, shard },
+        })
+        .ok();
+    loop {
+        glommio::timer::sleep(tick).await;
+        let Some(wire) = wire.upgrade() else {
+            return;
+        };
+        if wire.closed.get() {
+            return;
+        }
+        if wire.pending.borrow().is_empty() {
+            continue;
+        }
+        let quiet = (wire.clock)().saturating_duration_since(wire.heard.get());
+        if quiet >= config.silence_timeout {
+            tracing::warn!(
+                %peer,
+                waiting = wire.pending.borrow().len(),
+                quiet_ms = quiet.as_millis() as u64,
+                "a node connection read nothing while requests waited; closing it"
+            );
+            wire.close();
+            return;
+        }
+        if quiet >= tick {
+            if let Some(ping) = &ping {
+                let _ = wire.writer.send(ping.clone(), None);
+            }
+        }
     }
 }
 
@@ -301,7 +371,7 @@ async fn read_answers(wire: Rc<Wire>, codec: Codec, mut stop: oneshot::Receiver<
         }
         let read = std::pin::pin!(read_some(&wire.stream, &mut buf));
         match futures::future::select(read, &mut stop).await {
-            Either::Left((Ok(n), _)) if n > 0 => {}
+            Either::Left((Ok(n), _)) if n > 0 => wire.heard.set((wire.clock)()),
             Either::Left(_) | Either::Right(_) => {
                 wire.close();
                 return;
@@ -421,9 +491,19 @@ impl TcpConnections {
                 next_id: Cell::new(0),
                 closed: Cell::new(false),
                 stop_reader: RefCell::new(Some(stop_tx)),
+                heard: Cell::new((self.clock)()),
+                clock: Rc::clone(&self.clock),
             }
         });
         glommio::spawn_local(read_answers(Rc::clone(&wire), self.config.codec, stop_rx)).detach();
+        glommio::spawn_local(watch_silence(
+            Rc::downgrade(&wire),
+            self.config,
+            peer,
+            self.local,
+            self.target_shard,
+        ))
+        .detach();
         let hello = wire
             .request(
                 &self.config,
@@ -531,6 +611,20 @@ pub async fn serve_stream<H, F>(
             }
             continue;
         };
+        if let Message::Hello { shard, .. } = frame.message {
+            // A ping of a connection that went quiet: answered at once, outside the request
+            // slots, so that a peer busy with requests still shows that it is alive.
+            let answer = Frame {
+                request_id: frame.request_id,
+                message: Message::Hello { node: local, shard },
+            };
+            if let Ok(bytes) = codec.encode_to_bytes(&answer) {
+                if !writer.send(bytes, None) {
+                    return;
+                }
+            }
+            continue;
+        }
         let Ok(permit) = slots.acquire_static_permit(1).await else {
             return;
         };

@@ -464,3 +464,97 @@ fn a_read_fills_the_room_reserved_for_a_frame_first() {
     assert_eq!(read_size(&buf), READ_CHUNK_BYTES);
     assert_eq!(read_size(&BytesMut::new()), READ_CHUNK_BYTES);
 }
+
+/// A server that answers the hello of each connection, then reads everything and answers
+/// nothing: a peer cut off by the network, as its callers see it (no reset, no answer).
+fn start_silent_server(id: BrokerId) -> SocketAddr {
+    let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    glommio::spawn_local(async move {
+        while let Ok(stream) = listener.accept().await {
+            glommio::spawn_local(async move {
+                let stream = Rc::new(RefCell::new(stream));
+                let codec = Codec::default();
+                let mut buf = BytesMut::new();
+                let mut hello = true;
+                loop {
+                    let Some(frame) = codec.decode_from(&mut buf).unwrap() else {
+                        if read_some(&stream, &mut buf).await.unwrap_or(0) == 0 {
+                            break;
+                        }
+                        continue;
+                    };
+                    if hello {
+                        hello = false;
+                        let bytes = codec
+                            .encode_to_bytes(&Frame {
+                                request_id: frame.request_id,
+                                message: Message::Hello { node: id, shard: 0 },
+                            })
+                            .unwrap();
+                        write_raw(&stream, &bytes).await.unwrap();
+                    }
+                }
+            })
+            .detach();
+        }
+    })
+    .detach();
+    addr
+}
+
+fn wall_clock() -> Clock {
+    Rc::new(Instant::now)
+}
+
+/// `call`'s result, or an error once 30 s have passed (far beyond what any test here waits).
+async fn guarded(
+    call: impl Future<Output = Result<Message, ConnectionError>>,
+) -> Result<Message, ConnectionError> {
+    let guard = std::pin::pin!(glommio::timer::sleep(Duration::from_secs(30)));
+    match futures::future::select(std::pin::pin!(call), guard).await {
+        Either::Left((r, _)) => r,
+        Either::Right(_) => Err(ConnectionError::Unreachable("the guard fired".into())),
+    }
+}
+
+#[test]
+fn a_peer_that_goes_silent_fails_its_requests_once_the_silence_timeout_is_over() {
+    run(|| async {
+        let addr = start_silent_server(BrokerId(2));
+        let (counted, resolve) = resolver(Some(addr));
+        let config = TcpConfig {
+            silence_timeout: Duration::from_millis(300),
+            ..TcpConfig::default()
+        };
+        let conns = TcpConnections::new(BrokerId(1), resolve, wall_clock(), config);
+        // Without the watch the request would wait for ever: the guard is far beyond it.
+        let r = guarded(conns.call(BrokerId(2), vote_request(0))).await;
+        assert!(matches!(r, Err(ConnectionError::Network(_))), "{r:?}");
+        // The next request reconnects.
+        let _ = guarded(conns.call(BrokerId(2), vote_request(1))).await;
+        assert_eq!(counted.resolved.get(), 2);
+    });
+}
+
+#[test]
+fn a_slow_peer_that_answers_pings_is_not_taken_for_silent() {
+    run(|| async {
+        // Every answer takes four silence timeouts; the pings in between are answered at once.
+        let addr = start_server(BrokerId(2), |_, m| async move {
+            glommio::timer::sleep(Duration::from_millis(800)).await;
+            m
+        });
+        let (counted, resolve) = resolver(Some(addr));
+        let config = TcpConfig {
+            silence_timeout: Duration::from_millis(200),
+            ..TcpConfig::default()
+        };
+        let conns = TcpConnections::new(BrokerId(1), resolve, wall_clock(), config);
+        for p in 0..2 {
+            let r = conns.call(BrokerId(2), vote_request(p)).await;
+            assert!(matches!(r, Ok(Message::Vote { .. })), "{r:?}");
+        }
+        assert_eq!(counted.resolved.get(), 1, "one connection throughout");
+    });
+}
