@@ -1,6 +1,7 @@
 //! `strand-chaos`: the fault-injection harness. Starts `strand` nodes on 127.0.0.1 …
-//! 127.0.0.N, writes to them with idempotent `acks=all` producers, kills, restarts or wipes them
-//! on a seeded schedule, then checks every acknowledged record against what the nodes hold.
+//! 127.0.0.N, writes to them with idempotent `acks=all` producers (or, `--workload queue`, runs
+//! HTTP queue publishers and workers), kills, restarts or wipes them on a seeded schedule, then
+//! checks every acknowledged record (every message, lease and ack) against what the nodes hold.
 //! See `strand_tools::chaos` and BENCHMARKS.md.
 
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use serde::Serialize;
 use strand_tools::broker::binary_version;
 use strand_tools::chaos::harness::{self, Options, Report};
 use strand_tools::chaos::plan::{Scenario, Timings};
+use strand_tools::chaos::queue_run::{self, QueueOptions, QueueReport};
 use strand_tools::cli::RunArgs;
 use strand_tools::host::{utc_now_rfc3339, FsInfo, HostInfo};
 use strand_tools::report::{host_line, ClientInfo, ToolInfo};
@@ -29,7 +31,8 @@ use strand_tools::run::{exit_code, main_of, RunDir};
     after_help = "Examples:\n  \
       strand-chaos --strand-bin target/release/strand --scenario leader-kill --seed 1\n  \
       strand-chaos --strand-bin target/release/strand --scenario wiped-disk --cycles 1\n  \
-      strand-chaos --strand-bin target/release/strand --nodes 3 --scenario rolling-restart\n\n\
+      strand-chaos --strand-bin target/release/strand --nodes 3 --scenario rolling-restart\n  \
+      strand-chaos --strand-bin target/release/strand --nodes 3 --workload queue --messages 100000\n\n\
       Exit status: 0 the checks passed, 1 violations or problems were found (the report lists \
       them; a wiped disk on one node must show losses), 2 the run could not be made."
 )]
@@ -40,6 +43,20 @@ struct Cli {
     /// What to do to the nodes.
     #[arg(long, value_enum, default_value_t = Scenario::LeaderKill)]
     scenario: Scenario,
+    /// What the clients do: `records` (idempotent producers; read back and compared with the
+    /// replicas' segment files) or `queue` (HTTP publishers and workers on a queue: acks,
+    /// nacks, delays, poison and abandoned leases, checked by a recorder).
+    #[arg(long, value_enum, default_value_t = Workload::Records)]
+    workload: Workload,
+    /// Queue workload: messages to publish (the schedule stops once all are published).
+    #[arg(long, default_value_t = 100_000)]
+    messages: u64,
+    /// Queue workload: worker threads leasing and settling.
+    #[arg(long, default_value_t = 8)]
+    workers: u32,
+    /// Queue workload: the lease time workers ask for, ms.
+    #[arg(long, default_value_t = 10_000)]
+    visibility_timeout_ms: u64,
     /// The seed of the schedule (victims, timings) [default: from the clock, printed].
     #[arg(long)]
     seed: Option<u64>,
@@ -61,13 +78,14 @@ struct Cli {
     /// Partitions of the topic.
     #[arg(long, default_value_t = 4)]
     partitions: i32,
-    /// Idempotent producers.
+    /// Idempotent producers (queue workload: publishers).
     #[arg(long, default_value_t = 2)]
     producers: u32,
-    /// Records per second over all producers.
-    #[arg(long, default_value_t = 400)]
-    rate: u32,
-    /// Bytes per record payload.
+    /// Records (queue workload: messages) per second over all producers [default: 400; 4000
+    /// for the queue workload].
+    #[arg(long)]
+    rate: Option<u32>,
+    /// Bytes per record payload (queue workload: per message).
     #[arg(long, default_value_t = 100)]
     record_bytes: usize,
     /// Load before each fault, ms: MIN,MAX (the seed draws from the range).
@@ -88,11 +106,41 @@ struct Cli {
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     recover_timeout: f64,
     /// Write every send and its outcome (acknowledged offset or error, with times in µs since
-    /// the start) to this file, one JSON object a line.
+    /// the start) to this file, one JSON object a line (queue workload: every publish, lease
+    /// and settle, and every dead letter).
     #[arg(long, value_name = "FILE")]
     history: Option<std::path::PathBuf>,
     #[command(flatten)]
     run: RunArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    Records,
+    Queue,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum AnyReport {
+    Records(Report),
+    Queue(QueueReport),
+}
+
+impl AnyReport {
+    fn failures(&self) -> u64 {
+        match self {
+            AnyReport::Records(r) => r.failures(),
+            AnyReport::Queue(r) => r.failures(),
+        }
+    }
+
+    fn render(&self) -> String {
+        match self {
+            AnyReport::Records(r) => r.render(),
+            AnyReport::Queue(r) => r.render(),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -106,7 +154,7 @@ struct JsonReport<'a> {
     strand_version: Option<String>,
     warnings: Vec<String>,
     #[serde(flatten)]
-    report: &'a Report,
+    report: &'a AnyReport,
 }
 
 fn main() -> ExitCode {
@@ -142,7 +190,10 @@ fn run() -> Result<ExitCode> {
     opts.history_path = cli.history.clone();
     opts.partitions = cli.partitions;
     opts.producers = cli.producers;
-    opts.rate_per_sec = cli.rate;
+    opts.rate_per_sec = cli.rate.unwrap_or(match cli.workload {
+        Workload::Records => 400,
+        Workload::Queue => 4000,
+    });
     opts.record_bytes = cli.record_bytes;
     let [load_min, load_max] = cli.load_ms[..] else {
         anyhow::bail!("--load-ms is MIN,MAX");
@@ -161,11 +212,23 @@ fn run() -> Result<ExitCode> {
     opts.ready_timeout = Duration::from_secs_f64(cli.ready_timeout);
     opts.recover_timeout = Duration::from_secs_f64(cli.recover_timeout);
     let show = cli.run.progress.show();
-    let result = harness::run(&opts, |line| {
+    let say = |line: &str| {
         if show {
             eprintln!("{line}");
         }
-    });
+    };
+    let result = match cli.workload {
+        Workload::Records => harness::run(&opts, say).map(AnyReport::Records),
+        Workload::Queue => {
+            let q = QueueOptions {
+                messages: cli.messages,
+                workers: cli.workers,
+                visibility_timeout_ms: cli.visibility_timeout_ms,
+                ..QueueOptions::default()
+            };
+            queue_run::run(&opts, &q, say).map(AnyReport::Queue)
+        }
+    };
     let report = match result {
         Ok(r) => r,
         Err(e) => {

@@ -548,12 +548,23 @@ fn check_replicas(reps: &[&ReplicaLog], read: &PartitionRead) -> ReplicaVerdict 
 /// acknowledgement up to the window's end. A partition without any acknowledgement in
 /// (kill, window end] has not recovered: the kill's gap is `None`.
 pub fn unavailability(history: &[Op], kills: &[Kill]) -> Unavailability {
-    let mut acks: BTreeMap<PartitionNo, Vec<Micros>> = BTreeMap::new();
-    for op in history {
-        if let Outcome::Acked { at, .. } = op.outcome {
-            acks.entry(op.id.partition).or_default().push(at);
-        }
+    let acks = history.iter().filter_map(|op| match op.outcome {
+        Outcome::Acked { at, .. } => Some((op.id.partition, at)),
+        _ => None,
+    });
+    unavailability_of(acks, kills)
+}
+
+/// [`unavailability`] over any acknowledgements: `(partition, when)` pairs in any order.
+pub fn unavailability_of(
+    acks: impl IntoIterator<Item = (PartitionNo, Micros)>,
+    kills: &[Kill],
+) -> Unavailability {
+    let mut by_partition: BTreeMap<PartitionNo, Vec<Micros>> = BTreeMap::new();
+    for (p, at) in acks {
+        by_partition.entry(p).or_default().push(at);
     }
+    let mut acks = by_partition;
     for times in acks.values_mut() {
         times.sort_unstable();
     }

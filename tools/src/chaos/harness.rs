@@ -95,6 +95,28 @@ impl Options {
     }
 }
 
+/// What the fault schedule watches of a workload: its clock and, per partition, when a client
+/// last saw an acknowledged write (a record, or a queue message's ack).
+pub trait Progress {
+    fn now(&self) -> Micros;
+    fn last_ack(&self, p: PartitionNo) -> Option<Micros>;
+    /// Whether the workload has stopped writing new work (no new fault is started then: its
+    /// recovery could not be seen).
+    fn exhausted(&self) -> bool {
+        false
+    }
+}
+
+impl Progress for super::load::Shared {
+    fn now(&self) -> Micros {
+        super::load::Shared::now(self)
+    }
+
+    fn last_ack(&self, p: PartitionNo) -> Option<Micros> {
+        super::load::Shared::last_ack(self, p)
+    }
+}
+
 /// What kind of fault a step was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -122,7 +144,7 @@ pub struct FaultReport {
     /// if that did not happen within the recover timeout.
     pub recovered_after_ms: Option<f64>,
     #[serde(skip)]
-    at: Micros,
+    pub(super) at: Micros,
 }
 
 /// The report of a run.
@@ -265,7 +287,7 @@ fn expectation(scenario: Scenario, nodes: u32) -> String {
     }
 }
 
-fn client_config(bootstrap: &str) -> ClientConfig {
+pub(super) fn client_config(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
         .set("broker.address.family", "v4")
@@ -304,11 +326,17 @@ fn ensure_topic(nodes: &Nodes, partitions: i32, replication: i32, timeout: Durat
     }
 }
 
-/// The leader of every partition, asked until every partition has one (up to `timeout`).
-fn all_leaders(nodes: &Nodes, partitions: i32, timeout: Duration) -> Result<BTreeMap<PartitionNo, NodeNo>> {
+/// The leader of every partition of `topic`, asked until every partition has one (up to
+/// `timeout`).
+pub(super) fn all_leaders(
+    nodes: &Nodes,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> Result<BTreeMap<PartitionNo, NodeNo>> {
     let deadline = Instant::now() + timeout;
     loop {
-        let asked = nodes.leaders(TOPIC, Duration::from_secs(5));
+        let asked = nodes.leaders(topic, Duration::from_secs(5));
         if let Ok(leaders) = &asked {
             if leaders.len() == partitions as usize {
                 return asked;
@@ -388,12 +416,17 @@ fn read_partition(bootstrap: &str, partition: PartitionNo, timeout: Duration) ->
 
 /// Waits until every partition of `partitions` has an acknowledged write after `since`;
 /// returns when, or `None` after `timeout`.
-fn await_acks(load: &Load, partitions: &[PartitionNo], since: Micros, timeout: Duration) -> Option<Micros> {
+pub(super) fn await_acks(
+    load: &dyn Progress,
+    partitions: &[PartitionNo],
+    since: Micros,
+    timeout: Duration,
+) -> Option<Micros> {
     let deadline = Instant::now() + timeout;
     loop {
         let lasts: Option<Vec<Micros>> = partitions
             .iter()
-            .map(|p| load.shared.last_ack(*p).filter(|t| *t > since))
+            .map(|p| load.last_ack(*p).filter(|t| *t > since))
             .collect();
         if let Some(lasts) = lasts {
             return Some(lasts.into_iter().max().unwrap_or(since));
@@ -405,8 +438,8 @@ fn await_acks(load: &Load, partitions: &[PartitionNo], since: Micros, timeout: D
     }
 }
 
-/// Runs `opts`; `progress` hears what happens, a line at a time.
-pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
+/// The checks every workload's options share.
+pub(super) fn validate(opts: &Options) -> Result<()> {
     if opts.scenario == Scenario::IsolateLeader && (!opts.netns || opts.nodes < 3) {
         bail!(
             "isolate-leader cuts the leader off from the other nodes: it needs at least 3 nodes \
@@ -417,6 +450,12 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
     if opts.nodes == 0 || opts.nodes > 254 || opts.partitions < 1 || opts.producers < 1 {
         bail!("need 1..=254 nodes, at least one partition and one producer");
     }
+    Ok(())
+}
+
+/// Runs `opts`; `progress` hears what happens, a line at a time.
+pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
+    validate(opts)?;
     let started = Instant::now();
     let steps = plan(
         opts.scenario,
@@ -464,7 +503,7 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
         started,
     )?;
     let mut problems = Vec::new();
-    if await_acks(&load, &all, Micros(0), opts.recover_timeout).is_none() {
+    if await_acks(&*load.shared, &all, Micros(0), opts.recover_timeout).is_none() {
         problems.push(format!(
             "the load got no acknowledgement on every partition within {:?} of its start",
             opts.recover_timeout
@@ -476,7 +515,8 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
         opts,
         &steps,
         &mut nodes,
-        &load,
+        TOPIC,
+        &*load.shared,
         started,
         &mut faults,
         &mut cycles_run,
@@ -571,12 +611,16 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
     })
 }
 
+/// Plays `steps` against `nodes` under a workload on `topic`: each fault strikes the node
+/// that leads the step's partition of `topic` at that moment, and the next waits until every
+/// partition the victim led has an acknowledged write again (`load`).
 #[allow(clippy::too_many_arguments)]
-fn play(
+pub(super) fn play(
     opts: &Options,
     steps: &[Step],
     nodes: &mut Nodes,
-    load: &Load,
+    topic: &str,
+    load: &dyn Progress,
     started: Instant,
     faults: &mut Vec<FaultReport>,
     cycles_run: &mut u32,
@@ -589,23 +633,27 @@ fn play(
             progress(&format!("--duration reached after {} cycles", *cycles_run));
             break;
         }
+        if load.exhausted() {
+            progress(&format!("the workload is done after {} cycles", *cycles_run));
+            break;
+        }
         thread::sleep(Duration::from_millis(step.load_ms));
         let (kind, node) = match step.action {
-            Action::KillLeaderOf(p) => (FaultKind::Kill9, nodes.leader_of(TOPIC, p, opts.recover_timeout)?),
+            Action::KillLeaderOf(p) => (FaultKind::Kill9, nodes.leader_of(topic, p, opts.recover_timeout)?),
             Action::Restart(n) => (FaultKind::Sigterm, n),
             Action::WipeAndRestart(n) => (FaultKind::WipedDisk, n),
             Action::IsolateLeaderOf(p) => (
                 FaultKind::Isolation,
-                nodes.leader_of(TOPIC, p, opts.recover_timeout)?,
+                nodes.leader_of(topic, p, opts.recover_timeout)?,
             ),
         };
-        let leaders = all_leaders(nodes, opts.partitions, opts.recover_timeout)?;
+        let leaders = all_leaders(nodes, topic, opts.partitions, opts.recover_timeout)?;
         let partitions_led: Vec<PartitionNo> = leaders
             .iter()
             .filter(|(_, n)| **n == node)
             .map(|(p, _)| *p)
             .collect();
-        let at = load.shared.now();
+        let at = load.now();
         let how = match kind {
             FaultKind::Sigterm => nodes.stop(node, Duration::from_secs(30))?.how,
             FaultKind::Kill9 | FaultKind::WipedDisk => nodes.kill(node)?.how,
@@ -617,7 +665,7 @@ fn play(
         // The process is gone (or cut off): an acknowledgement from here on comes from a live
         // leader (one received between `at` and here may still be the victim's last; an
         // isolated leader cannot commit an acks=all write without the others).
-        let dead = load.shared.now();
+        let dead = load.now();
         if kind == FaultKind::WipedDisk {
             nodes.wipe(node)?;
         }

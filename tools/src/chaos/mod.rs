@@ -11,6 +11,14 @@
 //! * [`checker`]: the sans-I/O verdict (lost, duplicated, reordered, replica byte identity,
 //!   unavailability after each kill).
 //! * [`harness`]: one run, gluing them together.
+//!
+//! `--workload queue` puts HTTP queue workers under the same faults instead of producers:
+//!
+//! * [`queue_load`]: publishers and workers (acks, nacks, delays, poison, abandoned leases)
+//!   recording what they are told;
+//! * [`queue_check`]: the sans-I/O recorder's verdict (lost, delivered after an ack, stale
+//!   generations accepted, leases lost, early delays, dedup, dead letters);
+//! * [`queue_run`]: one run of it.
 
 pub mod checker;
 pub mod harness;
@@ -18,4 +26,7 @@ pub mod load;
 pub mod netns;
 pub mod nodes;
 pub mod plan;
+pub mod queue_check;
+pub mod queue_load;
+pub mod queue_run;
 pub mod replicas;

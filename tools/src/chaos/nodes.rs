@@ -40,6 +40,8 @@ pub struct NodeSpec {
     pub host: String,
     pub kafka_port: u16,
     pub controller_port: u16,
+    /// Its HTTP queue API port (`strand.http.listener`), the same across restarts.
+    pub http_port: u16,
     /// Its directory: ready file, log.
     pub dir: PathBuf,
     /// Its data directory (`log.dirs`), under `dir`.
@@ -50,10 +52,22 @@ impl NodeSpec {
     pub fn bootstrap(&self) -> String {
         format!("{}:{}", self.host, self.kafka_port)
     }
+
+    /// The address of its HTTP queue API.
+    pub fn http(&self) -> String {
+        format!("{}:{}", self.host, self.http_port)
+    }
 }
 
-/// The layout of `count` nodes under `root`, listening on `kafka_port` and `controller_port`.
-pub fn layout(root: &Path, count: u32, kafka_port: u16, controller_port: u16) -> Vec<NodeSpec> {
+/// The layout of `count` nodes under `root`, listening on `kafka_port`, `controller_port` and
+/// (HTTP) `http_port`.
+pub fn layout(
+    root: &Path,
+    count: u32,
+    kafka_port: u16,
+    controller_port: u16,
+    http_port: u16,
+) -> Vec<NodeSpec> {
     (1..=count)
         .map(|id| {
             let dir = root.join(format!("node-{id}"));
@@ -62,6 +76,7 @@ pub fn layout(root: &Path, count: u32, kafka_port: u16, controller_port: u16) ->
                 host: format!("127.0.0.{id}"),
                 kafka_port,
                 controller_port,
+                http_port,
                 data: dir.join("data"),
                 dir,
             }
@@ -185,7 +200,7 @@ impl Nodes {
         let (specs, net) = if netns {
             let net = Net::create(count)?;
             // Every namespace is a network stack of its own: any port is free there.
-            let mut specs = layout(root, count, 9092, 9093);
+            let mut specs = layout(root, count, 9092, 9093, 8080);
             for s in &mut specs {
                 s.host = net.host(s.id);
             }
@@ -197,7 +212,11 @@ impl Nodes {
             while controller == kafka {
                 controller = free_port_on(&hosts)?;
             }
-            (layout(root, count, kafka, controller), None)
+            let mut http = free_port_on(&hosts)?;
+            while http == kafka || http == controller {
+                http = free_port_on(&hosts)?;
+            }
+            (layout(root, count, kafka, controller, http), None)
         };
         Ok(Self {
             specs,
@@ -245,7 +264,7 @@ impl Nodes {
             "--override".to_string(),
             format!("strand.admin.listener={}:0", spec.host),
             "--override".into(),
-            format!("strand.http.listener={}:0", spec.host),
+            format!("strand.http.listener={}", spec.http()),
             "--override".into(),
             // The harness creates its topic; a client must not create it again with the
             // default partition count after a wipe.
@@ -570,7 +589,7 @@ mod tests {
 
     #[test]
     fn one_node_runs_standalone() {
-        let specs = layout(Path::new("/r"), 1, 9092, 9093);
+        let specs = layout(Path::new("/r"), 1, 9092, 9093, 8080);
         assert_eq!(specs[0].data, Path::new("/r/node-1/data"));
         let env = environment(&specs[0], &specs);
         let m = env_map(&env);
@@ -581,7 +600,7 @@ mod tests {
 
     #[test]
     fn three_nodes_get_the_combined_mode_compose_environment() {
-        let specs = layout(Path::new("/r"), 3, 19092, 29093);
+        let specs = layout(Path::new("/r"), 3, 19092, 29093, 18080);
         let env = environment(&specs[1], &specs);
         let m = env_map(&env);
         assert_eq!(m["KAFKA_NODE_ID"], "2");
