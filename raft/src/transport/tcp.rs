@@ -10,8 +10,10 @@
 //! order. At most `max_in_flight_per_peer` requests wait per connection; a request whose
 //! caller gave up (openraft's timeout) stops waiting and frees its slot. When the connection
 //! breaks, every waiting request fails and the next request reconnects. A connection that goes
-//! quiet while requests wait is pinged (a hello, which the peer answers at once, outside its
-//! request slots) and taken for broken once it has read nothing for `silence_timeout`: a peer
+//! quiet while requests wait is pinged (a hello, which the peer's handler answers: the node's
+//! server answers it at once, with a hello, or with nothing of use once it is closing, which
+//! still counts as hearing the connection) and taken for broken once it has read nothing for
+//! `silence_timeout`: a peer
 //! cut off by the network sends no reset, and without this its requests would wait out every
 //! caller's own timeout (a forwarded queue call's 15 s) though its groups have long elected
 //! leaders elsewhere. A connect that fails
@@ -611,20 +613,6 @@ pub async fn serve_stream<H, F>(
             }
             continue;
         };
-        if let Message::Hello { shard, .. } = frame.message {
-            // A ping of a connection that went quiet: answered at once, outside the request
-            // slots, so that a peer busy with requests still shows that it is alive.
-            let answer = Frame {
-                request_id: frame.request_id,
-                message: Message::Hello { node: local, shard },
-            };
-            if let Ok(bytes) = codec.encode_to_bytes(&answer) {
-                if !writer.send(bytes, None) {
-                    return;
-                }
-            }
-            continue;
-        }
         let Ok(permit) = slots.acquire_static_permit(1).await else {
             return;
         };
