@@ -1166,6 +1166,11 @@ impl QueuePartition {
         self.window_span() >= i64::from(self.config.max_window)
     }
 
+    /// Whether a message of the window (not below it) is available.
+    fn window_has_ready(&self) -> bool {
+        self.idx.ready.range(self.start..self.loaded_end).next().is_some()
+    }
+
     fn materialize(&mut self, off: Offset, id: MessageId, m: &AppendedMessage<'_>, now: i64) {
         if self.records.contains_key(&off) {
             return; // known from the state log: its recorded state wins
@@ -1302,7 +1307,7 @@ impl QueuePartition {
                 });
             }
         }
-        if self.config.detach_leases && !leases.is_empty() {
+        if self.config.detach_leases && !leases.is_empty() && self.window_full() && !self.window_has_ready() {
             self.advance_start();
         }
         if self.config.lease_durability == LeaseDurability::BeforeReply && !leases.is_empty() {
@@ -1728,8 +1733,9 @@ impl QueuePartition {
     }
 
     /// Moves the start over done messages (forgetting them) and delayed ones (detaching them, up
-    /// to `max_delayed`), and with `detach_leases` over leased ones (up to
-    /// `max_leased_per_partition` more), up to the first message still in flight.
+    /// to `max_delayed`), and with `detach_leases` over leased ones while the window is full with
+    /// nothing available in it (up to `max_leased_per_partition` more), up to the first message
+    /// still in flight.
     fn advance_start(&mut self) {
         let old = self.start;
         let max_detached_leases = if self.config.detach_leases {
@@ -1756,7 +1762,13 @@ impl QueuePartition {
                     self.start = off.plus(1);
                     self.detached += 1;
                 }
-                DeliveryState::Leased { .. } if self.detached < max_detached_leases => {
+                // Only when it holds something back: the window is full and has nothing left
+                // to lease (a window full of a backlog needs no room).
+                DeliveryState::Leased { .. }
+                    if self.detached < max_detached_leases
+                        && self.window_full()
+                        && !self.window_has_ready() =>
+                {
                     self.start = off.plus(1);
                     self.detached += 1;
                 }
