@@ -453,10 +453,12 @@ pub(super) fn validate(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Runs `opts`; `progress` hears what happens, a line at a time.
-pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
-    validate(opts)?;
-    let started = Instant::now();
+/// The schedule of `opts` and its nodes, started (and, several of them, formed into a cluster).
+pub(super) fn start_nodes(
+    opts: &Options,
+    started: Instant,
+    progress: &mut impl FnMut(&str),
+) -> Result<(Vec<Step>, Nodes)> {
     let steps = plan(
         opts.scenario,
         opts.seed,
@@ -486,6 +488,30 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
             bail!("{e:#}\nthe nodes' logs end:\n{}", nodes.log_tails());
         }
     }
+    Ok((steps, nodes))
+}
+
+/// The faults of `kind` as the checker measures them: each until the next fault, the last
+/// until `load_end`.
+pub(super) fn kills(faults: &[FaultReport], kind: FaultKind, load_end: Micros) -> Vec<Kill> {
+    faults
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.kind == kind)
+        .map(|(i, f)| Kill {
+            node: f.node,
+            at: f.at,
+            partitions: f.partitions_led.clone(),
+            window_end: faults.get(i + 1).map_or(load_end, |next| next.at),
+        })
+        .collect()
+}
+
+/// Runs `opts`; `progress` hears what happens, a line at a time.
+pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
+    validate(opts)?;
+    let started = Instant::now();
+    let (steps, mut nodes) = start_nodes(opts, started, &mut progress)?;
     let replication = opts.nodes.min(3) as i32;
     ensure_topic(&nodes, opts.partitions, replication, opts.ready_timeout)?;
     let all: Vec<PartitionNo> = (0..opts.partitions).map(PartitionNo).collect();
@@ -562,19 +588,7 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Report> {
             replicas.push(read_replica(spec.id, &spec.data, TOPIC, p));
         }
     }
-    let kills_of = |kind: FaultKind| -> Vec<Kill> {
-        faults
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| f.kind == kind)
-            .map(|(i, f): (usize, &FaultReport)| Kill {
-                node: f.node,
-                at: f.at,
-                partitions: f.partitions_led.clone(),
-                window_end: faults.get(i + 1).map_or(load_end, |next| next.at),
-            })
-            .collect()
-    };
+    let kills_of = |kind| kills(&faults, kind, load_end);
     if let Some(path) = &opts.history_path {
         write_history(path, &history)?;
     }

@@ -21,12 +21,13 @@ use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::json;
 
-use super::checker::{self, Kill, Micros, PartitionNo, Unavailability};
+use super::checker::{self, Micros, PartitionNo, Unavailability};
 use super::harness::{
-    all_leaders, await_acks, client_config, play, validate, FaultKind, FaultReport, Options,
+    all_leaders, await_acks, client_config, kills, play, start_nodes, validate, FaultKind, FaultReport,
+    Options,
 };
 use super::nodes::{NodeEvent, Nodes};
-use super::plan::{plan, Scenario};
+use super::plan::Scenario;
 use super::queue_check::{
     self, DeadLetter, MessagePlan, Mix, QueueHistory, QueueVerdict, SettleAction, SettleResult,
 };
@@ -353,35 +354,7 @@ pub fn run(opts: &Options, q: &QueueOptions, mut progress: impl FnMut(&str)) -> 
         bail!("need messages, workers, and batches of at least one");
     }
     let started = Instant::now();
-    let steps = plan(
-        opts.scenario,
-        opts.seed,
-        opts.cycles,
-        opts.nodes,
-        opts.partitions,
-        opts.timings,
-    );
-    let mut nodes = Nodes::new(
-        &opts.strand,
-        &opts.root,
-        opts.nodes,
-        opts.netns,
-        &opts.strand_args,
-        opts.ready_timeout,
-        started,
-    )?;
-    progress(&format!(
-        "starting {} node(s) at {} under {}",
-        opts.nodes,
-        nodes.bootstrap(),
-        opts.root.display()
-    ));
-    nodes.start_all()?;
-    if opts.nodes > 1 {
-        if let Err(e) = nodes.await_cluster(opts.ready_timeout) {
-            bail!("{e:#}\nthe nodes' logs end:\n{}", nodes.log_tails());
-        }
-    }
+    let (steps, mut nodes) = start_nodes(opts, started, &mut progress)?;
     create_queue(&nodes, opts, q)?;
     all_leaders(&nodes, QUEUE, opts.partitions, opts.ready_timeout).context("the queue's leaders")?;
     let plan_of_messages = Arc::new(MessagePlan::new(opts.seed, q.messages, q.mix));
@@ -521,20 +494,8 @@ pub fn run(opts: &Options, q: &QueueOptions, mut progress: impl FnMut(&str)) -> 
         })
         .map(|s| (s.partition, s.answered))
         .collect();
-    let kills_of = |kind: FaultKind| -> Vec<Kill> {
-        faults
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| f.kind == kind)
-            .map(|(i, f): (usize, &FaultReport)| Kill {
-                node: f.node,
-                at: f.at,
-                partitions: f.partitions_led.clone(),
-                window_end: faults.get(i + 1).map_or(load_end, |next| next.at),
-            })
-            .collect()
-    };
-    let unavailability = |kind| checker::unavailability_of(acks.iter().copied(), &kills_of(kind));
+    let unavailability =
+        |kind| checker::unavailability_of(acks.iter().copied(), &kills(&faults, kind, load_end));
     Ok(QueueReport {
         workload: "queue",
         scenario: opts.scenario,
