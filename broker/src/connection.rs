@@ -276,12 +276,12 @@ async fn serve(
     let connections = &conns;
     connections.live.set(connections.live.get() + 1);
     let stream = Rc::new(RefCell::new(stream));
-    let conn = Rc::new(ConnInfo {
+    let conn = Rc::new(ConnInfo::new(
         listener,
         peer,
-        affinity: Affinity::new(MIGRATE_AFTER_REQUESTS, moves),
-        sessions: RefCell::new(sessions),
-    });
+        Affinity::new(MIGRATE_AFTER_REQUESTS, moves),
+        sessions,
+    ));
     let inflight = usize::try_from(shard.config.max_inflight_requests_per_connection)
         .unwrap_or(256)
         .max(1);
@@ -512,6 +512,12 @@ async fn read_loop(
                 metrics::counter!("strand_connections_refused_total", "reason" => "no cluster metadata yet")
                     .increment(1);
                 return ReadEnd::Close(Some("no cluster metadata yet"));
+            }
+            // Its next request is not served: the client is to ask other nodes for metadata.
+            if conn.hung_up() {
+                metrics::counter!("strand_connections_closed_total", "reason" => "leader cut off")
+                    .increment(1);
+                return ReadEnd::Close(Some("a partition leader here is cut off from its replicas"));
             }
             if let Some(to) = conn
                 .affinity

@@ -52,6 +52,10 @@ pub(crate) fn describe() {
         "strand_partition_limit_refusals_total",
         "Topic creations and partition increases refused by a partition limit, by limit (node: strand.max.partitions, topic: .per.topic, request: .per.request)."
     );
+    describe_counter!(
+        "strand_replication_cut_off_refusals_total",
+        "Produce and Fetch partitions refused NOT_LEADER_OR_FOLLOWER by a leader that has not heard a majority of the partition's replicas within the peer timeout, by request."
+    );
     describe_gauge!("strand_connections", "Open Kafka connections, by shard.");
     describe_gauge!(
         "strand_replication_groups",
@@ -105,6 +109,10 @@ pub(crate) fn describe() {
     describe_counter!(
         "strand_connections_refused_total",
         "Kafka client connections closed at their first request without an answer, by reason (a cluster node before it has the cluster metadata)."
+    );
+    describe_counter!(
+        "strand_connections_closed_total",
+        "Kafka client connections the broker closed after answering, by reason (a partition leader here cut off from its replicas refused a request on it)."
     );
     describe_counter!(
         "strand_connection_migrations_total",

@@ -18,12 +18,42 @@ pub(crate) struct ConnInfo {
     /// Ids of the fetch sessions it used (most recent last, at most [`MAX_CONN_SESSIONS`]):
     /// they move with it to another shard.
     pub(crate) sessions: std::cell::RefCell<Vec<i32>>,
+    /// Set by [`Self::hang_up`].
+    hang_up: Cell<bool>,
 }
 
 /// Fetch sessions a connection carries along when it moves; clients use one per connection.
 pub(crate) const MAX_CONN_SESSIONS: usize = 4;
 
 impl ConnInfo {
+    pub(crate) fn new(
+        listener: usize,
+        peer: Option<SocketAddr>,
+        affinity: Affinity,
+        sessions: Vec<i32>,
+    ) -> Self {
+        ConnInfo {
+            listener,
+            peer,
+            affinity,
+            sessions: std::cell::RefCell::new(sessions),
+            hang_up: Cell::new(false),
+        }
+    }
+
+    /// Closes the connection once the requests read so far are answered: a partition leader
+    /// cut off from its replicas refused a request on it. A client asks the brokers it is
+    /// connected to for metadata, and this one would name itself leader again; closed, it
+    /// asks the others, which know the leader they elected.
+    pub(crate) fn hang_up(&self) {
+        self.hang_up.set(true);
+    }
+
+    /// Whether [`Self::hang_up`] was called.
+    pub(crate) fn hung_up(&self) -> bool {
+        self.hang_up.get()
+    }
+
     /// The connection's fetch used session `id`.
     pub(crate) fn used_session(&self, id: i32) {
         let mut ids = self.sessions.borrow_mut();

@@ -503,6 +503,9 @@ impl Handler for Fetch {
                 };
                 let mut leaders = Vec::new();
                 for ((p, r), inc) in parts.iter().zip(results).zip(include) {
+                    if r.cut_off {
+                        ctx.conn.hang_up();
+                    }
                     if !inc {
                         continue;
                     }

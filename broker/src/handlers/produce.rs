@@ -198,6 +198,9 @@ impl Handler for Produce {
                                 if let Some((leader, _)) = o.current_leader {
                                     leaders.push(leader);
                                 }
+                                if o.cut_off {
+                                    ctx.conn.hang_up();
+                                }
                                 let mut current = LeaderIdAndEpoch::default();
                                 if version >= 10 {
                                     if let Some((leader, epoch)) = o.current_leader {

@@ -477,17 +477,20 @@ impl ReplicaHandle for Handle {
         let Some(manager) = group.manager.upgrade() else {
             return false;
         };
-        let voters: Vec<BrokerId> = {
+        let (voters, quorum_acked): (Vec<BrokerId>, _) = {
             let m = group.raft.metrics();
             let m = m.borrow_watched();
-            m.membership_config.membership().voter_ids().collect()
+            (
+                m.membership_config.membership().voter_ids().collect(),
+                m.last_quorum_acked.as_ref().map(|at| at.elapsed()),
+            )
         };
         let now_ms = manager.now_ms();
-        let heard = manager
-            .quiescer
-            .borrow()
-            .hears_majority(group.local, &voters, now_ms);
-        heard
+        let q = manager.quiescer.borrow();
+        // The node's peers (pings every `PING_INTERVAL_MS`), or, for a leader elected before
+        // its node has heard its peers' pings, a majority acknowledging its own appends.
+        q.hears_majority(group.local, &voters, now_ms)
+            || quorum_acked.is_some_and(|ago| ago <= Duration::from_millis(q.peer_timeout_ms()))
     }
 }
 

@@ -479,6 +479,10 @@ impl Shard {
                     started.push(Err(not_leader_produce(l)));
                     continue;
                 }
+                if !r.hears_a_majority() {
+                    started.push(Err(cut_off_produce()));
+                    continue;
+                }
                 if acks == Acks::All {
                     if let Some(refused) = self.too_few_in_sync(&p.part.topic, p.part.partition) {
                         started.push(Err(refused));
@@ -532,18 +536,21 @@ impl Shard {
             for s in started {
                 out.push(match s {
                     Err(o) => o,
-                    Ok((Started::Proposed(proposal, log), append_time)) => match proposal.await {
-                        Ok(base_offset) => ProduceOutcome {
-                            base_offset,
-                            log_append_time_ms: if append_time { now } else { -1 },
-                            log_start_offset: me.store.offsets(log).map_or(-1, |o| o.log_start_offset),
-                            ..ProduceOutcome::default()
-                        },
-                        Err(ProposeError::NotLeader(l)) => not_leader_produce(l),
-                        Err(ProposeError::Unknown(why)) => {
-                            ProduceOutcome::error(ResponseError::RequestTimedOut, Some(why))
+                    Ok((Started::Proposed(proposal, log, replica), append_time)) => {
+                        match answer_unless_cut_off(proposal, &replica).await {
+                            Ok(base_offset) => ProduceOutcome {
+                                base_offset,
+                                log_append_time_ms: if append_time { now } else { -1 },
+                                log_start_offset: me.store.offsets(log).map_or(-1, |o| o.log_start_offset),
+                                ..ProduceOutcome::default()
+                            },
+                            Err(Unanswered::Refused(ProposeError::NotLeader(l))) => not_leader_produce(l),
+                            Err(Unanswered::Refused(ProposeError::Unknown(why))) => {
+                                ProduceOutcome::error(ResponseError::RequestTimedOut, Some(why))
+                            }
+                            Err(Unanswered::CutOff) => cut_off_produce(),
                         }
-                    },
+                    }
                     Ok((Started::Duplicate(first, log, batch), append_time)) => {
                         match me.wait_committed(log, first, &batch).await {
                             Ok(()) => ProduceOutcome {
@@ -609,6 +616,7 @@ impl Shard {
                     }
                     .boxed_local(),
                     log,
+                    Rc::clone(replica),
                 ))
             }
             Decision::Duplicate {
@@ -843,6 +851,18 @@ impl Shard {
                             out.push(not_leader_fetch(l));
                             continue;
                         }
+                        // A leader cut off from its followers serves no reads: its high
+                        // watermark stands still while the others may elect a leader and go
+                        // on, and its consumers would wait on it without looking elsewhere.
+                        if !r.hears_a_majority() {
+                            metrics::counter!("strand_replication_cut_off_refusals_total", "request" => "fetch")
+                                .increment(1);
+                            out.push(FetchOutcome {
+                                cut_off: true,
+                                ..FetchOutcome::error(ResponseError::NotLeaderOrFollower)
+                            });
+                            continue;
+                        }
                         epoch = l.epoch;
                         log
                     }
@@ -872,6 +892,7 @@ impl Shard {
                 records: None,
                 cut: false,
                 current_leader: None,
+                cut_off: false,
             };
             let budget = p.max_bytes.min(remaining);
             let first_data = remaining == max_bytes;
@@ -1388,7 +1409,12 @@ fn placed_shard(
 /// a batch already in the replicated log (its first and last offsets).
 enum Started {
     Staged(strand_storage::AppendTicket),
-    Proposed(LocalBoxFuture<'static, Result<i64, ProposeError>>, LogId),
+    /// A proposal (clearing its in-flight record when it resolves), its log and its replica.
+    Proposed(
+        LocalBoxFuture<'static, Result<i64, ProposeError>>,
+        LogId,
+        Rc<dyn ReplicaHandle>,
+    ),
     /// A retry of a batch in the log at these offsets; the batch, to check it is still there
     /// once committed.
     Duplicate((i64, i64), LogId, bytes::Bytes),
@@ -1417,6 +1443,59 @@ fn not_leader_produce(l: Leadership) -> ProduceOutcome {
     ProduceOutcome {
         current_leader: current_leader(l),
         ..ProduceOutcome::error(not_leader_error(l, true), None)
+    }
+}
+
+/// Why a proposal's client gets no base offset.
+enum Unanswered {
+    /// The replica answered with an error.
+    Refused(ProposeError),
+    /// Its leader found itself cut off from a majority of its replicas while it waited.
+    CutOff,
+}
+
+/// How often a proposal's wait checks that its leader still hears a majority.
+const CUT_OFF_CHECK: Duration = Duration::from_millis(200);
+
+/// Waits for a proposal's answer while its leader hears a majority of its replicas. A Raft
+/// leader cut off from its followers stays leader in its own eyes until a newer term reaches
+/// it, and its writes wait for a commit that cannot come while the others elect a leader of
+/// their own; once it no longer hears a majority ([`ReplicaHandle::hears_a_majority`], within
+/// the peer timeout) its clients are told to look for the leader instead. The proposal goes
+/// on by itself (it may still commit if the leader is heard again first; its in-flight record
+/// is cleared when it resolves), so an idempotent producer's retry finds it in flight or in a
+/// log, and a plain producer's retry may store it twice, as after a timeout.
+async fn answer_unless_cut_off(
+    mut proposal: LocalBoxFuture<'static, Result<i64, ProposeError>>,
+    replica: &Rc<dyn ReplicaHandle>,
+) -> Result<i64, Unanswered> {
+    loop {
+        let check = glommio::timer::Timer::new(CUT_OFF_CHECK);
+        match futures::future::select(proposal, check).await {
+            futures::future::Either::Left((answer, _)) => return answer.map_err(Unanswered::Refused),
+            futures::future::Either::Right((_, waiting)) => {
+                if replica.leadership().is_local && !replica.hears_a_majority() {
+                    glommio::spawn_local(waiting).detach();
+                    return Err(Unanswered::CutOff);
+                }
+                proposal = waiting;
+            }
+        }
+    }
+}
+
+/// What a partition's leader that does not hear a majority of its replicas answers a write
+/// (see [`answer_unless_cut_off`]): NOT_LEADER_OR_FOLLOWER without a current leader, and the
+/// connection closed once answered, so the client asks the other nodes for metadata and
+/// finds the leader they elect.
+fn cut_off_produce() -> ProduceOutcome {
+    metrics::counter!("strand_replication_cut_off_refusals_total", "request" => "produce").increment(1);
+    ProduceOutcome {
+        cut_off: true,
+        ..ProduceOutcome::error(
+            ResponseError::NotLeaderOrFollower,
+            Some("this node leads the partition but hears too few of its replicas to commit".into()),
+        )
     }
 }
 
@@ -1628,6 +1707,8 @@ mod replicated_tests {
         next: Cell<i64>,
         /// Proposals are answered only while set.
         released: Rc<Cell<bool>>,
+        /// What [`ReplicaHandle::hears_a_majority`] answers.
+        hears: Cell<bool>,
     }
 
     impl ReplicaHandle for Fake {
@@ -1636,7 +1717,7 @@ mod replicated_tests {
         }
 
         fn hears_a_majority(&self) -> bool {
-            true
+            self.hears.get()
         }
 
         fn confirm_leadership(&self) -> LocalBoxFuture<'static, bool> {
@@ -1841,6 +1922,7 @@ mod replicated_tests {
                     proposed: RefCell::new(Vec::new()),
                     next: Cell::new(1),
                     released: Rc::new(Cell::new(true)),
+                    hears: Cell::new(true),
                 });
                 let handle: Rc<dyn ReplicaHandle> = fake.clone();
                 assert!(shard.attach_replica("t", 0, TOPIC, Some(handle)).is_some());
@@ -1931,6 +2013,103 @@ mod replicated_tests {
                         _ => panic!("not a produce answer"),
                     }
                 }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// A leader that no longer hears a majority of its replicas refuses reads and new writes,
+    /// and answers the writes waiting for their commit, without a current leader; the waiting
+    /// proposals go on, so a retry is still recognised while one is in flight.
+    #[test]
+    fn a_leader_cut_off_from_its_replicas_sends_its_clients_elsewhere() {
+        LocalExecutorBuilder::default()
+            .spawn(|| async move {
+                let dir = tempfile::tempdir().unwrap();
+                let shard = core(dir.path()).await;
+                shard.set_cluster_state(state());
+                let fake = Rc::new(Fake {
+                    leadership: Cell::new(Leadership {
+                        leader: Some(NodeId(1)),
+                        epoch: 3,
+                        is_local: true,
+                    }),
+                    proposed: RefCell::new(Vec::new()),
+                    next: Cell::new(0),
+                    released: Rc::new(Cell::new(false)),
+                    hears: Cell::new(true),
+                });
+                let handle: Rc<dyn ReplicaHandle> = fake.clone();
+                assert!(shard.attach_replica("t", 0, TOPIC, Some(handle)).is_some());
+                let idem =
+                    |seq: i32| Bytes::from(batch_with_producer(&[TestRecord::default()], 0, 9, 0, seq));
+
+                // A write in flight while the leader hears its followers waits for its commit.
+                let waiting = shard.start(ShardRequest::Produce {
+                    parts: vec![ProducePart {
+                        part: PartRef {
+                            topic: "t".into(),
+                            partition: 0,
+                        },
+                        records: idem(0),
+                    }],
+                    wait: true,
+                    acks: -1,
+                    arrived: None,
+                });
+                futures::pin_mut!(waiting);
+                let early = glommio::timer::sleep(CUT_OFF_CHECK * 2);
+                futures::pin_mut!(early);
+                assert!(
+                    matches!(
+                        futures::future::select(&mut waiting, early).await,
+                        futures::future::Either::Right(_)
+                    ),
+                    "answered before its commit"
+                );
+
+                // Cut off: the waiting write is answered within a check, without a leader.
+                fake.hears.set(false);
+                let started = Instant::now();
+                let o = match waiting.await {
+                    ShardResponse::Produce(mut v) => v.remove(0),
+                    _ => panic!("not a produce answer"),
+                };
+                assert!(started.elapsed() < CUT_OFF_CHECK * 3, "{:?}", started.elapsed());
+                let refused = (ResponseError::NotLeaderOrFollower.code(), None, true);
+                assert_eq!((o.error, o.current_leader, o.cut_off), refused);
+                // New writes and reads are refused at once and propose nothing.
+                let o = produce(&shard, 0, one_record()).await;
+                assert_eq!((o.error, o.current_leader, o.cut_off), refused);
+                let f = fetch(&shard, 0, 3).await;
+                assert_eq!((f.error, f.current_leader, f.cut_off), refused);
+                assert_eq!(fake.proposed.borrow().len(), 1);
+
+                // Heard again before any other leader was elected: the first proposal is still
+                // in flight, so its retry is not proposed twice; once it resolves its in-flight
+                // record is cleared (this stand-in stores nothing, so the retry is then
+                // proposed anew rather than found in the log).
+                fake.hears.set(true);
+                assert_eq!(
+                    produce(&shard, 0, idem(0)).await.error,
+                    ResponseError::RequestTimedOut.code(),
+                    "a retry while the cut-off proposal is in flight"
+                );
+                assert_eq!(fake.proposed.borrow().len(), 1);
+                fake.released.set(true);
+                let log = shard.log_for("t", 0).unwrap();
+                shard.store.set_commit_cap(log, None).unwrap();
+                let mut answer = produce(&shard, 0, idem(0)).await;
+                for _ in 0..100 {
+                    if answer.error != ResponseError::RequestTimedOut.code() {
+                        break;
+                    }
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                    answer = produce(&shard, 0, idem(0)).await;
+                }
+                assert_eq!((answer.error, answer.base_offset), (0, 1));
+                assert_eq!(fake.proposed.borrow().len(), 2);
             })
             .unwrap()
             .join()

@@ -35,6 +35,9 @@ pub(crate) struct ProduceOutcome {
     pub(crate) log_start_offset: i64,
     /// With NOT_LEADER_OR_FOLLOWER in a cluster: the leader's id and epoch (KIP-951).
     pub(crate) current_leader: Option<(i32, i32)>,
+    /// Refused by a leader cut off from its replicas (see `Shard::read_partitions` and the
+    /// produce path): the connection is to be closed once answered.
+    pub(crate) cut_off: bool,
 }
 
 impl Default for ProduceOutcome {
@@ -46,6 +49,7 @@ impl Default for ProduceOutcome {
             log_append_time_ms: -1,
             log_start_offset: -1,
             current_leader: None,
+            cut_off: false,
         }
     }
 }
@@ -95,6 +99,9 @@ pub(crate) struct FetchOutcome {
     pub(crate) cut: bool,
     /// With NOT_LEADER_OR_FOLLOWER in a cluster: the leader's id and epoch (KIP-951).
     pub(crate) current_leader: Option<(i32, i32)>,
+    /// Refused by a leader cut off from its replicas: the connection is to be closed once
+    /// answered.
+    pub(crate) cut_off: bool,
 }
 
 impl FetchOutcome {
@@ -107,6 +114,7 @@ impl FetchOutcome {
             records: None,
             cut: false,
             current_leader: None,
+            cut_off: false,
         }
     }
 

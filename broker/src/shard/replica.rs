@@ -73,7 +73,8 @@ pub(crate) trait ReplicaHandle {
     /// Whether this replica's node heard lately from enough of the partition's other replicas
     /// to make a majority with itself. A leader cut off from its followers stays leader in its
     /// own eyes until a higher term reaches it (it cannot commit); what it answers from memory
-    /// (a coordinator's state) may be stale meanwhile.
+    /// (a coordinator's state) may be stale meanwhile, and its clients would wait on it while
+    /// the others elect a leader, so the core refuses their reads and writes.
     fn hears_a_majority(&self) -> bool;
 
     /// Resolves `true` once a majority of the partition's replicas acknowledged this replica as

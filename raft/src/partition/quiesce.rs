@@ -247,6 +247,11 @@ impl<G: Ord + Copy> Quiescer<G> {
         }
     }
 
+    /// How long a peer may be silent before it is taken for lost.
+    pub fn peer_timeout_ms(&self) -> u64 {
+        self.config.peer_timeout_ms
+    }
+
     /// Whether `peer` was heard from within the peer timeout.
     pub fn peer_live(&self, peer: BrokerId, now_ms: u64) -> bool {
         self.peers
