@@ -212,6 +212,51 @@ fn nodes_in_namespaces_can_be_isolated_from_one_another_but_not_from_clients() {
     );
 }
 
+/// A leader cut off from the other two nodes (which the clients still reach) for 7–8 s: the
+/// others elect leaders of its partitions, and its clients, refused and disconnected by it
+/// once it finds itself cut off, write to the new leaders well before the isolation ends.
+/// Nothing acknowledged is lost or duplicated on either side.
+#[test]
+#[ignore = "needs root and iproute2 (creates network namespaces): run with -- --ignored as root"]
+fn an_isolated_leaders_clients_go_on_with_the_others_while_it_is_cut_off() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut opts = Options::new(
+        strand_bin(),
+        dir.path().to_path_buf(),
+        Scenario::IsolateLeader,
+        1,
+        3,
+    );
+    opts.netns = true;
+    opts.cycles = 2;
+    opts.partitions = 3;
+    opts.rate_per_sec = 200;
+    opts.timings = Timings {
+        load_ms: (1_000, 2_000),
+        down_ms: (7_000, 8_000),
+    };
+    opts.strand_args = vec!["--override".into(), "strand.shards=1".into()];
+    opts.message_timeout_ms = 60_000;
+    opts.recover_timeout = Duration::from_secs(30);
+    let r = run(&opts, |line| eprintln!("{line}")).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("{}", r.render());
+    assert_eq!(r.cycles_run, 2, "{r:#?}");
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+    assert_eq!(r.verdict.violations(), 0, "{}", r.render());
+    for f in &r.faults {
+        assert_eq!(f.kind, FaultKind::Isolation);
+        let recovered = f.recovered_after_ms.unwrap_or(f64::MAX);
+        // Not a speed target: an isolated leader that kept its clients would leave them
+        // waiting for the whole isolation (the 7 s down time).
+        assert!(
+            recovered < f.down_ms as f64 - 2_000.0,
+            "the partitions of node {} took writes again only {recovered} ms after it was cut off for {} ms",
+            f.node.0,
+            f.down_ms
+        );
+    }
+}
+
 /// HTTP workers lease and settle 100,000 messages (acks, nacks, delays, poison, abandoned
 /// leases) on a queue of three nodes while the leader of a seed-chosen partition is killed with
 /// SIGKILL and restarted, again and again: the recorder finds nothing lost, nothing delivered

@@ -438,6 +438,51 @@ pub(super) fn await_acks(
     }
 }
 
+/// How often an acknowledgement is looked for.
+const ACK_POLL: Duration = Duration::from_millis(10);
+
+/// The first acknowledged write of each of some partitions after a moment (to within
+/// [`ACK_POLL`]): when a fault's partitions took writes again, even while the fault lasts (a
+/// leader isolated for seconds whose partitions the others lead within one).
+struct FirstAcks {
+    partitions: Vec<PartitionNo>,
+    since: Micros,
+    firsts: Vec<Option<Micros>>,
+}
+
+impl FirstAcks {
+    fn new(partitions: &[PartitionNo], since: Micros) -> Self {
+        FirstAcks {
+            partitions: partitions.to_vec(),
+            since,
+            firsts: vec![None; partitions.len()],
+        }
+    }
+
+    fn look(&mut self, load: &dyn Progress) {
+        for (p, first) in self.partitions.iter().zip(self.firsts.iter_mut()) {
+            if first.is_none() {
+                *first = load.last_ack(*p).filter(|t| *t > self.since);
+            }
+        }
+    }
+
+    /// Waits (up to `timeout`) until every partition had one; the latest of their first ones.
+    fn wait(&mut self, load: &dyn Progress, timeout: Duration) -> Option<Micros> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.look(load);
+            if self.firsts.iter().all(Option::is_some) {
+                return Some(self.firsts.iter().flatten().copied().max().unwrap_or(self.since));
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            thread::sleep(ACK_POLL);
+        }
+    }
+}
+
 /// The checks every workload's options share.
 pub(super) fn validate(opts: &Options) -> Result<()> {
     if opts.scenario == Scenario::IsolateLeader && (!opts.netns || opts.nodes < 3) {
@@ -683,8 +728,18 @@ pub(super) fn play(
         if kind == FaultKind::WipedDisk {
             nodes.wipe(node)?;
         }
-        // Down (or isolated) for a while; the clients keep writing to every node meanwhile.
-        thread::sleep(Duration::from_millis(step.down_ms));
+        // Down (or isolated) for a while; the clients keep writing to every node meanwhile, and
+        // the partitions' first acknowledgements from a live leader are watched for.
+        let mut firsts = FirstAcks::new(&partitions_led, dead);
+        let up_at = Instant::now() + Duration::from_millis(step.down_ms);
+        loop {
+            firsts.look(load);
+            let left = up_at.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            thread::sleep(left.min(ACK_POLL));
+        }
         if kind == FaultKind::Isolation {
             nodes.heal(node)?;
         } else {
@@ -695,7 +750,7 @@ pub(super) fn play(
             // metadata, and what the run measures is when its partitions take writes again.
             ensure_topic(nodes, opts.partitions, replication, opts.ready_timeout)?;
         }
-        let recovered = await_acks(load, &partitions_led, dead, opts.recover_timeout);
+        let recovered = firsts.wait(load, opts.recover_timeout);
         if recovered.is_none() {
             problems.push(format!(
                 "cycle {}: partitions {:?} had no acknowledged write within {:?} of the {kind:?} of node {}",
