@@ -477,20 +477,16 @@ impl ReplicaHandle for Handle {
         let Some(manager) = group.manager.upgrade() else {
             return false;
         };
-        let (voters, quorum_acked): (Vec<BrokerId>, _) = {
-            let m = group.raft.metrics();
-            let m = m.borrow_watched();
-            (
-                m.membership_config.membership().voter_ids().collect(),
-                m.last_quorum_acked.as_ref().map(|at| at.elapsed()),
-            )
-        };
         let now_ms = manager.now_ms();
         let q = manager.quiescer.borrow();
+        let m = group.raft.metrics();
+        let m = m.borrow_watched();
         // The node's peers (pings every `PING_INTERVAL_MS`), or, for a leader elected before
         // its node has heard its peers' pings, a majority acknowledging its own appends.
-        q.hears_majority(group.local, &voters, now_ms)
-            || quorum_acked.is_some_and(|ago| ago <= Duration::from_millis(q.peer_timeout_ms()))
+        q.hears_majority(group.local, m.membership_config.membership().voter_ids(), now_ms)
+            || m.last_quorum_acked
+                .as_ref()
+                .is_some_and(|at| at.elapsed() <= Duration::from_millis(q.peer_timeout_ms()))
     }
 }
 

@@ -264,12 +264,20 @@ impl<G: Ord + Copy> Quiescer<G> {
     /// from memory) checks, since a Raft leader cut off from its followers stays leader in its
     /// own eyes until a higher term reaches it. Quiesced groups send no heartbeats, so the
     /// node's liveness stands for theirs, as it does for their followers.
-    pub fn hears_majority(&self, me: BrokerId, voters: &[BrokerId], now_ms: u64) -> bool {
-        let heard = voters
-            .iter()
-            .filter(|v| **v == me || self.peer_live(**v, now_ms))
-            .count();
-        heard * 2 > voters.len()
+    pub fn hears_majority(
+        &self,
+        me: BrokerId,
+        voters: impl IntoIterator<Item = BrokerId>,
+        now_ms: u64,
+    ) -> bool {
+        let (mut heard, mut all) = (0usize, 0usize);
+        for v in voters {
+            all += 1;
+            if v == me || self.peer_live(v, now_ms) {
+                heard += 1;
+            }
+        }
+        heard * 2 > all
     }
 
     pub fn is_quiesced(&self, group: G) -> bool {
@@ -742,23 +750,23 @@ mod tests {
         let me = BrokerId(1);
         let three = [BrokerId(1), BrokerId(2), BrokerId(3)];
         assert!(
-            q0.hears_majority(me, &[me], 0),
+            q0.hears_majority(me, [me], 0),
             "a replica of its own is a majority"
         );
-        assert!(!q0.hears_majority(me, &three, 0), "no peer heard");
+        assert!(!q0.hears_majority(me, three, 0), "no peer heard");
         let mut q = Quiescer::<u32>::new(BROKER_CONFIG);
         q.peer_heard(BrokerId(2), 1_000);
-        assert!(q.hears_majority(me, &three, 1_000));
+        assert!(q.hears_majority(me, three, 1_000));
         let timeout = BROKER_CONFIG.peer_timeout_ms;
-        assert!(q.hears_majority(me, &three, 1_000 + timeout));
+        assert!(q.hears_majority(me, three, 1_000 + timeout));
         assert!(
-            !q.hears_majority(me, &three, 1_001 + timeout),
+            !q.hears_majority(me, three, 1_001 + timeout),
             "the peer went silent"
         );
         // Not a voter itself (its replica removed): only the voters count.
-        assert!(!q.hears_majority(BrokerId(4), &three, 1_000));
+        assert!(!q.hears_majority(BrokerId(4), three, 1_000));
         q.peer_heard(BrokerId(3), 1_000);
-        assert!(q.hears_majority(BrokerId(4), &three, 1_000));
+        assert!(q.hears_majority(BrokerId(4), three, 1_000));
     }
 
     #[test]
