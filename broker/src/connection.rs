@@ -519,6 +519,11 @@ async fn read_loop(
                     .increment(1);
                 return ReadEnd::Close(Some("a partition leader here is cut off from its replicas"));
             }
+            if shard.leaderships_handed_over.get() && buf.len() >= 6 {
+                metrics::counter!("strand_connections_closed_total", "reason" => "shutting down")
+                    .increment(1);
+                return ReadEnd::Close(Some("leaderships handed over on shutdown"));
+            }
             if let Some(to) = conn
                 .affinity
                 .move_to(shard.id, !MOVES_UNAVAILABLE.load(Ordering::Relaxed))

@@ -430,6 +430,7 @@ async fn shard_main(
             moved = moves.moved,
             "partition leaderships handed over"
         );
+        shard.leaderships_handed_over.set(true);
     }
     if let Some((_, Some(node))) = &_cluster {
         node.shutdown(Duration::from_secs(10)).await;

@@ -126,6 +126,11 @@ pub(crate) struct Shard {
     pub(crate) metrics: ShardMetrics,
     pub(crate) listeners: Rc<Vec<AdvertisedListener>>,
     pub(crate) shutting_down: Cell<bool>,
+    /// A cluster node that is shutting down has handed its partition leaderships over: it
+    /// serves no more client requests (see `crate::connection`), so clients ask the nodes that
+    /// lead now rather than this one, whose metadata names it until the controller's record of
+    /// the new leaders arrives.
+    pub(crate) leaderships_handed_over: Cell<bool>,
     /// The subsystems' services and hooks on this shard (see [`service`]).
     registry: Registry,
     /// In a cluster, the newest applied cluster metadata ([`Shard::set_cluster_state`]).
@@ -168,6 +173,7 @@ impl Shard {
             router,
             listeners,
             shutting_down: Cell::new(false),
+            leaderships_handed_over: Cell::new(false),
             registry: Registry::default(),
             cluster: RefCell::new(None),
         }
