@@ -24,6 +24,14 @@ fn refusal(name: &str, e: AdminError) -> CreatableTopicResult {
         .with_replication_factor(-1)
 }
 
+/// The start of a created topic's result: Kafka's `error_message` is null on success (the
+/// generated default is an empty string, which clients such as aiokafka take for an error).
+fn success(name: &str) -> CreatableTopicResult {
+    CreatableTopicResult::default()
+        .with_name(TopicName(str_bytes(name)))
+        .with_error_message(None)
+}
+
 /// One topic on a node of a KRaft-configured cluster, decided by the active controller
 /// ([`topic_admin::create_in_cluster`]).
 async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -> CreatableTopicResult {
@@ -31,7 +39,7 @@ async fn create_in_cluster(ctx: &RequestCtx, t: NewTopic, validate_only: bool) -
     match topic_admin::create_in_cluster(&ctx.shard, t, validate_only).await {
         Err(e) => refusal(&name, e),
         Ok(created) => {
-            let base = CreatableTopicResult::default().with_name(TopicName(str_bytes(&name)));
+            let base = success(&name);
             if ctx.version < 5 {
                 return base;
             }
@@ -153,7 +161,7 @@ impl Handler for CreateTopics {
                 if let Some(r) = done {
                     return r;
                 }
-                let base = CreatableTopicResult::default().with_name(t.name.clone());
+                let base = success(&t.name);
                 match answers.next() {
                     Some(r) => match (r.error, r.topic) {
                         (Some(e), _) => base
