@@ -51,7 +51,7 @@ pub use group::{
 pub use listeners::{HostPort, Listener, SecurityProtocol};
 pub use topic::{
     CleanupPolicy, CompressionType, LogSettings, QueueSettings, TimestampType, TopicConfig, TopicConfigError,
-    DEAD_LETTER_SUFFIX, QUEUE_KEYS,
+    CLEANUP_POLICY_DEFAULT, DEAD_LETTER_SUFFIX, QUEUE_KEYS,
 };
 
 use std::collections::BTreeMap;

@@ -162,7 +162,12 @@ pub(crate) fn apply_edits(
                         "Config value append/subtract is not allowed for config key {k}, which is not a list"
                     )));
                 }
-                let mut items = config.get(k).map(|c| split(&c)).unwrap_or_default();
+                // Kafka appends to and subtracts from the value in force: the override, or
+                // else the default (APPEND compact to the default gives delete,compact).
+                let current = config
+                    .get(k)
+                    .unwrap_or_else(|| crate::config::CLEANUP_POLICY_DEFAULT.to_string());
+                let mut items = split(&current);
                 let given = split(v);
                 if matches!(e, ConfigEdit::Append(..)) {
                     for g in given {
@@ -173,13 +178,11 @@ pub(crate) fn apply_edits(
                 } else {
                     items.retain(|i| !given.contains(i));
                 }
-                if items.is_empty() {
-                    config.remove(k).map_err(|e| invalid(e.to_string()))?;
-                } else {
-                    config
-                        .set(k, &items.join(","))
-                        .map_err(|e| invalid(e.to_string()))?;
-                }
+                // What is left is set even when empty: an explicit empty list, as Kafka sets
+                // it, not the default.
+                config
+                    .set(k, &items.join(","))
+                    .map_err(|e| invalid(e.to_string()))?;
             }
         }
     }
@@ -719,6 +722,57 @@ mod tests {
             refusal(check_added(&md, &limits, 9, 11)),
             (PartitionLimit::Topic, ResponseError::InvalidPartitions)
         );
+    }
+
+    /// APPEND and SUBTRACT work on the value in force, the default when the topic sets none,
+    /// and SUBTRACT may leave an explicit empty list, as Kafka's ConfigAdminManager does.
+    #[test]
+    fn list_edits_start_from_the_default_and_may_leave_an_empty_list() {
+        use crate::config::{CleanupPolicy, TopicConfig};
+        let b = Config::default();
+        let append = |c: &TopicConfig, v: &str| {
+            apply_edits(c, &[ConfigEdit::Append("cleanup.policy".into(), v.into())], false).unwrap()
+        };
+        let subtract = |c: &TopicConfig, v: &str| {
+            apply_edits(
+                c,
+                &[ConfigEdit::Subtract("cleanup.policy".into(), v.into())],
+                false,
+            )
+            .unwrap()
+        };
+        let none = TopicConfig::default();
+        let both = append(&none, "compact");
+        assert_eq!(both.get("cleanup.policy").as_deref(), Some("delete,compact"));
+        assert_eq!(both.log_settings(&b).cleanup_policy, CleanupPolicy::CompactDelete);
+        // Appending what is there changes nothing.
+        assert_eq!(
+            append(&none, "delete").get("cleanup.policy").as_deref(),
+            Some("delete")
+        );
+        let empty = subtract(&none, "delete");
+        assert_eq!(
+            empty.get("cleanup.policy").as_deref(),
+            Some(""),
+            "explicit, not the default"
+        );
+        assert_eq!(empty.log_settings(&b).cleanup_policy, CleanupPolicy::Neither);
+        assert_eq!(
+            subtract(&both, "delete").get("cleanup.policy").as_deref(),
+            Some("compact")
+        );
+        assert_eq!(
+            append(&empty, "compact").get("cleanup.policy").as_deref(),
+            Some("compact")
+        );
+        // Not a list: refused.
+        let e = apply_edits(
+            &none,
+            &[ConfigEdit::Append("retention.ms".into(), "1".into())],
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ResponseError::InvalidConfig);
     }
 
     #[test]

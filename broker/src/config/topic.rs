@@ -23,6 +23,9 @@ pub enum TimestampType {
 /// and the log is only deleted by retention when the policy includes `delete`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CleanupPolicy {
+    /// An empty list (Kafka 4.2, KAFKA-19112): neither; the log is kept until DeleteRecords
+    /// moves its start.
+    Neither,
     /// `delete`: retention by time and size.
     Delete,
     /// `compact` (not implemented: the log is kept whole).
@@ -44,9 +47,10 @@ impl CleanupPolicy {
 
     fn from_text(text: &str) -> Option<CleanupPolicy> {
         match text {
+            "" => Some(CleanupPolicy::Neither),
             "delete" => Some(CleanupPolicy::Delete),
             "compact" => Some(CleanupPolicy::Compact),
-            "compact,delete" => Some(CleanupPolicy::CompactDelete),
+            "compact,delete" | "delete,compact" => Some(CleanupPolicy::CompactDelete),
             _ => None,
         }
     }
@@ -193,6 +197,8 @@ const SEGMENT_INDEX_BYTES: &str = "segment.index.bytes";
 const INDEX_INTERVAL_BYTES: &str = "index.interval.bytes";
 const MAX_MESSAGE_BYTES: &str = "max.message.bytes";
 const CLEANUP_POLICY: &str = "cleanup.policy";
+/// `cleanup.policy` when a topic does not set it.
+pub const CLEANUP_POLICY_DEFAULT: &str = "delete";
 const TIMESTAMP_TYPE: &str = "message.timestamp.type";
 const COMPRESSION_TYPE: &str = "compression.type";
 const FILE_DELETE_DELAY_MS: &str = "file.delete.delay.ms";
@@ -363,8 +369,8 @@ static TOPIC_KEYS: &[TopicKey] = &[
         unit: Unit::None,
         kind: Kind::Policy,
         synonyms: &[],
-        default: |_| "delete".to_string(),
-        doc: "delete, compact or compact,delete. Compaction is not implemented yet.",
+        default: |_| CLEANUP_POLICY_DEFAULT.to_string(),
+        doc: "delete, compact, compact,delete, or empty for neither (the log is then kept until DeleteRecords moves its start). Compaction is not implemented yet.",
     },
     TopicKey {
         name: TIMESTAMP_TYPE,
@@ -598,6 +604,7 @@ fn check(key: &TopicKey, value: &str) -> Result<Value, TopicConfigError> {
             .find(|n| **n == trimmed)
             .map(|n| Value::Text(n))
             .ok_or_else(|| invalid(format!("String must be one of: {}", names.join(", ")))),
+        Kind::Policy if trimmed.is_empty() => Ok(Value::Text("")),
         Kind::Policy => {
             let (mut compact, mut delete) = (false, false);
             let mut any = false;
@@ -609,11 +616,16 @@ fn check(key: &TopicKey, value: &str) -> Result<Value, TopicConfigError> {
                 }
                 any = true;
             }
+            // An empty list is neither policy (Kafka 4.2, KAFKA-19112); an empty item in a
+            // list ("delete,") is refused.
+            // Both: in the order given, as Kafka keeps a list.
+            let compact_first = trimmed.trim_start().starts_with("compact");
             match (any, compact, delete) {
+                (true, true, true) if !compact_first => Ok(Value::Text("delete,compact")),
                 (true, true, true) => Ok(Value::Text("compact,delete")),
                 (true, true, false) => Ok(Value::Text("compact")),
                 (true, false, true) => Ok(Value::Text("delete")),
-                _ => Err(invalid("String must be one of: compact, delete".to_string())),
+                _ => Ok(Value::Text("")),
             }
         }
         Kind::Double { min, max } => {
@@ -870,7 +882,6 @@ mod tests {
                 "remove",
                 "String must be one of: compact, delete",
             ),
-            ("cleanup.policy", "", "String must be one of: compact, delete"),
             (
                 "cleanup.policy",
                 "delete,",
@@ -959,12 +970,19 @@ mod tests {
         assert_eq!(s.timestamp_type, TimestampType::LogAppendTime);
         assert_eq!(s.compression_type, CompressionType::Zstd);
         assert_eq!(s.max_message_bytes, 100);
-        assert_eq!(t.get("cleanup.policy").as_deref(), Some("compact,delete"));
+        // A list in the order given, trimmed, as Kafka prints it.
+        assert_eq!(t.get("cleanup.policy").as_deref(), Some("delete,compact"));
 
         let compact = TopicConfig::from_pairs([("cleanup.policy", "compact")])
             .unwrap()
             .log_settings(&b);
         assert!(!compact.cleanup_policy.deletes());
+        // An empty list: neither policy, so retention deletes nothing (Kafka 4.2).
+        let neither = TopicConfig::from_pairs([("cleanup.policy", " ")]).unwrap();
+        assert_eq!(neither.get("cleanup.policy").as_deref(), Some(""));
+        let neither = neither.log_settings(&b);
+        assert_eq!(neither.cleanup_policy, CleanupPolicy::Neither);
+        assert!(!neither.cleanup_policy.deletes() && !neither.cleanup_policy.compacts());
         // Unlimited broker retention stays unlimited for topics without overrides.
         let unlimited = broker(&["log.retention.ms=-1"]);
         assert_eq!(TopicConfig::default().log_settings(&unlimited).retention_ms, None);
