@@ -33,8 +33,9 @@ fn short(scenario: Scenario, seed: u64, cycles: u32, root: &std::path::Path) -> 
     short_on(1, scenario, seed, cycles, root)
 }
 
-/// A short run on `nodes` nodes (more than one: a KRaft cluster, replication factor 3).
-fn short_on(nodes: u32, scenario: Scenario, seed: u64, cycles: u32, root: &std::path::Path) -> Report {
+/// The options of a short run on `nodes` nodes (more than one: a KRaft cluster, replication
+/// factor 3): one shard per node, 3 partitions at 200 records/s, faults of up to 200 ms.
+fn short_options(nodes: u32, scenario: Scenario, seed: u64, cycles: u32, root: &std::path::Path) -> Options {
     let mut opts = Options::new(strand_bin(), root.to_path_buf(), scenario, seed, nodes);
     opts.cycles = cycles;
     opts.partitions = 3;
@@ -46,9 +47,19 @@ fn short_on(nodes: u32, scenario: Scenario, seed: u64, cycles: u32, root: &std::
     opts.strand_args = vec!["--override".into(), "strand.shards=1".into()];
     opts.message_timeout_ms = 30_000;
     opts.recover_timeout = Duration::from_secs(30);
-    let report = run(&opts, |line| eprintln!("{line}")).unwrap_or_else(|e| panic!("{e:#}"));
+    opts
+}
+
+/// Runs `opts`, printing its progress and report.
+fn run_printed(opts: &Options) -> Report {
+    let report = run(opts, |line| eprintln!("{line}")).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("{}", report.render());
     report
+}
+
+/// A short run on `nodes` nodes ([`short_options`]).
+fn short_on(nodes: u32, scenario: Scenario, seed: u64, cycles: u32, root: &std::path::Path) -> Report {
+    run_printed(&short_options(nodes, scenario, seed, cycles, root))
 }
 
 #[test]
@@ -220,26 +231,14 @@ fn nodes_in_namespaces_can_be_isolated_from_one_another_but_not_from_clients() {
 #[ignore = "needs root and iproute2 (creates network namespaces): run with -- --ignored as root"]
 fn an_isolated_leaders_clients_go_on_with_the_others_while_it_is_cut_off() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut opts = Options::new(
-        strand_bin(),
-        dir.path().to_path_buf(),
-        Scenario::IsolateLeader,
-        1,
-        3,
-    );
+    let mut opts = short_options(3, Scenario::IsolateLeader, 1, 2, dir.path());
     opts.netns = true;
-    opts.cycles = 2;
-    opts.partitions = 3;
-    opts.rate_per_sec = 200;
     opts.timings = Timings {
         load_ms: (1_000, 2_000),
         down_ms: (7_000, 8_000),
     };
-    opts.strand_args = vec!["--override".into(), "strand.shards=1".into()];
     opts.message_timeout_ms = 60_000;
-    opts.recover_timeout = Duration::from_secs(30);
-    let r = run(&opts, |line| eprintln!("{line}")).unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("{}", r.render());
+    let r = run_printed(&opts);
     assert_eq!(r.cycles_run, 2, "{r:#?}");
     assert!(r.problems.is_empty(), "{:?}", r.problems);
     assert_eq!(r.verdict.violations(), 0, "{}", r.render());

@@ -604,28 +604,26 @@ fn check(key: &TopicKey, value: &str) -> Result<Value, TopicConfigError> {
             .find(|n| **n == trimmed)
             .map(|n| Value::Text(n))
             .ok_or_else(|| invalid(format!("String must be one of: {}", names.join(", ")))),
+        // An empty list is neither policy (Kafka 4.2, KAFKA-19112).
         Kind::Policy if trimmed.is_empty() => Ok(Value::Text("")),
         Kind::Policy => {
+            let refused = || invalid("String must be one of: compact, delete".to_string());
             let (mut compact, mut delete) = (false, false);
-            let mut any = false;
+            // An empty item ("delete,") is refused.
             for item in trimmed.split(',').map(str::trim) {
                 match item {
                     "compact" => compact = true,
                     "delete" => delete = true,
-                    _ => return Err(invalid("String must be one of: compact, delete".to_string())),
+                    _ => return Err(refused()),
                 }
-                any = true;
             }
-            // An empty list is neither policy (Kafka 4.2, KAFKA-19112); an empty item in a
-            // list ("delete,") is refused.
             // Both: in the order given, as Kafka keeps a list.
-            let compact_first = trimmed.trim_start().starts_with("compact");
-            match (any, compact, delete) {
-                (true, true, true) if !compact_first => Ok(Value::Text("delete,compact")),
-                (true, true, true) => Ok(Value::Text("compact,delete")),
-                (true, true, false) => Ok(Value::Text("compact")),
-                (true, false, true) => Ok(Value::Text("delete")),
-                _ => Ok(Value::Text("")),
+            match (compact, delete) {
+                (true, true) if trimmed.starts_with("compact") => Ok(Value::Text("compact,delete")),
+                (true, true) => Ok(Value::Text("delete,compact")),
+                (true, false) => Ok(Value::Text("compact")),
+                (false, true) => Ok(Value::Text("delete")),
+                (false, false) => Err(refused()),
             }
         }
         Kind::Double { min, max } => {

@@ -861,12 +861,7 @@ impl Shard {
                         // watermark stands still while the others may elect a leader and go
                         // on, and its consumers would wait on it without looking elsewhere.
                         if !r.hears_a_majority() {
-                            metrics::counter!("strand_replication_cut_off_refusals_total", "request" => "fetch")
-                                .increment(1);
-                            out.push(FetchOutcome {
-                                cut_off: true,
-                                ..FetchOutcome::error(ResponseError::NotLeaderOrFollower)
-                            });
+                            out.push(cut_off_fetch());
                             continue;
                         }
                         epoch = l.epoch;
@@ -1505,6 +1500,15 @@ fn cut_off_produce() -> ProduceOutcome {
     }
 }
 
+/// What such a leader answers a read ([`cut_off_produce`]).
+fn cut_off_fetch() -> FetchOutcome {
+    metrics::counter!("strand_replication_cut_off_refusals_total", "request" => "fetch").increment(1);
+    FetchOutcome {
+        cut_off: true,
+        ..FetchOutcome::error(ResponseError::NotLeaderOrFollower)
+    }
+}
+
 fn not_leader_fetch(l: Leadership) -> FetchOutcome {
     FetchOutcome {
         current_leader: current_leader(l),
@@ -1717,6 +1721,20 @@ mod replicated_tests {
         hears: Cell<bool>,
     }
 
+    impl Fake {
+        /// A replica that hears its peers, with `leadership`, whose next proposal gets
+        /// offset `next`, answered while `released`.
+        fn new(leadership: Leadership, next: i64, released: bool) -> Rc<Fake> {
+            Rc::new(Fake {
+                leadership: Cell::new(leadership),
+                proposed: RefCell::new(Vec::new()),
+                next: Cell::new(next),
+                released: Rc::new(Cell::new(released)),
+                hears: Cell::new(true),
+            })
+        }
+    }
+
     impl ReplicaHandle for Fake {
         fn leadership(&self) -> Leadership {
             self.leadership.get()
@@ -1919,17 +1937,15 @@ mod replicated_tests {
                 assert_eq!(fetch(&shard, 1, -1).await.current_leader, Some((2, 0)));
 
                 // A follower replica: refuses with the leader its group knows, and its epoch.
-                let fake = Rc::new(Fake {
-                    leadership: Cell::new(Leadership {
+                let fake = Fake::new(
+                    Leadership {
                         leader: Some(NodeId(2)),
                         epoch: 5,
                         is_local: false,
-                    }),
-                    proposed: RefCell::new(Vec::new()),
-                    next: Cell::new(1),
-                    released: Rc::new(Cell::new(true)),
-                    hears: Cell::new(true),
-                });
+                    },
+                    1,
+                    true,
+                );
                 let handle: Rc<dyn ReplicaHandle> = fake.clone();
                 assert!(shard.attach_replica("t", 0, TOPIC, Some(handle)).is_some());
                 let o = produce(&shard, 0, one_record()).await;
@@ -2035,17 +2051,15 @@ mod replicated_tests {
                 let dir = tempfile::tempdir().unwrap();
                 let shard = core(dir.path()).await;
                 shard.set_cluster_state(state());
-                let fake = Rc::new(Fake {
-                    leadership: Cell::new(Leadership {
+                let fake = Fake::new(
+                    Leadership {
                         leader: Some(NodeId(1)),
                         epoch: 3,
                         is_local: true,
-                    }),
-                    proposed: RefCell::new(Vec::new()),
-                    next: Cell::new(0),
-                    released: Rc::new(Cell::new(false)),
-                    hears: Cell::new(true),
-                });
+                    },
+                    0,
+                    false,
+                );
                 let handle: Rc<dyn ReplicaHandle> = fake.clone();
                 assert!(shard.attach_replica("t", 0, TOPIC, Some(handle)).is_some());
                 let idem =
