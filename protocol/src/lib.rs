@@ -11,6 +11,7 @@
     allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
 
+pub mod acl;
 pub mod batch;
 pub mod fetch_frame;
 pub mod frame;

@@ -20,7 +20,6 @@ use super::records::Assignment;
 use super::{sb, GroupCoordinator, GroupKind, GroupResponse, RequestMeta, RequestToken, TopicMetadata};
 
 /// Operations allowed on a group without an authorizer: READ (3), DELETE (6), DESCRIBE (8).
-const GROUP_OPERATIONS: i32 = (1 << 3) | (1 << 6) | (1 << 8);
 
 impl GroupCoordinator {
     pub(crate) fn list_groups(&mut self, token: RequestToken, meta: &RequestMeta, req: ListGroupsRequest) {
@@ -85,11 +84,10 @@ impl GroupCoordinator {
         let version = meta.version;
         let mut resp = DescribeGroupsResponse::default();
         let mut partitions = BTreeSet::new();
-        let ops = if version >= 3 && req.include_authorized_operations {
-            GROUP_OPERATIONS
-        } else {
-            i32::MIN
-        };
+        let ops = strand_protocol::acl::authorized(
+            version >= 3 && req.include_authorized_operations,
+            strand_protocol::acl::GROUP_OPERATIONS,
+        );
         for gid in &req.groups {
             let id = gid.as_str();
             let mut d = DescribedGroup::default()
@@ -230,11 +228,10 @@ impl GroupCoordinator {
         topics: &dyn TopicMetadata,
     ) {
         let version = meta.version;
-        let ops = if req.include_authorized_operations {
-            GROUP_OPERATIONS
-        } else {
-            i32::MIN
-        };
+        let ops = strand_protocol::acl::authorized(
+            req.include_authorized_operations,
+            strand_protocol::acl::GROUP_OPERATIONS,
+        );
         let describe = |a: &Assignment| {
             DescAssignment::default().with_topic_partitions(
                 a.iter()

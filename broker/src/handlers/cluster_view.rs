@@ -247,7 +247,7 @@ pub(crate) fn describe_topic(
         .with_name(Some(TopicName(str_bytes(&t.name))))
         .with_topic_id(if version >= 10 { t.id.0 } else { uuid::Uuid::nil() })
         .with_is_internal(version >= 1 && crate::internal_topics::is_internal(&t.name))
-        .with_topic_authorized_operations(i32::MIN)
+        .with_topic_authorized_operations(strand_protocol::acl::NOT_REQUESTED)
         .with_partitions(partitions)
 }
 

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::{ApiKey, BrokerId, DescribeClusterRequest, DescribeClusterResponse};
 use kafka_protocol::ResponseError;
+use strand_protocol::acl;
 
 use super::{cluster_view, msg, str_bytes, Handler, Reply, RequestCtx};
 
@@ -25,7 +26,10 @@ impl Handler for DescribeCluster {
             .with_endpoint_type(req.endpoint_type)
             .with_cluster_id(str_bytes(&config.cluster_id))
             .with_controller_id(BrokerId(config.node_id.0))
-            .with_cluster_authorized_operations(i32::MIN);
+            .with_cluster_authorized_operations(acl::authorized(
+                req.include_cluster_authorized_operations,
+                acl::CLUSTER_OPERATIONS,
+            ));
         // Endpoint type 2 asks for controllers; brokers answer it with an error (KIP-919).
         if ctx.version >= 1 && req.endpoint_type == 2 {
             resp.error_code = ResponseError::UnsupportedEndpointType.code();

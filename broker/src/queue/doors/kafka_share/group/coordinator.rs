@@ -25,7 +25,6 @@ const MAX_MEMBER_ID_LEN: usize = 255;
 /// Most topic names one member may subscribe to.
 const MAX_SUBSCRIBED_TOPICS: usize = 10_000;
 /// Operations allowed on a group without an authorizer: READ (3), DELETE (6), DESCRIBE (8).
-const GROUP_OPERATIONS: i32 = (1 << 3) | (1 << 6) | (1 << 8);
 /// The protocol type and group type of share groups in ListGroups.
 pub(crate) const SHARE: &str = "share";
 
@@ -646,11 +645,10 @@ impl ShareCoordinator {
         include_authorized_operations: bool,
         topics: &dyn ShareTopics,
     ) -> Vec<DescribedGroup> {
-        let ops = if include_authorized_operations {
-            GROUP_OPERATIONS
-        } else {
-            i32::MIN
-        };
+        let ops = strand_protocol::acl::authorized(
+            include_authorized_operations,
+            strand_protocol::acl::GROUP_OPERATIONS,
+        );
         let describe = |a: &Assignment| {
             DescAssignment::default().with_topic_partitions(
                 a.iter()
