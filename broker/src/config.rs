@@ -256,6 +256,8 @@ pub struct Config {
     pub group_initial_rebalance_delay_ms: i32,
     /// `group.max.size`: members of a classic group (Kafka: unbounded; bounded here).
     pub group_max_size: u32,
+    /// `max.request.partition.size.limit`: partitions per DescribeTopicPartitions answer.
+    pub max_request_partition_size_limit: usize,
     /// `group.consumer.max.size`: members of a KIP-848 group.
     pub group_consumer_max_size: u32,
     /// `group.consumer.session.timeout.ms`.
@@ -465,6 +467,8 @@ static BROKER_KEYS: &[BrokerKey] = &[
         "Partitions of __consumer_offsets (fixed once it exists)."),
     key("group.initial.rebalance.delay.ms", Int, Text("3000"), Ms, "A new classic group waits this long for more members."),
     key("group.max.size", Int, Text("10000"), Count("members"), "Most members of a classic consumer group."),
+    key("max.request.partition.size.limit", Int, Text("2000"), Count("partitions"),
+        "Most partitions one DescribeTopicPartitions answer describes (a client may ask for fewer); the client asks for the rest page by page. Lower it to bound the size of such answers on a broker with many partitions."),
     key("group.consumer.max.size", Int, Text("10000"), Count("members"), "Most members of a consumer (KIP-848) group."),
     key("group.consumer.session.timeout.ms", Int, Text("45000"), Ms, "Session timeout of KIP-848 members."),
     key("group.consumer.heartbeat.interval.ms", Int, Text("5000"), Ms, "Heartbeat interval of KIP-848 members."),
@@ -1044,6 +1048,7 @@ fn build(
     let offsets_topic_num_partitions = r.int("offsets.topic.num.partitions", 1, 1000)?;
     let group_initial_rebalance_delay_ms = r.int("group.initial.rebalance.delay.ms", 0, I32_MAX)?;
     let group_max_size = r.int("group.max.size", 1, I32_MAX)?;
+    let max_request_partition_size_limit = r.int("max.request.partition.size.limit", 1, I32_MAX)?;
     let group_consumer_max_size = r.int("group.consumer.max.size", 1, I32_MAX)?;
     let group_consumer_session_timeout_ms = r.int("group.consumer.session.timeout.ms", 1, I32_MAX)?;
     let group_consumer_heartbeat_interval_ms = r.int("group.consumer.heartbeat.interval.ms", 1, I32_MAX)?;
@@ -1260,6 +1265,7 @@ fn build(
         offsets_topic_num_partitions,
         group_initial_rebalance_delay_ms,
         group_max_size,
+        max_request_partition_size_limit,
         group_consumer_max_size,
         group_consumer_session_timeout_ms,
         group_consumer_heartbeat_interval_ms,

@@ -23,6 +23,7 @@ mod describe_cluster;
 mod describe_configs;
 mod describe_groups;
 mod describe_share_group_offsets;
+mod describe_topic_partitions;
 mod fetch;
 mod find_coordinator;
 mod heartbeat;
@@ -231,6 +232,7 @@ registry![
     describe_configs::DescribeConfigs,
     create_partitions::CreatePartitions,
     describe_cluster::DescribeCluster,
+    describe_topic_partitions::DescribeTopicPartitions,
     alter_configs::IncrementalAlterConfigs,
     alter_configs::AlterConfigs,
     find_coordinator::FindCoordinator,
