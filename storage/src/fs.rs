@@ -287,6 +287,8 @@ pub trait Fs: Clone + 'static {
 /// What [`Fs::space`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsSpace {
+    /// The file system's size (`f_blocks` blocks).
+    pub total_bytes: u64,
     /// Bytes an unprivileged writer may still allocate (`f_bavail` blocks).
     pub available_bytes: u64,
     /// Inodes left (`f_favail`); `None` where the file system has no fixed number of them
@@ -298,6 +300,7 @@ pub struct FsSpace {
 fn statvfs_space(path: &Path) -> io::Result<FsSpace> {
     let s = rustix::fs::statvfs(path)?;
     Ok(FsSpace {
+        total_bytes: s.f_blocks.saturating_mul(s.f_frsize),
         available_bytes: s.f_bavail.saturating_mul(s.f_frsize),
         available_inodes: (s.f_files > 0).then_some(s.f_favail),
     })

@@ -544,6 +544,7 @@ impl Fs for MemFs {
             .capacity_bytes
             .map_or(u64::MAX, |cap| cap.saturating_sub(state.used_bytes()));
         Ok(FsSpace {
+            total_bytes: state.capacity_bytes.unwrap_or(u64::MAX),
             available_bytes,
             available_inodes: None,
         })

@@ -22,6 +22,7 @@ mod delete_topics;
 mod describe_cluster;
 mod describe_configs;
 mod describe_groups;
+mod describe_log_dirs;
 mod describe_share_group_offsets;
 mod describe_topic_partitions;
 mod fetch;
@@ -233,6 +234,7 @@ registry![
     create_partitions::CreatePartitions,
     describe_cluster::DescribeCluster,
     describe_topic_partitions::DescribeTopicPartitions,
+    describe_log_dirs::DescribeLogDirs,
     alter_configs::IncrementalAlterConfigs,
     alter_configs::AlterConfigs,
     find_coordinator::FindCoordinator,

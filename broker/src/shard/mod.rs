@@ -430,6 +430,10 @@ impl Shard {
                 let answers = self.epoch_end_offsets(qs);
                 async move { ShardResponse::EpochEndOffsets(answers) }.boxed_local()
             }
+            ShardRequest::LogSizes(parts) => {
+                let answers = self.log_sizes(&parts);
+                async move { ShardResponse::LogSizes(answers) }.boxed_local()
+            }
             ShardRequest::PrepareMetadata(deltas) => {
                 let me = self.clone();
                 async move { ShardResponse::Applied(me.prepare_metadata(&deltas).await) }.boxed_local()
@@ -1083,6 +1087,19 @@ impl Shard {
             }
         }
         out
+    }
+
+    /// The size of each partition's log, where this shard has it open (a leader's or a
+    /// follower's replica alike).
+    fn log_sizes(&self, parts: &[PartRef]) -> Vec<Option<u64>> {
+        let open = self.partitions.borrow();
+        parts
+            .iter()
+            .map(|p| {
+                let log = open.get(&p.topic).and_then(|m| m.get(&p.partition))?.log;
+                self.store.with_log(log, |l| l.size_bytes()).ok()
+            })
+            .collect()
     }
 
     fn epoch_end_offsets(&self, qs: Vec<EpochQuery>) -> Vec<EpochAnswer> {

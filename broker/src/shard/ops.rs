@@ -232,6 +232,8 @@ pub(crate) enum ShardRequest {
     /// Move log start offsets (DeleteRecords); -1 means the high watermark.
     DeleteRecords(Vec<(PartRef, i64)>),
     EpochEndOffsets(Vec<EpochQuery>),
+    /// The bytes each partition's log holds on this node (DescribeLogDirs).
+    LogSizes(Vec<PartRef>),
     /// Phase 1 of a metadata change: open or remove this shard's logs.
     PrepareMetadata(Vec<MetadataDelta>),
     /// Phase 2: update this shard's metadata replica.
@@ -248,6 +250,8 @@ pub(crate) enum ShardResponse {
     ListOffsets(Vec<ListOffsetsOutcome>),
     DeleteRecords(Vec<(i16, i64)>),
     EpochEndOffsets(Vec<EpochAnswer>),
+    /// Per partition asked, its log's size in bytes; `None` where this node has no replica.
+    LogSizes(Vec<Option<u64>>),
     /// Metadata applied; per-partition problems (logged by the shard too).
     Applied(Vec<String>),
     /// A subsystem's answer.
