@@ -677,6 +677,7 @@ async fn handle_on(ctl: &NodeController, now_ms: i64, req: ControlRequest) -> Co
             .await
             .map(ControlReply::ProducerIds),
         ControlRequest::FetchMetadata { from } => return fetch_reply(ctl, from),
+        ControlRequest::DescribeQuorum => ctl.describe(now_ms).map(ControlReply::Quorum),
     };
     match answer {
         Ok(reply) => reply,

@@ -28,9 +28,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::channel::oneshot;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::network::RaftNetworkFactory;
-use openraft::{AsyncRuntime, Config, Raft, ReadPolicy};
+use openraft::{AsyncRuntime, Config, Instant, Raft, ReadPolicy};
 use strand_protocol::batch::build::{batch, TestRecord};
 use strand_protocol::records::decode_records;
 use strand_protocol::types::{NodeId, Offset};
@@ -160,6 +161,8 @@ const MAX_ROUND_DECISIONS: usize = 1_024;
 /// One controller of the quorum.
 pub struct Controller<Rt: AsyncRuntime, L: ReplicaLog> {
     rounds: Rc<Rounds<Rt, L>>,
+    /// The metadata log's replica store (also Raft's): its Raft index to offset map.
+    store: ReplicaStore<Rt, L>,
 }
 
 /// What a round of decisions needs, and the decisions waiting for the next one.
@@ -237,10 +240,11 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
         let applier = Rc::new(MetadataApplier::default());
         let dyn_applier: Rc<dyn Applier> = applier.clone();
         let store = ReplicaStore::<Rt, L>::open_with(log, Some(dyn_applier)).await?;
-        let raft = Raft::new(id, config, network, store.clone(), store)
+        let raft = Raft::new(id, config, network, store.clone(), store.clone())
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         Ok(Controller {
+            store,
             rounds: Rc::new(Rounds {
                 id,
                 raft,
@@ -315,6 +319,90 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> Controller<Rt, L> {
     pub fn next_offset(&self) -> MetadataOffset {
         self.rounds.applier.state().next_offset()
     }
+
+    /// The quorum as its leader sees it (DescribeQuorum); a controller that is not the leader
+    /// refuses with the leader it knows of. `now_ms`: the wall clock now.
+    pub fn describe(&self, now_ms: i64) -> Result<QuorumView, ControllerError> {
+        let m = self.rounds.raft.metrics();
+        let m = m.borrow_watched();
+        if m.current_leader != Some(self.rounds.id) {
+            return Err(ControllerError::NotController {
+                leader: m.current_leader,
+            });
+        }
+        let replication = m.replication.clone().unwrap_or_default();
+        let heartbeat = m.heartbeat.clone().unwrap_or_default();
+        let last_index = m.last_log_index;
+        // The wall-clock time of something `ago`; -1 when unknown.
+        let wall = |ago: Option<std::time::Duration>| {
+            ago.map_or(-1, |ago| {
+                now_ms.saturating_sub(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX))
+            })
+        };
+        let offset = |index: Option<u64>| index.and_then(|i| self.store.offset_after(i)).map_or(-1, |o| o.0);
+        let voters = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter_map(|id| Some((id, NodeId(i32::try_from(id.0).ok()?))))
+            .map(|(id, node)| {
+                if id == self.rounds.id {
+                    return ReplicaProgress {
+                        id: node,
+                        log_end_offset: self.store.log_end_offset().0,
+                        last_fetch_ms: now_ms,
+                        last_caught_up_ms: now_ms,
+                    };
+                }
+                let matched = replication.get(&id).copied().flatten().map(|l| l.index);
+                let heard = wall(
+                    heartbeat
+                        .get(&id)
+                        .and_then(|at| at.as_ref())
+                        .map(|at| at.elapsed()),
+                );
+                ReplicaProgress {
+                    id: node,
+                    log_end_offset: offset(matched),
+                    last_fetch_ms: heard,
+                    last_caught_up_ms: if matched.is_some() && matched == last_index {
+                        heard
+                    } else {
+                        -1
+                    },
+                }
+            })
+            .collect();
+        Ok(QuorumView {
+            leader: NodeId(i32::try_from(self.rounds.id.0).unwrap_or(-1)),
+            term: m.current_term,
+            high_watermark: self.store.high_watermark().0,
+            voters,
+        })
+    }
+}
+
+/// The quorum as its leader describes it (DescribeQuorum).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuorumView {
+    pub leader: NodeId,
+    /// The leader's Raft term: the quorum's leader epoch.
+    pub term: u64,
+    /// The offset after the last committed metadata record.
+    pub high_watermark: i64,
+    pub voters: Vec<ReplicaProgress>,
+}
+
+/// A voter's progress as the leader knows it; -1 where it does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaProgress {
+    pub id: NodeId,
+    /// The offset after the last record the leader knows the voter holds.
+    pub log_end_offset: i64,
+    /// When the voter last acknowledged the leader's appends or heartbeats (ms since the epoch).
+    pub last_fetch_ms: i64,
+    /// When it last did so holding everything the leader holds; -1 if it does not now.
+    pub last_caught_up_ms: i64,
 }
 
 impl<Rt: AsyncRuntime, L: ReplicaLog> Rounds<Rt, L> {

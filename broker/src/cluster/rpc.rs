@@ -5,7 +5,8 @@
 //! Requests, one per control type ([`ControlRequest`]): broker registration, broker heartbeat,
 //! the topic administration decisions (create topic, delete topic, create partitions, alter
 //! configs), AlterPartition (a partition leader reports its ISR), LeaderElected (a partition
-//! group's election), AllocateProducerIds, and a metadata fetch (the committed state after an offset). Every answer ([`ControlReply`]) may instead be
+//! group's election), AllocateProducerIds, a metadata fetch (the committed state after an offset) and a
+//! description of the quorum (DescribeQuorum). Every answer ([`ControlReply`]) may instead be
 //! `NotController` with the leader the answering controller knows of: the caller retries there
 //! ([`super::node::ControlClient`]).
 //!
@@ -22,6 +23,7 @@ use super::control::{
     AlterPartition, AlterPartitionReply, BrokerRegistrationRequest, CreateTopic, Heartbeat, HeartbeatReply,
     IsrMember, LeaderElected, ProducerIdBlock,
 };
+use super::quorum::{QuorumView, ReplicaProgress};
 use super::record::{
     bad, decode_batch, encode_batch, BrokerEpoch, ConfigResource, DecodeError, IncarnationId, MetadataOffset,
     PartitionEpoch, Reader, Record, Writer, MAX_CONFIG_ENTRIES, MAX_ENDPOINTS,
@@ -64,6 +66,8 @@ pub enum ControlRequest {
     FetchMetadata {
         from: MetadataOffset,
     },
+    /// The quorum's leader, epoch, high watermark and voters' progress (DescribeQuorum).
+    DescribeQuorum,
 }
 
 /// What the controller answers.
@@ -98,6 +102,8 @@ pub enum ControlReply {
     Snapshot(Vec<u8>),
     /// A block of producer ids.
     ProducerIds(ProducerIdBlock),
+    /// The quorum as its leader sees it.
+    Quorum(QuorumView),
 }
 
 impl ControlReply {
@@ -129,7 +135,11 @@ mod kind {
     pub(super) const FETCH_METADATA: u16 = 8;
     pub(super) const LEADER_ELECTED: u16 = 9;
     pub(super) const ALLOCATE_PRODUCER_IDS: u16 = 10;
+    pub(super) const DESCRIBE_QUORUM: u16 = 11;
 }
+
+/// The most voters a quorum description lists (the voters are configured, a handful).
+const MAX_VOTERS: usize = 1024;
 
 fn w_big_count(w: &mut Writer, n: usize) {
     let n = u32::try_from(n);
@@ -294,6 +304,7 @@ impl ControlRequest {
                 w.u64(from.0);
                 kind::FETCH_METADATA
             }
+            ControlRequest::DescribeQuorum => kind::DESCRIBE_QUORUM,
         };
         (kind, w.0)
     }
@@ -420,6 +431,7 @@ impl ControlRequest {
             kind::FETCH_METADATA => ControlRequest::FetchMetadata {
                 from: MetadataOffset(r.u64()?),
             },
+            kind::DESCRIBE_QUORUM => ControlRequest::DescribeQuorum,
             k => return Err(bad(format!("control request type {k}"))),
         };
         if !r.0.is_empty() {
@@ -478,6 +490,19 @@ impl ControlReply {
                 w.i64(b.first);
                 w.i64(b.len);
             }
+            ControlReply::Quorum(q) => {
+                w.u8(10);
+                w.node(q.leader);
+                w.u64(q.term);
+                w.i64(q.high_watermark);
+                w_big_count(&mut w, q.voters.len());
+                for v in &q.voters {
+                    w.node(v.id);
+                    w.i64(v.log_end_offset);
+                    w.i64(v.last_fetch_ms);
+                    w.i64(v.last_caught_up_ms);
+                }
+            }
         }
         w.0
     }
@@ -522,6 +547,27 @@ impl ControlReply {
                     return Err(bad(format!("producer id block {first} + {len}")));
                 }
                 ControlReply::ProducerIds(ProducerIdBlock { first, len })
+            }
+            10 => {
+                let leader = r.node()?;
+                let term = r.u64()?;
+                let high_watermark = r.i64()?;
+                let n = r_big_count(&mut r, MAX_VOTERS, 28, "voters")?;
+                let mut voters = Vec::with_capacity(n);
+                for _ in 0..n {
+                    voters.push(ReplicaProgress {
+                        id: r.node()?,
+                        log_end_offset: r.i64()?,
+                        last_fetch_ms: r.i64()?,
+                        last_caught_up_ms: r.i64()?,
+                    });
+                }
+                ControlReply::Quorum(QuorumView {
+                    leader,
+                    term,
+                    high_watermark,
+                    voters,
+                })
             }
             k => return Err(bad(format!("control reply type {k}"))),
         };
@@ -617,6 +663,7 @@ mod tests {
             ControlRequest::FetchMetadata {
                 from: MetadataOffset(12),
             },
+            ControlRequest::DescribeQuorum,
         ]
     }
 
@@ -675,6 +722,25 @@ mod tests {
                 records: vec![],
             },
             ControlReply::Snapshot(crate::cluster::ClusterState::default().to_snapshot()),
+            ControlReply::Quorum(QuorumView {
+                leader: NodeId(2),
+                term: 7,
+                high_watermark: 120,
+                voters: vec![
+                    ReplicaProgress {
+                        id: NodeId(1),
+                        log_end_offset: 118,
+                        last_fetch_ms: 1_700_000_000_000,
+                        last_caught_up_ms: -1,
+                    },
+                    ReplicaProgress {
+                        id: NodeId(2),
+                        log_end_offset: 120,
+                        last_fetch_ms: 1_700_000_000_100,
+                        last_caught_up_ms: 1_700_000_000_100,
+                    },
+                ],
+            }),
         ]
     }
 

@@ -48,7 +48,10 @@ impl Handler for DescribeLogDirs {
                         t.partitions
                             .iter()
                             .filter(move |p| (0..known).contains(*p))
-                            .map(move |p| PartRef { topic: t.topic.0.to_string(), partition: *p })
+                            .map(move |p| PartRef {
+                                topic: t.topic.0.to_string(),
+                                partition: *p,
+                            })
                     })
                     .collect(),
             };

@@ -85,11 +85,13 @@ impl Handler for DescribeTopicPartitions {
             } else {
                 requested
             };
-            page(names, cursor, limit, all, |name| match state.topic_by_name(name) {
-                Some(t) => Ok(cluster_view::describe_topic(&state, t, METADATA_VERSION, &newer)),
-                // Its view may be behind (see Metadata): retriable.
-                None if !live => Err(ResponseError::LeaderNotAvailable),
-                None => Err(ResponseError::UnknownTopicOrPartition),
+            page(names, cursor, limit, all, |name| {
+                match state.topic_by_name(name) {
+                    Some(t) => Ok(cluster_view::describe_topic(&state, t, METADATA_VERSION, &newer)),
+                    // Its view may be behind (see Metadata): retriable.
+                    None if !live => Err(ResponseError::LeaderNotAvailable),
+                    None => Err(ResponseError::UnknownTopicOrPartition),
+                }
             })
         };
         Reply::Now(resp)
@@ -251,7 +253,10 @@ mod tests {
         let second = page(all.clone(), Some(("a".into(), 2)), 2, true, topics);
         assert_eq!(
             summary(&second),
-            (vec![("a".into(), vec![2], 0), ("b".into(), vec![0], 0)], Some(("b".into(), 1)))
+            (
+                vec![("a".into(), vec![2], 0), ("b".into(), vec![0], 0)],
+                Some(("b".into(), 1))
+            )
         );
         let third = page(all, Some(("b".into(), 1)), 2, true, topics);
         assert_eq!(
@@ -280,7 +285,11 @@ mod tests {
             summary(&named),
             (
                 vec![
-                    ("bad/name".into(), vec![], ResponseError::InvalidTopicException.code()),
+                    (
+                        "bad/name".into(),
+                        vec![],
+                        ResponseError::InvalidTopicException.code()
+                    ),
                     ("c".into(), vec![0], 0),
                     ("zz".into(), vec![], unknown)
                 ],

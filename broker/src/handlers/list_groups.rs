@@ -32,51 +32,63 @@ impl Handler for ListGroups {
         } else {
             Vec::new()
         };
-        let mut share_calls = Vec::new();
-        for s in 0..ctx.shard.shards {
-            let op = ShareOp::List {
-                states: states.clone(),
-                types: types.clone(),
-                version: ctx.version,
-            };
-            share_calls.push(crate::queue::doors::kafka_share::group::call(&ctx.shard, ShardId(s), op).await);
-        }
-        let parts = crate::group::route::scatter(&ctx.shard, &ctx.group_meta(), Vec::new(), true, |_| {
-            GroupRequest::ListGroups(req.clone())
-        })
-        .await;
-        let mut resp = ListGroupsResponse::default();
-        for answer in futures::future::join_all(share_calls).await {
-            match answer {
-                Some(ShareAnswer::List(groups)) => resp.groups.extend(groups),
-                _ => {
-                    if resp.error_code == 0 {
-                        resp.error_code = ResponseError::CoordinatorNotAvailable.code();
-                    }
-                }
-            }
-        }
-        for (_, answer) in parts {
-            match answer {
-                Some(GroupResponse::ListGroups(r)) => {
-                    if resp.error_code == 0 {
-                        resp.error_code = r.error_code;
-                    }
-                    resp.groups.extend(r.groups);
-                }
-                _ => {
-                    if resp.error_code == 0 {
-                        resp.error_code = ResponseError::CoordinatorNotAvailable.code();
-                    }
-                }
-            }
-        }
-        resp.groups
-            .sort_by(|a, b| a.group_id.0.as_str().cmp(b.group_id.0.as_str()));
-        Reply::Now(resp)
+        Reply::Now(list(&ctx, &req, states, types).await)
     }
 
     fn error_codes(resp: &ListGroupsResponse, out: &mut Vec<i16>) {
         out.push(resp.error_code);
     }
+}
+
+/// The groups of every coordinator on this node (classic, consumer and share), sorted by id,
+/// with the filters given (lower case; empty: all), answered as ListGroups of the request's
+/// version.
+pub(super) async fn list(
+    ctx: &RequestCtx,
+    req: &ListGroupsRequest,
+    states: Vec<String>,
+    types: Vec<String>,
+) -> ListGroupsResponse {
+    let mut share_calls = Vec::new();
+    for s in 0..ctx.shard.shards {
+        let op = ShareOp::List {
+            states: states.clone(),
+            types: types.clone(),
+            version: ctx.version,
+        };
+        share_calls.push(crate::queue::doors::kafka_share::group::call(&ctx.shard, ShardId(s), op).await);
+    }
+    let parts = crate::group::route::scatter(&ctx.shard, &ctx.group_meta(), Vec::new(), true, |_| {
+        GroupRequest::ListGroups(req.clone())
+    })
+    .await;
+    let mut resp = ListGroupsResponse::default();
+    for answer in futures::future::join_all(share_calls).await {
+        match answer {
+            Some(ShareAnswer::List(groups)) => resp.groups.extend(groups),
+            _ => {
+                if resp.error_code == 0 {
+                    resp.error_code = ResponseError::CoordinatorNotAvailable.code();
+                }
+            }
+        }
+    }
+    for (_, answer) in parts {
+        match answer {
+            Some(GroupResponse::ListGroups(r)) => {
+                if resp.error_code == 0 {
+                    resp.error_code = r.error_code;
+                }
+                resp.groups.extend(r.groups);
+            }
+            _ => {
+                if resp.error_code == 0 {
+                    resp.error_code = ResponseError::CoordinatorNotAvailable.code();
+                }
+            }
+        }
+    }
+    resp.groups
+        .sort_by(|a, b| a.group_id.0.as_str().cmp(b.group_id.0.as_str()));
+    resp
 }

@@ -7,6 +7,7 @@
 //! [`to_coordinator`] (a group request forwarded to its coordinator shard).
 
 mod alter_configs;
+mod alter_replica_log_dirs;
 mod alter_share_group_offsets;
 mod api_versions;
 mod cluster_view;
@@ -23,6 +24,7 @@ mod describe_cluster;
 mod describe_configs;
 mod describe_groups;
 mod describe_log_dirs;
+mod describe_quorum;
 mod describe_share_group_offsets;
 mod describe_topic_partitions;
 mod fetch;
@@ -31,8 +33,10 @@ mod heartbeat;
 mod init_producer_id;
 mod join_group;
 mod leave_group;
+mod list_config_resources;
 mod list_groups;
 mod list_offsets;
+mod list_partition_reassignments;
 mod metadata;
 mod offset_commit;
 mod offset_delete;
@@ -235,6 +239,10 @@ registry![
     describe_cluster::DescribeCluster,
     describe_topic_partitions::DescribeTopicPartitions,
     describe_log_dirs::DescribeLogDirs,
+    alter_replica_log_dirs::AlterReplicaLogDirs,
+    describe_quorum::DescribeQuorum,
+    list_partition_reassignments::ListPartitionReassignments,
+    list_config_resources::ListConfigResources,
     alter_configs::IncrementalAlterConfigs,
     alter_configs::AlterConfigs,
     find_coordinator::FindCoordinator,

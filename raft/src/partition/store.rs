@@ -257,6 +257,12 @@ impl<Rt: AsyncRuntime, L: ReplicaLog> ReplicaStore<Rt, L> {
         self.inner.borrow().map.next_offset()
     }
 
+    /// The Kafka offset after Raft entry `index`, if this replica still maps it (not purged
+    /// below its last purge point).
+    pub fn offset_after(&self, index: u64) -> Option<Offset> {
+        self.inner.borrow().map.offset_after(index)
+    }
+
     /// The Raft index and Kafka offset map of this replica, for checks.
     pub fn entry_map(&self) -> EntryMap {
         self.inner.borrow().map.clone()
