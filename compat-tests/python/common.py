@@ -58,6 +58,9 @@ def parse_args(description):
     grp.add_argument("--spec", required=True, help="the member spec as JSON (see the module docstring)")
     sub.add_parser("groups-admin", help="group administration through the client's admin API; the "
                                         "operations come as JSON on stdin (see the client script)")
+    sub.add_parser("cluster-admin", help="kafka-python: the admin client's cluster views (JSON on stdin)")
+    sub.add_parser("authorized-operations", help="confluent-kafka: describes with authorized operations "
+                                                 "(JSON on stdin)")
     return p.parse_args()
 
 

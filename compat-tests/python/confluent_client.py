@@ -5,7 +5,7 @@ import sys
 
 import confluent_kafka
 from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, ConsumerGroupType, Consumer,
-                             KafkaError, Producer, TopicPartition)
+                             KafkaError, Producer, TopicCollection, TopicPartition)
 from confluent_kafka.admin import AdminClient
 
 import common
@@ -201,6 +201,22 @@ def groups_admin(args):
         out["offsets"][group_id] = sorted([tp.partition, tp.offset]
                                           for tp in res.topic_partitions if tp.topic == req["topic"])
     common.emit(out)
+    return 0
+
+
+def authorized_operations(args):
+    """AdminClient describes with include_authorized_operations: {"bootstrap", "topic"} on
+    stdin; answers {"topic": [operation names], "cluster": [operation names]}."""
+    req = common.read_input()
+    admin = AdminClient({"bootstrap.servers": req["bootstrap"]})
+    topic = admin.describe_topics(TopicCollection([req["topic"]]), include_authorized_operations=True)
+    described = topic[req["topic"]].result(timeout=30)
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(timeout=30)
+    common.emit({
+        "client": client_name(),
+        "topic": sorted(_name(o) for o in (described.authorized_operations or [])),
+        "cluster": sorted(_name(o) for o in (cluster.authorized_operations or [])),
+    })
     return 0
 
 

@@ -172,5 +172,55 @@ def groups_admin(args):
     return 0
 
 
+def _plain(v):
+    """A kafka-python answer as JSON: protocol objects and named tuples become dicts."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_asdict"):
+        return [_plain(x) for x in v]
+    if hasattr(v, "_asdict"):
+        return _plain(v._asdict())
+    if hasattr(v, "to_dict"):
+        return _plain(v.to_dict())
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def cluster_admin(args):
+    """KafkaAdminClient's cluster views: {"bootstrap", "topics": [...], "page": n, "node": id,
+    "moves": [[topic, partition, dir], ...]} on stdin; answers {"pages": [DescribeTopicPartitions
+    pages of at most n partitions, following the cursor], "log_dirs", "reassignments",
+    "quorum", "config_resources", "moves": [error class name or null per move]} (an API the
+    broker refuses answers {"error": its class name})."""
+    req = common.read_input()
+    admin = KafkaAdminClient(bootstrap_servers=req["bootstrap"])
+    out = {"client": client_name(), "pages": []}
+    cursor = None
+    for _ in range(100):
+        page = admin.describe_topic_partitions(req["topics"], response_partition_limit=req["page"], cursor=cursor)
+        out["pages"].append(_plain(page))
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+        cursor = _plain(cursor)
+    for key, call in [
+        ("log_dirs", lambda: admin.describe_log_dirs()),
+        ("reassignments", lambda: admin.list_partition_reassignments()),
+        ("quorum", lambda: admin.describe_metadata_quorum()),
+        ("config_resources", lambda: admin.list_config_resources()),
+        ("moves", lambda: [
+            [_error_name(e) for e in admin.alter_replica_log_dirs({(t, p, req["node"]): d}).values()]
+            for t, p, d in req.get("moves", [])]),
+    ]:
+        try:
+            out[key] = _plain(call())
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[key] = {"error": type(e).__name__, "message": str(e)}
+    admin.close()
+    common.emit(out)
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(common.main(__doc__, globals()))

@@ -1946,3 +1946,95 @@ fn share_consumers_keep_acknowledgements_and_delivery_counts_when_a_leader_is_ki
     );
     eprintln!("share fail-over: the held records were acquired again {resumed:?} after the kill");
 }
+
+/// DescribeQuorum, DescribeLogDirs and DescribeTopicPartitions on a cluster (issue 44): every
+/// node names the same active controller with every voter's progress, and reports the
+/// replicas it hosts, followers' included, with their sizes.
+#[test]
+fn the_admin_views_describe_the_quorum_and_every_hosted_replica() {
+    use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
+    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+    use kafka_protocol::messages::describe_topic_partitions_request::TopicRequest;
+    use kafka_protocol::messages::{
+        DescribeLogDirsRequest, DescribeQuorumRequest, DescribeTopicPartitionsRequest,
+    };
+    use strand_compat_tests::admin;
+
+    let nodes = three_combined_nodes();
+    let all: BTreeSet<i32> = [1, 2, 3].into();
+    let quorum = |n: &Node| {
+        let mut c = admin::connect(&n.bootstrap());
+        let req = DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+            .with_topic_name(admin::topic_name("__cluster_metadata"))
+            .with_partitions(vec![PartitionData::default()])]);
+        c.request(2, &req).expect("DescribeQuorum")
+    };
+    // Every node answers for the one active controller, once every voter has caught up.
+    let leaders: BTreeSet<i32> = nodes
+        .iter()
+        .map(|n| {
+            wait_for(DEADLINE, "every voter caught up in DescribeQuorum", || {
+                let q = quorum(n);
+                let p = &q.topics.first()?.partitions.first()?;
+                let voters: BTreeSet<i32> = p.current_voters.iter().map(|v| v.replica_id.0).collect();
+                let caught_up = p
+                    .current_voters
+                    .iter()
+                    .all(|v| v.log_end_offset == p.high_watermark && v.last_fetch_timestamp > 0);
+                let ok = p.error_code == 0
+                    && voters == all
+                    && p.high_watermark > 0
+                    && p.leader_epoch >= 1
+                    && caught_up
+                    && q.nodes.len() == 3;
+                ok.then_some(p.leader_id.0)
+            })
+        })
+        .collect();
+    assert_eq!(leaders.len(), 1, "one active controller: {leaders:?}");
+
+    // A topic on every node: each one's DescribeLogDirs lists both partitions, and the
+    // partition written to grows on the followers too.
+    let topic = unique_topic("views");
+    create_topics(&nodes[0], &[NewTopic::new(&topic, 2, TopicReplication::Fixed(3))]);
+    let written = produce_acked(&nodes[0].bootstrap(), &topic, 1, "views", 2000);
+    assert_eq!(written.get(&0).map(Vec::len), Some(2000));
+    for n in &nodes {
+        let mut c = admin::connect(&n.bootstrap());
+        wait_for(DEADLINE, "every replica's size in DescribeLogDirs", || {
+            let resp = c
+                .request(
+                    4,
+                    &DescribeLogDirsRequest::default().with_topics(Some(vec![
+                        DescribableLogDirTopic::default()
+                            .with_topic(admin::topic_name(&topic))
+                            .with_partitions(vec![0, 1]),
+                    ])),
+                )
+                .ok()?;
+            let t = resp.results.first()?.topics.first()?;
+            let sizes: BTreeMap<i32, i64> = t
+                .partitions
+                .iter()
+                .map(|p| (p.partition_index, p.partition_size))
+                .collect();
+            (sizes.len() == 2 && sizes[&0] > 10_000 && sizes[&1] == 0).then_some(())
+        });
+        let resp = c
+            .request(
+                0,
+                &DescribeTopicPartitionsRequest::default()
+                    .with_topics(vec![TopicRequest::default().with_name(admin::topic_name(&topic))])
+                    .with_response_partition_limit(1),
+            )
+            .expect("DescribeTopicPartitions");
+        let p = &resp.topics[0].partitions;
+        assert_eq!(p.len(), 1, "one partition per page");
+        assert_eq!(p[0].replica_nodes.len(), 3);
+        assert_eq!(
+            resp.next_cursor.map(|c| c.partition_index),
+            Some(1),
+            "the cursor points at partition 1"
+        );
+    }
+}
