@@ -26,10 +26,10 @@ pub const NOT_REQUESTED: i32 = i32::MIN;
 
 const fn bits(ops: &[AclOperation]) -> i32 {
     let mut out = 0;
-    let mut i = 0;
-    while i < ops.len() {
-        out |= 1 << (ops[i] as u8);
-        i += 1;
+    let mut rest = ops;
+    while let [first, tail @ ..] = rest {
+        out |= 1 << (*first as u8);
+        rest = tail;
     }
     out
 }

@@ -19,8 +19,6 @@ use super::classic::ClassicState;
 use super::records::Assignment;
 use super::{sb, GroupCoordinator, GroupKind, GroupResponse, RequestMeta, RequestToken, TopicMetadata};
 
-/// Operations allowed on a group without an authorizer: READ (3), DELETE (6), DESCRIBE (8).
-
 impl GroupCoordinator {
     pub(crate) fn list_groups(&mut self, token: RequestToken, meta: &RequestMeta, req: ListGroupsRequest) {
         let version = meta.version;

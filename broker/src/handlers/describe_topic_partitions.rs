@@ -220,7 +220,9 @@ mod tests {
     }
 
     /// (topic, partitions, error) per topic, and the next cursor.
-    fn summary(r: &DescribeTopicPartitionsResponse) -> (Vec<(String, Vec<i32>, i16)>, Option<(String, i32)>) {
+    type Summary = (Vec<(String, Vec<i32>, i16)>, Option<(String, i32)>);
+
+    fn summary(r: &DescribeTopicPartitionsResponse) -> Summary {
         (
             r.topics
                 .iter()

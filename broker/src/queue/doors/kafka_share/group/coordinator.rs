@@ -24,7 +24,6 @@ pub(crate) const LEAVE_GROUP_EPOCH: i32 = -1;
 const MAX_MEMBER_ID_LEN: usize = 255;
 /// Most topic names one member may subscribe to.
 const MAX_SUBSCRIBED_TOPICS: usize = 10_000;
-/// Operations allowed on a group without an authorizer: READ (3), DELETE (6), DESCRIBE (8).
 /// The protocol type and group type of share groups in ListGroups.
 pub(crate) const SHARE: &str = "share";
 
