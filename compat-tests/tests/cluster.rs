@@ -158,19 +158,32 @@ fn start_cluster(roles: &[&str]) -> Vec<Node> {
 
 /// [`start_cluster`] with more environment variables for every node.
 fn start_cluster_with(roles: &[&str], extra: &[(&str, &str)]) -> Vec<Node> {
-    let ids: Vec<i32> = (1..=roles.len()).map(|i| i32::try_from(i).unwrap()).collect();
-    let controller_ports: BTreeMap<i32, u16> = ids
-        .iter()
-        .zip(roles)
-        .filter(|(_, r)| r.contains("controller"))
-        .map(|(id, _)| (*id, free_port()))
-        .collect();
-    start_with(roles, &controller_ports, extra)
+    start_cluster_from(1, roles, extra)
 }
 
-/// [`start_cluster`] with the controllers' ports given.
-fn start_with(roles: &[&str], controller_ports: &BTreeMap<i32, u16>, extra: &[(&str, &str)]) -> Vec<Node> {
-    let ids: Vec<i32> = (1..=roles.len()).map(|i| i32::try_from(i).unwrap()).collect();
+/// [`start_cluster_with`], node ids counted from `first_id`.
+fn start_cluster_from(first_id: i32, roles: &[&str], extra: &[(&str, &str)]) -> Vec<Node> {
+    let controller_ports: BTreeMap<i32, u16> = node_ids(first_id, roles.len())
+        .into_iter()
+        .zip(roles)
+        .filter(|(_, r)| r.contains("controller"))
+        .map(|(id, _)| (id, free_port()))
+        .collect();
+    start_with(first_id, roles, &controller_ports, extra)
+}
+
+fn node_ids(first_id: i32, count: usize) -> Vec<i32> {
+    (0..i32::try_from(count).unwrap()).map(|i| first_id + i).collect()
+}
+
+/// [`start_cluster_from`] with the controllers' ports given.
+fn start_with(
+    first_id: i32,
+    roles: &[&str],
+    controller_ports: &BTreeMap<i32, u16>,
+    extra: &[(&str, &str)],
+) -> Vec<Node> {
+    let ids = node_ids(first_id, roles.len());
     let voters = controller_ports
         .iter()
         .map(|(id, p)| format!("{id}@127.0.0.1:{p}"))
@@ -316,7 +329,7 @@ fn a_node_whose_controller_listener_is_busy_starts_and_joins_once_it_is_free() {
     let busy = TcpListener::bind("127.0.0.1:0").expect("a port to hold");
     let held = busy.local_addr().expect("its address").port();
     let ports: BTreeMap<i32, u16> = [(1, held), (2, free_port()), (3, free_port())].into();
-    let nodes = start_with(&["broker,controller"; 3], &ports, &[]);
+    let nodes = start_with(1, &["broker,controller"; 3], &ports, &[]);
     let all: BTreeSet<i32> = [1, 2, 3].into();
     // The two others form the quorum.
     let b = nodes[1].bootstrap();
@@ -2036,5 +2049,31 @@ fn the_admin_views_describe_the_quorum_and_every_hosted_replica() {
             Some(1),
             "the cursor points at partition 1"
         );
+    }
+}
+
+/// Node ids from 0, as Testcontainers' and Bitnami's KRaft set-ups number them
+/// (`KAFKA_NODE_ID=0`, `0@host:port` voters): a single combined node, then a cluster of three.
+#[test]
+fn nodes_numbered_from_zero_form_a_cluster() {
+    for count in [1, 3] {
+        let nodes = start_cluster_from(0, &vec!["broker,controller"; count], &[]);
+        let all: BTreeSet<i32> = (0..i32::try_from(count).unwrap()).collect();
+        for n in &nodes {
+            let b = n.bootstrap();
+            wait_for(DEADLINE, "every broker listed", || {
+                broker_ids(&b).filter(|ids| *ids == all)
+            });
+        }
+        let topic = unique_topic("from-zero");
+        let replicas = i32::try_from(count).unwrap();
+        create_topics(
+            &nodes[0],
+            &[NewTopic::new(&topic, 2, TopicReplication::Fixed(replicas))],
+        );
+        let acked = produce_acked(&nodes[count - 1].bootstrap(), &topic, 2, "zero", 50);
+        assert_eq!(acked.values().map(Vec::len).sum::<usize>(), 100, "{count} nodes");
+        let read = read_all(&nodes[0].bootstrap(), &topic, 2, 100);
+        assert_eq!(read, acked, "{count} nodes: read back what was acknowledged");
     }
 }
