@@ -48,6 +48,10 @@ pub use group::{
     parse_auto_offset_reset, parse_iso_duration, AutoOffsetReset, GroupConfig, GroupConfigError,
     IsolationLevel, ShareSettings,
 };
+pub(crate) use group::{
+    CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS, SHARE_HEARTBEAT_INTERVAL_MS,
+    SHARE_SESSION_TIMEOUT_MS,
+};
 pub use listeners::{HostPort, Listener, SecurityProtocol};
 pub use topic::{
     CleanupPolicy, CompressionType, LogSettings, QueueSettings, TimestampType, TopicConfig, TopicConfigError,
@@ -268,6 +272,15 @@ pub struct Config {
     pub group_share_session_timeout_ms: i32,
     /// `group.share.heartbeat.interval.ms`: heartbeat interval of share group members.
     pub group_share_heartbeat_interval_ms: i32,
+    /// Bounds of the `consumer.session.timeout.ms` group config:
+    /// `group.consumer.{min,max}.session.timeout.ms`.
+    pub group_consumer_session_timeout_bounds_ms: (i32, i32),
+    /// Bounds of `consumer.heartbeat.interval.ms`: `group.consumer.{min,max}.heartbeat.interval.ms`.
+    pub group_consumer_heartbeat_interval_bounds_ms: (i32, i32),
+    /// Bounds of `share.session.timeout.ms`: `group.share.{min,max}.session.timeout.ms`.
+    pub group_share_session_timeout_bounds_ms: (i32, i32),
+    /// Bounds of `share.heartbeat.interval.ms`: `group.share.{min,max}.heartbeat.interval.ms`.
+    pub group_share_heartbeat_interval_bounds_ms: (i32, i32),
     /// `group.share.max.size`: members of a share group.
     pub group_share_max_size: u32,
     /// `group.share.record.lock.duration.ms`: default acquisition lock of a share group record.
@@ -474,6 +487,22 @@ static BROKER_KEYS: &[BrokerKey] = &[
     key("group.consumer.heartbeat.interval.ms", Int, Text("5000"), Ms, "Heartbeat interval of KIP-848 members."),
     key("group.share.session.timeout.ms", Int, Text("45000"), Ms, "Session timeout of share group members."),
     key("group.share.heartbeat.interval.ms", Int, Text("5000"), Ms, "Heartbeat interval of share group members."),
+    key("group.consumer.min.session.timeout.ms", Int, Text("45000"), Ms,
+        "Lowest session timeout of KIP-848 members: group.consumer.session.timeout.ms and the consumer.session.timeout.ms group config may not be lower."),
+    key("group.consumer.max.session.timeout.ms", Int, Text("60000"), Ms,
+        "Highest session timeout of KIP-848 members: group.consumer.session.timeout.ms and the consumer.session.timeout.ms group config may not be higher."),
+    key("group.consumer.min.heartbeat.interval.ms", Int, Text("5000"), Ms,
+        "Lowest heartbeat interval of KIP-848 members (group.consumer.heartbeat.interval.ms and the consumer.heartbeat.interval.ms group config)."),
+    key("group.consumer.max.heartbeat.interval.ms", Int, Text("15000"), Ms,
+        "Highest heartbeat interval of KIP-848 members (group.consumer.heartbeat.interval.ms and the consumer.heartbeat.interval.ms group config)."),
+    key("group.share.min.session.timeout.ms", Int, Text("45000"), Ms,
+        "Lowest session timeout of share group members (group.share.session.timeout.ms and the share.session.timeout.ms group config)."),
+    key("group.share.max.session.timeout.ms", Int, Text("60000"), Ms,
+        "Highest session timeout of share group members (group.share.session.timeout.ms and the share.session.timeout.ms group config)."),
+    key("group.share.min.heartbeat.interval.ms", Int, Text("5000"), Ms,
+        "Lowest heartbeat interval of share group members (group.share.heartbeat.interval.ms and the share.heartbeat.interval.ms group config)."),
+    key("group.share.max.heartbeat.interval.ms", Int, Text("15000"), Ms,
+        "Highest heartbeat interval of share group members (group.share.heartbeat.interval.ms and the share.heartbeat.interval.ms group config)."),
     key("group.share.max.size", Int, Text("200"), Count("members"), "Most members of a share group."),
     key("group.share.record.lock.duration.ms", Int, Text("30000"), Ms, "Default acquisition lock of a share group record."),
     key("group.share.min.record.lock.duration.ms", Int, Text("15000"), Ms, "Lowest share.record.lock.duration.ms allowed."),
@@ -969,6 +998,55 @@ impl Resolver {
     }
 }
 
+/// A kind of group's session timeout and heartbeat interval, each as (value, (min, max)).
+struct SessionSettings {
+    session: (i32, (i32, i32)),
+    heartbeat: (i32, (i32, i32)),
+}
+
+/// Reads a session timeout and a heartbeat interval with their bounds (`[value, min, max]` key
+/// names each) and checks them as Kafka's `GroupCoordinatorConfig` does: min <= max, each value
+/// within its bounds, the interval below the timeout. The key set explicitly is blamed.
+fn session_settings(
+    r: &mut Resolver,
+    session_keys: [&'static str; 3],
+    heartbeat_keys: [&'static str; 3],
+) -> Result<SessionSettings, ConfigError> {
+    let mut read = |[value, min, max]: [&'static str; 3]| -> Result<(i32, (i32, i32)), ConfigError> {
+        let (v, lo, hi): (i32, i32, i32) = (
+            r.int(value, 1, I32_MAX)?,
+            r.int(min, 1, I32_MAX)?,
+            r.int(max, 1, I32_MAX)?,
+        );
+        if lo > hi {
+            let blamed = if r.explicit.contains_key(max) { max } else { min };
+            return Err(r.blame(blamed, format!("{min} ({lo}) must be at most {max} ({hi})")));
+        }
+        if v < lo || v > hi {
+            return Err(r.blame(value, format!("must be between {min} ({lo}) and {max} ({hi})")));
+        }
+        Ok((v, (lo, hi)))
+    };
+    let session = read(session_keys)?;
+    let heartbeat = read(heartbeat_keys)?;
+    let [session_key, ..] = session_keys;
+    let [heartbeat_key, ..] = heartbeat_keys;
+    if heartbeat.0 >= session.0 {
+        return Err(if r.explicit.contains_key(heartbeat_key) {
+            r.blame(
+                heartbeat_key,
+                format!("must be less than {session_key} ({})", session.0),
+            )
+        } else {
+            r.blame(
+                session_key,
+                format!("must be greater than {heartbeat_key} ({})", heartbeat.0),
+            )
+        });
+    }
+    Ok(SessionSettings { session, heartbeat })
+}
+
 fn build(
     mut r: Resolver,
     hostname: &mut dyn FnMut() -> String,
@@ -1050,27 +1128,32 @@ fn build(
     let group_max_size = r.int("group.max.size", 1, I32_MAX)?;
     let max_request_partition_size_limit = r.int("max.request.partition.size.limit", 1, I32_MAX)?;
     let group_consumer_max_size = r.int("group.consumer.max.size", 1, I32_MAX)?;
-    let group_consumer_session_timeout_ms = r.int("group.consumer.session.timeout.ms", 1, I32_MAX)?;
-    let group_consumer_heartbeat_interval_ms = r.int("group.consumer.heartbeat.interval.ms", 1, I32_MAX)?;
-    let group_share_session_timeout_ms: i32 = r.int("group.share.session.timeout.ms", 1, I32_MAX)?;
-    let group_share_heartbeat_interval_ms: i32 = r.int("group.share.heartbeat.interval.ms", 1, I32_MAX)?;
-    if group_share_heartbeat_interval_ms >= group_share_session_timeout_ms {
-        return Err(if r.explicit.contains_key("group.share.heartbeat.interval.ms") {
-            r.blame(
-                "group.share.heartbeat.interval.ms",
-                format!(
-                    "must be less than group.share.session.timeout.ms ({group_share_session_timeout_ms})"
-                ),
-            )
-        } else {
-            r.blame(
-                "group.share.session.timeout.ms",
-                format!(
-                    "must be greater than group.share.heartbeat.interval.ms ({group_share_heartbeat_interval_ms})"
-                ),
-            )
-        });
-    }
+    let consumer_sessions = session_settings(
+        &mut r,
+        [
+            "group.consumer.session.timeout.ms",
+            "group.consumer.min.session.timeout.ms",
+            "group.consumer.max.session.timeout.ms",
+        ],
+        [
+            "group.consumer.heartbeat.interval.ms",
+            "group.consumer.min.heartbeat.interval.ms",
+            "group.consumer.max.heartbeat.interval.ms",
+        ],
+    )?;
+    let share_sessions = session_settings(
+        &mut r,
+        [
+            "group.share.session.timeout.ms",
+            "group.share.min.session.timeout.ms",
+            "group.share.max.session.timeout.ms",
+        ],
+        [
+            "group.share.heartbeat.interval.ms",
+            "group.share.min.heartbeat.interval.ms",
+            "group.share.max.heartbeat.interval.ms",
+        ],
+    )?;
     let group_share_max_size = r.int("group.share.max.size", 1, 1000)?;
     let group_share_min_record_lock_duration_ms: i32 =
         r.int("group.share.min.record.lock.duration.ms", 1000, 30_000)?;
@@ -1267,10 +1350,14 @@ fn build(
         group_max_size,
         max_request_partition_size_limit,
         group_consumer_max_size,
-        group_consumer_session_timeout_ms,
-        group_consumer_heartbeat_interval_ms,
-        group_share_session_timeout_ms,
-        group_share_heartbeat_interval_ms,
+        group_consumer_session_timeout_ms: consumer_sessions.session.0,
+        group_consumer_heartbeat_interval_ms: consumer_sessions.heartbeat.0,
+        group_share_session_timeout_ms: share_sessions.session.0,
+        group_share_heartbeat_interval_ms: share_sessions.heartbeat.0,
+        group_consumer_session_timeout_bounds_ms: consumer_sessions.session.1,
+        group_consumer_heartbeat_interval_bounds_ms: consumer_sessions.heartbeat.1,
+        group_share_session_timeout_bounds_ms: share_sessions.session.1,
+        group_share_heartbeat_interval_bounds_ms: share_sessions.heartbeat.1,
         group_share_max_size,
         group_share_record_lock_duration_ms,
         group_share_min_record_lock_duration_ms,

@@ -77,7 +77,11 @@ fn gid(v: &str) -> GroupId {
 
 /// The broker of most tests here: a new group's first rebalance starts at once.
 fn group_broker() -> BrokerBuilder {
-    Broker::builder().config("group.initial.rebalance.delay.ms", 0)
+    // KIP-848 timings below Kafka's bounds need the bounds lowered, as Kafka does.
+    Broker::builder()
+        .config("group.initial.rebalance.delay.ms", 0)
+        .config("group.consumer.min.session.timeout.ms", SESSION_MS)
+        .config("group.consumer.min.heartbeat.interval.ms", HEARTBEAT_MS)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3231,4 +3235,59 @@ fn changing_offsets_topic_num_partitions_later_keeps_every_group() {
         lost.len(),
         lost.first()
     );
+}
+
+/// The session and heartbeat group configs (KIP-848's `consumer.*`, KIP-932's `share.*`):
+/// IncrementalAlterConfigs holds them to the broker's bounds, DescribeConfigs reports them, and
+/// a member joining after the change is told the group's heartbeat interval.
+#[test]
+fn group_configs_set_the_heartbeat_interval_members_are_told() {
+    use strand_compat_tests::share;
+    let broker = Broker::start();
+    let bootstrap = broker.bootstrap();
+    let topic = unique_topic("group-configs");
+    admin::create_topic(&bootstrap, &topic, 2, &[]);
+    let (consumer_group, share_group) = (unique_topic("cg"), unique_topic("sg"));
+
+    // Kafka's default bounds: sessions 45-60 s, heartbeat intervals 5-15 s.
+    let (code, message) = share::alter_group_configs(
+        &bootstrap,
+        &consumer_group,
+        &[("consumer.session.timeout.ms", Some("30000"))],
+    );
+    admin::assert_code(code, ResponseError::InvalidConfig, "a session below the bound");
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("group.consumer.min.session.timeout.ms")),
+        "{message:?}"
+    );
+    share::set_group_configs(
+        &bootstrap,
+        &consumer_group,
+        &[
+            ("consumer.heartbeat.interval.ms", "6000"),
+            ("consumer.session.timeout.ms", "50000"),
+        ],
+    );
+    share::set_group_configs(
+        &bootstrap,
+        &share_group,
+        &[("share.heartbeat.interval.ms", "8000")],
+    );
+
+    let mut c = admin::connect(&bootstrap);
+    let join = cg_request(&consumer_group, "member-1", 0)
+        .with_rebalance_timeout_ms(10_000)
+        .with_subscribed_topic_names(Some(vec![topic_name(&topic)]))
+        .with_topic_partitions(Some(vec![]));
+    let r = cg_send(&mut c, &join);
+    admin::assert_ok(r.error_code, "ConsumerGroupHeartbeat");
+    assert_eq!(r.heartbeat_interval_ms, 6000, "the group's interval");
+    let r = share::heartbeat(&mut c, &share_group, "member-1", 0, Some(&[&topic]));
+    admin::assert_ok(r.error_code, "ShareGroupHeartbeat");
+    assert_eq!(r.heartbeat_interval_ms, 8000, "the group's interval");
+    // A group without overrides: the broker's.
+    let r = share::heartbeat(&mut c, &unique_topic("sg-plain"), "member-1", 0, Some(&[&topic]));
+    assert_eq!(r.heartbeat_interval_ms, 5000, "the broker's interval");
 }

@@ -8,9 +8,11 @@
 //! `errors.deadletterqueue.topic.name.prefix`). A stored value that a later broker config puts out
 //! of bounds is clamped when used, never refused at load.
 //!
-//! Kafka accepts the `consumer.*` and `share.{session.timeout,heartbeat.interval}.ms` group configs
-//! too; Strand does not honour them yet, so it refuses them (INVALID_CONFIG, unknown name) rather
-//! than store a setting without effect.
+//! The session timeout and heartbeat interval of a group's members (`consumer.*` for KIP-848
+//! groups, `share.*` for share groups) are held to the broker's
+//! `group.{consumer,share}.{min,max}.*` bounds when altered, the interval below the timeout
+//! (either may come from the broker default), and used by the coordinators at each heartbeat
+//! as Kafka uses them: as stored.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +34,14 @@ pub(crate) const SHARE_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
 pub(crate) const SHARE_ISOLATION_LEVEL: &str = "share.isolation.level";
 /// `errors.deadletterqueue.topic.name` (KIP-1191): the group's dead-letter topic; empty: none.
 pub(crate) const DLQ_TOPIC_NAME: &str = "errors.deadletterqueue.topic.name";
+/// `consumer.session.timeout.ms`: session timeout of the KIP-848 group's members.
+pub(crate) const CONSUMER_SESSION_TIMEOUT_MS: &str = "consumer.session.timeout.ms";
+/// `consumer.heartbeat.interval.ms`: heartbeat interval of the KIP-848 group's members.
+pub(crate) const CONSUMER_HEARTBEAT_INTERVAL_MS: &str = "consumer.heartbeat.interval.ms";
+/// `share.session.timeout.ms`: session timeout of the share group's members.
+pub(crate) const SHARE_SESSION_TIMEOUT_MS: &str = "share.session.timeout.ms";
+/// `share.heartbeat.interval.ms`: heartbeat interval of the share group's members.
+pub(crate) const SHARE_HEARTBEAT_INTERVAL_MS: &str = "share.heartbeat.interval.ms";
 
 /// Bounds of `share.delivery.count.limit` (Kafka's `group.share.delivery.count.limit` range).
 const DELIVERY_COUNT_LIMIT_RANGE: (i64, i64) = (2, 10);
@@ -129,6 +139,30 @@ struct GroupKey {
 
 static GROUP_KEYS: &[GroupKey] = &[
     GroupKey {
+        name: CONSUMER_HEARTBEAT_INTERVAL_MS,
+        ty: ConfigType::Int,
+        unit: Unit::Milliseconds,
+        kind: Kind::Integer {
+            min: 1,
+            max: i32::MAX as i64,
+        },
+        synonyms: &["group.consumer.heartbeat.interval.ms"],
+        default: |c| c.group_consumer_heartbeat_interval_ms.to_string(),
+        doc: "Heartbeat interval of this consumer group's members (KIP-848).",
+    },
+    GroupKey {
+        name: CONSUMER_SESSION_TIMEOUT_MS,
+        ty: ConfigType::Int,
+        unit: Unit::Milliseconds,
+        kind: Kind::Integer {
+            min: 1,
+            max: i32::MAX as i64,
+        },
+        synonyms: &["group.consumer.session.timeout.ms"],
+        default: |c| c.group_consumer_session_timeout_ms.to_string(),
+        doc: "Session timeout of this consumer group's members (KIP-848).",
+    },
+    GroupKey {
         name: DLQ_TOPIC_NAME,
         ty: ConfigType::String,
         unit: Unit::None,
@@ -157,6 +191,18 @@ static GROUP_KEYS: &[GroupKey] = &[
         synonyms: &["group.share.delivery.count.limit"],
         default: |c| c.group_share_delivery_count_limit.to_string(),
         doc: "Delivery attempts of a record before it is archived.",
+    },
+    GroupKey {
+        name: SHARE_HEARTBEAT_INTERVAL_MS,
+        ty: ConfigType::Int,
+        unit: Unit::Milliseconds,
+        kind: Kind::Integer {
+            min: 1,
+            max: i32::MAX as i64,
+        },
+        synonyms: &["group.share.heartbeat.interval.ms"],
+        default: |c| c.group_share_heartbeat_interval_ms.to_string(),
+        doc: "Heartbeat interval of this share group's members.",
     },
     GroupKey {
         name: SHARE_ISOLATION_LEVEL,
@@ -190,6 +236,18 @@ static GROUP_KEYS: &[GroupKey] = &[
         synonyms: &["group.share.record.lock.duration.ms"],
         default: |c| c.group_share_record_lock_duration_ms.to_string(),
         doc: "Acquisition lock duration of a delivered record.",
+    },
+    GroupKey {
+        name: SHARE_SESSION_TIMEOUT_MS,
+        ty: ConfigType::Int,
+        unit: Unit::Milliseconds,
+        kind: Kind::Integer {
+            min: 1,
+            max: i32::MAX as i64,
+        },
+        synonyms: &["group.share.session.timeout.ms"],
+        default: |c| c.group_share_session_timeout_ms.to_string(),
+        doc: "Session timeout of this share group's members.",
     },
 ];
 
@@ -402,6 +460,58 @@ impl GroupConfig {
                 )));
             }
         }
+        for (session_key, heartbeat_key, session, heartbeat, prefix) in [
+            (
+                CONSUMER_SESSION_TIMEOUT_MS,
+                CONSUMER_HEARTBEAT_INTERVAL_MS,
+                (
+                    broker.group_consumer_session_timeout_ms,
+                    broker.group_consumer_session_timeout_bounds_ms,
+                ),
+                (
+                    broker.group_consumer_heartbeat_interval_ms,
+                    broker.group_consumer_heartbeat_interval_bounds_ms,
+                ),
+                "group.consumer",
+            ),
+            (
+                SHARE_SESSION_TIMEOUT_MS,
+                SHARE_HEARTBEAT_INTERVAL_MS,
+                (
+                    broker.group_share_session_timeout_ms,
+                    broker.group_share_session_timeout_bounds_ms,
+                ),
+                (
+                    broker.group_share_heartbeat_interval_ms,
+                    broker.group_share_heartbeat_interval_bounds_ms,
+                ),
+                "group.share",
+            ),
+        ] {
+            let within = |key: &str, (default, (min, max)): (i32, (i32, i32)), what: &str| {
+                let Some(v) = self.long(key) else {
+                    return Ok(i64::from(default));
+                };
+                if v < i64::from(min) {
+                    return Err(GroupConfigError::OutOfBounds(format!(
+                        "{key} must be greater than or equal to {prefix}.min.{what} ({min})"
+                    )));
+                }
+                if v > i64::from(max) {
+                    return Err(GroupConfigError::OutOfBounds(format!(
+                        "{key} must be less than or equal to {prefix}.max.{what} ({max})"
+                    )));
+                }
+                Ok(v)
+            };
+            let session_ms = within(session_key, session, "session.timeout.ms")?;
+            let heartbeat_ms = within(heartbeat_key, heartbeat, "heartbeat.interval.ms")?;
+            if heartbeat_ms >= session_ms {
+                return Err(GroupConfigError::OutOfBounds(format!(
+                    "{heartbeat_key} ({heartbeat_ms}) must be less than {session_key} ({session_ms})"
+                )));
+            }
+        }
         if let Some(topic) = self.get(DLQ_TOPIC_NAME).filter(|t| !t.is_empty()) {
             let prefix = &broker.errors_deadletterqueue_topic_name_prefix;
             if !topic.starts_with(prefix.as_str()) {
@@ -416,6 +526,11 @@ impl GroupConfig {
 
     fn long(&self, key: &str) -> Option<i64> {
         self.overrides.get(key).and_then(|v| v.parse().ok())
+    }
+
+    /// An override of an integer key (`consumer.session.timeout.ms`, ...), as stored.
+    pub fn int(&self, key: &str) -> Option<i32> {
+        self.long(key).and_then(|v| i32::try_from(v).ok())
     }
 
     /// The effective share-group settings: overrides over the broker defaults, the lock duration
@@ -566,8 +681,13 @@ mod tests {
         );
         assert_eq!(g.get(SHARE_AUTO_OFFSET_RESET), Some("earliest"));
         let e = g.entries(&c);
-        assert_eq!(e.len(), 6);
-        assert!(e.iter().all(|e| e.source == ConfigSource::DynamicGroupConfig));
+        assert_eq!(e.len(), GROUP_KEYS.len(), "every key, overridden or not");
+        let overridden: Vec<&str> = e
+            .iter()
+            .filter(|e| e.source == ConfigSource::DynamicGroupConfig)
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(overridden.len(), 6, "{overridden:?}");
         assert_eq!(ConfigSource::DynamicGroupConfig.code(), 8);
         // Back to the default.
         assert!(g.remove(DLQ_TOPIC_NAME).unwrap());
@@ -581,8 +701,8 @@ mod tests {
     #[test]
     fn validation_messages() {
         assert_eq!(
-            invalid("share.session.timeout.ms", "1"),
-            "Unknown group config name: share.session.timeout.ms"
+            invalid("streams.session.timeout.ms", "1"),
+            "Unknown group config name: streams.session.timeout.ms"
         );
         assert_eq!(
             invalid(SHARE_RECORD_LOCK_DURATION_MS, "999"),
@@ -626,6 +746,58 @@ mod tests {
         assert!(invalid(SHARE_ISOLATION_LEVEL, "READ_COMMITTED").contains("read_committed, read_uncommitted"));
         assert!(invalid(DLQ_TOPIC_NAME, "bad name").contains("Not a valid topic name"));
         assert!(invalid(DLQ_TOPIC_NAME, "__consumer_offsets").contains("Internal topics"));
+    }
+
+    #[test]
+    fn session_timeouts_and_heartbeat_intervals_keep_to_the_broker_bounds() {
+        let c = broker(&[]);
+        let check = |pairs: &[(&str, &str)], c: &Config| {
+            let mut g = GroupConfig::default();
+            for (k, v) in pairs {
+                g.set(k, v).unwrap();
+            }
+            g.check_bounds(c).map_err(|e| e.to_string())
+        };
+        // Kafka's default bounds: sessions 45-60 s, intervals 5-15 s.
+        assert_eq!(
+            check(&[(CONSUMER_SESSION_TIMEOUT_MS, "44999")], &c).unwrap_err(),
+            "consumer.session.timeout.ms must be greater than or equal to \
+             group.consumer.min.session.timeout.ms (45000)"
+        );
+        assert_eq!(
+            check(&[(SHARE_HEARTBEAT_INTERVAL_MS, "15001")], &c).unwrap_err(),
+            "share.heartbeat.interval.ms must be less than or equal to \
+             group.share.max.heartbeat.interval.ms (15000)"
+        );
+        assert!(check(
+            &[
+                (CONSUMER_SESSION_TIMEOUT_MS, "60000"),
+                (CONSUMER_HEARTBEAT_INTERVAL_MS, "15000")
+            ],
+            &c
+        )
+        .is_ok());
+        // The interval stays below the timeout, the other one from the broker.
+        let c = broker(&[
+            "group.share.min.session.timeout.ms=1000",
+            "group.share.min.heartbeat.interval.ms=1000",
+        ]);
+        assert_eq!(
+            check(&[(SHARE_SESSION_TIMEOUT_MS, "5000")], &c).unwrap_err(),
+            "share.heartbeat.interval.ms (5000) must be less than share.session.timeout.ms (5000)"
+        );
+        assert!(check(
+            &[
+                (SHARE_SESSION_TIMEOUT_MS, "5000"),
+                (SHARE_HEARTBEAT_INTERVAL_MS, "1000")
+            ],
+            &c
+        )
+        .is_ok());
+        let mut g = GroupConfig::default();
+        g.set(CONSUMER_SESSION_TIMEOUT_MS, " 50000 ").unwrap();
+        assert_eq!(g.int(CONSUMER_SESSION_TIMEOUT_MS), Some(50_000));
+        assert_eq!(g.int(SHARE_SESSION_TIMEOUT_MS), None);
     }
 
     #[test]
@@ -685,10 +857,16 @@ mod tests {
             let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
             load(None, Vec::new(), &args).unwrap_err().to_string()
         };
-        assert!(err(&["group.share.heartbeat.interval.ms=45000"])
-            .contains("must be less than group.share.session.timeout.ms (45000)"));
-        assert!(err(&["group.share.session.timeout.ms=5000"])
-            .contains("must be greater than group.share.heartbeat.interval.ms (5000)"));
+        assert!(err(&[
+            "group.share.max.heartbeat.interval.ms=50000",
+            "group.share.heartbeat.interval.ms=45000"
+        ])
+        .contains("must be less than group.share.session.timeout.ms (45000)"));
+        assert!(err(&[
+            "group.share.min.session.timeout.ms=1000",
+            "group.share.session.timeout.ms=5000"
+        ])
+        .contains("must be greater than group.share.heartbeat.interval.ms (5000)"));
         assert!(err(&["group.share.max.size=1001"]).contains("group.share.max.size"));
         assert!(err(&["group.share.delivery.count.limit=1"]).contains("from 2 to 10"));
         assert!(err(&["group.share.record.lock.duration.ms=10000"])

@@ -826,3 +826,49 @@ fn partition_limits() {
     let c = load_args(&["strand.max.partitions=3", "offsets.topic.num.partitions=3"]).config;
     assert_eq!(c.max_partitions, 3);
 }
+
+#[test]
+fn group_session_timeouts_and_heartbeat_intervals_are_checked_against_their_bounds() {
+    // As Kafka's GroupCoordinatorConfig: a value outside its bounds fails start-up, naming it.
+    let e = load_err(&["group.consumer.session.timeout.ms=10000"]);
+    assert!(
+        e.contains("group.consumer.session.timeout.ms")
+            && e.contains("group.consumer.min.session.timeout.ms (45000)"),
+        "{e}"
+    );
+    let e = load_err(&["group.share.heartbeat.interval.ms=500"]);
+    assert!(e.contains("group.share.heartbeat.interval.ms"), "{e}");
+    let e = load_err(&["group.consumer.min.heartbeat.interval.ms=20000"]);
+    assert!(
+        e.contains("group.consumer.min.heartbeat.interval.ms (20000) must be at most"),
+        "{e}"
+    );
+    // Lowered bounds let low values through; the interval must stay below the timeout.
+    let c = load_args(&[
+        "group.consumer.min.session.timeout.ms=6000",
+        "group.consumer.session.timeout.ms=6000",
+        "group.consumer.min.heartbeat.interval.ms=500",
+        "group.consumer.heartbeat.interval.ms=500",
+    ])
+    .config;
+    assert_eq!(
+        (
+            c.group_consumer_session_timeout_ms,
+            c.group_consumer_heartbeat_interval_ms,
+            c.group_consumer_session_timeout_bounds_ms,
+            c.group_consumer_heartbeat_interval_bounds_ms,
+        ),
+        (6000, 500, (6000, 60_000), (500, 15_000))
+    );
+    let e = load_err(&[
+        "group.share.min.session.timeout.ms=1000",
+        "group.share.session.timeout.ms=5000",
+        "group.share.min.heartbeat.interval.ms=1000",
+        "group.share.heartbeat.interval.ms=5000",
+    ]);
+    assert!(
+        e.contains("group.share.heartbeat.interval.ms")
+            && e.contains("must be less than group.share.session.timeout.ms (5000)"),
+        "{e}"
+    );
+}

@@ -32,6 +32,7 @@ use super::{
     sb, GroupCoordinator, GroupEntry, GroupKind, GroupResponse, Record, RequestMeta, RequestToken,
     TopicMetadata,
 };
+use crate::config::{CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS};
 
 pub(crate) const LEAVE_GROUP_EPOCH: i32 = -1;
 pub(crate) const STATIC_LEAVE_EPOCH: i32 = -2;
@@ -874,9 +875,16 @@ impl GroupCoordinator {
             Some(GroupKind::Consumer(_)) => {}
         }
         let max_size = self.config.consumer_max_size;
-        let session_ms = i64::from(self.config.consumer_session_timeout_ms);
+        // The group's configs, else the broker's (Kafka's `consumerGroupSessionTimeoutMs(groupId)`).
+        let session_ms = i64::from(
+            topics
+                .group_config_int(group_id, CONSUMER_SESSION_TIMEOUT_MS)
+                .unwrap_or(self.config.consumer_session_timeout_ms),
+        );
         let refresh_ms = self.config.consumer_metadata_refresh_ms;
-        let interval = self.config.consumer_heartbeat_interval_ms;
+        let interval = topics
+            .group_config_int(group_id, CONSUMER_HEARTBEAT_INTERVAL_MS)
+            .unwrap_or(self.config.consumer_heartbeat_interval_ms);
         let member_id = if req.member_id.is_empty() {
             self.ids.kafka_uuid()
         } else {

@@ -73,6 +73,10 @@ impl TopicMetadata for Topics {
             .map(|t| t.name.clone())
             .collect()
     }
+
+    fn group_config_int(&self, group: &str, key: &str) -> Option<i32> {
+        self.0.group_config(group).and_then(|g| g.int(key))
+    }
 }
 
 /// The topics of the cluster state: what a cluster node checks committed offsets against after

@@ -274,6 +274,11 @@ pub(crate) trait TopicMetadata {
     fn topic_by_id(&self, id: TopicId) -> Option<(String, i32)>;
     /// Every topic name (to resolve regular expressions).
     fn topic_names(&self) -> Vec<String>;
+    /// The group's override of an integer group config (`consumer.session.timeout.ms`, ...),
+    /// as stored; `None` without one.
+    fn group_config_int(&self, _group: &str, _key: &str) -> Option<i32> {
+        None
+    }
 }
 
 /// Counts from a partition load.

@@ -27,7 +27,8 @@ use crate::testkit::{self, SplitMix64};
 
 const GROUP: &str = "g1";
 
-struct Topics(BTreeMap<String, (TopicId, i32)>);
+/// Topics, and group config overrides by (group, key).
+struct Topics(BTreeMap<String, (TopicId, i32)>, BTreeMap<(String, String), i32>);
 
 impl TopicMetadata for Topics {
     fn topic_by_name(&self, name: &str) -> Option<(TopicId, i32)> {
@@ -41,6 +42,9 @@ impl TopicMetadata for Topics {
     }
     fn topic_names(&self) -> Vec<String> {
         self.0.keys().cloned().collect()
+    }
+    fn group_config_int(&self, group: &str, key: &str) -> Option<i32> {
+        self.1.get(&(group.to_string(), key.to_string())).copied()
     }
 }
 
@@ -88,6 +92,7 @@ impl H {
             ]
             .into_iter()
             .collect(),
+            BTreeMap::new(),
         );
         H {
             c,
@@ -1007,7 +1012,7 @@ fn responses_wait_for_durability_and_fail_with_the_write() {
 #[test]
 fn not_coordinator_and_loading() {
     let mut c = GroupCoordinator::new(config(), 1);
-    let topics = Topics(BTreeMap::new());
+    let topics = Topics(BTreeMap::new(), BTreeMap::new());
     let p = c.partition_of(GROUP);
     let meta = RequestMeta {
         version: 4,
@@ -2108,4 +2113,54 @@ fn a_load_removes_the_offsets_of_topics_deleted_before_their_tombstones_were_dur
         assert!(!a.iter().any(|a| matches!(a, Action::Persist { .. })));
     }
     assert_eq!(committed_of(&mut h, GROUP, "audit", 0), 1);
+}
+
+#[test]
+fn kip848_group_configs_set_the_heartbeat_interval_and_the_session_timeout() {
+    use crate::config::{CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS};
+    let mut h = H::new();
+    let join = |member: &str| {
+        ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(GroupId(sb(GROUP)))
+            .with_member_id(sb(member))
+            .with_member_epoch(0)
+            .with_rebalance_timeout_ms(60_000)
+            .with_subscribed_topic_names(Some(vec![TopicName(sb("orders"))]))
+            .with_topic_partitions(Some(vec![]))
+    };
+    // The broker's (the coordinator config's) values without an override.
+    let r = h.consumer_heartbeat(join("a"));
+    assert_eq!(r.error_code, 0);
+    assert_eq!(r.heartbeat_interval_ms, h.c.config.consumer_heartbeat_interval_ms);
+    let default_session = i64::from(h.c.config.consumer_session_timeout_ms);
+    // The group's overrides from the next heartbeat on.
+    for (key, value) in [
+        (CONSUMER_HEARTBEAT_INTERVAL_MS, 7_000),
+        (CONSUMER_SESSION_TIMEOUT_MS, 90_000),
+    ] {
+        h.topics.1.insert((GROUP.to_string(), key.to_string()), value);
+    }
+    let r = h.consumer_heartbeat(join("b"));
+    assert_eq!((r.error_code, r.heartbeat_interval_ms), (0, 7_000));
+    // "a" stops heartbeating: it outlives the broker's session timeout only if its last
+    // heartbeat armed the group's; it did not (it came before the override), "b"'s did.
+    h.advance(default_session + 1_000);
+    let mut again = join("b");
+    again.member_epoch = r.member_epoch;
+    let r = h.consumer_heartbeat(again.clone());
+    assert_eq!(r.error_code, 0, "b's session is the group's 90 s");
+    let mut stale = join("a");
+    stale.member_epoch = 1;
+    assert_eq!(
+        h.consumer_heartbeat(stale).error_code,
+        ResponseError::UnknownMemberId.code(),
+        "a's session was the broker's"
+    );
+    h.advance(90_000 - 1_000);
+    again.member_epoch = r.member_epoch;
+    assert_eq!(
+        h.consumer_heartbeat(again).error_code,
+        0,
+        "b heartbeats within 90 s"
+    );
 }

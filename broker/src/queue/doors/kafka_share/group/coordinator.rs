@@ -17,6 +17,7 @@ use kafka_protocol::ResponseError;
 use strand_protocol::types::TopicId;
 
 use super::assignor::{self, AssignMember, Assignment};
+use crate::config::{SHARE_HEARTBEAT_INTERVAL_MS, SHARE_SESSION_TIMEOUT_MS};
 
 /// The member epoch of a leave request.
 pub(crate) const LEAVE_GROUP_EPOCH: i32 = -1;
@@ -60,6 +61,11 @@ pub(crate) trait ShareTopics {
     fn topic_by_name(&self, name: &str) -> Option<(TopicId, i32)>;
     /// The name of a topic.
     fn topic_name(&self, id: TopicId) -> Option<String>;
+    /// The group's override of an integer group config (`share.session.timeout.ms`, ...), as
+    /// stored; `None` without one.
+    fn group_config_int(&self, _group: &str, _key: &str) -> Option<i32> {
+        None
+    }
 }
 
 impl ShareTopics for crate::metadata::ClusterMetadata {
@@ -73,6 +79,10 @@ impl ShareTopics for crate::metadata::ClusterMetadata {
 
     fn topic_name(&self, id: TopicId) -> Option<String> {
         self.topic_by_id(id).map(|t| t.name.clone())
+    }
+
+    fn group_config_int(&self, group: &str, key: &str) -> Option<i32> {
+        self.group_config(group).and_then(|g| g.int(key))
     }
 }
 
@@ -525,8 +535,15 @@ impl ShareCoordinator {
             self.groups.insert(group_id.to_string(), ShareGroup::default());
         }
         let max_size = self.config.max_size;
-        let session_ms = i64::from(self.config.session_timeout_ms);
-        let interval = self.config.heartbeat_interval_ms;
+        // The group's configs, else the broker's (Kafka's `shareGroupSessionTimeoutMs(groupId)`).
+        let session_ms = i64::from(
+            topics
+                .group_config_int(group_id, SHARE_SESSION_TIMEOUT_MS)
+                .unwrap_or(self.config.session_timeout_ms),
+        );
+        let interval = topics
+            .group_config_int(group_id, SHARE_HEARTBEAT_INTERVAL_MS)
+            .unwrap_or(self.config.heartbeat_interval_ms);
         let Some(g) = self.groups.get_mut(group_id) else {
             return Err((ResponseError::UnknownServerError, "group vanished".into()));
         };

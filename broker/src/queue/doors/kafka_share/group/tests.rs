@@ -22,6 +22,8 @@ struct Topics {
     version: u64,
     topics: BTreeMap<String, (TopicId, i32)>,
     next_id: u8,
+    /// Group config overrides by (group, key).
+    group_configs: BTreeMap<(String, String), i32>,
 }
 
 impl Topics {
@@ -72,6 +74,12 @@ impl ShareTopics for Topics {
             .iter()
             .find(|(_, v)| v.0 == id)
             .map(|(k, _)| k.clone())
+    }
+
+    fn group_config_int(&self, group: &str, key: &str) -> Option<i32> {
+        self.group_configs
+            .get(&(group.to_string(), key.to_string()))
+            .copied()
     }
 }
 
@@ -816,4 +824,43 @@ fn simulate(seed: u64) -> usize {
         }
     }
     checks
+}
+
+#[test]
+fn group_configs_set_the_heartbeat_interval_and_the_session_timeout() {
+    use crate::config::{SHARE_HEARTBEAT_INTERVAL_MS, SHARE_SESSION_TIMEOUT_MS};
+    let mut h = Harness::new(&[("t", 2)]);
+    for (key, value) in [
+        (SHARE_HEARTBEAT_INTERVAL_MS, 7_000),
+        (SHARE_SESSION_TIMEOUT_MS, 50_000),
+    ] {
+        h.topics
+            .group_configs
+            .insert(("g".to_string(), key.to_string()), value);
+    }
+    let r = h.send(req("g", "m1", 0, Some(&["t"])));
+    assert_eq!((r.error_code, r.heartbeat_interval_ms), (0, 7_000));
+    // Another group keeps the broker's.
+    let r = h.send(req("other", "m1", 0, Some(&["t"])));
+    assert_eq!(
+        r.heartbeat_interval_ms,
+        ShareCoordinatorConfig::default().heartbeat_interval_ms
+    );
+    let wakes: Vec<i64> = h
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::WakeAt(t) => Some(*t),
+            Action::MemberGone { .. } => None,
+        })
+        .collect();
+    assert_eq!(
+        wakes,
+        vec![1_000 + 50_000, 1_000 + SESSION],
+        "each group's session"
+    );
+    h.tick_to(1_000 + SESSION);
+    assert_eq!(h.gone(), vec![("other".to_string(), "m1".to_string())]);
+    h.tick_to(1_000 + 50_000);
+    assert_eq!(h.gone(), vec![("g".to_string(), "m1".to_string())]);
 }
