@@ -2289,8 +2289,10 @@ mod tests {
                 f.fdatasync().await.unwrap();
 
                 // A near read whose caller stops waiting still keeps writes out of the direct path
-                // until it ends.
-                // (Past what the last read took ahead.)
+                // until it ends. Its pages are evicted first, so that it goes to the disk and is
+                // still running when abandoned (pages left cached by the reads and writes above
+                // would let it finish in its first poll).
+                evict(&path);
                 let mut read = Box::pin(f.read_at(9 * MIB as u64, MIB / 2));
                 assert!(futures::poll!(read.as_mut()).is_pending());
                 drop(read);
